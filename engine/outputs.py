@@ -1,0 +1,78 @@
+"""What the engine hands back per request: tokens, text, why it stopped, and where the time went."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestTimings:
+    """Wall-clock seconds (time.perf_counter based), all relative to the request's arrival."""
+
+    queue_s: float = 0.0  # arrival -> first scheduled
+    prefill_s: float = 0.0  # first scheduled -> prompt fully processed
+    first_token_s: float = 0.0  # arrival -> first output token (TTFT)
+    decode_s: float = 0.0  # first output token -> finish
+    e2e_s: float = 0.0  # arrival -> finish
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Set by the caller that knows the token count; see RequestOutput.tpot_s."""
+        return None
+
+
+@dataclass(slots=True)
+class SpecDecodeCounts:
+    """Per-request speculative decoding counts (zeros when speculation is off)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    error: str | None = None  # set when finish_reason == "abort" because the request was refused
+    logprobs: list[dict[int, float]] | None = None  # per generated token: {token_id: logprob}
+    prompt_logprobs: list[float | None] | None = None  # per prompt token; first is None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    timings: RequestTimings = field(default_factory=RequestTimings)
+    spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
+    finished: bool = True
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first."""
+        n = len(self.token_ids)
+        return self.timings.decode_s / (n - 1) if n > 1 else None
+
+
+@dataclass
+class ScoreOutput:
+    """Per-token log-probabilities of a prompt: logprobs[i] = log p(token[i+1] | tokens[:i+1])."""
+
+    prompt_token_ids: list[int]
+    logprobs: list[float]
+
+    @property
+    def sum_logprob(self) -> float:
+        return float(sum(self.logprobs))
+
+    @property
+    def num_scored(self) -> int:
+        return len(self.logprobs)

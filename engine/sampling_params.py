@@ -1,0 +1,72 @@
+"""Per-request decoding settings, validated up front so bad values never reach torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class InvalidRequestError(ValueError):
+    """A request (prompt or sampling settings) that the engine refuses, with what to change."""
+
+
+@dataclass
+class SamplingParams:
+    """vLLM-compatible sampling settings. temperature == 0 means greedy."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # top-n logprobs per generated token (sampled token always included)
+    prompt_logprobs: int | None = None  # 0: logprob of each prompt token given its prefix
+    skip_special_tokens: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        def bad(what: str) -> InvalidRequestError:
+            return InvalidRequestError(f"invalid sampling parameter: {what}")
+
+        if self.n != 1:
+            raise bad(f"n={self.n}; the engine generates one sequence per request (submit n requests)")
+        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
+            raise bad(f"temperature={self.temperature}; use 0 for greedy or a positive number")
+        if not (0.0 < self.top_p <= 1.0):
+            raise bad(f"top_p={self.top_p}; must be in (0, 1]")
+        if self.top_k < 0:
+            raise bad(f"top_k={self.top_k}; use 0 or -1 to disable, or a positive integer")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise bad(f"min_p={self.min_p}; must be in [0, 1]")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise bad(f"max_tokens={self.max_tokens}; must be >= 0 (0 only with prompt_logprobs)")
+        if self.max_tokens == 0 and self.prompt_logprobs is None:
+            raise bad("max_tokens=0 generates nothing; set prompt_logprobs to score the prompt")
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
+            raise bad(f"min_tokens={self.min_tokens}; must be in [0, max_tokens]")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise bad(f"logprobs={self.logprobs}; must be >= 0")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise bad(f"prompt_logprobs={self.prompt_logprobs}; must be >= 0")
+        if self.seed is not None and not (0 <= self.seed < 2**63):
+            raise bad(f"seed={self.seed}; must be a non-negative 63-bit integer")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad(f"stop={self.stop!r}; stop strings must be non-empty strings")
