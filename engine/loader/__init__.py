@@ -1,0 +1,31 @@
+"""Checkpoint loading: one entry point for HF directories and GGUF files."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from onecat.engine.config import ModelConfig
+from onecat.engine.model_source import ResolvedModel
+from onecat.engine.tokenizer import Tokenizer
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tokenizer: Tokenizer
+    weights: Iterator[tuple[str, torch.Tensor]]  # HF names and layout, lazily produced
+
+
+def open_checkpoint(model: ResolvedModel) -> Checkpoint:
+    if model.format == "gguf":
+        from onecat.engine.loader.gguf import gguf_to_hf_config, iter_gguf_weights, open_gguf
+
+        reader = open_gguf(model.path)
+        raw = gguf_to_hf_config(reader, model.path)
+        return Checkpoint(ModelConfig.from_hf(raw), Tokenizer.from_gguf(reader), iter_gguf_weights(reader, raw))
+    from onecat.engine.loader.hf import iter_hf_weights, read_hf_config
+
+    cfg = ModelConfig.from_hf(read_hf_config(model.path))
+    return Checkpoint(cfg, Tokenizer.from_hf_dir(model.path, cfg.eos_token_id), iter_hf_weights(model.path))

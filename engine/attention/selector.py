@@ -1,0 +1,66 @@
+"""Chooses the attention backend, checks each call's capability, falls back, and reports what ran."""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from onecat.engine.attention.backend import AttentionBackend, LayerKVCache
+from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.attention.torch_ref import TorchReferenceBackend
+from onecat.engine.errors import ConfigError
+
+BACKEND_NAMES = ("auto", "TORCH_SDPA_REF", "FLASH_ATTN_V100")
+
+
+def _make(name: str) -> AttentionBackend:
+    if name == "TORCH_SDPA_REF":
+        return TorchReferenceBackend()
+    if name == "FLASH_ATTN_V100":
+        from onecat.engine.attention.flash_attn_v100 import FlashAttnV100Backend
+
+        return FlashAttnV100Backend()
+    raise ConfigError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+
+
+def choose_backend_name(requested: str, device: torch.device) -> str:
+    if requested not in BACKEND_NAMES:
+        raise ConfigError(f"unknown attention backend {requested!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    if requested != "auto":
+        return requested
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) == (7, 0):
+        return "FLASH_ATTN_V100"
+    return "TORCH_SDPA_REF"
+
+
+class AttentionDispatcher:
+    """Callable used by every attention layer; counts which backend actually served each call."""
+
+    def __init__(self, requested: str, device: torch.device):
+        self.requested = requested
+        self.primary_name = choose_backend_name(requested, device)
+        self.reference = TorchReferenceBackend()
+        try:
+            self.primary = _make(self.primary_name)
+            self.load_error = None
+        except Exception as e:  # a backend that cannot even be constructed (no extension) falls back
+            self.primary, self.load_error = self.reference, f"{self.primary_name} unavailable: {e}"
+        self.calls: Counter[str] = Counter()
+        self.fallback_reasons: Counter[str] = Counter()
+
+    def __call__(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        backend = self.primary
+        if backend is not self.reference:
+            reason = backend.unsupported_reason(q, cache, meta)
+            if reason is not None:
+                self.fallback_reasons[reason] += 1
+                backend = self.reference
+        self.calls[backend.name] += 1
+        return backend.forward(q, cache, meta, scale)
+
+    def report(self) -> dict:
+        """The effective path: what served the calls so far, and why anything fell back."""
+        effective = self.calls.most_common(1)[0][0] if self.calls else self.primary.name
+        return {"requested": self.requested, "selected": self.primary_name, "effective": effective,
+                "calls": dict(self.calls), "fallback_reasons": dict(self.fallback_reasons),
+                "load_error": self.load_error}

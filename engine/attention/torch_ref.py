@@ -1,0 +1,68 @@
+"""Reference attention in plain torch (CPU and GPU): gather each sequence's paged context, masked SDPA.
+
+The gather indices and the causal/padding mask are built once per step and shared by all layers.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from onecat.engine.attention.backend import AttentionBackend, LayerKVCache
+from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.kv_cache import dequantize_fp8
+
+
+def _step_layout(meta: AttentionMetadata, device: torch.device) -> dict:
+    """Padded [B, max_q] query layout, [B, max_seq] gather slots and [B, 1, max_q, max_seq] mask."""
+    cached = meta.extras.get("torch_ref")
+    if cached is not None:
+        return cached
+    B, max_q, max_s, bs = meta.num_seqs, meta.max_query_len, meta.max_seq_len, meta.block_size
+    seq_lens = meta.seq_lens.to(torch.int64)
+    q_lens = torch.tensor(meta.query_lens_cpu, dtype=torch.int64, device=device)
+    j = torch.arange(max_s, device=device)
+    blocks = meta.block_tables.to(torch.int64).gather(1, (j // bs).clamp_max(meta.block_tables.shape[1] - 1)
+                                                      .unsqueeze(0).expand(B, -1))
+    slots = blocks * bs + (j % bs)
+    slots = torch.where(j.unsqueeze(0) < seq_lens.unsqueeze(1), slots, torch.zeros_like(slots))
+    i = torch.arange(max_q, device=device)
+    q_pos = (seq_lens - q_lens).unsqueeze(1) + i.unsqueeze(0)  # [B, max_q] absolute positions
+    mask = j.view(1, 1, -1) <= q_pos.unsqueeze(-1)  # causal; also excludes keys beyond seq_len
+    valid_q = i.unsqueeze(0) < q_lens.unsqueeze(1)
+    mask = mask | ~valid_q.unsqueeze(-1)  # padded query rows attend everywhere (discarded), avoids NaN
+    starts = meta.query_start_loc[:-1].to(torch.int64)
+    token_rows = (torch.arange(B, device=device).unsqueeze(1) * max_q + i.unsqueeze(0))[valid_q]
+    layout = {"slots": slots, "mask": mask.unsqueeze(1), "token_rows": token_rows,
+              "all_full": bool(valid_q.all()) and meta.is_pure_decode, "starts": starts}
+    meta.extras["torch_ref"] = layout
+    return layout
+
+
+class TorchReferenceBackend(AttentionBackend):
+    name = "TORCH_SDPA_REF"
+
+    def unsupported_reason(self, q, cache, meta) -> str | None:
+        return None
+
+    def forward(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        T, Hq, D = q.shape
+        B, max_q = meta.num_seqs, meta.max_query_len
+        lay = _step_layout(meta, q.device)
+        slots = lay["slots"]
+        Hkv = cache.k.shape[2]
+        k = cache.k.view(-1, Hkv, D)[slots]  # [B, S, Hkv, D]
+        v = cache.v.view(-1, Hkv, D)[slots]
+        if cache.is_fp8:
+            k = dequantize_fp8(k, cache.k_scale.view(-1, Hkv)[slots], cache.fp8_dtype, q.dtype)
+            v = dequantize_fp8(v, cache.v_scale.view(-1, Hkv)[slots], cache.fp8_dtype, q.dtype)
+        if max_q == 1:
+            qp = q.view(B, 1, Hq, D)
+        else:
+            qp = q.new_zeros(B * max_q, Hq, D)
+            qp[lay["token_rows"]] = q
+            qp = qp.view(B, max_q, Hq, D)
+        out = F.scaled_dot_product_attention(
+            qp.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=lay["mask"], scale=scale,
+            enable_gqa=Hkv != Hq)
+        out = out.transpose(1, 2).reshape(B * max_q, Hq, D)
+        return out if max_q == 1 else out[lay["token_rows"]]

@@ -1,0 +1,116 @@
+"""Paged KV block allocation: free list (LRU), ref counts, and prefix caching by chained block hash.
+
+A freed block keeps its contents and hash until it is handed out again, so a later request with
+the same prefix can reuse it (the cache costs no memory of its own).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from onecat.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.prefix_queries = 0  # prompt tokens looked up
+        self.prefix_hits = 0  # prompt tokens found
+
+    # ---- accounting ---------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.num_blocks
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- hashing ------------------------------------------------------------------------------
+    @staticmethod
+    def chain_hash(parent: int | None, tokens: list[int]) -> int:
+        return hash((parent, tuple(tokens)))
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def _take_free(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        h = self.block_hash[block]
+        if h is not None:
+            if self.cached.get(h) == block:
+                del self.cached[h]
+            self.block_hash[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def _acquire(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            self.free.pop(block)
+        self.ref_counts[block] += 1
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach cached blocks for the longest cached prefix of the prompt; returns tokens reused.
+
+        At least one prompt token is always left to compute, so the step produces logits.
+        """
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return 0
+        bs = self.block_size
+        max_blocks = (seq.num_prompt_tokens - 1) // bs
+        parent = None
+        self.prefix_queries += seq.num_prompt_tokens
+        for b in range(max_blocks):
+            h = self.chain_hash(parent, seq.token_ids[b * bs:(b + 1) * bs])
+            block = self.cached.get(h)
+            if block is None:
+                break
+            self._acquire(block)
+            seq.block_table.append(block)
+            seq.block_hashes.append(h)
+            parent = h
+        n = len(seq.block_table) * bs
+        seq.num_computed_tokens = seq.num_cached_tokens = n
+        self.prefix_hits += n
+        return n
+
+    def ensure_capacity(self, seq: Sequence, num_tokens: int) -> bool:
+        """Give `seq` enough blocks for `num_tokens` tokens; False (nothing taken) if memory is short."""
+        need = self.blocks_needed(num_tokens) - len(seq.block_table)
+        if need <= 0:
+            return True
+        if need > len(self.free):
+            return False
+        seq.block_table.extend(self._take_free() for _ in range(need))
+        return True
+
+    def register_computed(self, seq: Sequence) -> None:
+        """Publish the hashes of blocks that became full and computed, for later prefix hits."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = min(seq.num_computed_tokens, seq.num_tokens) // bs
+        while len(seq.block_hashes) < full:
+            b = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            h = self.chain_hash(parent, seq.token_ids[b * bs:(b + 1) * bs])
+            seq.block_hashes.append(h)
+            block = seq.block_table[b]
+            if h not in self.cached:
+                self.cached[h] = block
+                self.block_hash[block] = h
+
+    def free_seq(self, seq: Sequence) -> None:
+        # Release in reverse so the tail of a sequence is evicted before its (more shareable) head.
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free[block] = None
+        seq.block_table = []
+        seq.block_hashes = []

@@ -1,0 +1,132 @@
+"""Model and engine configuration: what the checkpoint says, and how the engine should run it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from onecat.engine.errors import ConfigError
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+          "half": torch.float16, "float": torch.float32}
+
+
+@dataclass
+class ModelConfig:
+    """The architecture facts the model code needs, normalized from an HF config or GGUF metadata."""
+
+    architecture: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    torch_dtype: str | None = None
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
+        from onecat.engine.models.registry import architecture_of
+
+        arch = architecture_of(cfg)
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        eos_list = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_scaling=cfg.get("rope_scaling") or _rope_params_scaling(cfg.get("rope_parameters")),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=eos_list,
+            raw=cfg,
+        )
+
+
+def _rope_params_scaling(params: dict | None) -> dict | None:
+    """Newer HF configs put scaling in `rope_parameters`; 'default' means none."""
+    if not params or params.get("rope_type", "default") == "default":
+        return None
+    return dict(params)
+
+
+def parse_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32  # half precision matmuls are slow or missing on most CPUs
+        if checkpoint_dtype in ("bfloat16", "float16"):
+            return DTYPES[checkpoint_dtype]
+        return torch.float16
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, float32, float16, bfloat16")
+    return DTYPES[dtype]
+
+
+def parse_kv_cache_dtype(kv_cache_dtype: str) -> torch.dtype | None:
+    """None means 'same as the model dtype'; otherwise the float8 storage type."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; use one of {', '.join(KV_CACHE_DTYPES)}")
+    if kv_cache_dtype == "auto":
+        return None
+    return torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} requested but CUDA is not available here; use device='cpu' or 'auto'")
+    return dev
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs a model (vLLM names where the concept exists)."""
+
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
+    kv_cache_memory_gb: float | None = None  # KV budget; default: 2 GiB on CPU, 90% of free on GPU
+    num_kv_blocks: int | None = None  # explicit override (tests use it to force preemption)
+    seed: int = 0
+    attention_backend: str = "auto"
+    cuda_graph: bool = False
+
+    def validate(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs={self.max_num_seqs}; must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens}; must be >= 1")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size={self.block_size}; must be a power of two")
+        parse_kv_cache_dtype(self.kv_cache_dtype)

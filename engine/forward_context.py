@@ -1,0 +1,31 @@
+"""Per-step state the model's attention layers read (nano-vllm style): metadata, KV caches, backend."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onecat.engine.attention.backend import LayerKVCache
+    from onecat.engine.attention.metadata import AttentionMetadata
+    from onecat.engine.attention.selector import AttentionDispatcher
+
+
+@dataclass(slots=True)
+class ForwardContext:
+    meta: "AttentionMetadata"
+    kv_caches: list["LayerKVCache"]
+    attention: "AttentionDispatcher"
+
+
+_current: ForwardContext | None = None
+
+
+def set_forward_context(ctx: ForwardContext | None) -> None:
+    global _current
+    _current = ctx
+
+
+def get_forward_context() -> ForwardContext:
+    if _current is None:
+        raise RuntimeError("model forward called outside an engine step (no forward context set)")
+    return _current

@@ -1,0 +1,58 @@
+"""Paged KV cache storage: allocation and writes (model dtype, or 8-bit float with per-token scales)."""
+from __future__ import annotations
+
+import torch
+
+from onecat.engine.attention.backend import LayerKVCache
+
+
+def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype, fp8_dtype: torch.dtype | None, device: torch.device) -> list[LayerKVCache]:
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    caches = []
+    for _ in range(num_layers):
+        if fp8_dtype is None:
+            caches.append(LayerKVCache(torch.zeros(shape, dtype=dtype, device=device),
+                                       torch.zeros(shape, dtype=dtype, device=device), None, None, None))
+        else:
+            sshape = shape[:3]
+            caches.append(LayerKVCache(torch.zeros(shape, dtype=torch.uint8, device=device),
+                                       torch.zeros(shape, dtype=torch.uint8, device=device),
+                                       torch.ones(sshape, dtype=torch.float32, device=device),
+                                       torch.ones(sshape, dtype=torch.float32, device=device), fp8_dtype))
+    return caches
+
+
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype, fp8: bool) -> int:
+    elem = 1 if fp8 else torch.empty((), dtype=dtype).element_size()
+    per_token_head = head_dim * elem + (4 if fp8 else 0)
+    return 2 * num_layers * block_size * num_kv_heads * per_token_head
+
+
+def quantize_fp8(x: torch.Tensor, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [T, H, D] -> (uint8 bytes [T, H, D], fp32 scale [T, H]); x ≈ fp8 * scale."""
+    amax = x.abs().amax(dim=-1).float()
+    scale = (amax / torch.finfo(fp8_dtype).max).clamp_min(1e-12)
+    q = (x.float() / scale.unsqueeze(-1)).to(fp8_dtype)
+    return q.view(torch.uint8), scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    return (q.view(fp8_dtype).float() * scale.unsqueeze(-1)).to(dtype)
+
+
+def write_kv(cache: LayerKVCache, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    """Store the new tokens' K/V ([T, Hkv, D]) at their cache slots."""
+    flat_k = cache.k.view(-1, *cache.k.shape[2:])
+    flat_v = cache.v.view(-1, *cache.v.shape[2:])
+    if cache.fp8_dtype is None:
+        flat_k.index_copy_(0, slots, k.to(cache.k.dtype))
+        flat_v.index_copy_(0, slots, v.to(cache.v.dtype))
+        return
+    kq, ks = quantize_fp8(k, cache.fp8_dtype)
+    vq, vs = quantize_fp8(v, cache.fp8_dtype)
+    flat_k.index_copy_(0, slots, kq)
+    flat_v.index_copy_(0, slots, vq)
+    cache.k_scale.view(-1, cache.k_scale.shape[-1]).index_copy_(0, slots, ks)
+    cache.v_scale.view(-1, cache.v_scale.shape[-1]).index_copy_(0, slots, vs)

@@ -1,0 +1,40 @@
+"""Self-attention block: fused QKV, optional per-head q/k RMSNorm (Qwen3), RoPE, paged KV, output proj."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from onecat.engine.config import ModelConfig
+from onecat.engine.forward_context import get_forward_context
+from onecat.engine.kv_cache import write_kv
+from onecat.engine.layers.norm import RMSNorm
+from onecat.engine.layers.rotary import RotaryEmbedding
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, qk_norm: bool):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.rotary = rotary
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        ctx = get_forward_context()
+        cache = ctx.kv_caches[self.layer_idx]
+        write_kv(cache, k, v, ctx.meta.slot_mapping)
+        out = ctx.attention(q, cache, ctx.meta, self.scale)
+        return self.o_proj(out.reshape(T, self.q_size))

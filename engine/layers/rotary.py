@@ -1,0 +1,80 @@
+"""Rotary position embedding with the checkpoint's theta and scaling (default, linear, llama3, yarn)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from onecat.engine.errors import UnsupportedModelError
+
+
+def _inv_freq(dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def _llama3(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_len = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn(dim: int, base: float, s: dict, max_pos: int) -> tuple[torch.Tensor, float]:
+    factor = s["factor"]
+    old_len = s.get("original_max_position_embeddings", max_pos)
+    beta_fast, beta_slow = s.get("beta_fast", 32), s.get("beta_slow", 1)
+
+    def corr_dim(rot):
+        return (dim * math.log(old_len / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(corr_dim(beta_fast)), 0)
+    high = min(math.ceil(corr_dim(beta_slow)), dim - 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3), 0, 1)
+    extra_factor = 1 - ramp
+    inv = inter * (1 - extra_factor) + extra * extra_factor
+    attn_factor = s.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return inv, attn_factor
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputes cos/sin for every position once; applies the half-split (NeoX/HF) rotation."""
+
+    def __init__(self, head_dim: int, base: float, max_positions: int, scaling: dict | None):
+        super().__init__()
+        mscale = 1.0
+        kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+        if kind == "default":
+            inv = _inv_freq(head_dim, base)
+        elif kind == "linear":
+            inv = _inv_freq(head_dim, base) / scaling["factor"]
+        elif kind == "llama3":
+            inv = _llama3(_inv_freq(head_dim, base), scaling)
+        elif kind == "yarn":
+            inv, mscale = _yarn(head_dim, base, scaling, max_positions)
+        else:
+            raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, linear, "
+                                        "llama3, yarn")
+        t = torch.arange(max_positions, dtype=torch.int64).float()
+        freqs = torch.outer(t, inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * mscale, persistent=False)
+        self.register_buffer("sin", emb.sin() * mscale, persistent=False)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q: [T, Hq, D], k: [T, Hkv, D]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin

@@ -1,0 +1,197 @@
+"""The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))`, `.chat(...)`, `.score(...)`."""
+from __future__ import annotations
+
+import itertools
+import platform
+import time
+from collections.abc import Sequence as Seq
+
+import torch
+
+from onecat.engine.config import EngineConfig, parse_dtype, parse_kv_cache_dtype, resolve_device
+from onecat.engine.engine_core import EngineCore
+from onecat.engine.errors import ConfigError
+from onecat.engine.kv_cache import bytes_per_block
+from onecat.engine.loader import open_checkpoint
+from onecat.engine.model_source import resolve_model_source
+from onecat.engine.models.registry import model_class
+from onecat.engine.outputs import RequestOutput, ScoreOutput
+from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
+from onecat.engine.sequence import Sequence
+
+_CPU_KV_DEFAULT_GB = 2.0
+
+
+class LLM:
+    def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", kv_cache_dtype: str = "auto",
+                 max_model_len: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 enable_prefix_caching: bool = True, seed: int = 0, device: str = "auto",
+                 attention_backend: str = "auto", cuda_graph: bool = False, block_size: int = 16,
+                 kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None,
+                 revision: str | None = None, speculative_config: dict | None = None):
+        t0 = time.perf_counter()
+        self.cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                                enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype,
+                                kv_cache_memory_gb=kv_cache_memory_gb, num_kv_blocks=num_kv_blocks, seed=seed,
+                                attention_backend=attention_backend, cuda_graph=cuda_graph)
+        self.cfg.validate()
+        self.source = resolve_model_source(model, revision)
+        self.device = resolve_device(device)
+        ckpt = open_checkpoint(self.source)
+        self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
+        self.dtype = parse_dtype(dtype, self.device, self.model_config.torch_dtype)
+        limit = self.model_config.max_position_embeddings
+        self.max_model_len = max_model_len or limit
+        if self.max_model_len > limit and not self.model_config.rope_scaling:
+            raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's {limit} positions")
+        self.model = self._build_model(ckpt)
+        fp8 = parse_kv_cache_dtype(kv_cache_dtype)
+        num_blocks = self._num_kv_blocks(fp8 is not None)
+        torch.manual_seed(seed)
+        self.engine = EngineCore(self.model, self.model_config, self.tokenizer, self.cfg, self.max_model_len,
+                                 num_blocks, self.dtype, fp8, self.device)
+        if speculative_config:
+            from onecat.engine.speculative import build_proposer
+
+            self.engine.proposer = build_proposer(speculative_config, self)
+        self._ids = itertools.count()
+        self.load_time_s = time.perf_counter() - t0
+
+    # ---- construction -------------------------------------------------------------------------
+    def _build_model(self, ckpt) -> torch.nn.Module:
+        cls = model_class(self.model_config.architecture)
+        with torch.device("meta"):
+            model = cls(self.model_config, self.max_model_len)
+        model = model.to_empty(device=self.device).to(self.dtype)
+        model.layers[0].self_attn.rotary.__init__(  # rotary tables are computed, not loaded
+            self.model_config.head_dim, self.model_config.rope_theta, self.max_model_len,
+            self.model_config.rope_scaling)
+        model.layers[0].self_attn.rotary.to(self.device)
+        if self.model_config.tie_word_embeddings:
+            model.lm_head.weight = model.embed_tokens.weight
+        model.load_weights(ckpt.weights)
+        return model.eval()
+
+    def _num_kv_blocks(self, fp8: bool) -> int:
+        c, mc = self.cfg, self.model_config
+        per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads, mc.head_dim,
+                                    self.dtype, fp8)
+        min_blocks = -(-self.max_model_len // c.block_size)
+        if c.num_kv_blocks is not None:
+            n = c.num_kv_blocks
+        else:
+            if c.kv_cache_memory_gb is not None:
+                budget = c.kv_cache_memory_gb * 2**30
+            elif self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = 0.9 * free
+            else:
+                wanted = c.max_num_seqs * self.max_model_len * per_block / c.block_size
+                budget = min(_CPU_KV_DEFAULT_GB * 2**30, max(wanted, min_blocks * per_block))
+            n = int(budget // per_block)
+        if n < min_blocks:
+            raise ConfigError(f"the KV cache holds {n} blocks ({n * c.block_size} tokens) but one request of "
+                              f"max_model_len={self.max_model_len} needs {min_blocks}; give more KV memory "
+                              "(kv_cache_memory_gb) or lower max_model_len")
+        return n
+
+    # ---- requests -----------------------------------------------------------------------------
+    def _tokenize(self, prompt, add_special_tokens: bool) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if isinstance(prompt, Seq) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise InvalidRequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def _reject_reason(self, ids: list[int], params: SamplingParams) -> str | None:
+        if not ids:
+            return "the prompt is empty; give at least one token"
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            return f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+        if len(ids) >= self.max_model_len:
+            return (f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; shorten the "
+                    "prompt or raise max_model_len")
+        return None
+
+    def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
+                    add_special_tokens: bool = True) -> Sequence:
+        text, ids = self._tokenize(prompt, add_special_tokens)
+        rid = request_id or str(next(self._ids))
+        seq = Sequence(rid, text, ids, params, self.engine.make_generator(params.seed))
+        reason = self._reject_reason(ids, params)
+        if reason is not None:
+            seq.finish_reason, seq.status = "abort", seq.status.FINISHED
+            seq.finish_time = time.perf_counter()
+            seq.text = ""
+            self.engine.seqs[rid] = seq
+            seq.stop_reason = reason
+            return seq
+        self.engine.add_request(seq)
+        return seq
+
+    def _run(self, prompts, params, add_special_tokens: bool) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
+        seqs = [self.add_request(p, sp, add_special_tokens=add_special_tokens)
+                for p, sp in zip(prompts, params_list)]
+        while self.engine.has_unfinished():
+            self.engine.step()
+        outs = []
+        for seq in seqs:
+            out = self.engine.make_output(seq)
+            if seq.finish_reason == "abort" and isinstance(seq.stop_reason, str) and not seq.num_computed_tokens:
+                out.error, out.stop_reason = seq.stop_reason, None
+            outs.append(out)
+            self.engine.seqs.pop(seq.request_id, None)
+        return outs
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        return self._run(prompts, sampling_params, add_special_tokens=True)
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             **template_kwargs) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.tokenizer.apply_chat_template(m, add_generation_prompt=True, **template_kwargs)
+                   for m in conversations]
+        return self._run(prompts, sampling_params, add_special_tokens=False)
+
+    def score(self, prompts) -> list[ScoreOutput]:
+        params = SamplingParams(temperature=0.0, max_tokens=0, prompt_logprobs=0)
+        outs = self._run(prompts, params, add_special_tokens=True)
+        result = []
+        for o in outs:
+            if o.error:
+                raise InvalidRequestError(o.error)
+            result.append(ScoreOutput(o.prompt_token_ids, [float(x) for x in o.prompt_logprobs[1:]]))
+        return result
+
+    # ---- introspection ------------------------------------------------------------------------
+    def info(self) -> dict:
+        """The effective settings and fast paths, for the harness's records."""
+        dev = self.device
+        hw = (torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine())
+        return {
+            "engine": "onecat", "model_source": self.source.source, "model_path": str(self.source.path),
+            "model_format": self.source.format, "architecture": self.model_config.architecture,
+            "device": str(dev), "device_name": hw, "dtype": str(self.dtype).replace("torch.", ""),
+            "kv_cache_dtype": self.cfg.kv_cache_dtype, "block_size": self.cfg.block_size,
+            "num_kv_blocks": self.engine.blocks.num_blocks, "max_model_len": self.max_model_len,
+            "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
+            "enable_prefix_caching": self.cfg.enable_prefix_caching,
+            "attention_backend": self.engine.attention.report(),
+            "cuda_graph": False, "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
+        }
+
+    def close(self) -> None:
+        self.engine = None
+        self.model = None

@@ -1,0 +1,124 @@
+"""Loads a GGUF file: metadata -> HF-style config, tensors dequantized to HF names and layout.
+
+llama.cpp stores Llama's q/k projections permuted for its interleaved RoPE; they are permuted
+back so that every architecture runs through the same HF-layout model code.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from onecat.engine.errors import CorruptModelError, UnsupportedModelError
+
+GGUF_ARCH_TO_HF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+
+_LAYER_MAP = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_TOP_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+            "output.weight": "lm_head.weight"}
+
+
+def open_gguf(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad files
+        raise CorruptModelError(f"cannot read GGUF file {path}: {e}. The file is truncated or corrupt") from None
+
+
+def field_value(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def gguf_to_hf_config(reader, path: Path) -> dict:
+    arch = field_value(reader, "general.architecture")
+    if arch not in GGUF_ARCH_TO_HF:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} in {path} is not supported; supported: {', '.join(GGUF_ARCH_TO_HF)}")
+
+    def g(key, default=None):
+        return field_value(reader, f"{arch}.{key}", default)
+
+    heads = int(g("attention.head_count"))
+    hidden = int(g("embedding_length"))
+    tokens = field_value(reader, "tokenizer.ggml.tokens") or []
+    cfg = {
+        "architectures": [GGUF_ARCH_TO_HF[arch]],
+        "model_type": arch,
+        "vocab_size": int(g("vocab_size", len(tokens))),
+        "hidden_size": hidden,
+        "intermediate_size": int(g("feed_forward_length")),
+        "num_hidden_layers": int(g("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(g("attention.head_count_kv", heads)),
+        "head_dim": int(g("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(g("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(g("context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in {t.name for t in reader.tensors},
+        "bos_token_id": field_value(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": field_value(reader, "tokenizer.ggml.eos_token_id"),
+        "attention_bias": any(t.name.endswith("attn_q.bias") for t in reader.tensors),
+    }
+    scaling_type = g("rope.scaling.type")
+    if scaling_type and scaling_type != "none":
+        cfg["rope_scaling"] = {"rope_type": scaling_type, "factor": float(g("rope.scaling.factor", 1.0))}
+        if g("rope.scaling.original_context_length"):
+            cfg["rope_scaling"]["original_max_position_embeddings"] = int(g("rope.scaling.original_context_length"))
+    return cfg
+
+
+def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's convert-time permutation of q/k rows (interleaved -> half-split RoPE)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequantize_tensor(t) -> np.ndarray:
+    from gguf import quants
+
+    qtype = t.tensor_type.name
+    if qtype not in SUPPORTED_QUANTS:
+        raise UnsupportedModelError(
+            f"tensor {t.name} uses GGUF type {qtype}; supported: {', '.join(SUPPORTED_QUANTS)}")
+    shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+    try:
+        arr = quants.dequantize(t.data, t.tensor_type)
+        return np.asarray(arr, dtype=np.float32).reshape(shape)
+    except ValueError as e:
+        raise CorruptModelError(f"tensor {t.name} cannot be decoded ({e}); the file is corrupt") from None
+
+
+def iter_gguf_weights(reader, cfg: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    arch = cfg["model_type"]
+    for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            continue
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
+        if m:
+            part = _LAYER_MAP.get(m.group(2))
+            if part is None:
+                raise UnsupportedModelError(f"unexpected GGUF tensor {t.name} for architecture {arch}")
+            name = f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+        elif t.name in _TOP_MAP:
+            name = _TOP_MAP[t.name]
+        else:
+            raise UnsupportedModelError(f"unexpected GGUF tensor {t.name} for architecture {arch}")
+        arr = dequantize_tensor(t)
+        if arch == "llama" and m and m.group(2) in ("attn_q", "attn_k"):
+            n = cfg["num_attention_heads"] if m.group(2) == "attn_q" else cfg["num_key_value_heads"]
+            arr = _unpermute_rope(arr, n)
+        yield name, torch.from_numpy(np.ascontiguousarray(arr))

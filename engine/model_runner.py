@@ -1,0 +1,95 @@
+"""Runs one scheduled step on the model: flatten the batch, build attention metadata, forward, logits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.attention.selector import AttentionDispatcher
+from onecat.engine.forward_context import ForwardContext, set_forward_context
+from onecat.engine.scheduler import ScheduledSeq
+
+
+@dataclass(slots=True)
+class StepResult:
+    logits: torch.Tensor  # [num_sampling_rows, V]: for each sequence that reached its end this step
+    sample_rows: list[int]  # index into `scheduled` of each logits row (last position only)
+    prompt_logprobs: dict[int, list[float]]  # scheduled index -> logprobs of the chunk's next prompt tokens
+    verify_logits: dict[int, torch.Tensor]  # scheduled index -> [num_lookahead + 1, V] for speculative verify
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv_caches, attention: AttentionDispatcher, block_size: int,
+                 device: torch.device):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.attention = attention
+        self.block_size = block_size
+        self.device = device
+
+    def _metadata(self, sched: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        ids, pos, slots, qsl, seq_lens, qlens = [], [], [], [0], [], []
+        for s in sched:
+            seq = s.seq
+            start = seq.num_computed_tokens
+            n = s.num_new_tokens + s.num_lookahead
+            toks = seq.token_ids[start:start + n]
+            ids.extend(toks)
+            table = seq.block_table
+            for p in range(start, start + n):
+                pos.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+            qlens.append(n)
+        max_blocks = max(len(s.seq.block_table) for s in sched)
+        tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in sched]
+        dev = self.device
+        meta = AttentionMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            max_query_len=max(qlens), max_seq_len=max(seq_lens), block_size=bs,
+            query_lens_cpu=qlens, seq_lens_cpu=seq_lens, extras={})
+        return (torch.tensor(ids, dtype=torch.int64, device=dev), torch.tensor(pos, dtype=torch.int64, device=dev),
+                meta)
+
+    @torch.inference_mode()
+    def execute(self, sched: list[ScheduledSeq]) -> StepResult:
+        input_ids, positions, meta = self._metadata(sched)
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention))
+        try:
+            hidden = self.model(input_ids, positions)
+        finally:
+            set_forward_context(None)
+        starts = meta.query_start_loc.tolist()
+        sample_rows, rows = [], []
+        prompt_lp: dict[int, list[float]] = {}
+        verify: dict[int, torch.Tensor] = {}
+        for i, s in enumerate(sched):
+            seq = s.seq
+            end_computed = seq.num_computed_tokens + s.num_new_tokens
+            if s.num_lookahead:
+                lo = starts[i] + s.num_new_tokens - 1
+                verify[i] = self.model.compute_logits(hidden[lo:lo + s.num_lookahead + 1]).float()
+            elif end_computed == seq.num_tokens:
+                sample_rows.append(i)
+                rows.append(starts[i + 1] - 1)
+            if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
+                prompt_lp[i] = self._prompt_logprobs(hidden[starts[i]:starts[i + 1]], seq, s.num_new_tokens)
+        logits = (self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).float()
+                  if rows else hidden.new_zeros(0))
+        return StepResult(logits, sample_rows, prompt_lp, verify)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, seq, n: int) -> list[float]:
+        """log p(prompt[t+1] | prompt[:t+1]) for the chunk's positions whose next token is in the prompt."""
+        start = seq.num_computed_tokens
+        last = min(start + n, seq.num_prompt_tokens - 1)  # positions start..last-1 predict a prompt token
+        if last <= start:
+            return []
+        lp = self.model.compute_logits(hidden[:last - start]).float().log_softmax(dim=-1)
+        targets = torch.tensor(seq.token_ids[start + 1:last + 1], device=lp.device)
+        return lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()

@@ -1,0 +1,98 @@
+"""Llama-family decoder (also the base for Qwen2/Qwen3): forward takes (input_ids, positions)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from onecat.engine.config import ModelConfig
+from onecat.engine.errors import CorruptModelError
+from onecat.engine.layers.attention import SelfAttention
+from onecat.engine.layers.mlp import GatedMLP
+from onecat.engine.layers.norm import RMSNorm
+from onecat.engine.layers.rotary import RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, idx: int, rotary: RotaryEmbedding, qk_norm: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(cfg, idx, rotary, qk_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Weights are named as in HF checkpoints, except q/k/v and gate/up, which are fused on load."""
+
+    qk_norm = False
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.cfg = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary, self.qk_norm) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(positions, h)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    # ---- loading ------------------------------------------------------------------------------
+    _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+    def _shard_offset(self, fused: str, shard: int) -> tuple[int, int]:
+        c = self.cfg
+        if fused == "qkv_proj":
+            q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+            return [(0, q), (q, kv), (q + kv, kv)][shard]
+        return (shard * c.intermediate_size, c.intermediate_size)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name.startswith("model."):
+                name = name[len("model."):]
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.cfg.tie_word_embeddings:
+                continue
+            parts = name.split(".")
+            target, rows = name, None
+            if len(parts) >= 2 and parts[-2] in self._FUSED:
+                fused, shard = self._FUSED[parts[-2]]
+                target = ".".join(parts[:-2] + [fused, parts[-1]])
+                rows = self._shard_offset(fused, shard)
+            param = params.get(target)
+            if param is None:
+                raise CorruptModelError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+            dst = param.data if rows is None else param.data.narrow(0, rows[0], rows[1])
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise CorruptModelError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                        f"expected {tuple(dst.shape)}; config and weights disagree")
+            dst.copy_(tensor)
+            loaded.add(f"{target}#{rows}")
+        expected = {n for n, _ in self.named_parameters()}
+        got = {k.split("#")[0] for k in loaded}
+        if self.cfg.tie_word_embeddings:
+            got.add("lm_head.weight")
+        missing = sorted(expected - got)
+        if missing:
+            raise CorruptModelError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}; "
+                                    "the weights are incomplete or truncated")

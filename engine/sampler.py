@@ -1,0 +1,72 @@
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, with per-request random streams.
+
+Every row is processed on its own (row-wise ops and a per-request torch.Generator), so a
+request's tokens do not depend on which other requests share its batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from onecat.engine.sampling_params import SamplingParams
+
+
+def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k / top-p / min-p masks -> probabilities, row by row. logits: [N, V] fp32."""
+    device = logits.device
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+    x = logits / temps.unsqueeze(1)
+    V = x.shape[-1]
+    top_ks = [p.top_k if 0 < p.top_k < V else V for p in params]
+    top_ps = [p.top_p for p in params]
+    if any(k < V for k in top_ks) or any(p < 1.0 for p in top_ps):
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        ks = torch.tensor(top_ks, device=device)
+        ranks = torch.arange(V, device=device).unsqueeze(0)
+        drop = ranks >= ks.unsqueeze(1)
+        if any(p < 1.0 for p in top_ps):
+            probs = sorted_x.masked_fill(drop, float("-inf")).softmax(dim=-1)
+            before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
+            drop |= before > torch.tensor(top_ps, device=device).unsqueeze(1)
+        drop[:, 0] = False
+        x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
+    probs = x.softmax(dim=-1)
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        keep = probs >= min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Exponential-race sampling (argmax p / E, E ~ Exp(1)): one draw per vocab entry from the request's stream."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / noise).argmax())
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    logits = logits.float()
+    greedy = [p.greedy for p in params]
+    tokens = logits.argmax(dim=-1).tolist() if any(greedy) else [0] * len(params)
+    rows = [i for i, g in enumerate(greedy) if not g]
+    if rows:
+        probs = apply_filters(logits[rows], [params[i] for i in rows])
+        for j, i in enumerate(rows):
+            tokens[i] = sample_from_probs(probs[j], generators[i])
+    return tokens
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: list[int | None]) -> list[dict[int, float] | None]:
+    """Raw-model logprobs of each chosen token plus its row's top-n alternatives."""
+    lp = logits.float().log_softmax(dim=-1)
+    out: list[dict[int, float] | None] = []
+    for i, (tok, n) in enumerate(zip(tokens, top_n)):
+        if n is None:
+            out.append(None)
+            continue
+        d = {tok: float(lp[i, tok])}
+        if n > 0:
+            vals, idx = lp[i].topk(n)
+            d.update({int(t): float(v) for t, v in zip(idx.tolist(), vals.tolist())})
+        out.append(d)
+    return out

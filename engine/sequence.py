@@ -1,0 +1,69 @@
+"""One request's live state inside the engine: tokens, progress, KV blocks, timings."""
+from __future__ import annotations
+
+import time
+from enum import Enum
+
+import torch
+
+from onecat.engine.outputs import SpecDecodeCounts
+from onecat.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    __slots__ = ("request_id", "prompt", "token_ids", "num_prompt_tokens", "params", "status",
+                 "num_computed_tokens", "block_table", "block_hashes", "num_cached_tokens", "generator",
+                 "finish_reason", "stop_reason", "logprobs", "prompt_logprobs", "arrival_time",
+                 "first_scheduled_time", "first_token_time", "finish_time", "text", "spec", "num_preemptions",
+                 "add_special_tokens")
+
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+                 generator: torch.Generator | None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # hashes of the full, computed blocks, in order
+        self.num_cached_tokens = 0
+        self.generator = generator
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[float | None] | None = [None] if params.prompt_logprobs is not None else None
+        self.arrival_time = time.perf_counter()
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+        self.text = ""
+        self.spec = SpecDecodeCounts()
+        self.num_preemptions = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def in_prompt(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens

@@ -1,0 +1,132 @@
+"""Tokenizer + chat template, from an HF directory or from GGUF metadata, on the `tokenizers` library."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from onecat.engine.errors import CorruptModelError, UnsupportedModelError
+
+# Pre-tokenizer split patterns for the GGUF `tokenizer.ggml.pre` names this engine knows.
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def _byte_level_pre(pre: str):
+    if pre in ("gpt2", "default", None):
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    pattern = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2}.get(pre)
+    if pattern is None:
+        raise UnsupportedModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: gpt2, smollm, "
+                                    "llama-bpe, qwen2")
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+class Tokenizer:
+    """Encodes/decodes text and renders chat prompts the way the checkpoint defines them."""
+
+    def __init__(self, tok: HFTokenizer, *, bos_token_id: int | None, eos_token_ids: list[int],
+                 add_bos: bool, chat_template: str | None):
+        self._tok = tok
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = [e for e in eos_token_ids if e is not None]
+        self.add_bos = add_bos and bos_token_id is not None
+        self.chat_template = chat_template
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_hf_dir(cls, path: Path, eos_from_config: list[int]) -> "Tokenizer":
+        tj = path / "tokenizer.json"
+        if not tj.is_file():
+            raise CorruptModelError(f"{path} has no tokenizer.json (needed to encode prompts)")
+        tok = HFTokenizer.from_file(str(tj))
+        tcfg_path = path / "tokenizer_config.json"
+        tcfg = json.loads(tcfg_path.read_text()) if tcfg_path.is_file() else {}
+
+        def token_id(entry) -> int | None:
+            if isinstance(entry, dict):
+                entry = entry.get("content")
+            return tok.token_to_id(entry) if entry else None
+
+        eos = list(eos_from_config)
+        eos_tok = token_id(tcfg.get("eos_token"))
+        if eos_tok is not None and eos_tok not in eos:
+            eos.append(eos_tok)
+        template = tcfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        bos = token_id(tcfg.get("bos_token"))
+        return cls(tok, bos_token_id=bos, eos_token_ids=eos, add_bos=bool(tcfg.get("add_bos_token", False)),
+                   chat_template=template)
+
+    @classmethod
+    def from_gguf(cls, reader) -> "Tokenizer":
+        from onecat.engine.loader.gguf import field_value
+
+        kind = field_value(reader, "tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise UnsupportedModelError(f"GGUF tokenizer model {kind!r} is not supported; supported: gpt2 (BPE)")
+        tokens = field_value(reader, "tokenizer.ggml.tokens")
+        merges = field_value(reader, "tokenizer.ggml.merges") or []
+        types = field_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        vocab = {t: i for i, t in enumerate(tokens)}
+        bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False)
+        tok = HFTokenizer(bpe)
+        tok.pre_tokenizer = _byte_level_pre(field_value(reader, "tokenizer.ggml.pre"))
+        tok.decoder = decoders.ByteLevel()
+        special = [AddedToken(t, special=True, normalized=False)
+                   for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
+        tok.add_special_tokens(special)
+        eos = field_value(reader, "tokenizer.ggml.eos_token_id")
+        eot = field_value(reader, "tokenizer.ggml.eot_token_id")
+        return cls(tok, bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
+                   eos_token_ids=[eos] + ([eot] if eot is not None and eot != eos else []),
+                   add_bos=bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)),
+                   chat_template=field_value(reader, "tokenizer.chat_template"))
+
+    # ---- use ----------------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        if not self.chat_template:
+            raise UnsupportedModelError("this model has no chat template; pass plain prompts to generate()")
+
+        def raise_exception(msg):
+            raise ValueError(f"chat template refused the messages: {msg}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, indent=indent, ensure_ascii=False)
+        special = lambda i: self._tok.id_to_token(i) if i is not None else ""  # noqa: E731
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=special(self.bos_token_id),
+            eos_token=special(self.eos_token_ids[0] if self.eos_token_ids else None), **kwargs)
