@@ -1,0 +1,66 @@
+"""Engine adapters: one interface over the in-process engine, vLLM and OpenAI-compatible endpoints.
+
+An adapter class is registered with `@register_engine("name")` and provides:
+
+    check(arm: ArmSettings) -> list[str]   classmethod, cheap, loads nothing: a list of problems
+                                           (missing model files, backend not available...) with
+                                           where it looked, so `gate run` fails before any loading
+    open(arm: ArmSettings, seed: int) -> adapter instance      classmethod
+
+and the instance offers:
+    generate(prompts, params) -> list[RequestOutput]     (onecat.engine.outputs)
+    chat(conversations, params) -> list[RequestOutput]
+    score(prompts) -> list[ScoreOutput]
+    tokenizer          (encode / decode / eos_token_ids)
+    vocab_size         int | None
+    info() -> dict     effective settings (fast paths actually used), stored with the run
+    close()
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from onecat.gates.contract import ArmSettings
+
+
+class EngineUnavailableError(RuntimeError):
+    """The arm cannot run here (backend missing, model absent...); the message says what and where."""
+
+
+class EngineAdapter:
+    name: str = "?"
+    tokenizer: Any = None
+    vocab_size: int | None = None
+
+    @classmethod
+    def check(cls, arm: ArmSettings) -> list[str]:
+        return []
+
+    @classmethod
+    def open(cls, arm: ArmSettings, seed: int = 0) -> "EngineAdapter":
+        raise NotImplementedError
+
+    def generate(self, prompts: list, params: Any) -> list:
+        raise NotImplementedError
+
+    def chat(self, conversations: list, params: Any) -> list:
+        raise NotImplementedError
+
+    def score(self, prompts: list) -> list:
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def open_engine(arm: ArmSettings, seed: int = 0) -> EngineAdapter:
+    from onecat.gates.registry import ENGINES, lookup
+
+    lookup(ENGINES, "engine backend", arm.engine.backend)
+    problems = ENGINES[arm.engine.backend].check(arm)
+    if problems:
+        raise EngineUnavailableError(f"arm {arm.name}: " + "; ".join(problems))
+    return ENGINES[arm.engine.backend].open(arm, seed)

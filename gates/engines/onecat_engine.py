@@ -1,0 +1,111 @@
+"""The in-process onecat engine (onecat.engine.LLM) behind the adapter interface."""
+from __future__ import annotations
+
+from typing import Any
+
+from onecat.gates.contract import ArmSettings
+from onecat.gates.engines.base import EngineAdapter
+from onecat.gates.registry import register_engine
+
+
+def _resolve(source: str, revision: str | None) -> str | None:
+    """None when the model is found; otherwise the resolver's message (what, where it looked)."""
+    try:
+        from onecat.engine.model_source import resolve_model_source
+    except ImportError as exc:  # pragma: no cover - engine package broken
+        return f"onecat engine is not importable ({exc})"
+    try:
+        resolve_model_source(source, revision)
+    except Exception as exc:  # ModelNotFoundError and friends carry the fix
+        return str(exc)
+    return None
+
+
+@register_engine("onecat")
+class OnecatEngine(EngineAdapter):
+    @classmethod
+    def check(cls, arm: ArmSettings) -> list[str]:
+        problems = []
+        miss = _resolve(arm.model.source, arm.model.revision)
+        if miss:
+            problems.append(f"target model: {miss}")
+        spec = arm.speculative
+        if spec is not None and spec.model:
+            miss = _resolve(spec.model, spec.revision)
+            if miss:
+                problems.append(f"drafter model: {miss}")
+        if arm.engine.tensor_parallel_size * arm.engine.pipeline_parallel_size > 1:
+            n = _cuda_count()
+            need = arm.engine.tensor_parallel_size * arm.engine.pipeline_parallel_size
+            if n < need:
+                problems.append(f"needs {need} GPUs (TP {arm.engine.tensor_parallel_size} x PP "
+                                f"{arm.engine.pipeline_parallel_size}), found {n}")
+        if arm.engine.device == "cuda" and _cuda_count() == 0:
+            problems.append("engine.device is cuda but no CUDA device is visible")
+        return problems
+
+    @classmethod
+    def open(cls, arm: ArmSettings, seed: int = 0) -> "OnecatEngine":
+        return cls(arm, seed)
+
+    def __init__(self, arm: ArmSettings, seed: int = 0):
+        from onecat.engine import LLM
+
+        e = arm.engine
+        kwargs: dict[str, Any] = dict(
+            model=arm.model.source, dtype=arm.model.dtype, kv_cache_dtype=e.kv_cache_dtype,
+            max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
+            max_num_batched_tokens=e.max_num_batched_tokens, enable_prefix_caching=e.enable_prefix_caching,
+            seed=seed, device=e.device, attention_backend=e.attention_backend, cuda_graph=e.cuda_graph != "off")
+        if arm.speculative is not None:
+            kwargs["speculative_config"] = arm.speculative.model_dump(exclude_none=True)
+        if e.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = e.tensor_parallel_size
+        if arm.model.revision:
+            kwargs["revision"] = arm.model.revision
+        kwargs.update(e.options)
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.tokenizer
+        self.vocab_size = self._vocab_size()
+
+    def _vocab_size(self) -> int | None:
+        info = self.info()
+        for k in ("vocab_size", "num_tokens"):
+            if isinstance(info.get(k), int):
+                return info[k]
+        tok = self.tokenizer
+        for attr in ("vocab_size", "n_vocab"):
+            v = getattr(tok, attr, None)
+            if isinstance(v, int):
+                return v
+        try:
+            return len(tok)
+        except TypeError:
+            return None
+
+    def generate(self, prompts: list, params: Any) -> list:
+        return self.llm.generate(prompts, params)
+
+    def chat(self, conversations: list, params: Any) -> list:
+        return self.llm.chat(conversations, params)
+
+    def score(self, prompts: list) -> list:
+        return self.llm.score(prompts)
+
+    def info(self) -> dict:
+        try:
+            return dict(self.llm.info())
+        except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+            return {"info_error": f"{type(exc).__name__}: {exc}"}
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        return 0

@@ -1,0 +1,225 @@
+"""The runner interface: how a workload kind turns an engine into stored rows.
+
+Adding a workload kind is one file in gates/runners/ and one decorator line:
+
+    from typing import Literal
+    from onecat.gates.registry import register_runner
+    from onecat.gates.runners.base import Runner, TaskWorkload, request_record
+
+    @register_runner("my_kind")
+    class MyRunner(Runner):
+        class Workload(TaskWorkload):            # pydantic; extra keys are refused
+            kind: Literal["my_kind"] = "my_kind"
+            limit: int = 10
+
+        def run(self, engine, workload, sampling, seeds, sink):
+            data = sink.dataset(workload.dataset)  # ResolvedDataset, resolved before any engine opened
+            for seed in seeds:
+                for item in load_items(data.path)[: workload.limit]:
+                    key = f"{item.id}/seed={seed}"
+                    if sink.is_done(key):          # --resume: finished requests are not redone
+                        continue
+                    out = engine.chat([[{"role": "user", "content": item.prompt}]],
+                                      to_sampling_params(sampling, seed=seed))[0]
+                    sink.request(request_record(key, out, engine.tokenizer, seed=seed))
+                    sink.item(ItemOutcome(item_id=item.id, seed=seed, passed={"correct": ok},
+                                          extracted_answer=ans, failure_reason=why), request_key=key)
+
+`run(engine, workload, sampling, seeds, sink)`:
+    engine   -- an engine adapter (gates/engines/base.py): generate / chat / score / tokenizer / info
+    workload -- the validated `Workload` instance from the contract
+    sampling -- the contract's SamplingSpec (use to_sampling_params to build engine params)
+    seeds    -- the contract's predeclared seeds
+    sink     -- Sink below: rows written through it are committed at once (kill -9 loses none)
+
+Runners whose work should be interleaved across arms (throughput repeats, A/B/A) override
+`plan()` and `run_unit()` instead; the orchestrator then alternates units between the arms.
+Per-item task outcomes (ItemOutcome) go to the `item_outcomes` table that the `task_score`
+check reads: one row per (item, seed, measure), where `passed` maps measure -> bool, e.g.
+{"base": True, "plus": False} for EvalPlus or {"correct": True} for GSM8K.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.health import generation_health
+from onecat.gates.registry import declare_workload_schema
+
+
+# --------------------------------------------------------------------------- rows
+@dataclass
+class RequestRecord:
+    """One engine request as stored in the `requests` table."""
+
+    key: str  # unique within (run, arm, workload); --resume skips keys already stored
+    group: Optional[str] = None  # requests expected to produce identical tokens (determinism)
+    seed: Optional[int] = None
+    repeat: Optional[int] = None
+    batch_size: Optional[int] = None
+    prompt_sha256: Optional[str] = None
+    num_prompt_tokens: int = 0
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+    queue_s: Optional[float] = None
+    prefill_s: Optional[float] = None
+    ttft_s: Optional[float] = None
+    decode_s: Optional[float] = None
+    e2e_s: Optional[float] = None
+    tpot_s: Optional[float] = None
+    finish_reason: Optional[str] = None
+    natural_stop_eligible: bool = True  # False when the runner forced the length (ignore_eos)
+    natural_stop: Optional[bool] = None
+    capped: Optional[bool] = None
+    max_repeat_run: Optional[int] = None
+    repetition_loop: Optional[bool] = None
+    replacement_chars: Optional[int] = None
+    token_sha256: Optional[str] = None
+    text_sha256: Optional[str] = None
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
+    error: Optional[str] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ItemOutcome:
+    """A task item's result for one seed: what a task_score check compares between arms."""
+
+    item_id: str
+    passed: dict[str, bool]  # measure -> passed, e.g. {"base": True, "plus": False}
+    seed: Optional[int] = None
+    failure_reason: Optional[str] = None  # e.g. "no_answer", "wrong_answer", "timeout", "syntax_error"
+    extracted_answer: Optional[str] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Metric:
+    """A figure in the `metrics` table. kind: "measured" or "projected" (never mixed)."""
+
+    name: str
+    value: float
+    unit: str
+    key: str = ""  # what it is a figure of, e.g. "bs=8" or "segment=3"
+    kind: str = "measured"
+    seed: Optional[int] = None
+    repeat: Optional[int] = None
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+class Sink(Protocol):
+    """Where runners put rows; every call commits before it returns."""
+
+    arm: str
+    workload_id: str
+
+    def dataset(self, name: str) -> Any: ...  # ResolvedDataset (path, sha256, origin)
+    def is_done(self, request_key: str) -> bool: ...
+    def request(self, record: RequestRecord) -> None: ...
+    def item(self, outcome: ItemOutcome, request_key: Optional[str] = None) -> None: ...
+    def metric(self, metric: Metric) -> None: ...
+    def advance(self, n: int = 1) -> None: ...  # progress bar
+
+
+# --------------------------------------------------------------------------- units and runners
+@dataclass(frozen=True)
+class Unit:
+    """A resumable slice of a workload. Finished units are skipped on --resume.
+
+    interleave=True units are alternated between arms (A/B/A...), with the baseline running one
+    extra repeat at the end so every candidate repeat is bracketed by two baseline repeats.
+    """
+
+    key: str
+    seed: Optional[int] = None
+    repeat: Optional[int] = None
+    interleave: bool = False
+    size: int = 1  # progress-bar steps
+    params: tuple = ()  # hashable (name, value) pairs for the runner
+
+
+class Runner:
+    """Base class. Override `run` (simple) or `plan` + `run_unit` (resumable / interleaved units)."""
+
+    kind: ClassVar[str]
+    Workload: ClassVar[type[WorkloadBase]]
+
+    def plan(self, workload: WorkloadBase, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
+        return [Unit(key="all", size=1, params=(("seeds", tuple(seeds)),))]
+
+    def run_unit(self, engine: Any, workload: WorkloadBase, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
+        self.run(engine, workload, sampling, list(dict(unit.params)["seeds"]), sink)
+
+    def run(self, engine: Any, workload: WorkloadBase, sampling: SamplingSpec, seeds: list[int], sink: Sink) -> None:
+        for unit in self.plan(workload, sampling, seeds):
+            self.run_unit(engine, workload, sampling, unit, sink)
+
+
+class Subset(BaseModel):
+    """Which items of a dataset to use: the first N, or explicit ids (in dataset order)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    first: Optional[int] = Field(default=None, ge=1)
+    ids: Optional[list[str]] = None
+
+
+class TaskWorkload(WorkloadBase):
+    """Shared fields of dataset-driven task workloads (GSM8K, HumanEval+, MBPP+, ...)."""
+
+    dataset: Optional[str] = None  # registry name; default chosen by the runner
+    subset: Optional[Subset] = None
+
+
+# Kinds that contracts may name before their runners are installed; `gate run` refuses them up front.
+for _kind in ("gsm8k", "humaneval", "humaneval_plus", "mbpp_plus"):
+    declare_workload_schema(_kind, TaskWorkload)
+
+
+# --------------------------------------------------------------------------- helpers for runners
+def to_sampling_params(sampling: SamplingSpec, seed: Optional[int] = None, **overrides: Any):
+    """Engine SamplingParams from the contract's sampling block (overrides win)."""
+    from onecat.engine.sampling_params import SamplingParams
+
+    kw: dict[str, Any] = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                              min_p=sampling.min_p, max_tokens=sampling.max_tokens, seed=seed,
+                              stop=list(sampling.stop) or None)
+    if sampling.reasoning.enabled or sampling.reasoning.effort:
+        kw["extra"] = {"reasoning": sampling.reasoning.model_dump()}
+    kw.update(overrides)
+    return SamplingParams(**kw)
+
+
+def prompt_sha256(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        data = prompt.encode("utf-8")
+    else:
+        data = repr(prompt).encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def request_record(key: str, output: Any, tokenizer: Any = None, *, prompt: Any = None,
+                   natural_stop_eligible: bool = True, **fields: Any) -> RequestRecord:
+    """A RequestRecord from an engine RequestOutput, with natural-stop health filled in."""
+    t = output.timings
+    health = generation_health(output, tokenizer)
+    n = len(output.token_ids)
+    rec = RequestRecord(
+        key=key,
+        prompt_sha256=prompt_sha256(prompt if prompt is not None else (output.prompt or output.prompt_token_ids)),
+        num_prompt_tokens=len(output.prompt_token_ids), num_completion_tokens=n,
+        num_cached_tokens=getattr(output, "num_cached_tokens", 0) or 0,
+        queue_s=t.queue_s, prefill_s=t.prefill_s, ttft_s=t.first_token_s, decode_s=t.decode_s, e2e_s=t.e2e_s,
+        tpot_s=(t.decode_s / (n - 1)) if n > 1 else None,
+        natural_stop_eligible=natural_stop_eligible,
+        spec_num_drafts=output.spec.num_drafts, spec_num_draft_tokens=output.spec.num_draft_tokens,
+        spec_num_accepted_tokens=output.spec.num_accepted_tokens,
+        spec_accepted_per_position=list(output.spec.accepted_per_position),
+        error=output.error, **health, **fields)
+    return rec

@@ -1,0 +1,160 @@
+"""Sandbox launcher: isolates, then starts the untrusted program as an unprivileged child.
+
+Executed as a script (`python -I launcher.py CONFIG_JSON`) by the harness with cwd = the scratch
+directory; stdlib only and never imported by the harness. Process tree it builds:
+
+    launcher (harness user, own session)
+      └─ init   pid 1 of a new pid namespace: mounts a private /proc and tmpfs /tmp, reaps, reports
+           └─ program  unprivileged uid, rlimits, no_new_privs, exec of the sandbox interpreter
+
+When init exits (program done, or the launcher killed -> PDEATHSIG) the kernel kills every process
+left in the pid namespace, so nothing forked by the program can outlive the run.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _call(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source, target, fstype, flags, data) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _call(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+          f"mount {target}")
+
+
+def _unshare(cfg: dict, applied: list, notes: list) -> bool:
+    """Try the full set, then without pid; returns whether a pid namespace was created."""
+    if not cfg["namespaces"]:
+        return False
+    for flags, names in (
+        (CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS, ["pidns", "netns", "mntns", "ipcns", "utsns"]),
+        (CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC, ["netns", "mntns", "ipcns"]),
+        (CLONE_NEWNET, ["netns"]),
+    ):
+        try:
+            _call(_libc.unshare(ctypes.c_int(flags)), "unshare")
+            applied.extend(names)
+            return "pidns" in names
+        except OSError as exc:
+            notes.append(f"unshare {'+'.join(names)} failed: {exc.strerror}")
+    return False
+
+
+def _private_mounts(cfg: dict, applied: list, notes: list) -> None:
+    """Private /proc (only our pid namespace visible) and fresh tmpfs over world-writable dirs."""
+    if "mntns" not in applied:
+        return
+    try:
+        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    except OSError as exc:
+        notes.append(str(exc))
+        return
+    for path in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(path):
+            try:
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV,
+                       f"size={cfg['tmpfs_bytes']},mode=1777")
+                applied.append(f"tmpfs:{path}")
+            except OSError as exc:
+                notes.append(str(exc))
+    if "pidns" in applied:
+        try:
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+            applied.append("private-proc")
+        except OSError as exc:
+            notes.append(str(exc))
+
+
+def _exec_program(cfg: dict) -> None:
+    """In the program child: limits, drop privileges, exec the sandbox interpreter. Never returns."""
+    try:
+        lim = cfg["limits"]
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        cpu = int(lim["cpu_s"] + 0.999)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (lim["max_file_bytes"], lim["max_file_bytes"]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lim["max_open_files"], lim["max_open_files"]))
+        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
+        uid = cfg["uid"]
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        os.closerange(3, 1 << 16)
+        python = cfg["python"]
+        os.execve(python, [python, "-s", "-c", cfg["bootstrap"], cfg["program"], cfg["guard"]], cfg["env"])
+    except BaseException as exc:  # report why the program could not start, distinctly from its own errors
+        os.write(2, f"onecat-sandbox: could not start program: {exc!r}\n".encode())
+    os._exit(125)
+
+
+def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pid: int) -> None:
+    """pid 1 of the namespace: start the program, reap everything, report how the program ended."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if "pidns" not in applied and os.getppid() != launcher_pid:
+        os._exit(1)  # the launcher died before PDEATHSIG was armed
+    _private_mounts(cfg, applied, notes)
+    program_pid = os.fork()
+    if program_pid == 0:
+        os.close(status_fd)
+        _exec_program(cfg)
+    status = {"mechanisms": applied, "notes": notes}
+    while True:
+        try:
+            pid, wstatus, usage = os.wait4(-1, 0)
+        except ChildProcessError:
+            break
+        if pid == program_pid:
+            if os.WIFSIGNALED(wstatus):
+                status["signal"] = os.WTERMSIG(wstatus)
+            else:
+                status["exit_code"] = os.WEXITSTATUS(wstatus)
+            status["cpu_s"] = usage.ru_utime + usage.ru_stime
+            status["max_rss_kb"] = usage.ru_maxrss
+            break
+    os.write(status_fd, json.dumps(status).encode())
+    os.close(status_fd)
+    os._exit(0)  # in a pid namespace this kills whatever the program left behind
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    status_fd = cfg["status_fd"]
+    applied: list = []
+    notes: list = []
+    uid = cfg["uid"]
+    if uid is not None:
+        os.chown(".", uid, uid)
+        applied.append("uid-drop")
+    _unshare(cfg, applied, notes)
+    launcher_pid = os.getpid()
+    init_pid = os.fork()
+    if init_pid == 0:
+        _run_init(cfg, applied, notes, status_fd, launcher_pid)
+    os.close(status_fd)
+    os.waitpid(init_pid, 0)
+
+
+if __name__ == "__main__":
+    main()
