@@ -59,6 +59,7 @@ class SandboxResult:
     cpu_s: float | None
     mechanisms: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    uid: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -204,7 +205,7 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             stderr_truncated=err_trunc, wall_s=wall, cpu_s=status.get("cpu_s"),
             mechanisms=list(status.get("mechanisms", [])) + ["rlimits", "minimal-env", "killpg"]
             + ([f"python-guard:{guard}"] if guard != "off" else []),
-            notes=list(status.get("notes", [])))
+            notes=list(status.get("notes", [])), uid=uid)
     finally:
         if proc is not None and proc.poll() is None:
             _kill_group(proc.pid)
