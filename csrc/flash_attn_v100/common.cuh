@@ -1,0 +1,81 @@
+// Shared definitions for the Volta (SM70) attention kernels: parameters, paged-KV addressing,
+// warp reductions and the shared-memory swizzle. Plain CUDA, no framework headers, so the same
+// text compiles under NVRTC (for the sm_70 resource check) and under nvcc (torch binding).
+#pragma once
+#include <cuda_fp16.h>
+
+namespace fa_v100 {
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
+
+// How the paged KV cache stores its values.
+enum KvKind : int {
+  kKvF16 = 0,   // float16 values
+  kKvE4M3 = 1,  // uint8 bytes holding float8_e4m3fn, value = fp8 * per-(slot, kv_head) scale
+  kKvE5M2 = 2,  // uint8 bytes holding float8_e5m2, value = fp8 * per-(slot, kv_head) scale
+};
+
+// A paged KV cache: K/V are [num_blocks, block_size, num_kv_heads, head_dim], contiguous.
+struct PagedKV {
+  const void* k;
+  const void* v;
+  const float* k_scale;  // [num_blocks * block_size * num_kv_heads], fp8 kinds only
+  const float* v_scale;
+  const int* block_tables;  // [num_seqs, block_table_stride]
+  int block_table_stride;
+  int block_size;
+  int num_kv_heads;
+};
+
+// One launch's view of a flattened variable-length batch (see AttentionMetadata).
+struct AttnParams {
+  const __half* q;  // [T, num_heads, head_dim]
+  __half* out;      // [T, num_heads, head_dim]
+  PagedKV kv;
+  const int* query_start_loc;  // [B + 1]
+  const int* seq_lens;         // [B], context length after this step (cached + new)
+  int num_heads;
+  int q_tiles_per_seq;  // prefill: query tiles launched per sequence
+  float scale_log2;     // softmax scale * log2(e): scores live in the exp2 domain
+  int causal;
+  // split-KV decode: per-split partial outputs, merged in FP32 afterwards
+  float* o_part;    // [T * num_heads * num_splits, head_dim]
+  float* lse_part;  // [T * num_heads * num_splits], log2-sum-exp2 of each split
+  int num_splits;
+  int split_len;    // keys per split (multiple of the decode chunk)
+};
+
+// Row index (slot * num_kv_heads + kv_head) of key `key` of sequence `b` in the paged cache.
+__device__ __forceinline__ long long kv_row(const PagedKV& kv, int b, int key, int kvh) {
+  const int blk = __ldg(kv.block_tables + (long long)b * kv.block_table_stride + key / kv.block_size);
+  const long long slot = (long long)blk * kv.block_size + key % kv.block_size;
+  return slot * kv.num_kv_heads + kvh;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// exp2 that maps the "no key seen yet" reference -inf to 0 instead of NaN.
+__device__ __forceinline__ float safe_ref(float m) { return m == neg_inf() ? 0.f : m; }
+
+// Shared-memory tiles of fp16 rows are addressed in 8-byte chunks (4 halfs, one HMMA k-step).
+// Chunk c of row r lives at r * CHUNKS + (c ^ g(r)), g a bijection of the row's low 4 bits.
+// g keeps both fragment reads conflict-free: 16 consecutive rows at one chunk (Q, K as the
+// col-major B operand) and 4 consecutive rows x 4 consecutive chunks (V as row-major B).
+template <int CHUNKS>
+__device__ __forceinline__ int swizzle8(int row, int chunk) {
+  static_assert(CHUNKS >= 16 && CHUNKS % 16 == 0, "swizzle needs >= 16 chunks per row");
+  const int g = ((row & 3) << 2) | ((row >> 2) & 3);
+  return row * CHUNKS + (chunk ^ g);
+}
+
+}  // namespace fa_v100
