@@ -1,0 +1,1 @@
+"""Markdown (and later plot) rendering of runs from the results store."""

@@ -1,0 +1,1 @@
+"""The DuckDB results store (schema + migrations, writers, queries, export)."""

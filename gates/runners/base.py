@@ -134,13 +134,15 @@ class Unit:
     """A resumable slice of a workload. Finished units are skipped on --resume.
 
     interleave=True units are alternated between arms (A/B/A...), with the baseline running one
-    extra repeat at the end so every candidate repeat is bracketed by two baseline repeats.
+    extra repeat (a copy of the series' last unit with repeat + 1, key "<series>/rep=<n>") at the end,
+    so every candidate repeat is bracketed by two baseline repeats.
     """
 
     key: str
     seed: Optional[int] = None
     repeat: Optional[int] = None
     interleave: bool = False
+    series: Optional[str] = None  # interleaved units of one series differ only in `repeat`
     size: int = 1  # progress-bar steps
     params: tuple = ()  # hashable (name, value) pairs for the runner
 

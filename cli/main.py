@@ -1,0 +1,245 @@
+"""The `onecat` command line.
+
+Exit codes (all subcommands):
+    0  PROMOTE (or success for non-gate commands)
+    1  ROLLBACK: a binding gate failed
+    2  usage or contract error (bad flags, invalid contract, unknown run)
+    3  INCONCLUSIVE: no gate failed but the evidence could not decide
+    4  runtime / environment error (missing model or dataset, engine failure, interrupted run)
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+EXIT_OK, EXIT_ROLLBACK, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_RUNTIME = 0, 1, 2, 3, 4
+EXIT_HELP = ("Exit codes: 0 PROMOTE/success, 1 ROLLBACK, 2 usage or contract error, 3 INCONCLUSIVE, "
+             "4 runtime/environment error (missing model or dataset, engine failure).")
+
+app = typer.Typer(name="onecat", help="onecat: LLM engine for V100 and a contract-driven quality-gate harness. "
+                  + EXIT_HELP, no_args_is_help=True, add_completion=False)
+gate_app = typer.Typer(help="Run gate contracts. " + EXIT_HELP, no_args_is_help=True)
+contract_app = typer.Typer(help="Validate contracts.", no_args_is_help=True)
+results_app = typer.Typer(help="Inspect the results store.", no_args_is_help=True)
+app.add_typer(gate_app, name="gate")
+app.add_typer(contract_app, name="contract")
+app.add_typer(results_app, name="results")
+
+console = Console()
+err = Console(stderr=True)
+
+DB_OPTION = typer.Option(None, "--db", help="DuckDB results file (default: $ONECAT_DB or .onecat/results.duckdb)")
+
+
+def _db(db: Optional[Path]) -> Path:
+    from onecat.gates.gate_run import default_db
+
+    return db or default_db()
+
+
+def _fail(message: str, code: int) -> "typer.Exit":
+    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+# --------------------------------------------------------------------------- gate
+@gate_app.command("run")
+def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
+             db: Optional[Path] = DB_OPTION,
+             resume: bool = typer.Option(False, "--resume", help="continue the newest unfinished run of this contract"),
+             run_id: Optional[str] = typer.Option(None, "--run-id", help="with --resume: the run to continue"),
+             out: Optional[Path] = typer.Option(None, "--out", help="report folder or .md file "
+                                                                    "(default .onecat/reports/)"),
+             no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar")) -> None:
+    """Run both arms of CONTRACT, evaluate its gates, print the verdict and write the report.
+
+    Exit codes: 0 PROMOTE, 1 ROLLBACK, 2 usage/contract error, 3 INCONCLUSIVE, 4 runtime/environment error.
+    """
+    from onecat.gates.contract import ContractError
+    from onecat.gates.gate_run import PreflightError, ResumeError, run_gate
+    from onecat.gates.verdict import EXIT_CODES
+
+    from onecat.cli.progress import RichProgress
+
+    progress = None if no_progress else RichProgress(console)
+    try:
+        outcome = run_gate(contract, _db(db), resume=(run_id or True) if resume else False, report_dir=out,
+                           progress=progress)
+    except ContractError as exc:
+        raise _fail(str(exc), EXIT_USAGE)
+    except ResumeError as exc:
+        raise _fail(str(exc), EXIT_USAGE)
+    except PreflightError as exc:
+        raise _fail(str(exc), EXIT_RUNTIME)
+    except KeyboardInterrupt:
+        raise _fail("interrupted; continue with `onecat gate run --resume " + str(contract) + "`", EXIT_RUNTIME)
+    except Exception as exc:  # noqa: BLE001 - engine / environment failure
+        raise _fail(f"{type(exc).__name__}: {exc}", EXIT_RUNTIME)
+    table = Table(title=f"{outcome.run_id}", show_lines=False)
+    for col in ("gate", "status", "summary"):
+        table.add_column(col, overflow="fold")
+    colors = {"pass": "green", "fail": "red", "inconclusive": "yellow"}
+    for gate, res in outcome.results:
+        name = gate.id + (" (informative)" if gate.informative else "")
+        table.add_row(name, f"[{colors[res.status]}]{res.status.upper()}[/]", res.summary)
+    console.print(table)
+    color = {"PROMOTE": "green", "ROLLBACK": "red"}.get(outcome.verdict.decision, "yellow")
+    console.print(f"[bold {color}]{outcome.verdict.decision}[/] — {outcome.verdict.reason}")
+    console.print(f"report: {outcome.report_path}  (run {outcome.run_id}, {outcome.wall_s:.1f}s, "
+                  f"{outcome.steps_run} units run, {outcome.steps_skipped} resumed)", highlight=False)
+    raise typer.Exit(EXIT_CODES[outcome.verdict.decision])
+
+
+# --------------------------------------------------------------------------- contract
+@contract_app.command("check")
+def contract_check(files: List[Path] = typer.Argument(..., help="contract YAML files")) -> None:
+    """Validate contracts: schema, unknown keys, registered kinds/checks/datasets. Exit 2 on any error."""
+    from onecat.gates.contract import ContractError, contract_warnings, load_contract
+
+    bad = 0
+    for f in files:
+        try:
+            c = load_contract(f)
+        except ContractError as exc:
+            bad += 1
+            err.print(str(exc), highlight=False, markup=False)
+            continue
+        console.print(f"[green]ok[/] {f}: {c.name} (fingerprint {c.fingerprint[:16]}, baseline "
+                      f"{c.arm('baseline').fingerprint[:12]}, candidate {c.arm('candidate').fingerprint[:12]}, "
+                      f"{len(c.workloads)} workloads, {len(c.gates)} gates)", highlight=False)
+        for w in contract_warnings(c):
+            console.print(f"  [yellow]warning:[/] {w}", highlight=False)
+    raise typer.Exit(EXIT_USAGE if bad else EXIT_OK)
+
+
+# --------------------------------------------------------------------------- results
+def _store(db: Optional[Path], read_only: bool = True):
+    from onecat.results.store import Store
+
+    path = _db(db)
+    if not Path(path).exists():
+        raise _fail(f"no results store at {path}; run `onecat gate run CONTRACT` first or pass --db", EXIT_USAGE)
+    return Store(path, read_only=read_only)
+
+
+def _run_id(store, run: Optional[str]) -> str:
+    try:
+        return store.resolve_run_id(run)
+    except LookupError as exc:
+        raise _fail(str(exc), EXIT_USAGE)
+
+
+@results_app.command("list")
+def results_list(db: Optional[Path] = DB_OPTION, limit: int = typer.Option(20, help="newest N runs")) -> None:
+    """List runs, newest first."""
+    store = _store(db)
+    table = Table()
+    for col in ("run", "contract", "status", "verdict", "started (UTC)"):
+        table.add_column(col)
+    for r in store.runs(limit):
+        table.add_row(r["run_id"], r["contract_name"], r["status"], r["verdict"] or "–", str(r["started_at"])[:19])
+    console.print(table)
+
+
+@results_app.command("show")
+def results_show(run: Optional[str] = typer.Argument(None, help="run id or unique prefix (default: newest)"),
+                 db: Optional[Path] = DB_OPTION) -> None:
+    """Show one run's gates and verdict."""
+    store = _store(db)
+    rid = _run_id(store, run)
+    row = store.run(rid)
+    console.print(f"[bold]{rid}[/] {row['contract_name']} status={row['status']} verdict={row['verdict']}",
+                  highlight=False)
+    table = Table()
+    for col in ("gate", "status", "summary"):
+        table.add_column(col, overflow="fold")
+    for c in store.checks(rid):
+        table.add_row(c["gate_id"], c["status"].upper(), c["summary"] or "")
+    console.print(table)
+    cols, rows = store.query("SELECT arm, workload, count(*) FROM requests WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
+                             [rid])
+    for r in rows:
+        console.print(f"  {r[0]:<10} {r[1]:<24} {r[2]} requests", highlight=False)
+
+
+@results_app.command("query")
+def results_query(sql: str = typer.Argument(..., help="SQL over runs, environment, requests, item_outcomes, "
+                                                      "metrics, units, checks, verdicts"),
+                  db: Optional[Path] = DB_OPTION,
+                  fmt: str = typer.Option("table", "--format", help="table | json | csv")) -> None:
+    """Run SQL against the store (read-only)."""
+    store = _store(db)
+    try:
+        cols, rows = store.query(sql)
+    except Exception as exc:  # noqa: BLE001 - duckdb errors name the problem
+        raise _fail(f"query failed: {exc}", EXIT_USAGE)
+    if fmt == "json":
+        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str, indent=1))
+    elif fmt == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        w.writerows(rows)
+    else:
+        table = Table()
+        for c in cols:
+            table.add_column(c, overflow="fold")
+        for r in rows:
+            table.add_row(*["" if v is None else str(v) for v in r])
+        console.print(table)
+
+
+@results_app.command("export")
+def results_export(run: Optional[str] = typer.Argument(None, help="run id or prefix (default: newest)"),
+                   db: Optional[Path] = DB_OPTION,
+                   fmt: str = typer.Option("json", "--format", help="json | csv"),
+                   out: Path = typer.Option(Path(".onecat") / "export", "--out", help="folder for the files")) -> None:
+    """Export every table of one run as JSON or CSV files."""
+    from onecat.results.export import export_run
+
+    if fmt not in ("json", "csv"):
+        raise _fail(f"--format {fmt!r}; use json or csv", EXIT_USAGE)
+    store = _store(db)
+    for p in export_run(store, _run_id(store, run), out, fmt):
+        console.print(str(p), highlight=False)
+
+
+# --------------------------------------------------------------------------- report
+@app.command("report")
+def report(run: Optional[str] = typer.Argument(None, help="run id or prefix (default: newest)"),
+           db: Optional[Path] = DB_OPTION,
+           out: Optional[Path] = typer.Option(None, "--out", help="folder or .md file (default .onecat/reports/)")) -> None:
+    """(Re-)render the markdown report of a run from the store and print its path."""
+    from onecat.reports.markdown import write_report
+
+    store = _store(db)
+    console.print(str(write_report(store, _run_id(store, run), out)), highlight=False)
+
+
+# --------------------------------------------------------------------------- sub-apps from sibling modules
+def _add_optional_subapps() -> None:
+    """`onecat bench|serve|kernels` live in cli/bench.py, cli/serve.py, cli/kernels.py when present."""
+    for name in ("bench", "serve", "kernels"):
+        try:
+            module = importlib.import_module(f"onecat.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"onecat.cli.{name}":
+                continue
+            raise
+        sub = getattr(module, "app", None)
+        if isinstance(sub, typer.Typer):
+            app.add_typer(sub, name=name)
+
+
+_add_optional_subapps()
+
+if __name__ == "__main__":
+    app()

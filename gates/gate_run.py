@@ -1,0 +1,310 @@
+"""`onecat gate run`: contract -> preflight -> both arms' workloads -> gates -> verdict -> report.
+
+1. load and validate the contract (ContractError: exit 2)
+2. preflight, before loading anything: every workload kind has a runner, every dataset resolves
+   with its pin, each arm's engine backend is available and its model files exist
+   (PreflightError lists everything missing and where it looked: exit 4)
+3. a run row is created (or, with --resume, the unfinished run of the same contract fingerprint is
+   reopened); units already finished are skipped, a cut-short unit is redone from scratch
+4. units run in schedule order: throughput series interleave A/B/A...A, other units run baseline then
+   candidate; engines open lazily (both kept open when execution.interleave, else arm after arm)
+5. gates are evaluated from the stored rows, the verdict stored, the markdown report written
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from onecat.gates import registry
+from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
+from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract, load_contract
+from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
+from onecat.gates.runners.base import ItemOutcome, Metric, RequestRecord, Unit
+from onecat.gates.verdict import Verdict, decide
+from onecat.results.environment import capture_environment, git_revision
+from onecat.results.store import Store
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class PreflightError(RuntimeError):
+    """The contract cannot run on this machine; lists every missing piece and where it was looked for."""
+
+    def __init__(self, contract: str, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"contract {contract} cannot run here ({len(problems)} problem"
+                         f"{'s' * (len(problems) != 1)}); nothing was loaded:\n"
+                         + "\n".join("  - " + p.replace("\n", "\n      ") for p in problems))
+
+
+class ResumeError(RuntimeError):
+    pass
+
+
+@dataclass
+class Step:
+    arm: str
+    workload_id: str
+    unit: Unit
+    position: int = 0
+
+
+@dataclass
+class GateOutcome:
+    run_id: str
+    verdict: Verdict
+    results: list[tuple[Any, CheckResult]]
+    report_path: Optional[Path]
+    wall_s: float
+    steps_run: int = 0
+    steps_skipped: int = 0
+
+
+# --------------------------------------------------------------------------- preflight
+def preflight(contract: Contract) -> tuple[dict[str, ArmSettings], dict[str, ResolvedDataset]]:
+    registry.load_plugins()
+    problems: list[str] = []
+    for w in contract.workloads:
+        if w.kind not in registry.RUNNERS:
+            problems.append(f"workload {w.id!r}: kind {w.kind!r} has no runner in this build (its schema is "
+                            f"known, the runner is not installed); runners: {', '.join(sorted(registry.RUNNERS))}")
+    datasets: dict[str, ResolvedDataset] = {}
+    for name in sorted({d for w in contract.workloads for d in w.datasets()}):
+        ref = contract.datasets.get(name)
+        try:
+            datasets[name] = resolve_dataset(name, ref.path if ref else None, sha256=ref.sha256 if ref else None,
+                                             url=ref.url if ref else None)
+        except DatasetError as exc:
+            problems.append(str(exc))
+    arms = {a: contract.arm(a) for a in ARM_NAMES}
+    for a, arm in arms.items():
+        engine_cls = registry.ENGINES.get(arm.engine.backend)
+        if engine_cls is None:
+            problems.append(f"arm {a}: unknown engine backend {arm.engine.backend!r}")
+            continue
+        for p in engine_cls.check(arm):
+            problems.append(f"arm {a}: {p}")
+    if problems:
+        raise PreflightError(contract.name, _dedupe_problems(problems))
+    return arms, datasets
+
+
+def _dedupe_problems(problems: list[str]) -> list[str]:
+    seen, out = set(), []
+    for p in problems:
+        body = p.split(": ", 1)[1] if p.startswith("arm ") else p
+        if body in seen:
+            continue
+        seen.add(body)
+        out.append(p)
+    return out
+
+
+# --------------------------------------------------------------------------- schedule
+def build_schedule(contract: Contract) -> list[Step]:
+    steps: list[Step] = []
+    for w in contract.workloads:
+        runner = registry.RUNNERS[w.kind]()
+        units = runner.plan(w, contract.sampling, list(contract.seeds))
+        series: dict[str, list[Unit]] = {}
+        for u in units:
+            if u.interleave:
+                series.setdefault(u.series or u.key, []).append(u)
+        for name, us in series.items():
+            us.sort(key=lambda u: u.repeat or 0)
+            for u in us:
+                steps += [Step("baseline", w.id, u), Step("candidate", w.id, u)]
+            last = us[-1]
+            rep = (last.repeat or 0) + 1
+            steps.append(Step("baseline", w.id, dataclasses.replace(last, key=f"{name}/rep={rep}", repeat=rep)))
+        plain = [u for u in units if not u.interleave]
+        steps += [Step("baseline", w.id, u) for u in plain] + [Step("candidate", w.id, u) for u in plain]
+    if not contract.execution.interleave:
+        steps.sort(key=lambda s: ARM_NAMES.index(s.arm))  # stable: keeps order within an arm
+    for i, s in enumerate(steps):
+        s.position = i
+    return steps
+
+
+# --------------------------------------------------------------------------- sink
+class StoreSink:
+    """Sink (gates.runners.base) writing straight to the store; every call commits."""
+
+    def __init__(self, store: Store, run_id: str, arm: str, workload_id: str, unit_key: str, position: int,
+                 datasets: dict[str, ResolvedDataset], advance: Callable[[int], None]):
+        self.store, self.run_id, self.arm, self.workload_id = store, run_id, arm, workload_id
+        self.unit_key, self.position, self._datasets, self._advance = unit_key, position, datasets, advance
+        self._done: Optional[set[str]] = None
+
+    def dataset(self, name: str) -> ResolvedDataset:
+        if name not in self._datasets:
+            raise KeyError(f"dataset {name!r} was not resolved in preflight; a workload must list the datasets it "
+                           "reads in WorkloadBase.datasets()")
+        return self._datasets[name]
+
+    def is_done(self, request_key: str) -> bool:
+        if self._done is None:
+            self._done = self.store.request_keys(self.run_id, self.arm, self.workload_id)
+        return request_key in self._done
+
+    def request(self, record: RequestRecord) -> None:
+        self.store.add_request(self.run_id, self.arm, self.workload_id, record, self.unit_key)
+        if self._done is not None:
+            self._done.add(record.key)
+
+    def item(self, outcome: ItemOutcome, request_key: Optional[str] = None) -> None:
+        self.store.add_item(self.run_id, self.arm, self.workload_id, outcome, request_key)
+
+    def metric(self, metric: Metric) -> None:
+        self.store.add_metric(self.run_id, self.arm, self.workload_id, metric, self.unit_key, self.position)
+
+    def advance(self, n: int = 1) -> None:
+        self._advance(n)
+
+
+# --------------------------------------------------------------------------- run
+def engine_revision() -> str:
+    """Last commit touching the engine sources (+ "-dirty" when they have local changes)."""
+    try:
+        r = subprocess.run(["git", "log", "-1", "--format=%H", "--", "engine", "csrc"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=10)
+        if r.returncode != 0 or not r.stdout.strip():
+            return "unknown"
+        d = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "engine", "csrc"],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() + ("-dirty" if d.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def new_run_id(contract: Contract) -> str:
+    return f"{contract.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+
+
+class NullProgress:
+    def start(self, total: int, done: int) -> None: ...
+    def describe(self, text: str) -> None: ...
+    def advance(self, n: int) -> None: ...
+    def stop(self) -> None: ...
+
+
+def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = False,
+             report_dir: Optional[str | Path] = None, progress: Any = None,
+             open_engine: Optional[Callable[[ArmSettings, int], Any]] = None) -> GateOutcome:
+    """Run a contract end to end; see the module docstring. `resume`: True (latest unfinished run of this
+    contract) or a run id. Raises ContractError, PreflightError, ResumeError, or the engine's errors."""
+    from onecat.gates.engines.base import open_engine as default_open
+    from onecat.gates import checks as _checks  # noqa: F401
+    from onecat.reports.markdown import write_report
+
+    t0 = time.perf_counter()
+    progress = progress or NullProgress()
+    opener = open_engine or default_open
+    contract = load_contract(contract_path)
+    arms, datasets = preflight(contract)
+    store = Store(db)
+    try:
+        run_id = _open_run(store, contract, str(contract_path), arms, datasets, resume)
+        steps = build_schedule(contract)
+        done = store.done_units(run_id)
+        todo = [s for s in steps if (s.arm, s.workload_id, s.unit.key) not in done]
+        total = sum(s.unit.size for s in steps)
+        progress.start(total, total - sum(s.unit.size for s in todo))
+        engines: dict[str, Any] = {}
+        runners = {w.id: registry.RUNNERS[w.kind]() for w in contract.workloads}
+        last_step_of_arm = {s.arm: i for i, s in enumerate(todo)}
+        try:
+            for i, step in enumerate(todo):
+                if step.arm not in engines:
+                    progress.describe(f"{step.arm}: opening engine")
+                    engines[step.arm] = opener(arms[step.arm], contract.seeds[0])
+                    store.add_environment(run_id, step.arm, capture_environment(engines[step.arm].info()))
+                w = contract.workload(step.workload_id)
+                progress.describe(f"{step.arm} · {w.id} · {step.unit.key}")
+                store.restart_unit(run_id, step.arm, w.id, step.unit.key)
+                sink = StoreSink(store, run_id, step.arm, w.id, step.unit.key, step.position, datasets,
+                                 progress.advance)
+                runners[w.id].run_unit(engines[step.arm], w, contract.sampling, step.unit, sink)
+                store.finish_unit(run_id, step.arm, w.id, step.unit.key, step.position)
+                if not contract.execution.interleave and last_step_of_arm.get(step.arm) == i:
+                    engines.pop(step.arm).close()
+        except KeyboardInterrupt:
+            store.set_status(run_id, "interrupted", "interrupted by the user; continue with --resume")
+            raise
+        except BaseException as exc:
+            store.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            for eng in engines.values():
+                try:
+                    eng.close()
+                except Exception:  # noqa: BLE001 - closing must not hide the real error
+                    pass
+            progress.stop()
+        results = evaluate_gates(store, run_id, contract)
+        verdict = decide(contract.gates, [r for _, r in results])
+        store.set_verdict(run_id, verdict.decision, verdict.reason)
+        store.set_status(run_id, "complete")
+        report = write_report(store, run_id, report_dir)
+        return GateOutcome(run_id, verdict, results, report, time.perf_counter() - t0, len(todo),
+                           len(steps) - len(todo))
+    finally:
+        store.close()
+
+
+def _open_run(store: Store, contract: Contract, path: str, arms: dict[str, ArmSettings],
+              datasets: dict[str, ResolvedDataset], resume: bool | str) -> str:
+    if resume:
+        run_id = store.latest_unfinished(contract.fingerprint) if resume is True else store.resolve_run_id(str(resume))
+        if run_id is None:
+            raise ResumeError(f"--resume: no unfinished run of contract {contract.name} (fingerprint "
+                              f"{contract.fingerprint[:12]}) in {store.path}; start one without --resume")
+        row = store.run(run_id)
+        if row["contract_fingerprint"] != contract.fingerprint:
+            raise ResumeError(f"--resume: run {run_id} was made with a different contract (fingerprint "
+                              f"{row['contract_fingerprint'][:12]} != {contract.fingerprint[:12]}); the contract "
+                              "changed, start a new run")
+        if row["status"] == "complete":
+            raise ResumeError(f"--resume: run {run_id} is already complete")
+        store.set_status(run_id, "running")
+        return run_id
+    run_id = new_run_id(contract)
+    from onecat import gates as _g  # noqa: F401
+
+    store.create_run(run_id, contract, path, arms, {n: d.sha256 for n, d in datasets.items()}, engine_revision(),
+                     git_revision(REPO_ROOT), _version())
+    return run_id
+
+
+def _version() -> str:
+    try:
+        import importlib.metadata
+
+        return importlib.metadata.version("onecat")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def evaluate_gates(store: Store, run_id: str, contract: Contract) -> list[tuple[Any, CheckResult]]:
+    ev = Evidence(store, run_id)
+    store.clear_checks(run_id)
+    out = []
+    for i, gate in enumerate(contract.gates):
+        check = registry.CHECKS[gate.check]()
+        try:
+            result = check.evaluate(ev, gate)
+        except Exception as exc:  # noqa: BLE001 - a check that cannot compute is undecided, and says why
+            result = CheckResult(INCONCLUSIVE, f"check could not be computed: {type(exc).__name__}: {exc}")
+        store.add_check(run_id, i, gate, result)
+        out.append((gate, result))
+    return out
+
+
+def default_db() -> Path:
+    return Path(os.environ.get("ONECAT_DB", Path(".onecat") / "results.duckdb"))

@@ -1,0 +1,99 @@
+"""Shared machinery of the throughput runners: distinct synthetic prompts, warm-up, A/B/A units."""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.runners.base import Metric, Runner, Unit, request_record, to_sampling_params
+
+TOKEN_ID_FLOOR = 256  # skip byte / special tokens at the bottom of most vocabularies
+
+
+class ThroughputWorkload(WorkloadBase):
+    input_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+    batch_sizes: list[int] = Field(min_length=1)
+    repeats: int = Field(default=3, ge=1)
+    warmup: int = Field(default=1, ge=0)  # un-timed batches per (arm, batch size) before measuring
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(b < 1 for b in v) or len(set(v)) != len(v):
+            raise ValueError(f"batch_sizes must be distinct positive integers, got {v}")
+        return v
+
+
+def synthetic_prompts(engine: Any, n: int, length: int, seed: int) -> list[list[int]]:
+    """n distinct random token-id prompts (distinct so the prefix cache cannot serve them)."""
+    hi = engine.vocab_size or 32000
+    hi = max(TOKEN_ID_FLOOR + 1000, min(hi, 1 << 20))
+    rng = np.random.default_rng(seed)
+    return [rng.integers(TOKEN_ID_FLOOR, hi - 1, size=length).tolist() for _ in range(n)]
+
+
+class ThroughputRunner(Runner):
+    """Units: one per (batch size, repeat), interleaved across arms; the baseline runs one extra repeat."""
+
+    measure_decode = True
+
+    def __init__(self) -> None:
+        self._warm: set = set()
+
+    def plan(self, workload: ThroughputWorkload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
+        return [Unit(key=f"bs={bs}/rep={r}", seed=seeds[0], repeat=r, interleave=True, size=1, series=f"bs={bs}",
+                     params=(("batch_size", bs),))
+                for bs in workload.batch_sizes for r in range(workload.repeats)]
+
+    def output_len(self, workload: ThroughputWorkload) -> int:
+        return workload.output_len
+
+    def _params(self, workload: ThroughputWorkload, sampling: SamplingSpec, seed: Optional[int]):
+        return to_sampling_params(sampling, seed=seed, max_tokens=self.output_len(workload), ignore_eos=True,
+                                  stop=None)
+
+    def run_unit(self, engine: Any, workload: ThroughputWorkload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+        bs = dict(unit.params)["batch_size"]
+        warm_key = (id(engine), workload.id, bs)
+        if warm_key not in self._warm:
+            for w in range(workload.warmup):
+                engine.generate(synthetic_prompts(engine, bs, workload.input_len, 10_000 + w),
+                                [self._params(workload, sampling, unit.seed)] * bs)
+            self._warm.add(warm_key)
+        # same prompts for both arms and every repeat of a batch size (fresh ids per batch size)
+        prompts = synthetic_prompts(engine, bs, workload.input_len, seed=1000 * bs + (unit.seed or 0))
+        params = [self._params(workload, sampling, None if unit.seed is None else unit.seed + i) for i in range(bs)]
+        t0 = time.perf_counter()
+        outs = engine.generate(prompts, params)
+        wall = time.perf_counter() - t0
+        for i, out in enumerate(outs):
+            sink.request(request_record(f"{unit.key}/req={i}", out, engine.tokenizer, prompt=prompts[i],
+                                        natural_stop_eligible=False, seed=unit.seed, repeat=unit.repeat,
+                                        batch_size=bs, group=f"bs={bs}/req={i}"))
+        self.emit_metrics(outs, wall, bs, unit, sink)
+
+    def emit_metrics(self, outs: list, wall: float, bs: int, unit: Unit, sink: Any) -> None:
+        key, rep = f"bs={bs}", unit.repeat
+        n_in = sum(len(o.prompt_token_ids) for o in outs)
+        n_out = sum(len(o.token_ids) for o in outs)
+        ttft = [o.timings.first_token_s for o in outs]
+        first_done = min(o.timings.first_token_s for o in outs)
+        last_done = max(o.timings.e2e_s for o in outs)
+        decoded = sum(max(len(o.token_ids) - 1, 0) for o in outs)
+        tpots = [o.timings.decode_s / (len(o.token_ids) - 1) for o in outs if len(o.token_ids) > 1]
+
+        def m(name: str, value: float, unit_name: str) -> None:
+            sink.metric(Metric(name=name, value=value, unit=unit_name, key=key, repeat=rep, seed=unit.seed))
+
+        m("wall_s", wall, "s")
+        m("prefill_tok_s", n_in / max(max(ttft), 1e-9), "tok/s")
+        m("ttft_mean_s", float(np.mean(ttft)), "s")
+        m("output_tok_s", n_out / max(wall, 1e-9), "tok/s")
+        if self.measure_decode and decoded:
+            m("decode_tok_s", decoded / max(last_done - first_done, 1e-9), "tok/s")
+            m("tpot_mean_s", float(np.mean(tpots)), "s")
+        sink.advance(1)

@@ -1,0 +1,67 @@
+"""determinism: the same requests give the same tokens across reruns and across batch sizes.
+
+For each seed, the prompts run `reruns` times as one batch, and (batch_invariance) once each alone.
+All runs of a prompt share a group ("seed=S/p=I"): token_hash_equal with compare: within_arm checks
+that each group has one token hash; compare: arms pairs the same request keys between arms.
+Sampled decoding is reproducible through per-request seeds (seed + prompt index). Every generation
+is free to stop, so these rows also feed natural_stop_rate.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field
+
+from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.registry import register_runner
+from onecat.gates.runners.base import Runner, Unit, request_record, to_sampling_params
+
+DEFAULT_PROMPTS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Name three primary colors.",
+    "What is 12 plus 30? Reply with the number only.",
+    "Write one short sentence about the sea.",
+    "Which planet is known as the Red Planet?",
+    "Give a synonym for 'happy'.",
+    "How many days are in a week?",
+    "Translate 'thank you' into Spanish.",
+)
+
+
+@register_runner("determinism")
+class Determinism(Runner):
+    class Workload(WorkloadBase):
+        kind: Literal["determinism"] = "determinism"
+        prompts: Optional[list[str]] = None  # chat user messages; default: short built-in questions
+        num_prompts: int = Field(default=4, ge=1)
+        reruns: int = Field(default=2, ge=1)
+        batch_invariance: bool = True
+        max_tokens: Optional[int] = Field(default=None, ge=1)  # default: sampling.max_tokens
+        seeds: Optional[list[int]] = None  # default: the contract's seeds
+
+    def _prompts(self, w: Workload) -> list[str]:
+        pool = list(w.prompts or DEFAULT_PROMPTS)
+        return [pool[i % len(pool)] for i in range(w.num_prompts)]
+
+    def plan(self, workload: Workload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
+        units = []
+        for s in workload.seeds or seeds:
+            units += [Unit(key=f"seed={s}/pass={j}", seed=s, repeat=j, size=workload.num_prompts,
+                           params=(("mode", "batch"),)) for j in range(workload.reruns)]
+            if workload.batch_invariance:
+                units += [Unit(key=f"seed={s}/solo/p={i}", seed=s, size=1, params=(("mode", "solo"), ("index", i)))
+                          for i in range(workload.num_prompts)]
+        return units
+
+    def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+        prompts = self._prompts(workload)
+        p = dict(unit.params)
+        idx = list(range(len(prompts))) if p["mode"] == "batch" else [p["index"]]
+        max_tokens = workload.max_tokens or sampling.max_tokens
+        params = [to_sampling_params(sampling, seed=unit.seed + i, max_tokens=max_tokens) for i in idx]
+        outs = engine.chat([[{"role": "user", "content": prompts[i]}] for i in idx], params)
+        for i, out in zip(idx, outs):
+            key = f"{unit.key}/p={i}" if p["mode"] == "batch" else unit.key
+            sink.request(request_record(key, out, engine.tokenizer, prompt=prompts[i], seed=unit.seed,
+                                        repeat=unit.repeat, batch_size=len(idx), group=f"seed={unit.seed}/p={i}"))
+        sink.advance(len(idx))

@@ -1,0 +1,1 @@
+"""Task definitions (data, prompts, answer extraction, scoring) behind the quality runners."""

@@ -1,0 +1,123 @@
+"""Markdown report of one run, rendered only from the store (so any past run can be re-rendered).
+
+    write_report(store, run_id, out_dir=None) -> Path   (default .onecat/reports/<run_id>.md)
+    render_report(store, run_id) -> str
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+DEFAULT_DIR = Path(".onecat") / "reports"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_fmt(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return out
+
+
+def render_report(store: Any, run_id: str) -> str:
+    run = store.run(run_id)
+    if run is None:
+        raise LookupError(f"no run {run_id!r} in {store.path}")
+    verdict = store.verdict(run_id)
+    lines = [f"# Gate report: {run['contract_name']}", ""]
+    v = verdict["verdict"] if verdict else "(none yet)"
+    lines += [f"**Verdict: {v}**" + (f" — {verdict['reason']}" if verdict else ""), ""]
+    lines += _table(["field", "value"], [
+        ["run", run_id], ["status", run["status"]], ["started (UTC)", run["started_at"]],
+        ["finished (UTC)", run["finished_at"]], ["contract fingerprint", run["contract_fingerprint"]],
+        ["baseline arm fingerprint", run["baseline_fingerprint"]],
+        ["candidate arm fingerprint", run["candidate_fingerprint"]],
+        ["engine revision", run["engine_revision"]], ["harness revision", run["harness_revision"]],
+        ["datasets (sha256)", ", ".join(f"{k}={v[:12]}…" for k, v in json.loads(run["dataset_sha256_json"] or "{}").items())
+         or "–"]])
+    lines += ["", "## Gates", ""]
+    lines += _table(["gate", "status", "binding", "summary"],
+                    [[c["gate_id"], c["status"].upper(), "no" if c["informative"] else "yes", c["summary"]]
+                     for c in store.checks(run_id)])
+    arms = json.loads(run["arm_settings_json"] or "{}")
+    lines += ["", "## Arms (effective settings)", ""]
+    keys = sorted({f"{sec}.{k}" for a in arms.values() for sec in ("model", "engine") for k in (a.get(sec) or {})})
+    rows = []
+    for k in keys:
+        sec, name = k.split(".", 1)
+        vals = [json.dumps((arms.get(a, {}).get(sec) or {}).get(name)) for a in ("baseline", "candidate")]
+        rows.append([k + (" **(differs)**" if vals[0] != vals[1] else ""), *vals])
+    rows.append(["speculative", *[json.dumps(arms.get(a, {}).get("speculative")) for a in ("baseline", "candidate")]])
+    lines += _table(["setting", "baseline", "candidate"], rows)
+    env = store.environment(run_id)
+    if env:
+        lines += ["", "## Environment", ""]
+        cols = ["arm", "cpu_model", "cpu_threads", "torch_threads", "gpu_name", "gpu_count", "gpu_driver",
+                "torch_version", "cuda_version", "device", "kv_cache_dtype", "attention_backend", "cuda_graph",
+                "prefix_caching"]
+        lines += _table(cols, [[e.get(c) for c in cols] for e in env])
+    lines += ["", "## Metrics (measured; mean ± sd over repeats)", ""]
+    agg: dict = defaultdict(list)
+    units: dict = {}
+    for arm in ("baseline", "candidate"):
+        for m in store.metrics(run_id, arm):
+            if m["name"].startswith("segment_"):
+                continue
+            agg[(m["workload"], m["name"], m["mkey"], m["kind"], arm)].append(m["value"])
+            units[(m["workload"], m["name"])] = m["unit"]
+    rows = []
+    for (wl, name, key, kind) in sorted({k[:4] for k in agg}):
+        cells = []
+        for arm in ("baseline", "candidate"):
+            vals = agg.get((wl, name, key, kind, arm), [])
+            cells.append(f"{np.mean(vals):.4g} ± {np.std(vals):.2g} (n={len(vals)})" if vals else "–")
+        rows.append([wl, name, key, units[(wl, name)], kind, *cells])
+    lines += _table(["workload", "metric", "key", "unit", "kind", "baseline", "candidate"], rows) if rows else ["(none)"]
+    ppl_rows = []
+    for arm in ("baseline", "candidate"):
+        by_wl: dict = defaultdict(lambda: [0.0, 0.0])
+        for m in store.metrics(run_id, arm):
+            if m["name"] == "segment_nll":
+                by_wl[m["workload"]][0] += m["value"]
+            elif m["name"] == "segment_tokens":
+                by_wl[m["workload"]][1] += m["value"]
+        for wl, (nll, n) in by_wl.items():
+            ppl_rows.append([wl, arm, int(n), float(np.exp(nll / n)) if n else None])
+    if ppl_rows:
+        lines += ["", "## Perplexity", ""] + _table(["workload", "arm", "tokens", "ppl"], ppl_rows)
+    lines += ["", "## Generation health", ""]
+    cols, rows = store.query(
+        "SELECT workload, arm, count(*) AS requests, sum(CASE WHEN natural_stop_eligible THEN 1 ELSE 0 END) AS eligible,"
+        " sum(CASE WHEN natural_stop_eligible AND natural_stop THEN 1 ELSE 0 END) AS natural_stops,"
+        " sum(CASE WHEN natural_stop_eligible AND capped THEN 1 ELSE 0 END) AS capped,"
+        " sum(CASE WHEN repetition_loop THEN 1 ELSE 0 END) AS loops, sum(replacement_chars) AS u_fffd,"
+        " sum(CASE WHEN error IS NOT NULL THEN 1 ELSE 0 END) AS errors"
+        " FROM requests WHERE run_id = ? GROUP BY workload, arm ORDER BY workload, arm", [run_id])
+    lines += _table(cols, [list(r) for r in rows]) if rows else ["(no generations)"]
+    cols, rows = store.query("SELECT workload, arm, measure, count(*) AS n, avg(CAST(passed AS INTEGER)) AS score"
+                             " FROM item_outcomes WHERE run_id = ? GROUP BY ALL ORDER BY ALL", [run_id])
+    if rows:
+        lines += ["", "## Task scores", ""] + _table(cols, [list(r) for r in rows])
+    lines += ["", f"_Rendered from the results store `{store.path}`; query it with `onecat results query`._", ""]
+    return "\n".join(lines)
+
+
+def write_report(store: Any, run_id: str, out_dir: Optional[str | Path] = None) -> Path:
+    path = Path(out_dir or DEFAULT_DIR)
+    if path.suffix == ".md":
+        target = path
+    else:
+        target = path / f"{run_id}.md"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_report(store, run_id), encoding="utf-8")
+    return target

@@ -1,0 +1,96 @@
+"""The results schema as an ordered list of migrations; a store is upgraded on open.
+
+Version N of the schema is migrations[0..N-1] applied in order; `schema_version` holds N.
+Add a migration by appending SQL to MIGRATIONS (never edit a released one).
+JSON-valued columns are VARCHAR holding canonical JSON.
+"""
+
+MIGRATIONS: list[str] = [
+    # 1: initial schema
+    """
+    CREATE TABLE runs (
+        run_id VARCHAR PRIMARY KEY,
+        contract_name VARCHAR NOT NULL,
+        contract_fingerprint VARCHAR NOT NULL,
+        contract_json VARCHAR NOT NULL,
+        contract_path VARCHAR,
+        baseline_fingerprint VARCHAR,
+        candidate_fingerprint VARCHAR,
+        arm_settings_json VARCHAR,
+        dataset_sha256_json VARCHAR,
+        engine_revision VARCHAR,
+        harness_revision VARCHAR,
+        onecat_version VARCHAR,
+        status VARCHAR NOT NULL,          -- running | interrupted | complete | failed
+        verdict VARCHAR,
+        error VARCHAR,
+        started_at TIMESTAMP NOT NULL,
+        finished_at TIMESTAMP
+    );
+    CREATE TABLE environment (
+        run_id VARCHAR NOT NULL,
+        arm VARCHAR NOT NULL,
+        hostname VARCHAR,
+        platform VARCHAR,
+        python_version VARCHAR,
+        cpu_model VARCHAR,
+        cpu_threads INTEGER,
+        torch_threads INTEGER,
+        gpu_name VARCHAR,
+        gpu_count INTEGER,
+        gpu_driver VARCHAR,
+        torch_version VARCHAR,
+        cuda_version VARCHAR,
+        device VARCHAR,
+        kv_cache_dtype VARCHAR,
+        attention_backend VARCHAR,
+        cuda_graph VARCHAR,
+        prefix_caching VARCHAR,
+        model_sha256 VARCHAR,
+        engine_info_json VARCHAR,
+        recorded_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (run_id, arm)
+    );
+    CREATE TABLE requests (
+        run_id VARCHAR NOT NULL, arm VARCHAR NOT NULL, workload VARCHAR NOT NULL, request_key VARCHAR NOT NULL,
+        unit_key VARCHAR, grp VARCHAR, seed BIGINT, repeat INTEGER, batch_size INTEGER,
+        prompt_sha256 VARCHAR, num_prompt_tokens INTEGER, num_completion_tokens INTEGER, num_cached_tokens INTEGER,
+        queue_s DOUBLE, prefill_s DOUBLE, ttft_s DOUBLE, decode_s DOUBLE, e2e_s DOUBLE, tpot_s DOUBLE,
+        finish_reason VARCHAR, natural_stop_eligible BOOLEAN, natural_stop BOOLEAN, capped BOOLEAN,
+        max_repeat_run INTEGER, repetition_loop BOOLEAN, replacement_chars INTEGER,
+        token_sha256 VARCHAR, text_sha256 VARCHAR,
+        spec_num_drafts BIGINT, spec_num_draft_tokens BIGINT, spec_num_accepted_tokens BIGINT,
+        spec_accepted_per_position_json VARCHAR,
+        error VARCHAR, extra_json VARCHAR, recorded_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (run_id, arm, workload, request_key)
+    );
+    CREATE TABLE item_outcomes (
+        run_id VARCHAR NOT NULL, arm VARCHAR NOT NULL, workload VARCHAR NOT NULL,
+        item_id VARCHAR NOT NULL, seed BIGINT NOT NULL, measure VARCHAR NOT NULL,
+        passed BOOLEAN NOT NULL, failure_reason VARCHAR, extracted_answer VARCHAR,
+        request_key VARCHAR, extra_json VARCHAR, recorded_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (run_id, arm, workload, item_id, seed, measure)
+    );
+    CREATE TABLE metrics (
+        run_id VARCHAR NOT NULL, arm VARCHAR NOT NULL, workload VARCHAR NOT NULL, unit_key VARCHAR,
+        name VARCHAR NOT NULL, mkey VARCHAR NOT NULL, value DOUBLE, unit VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL CHECK (kind IN ('measured', 'projected')),
+        seed BIGINT, repeat INTEGER, position INTEGER, tags_json VARCHAR, recorded_at TIMESTAMP NOT NULL
+    );
+    CREATE TABLE units (
+        run_id VARCHAR NOT NULL, arm VARCHAR NOT NULL, workload VARCHAR NOT NULL, unit_key VARCHAR NOT NULL,
+        position INTEGER, finished_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (run_id, arm, workload, unit_key)
+    );
+    CREATE TABLE checks (
+        run_id VARCHAR NOT NULL, gate_index INTEGER NOT NULL, gate_id VARCHAR NOT NULL, check_name VARCHAR NOT NULL,
+        workload VARCHAR, status VARCHAR NOT NULL, informative BOOLEAN NOT NULL,
+        summary VARCHAR, statistic_json VARCHAR, evidence_json VARCHAR, config_json VARCHAR,
+        recorded_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (run_id, gate_index)
+    );
+    CREATE TABLE verdicts (
+        run_id VARCHAR PRIMARY KEY, verdict VARCHAR NOT NULL, reason VARCHAR, recorded_at TIMESTAMP NOT NULL
+    );
+    """,
+]

@@ -1,0 +1,236 @@
+"""The DuckDB results store: every row is committed as it is produced, so kill -9 loses only the
+request in flight, and `--resume` picks the run up where it stopped.
+
+    store = Store(".onecat/results.duckdb")        # created / migrated on open (":memory:" for tests)
+    store.create_run(run_id, contract, ...)
+    store.add_request(run_id, arm, workload, record, unit_key)   # RequestRecord (gates.runners.base)
+    store.add_item(run_id, arm, workload, outcome, request_key)  # ItemOutcome -> one row per measure
+    store.add_metric(run_id, arm, workload, metric, unit_key, position)
+    store.finish_unit(...) / store.done_units(run_id) / store.restart_unit(...)
+    store.add_check(run_id, index, gate, result) / store.set_verdict(run_id, verdict, reason)
+    store.requests(run_id, arm=None, workload=None) -> list[dict]   (also items(), metrics(), checks())
+    store.query(sql) -> (columns, rows)                             SQL passthrough
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+import duckdb
+
+from onecat.results.schema import MIGRATIONS
+
+DEFAULT_DB = Path(".onecat") / "results.duckdb"
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=str)
+
+
+class Store:
+    def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False):
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.con = duckdb.connect(self.path, read_only=read_only)
+        if not read_only:
+            self._migrate()
+
+    # ------------------------------------------------------------------ schema
+    def _migrate(self) -> None:
+        self.con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP)")
+        current = self.schema_version()
+        if current > len(MIGRATIONS):
+            raise RuntimeError(f"{self.path} has schema version {current}, newer than this onecat "
+                               f"({len(MIGRATIONS)}); upgrade onecat or use another --db")
+        for version in range(current + 1, len(MIGRATIONS) + 1):
+            self.con.execute("BEGIN TRANSACTION")
+            for stmt in (s.strip() for s in MIGRATIONS[version - 1].split(";")):
+                if stmt and not all(ln.strip().startswith("--") for ln in stmt.splitlines() if ln.strip()):
+                    self.con.execute(stmt)
+            self.con.execute("INSERT INTO schema_version VALUES (?, ?)", [version, _now()])
+            self.con.execute("COMMIT")
+
+    def schema_version(self) -> int:
+        row = self.con.execute("SELECT max(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
+
+    def close(self) -> None:
+        self.con.close()
+
+    # ------------------------------------------------------------------ runs
+    def create_run(self, run_id: str, contract: Any, contract_path: Optional[str], arm_settings: dict[str, Any],
+                   dataset_sha256: dict[str, str], engine_revision: str, harness_revision: str,
+                   onecat_version: str) -> None:
+        self.con.execute(
+            "INSERT INTO runs (run_id, contract_name, contract_fingerprint, contract_json, contract_path,"
+            " baseline_fingerprint, candidate_fingerprint, arm_settings_json, dataset_sha256_json,"
+            " engine_revision, harness_revision, onecat_version, status, started_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)",
+            [run_id, contract.name, contract.fingerprint, contract.canonical_json(), contract_path,
+             arm_settings["baseline"].fingerprint, arm_settings["candidate"].fingerprint,
+             _json({k: v.model_dump(mode="json") for k, v in arm_settings.items()}), _json(dataset_sha256),
+             engine_revision, harness_revision, onecat_version, _now()])
+
+    def set_status(self, run_id: str, status: str, error: Optional[str] = None) -> None:
+        finished = _now() if status in ("complete", "failed", "interrupted") else None
+        self.con.execute("UPDATE runs SET status = ?, error = ?, finished_at = ? WHERE run_id = ?",
+                         [status, error, finished, run_id])
+
+    def run(self, run_id: str) -> Optional[dict]:
+        rows = self._dicts("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        return rows[0] if rows else None
+
+    def runs(self, limit: int = 50) -> list[dict]:
+        return self._dicts("SELECT run_id, contract_name, status, verdict, started_at, finished_at,"
+                           " contract_fingerprint FROM runs ORDER BY started_at DESC LIMIT ?", [limit])
+
+    def latest_unfinished(self, contract_fingerprint: str) -> Optional[str]:
+        row = self.con.execute("SELECT run_id FROM runs WHERE contract_fingerprint = ? AND status IN"
+                               " ('running', 'interrupted', 'failed') ORDER BY started_at DESC LIMIT 1",
+                               [contract_fingerprint]).fetchone()
+        return row[0] if row else None
+
+    def resolve_run_id(self, run_id: Optional[str]) -> str:
+        """`None` or "latest" -> the newest run; a unique prefix -> the full id."""
+        if run_id in (None, "latest"):
+            row = self.con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()
+            if not row:
+                raise LookupError(f"no runs in {self.path}")
+            return row[0]
+        rows = self.con.execute("SELECT run_id FROM runs WHERE run_id LIKE ?", [run_id + "%"]).fetchall()
+        exact = [r[0] for r in rows if r[0] == run_id]
+        if exact:
+            return exact[0]
+        if len(rows) != 1:
+            raise LookupError(f"run {run_id!r} matches {len(rows)} runs in {self.path}"
+                              + ("" if rows else "; see `onecat results list`"))
+        return rows[0][0]
+
+    # ------------------------------------------------------------------ rows
+    def add_environment(self, run_id: str, arm: str, env: dict[str, Any]) -> None:
+        cols = ["hostname", "platform", "python_version", "cpu_model", "cpu_threads", "torch_threads", "gpu_name",
+                "gpu_count", "gpu_driver", "torch_version", "cuda_version", "device", "kv_cache_dtype",
+                "attention_backend", "cuda_graph", "prefix_caching", "model_sha256"]
+        self.con.execute(
+            f"INSERT OR REPLACE INTO environment (run_id, arm, {', '.join(cols)}, engine_info_json, recorded_at)"
+            f" VALUES (?, ?, {', '.join('?' for _ in cols)}, ?, ?)",
+            [run_id, arm, *[env.get(c) for c in cols], _json(env.get("engine_info", {})), _now()])
+
+    def add_request(self, run_id: str, arm: str, workload: str, rec: Any, unit_key: Optional[str] = None) -> None:
+        d = asdict(rec)
+        self.con.execute(
+            "INSERT OR REPLACE INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, arm, workload, d["key"], unit_key, d["group"], d["seed"], d["repeat"], d["batch_size"],
+             d["prompt_sha256"], d["num_prompt_tokens"], d["num_completion_tokens"], d["num_cached_tokens"],
+             d["queue_s"], d["prefill_s"], d["ttft_s"], d["decode_s"], d["e2e_s"], d["tpot_s"],
+             d["finish_reason"], d["natural_stop_eligible"], d["natural_stop"], d["capped"],
+             d["max_repeat_run"], d["repetition_loop"], d["replacement_chars"], d["token_sha256"], d["text_sha256"],
+             d["spec_num_drafts"], d["spec_num_draft_tokens"], d["spec_num_accepted_tokens"],
+             _json(d["spec_accepted_per_position"]), d["error"], _json(d["extra"]), _now()])
+
+    def request_keys(self, run_id: str, arm: str, workload: str) -> set[str]:
+        rows = self.con.execute("SELECT request_key FROM requests WHERE run_id = ? AND arm = ? AND workload = ?",
+                                [run_id, arm, workload]).fetchall()
+        return {r[0] for r in rows}
+
+    def add_item(self, run_id: str, arm: str, workload: str, outcome: Any, request_key: Optional[str] = None) -> None:
+        if not outcome.passed:
+            raise ValueError(f"item {outcome.item_id}: ItemOutcome.passed needs at least one measure")
+        now = _now()
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            for measure, ok in outcome.passed.items():
+                self.con.execute(
+                    "INSERT OR REPLACE INTO item_outcomes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [run_id, arm, workload, str(outcome.item_id), outcome.seed if outcome.seed is not None else -1,
+                     measure, bool(ok), outcome.failure_reason, outcome.extracted_answer, request_key,
+                     _json(outcome.extra), now])
+            self.con.execute("COMMIT")
+        except Exception:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def add_metric(self, run_id: str, arm: str, workload: str, m: Any, unit_key: Optional[str] = None,
+                   position: Optional[int] = None) -> None:
+        if m.kind not in ("measured", "projected"):
+            raise ValueError(f"metric {m.name}: kind must be 'measured' or 'projected', got {m.kind!r}")
+        self.con.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         [run_id, arm, workload, unit_key, m.name, m.key, float(m.value), m.unit, m.kind, m.seed,
+                          m.repeat, position, _json(m.tags), _now()])
+
+    def restart_unit(self, run_id: str, arm: str, workload: str, unit_key: str) -> None:
+        """Drop aggregate rows of a unit that was cut short, so re-running it does not double count."""
+        self.con.execute("DELETE FROM metrics WHERE run_id = ? AND arm = ? AND workload = ? AND unit_key = ?",
+                         [run_id, arm, workload, unit_key])
+
+    def finish_unit(self, run_id: str, arm: str, workload: str, unit_key: str, position: Optional[int] = None) -> None:
+        self.con.execute("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?, ?)",
+                         [run_id, arm, workload, unit_key, position, _now()])
+
+    def done_units(self, run_id: str) -> set[tuple[str, str, str]]:
+        rows = self.con.execute("SELECT arm, workload, unit_key FROM units WHERE run_id = ?", [run_id]).fetchall()
+        return {tuple(r) for r in rows}
+
+    def add_check(self, run_id: str, index: int, gate: Any, result: Any) -> None:
+        self.con.execute(
+            "INSERT OR REPLACE INTO checks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, index, gate.id, gate.check, getattr(gate, "workload", None), result.status, gate.informative,
+             result.summary, _json(result.statistic), _json(result.evidence), _json(gate.model_dump(mode="json")),
+             _now()])
+
+    def clear_checks(self, run_id: str) -> None:
+        self.con.execute("DELETE FROM checks WHERE run_id = ?", [run_id])
+
+    def set_verdict(self, run_id: str, verdict: str, reason: str) -> None:
+        self.con.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?)", [run_id, verdict, reason, _now()])
+        self.con.execute("UPDATE runs SET verdict = ? WHERE run_id = ?", [verdict, run_id])
+
+    # ------------------------------------------------------------------ queries
+    def _dicts(self, sql: str, params: list | None = None) -> list[dict]:
+        cur = self.con.execute(sql, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+    def _select(self, table: str, run_id: str, arm: Optional[str], workload: Optional[str], order: str) -> list[dict]:
+        sql, params = f"SELECT * FROM {table} WHERE run_id = ?", [run_id]
+        if arm is not None:
+            sql, params = sql + " AND arm = ?", params + [arm]
+        if workload is not None:
+            sql, params = sql + " AND workload = ?", params + [workload]
+        return self._dicts(sql + f" ORDER BY {order}", params)
+
+    def requests(self, run_id: str, arm: Optional[str] = None, workload: Optional[str] = None) -> list[dict]:
+        return self._select("requests", run_id, arm, workload, "arm, workload, request_key")
+
+    def items(self, run_id: str, arm: Optional[str] = None, workload: Optional[str] = None) -> list[dict]:
+        return self._select("item_outcomes", run_id, arm, workload, "arm, workload, item_id, seed, measure")
+
+    def metrics(self, run_id: str, arm: Optional[str] = None, workload: Optional[str] = None,
+                name: Optional[str] = None) -> list[dict]:
+        rows = self._select("metrics", run_id, arm, workload, "arm, workload, name, mkey, repeat, position")
+        return [r for r in rows if name is None or r["name"] == name]
+
+    def environment(self, run_id: str) -> list[dict]:
+        return self._dicts("SELECT * FROM environment WHERE run_id = ? ORDER BY arm", [run_id])
+
+    def checks(self, run_id: str) -> list[dict]:
+        return self._dicts("SELECT * FROM checks WHERE run_id = ? ORDER BY gate_index", [run_id])
+
+    def verdict(self, run_id: str) -> Optional[dict]:
+        rows = self._dicts("SELECT * FROM verdicts WHERE run_id = ?", [run_id])
+        return rows[0] if rows else None
+
+    def query(self, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
+        cur = self.con.execute(sql, params or [])
+        if cur.description is None:
+            return [], []
+        return [d[0] for d in cur.description], cur.fetchall()
