@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, create_model, field_validator
 
 from onecat.gates import registry
 
@@ -220,8 +220,8 @@ class Contract(Strict):
     arms: Arms = Field(default_factory=Arms)
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     datasets: dict[str, DatasetRef] = Field(default_factory=dict)
-    workloads: list[_OpenWorkload] = Field(min_length=1)  # typed per kind by parse_contract
-    gates: list[_OpenGate] = Field(min_length=1)  # typed per check by parse_contract
+    workloads: list[SerializeAsAny[_OpenWorkload]] = Field(min_length=1)  # typed per kind by parse_contract
+    gates: list[SerializeAsAny[_OpenGate]] = Field(min_length=1)  # typed per check by parse_contract
 
     @field_validator("seeds")
     @classmethod

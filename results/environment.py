@@ -58,6 +58,8 @@ def capture_environment(engine_info: dict[str, Any] | None = None) -> dict[str, 
 
     def s(key: str) -> str | None:
         v = info.get(key)
+        if isinstance(v, dict):  # e.g. attention_backend: {requested, selected, effective, ...}
+            v = v.get("effective", v.get("selected"))
         return None if v is None else str(v)
 
     env.update(device=s("device"), kv_cache_dtype=s("kv_cache_dtype"), attention_backend=s("attention_backend"),
