@@ -136,6 +136,8 @@ def _run_driver(problem: Problem, code: str, mode: str, time_limits: dict[str, l
             msg = json.loads(line)
         except ValueError:
             break  # a solution that scribbled on the channel only loses its own remaining rows
+        if not isinstance(msg, dict):
+            break
         if msg.get("event") == "load":
             load = msg
         elif msg.get("event") == "done":
@@ -249,8 +251,8 @@ def _judge(problem: Problem, reference: Reference, log: _RunLog) -> TaskOutcome:
     if log.load is None:
         return TaskOutcome(tid, False, False, "timeout" if log.sandbox.timed_out or log.sandbox.signal else "load_error",
                            detail=f"sandbox {log.sandbox.describe()}: {log.sandbox.stderr_text[-300:]}")
-    if log.load["status"] != "ok":
-        return TaskOutcome(tid, False, False, "load_timeout" if log.load["status"] == "timeout" else "load_error",
+    if log.load.get("status") != "ok":
+        return TaskOutcome(tid, False, False, "load_timeout" if log.load.get("status") == "timeout" else "load_error",
                            detail=log.load.get("error"))
     passed = {}
     for name in ("base", "plus"):
@@ -261,9 +263,13 @@ def _judge(problem: Problem, reference: Reference, log: _RunLog) -> TaskOutcome:
                 why = "timeout" if (log.sandbox.timed_out or log.sandbox.signal) else "error"
                 return _fail(tid, passed, why, name, i, f"no result (sandbox {log.sandbox.describe()})")
             row = rows[i]
-            if row["status"] != "ok":
-                return _fail(tid, passed, row["status"], name, i, row.get("error"))
-            out = pyvalues.decode_value(row["out"])
+            if row.get("status") != "ok":
+                why = row.get("status") if row.get("status") in ("error", "timeout") else "error"
+                return _fail(tid, passed, why, name, i, row.get("error"))
+            try:
+                out = pyvalues.decode_value(row["out"])
+            except Exception:
+                return _fail(tid, passed, "error", name, i, "malformed result row from the sandbox")
             if not comparator.matches(inputs[i], out, exp):
                 return _fail(tid, passed, "wrong_answer", name, i, f"got {_short(out)}, expected {_short(exp)}")
         passed[name] = True

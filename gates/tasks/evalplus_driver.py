@@ -104,14 +104,19 @@ def _main():
             if not_none:
                 out = out is not None
             try:
-                encoded = encode_value(out)
+                encoded = encode_result(out)
             except BaseException:
                 encoded = {"__opaque__": "unencodable", "repr": ""}
             emit({"set": name, "i": i, "status": "ok", "out": encoded, "t": dt})
     emit({"event": "done"})
 
 
-_main()
+try:
+    _main()
+except BaseException as _exc:
+    import traceback
+    os.write(2, ("driver failed: " + "".join(traceback.format_exception(_exc))[-2000:]).encode("utf-8", "replace"))
+    os._exit(3)
 '''
 
 

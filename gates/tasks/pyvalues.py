@@ -10,6 +10,7 @@ import json
 import math
 
 _BIG_INT_DIGITS = 4000  # decimal conversion of larger ints is refused by CPython's default limit
+DIGEST_MIN_ITEMS = 10_000  # a float-free list/tuple result this long crosses as a digest, not as data
 
 
 class Opaque:
@@ -29,6 +30,43 @@ class Opaque:
 
     def __repr__(self):
         return f"<{self.type_name} {self.text}>"
+
+
+class Digest:
+    """A huge list/tuple result, reduced to its type, length and a sha256 over its items' reprs.
+
+    Equal only to a Digest of the same type, length and hash: exact equality, which is what such
+    float-free results (e.g. 1.6M combinations in MBPP+/255) are compared with anyway.
+    """
+
+    __slots__ = ("type_name", "length", "sha256")
+
+    def __init__(self, type_name, length, sha256):
+        self.type_name, self.length, self.sha256 = type_name, length, sha256
+
+    def __eq__(self, other):
+        return isinstance(other, Digest) and (self.type_name, self.length, self.sha256) == (
+            other.type_name, other.length, other.sha256)
+
+    def __hash__(self):
+        return hash(self.sha256)
+
+    def __repr__(self):
+        return f"<{self.type_name} of {self.length} items, sha256 {self.sha256[:12]}>"
+
+
+def encode_result(value):
+    """encode_value, except that very long lists/tuples become a Digest (keeps memory and time flat)."""
+    kind = type(value)
+    if ((kind is list or kind is tuple) and len(value) >= DIGEST_MIN_ITEMS
+            and not any(type(x) is float for x in value[:1000])):  # floats keep their tolerance
+        import hashlib
+        h = hashlib.sha256()
+        for item in value:
+            h.update(repr(item).encode("utf-8", "surrogatepass"))
+            h.update(b"\x1e")
+        return {"__digest__": kind.__name__, "n": len(value), "sha256": h.hexdigest()}
+    return encode_value(value)
 
 
 def encode_value(value, _depth=0):
@@ -60,6 +98,8 @@ def encode_value(value, _depth=0):
         return {"__bytes__": value.hex()}
     if isinstance(value, Opaque):
         return {"__opaque__": value.type_name, "repr": value.text}
+    if isinstance(value, Digest):
+        return {"__digest__": value.type_name, "n": value.length, "sha256": value.sha256}
     try:
         text = repr(value)[:2000]
     except BaseException:
@@ -89,6 +129,8 @@ def decode_value(data):
         return int(data["__int__"], 16)
     if "__float__" in data:
         return float(data["__float__"])
+    if "__digest__" in data:
+        return Digest(data["__digest__"], data["n"], data["sha256"])
     if "__opaque__" in data:
         return Opaque(data["__opaque__"], data.get("repr", ""))
     raise ValueError(f"unknown tagged value {sorted(data)}")
