@@ -8,18 +8,21 @@ from onecat.engine.attention.backend import LayerKVCache
 
 def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                        dtype: torch.dtype, fp8_dtype: torch.dtype | None, device: torch.device) -> list[LayerKVCache]:
+    """Block 0 is the null block: zeroed, never handed out, the target of padded block-table entries.
+
+    Every other slot is written before it is read, so the rest is left uninitialized (cheap to allocate).
+    """
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    store = dtype if fp8_dtype is None else torch.uint8
     caches = []
     for _ in range(num_layers):
-        if fp8_dtype is None:
-            caches.append(LayerKVCache(torch.zeros(shape, dtype=dtype, device=device),
-                                       torch.zeros(shape, dtype=dtype, device=device), None, None, None))
-        else:
-            sshape = shape[:3]
-            caches.append(LayerKVCache(torch.zeros(shape, dtype=torch.uint8, device=device),
-                                       torch.zeros(shape, dtype=torch.uint8, device=device),
-                                       torch.ones(sshape, dtype=torch.float32, device=device),
-                                       torch.ones(sshape, dtype=torch.float32, device=device), fp8_dtype))
+        k, v = (torch.empty(shape, dtype=store, device=device) for _ in range(2))
+        k[0].zero_()
+        v[0].zero_()
+        ks = vs = None
+        if fp8_dtype is not None:
+            ks, vs = (torch.ones(shape[:3], dtype=torch.float32, device=device) for _ in range(2))
+        caches.append(LayerKVCache(k, v, ks, vs, fp8_dtype))
     return caches
 
 

@@ -12,6 +12,7 @@ from onecat.engine.config import EngineConfig, parse_dtype, parse_kv_cache_dtype
 from onecat.engine.engine_core import EngineCore
 from onecat.engine.errors import ConfigError
 from onecat.engine.kv_cache import bytes_per_block
+from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.loader import open_checkpoint
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.models.registry import model_class
@@ -64,10 +65,9 @@ class LLM:
         with torch.device("meta"):
             model = cls(self.model_config, self.max_model_len)
         model = model.to_empty(device=self.device).to(self.dtype)
-        model.layers[0].self_attn.rotary.__init__(  # rotary tables are computed, not loaded
-            self.model_config.head_dim, self.model_config.rope_theta, self.max_model_len,
-            self.model_config.rope_scaling)
-        model.layers[0].self_attn.rotary.to(self.device)
+        for m in model.modules():
+            if isinstance(m, RotaryEmbedding):
+                m.build_tables(self.device)
         if self.model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         model.load_weights(ckpt.weights)
@@ -77,7 +77,7 @@ class LLM:
         c, mc = self.cfg, self.model_config
         per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads, mc.head_dim,
                                     self.dtype, fp8)
-        min_blocks = -(-self.max_model_len // c.block_size)
+        min_blocks = -(-self.max_model_len // c.block_size) + 1  # + the null block
         if c.num_kv_blocks is not None:
             n = c.num_kv_blocks
         else:

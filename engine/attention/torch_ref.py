@@ -48,13 +48,15 @@ class TorchReferenceBackend(AttentionBackend):
         T, Hq, D = q.shape
         B, max_q = meta.num_seqs, meta.max_query_len
         lay = _step_layout(meta, q.device)
-        slots = lay["slots"]
+        slots = lay["slots"].view(-1)  # index_select: advanced indexing into a large cache is far slower
         Hkv = cache.k.shape[2]
-        k = cache.k.view(-1, Hkv, D)[slots]  # [B, S, Hkv, D]
-        v = cache.v.view(-1, Hkv, D)[slots]
+        S = lay["slots"].shape[1]
+        k = cache.k.view(-1, Hkv, D).index_select(0, slots)
+        v = cache.v.view(-1, Hkv, D).index_select(0, slots)
         if cache.is_fp8:
-            k = dequantize_fp8(k, cache.k_scale.view(-1, Hkv)[slots], cache.fp8_dtype, q.dtype)
-            v = dequantize_fp8(v, cache.v_scale.view(-1, Hkv)[slots], cache.fp8_dtype, q.dtype)
+            k = dequantize_fp8(k, cache.k_scale.view(-1, Hkv).index_select(0, slots), cache.fp8_dtype, q.dtype)
+            v = dequantize_fp8(v, cache.v_scale.view(-1, Hkv).index_select(0, slots), cache.fp8_dtype, q.dtype)
+        k, v = k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)
         if max_q == 1:
             qp = q.view(B, 1, Hq, D)
         else:

@@ -49,24 +49,30 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, base: float, max_positions: int, scaling: dict | None):
         super().__init__()
+        self.head_dim, self.base, self.max_positions, self.scaling = head_dim, base, max_positions, scaling
+        self.build_tables(torch.device("cpu"))
+
+    def build_tables(self, device: torch.device) -> None:
+        """(Re)compute the cos/sin tables on `device` (they are derived, never loaded from weights)."""
+        head_dim, base, scaling = self.head_dim, self.base, self.scaling
         mscale = 1.0
         kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
-        if kind == "default":
-            inv = _inv_freq(head_dim, base)
-        elif kind == "linear":
-            inv = _inv_freq(head_dim, base) / scaling["factor"]
-        elif kind == "llama3":
-            inv = _llama3(_inv_freq(head_dim, base), scaling)
-        elif kind == "yarn":
-            inv, mscale = _yarn(head_dim, base, scaling, max_positions)
-        else:
-            raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, linear, "
-                                        "llama3, yarn")
-        t = torch.arange(max_positions, dtype=torch.int64).float()
-        freqs = torch.outer(t, inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos() * mscale, persistent=False)
-        self.register_buffer("sin", emb.sin() * mscale, persistent=False)
+        with torch.device("cpu"):
+            if kind == "default":
+                inv = _inv_freq(head_dim, base)
+            elif kind == "linear":
+                inv = _inv_freq(head_dim, base) / scaling["factor"]
+            elif kind == "llama3":
+                inv = _llama3(_inv_freq(head_dim, base), scaling)
+            elif kind == "yarn":
+                inv, mscale = _yarn(head_dim, base, scaling, self.max_positions)
+            else:
+                raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, "
+                                            "linear, llama3, yarn")
+            t = torch.arange(self.max_positions, dtype=torch.int64).float()
+            emb = torch.cat((torch.outer(t, inv),) * 2, dim=-1)
+        self.register_buffer("cos", (emb.cos() * mscale).to(device), persistent=False)
+        self.register_buffer("sin", (emb.sin() * mscale).to(device), persistent=False)
 
     @staticmethod
     def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ back so that every architecture runs through the same HF-layout model code.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,10 +29,17 @@ _TOP_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weigh
 
 
 def open_gguf(path: Path):
+    """Parsing a GGUF header takes seconds (large vocabularies); reuse it while the file is unchanged."""
+    st = path.stat()
+    return _open_gguf_cached(str(path.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_gguf_cached(path: str, mtime_ns: int, size: int):
     from gguf import GGUFReader
 
     try:
-        return GGUFReader(str(path))
+        return GGUFReader(path)
     except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad files
         raise CorruptModelError(f"cannot read GGUF file {path}: {e}. The file is truncated or corrupt") from None
 
@@ -121,4 +129,4 @@ def iter_gguf_weights(reader, cfg: dict) -> Iterator[tuple[str, torch.Tensor]]:
         if arch == "llama" and m and m.group(2) in ("attn_q", "attn_k"):
             n = cfg["num_attention_heads"] if m.group(2) == "attn_q" else cfg["num_key_value_heads"]
             arr = _unpermute_rope(arr, n)
-        yield name, torch.from_numpy(np.ascontiguousarray(arr))
+        yield name, torch.from_numpy(np.array(arr, copy=True))
