@@ -89,6 +89,13 @@ def _defines(tree: ast.Module | None, entry_point: str) -> bool:
     return tree is not None and any(entry_point in _defined_names(n) for n in tree.body)
 
 
+def _keeps_reply(parsed: str, prompt: str) -> bool:
+    """Whether code parsed from prompt + reply still holds a non-blank line of the reply (else the
+    prompt alone parsed, a stub that would only fail later as a wrong answer)."""
+    extra = parsed.splitlines()[len(prompt.splitlines()):]
+    return any(line.strip() for line in extra)
+
+
 def extract_code(reply: str, entry_point: str, prompt: str = "", completion_style: bool = False) -> ExtractedCode:
     """The solution program for `entry_point` from a reply.
 
@@ -106,9 +113,11 @@ def extract_code(reply: str, entry_point: str, prompt: str = "", completion_styl
     best = None
     for method, src in sources:
         tree, parsed, dropped = parse_prefix(src)
+        if completion_style and not _keeps_reply(parsed, prompt):
+            tree = None
         if not _defines(tree, entry_point) and prompt and not completion_style:
             tree2, parsed2, dropped2 = parse_prefix(prompt + src)
-            if _defines(tree2, entry_point):
+            if _defines(tree2, entry_point) and _keeps_reply(parsed2, prompt):
                 tree, parsed, dropped, method = tree2, parsed2, dropped2, method + "+prompt"
         if _defines(tree, entry_point):
             code, _ = sanitize(parsed, entry_point)
