@@ -14,7 +14,7 @@ __device__ __forceinline__ unsigned bytes_to_high_halves(unsigned x, unsigned se
 // Two fp8 values (already in the high byte of each 16-bit lane) -> half2 bits, exact.
 template <int KV>
 __device__ __forceinline__ unsigned fp8x2_to_half2_bits(unsigned hb) {
-  if (KV == kKvE5M2) {
+  if constexpr (KV == kKvE5M2) {
     return hb;  // E5M2 is the upper byte of FP16
   } else {
     // E4M3: keep the sign, shift exponent+mantissa right by one bit (bias 7 instead of 15,

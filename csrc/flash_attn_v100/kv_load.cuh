@@ -119,15 +119,17 @@ struct KvChunkRegs {
     }
     k_scale = 1.f;
     v_scale = 1.f;
-    if (KV != kKvF16 && tid < ROWS) {
-      const int key = n0 + tid;
-      if (key < n_valid) {
-        const long long row = kv_row(p.kv, b, key, kvh);
-        k_scale = __ldg(p.kv.k_scale + row);
-        v_scale = __ldg(p.kv.v_scale + row);
-      } else {
-        k_scale = 0.f;
-        v_scale = 0.f;
+    if constexpr (KV != kKvF16) {
+      if (tid < ROWS) {
+        const int key = n0 + tid;
+        if (key < n_valid) {
+          const long long row = kv_row(p.kv, b, key, kvh);
+          k_scale = __ldg(p.kv.k_scale + row);
+          v_scale = __ldg(p.kv.v_scale + row);
+        } else {
+          k_scale = 0.f;
+          v_scale = 0.f;
+        }
       }
     }
   }
@@ -141,7 +143,7 @@ struct KvChunkRegs {
       const int idx = tid + l * THREADS;
       const int r = idx / kVecsPerRow, c = idx % kVecsPerRow;
       unsigned kw[kElemsPerVec / 2], vw[kElemsPerVec / 2];
-      if (KV == kKvF16) {
+      if constexpr (KV == kKvF16) {
         kw[0] = k[l].x; kw[1] = k[l].y; kw[2] = k[l].z; kw[3] = k[l].w;
         vw[0] = v[l].x; vw[1] = v[l].y; vw[2] = v[l].z; vw[3] = v[l].w;
       } else {

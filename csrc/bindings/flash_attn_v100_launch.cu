@@ -1,0 +1,71 @@
+// Kernel launchers for the Volta attention kernels: plain CUDA runtime, no torch headers, so
+// this translation unit compiles quickly and independently of the framework.
+#include "flash_attn_v100_launch.h"
+
+#include "flash_attn_v100/decode.cuh"
+#include "flash_attn_v100/prefill.cuh"
+
+namespace {
+
+using fa_v100::AttnParams;
+
+template <int D, int KV>
+cudaError_t launch_prefill(const AttnParams& p, int num_seqs, cudaStream_t stream) {
+  constexpr int smem = fa_v100::PrefillCfg<D>::kSmemBytes;
+  auto kernel = fa_v100::prefill_kernel<D, KV>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(num_seqs * p.q_tiles_per_seq, p.num_heads), fa_v100::PrefillCfg<D>::kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int D, int KV>
+cudaError_t launch_decode(const AttnParams& p, int num_seqs, int total_rows, cudaStream_t stream) {
+  constexpr int smem = fa_v100::DecodeCfg<D>::kSmemBytes;
+  auto kernel = fa_v100::decode_kernel<D, KV>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(p.num_splits, p.kv.num_kv_heads, num_seqs), fa_v100::DecodeCfg<D>::kThreads, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  fa_v100::merge_kernel<D><<<total_rows, 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+#define FA_DISPATCH(D_VAR, KV_VAR, FN, ...)                    \
+  switch (D_VAR * 4 + KV_VAR) {                                \
+    case 64 * 4 + 0: return FN<64, 0>(__VA_ARGS__);            \
+    case 64 * 4 + 1: return FN<64, 1>(__VA_ARGS__);            \
+    case 64 * 4 + 2: return FN<64, 2>(__VA_ARGS__);            \
+    case 128 * 4 + 0: return FN<128, 0>(__VA_ARGS__);          \
+    case 128 * 4 + 1: return FN<128, 1>(__VA_ARGS__);          \
+    case 128 * 4 + 2: return FN<128, 2>(__VA_ARGS__);          \
+    case 256 * 4 + 0: return FN<256, 0>(__VA_ARGS__);          \
+    case 256 * 4 + 1: return FN<256, 1>(__VA_ARGS__);          \
+    case 256 * 4 + 2: return FN<256, 2>(__VA_ARGS__);          \
+    default: return cudaErrorInvalidValue;                     \
+  }
+
+}  // namespace
+
+int fa_v100_prefill_tile_rows() { return fa_v100::PrefillCfg<64>::kBM; }
+int fa_v100_decode_chunk() { return fa_v100::DecodeCfg<64>::kChunk; }
+
+int fa_v100_decode_max_rows(int head_dim) {
+  switch (head_dim) {
+    case 64: return fa_v100::DecodeCfg<64>::kMaxRows;
+    case 128: return fa_v100::DecodeCfg<128>::kMaxRows;
+    case 256: return fa_v100::DecodeCfg<256>::kMaxRows;
+    default: return 0;
+  }
+}
+
+cudaError_t fa_v100_launch_prefill(const fa_v100::AttnParams& p, int head_dim, int kv_kind, int num_seqs,
+                                   cudaStream_t stream) {
+  FA_DISPATCH(head_dim, kv_kind, launch_prefill, p, num_seqs, stream);
+}
+
+cudaError_t fa_v100_launch_decode(const fa_v100::AttnParams& p, int head_dim, int kv_kind, int num_seqs,
+                                  int total_rows, cudaStream_t stream) {
+  FA_DISPATCH(head_dim, kv_kind, launch_decode, p, num_seqs, total_rows, stream);
+}

@@ -1,0 +1,14 @@
+// Torch-free launch interface between the binding (flash_attn_v100.cpp) and the kernels.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "flash_attn_v100/params.h"
+
+int fa_v100_prefill_tile_rows();
+int fa_v100_decode_chunk();
+// Largest q_len * (num_heads / num_kv_heads) one decode CTA packs, 0 for unsupported head dims.
+int fa_v100_decode_max_rows(int head_dim);
+cudaError_t fa_v100_launch_prefill(const fa_v100::AttnParams& p, int head_dim, int kv_kind, int num_seqs,
+                                   cudaStream_t stream);
+cudaError_t fa_v100_launch_decode(const fa_v100::AttnParams& p, int head_dim, int kv_kind, int num_seqs,
+                                  int total_rows, cudaStream_t stream);
