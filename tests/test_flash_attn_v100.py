@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 
 import pytest
 import torch
@@ -214,6 +215,35 @@ def test_verify_matches_reference(case):
     scale = d ** -0.5
     out = _call("decode", q, cache, meta, scale, num_splits=splits)
     check(f"verify d{d} {kv} h{h}/kv{hkv} q_lens={[a for a, _ in lens]}", out, reference(q, meta, refs, scale), kv)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_shapes(seed):
+    """Random head dim, KV dtype, GQA ratio, page size, batch and ragged lengths; the decode
+    kernel (when the packed rows fit) and the prefill kernel both checked on the same batch."""
+    rng = random.Random(seed)
+    d = rng.choice([64, 128, 256])
+    kv = rng.choice(list(KIND))
+    hkv = rng.choice([1, 2, 4])
+    group = rng.choice([1, 2, 4, 8])
+    bs = rng.choice([8, 16, 32, 64])
+    max_rows = 16 if d == 256 else 32
+    lens = []
+    for _ in range(rng.randint(1, 5)):
+        if seed % 2 == 0:  # decode / verify shaped
+            ql = rng.randint(1, max(1, min(8, max_rows // group)))
+            lens.append((ql, ql + rng.randint(0, 1500)))
+        else:  # prefill shaped, with and without a cached prefix
+            ql = rng.randint(1, 300)
+            lens.append((ql, ql + rng.choice([0, rng.randint(1, 400)])))
+    q, cache, meta, refs = make_batch(5000 + seed, d, kv, hkv * group, hkv, bs, lens)
+    scale = d ** -0.5
+    ref = reference(q, meta, refs, scale)
+    tag = f"random#{seed} d{d} {kv} h{hkv * group}/kv{hkv} bs{bs} lens={lens}"
+    check(f"{tag} prefill", _call("prefill", q, cache, meta, scale), ref, kv)
+    if meta.max_query_len * group <= max_rows:
+        splits = rng.choice([0, 0, 1, 2, 7])
+        check(f"{tag} decode splits={splits}", _call("decode", q, cache, meta, scale, num_splits=splits), ref, kv)
 
 
 @pytest.mark.parametrize("kv", ["f16", "e4m3"])

@@ -121,7 +121,8 @@ void decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::
   p.o_part = o_part.data_ptr<float>();
   p.lse_part = lse_part.data_ptr<float>();
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  C10_CUDA_CHECK(fa_v100_launch_decode(p, d, static_cast<int>(kv_kind), num_seqs, static_cast<int>(rows), stream));
+  C10_CUDA_CHECK(fa_v100_launch_decode(p, d, static_cast<int>(kv_kind), num_seqs, static_cast<int>(rows),
+                                       static_cast<int>(max_query_len * group), stream));
 }
 
 }  // namespace

@@ -19,14 +19,21 @@ cudaError_t launch_prefill(const AttnParams& p, int num_seqs, cudaStream_t strea
   return cudaGetLastError();
 }
 
-template <int D, int KV>
-cudaError_t launch_decode(const AttnParams& p, int num_seqs, int total_rows, cudaStream_t stream) {
-  constexpr int smem = fa_v100::DecodeCfg<D>::kSmemBytes;
-  auto kernel = fa_v100::decode_kernel<D, KV>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+template <int D, int KV, int ROWS>
+cudaError_t launch_decode_rows(const AttnParams& p, int num_seqs, cudaStream_t stream) {
+  using Cfg = fa_v100::DecodeCfg<D, ROWS>;
+  auto kernel = fa_v100::decode_kernel<D, KV, ROWS>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(p.num_splits, p.kv.num_kv_heads, num_seqs), fa_v100::DecodeCfg<D>::kThreads, smem, stream>>>(p);
-  err = cudaGetLastError();
+  kernel<<<dim3(p.num_splits, p.kv.num_kv_heads, num_seqs), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int D, int KV>
+cudaError_t launch_decode(const AttnParams& p, int num_seqs, int total_rows, int packed_rows, cudaStream_t stream) {
+  cudaError_t err = packed_rows <= fa_v100::kDecodeSmallRows
+                        ? launch_decode_rows<D, KV, fa_v100::kDecodeSmallRows>(p, num_seqs, stream)
+                        : launch_decode_rows<D, KV, fa_v100::DecodeLargeRows<D>::value>(p, num_seqs, stream);
   if (err != cudaSuccess) return err;
   fa_v100::merge_kernel<D><<<total_rows, 128, 0, stream>>>(p);
   return cudaGetLastError();
@@ -49,13 +56,13 @@ cudaError_t launch_decode(const AttnParams& p, int num_seqs, int total_rows, cud
 }  // namespace
 
 int fa_v100_prefill_tile_rows() { return fa_v100::PrefillCfg<64>::kBM; }
-int fa_v100_decode_chunk() { return fa_v100::DecodeCfg<64>::kChunk; }
+int fa_v100_decode_chunk() { return fa_v100::DecodeCfg<64, fa_v100::kDecodeSmallRows>::kChunk; }
 
 int fa_v100_decode_max_rows(int head_dim) {
   switch (head_dim) {
-    case 64: return fa_v100::DecodeCfg<64>::kMaxRows;
-    case 128: return fa_v100::DecodeCfg<128>::kMaxRows;
-    case 256: return fa_v100::DecodeCfg<256>::kMaxRows;
+    case 64: return fa_v100::DecodeLargeRows<64>::value;
+    case 128: return fa_v100::DecodeLargeRows<128>::value;
+    case 256: return fa_v100::DecodeLargeRows<256>::value;
     default: return 0;
   }
 }
@@ -66,6 +73,6 @@ cudaError_t fa_v100_launch_prefill(const fa_v100::AttnParams& p, int head_dim, i
 }
 
 cudaError_t fa_v100_launch_decode(const fa_v100::AttnParams& p, int head_dim, int kv_kind, int num_seqs,
-                                  int total_rows, cudaStream_t stream) {
-  FA_DISPATCH(head_dim, kv_kind, launch_decode, p, num_seqs, total_rows, stream);
+                                  int total_rows, int packed_rows, cudaStream_t stream) {
+  FA_DISPATCH(head_dim, kv_kind, launch_decode, p, num_seqs, total_rows, packed_rows, stream);
 }

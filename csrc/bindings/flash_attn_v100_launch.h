@@ -10,5 +10,6 @@ int fa_v100_decode_chunk();
 int fa_v100_decode_max_rows(int head_dim);
 cudaError_t fa_v100_launch_prefill(const fa_v100::AttnParams& p, int head_dim, int kv_kind, int num_seqs,
                                    cudaStream_t stream);
+// packed_rows = max_query_len * group picks the decode kernel's row bucket.
 cudaError_t fa_v100_launch_decode(const fa_v100::AttnParams& p, int head_dim, int kv_kind, int num_seqs,
-                                  int total_rows, cudaStream_t stream);
+                                  int total_rows, int packed_rows, cudaStream_t stream);

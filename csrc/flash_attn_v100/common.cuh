@@ -17,6 +17,19 @@ __device__ __forceinline__ long long kv_row(const PagedKV& kv, int b, int key, i
   return slot * kv.num_kv_heads + kvh;
 }
 
+// kv_row for lanes that work on one cached row in aligned groups of GROUP lanes: the group's
+// first lane reads the block table and the others take the result by shuffle, so each page
+// lookup (an L1 request plus 64-bit index math) is done once per row, not once per 16 bytes.
+// Must be reached by the whole warp; `valid` must agree within a group.
+template <int GROUP>
+__device__ __forceinline__ long long kv_row_grouped(const PagedKV& kv, int b, int key, int kvh, bool valid) {
+  static_assert(GROUP >= 1 && GROUP <= 32 && 32 % GROUP == 0, "groups must tile the warp");
+  const int lane = threadIdx.x & 31;
+  long long row = 0;
+  if (valid && (lane & (GROUP - 1)) == 0) row = kv_row(kv, b, key, kvh);
+  return __shfl_sync(0xffffffffu, row, lane & ~(GROUP - 1));
+}
+
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));

@@ -17,11 +17,19 @@
 
 namespace fa_v100 {
 
+// Packed-row capacities: a small bucket for plain decode (q_len * group <= 8) that keeps shared
+// memory and registers low for occupancy, and a large one for GQA-heavy or verify steps.
+constexpr int kDecodeSmallRows = 8;
 template <int D>
+struct DecodeLargeRows {
+  static constexpr int value = D == 256 ? 16 : 32;
+};
+
+template <int D, int ROWS>
 struct DecodeCfg {
   static constexpr int kThreads = 128;
-  static constexpr int kChunk = 32;                 // keys per chunk (one per lane in phase 1)
-  static constexpr int kMaxRows = D == 256 ? 16 : 32;  // packed rows: q_len * group
+  static constexpr int kChunk = 32;     // keys per chunk (one per lane in phase 1)
+  static constexpr int kMaxRows = ROWS;  // packed rows: q_len * group
   static constexpr int kKStride = D + 2;            // halfs; odd word stride -> no bank conflicts
   static constexpr int kColsPerThread = D >= 128 ? D / 128 : 1;
   static constexpr int kRowSplit = D >= 128 ? 1 : 128 / D;
@@ -34,9 +42,9 @@ struct DecodeCfg {
                                     + 3 * kMaxRows * 4;         // running max, sum, rescale
 };
 
-template <int D, int KV>
+template <int D, int KV, int ROWS>
 __global__ void __launch_bounds__(128) decode_kernel(const AttnParams p) {
-  using Cfg = DecodeCfg<D>;
+  using Cfg = DecodeCfg<D, ROWS>;
   constexpr int NT = Cfg::kThreads, KC = Cfg::kChunk, RMAX = Cfg::kMaxRows, KS = Cfg::kKStride;
   constexpr int ROWS_P1 = RMAX / (NT / 32);  // rows per thread in phase 1
 

@@ -67,8 +67,8 @@ struct KvTileRegs {
       const int idx = tid + l * THREADS;
       const int r = idx / kPiecesPerRow, c = idx % kPiecesPerRow;
       const int key = n0 + r;
+      const long long row = kv_row_grouped<kPiecesPerRow>(kv, b, key, kvh, key < n_valid);
       if (key < n_valid) {
-        const long long row = kv_row(kv, b, key, kvh);
         piece[l].load(base, scales, row, row * D + c * 8);
       } else {
         piece[l].zero();
@@ -108,8 +108,9 @@ struct KvChunkRegs {
       const int idx = tid + l * THREADS;
       const int r = idx / kVecsPerRow, c = idx % kVecsPerRow;
       const int key = n0 + r;
+      const long long row = kv_row_grouped<kVecsPerRow>(p.kv, b, key, kvh, key < n_valid);
       if (key < n_valid) {
-        const long long off = (kv_row(p.kv, b, key, kvh) * D + (long long)c * kElemsPerVec) * kElemBytes;
+        const long long off = (row * D + (long long)c * kElemsPerVec) * kElemBytes;
         k[l] = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(p.kv.k) + off));
         v[l] = __ldg(reinterpret_cast<const uint4*>(static_cast<const unsigned char*>(p.kv.v) + off));
       } else {

@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(128) prefill_kernel(const AttnParams p) {
   const int wrow = warp * 16;  // first row of this warp within the CTA tile
   __half* p_s = p_all + warp * 16 * PS;
 
-  // The two query rows (within the warp tile) this lane accumulates: i&2 == 0 and == 2.
+  // The two query rows (within the warp tile) this lane accumulates: i&2 == 0 and == 2. Rows
+  // past q_len compute on zero queries (finite scores) and are simply not stored.
   int q_pos[2];
   bool row_ok[2];
 #pragma unroll
@@ -128,17 +129,22 @@ __global__ void __launch_bounds__(128) prefill_kernel(const AttnParams p) {
     if (t + 1 < n_tiles) stage.load(p.kv.k, p.kv.k_scale, p.kv, b, kvh, n0 + BN, seq_len, tid);
     __syncthreads();  // v_s ready
 
-    // Online softmax in the exp2 domain, FP32.
+    // Online softmax in the exp2 domain, FP32. Only tiles that cross the sequence end or the
+    // causal diagonal of this CTA's first query need the per-element mask.
+    const bool need_mask = n0 + BN > seq_len || (p.causal && n0 + BN - 1 > ctx + m0);
     float m_new[2] = {m_run[0], m_run[1]};
 #pragma unroll
     for (int j = 0; j < NJ_S; ++j)
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int ri = (i >> 1) & 1;
-        const int key = n0 + 16 * j + 8 * cb + acc_col(lane, i);
-        const bool ok = row_ok[ri] && key < seq_len && (!p.causal || key <= q_pos[ri]);
-        s[j][i] = ok ? s[j][i] * p.scale_log2 : neg_inf();
-        m_new[ri] = fmaxf(m_new[ri], s[j][i]);
+        float x = s[j][i] * p.scale_log2;
+        if (need_mask) {
+          const int key = n0 + 16 * j + 8 * cb + acc_col(lane, i);
+          if (key >= seq_len || (p.causal && key > q_pos[ri])) x = neg_inf();
+        }
+        s[j][i] = x;
+        m_new[ri] = fmaxf(m_new[ri], x);
       }
     float ref[2], alpha[2];
 #pragma unroll

@@ -49,9 +49,10 @@ def kernel_specs() -> list[KernelSpec]:
             specs.append(KernelSpec(f"prefill_d{d}_{kv_name}", f"&fa_v100::prefill_kernel<{d}, {kv}>",
                                     f"fa_v100::PrefillCfg<{d}>::kSmemBytes", 128, True, True))
     for d in HEAD_DIMS:
-        for kv, kv_name in KV_KINDS.items():
-            specs.append(KernelSpec(f"decode_d{d}_{kv_name}", f"&fa_v100::decode_kernel<{d}, {kv}>",
-                                    f"fa_v100::DecodeCfg<{d}>::kSmemBytes", 128, False, True))
+        for rows in (8, 16 if d == 256 else 32):
+            for kv, kv_name in KV_KINDS.items():
+                specs.append(KernelSpec(f"decode_d{d}_{kv_name}_r{rows}", f"&fa_v100::decode_kernel<{d}, {kv}, {rows}>",
+                                        f"fa_v100::DecodeCfg<{d}, {rows}>::kSmemBytes", 128, False, True))
     for d in HEAD_DIMS:
         specs.append(KernelSpec(f"merge_d{d}", f"&fa_v100::merge_kernel<{d}>", "0", 128, False, False))
     return specs

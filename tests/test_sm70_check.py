@@ -1,0 +1,74 @@
+"""`onecat kernels check --arch sm_70`: the offline V100 build check of the attention kernels.
+
+The full check needs the CUDA 12.x chain (pip install "onecat[sm70]" and
+`onecat kernels fetch-nvdisasm`); without it those tests skip with the reason. Occupancy math
+and the missing-toolchain message are tested everywhere.
+"""
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from onecat.cli.kernels import app
+from onecat.engine.kernels import toolchain
+from onecat.engine.kernels.sm70_check import v100_occupancy
+
+
+def _toolchain_or_skip():
+    try:
+        return toolchain.find_toolchain()
+    except toolchain.ToolchainMissing as exc:
+        pytest.skip(str(exc))
+
+
+def test_v100_occupancy_limits():
+    # 128 threads, 64 regs: 4 warps * 2048 regs -> 8 CTAs by registers, 16 by threads.
+    assert v100_occupancy(64, 0, 128) == (8, 0.5, "registers")
+    # 40 KB dynamic shared memory -> 2 CTAs in 96 KB.
+    assert v100_occupancy(32, 40 * 1024, 128)[:1] == (2,)
+    assert v100_occupancy(32, 40 * 1024, 128)[2] == "shared memory"
+    # 255 registers round up to 8192 per warp: 2 CTAs of 4 warps.
+    assert v100_occupancy(255, 0, 128)[0] == 2
+
+
+def test_missing_toolchain_names_pip_command(monkeypatch):
+    monkeypatch.setattr(toolchain, "_nvidia_dir", lambda sub: None)
+    with pytest.raises(toolchain.ToolchainMissing) as info:
+        toolchain.find_toolchain()
+    msg = str(info.value)
+    assert "nvidia-cuda-nvrtc-cu12" in msg and "pip install" in msg
+
+
+def test_cli_rejects_other_arch():
+    result = CliRunner().invoke(app, ["check", "--arch", "sm_80"])
+    assert result.exit_code == 2
+    assert "sm_80" in result.output
+
+
+def test_cli_reports_missing_toolchain(monkeypatch):
+    monkeypatch.setattr(toolchain, "_nvidia_dir", lambda sub: None)
+    result = CliRunner().invoke(app, ["check", "--arch", "sm_70"])
+    assert result.exit_code == 3
+    assert "pip install" in result.output
+
+
+def test_sm70_check_cli_passes_with_tensor_cores_and_128bit_loads(tmp_path):
+    _toolchain_or_skip()
+    import json
+
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(app, ["check", "--arch", "sm_70", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    from onecat.engine.kernels.sm70_check import kernel_specs
+
+    assert data["arch"] == "sm_70" and len(data["kernels"]) == len(kernel_specs())
+    for r in data["kernels"]:
+        label = r["label"]
+        assert not r["problems"], (label, r["problems"])
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, label
+        assert r["blocks_per_sm"] >= 1 and r["smem"] <= 96 * 1024, label
+        if label.startswith("prefill"):
+            assert r["hmma"] > 0, label  # tensor cores present in the sm_70 SASS
+        if label.startswith("decode"):
+            assert r["ldg128"] > 0, label  # paged KV read with 128-bit loads
