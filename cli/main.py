@@ -139,11 +139,12 @@ def _run_id(store, run: Optional[str]) -> str:
 @results_app.command("list")
 def results_list(db: Optional[Path] = DB_OPTION, limit: int = typer.Option(20, help="newest N runs")) -> None:
     """List runs, newest first."""
-    store = _store(db)
+    with _store(db) as store:
+        rows = store.runs(limit)
     table = Table()
     for col in ("run", "contract", "status", "verdict", "started (UTC)"):
         table.add_column(col)
-    for r in store.runs(limit):
+    for r in rows:
         table.add_row(r["run_id"], r["contract_name"], r["status"], r["verdict"] or "–", str(r["started_at"])[:19])
     console.print(table)
 
@@ -152,8 +153,11 @@ def results_list(db: Optional[Path] = DB_OPTION, limit: int = typer.Option(20, h
 def results_show(run: Optional[str] = typer.Argument(None, help="run id or unique prefix (default: newest)"),
                  db: Optional[Path] = DB_OPTION) -> None:
     """Show one run's gates and verdict."""
-    store = _store(db)
-    rid = _run_id(store, run)
+    with _store(db) as store:
+        _show(store, _run_id(store, run))
+
+
+def _show(store, rid: str) -> None:
     row = store.run(rid)
     console.print(f"[bold]{rid}[/] {row['contract_name']} status={row['status']} verdict={row['verdict']}",
                   highlight=False)
@@ -175,11 +179,11 @@ def results_query(sql: str = typer.Argument(..., help="SQL over runs, environmen
                   db: Optional[Path] = DB_OPTION,
                   fmt: str = typer.Option("table", "--format", help="table | json | csv")) -> None:
     """Run SQL against the store (read-only)."""
-    store = _store(db)
-    try:
-        cols, rows = store.query(sql)
-    except Exception as exc:  # noqa: BLE001 - duckdb errors name the problem
-        raise _fail(f"query failed: {exc}", EXIT_USAGE)
+    with _store(db) as store:
+        try:
+            cols, rows = store.query(sql)
+        except Exception as exc:  # noqa: BLE001 - duckdb errors name the problem
+            raise _fail(f"query failed: {exc}", EXIT_USAGE)
     if fmt == "json":
         print(json.dumps([dict(zip(cols, r)) for r in rows], default=str, indent=1))
     elif fmt == "csv":
@@ -207,8 +211,9 @@ def results_export(run: Optional[str] = typer.Argument(None, help="run id or pre
 
     if fmt not in ("json", "csv"):
         raise _fail(f"--format {fmt!r}; use json or csv", EXIT_USAGE)
-    store = _store(db)
-    for p in export_run(store, _run_id(store, run), out, fmt):
+    with _store(db) as store:
+        paths = export_run(store, _run_id(store, run), out, fmt)
+    for p in paths:
         console.print(str(p), highlight=False)
 
 
@@ -220,8 +225,9 @@ def report(run: Optional[str] = typer.Argument(None, help="run id or prefix (def
     """(Re-)render the markdown report of a run from the store and print its path."""
     from onecat.reports.markdown import write_report
 
-    store = _store(db)
-    console.print(str(write_report(store, _run_id(store, run), out)), highlight=False)
+    with _store(db) as store:
+        path = write_report(store, _run_id(store, run), out)
+    console.print(str(path), highlight=False)
 
 
 # --------------------------------------------------------------------------- sub-apps from sibling modules

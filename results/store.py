@@ -65,6 +65,12 @@ class Store:
     def close(self) -> None:
         self.con.close()
 
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ------------------------------------------------------------------ runs
     def create_run(self, run_id: str, contract: Any, contract_path: Optional[str], arm_settings: dict[str, Any],
                    dataset_sha256: dict[str, str], engine_revision: str, harness_revision: str,

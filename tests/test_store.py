@@ -125,3 +125,38 @@ def test_sigkill_mid_run_then_resume_keeps_finished_requests(tmp_path):
     s.close()
     with pytest.raises(ResumeError, match="no unfinished run"):
         run_gate(contract, db, resume=True, report_dir=tmp_path)
+
+
+def test_results_cli_list_show_query_export_report(tmp_path):
+    from typer.testing import CliRunner
+
+    from onecat.cli.main import app
+
+    contract = gate_fakes.write_fake_contract(tmp_path)
+    db = tmp_path / "r.duckdb"
+    runner = CliRunner()
+    res = runner.invoke(app, ["gate", "run", str(contract), "--db", str(db), "--out", str(tmp_path / "rep"),
+                              "--no-progress"])
+    assert res.exit_code == 0, res.output  # the fake candidate passes every binding gate
+    assert "PROMOTE" in res.output and "report:" in res.output
+    listing = runner.invoke(app, ["results", "list", "--db", str(db)])
+    assert listing.exit_code == 0 and "fake-gate" in listing.output
+    show = runner.invoke(app, ["results", "show", "--db", str(db)])
+    assert show.exit_code == 0 and "ppl_delta" in show.output
+    q = runner.invoke(app, ["results", "query", "SELECT count(*) AS n FROM verdicts", "--db", str(db),
+                            "--format", "json"])
+    assert q.exit_code == 0 and json.loads(q.output) == [{"n": 1}]
+    bad = runner.invoke(app, ["results", "query", "SELECT * FROM nope", "--db", str(db)])
+    assert bad.exit_code == 2
+    exp = runner.invoke(app, ["results", "export", "--db", str(db), "--format", "csv", "--out", str(tmp_path / "x")])
+    assert exp.exit_code == 0 and len(list((tmp_path / "x").glob("*.csv"))) == 8
+    rep = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "again.md")])
+    assert rep.exit_code == 0 and "Verdict: PROMOTE" in (tmp_path / "again.md").read_text()
+    missing = runner.invoke(app, ["results", "list", "--db", str(tmp_path / "none.duckdb")])
+    assert missing.exit_code == 2
+    # a failing candidate: the same contract with a PPL bound it cannot meet -> ROLLBACK, exit 1
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(contract.read_text().replace("max_relative: 0.01", "max_relative: 0.00001"))
+    res = runner.invoke(app, ["gate", "run", str(strict), "--db", str(db), "--out", str(tmp_path / "rep"),
+                              "--no-progress"])
+    assert res.exit_code == 1 and "ROLLBACK" in res.output, res.output
