@@ -32,3 +32,13 @@ def test_import_builds_nothing():
 
     assert mod.FlashAttnV100Backend.name == "FLASH_ATTN_V100"
     assert ext._module is None or torch.cuda.is_available()
+
+
+def test_cuda13_on_v100_is_declined_with_reason(monkeypatch):
+    from onecat.engine.kernels import flash_attn_v100_ext as ext
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
+    reason = ext.prerequisites_missing()
+    assert reason is not None and "CUDA 12" in reason and "sm_70" in reason

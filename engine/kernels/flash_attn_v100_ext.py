@@ -54,6 +54,10 @@ def prerequisites_missing() -> str | None:
         return "this torch build has no CUDA support (install a CUDA build of torch)"
     if not torch.cuda.is_available():
         return "no CUDA device visible"
+    cuda_major = int(str(torch.version.cuda).split(".")[0])
+    if cuda_major >= 13 and torch.cuda.get_device_capability() < (7, 5):
+        return (f"CUDA {torch.version.cuda} cannot compile for sm_70; use a CUDA 12.x build of torch "
+                "and toolkit on V100")
     if cpp_extension.CUDA_HOME is None:
         return "no CUDA toolkit found to build the kernels (set CUDA_HOME or put nvcc on PATH)"
     missing = [str(s) for s in SOURCES if not s.is_file()]
