@@ -66,6 +66,12 @@ class CannedEngine:
         self.calls.append(("chat", conversations, params))
         return [self._out("\n".join(m["content"] for m in conv), sp) for conv, sp in zip(conversations, params)]
 
+    def info(self) -> dict:
+        return {"engine": "canned", "device": "cpu"}
+
+    def close(self) -> None:
+        pass
+
 
 class MemorySink:
     arm, workload_id = "baseline", "w"
@@ -271,3 +277,49 @@ def test_structured_output_valid_and_garbage():
     assert _rate(sink, "valid") == 0.0 and {o.failure_reason for o in sink.items} == {"no_json"}
     with pytest.raises(ValueError, match="unknown structured tasks"):
         RUNNERS["structured_output"].Workload(kind="structured_output", tasks=["nope"])
+
+
+# ----------------------------------------------------------------------------- through the gate
+GATE_CONTRACT = """
+name: quality-canned
+model: {source: "fake:canned"}
+engine: {backend: fake}
+sampling: {temperature: 0.0, max_tokens: 64}
+seeds: [0]
+workloads:
+  - {kind: gsm8k, subset: {first: 8}}
+  - {kind: humaneval_plus, subset: {ids: ["HumanEval/0", "HumanEval/2"]}}
+  - {kind: mbpp_plus, subset: {ids: ["Mbpp/2", "Mbpp/581"]}}
+  - {kind: structured_output, tasks: [person, sentiment]}
+gates:
+  - {check: task_score, workload: gsm8k, margin: 0.0}
+  - {check: task_score, workload: humaneval_plus, margin: 0.0}
+  - {check: task_score, workload: mbpp_plus, margin: 0.0}
+  - {check: task_score, workload: structured_output, margin: 0.0}
+"""
+
+
+@needs_data
+@pytest.mark.parametrize("candidate_garbage, decision", [(False, "PROMOTE"), (True, "ROLLBACK")])
+def test_quality_workloads_through_gate_run(tmp_path, gsm_items, candidate_garbage, decision):
+    import tests.gate_fakes  # noqa: F401  registers the "fake" backend the contract names
+    from onecat.gates.gate_run import run_gate
+
+    he = evalplus_data.parse_problems(resolve_dataset("humaneval_plus").read_text(), "humaneval")
+    mb = evalplus_data.parse_problems(resolve_dataset("mbpp_plus").read_text(), "mbpp")
+    code_reply, gsm_reply = _canonical_reply(he + mb), _gsm_answer_for(gsm_items)
+
+    def good(prompt: str) -> str:
+        if "JSON Schema" in prompt:
+            return _valid_json_for(prompt)
+        if "self-contained Python script" in prompt:
+            return code_reply(prompt)
+        return gsm_reply(prompt)
+
+    def opener(arm, seed):
+        return CannedEngine(_garbage if (candidate_garbage and arm.name == "candidate") else good)
+
+    contract = tmp_path / "quality.yaml"
+    contract.write_text(GATE_CONTRACT)
+    outcome = run_gate(contract, tmp_path / "r.duckdb", report_dir=tmp_path, open_engine=opener)
+    assert outcome.verdict.decision == decision, [(g, r) for g, r in outcome.results]

@@ -3,6 +3,7 @@ units, chat vs completion vs pre-filled-chat generation, and recording which ite
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -18,6 +19,12 @@ class PromptSpec:
     messages: Optional[list[dict]] = None
     text: Optional[str] = None
     prefill: str = ""
+
+
+def item_seed(seed: int, item_id: str) -> int:
+    """Per-request sampling seed that depends only on (contract seed, item): the same in both arms,
+    in any batch, and after --resume."""
+    return (seed * 1_000_003 + int(hashlib.sha256(item_id.encode()).hexdigest()[:8], 16)) % (2 ** 31)
 
 
 def chunk_units(num_items: int, seeds: Sequence[int], chunk: int) -> list[Unit]:
@@ -72,9 +79,10 @@ def generate(engine: Any, specs: Sequence[PromptSpec], params: list) -> tuple[li
     return outputs, replies, modes, sent
 
 
-def record_subset(sink: Any, workload: Any, dataset: Any, chosen_ids: Sequence[str]) -> None:
-    """Store which items were scored (subset spec, count, hash of ids, dataset pin) once per arm."""
+def record_subset(sink: Any, workload: Any, dataset: Any, chosen_ids: Sequence[str], seed: Optional[int] = None) -> None:
+    """Store which items were scored (subset spec, count, hash of ids, dataset pin), once per seed."""
     rec = subset_record(getattr(workload, "subset", None), list(chosen_ids))
     tags = {**rec, "dataset": getattr(dataset, "name", None), "dataset_sha256": getattr(dataset, "sha256", None),
             "dataset_origin": getattr(dataset, "origin", None)}
-    sink.metric(Metric(name="task_items", value=float(len(chosen_ids)), unit="items", key="subset", tags=tags))
+    sink.metric(Metric(name="task_items", value=float(len(chosen_ids)), unit="items", key=f"subset/seed={seed}",
+                       seed=seed, tags=tags))

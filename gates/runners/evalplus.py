@@ -16,7 +16,7 @@ from pydantic import Field
 
 from onecat.gates.contract import SamplingSpec
 from onecat.gates.registry import register_runner
-from onecat.gates.runners._task_helpers import PromptSpec, chunk_units, generate, record_subset
+from onecat.gates.runners._task_helpers import PromptSpec, item_seed, chunk_units, generate, record_subset
 from onecat.gates.runners.base import ItemOutcome, Metric, Runner, TaskWorkload, Unit, request_record, to_sampling_params
 from onecat.gates.tasks import evalplus_data
 from onecat.gates.tasks.code_extract import extract_code
@@ -52,7 +52,7 @@ class _EvalPlusRunner(Runner):
 
     def run_unit(self, engine: Any, workload: Any, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
         ds, problems = self._load(workload, sink)
-        record_subset(sink, workload, ds, [p.task_id for p in problems])
+        record_subset(sink, workload, ds, [p.task_id for p in problems], unit.seed)
         cache = ReferenceCache(ds.sha256)
         for sub in chunk_units(len(problems), [unit.seed], workload.chunk):
             p = dict(sub.params)
@@ -74,7 +74,7 @@ class _EvalPlusRunner(Runner):
         else:
             specs = [PromptSpec(messages=evalplus_data.chat_messages(p), prefill=evalplus_data.chat_response_prefix())
                      for p in todo]
-        params = [to_sampling_params(sampling, seed=seed * 100_003 + i, **overrides) for i in range(len(todo))]
+        params = [to_sampling_params(sampling, seed=item_seed(seed, p.task_id), **overrides) for p in todo]
         outs, replies, modes, sent = generate(engine, specs, params)
         extracted = [extract_code(r, p.entry_point, p.prompt, completion_style=completion)
                      for p, r in zip(todo, replies)]

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from onecat.gates.contract import SamplingSpec
 from onecat.gates.registry import register_runner
-from onecat.gates.runners._task_helpers import PromptSpec, chunk_units, generate, record_subset
+from onecat.gates.runners._task_helpers import PromptSpec, item_seed, chunk_units, generate, record_subset
 from onecat.gates.runners.base import ItemOutcome, Runner, TaskWorkload, Unit, request_record, to_sampling_params
 from onecat.gates.tasks import gsm8k
 from onecat.gates.tasks.subset import TaskSubset, select
@@ -39,7 +39,7 @@ class Gsm8k(Runner):
 
     def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
         ds, items = self._items(workload, sink)
-        record_subset(sink, workload, ds, [i.item_id for i in items])
+        record_subset(sink, workload, ds, [i.item_id for i in items], unit.seed)
         for sub in chunk_units(len(items), [unit.seed], workload.chunk):
             p = dict(sub.params)
             self._run_chunk(engine, workload, sampling, unit.seed, items[p["start"]:p["start"] + p["count"]], sink)
@@ -57,7 +57,7 @@ class Gsm8k(Runner):
             specs = [PromptSpec(text=gsm8k.completion_prompt(it, workload.n_shot)) for it in todo]
         else:
             specs = [PromptSpec(messages=gsm8k.chat_messages(it)) for it in todo]
-        params = [to_sampling_params(sampling, seed=seed * 100_003 + i, **overrides) for i in range(len(todo))]
+        params = [to_sampling_params(sampling, seed=item_seed(seed, it.item_id), **overrides) for it in todo]
         outs, replies, modes, sent = generate(engine, specs, params)
         for it, out, reply, mode, prompt in zip(todo, outs, replies, modes, sent):
             key = f"{it.item_id}/seed={seed}"

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
 from onecat.gates.registry import register_runner
-from onecat.gates.runners._task_helpers import PromptSpec, generate
+from onecat.gates.runners._task_helpers import PromptSpec, item_seed, generate
 from onecat.gates.runners.base import ItemOutcome, Metric, Runner, Unit, request_record, to_sampling_params
 from onecat.gates.tasks import structured
 
@@ -43,7 +43,7 @@ class StructuredOutput(Runner):
         todo = [t for t in tasks if not sink.is_done(f"{t.task_id}/seed={seed}")]
         if todo:
             overrides = {"max_tokens": workload.max_tokens} if workload.max_tokens else {}
-            params = [to_sampling_params(sampling, seed=seed * 100_003 + i, **overrides) for i in range(len(todo))]
+            params = [to_sampling_params(sampling, seed=item_seed(seed, t.task_id), **overrides) for t in todo]
             outs, replies, modes, sent = generate(engine, [PromptSpec(messages=t.messages()) for t in todo], params)
             for t, out, reply, prompt in zip(todo, outs, replies, sent):
                 key = f"{t.task_id}/seed={seed}"

@@ -10,6 +10,20 @@ Containment, in the order the kernel enforces it (see launcher.py for the proces
   * rlimits: CPU, address space, processes, file size, open files, no core dumps;
   * a minimal environment: never the harness's variables;
   * inside the interpreter, EvalPlus's reliability guard and a blocked socket layer.
+
+Why this combination (probed where the harness runs as root in a VM, kernel 6.x, 2 cores):
+RLIMIT_NPROC alone does not stop a root fork bomb (root bypasses it), so the program gets its own
+uid; `unshare` of pid/net/mount namespaces succeeds there, which gives a kill-everything-on-exit
+pid namespace, a network with no route out, and private /tmp and /proc (the harness's
+/proc/<pid>/environ is not even visible). A writable cgroup-v1 pids controller was also present,
+but cgroups are not portable (v2 needs delegation) and the per-uid NPROC limit already caps the
+process count. The venv's interpreter lived under /root (mode 0700), unreadable to the sandbox
+uid, so the interpreter is chosen by probing (`sandbox_python`): the first python3 that starts as
+the sandbox uid, e.g. /usr/bin/python3 (override with ONECAT_SANDBOX_PYTHON). Where namespaces
+are refused (unprivileged containers) the run records that and falls back to uid + rlimits +
+guard (+ a kill of every process of the sandbox uid); as a non-root user there is no uid switch,
+and RLIMIT_NPROC counts the user's own processes, so it is set to current + max_processes.
+Each run's `mechanisms` lists what was actually applied.
 """
 
 from __future__ import annotations
