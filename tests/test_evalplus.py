@@ -202,3 +202,16 @@ def test_prompts_follow_evalplus(problems):
     assert chat_response_prefix().endswith("```python\n")
     assert completion_prompt(p) == p.prompt
     assert mb["Mbpp/2"].base_input[0] == [(3, 4, 5, 6), (5, 7, 4, 10)]  # deserialized to tuples
+
+
+def test_huge_results_cross_as_digests():
+    big = [(i, str(i)) for i in range(20_000)]
+    enc = pyvalues.decode_value(pyvalues.encode_result(big))
+    assert isinstance(enc, pyvalues.Digest) and enc.length == 20_000
+    assert enc == pyvalues.decode_value(pyvalues.encode_result(list(big)))
+    assert enc != pyvalues.decode_value(pyvalues.encode_result(big[:-1] + [(0, "x")]))
+    assert enc != pyvalues.decode_value(pyvalues.encode_result(tuple(big)))  # list vs tuple still differ
+    s = "ab" * 60_000
+    assert pyvalues.decode_value(pyvalues.encode_result(s)) == pyvalues.decode_value(pyvalues.encode_result("ab" * 60_000))
+    floats = [0.5] * 20_000  # floats keep their values (tolerance comparison needs them)
+    assert pyvalues.decode_value(pyvalues.encode_result(floats)) == floats

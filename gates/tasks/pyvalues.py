@@ -10,6 +10,7 @@ import json
 import math
 
 _BIG_INT_DIGITS = 4000  # decimal conversion of larger ints is refused by CPython's default limit
+DIGEST_MIN_CHARS = 100_000  # a string result this long crosses as a digest
 DIGEST_MIN_ITEMS = 10_000  # a float-free list/tuple result this long crosses as a digest, not as data
 
 
@@ -56,8 +57,12 @@ class Digest:
 
 
 def encode_result(value):
-    """encode_value, except that very long lists/tuples become a Digest (keeps memory and time flat)."""
+    """encode_value, except that very long lists/tuples/strings become a Digest (memory, time flat)."""
     kind = type(value)
+    if kind is str and len(value) >= DIGEST_MIN_CHARS:
+        import hashlib
+        return {"__digest__": "str", "n": len(value),
+                "sha256": hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()}
     if ((kind is list or kind is tuple) and len(value) >= DIGEST_MIN_ITEMS
             and not any(type(x) is float for x in value[:1000])):  # floats keep their tolerance
         import hashlib
