@@ -17,6 +17,7 @@ import os
 import resource
 import signal
 import sys
+import time
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -24,7 +25,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -109,20 +110,63 @@ def _exec_program(cfg: dict) -> None:
     os._exit(125)
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (ppid is the field after the parenthesised name)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    kids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return kids
+
+
+def _sweep_descendants() -> None:
+    """Kill every remaining descendant. As a child subreaper, init inherits every orphan (even one
+    that called setsid), so killing direct children until none is left gets all of them."""
+    me = os.getpid()
+    for _ in range(10_000):
+        kids = _children(me)
+        if not kids:
+            break
+        for kid in kids:
+            try:
+                os.kill(kid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for kid in kids:
+            try:
+                os.waitpid(kid, 0)
+            except ChildProcessError:
+                pass
+
+
 def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pid: int) -> None:
-    """pid 1 of the namespace: start the program, reap everything, report how the program ended."""
+    """Start the program, enforce the wall deadline, reap everything, report how the program ended.
+
+    In a pid namespace this is pid 1 and its exit kills whatever is left; without one it is a child
+    subreaper that kills the leftovers itself.
+    """
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if "pidns" not in applied and os.getppid() != launcher_pid:
         os._exit(1)  # the launcher died before PDEATHSIG was armed
+    if "pidns" not in applied and _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+        applied.append("subreaper")
     _private_mounts(cfg, applied, notes)
+    deadline = time.monotonic() + cfg["limits"]["wall_s"]
     program_pid = os.fork()
     if program_pid == 0:
         os.close(status_fd)
         _exec_program(cfg)
     status = {"mechanisms": applied, "notes": notes}
+    pause = 0.001
     while True:
         try:
-            pid, wstatus, usage = os.wait4(-1, 0)
+            pid, wstatus, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             break
         if pid == program_pid:
@@ -133,6 +177,14 @@ def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pi
             status["cpu_s"] = usage.ru_utime + usage.ru_stime
             status["max_rss_kb"] = usage.ru_maxrss
             break
+        if pid == 0:
+            if time.monotonic() > deadline and not status.get("timed_out"):
+                status["timed_out"] = True
+                os.kill(program_pid, signal.SIGKILL)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+    if "pidns" not in applied:
+        _sweep_descendants()
     os.write(status_fd, json.dumps(status).encode())
     os.close(status_fd)
     os._exit(0)  # in a pid namespace this kills whatever the program left behind

@@ -122,19 +122,18 @@ def _minimal_env(scratch: str) -> dict[str, str]:
 
 
 def _drain(stream, cap: int, sink: dict, key: str) -> None:
-    chunks, kept, truncated = [], 0, False
+    """Read a pipe to EOF keeping at most `cap` bytes; what was read is visible even mid-way."""
+    state = sink[key] = {"chunks": [], "kept": 0, "truncated": False}
     while True:
         data = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
         if not data:
             break
-        if kept < cap:
-            take = data[: cap - kept]
-            chunks.append(take)
-            kept += len(take)
-            truncated |= len(take) < len(data)
-        else:
-            truncated = True
-    sink[key] = (b"".join(chunks), truncated)
+        room = cap - state["kept"]
+        if room > 0:
+            state["chunks"].append(data[:room])
+            state["kept"] += min(room, len(data))
+        if len(data) > room:
+            state["truncated"] = True
 
 
 def _kill_group(pgid: int) -> None:
@@ -198,8 +197,8 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
         except BrokenPipeError:
             pass
         timed_out = False
-        try:
-            proc.wait(timeout=limits.wall_s)
+        try:  # the launcher enforces wall_s itself; this is the backstop if it cannot
+            proc.wait(timeout=limits.wall_s + 5.0)
         except subprocess.TimeoutExpired:
             timed_out = True
         wall = time.monotonic() - start
@@ -210,8 +209,9 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             _kill_uid(uid)
         for t in readers:
             t.join(timeout=5)
-        out, out_trunc = sink.get("out", (b"", False))
-        err, err_trunc = sink.get("err", (b"", False))
+        out, out_trunc = _collected(sink, "out")
+        err, err_trunc = _collected(sink, "err")
+        timed_out = timed_out or bool(status.get("timed_out"))
         return SandboxResult(
             exit_code=None if timed_out else status.get("exit_code"),
             signal=None if timed_out else status.get("signal"),
@@ -228,6 +228,11 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             os.close(status_w)
         os.close(status_r)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _collected(sink: dict, key: str) -> tuple[bytes, bool]:
+    state = dict(sink.get(key) or {"chunks": [], "truncated": False})
+    return b"".join(list(state["chunks"])), bool(state["truncated"])
 
 
 def _read_status(fd: int) -> dict:
