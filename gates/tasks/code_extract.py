@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from dataclasses import dataclass
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -35,7 +36,9 @@ def parse_prefix(code: str) -> tuple[ast.Module | None, str, int]:
     for drop in range(0, len(lines) + 1):
         candidate = "\n".join(lines[: len(lines) - drop])
         try:
-            return ast.parse(candidate), candidate, drop
+            with warnings.catch_warnings():  # e.g. invalid escapes in the model's code are not ours to report
+                warnings.simplefilter("ignore")
+                return ast.parse(candidate), candidate, drop
         except (SyntaxError, ValueError):
             if drop > 200:
                 break
