@@ -30,15 +30,19 @@ def code_blocks(text: str) -> list[tuple[str, str, bool]]:
     return blocks
 
 
+def _parse(code: str) -> ast.Module:
+    with warnings.catch_warnings():  # e.g. invalid escapes in the model's code are not ours to report
+        warnings.simplefilter("ignore")
+        return ast.parse(code)
+
+
 def parse_prefix(code: str) -> tuple[ast.Module | None, str, int]:
     """Parse `code`, dropping trailing lines until it parses (a length-capped reply ends mid-line)."""
     lines = code.splitlines()
     for drop in range(0, len(lines) + 1):
         candidate = "\n".join(lines[: len(lines) - drop])
         try:
-            with warnings.catch_warnings():  # e.g. invalid escapes in the model's code are not ours to report
-                warnings.simplefilter("ignore")
-                return ast.parse(candidate), candidate, drop
+            return _parse(candidate), candidate, drop
         except (SyntaxError, ValueError):
             if drop > 200:
                 break
@@ -61,7 +65,7 @@ def _used_names(node: ast.AST) -> set[str]:
 
 def sanitize(code: str, entry_point: str) -> tuple[str, bool]:
     """Keep imports and the top-level definitions the entry point reaches; (code, entry found)."""
-    tree = ast.parse(code)
+    tree = _parse(code)
     lines = code.splitlines()
     defs: dict[str, list[ast.stmt]] = {}
     keep_always: list[ast.stmt] = []
