@@ -7,7 +7,7 @@ Follows EvalPlus (evalplus/evaluate.py, evalplus/eval/__init__.py):
   * output comparison: ==, the MBPP/HumanEval special oracles, float tolerance via np.allclose
     (rtol 1e-7, atol from the task, 1e-6 once a float output was seen and the task's atol is 0);
   * pass@1 base = all base inputs pass; plus pass = base pass and all plus inputs pass.
-Reference outputs are cached under .onecat/cache/evalplus/<dataset sha256>/.
+Reference outputs are cached under .onecat/cache/evalplus/<dataset sha256>/<evaluator fingerprint>/.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -174,12 +175,20 @@ def compute_reference(problem: Problem) -> Reference:
     return Reference(problem.task_id, outputs, times, error)
 
 
+@lru_cache(maxsize=1)
+def _evaluator_fingerprint() -> str:
+    """Cached outputs are only valid for the same driver/codec and sandbox interpreter."""
+    from onecat.gates.sandbox.run import sandbox_python
+
+    return hashlib.sha256((driver_program() + "\0" + sandbox_python()).encode()).hexdigest()[:16]
+
+
 class ReferenceCache:
     """Reference outputs per task, computed once per dataset file (keyed by its sha256)."""
 
     def __init__(self, dataset_sha256: str, root: str | Path | None = None):
         base = Path(root) if root else Path(os.environ.get("ONECAT_CACHE_DIR", Path(".onecat") / "cache"))
-        self.dir = base / "evalplus" / dataset_sha256
+        self.dir = base / "evalplus" / dataset_sha256 / _evaluator_fingerprint()
         self._mem: dict[str, Reference] = {}
 
     def _path(self, task_id: str) -> Path:
