@@ -85,3 +85,18 @@ def test_full_test_set_reference_answers_score_correct():
         answer = json.loads(row)["answer"]
         s = gsm8k.score(answer, item)  # the reference solution itself, in GSM8K's own format
         assert s.strict_correct and s.flexible_correct, item
+
+
+def test_packaged_sample_parses_when_installed():
+    from onecat.gates.datasets import DatasetError, resolve_dataset
+
+    try:
+        ds = resolve_dataset("gsm8k_sample")
+    except DatasetError as exc:
+        pytest.skip(f"gsm8k_sample not available: {exc}")
+    import json
+    rows = [json.loads(line) for line in ds.read_text().splitlines() if line.strip()]
+    items = gsm8k.parse_items(ds.read_text())
+    assert len(items) == 100 and items[0].item_id == rows[0]["id"]
+    for item, row in zip(items, rows):
+        assert gsm8k.score(f"{row.get('upstream_answer', '')}\n#### {row['expected']}", item).strict_correct
