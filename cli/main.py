@@ -90,6 +90,8 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
         name = gate.id + (" (informative)" if gate.informative else "")
         table.add_row(name, f"[{colors[res.status]}]{res.status.upper()}[/]", res.summary)
     console.print(table)
+    for w in outcome.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
     color = {"PROMOTE": "green", "ROLLBACK": "red"}.get(outcome.verdict.decision, "yellow")
     console.print(f"[bold {color}]{outcome.verdict.decision}[/] — {outcome.verdict.reason}")
     console.print(f"report: {outcome.report_path}  (run {outcome.run_id}, {outcome.wall_s:.1f}s, "

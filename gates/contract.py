@@ -466,10 +466,29 @@ def parse_contract(data: Any, source: str = "<contract>", lines: dict[tuple, int
                 issues += _issues_from(exc, data, lines, (section, i), schema)
     if contract is not None and not issues:
         contract = contract.model_copy(update={"workloads": typed_w, "gates": typed_g})
+        issues += _arm_issues(contract, data, lines)
+    if contract is not None and not issues:
         issues += _cross_checks(contract, lines)
     if issues:
         raise ContractError(source, _dedupe(issues))
     return contract
+
+
+def _arm_issues(c: Contract, data: dict, lines: dict[tuple, int]) -> list[ContractIssue]:
+    """Overrides are checked field by field on their own; the merged settings must validate too
+    (e.g. bounds such as max_num_seqs >= 1 apply to the effective value)."""
+    issues: list[ContractIssue] = []
+    for a in ARM_NAMES:
+        over: ArmSpec = getattr(c.arms, a)
+        for section, spec, base in (("model", ModelSpec, c.model), ("engine", EngineSpec, c.engine)):
+            part = getattr(over, section)
+            if part is None:
+                continue
+            try:
+                spec.model_validate({**base.model_dump(), **part.model_dump(exclude_none=True)})
+            except ValidationError as exc:
+                issues += _issues_from(exc, data, lines, ("arms", a, section), spec)
+    return issues
 
 
 def _cross_checks(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:

@@ -64,6 +64,7 @@ class GateOutcome:
     wall_s: float
     steps_run: int = 0
     steps_skipped: int = 0
+    warnings: list = dataclasses.field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- preflight
@@ -200,7 +201,6 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
     """Run a contract end to end; see the module docstring. `resume`: True (latest unfinished run of this
     contract) or a run id. Raises ContractError, PreflightError, ResumeError, or the engine's errors."""
     from onecat.gates.engines.base import open_engine as default_open
-    from onecat.gates import checks as _checks  # noqa: F401
     from onecat.reports.markdown import write_report
 
     t0 = time.perf_counter()
@@ -210,7 +210,8 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
     arms, datasets = preflight(contract)
     store = Store(db)
     try:
-        run_id = _open_run(store, contract, str(contract_path), arms, datasets, resume)
+        warnings: list[str] = []
+        run_id = _open_run(store, contract, str(contract_path), arms, datasets, resume, warnings)
         steps = build_schedule(contract)
         done = store.done_units(run_id)
         todo = [s for s in steps if (s.arm, s.workload_id, s.unit.key) not in done]
@@ -253,13 +254,13 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
         store.set_status(run_id, "complete")
         report = write_report(store, run_id, report_dir)
         return GateOutcome(run_id, verdict, results, report, time.perf_counter() - t0, len(todo),
-                           len(steps) - len(todo))
+                           len(steps) - len(todo), warnings)
     finally:
         store.close()
 
 
 def _open_run(store: Store, contract: Contract, path: str, arms: dict[str, ArmSettings],
-              datasets: dict[str, ResolvedDataset], resume: bool | str) -> str:
+              datasets: dict[str, ResolvedDataset], resume: bool | str, warnings: list[str]) -> str:
     if resume:
         run_id = store.latest_unfinished(contract.fingerprint) if resume is True else store.resolve_run_id(str(resume))
         if run_id is None:
@@ -272,11 +273,13 @@ def _open_run(store: Store, contract: Contract, path: str, arms: dict[str, ArmSe
                               "changed, start a new run")
         if row["status"] == "complete":
             raise ResumeError(f"--resume: run {run_id} is already complete")
+        now = git_revision(REPO_ROOT)
+        if "unknown" not in (now, row["harness_revision"]) and now.split("-")[0] != row["harness_revision"].split("-")[0]:
+            warnings.append(f"run {run_id} was started at revision {row['harness_revision']} and resumed at {now}: "
+                            "its rows may come from two code versions (start a new run for a clean comparison)")
         store.set_status(run_id, "running")
         return run_id
     run_id = new_run_id(contract)
-    from onecat import gates as _g  # noqa: F401
-
     store.create_run(run_id, contract, path, arms, {n: d.sha256 for n, d in datasets.items()}, engine_revision(),
                      git_revision(REPO_ROOT), _version())
     return run_id

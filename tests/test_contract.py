@@ -81,6 +81,13 @@ def test_bad_value_lists_allowed_values(tmp_path):
     assert "'fp8_e4m3'" in msg and "got 'fp8'" in msg
 
 
+def test_override_values_obey_the_shared_bounds(tmp_path):
+    issues, msg = issues_of(tmp_path, MINIMAL.replace("engine: {kv_cache_dtype: fp8_e5m2}",
+                                                      "engine: {kv_cache_dtype: fp8_e5m2, max_num_seqs: 0}"))
+    assert [(i.path, i.line) for i in issues] == [("arms.candidate.engine.max_num_seqs", 5)]
+    assert "greater than or equal to 1" in msg
+
+
 def test_workload_schema_errors_are_located(tmp_path):
     issues, msg = issues_of(tmp_path, MINIMAL.replace("segments: 2", "segmnts: 2"))
     paths = {i.path for i in issues}

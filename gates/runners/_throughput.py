@@ -60,9 +60,10 @@ class ThroughputRunner(Runner):
         bs = dict(unit.params)["batch_size"]
         warm_key = (id(engine), workload.id, bs)
         if warm_key not in self._warm:
-            for w in range(workload.warmup):
-                engine.generate(synthetic_prompts(engine, bs, workload.input_len, 10_000 + w),
-                                [self._params(workload, sampling, unit.seed)] * bs)
+            warm = to_sampling_params(sampling, seed=unit.seed, max_tokens=min(2, self.output_len(workload)),
+                                      ignore_eos=True, stop=None)
+            for w in range(workload.warmup):  # full prompt shapes, few tokens: warms kernels and allocator
+                engine.generate(synthetic_prompts(engine, bs, workload.input_len, 10_000 + w), [warm] * bs)
             self._warm.add(warm_key)
         # same prompts for both arms and every repeat of a batch size (fresh ids per batch size)
         prompts = synthetic_prompts(engine, bs, workload.input_len, seed=1000 * bs + (unit.seed or 0))

@@ -16,15 +16,15 @@ from onecat.gates.contract import SamplingSpec, WorkloadBase
 from onecat.gates.registry import register_runner
 from onecat.gates.runners.base import Runner, Unit, request_record, to_sampling_params
 
-DEFAULT_PROMPTS = (
-    "What is the capital of France? Answer in one sentence.",
-    "Name three primary colors.",
+DEFAULT_PROMPTS = (  # short-answer questions, so small models stop on their own well under the cap
     "What is 12 plus 30? Reply with the number only.",
+    "Which planet is known as the Red Planet? Answer in a few words.",
+    "How many days are in a week? Reply with the number only.",
+    "What is the capital of France? Answer in one word.",
+    "Give one synonym for 'happy'. Reply with one word.",
+    "Translate 'thank you' into Spanish. Reply with the translation only.",
+    "Name three primary colors.",
     "Write one short sentence about the sea.",
-    "Which planet is known as the Red Planet?",
-    "Give a synonym for 'happy'.",
-    "How many days are in a week?",
-    "Translate 'thank you' into Spanish.",
 )
 
 
