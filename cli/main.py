@@ -233,6 +233,16 @@ def report(run: Optional[str] = typer.Argument(None, help="run id or prefix (def
 
 
 # --------------------------------------------------------------------------- sub-apps from sibling modules
+def _add_broken(name: str, exc: Exception) -> None:
+    broken = typer.Typer(help=f"(unavailable: {type(exc).__name__}: {exc})")
+
+    @broken.callback(invoke_without_command=True)
+    def _unavailable() -> None:
+        raise _fail(f"`onecat {name}` failed to load: {type(exc).__name__}: {exc}", EXIT_RUNTIME)
+
+    app.add_typer(broken, name=name)
+
+
 def _add_optional_subapps() -> None:
     """`onecat bench|serve|kernels` live in cli/bench.py, cli/serve.py, cli/kernels.py when present."""
     for name in ("bench", "serve", "kernels"):
@@ -241,7 +251,11 @@ def _add_optional_subapps() -> None:
         except ModuleNotFoundError as exc:
             if exc.name == f"onecat.cli.{name}":
                 continue
-            raise
+            _add_broken(name, exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a broken sibling must not take `gate run` down
+            _add_broken(name, exc)
+            continue
         sub = getattr(module, "app", None)
         if isinstance(sub, typer.Typer):
             app.add_typer(sub, name=name)

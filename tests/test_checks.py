@@ -193,3 +193,25 @@ def test_verdict_rule():
     assert decide([g, g], [unsure, bad]).decision == "ROLLBACK"
     assert decide([g, info], [ok, bad]).decision == "PROMOTE"  # informative gates never decide
     assert EXIT_CODES == {"PROMOTE": 0, "ROLLBACK": 1, "INCONCLUSIVE": 3}
+
+
+def test_generation_health_fields():
+    from onecat.engine.outputs import RequestOutput
+    from onecat.gates.health import LOOP_MIN_TOKENS, generation_health, max_repeat_run
+
+    assert max_repeat_run([1, 2, 3, 4, 5]) == 0
+    assert max_repeat_run([7, 7, 7, 7]) == 4
+    assert max_repeat_run([1, 5, 6, 5, 6, 5, 6, 9]) == 6  # "5 6" three times
+    loop = RequestOutput("r", None, [1], [3, 4] * LOOP_MIN_TOKENS, "ab\ufffd", "length")
+    h = generation_health(loop)
+    assert h["capped"] and not h["natural_stop"] and h["repetition_loop"] and h["replacement_chars"] == 1
+    ok = RequestOutput("r", None, [1], [5, 6, 2], "", "stop")
+
+    class Tok:
+        def decode(self, ids):
+            return "hi"
+
+    h2 = generation_health(ok, Tok())
+    assert h2["natural_stop"] and not h2["repetition_loop"] and h2["text_sha256"] == generation_health(
+        RequestOutput("r", None, [9], [5, 6, 2], "hi", "stop"))["text_sha256"]
+    assert h2["token_sha256"] != h["token_sha256"]

@@ -64,6 +64,7 @@ class OnecatEngine(EngineAdapter):
         if arm.model.revision:
             kwargs["revision"] = arm.model.revision
         kwargs.update(e.options)
+        self.model_sha256 = _weights_sha256(arm)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.tokenizer
         self.vocab_size = self._vocab_size()
@@ -94,12 +95,38 @@ class OnecatEngine(EngineAdapter):
 
     def info(self) -> dict:
         try:
-            return dict(self.llm.info())
+            info = dict(self.llm.info())
         except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
-            return {"info_error": f"{type(exc).__name__}: {exc}"}
+            info = {"info_error": f"{type(exc).__name__}: {exc}"}
+        if "model_sha256" not in info and self.model_sha256:
+            info["model_sha256"] = self.model_sha256
+        return info
 
     def close(self) -> None:
         self.llm.close()
+
+
+_HASHES: dict[tuple, str] = {}
+HASH_LIMIT_BYTES = 4 << 30  # hash weights up to this size when recording a run (bigger: pin via model.sha256)
+
+
+def _weights_sha256(arm: ArmSettings) -> str | None:
+    """sha256 of the target weights, checked against the contract's model.sha256 pin when given."""
+    from onecat.engine.model_source import resolve_model_source
+    from onecat.gates.engines.base import EngineUnavailableError
+
+    resolved = resolve_model_source(arm.model.source, arm.model.revision)
+    files = [resolved.path] if resolved.format == "gguf" else list(resolved.path.glob("*.safetensors"))
+    if arm.model.sha256 is None and sum(f.stat().st_size for f in files) > HASH_LIMIT_BYTES:
+        return None
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if key not in _HASHES:  # both arms usually share the weights: hash once per process
+        _HASHES[key] = resolved.sha256()
+    digest = _HASHES[key]
+    if arm.model.sha256 is not None and digest != arm.model.sha256:
+        raise EngineUnavailableError(f"arm {arm.name}: model {arm.model.source} has sha256 {digest}, the contract "
+                                     f"pins {arm.model.sha256}; refusing to measure different weights")
+    return digest
 
 
 def _cuda_count() -> int:
