@@ -35,8 +35,8 @@ class ModelRunner:
             seq = s.seq
             start = seq.num_computed_tokens
             n = s.num_new_tokens + s.num_lookahead
-            toks = seq.token_ids[start:start + n]
-            ids.extend(toks)
+            ids.extend(seq.token_ids[start:start + s.num_new_tokens])
+            ids.extend(seq.draft_tokens[:s.num_lookahead])
             table = seq.block_table
             for p in range(start, start + n):
                 pos.append(p)

@@ -21,7 +21,7 @@ class Sequence:
                  "num_computed_tokens", "block_table", "block_hashes", "num_cached_tokens", "generator",
                  "finish_reason", "stop_reason", "logprobs", "prompt_logprobs", "arrival_time",
                  "first_scheduled_time", "first_token_time", "finish_time", "text", "spec", "num_preemptions",
-                 "add_special_tokens")
+                 "draft_tokens", "draft_probs")
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
                  generator: torch.Generator | None):
@@ -47,6 +47,8 @@ class Sequence:
         self.text = ""
         self.spec = SpecDecodeCounts()
         self.num_preemptions = 0
+        self.draft_tokens: list[int] = []  # speculative proposal awaiting verification
+        self.draft_probs = None  # [k, V] proposer distribution for sampled verification (None: point mass)
 
     @property
     def num_tokens(self) -> int:
