@@ -1,0 +1,275 @@
+"""The engine thread: the only place that touches the LLM, fed by a thread-safe command queue.
+
+HTTP handlers (asyncio) call `submit()` / `abort()`; the thread adds requests, steps the engine,
+and pushes each request's RequestOutput snapshots back onto the handler's asyncio.Queue through
+`loop.call_soon_threadsafe`. A request's queue gets a final output with `finished=True` (or an
+`EngineRequestError`) exactly once. An exception inside `engine.step()` fails the requests of
+that step and the engine keeps serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger("onecat.server")
+
+
+class QueueFullError(RuntimeError):
+    """More requests in flight than max_num_seqs + max_queue_len: answered with HTTP 503."""
+
+
+class RequestRejected(ValueError):
+    """The engine refused the request up front (prompt too long, bad token ids): HTTP 400."""
+
+
+class EngineRequestError(RuntimeError):
+    """The engine failed while running this request (the server stays up)."""
+
+
+@dataclass
+class _Stream:
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    on_added: Callable[[Any], None] | None = None  # called in the engine thread with the Sequence
+    last_token_time: float | None = None
+    num_tokens_seen: int = 0
+    done: bool = False
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.request_id, item))
+
+
+@dataclass
+class _Add:
+    stream: _Stream
+    prompt: Any
+    params: Any
+    add_special_tokens: bool
+    accepted: asyncio.Future
+    submit_time: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class AsyncEngine:
+    """Owns `llm` on a dedicated thread; safe to call from any asyncio loop."""
+
+    def __init__(self, llm: Any, *, max_queue_len: int = 1024, metrics: Any = None):
+        self.llm = llm
+        self.engine = llm.engine
+        self.max_in_flight = llm.cfg.max_num_seqs + max_queue_len
+        self.metrics = metrics
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, _Stream] = {}
+        self._in_flight = 0  # submitted and not yet finished (guarded by the GIL + _lock)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="onecat-engine", daemon=True)
+        self._thread.start()
+
+    # ---- handler side (event loop) ------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._in_flight
+
+    async def submit(self, request_id: str, prompt: Any, params: Any, *, add_special_tokens: bool = True,
+                     on_added: Callable[[Any], None] | None = None,
+                     out_queue: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Queue one engine request; returns the queue its `(request_id, output)` pairs arrive on
+        (`out_queue` lets several requests of one HTTP call share a queue).
+
+        Raises QueueFullError (503) or RequestRejected (400) before anything is generated.
+        """
+        with self._lock:
+            if self._in_flight >= self.max_in_flight:
+                raise QueueFullError(f"the server has {self._in_flight} requests in flight (limit "
+                                     f"{self.max_in_flight} = max_num_seqs + max_queue_len); retry later")
+            self._in_flight += 1
+        loop = asyncio.get_running_loop()
+        stream = _Stream(request_id, loop, out_queue if out_queue is not None else asyncio.Queue(), on_added)
+        fut = loop.create_future()
+        self._commands.put(_Add(stream, prompt, params, add_special_tokens, fut))
+        try:
+            await fut
+        except BaseException:
+            # a rejected request never started; a cancelled handler must not leak its slot
+            if not fut.done() or fut.cancelled():
+                self.abort(request_id)
+            raise
+        return stream.queue
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (client went away); its KV blocks are freed by the engine thread."""
+        self._commands.put(_Abort(request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    def run_sync(self, fn: Callable[[Any], Any], timeout: float = 60.0) -> Any:
+        """Run fn(llm) on the engine thread (for tests and introspection) and return its result."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def job(llm):
+            try:
+                box["value"] = fn(llm)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                box["error"] = exc
+            done.set()
+
+        self._commands.put(job)
+        if not done.wait(timeout):
+            raise TimeoutError("engine thread did not answer")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    # ---- engine thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            block = not self.engine.has_unfinished()
+            try:
+                self._drain(block)
+            except Exception:  # noqa: BLE001 - a command must never kill the engine thread
+                log.exception("engine command failed")
+            if self._stop.is_set():
+                break
+            if not self.engine.has_unfinished():
+                continue
+            try:
+                touched = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
+                self._fail_all_running(self.last_error)
+                continue
+            now = time.perf_counter()
+            for seq in touched:
+                self._publish(seq, now)
+            if self.metrics is not None:
+                self.metrics.observe_engine(self.engine)
+
+    def _drain(self, block: bool) -> None:
+        first = True
+        while True:
+            try:
+                cmd = self._commands.get(block=block and first, timeout=0.5 if block and first else None)
+            except queue.Empty:
+                return
+            first = False
+            if cmd is None:
+                return
+            if isinstance(cmd, _Add):
+                self._add(cmd)
+            elif isinstance(cmd, _Abort):
+                self._abort(cmd.request_id)
+            else:
+                cmd(self.llm)
+
+    def _add(self, cmd: _Add) -> None:
+        stream = cmd.stream
+
+        def resolve(exc: BaseException | None) -> None:
+            def set_result():
+                if cmd.accepted.done():
+                    return
+                if exc is None:
+                    cmd.accepted.set_result(True)
+                else:
+                    cmd.accepted.set_exception(exc)
+            stream.loop.call_soon_threadsafe(set_result)
+
+        if stream.request_id in self.engine.seqs or stream.request_id in self._streams:
+            self._release()
+            resolve(RequestRejected(f"request id {stream.request_id!r} is already in use"))
+            return
+        try:
+            seq = self.llm.add_request(cmd.prompt, cmd.params, request_id=stream.request_id,
+                                       add_special_tokens=cmd.add_special_tokens)
+        except Exception as exc:  # noqa: BLE001 - InvalidRequestError and friends -> 400
+            self._release()
+            resolve(RequestRejected(str(exc)))
+            return
+        if seq.is_finished:  # refused by the engine (too long, bad ids): never scheduled
+            self.engine.seqs.pop(stream.request_id, None)
+            self._release()
+            resolve(RequestRejected(str(seq.stop_reason or "the engine refused the request")))
+            return
+        seq.arrival_time = min(seq.arrival_time, cmd.submit_time)
+        if stream.on_added is not None:
+            stream.on_added(seq)
+        self._streams[stream.request_id] = stream
+        resolve(None)
+
+    def _abort(self, request_id: str) -> None:
+        seq = self.engine.seqs.get(request_id)
+        stream = self._streams.get(request_id)
+        if seq is None or stream is None:
+            return
+        if not seq.is_finished:
+            self.engine.abort(request_id)
+        self._publish(seq, time.perf_counter())
+
+    def _publish(self, seq: Any, now: float) -> None:
+        stream = self._streams.get(seq.request_id)
+        if stream is None or stream.done:
+            return
+        n = seq.num_output_tokens
+        if n > stream.num_tokens_seen:
+            if self.metrics is not None and stream.last_token_time is not None:
+                self.metrics.observe_inter_token(now - stream.last_token_time)
+            stream.last_token_time = now
+            stream.num_tokens_seen = n
+        try:
+            out = self.engine.make_output(seq)
+        except Exception as exc:  # noqa: BLE001 - e.g. a decode failure: fail this request only
+            if not seq.is_finished:
+                self.engine.abort(seq.request_id)
+            self._finish(seq, EngineRequestError(f"{type(exc).__name__}: {exc}"))
+            return
+        if out.finished:
+            self._finish(seq, out)
+        else:
+            stream.put(out)
+
+    def _finish(self, seq: Any, final: Any) -> None:
+        stream = self._streams.pop(seq.request_id)
+        stream.done = True
+        self.engine.seqs.pop(seq.request_id, None)
+        self._release()
+        if self.metrics is not None and not isinstance(final, BaseException):
+            self.metrics.observe_finished(final)
+        stream.put(final)
+
+    def _fail_all_running(self, message: str) -> None:
+        for rid in list(self._streams):
+            seq = self.engine.seqs.get(rid)
+            if seq is None:
+                continue
+            if not seq.is_finished:
+                try:
+                    self.engine.abort(rid)
+                except Exception:  # noqa: BLE001
+                    log.exception("abort after engine failure failed")
+            self._finish(seq, EngineRequestError(f"the engine failed while running this request: {message}"))
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1

@@ -1,0 +1,57 @@
+"""Starting the server: blocking (`serve`, for the CLI) or on a background thread (tests, benchmarks)."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+from onecat.engine.server.app import ServeConfig, ServerState, build_app
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def serve(config: ServeConfig, log_level: str = "info") -> None:
+    """Load the model, then serve until interrupted."""
+    state = ServerState.create(config)
+    try:
+        uvicorn.run(build_app(state), host=config.host, port=config.port, log_level=log_level,
+                    timeout_graceful_shutdown=5)
+    finally:
+        state.close()
+
+
+@dataclass
+class BackgroundServer:
+    state: ServerState
+    server: uvicorn.Server
+    thread: threading.Thread
+    url: str
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.state.close()
+
+
+def start_in_thread(state: ServerState, host: str = "127.0.0.1", port: int | None = None,
+                    log_level: str = "warning", timeout: float = 30.0) -> BackgroundServer:
+    """Serve `state` on a daemon thread; returns once the socket accepts connections."""
+    port = port or free_port(host)
+    config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="onecat-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.02)
+    return BackgroundServer(state, server, thread, f"http://{host}:{port}")
