@@ -94,8 +94,9 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     color = {"PROMOTE": "green", "ROLLBACK": "red"}.get(outcome.verdict.decision, "yellow")
     console.print(f"[bold {color}]{outcome.verdict.decision}[/] — {outcome.verdict.reason}")
-    console.print(f"report: {outcome.report_path}  (run {outcome.run_id}, {outcome.wall_s:.1f}s, "
-                  f"{outcome.steps_run} units run, {outcome.steps_skipped} resumed)", highlight=False)
+    console.print(f"run {outcome.run_id}: {outcome.wall_s:.1f}s, {outcome.steps_run} units run, "
+                  f"{outcome.steps_skipped} resumed", highlight=False)
+    console.print(f"report: {outcome.report_path}", highlight=False, soft_wrap=True)
     raise typer.Exit(EXIT_CODES[outcome.verdict.decision])
 
 
