@@ -160,3 +160,49 @@ def test_results_cli_list_show_query_export_report(tmp_path):
     res = runner.invoke(app, ["gate", "run", str(strict), "--db", str(db), "--out", str(tmp_path / "rep"),
                               "--no-progress"])
     assert res.exit_code == 1 and "ROLLBACK" in res.output, res.output
+
+
+def _fake_variant(tmp_path, interleave=True):
+    path = gate_fakes.write_fake_contract(tmp_path)
+    text = path.read_text().replace(
+        "workloads:\n", "workloads:\n  - {kind: prefill_throughput, input_len: 24, batch_sizes: [2], repeats: 3, "
+                        "warmup: 0}\n", 1)
+    text = text.replace("gates:\n", "gates:\n  - {check: speedup, workload: prefill_throughput, metric: prefill_tok_s,"
+                                    " min_ratio: 1.5, min_observations: 3, informative: true}\n", 1)
+    if not interleave:
+        text = text.replace("seeds: [0, 1]", "seeds: [0, 1]\nexecution: {interleave: false}")
+    path.write_text(text)
+    return path
+
+
+def test_arm_after_arm_execution_and_prefill_runner(tmp_path):
+    gate_fakes.FakeEngine.opened.clear()
+    outcome = run_gate(_fake_variant(tmp_path, interleave=False), tmp_path / "r.duckdb", report_dir=tmp_path)
+    assert gate_fakes.FakeEngine.opened == ["baseline", "candidate"]
+    s = Store(tmp_path / "r.duckdb")
+    pos = s.query("SELECT arm, max(position), min(position) FROM units WHERE run_id = ? GROUP BY arm ORDER BY arm",
+                  [outcome.run_id])[1]
+    assert pos[0][1] < pos[1][2]  # every baseline unit ran before any candidate unit
+    reps = s.query("SELECT arm, count(*) FROM metrics WHERE run_id = ? AND name = 'prefill_tok_s'"
+                   " AND workload = 'prefill_throughput' GROUP BY arm"
+                   " ORDER BY arm", [outcome.run_id])[1]
+    assert reps == [("baseline", 4), ("candidate", 3)]  # A/B/A: one extra baseline repeat
+    speed = {g.check: r for g, r in outcome.results}["speedup"]
+    assert speed.status == "fail" and speed.statistic["estimate"] == pytest.approx(1.0)  # same fake speed
+    assert outcome.verdict.decision == "PROMOTE"  # the speed gate is informative
+    s.close()
+
+
+def test_resume_refuses_a_changed_contract(tmp_path):
+    path = gate_fakes.write_fake_contract(tmp_path)
+    db = tmp_path / "r.duckdb"
+    contract = load_contract(path)
+    s = Store(db)
+    s.create_run("r-old", contract, str(path), {a: contract.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h",
+                 "0")
+    s.close()
+    path.write_text(path.read_text().replace("max_tokens: 12", "max_tokens: 13"))
+    with pytest.raises(ResumeError, match="no unfinished run"):
+        run_gate(path, db, resume=True, report_dir=tmp_path)
+    with pytest.raises(ResumeError, match="different contract"):
+        run_gate(path, db, resume="r-old", report_dir=tmp_path)
