@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from onecat.engine.server.async_engine import AsyncEngine
 from onecat.engine.server.metrics import ServerMetrics
 from onecat.engine.server.protocol import ChatCompletionRequest, CompletionRequest, error_body
-from onecat.engine.server.serving import ApiError, create_chat_completion, create_completion
+from onecat.engine.server.serving import ApiError, ClientDisconnected, create_chat_completion, create_completion
 
 log = logging.getLogger("onecat.server")
 VERSION = "0.1.0"
@@ -151,21 +151,35 @@ async def _parse(request: Request, model: type) -> Any:
         raise ApiError(400, msg, param=param) from None
 
 
+class _ApiKeyMiddleware:
+    """Plain ASGI (not BaseHTTPMiddleware, which hides client disconnects from handlers)."""
+
+    def __init__(self, app: Any, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        key = self.state.config.api_key
+        if key and scope["type"] == "http" and scope["path"].startswith("/v1"):
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {key}":
+                await _error(401, "missing or wrong API key; send `Authorization: Bearer <key>`")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="onecat OpenAI-compatible server", version=VERSION)
     app.state.onecat = state
 
-    @app.middleware("http")
-    async def api_key(request: Request, call_next):
-        key = state.config.api_key
-        if key and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {key}":
-                return _error(401, "missing or wrong API key; send `Authorization: Bearer <key>`")
-        return await call_next(request)
+    app.add_middleware(_ApiKeyMiddleware, state=state)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError):
         return _error(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(ClientDisconnected)
+    async def disconnected(_: Request, exc: ClientDisconnected):
+        return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):

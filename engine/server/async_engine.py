@@ -43,7 +43,10 @@ class _Stream:
     done: bool = False
 
     def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.request_id, item))
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.request_id, item))
+        except RuntimeError:  # the handler's event loop is gone (server shutting down)
+            pass
 
 
 @dataclass
@@ -194,7 +197,10 @@ class AsyncEngine:
                     cmd.accepted.set_result(True)
                 else:
                     cmd.accepted.set_exception(exc)
-            stream.loop.call_soon_threadsafe(set_result)
+            try:
+                stream.loop.call_soon_threadsafe(set_result)
+            except RuntimeError:  # event loop closed
+                pass
 
         if stream.request_id in self.engine.seqs or stream.request_id in self._streams:
             self._release()

@@ -87,6 +87,10 @@ def _grammar_processor(state: Any, req: Any, *, schema_override: Any = None):
         raise ApiError(400, str(exc), param="response_format") from None
 
 
+class ClientDisconnected(Exception):
+    """The client went away before its answer was ready; its engine requests were aborted."""
+
+
 @dataclass
 class _Job:
     """The engine requests of one HTTP call and the queue their outputs arrive on."""
@@ -120,6 +124,7 @@ class _Job:
 
     async def outputs(self, request: Any = None) -> AsyncIterator[tuple[str, Any]]:
         """(request id, RequestOutput) as they come, until every request finished."""
+        last_check = time.monotonic()
         while len(self.finished) < len(self.ids):
             if request is None:
                 rid, out = await self.queue.get()
@@ -127,9 +132,13 @@ class _Job:
                 try:
                     rid, out = await asyncio.wait_for(self.queue.get(), timeout=0.5)
                 except asyncio.TimeoutError:
+                    rid, out = None, None
+                if time.monotonic() - last_check >= 0.5 or out is None:
+                    last_check = time.monotonic()
                     if await request.is_disconnected():
                         self.abort_unfinished()
-                        raise asyncio.CancelledError("client disconnected")
+                        raise ClientDisconnected()
+                if out is None:
                     continue
             if isinstance(out, EngineRequestError):
                 self.finished.add(rid)
