@@ -11,7 +11,7 @@ from onecat.engine.config import EngineConfig, ModelConfig
 from onecat.engine.kv_cache import allocate_kv_caches
 from onecat.engine.model_runner import ModelRunner
 from onecat.engine.outputs import RequestOutput, RequestTimings
-from onecat.engine.sampler import sample, token_logprobs
+from onecat.engine.sampler import apply_filters, sample, token_logprobs
 from onecat.engine.scheduler import Scheduler
 from onecat.engine.sequence import Sequence
 from onecat.engine.tokenizer import Tokenizer
@@ -48,7 +48,7 @@ class EngineCore:
     def abort(self, request_id: str) -> None:
         seq = self.seqs.get(request_id)
         if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, "abort")
+            self.finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -74,9 +74,19 @@ class EngineCore:
                 sampled[i] = tok
                 if lp is not None:
                     out.scheduled[i].seq.logprobs.append(lp)
+            keep = [j for j, s in enumerate(seqs) if s.params.extra.get("keep_probs")]
+            if keep:  # a drafting engine hands its distributions q to the verifier
+                probs = apply_filters(result.logits[keep].float(), [seqs[j].params for j in keep])
+                for j, row in zip(keep, probs):
+                    seqs[j].kept_probs.append(row)
         touched = []
+        aux = getattr(self.runner.model, "aux_hidden", None)
+        starts = [0]
+        for s in out.scheduled:
+            starts.append(starts[-1] + s.num_new_tokens + s.num_lookahead)
         for i, s in enumerate(out.scheduled):
             seq = s.seq
+            computed_before = seq.num_computed_tokens
             if i in result.prompt_logprobs:
                 seq.prompt_logprobs.extend(result.prompt_logprobs[i])
             seq.num_computed_tokens += s.num_new_tokens
@@ -84,16 +94,18 @@ class EngineCore:
                 self.stats["prompt_tokens"] += s.num_new_tokens
             if i in result.verify_logits:
                 new_tokens = self.proposer.verify(seq, s, result.verify_logits[i])
+                seq.num_computed_tokens += len(new_tokens) - 1  # accepted drafts' KV is already written
             elif i in sampled:
                 new_tokens = [sampled[i]]
             else:
                 self.blocks.register_computed(seq)
+                self._record_features(seq, aux, starts[i], computed_before)
                 continue  # a prefill chunk that did not reach the end of the prompt
             if seq.first_token_time is None:
                 seq.first_token_time = now
             if seq.params.max_tokens == 0:
                 self.blocks.register_computed(seq)
-                self.scheduler.finish(seq, "length")
+                self.finish(seq, "length")
                 touched.append(seq)
                 continue
             for tok in new_tokens:
@@ -103,15 +115,26 @@ class EngineCore:
                     break
             if not seq.is_finished:
                 self.blocks.register_computed(seq)
+                self._record_features(seq, aux, starts[i], computed_before)
             touched.append(seq)
         return touched
+
+    def _record_features(self, seq: Sequence, aux, start: int, computed_before: int) -> None:
+        if aux is not None and hasattr(self.proposer, "proposer") and hasattr(self.proposer.proposer, "record_features"):
+            kept = seq.num_computed_tokens - computed_before
+            self.proposer.proposer.record_features(seq, aux[start:start + kept])
+
+    def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
+        self.scheduler.finish(seq, reason, stop_reason)
+        if self.proposer is not None:
+            self.proposer.release(seq)
 
     def _check_stop(self, seq: Sequence, tok: int) -> bool:
         p = seq.params
         n_out = seq.num_output_tokens
         if n_out >= p.min_tokens:
             if (tok in self.eos_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-                self.scheduler.finish(seq, "stop", tok)
+                self.finish(seq, "stop", tok)
                 return True
             if p.stop:
                 text = self.tokenizer.decode(seq.output_token_ids, p.skip_special_tokens)
@@ -120,10 +143,10 @@ class EngineCore:
                     at = text.find(s, tail_from)
                     if at >= 0:
                         seq.text = text[:at + (len(s) if p.include_stop_str_in_output else 0)]
-                        self.scheduler.finish(seq, "stop", s)
+                        self.finish(seq, "stop", s)
                         return True
         if (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len:
-            self.scheduler.finish(seq, "length")
+            self.finish(seq, "length")
             return True
         return False
 
@@ -143,4 +166,5 @@ class EngineCore:
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
             token_ids=seq.output_token_ids, text=text, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
             logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, num_cached_tokens=seq.num_cached_tokens,
-            timings=timings, spec=seq.spec, finished=fin)
+            timings=timings, spec=seq.spec, finished=fin,
+            probs=torch.stack(seq.kept_probs) if seq.kept_probs else None)

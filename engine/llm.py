@@ -52,6 +52,7 @@ class LLM:
         torch.manual_seed(seed)
         self.engine = EngineCore(self.model, self.model_config, self.tokenizer, self.cfg, self.max_model_len,
                                  num_blocks, self.dtype, fp8, self.device)
+        self.engine.runner.setup_cuda_graphs(cuda_graph, self.max_model_len, max_num_seqs)
         if speculative_config:
             from onecat.engine.speculative import build_proposer
 
@@ -134,6 +135,10 @@ class LLM:
         self.engine.add_request(seq)
         return seq
 
+    def engine_generate(self, token_ids: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
+        """Generate from token ids with no output post-processing (used by draft engines)."""
+        return self._run(token_ids, params, add_special_tokens=False)
+
     def _run(self, prompts, params, add_special_tokens: bool) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -188,7 +193,7 @@ class LLM:
             "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
             "enable_prefix_caching": self.cfg.enable_prefix_caching,
             "attention_backend": self.engine.attention.report(),
-            "cuda_graph": False, "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
+            "cuda_graph": self.engine.runner.cuda_graph_report()["used"], "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
         }
 

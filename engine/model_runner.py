@@ -1,6 +1,7 @@
 """Runs one scheduled step on the model: flatten the batch, build attention metadata, forward, logits."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -59,13 +60,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: list[ScheduledSeq]) -> StepResult:
+        graphed = self._execute_graph(sched)
+        if graphed is not None:
+            return graphed
         input_ids, positions, meta = self._metadata(sched)
         set_forward_context(ForwardContext(meta, self.kv_caches, self.attention))
         try:
             hidden = self.model(input_ids, positions)
         finally:
             set_forward_context(None)
-        starts = meta.query_start_loc.tolist()
+        starts = [0, *itertools.accumulate(meta.query_lens_cpu)]  # host copy: no device sync
         sample_rows, rows = [], []
         prompt_lp: dict[int, list[float]] = {}
         verify: dict[int, torch.Tensor] = {}
@@ -93,3 +97,22 @@ class ModelRunner:
         lp = self.model.compute_logits(hidden[:last - start]).float().log_softmax(dim=-1)
         targets = torch.tensor(seq.token_ids[start + 1:last + 1], device=lp.device)
         return lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+
+    # ---- CUDA graphs for pure decode steps (capture and replay live in engine/cuda_graph.py) ----------
+    graphs = None
+
+    def setup_cuda_graphs(self, enabled: bool, max_model_len: int, max_num_seqs: int) -> None:
+        if enabled and self.device.type == "cuda":
+            from onecat.engine.cuda_graph import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, self.attention, self.block_size, self.device,
+                                       max_model_len, max_num_seqs)
+
+    def cuda_graph_report(self) -> dict:
+        if self.graphs is None:
+            return {"used": False, "replays": 0, "captured_sizes": [], "disabled_reason": "not enabled (or not CUDA)"}
+        return self.graphs.report()
+
+    def _execute_graph(self, sched: list[ScheduledSeq]) -> StepResult | None:
+        logits = self.graphs.run(sched) if self.graphs is not None else None
+        return None if logits is None else StepResult(logits, list(range(len(sched))), {}, {})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -46,6 +47,7 @@ class RequestOutput:
     timings: RequestTimings = field(default_factory=RequestTimings)
     spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
     finished: bool = True
+    probs: Any = None  # [num_tokens, V] sampling distributions, only when requested (draft engines)
 
     @property
     def num_prompt_tokens(self) -> int:

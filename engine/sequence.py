@@ -21,7 +21,7 @@ class Sequence:
                  "num_computed_tokens", "block_table", "block_hashes", "num_cached_tokens", "generator",
                  "finish_reason", "stop_reason", "logprobs", "prompt_logprobs", "arrival_time",
                  "first_scheduled_time", "first_token_time", "finish_time", "text", "spec", "num_preemptions",
-                 "draft_tokens", "draft_probs")
+                 "draft_tokens", "draft_probs", "kept_probs")
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
                  generator: torch.Generator | None):
@@ -49,6 +49,7 @@ class Sequence:
         self.num_preemptions = 0
         self.draft_tokens: list[int] = []  # speculative proposal awaiting verification
         self.draft_probs = None  # [k, V] proposer distribution for sampled verification (None: point mass)
+        self.kept_probs: list = []  # sampling distributions, kept only when params.extra["keep_probs"]
 
     @property
     def num_tokens(self) -> int:

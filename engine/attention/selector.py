@@ -10,7 +10,7 @@ from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.torch_ref import TorchReferenceBackend
 from onecat.engine.errors import ConfigError
 
-BACKEND_NAMES = ("auto", "TORCH_SDPA_REF", "FLASH_ATTN_V100")
+BACKEND_NAMES = ("auto", "TORCH_SDPA_REF", "FLASH_ATTN_V100", "TRITON_PAGED")
 
 
 def _make(name: str) -> AttentionBackend:
@@ -20,6 +20,10 @@ def _make(name: str) -> AttentionBackend:
         from onecat.engine.attention.flash_attn_v100 import FlashAttnV100Backend
 
         return FlashAttnV100Backend()
+    if name == "TRITON_PAGED":
+        from onecat.engine.attention.triton_paged import TritonPagedBackend
+
+        return TritonPagedBackend()
     raise ConfigError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
 
 
@@ -30,6 +34,8 @@ def choose_backend_name(requested: str, device: torch.device) -> str:
         return requested
     if device.type == "cuda" and torch.cuda.get_device_capability(device) == (7, 0):
         return "FLASH_ATTN_V100"
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
+        return "TRITON_PAGED"
     return "TORCH_SDPA_REF"
 
 

@@ -43,10 +43,17 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    aux_layer_ids: list[int] = []  # layers whose outputs a feature-conditioned drafter (DFlash) reads
+    aux_hidden: torch.Tensor | None = None  # [T, len(aux_layer_ids) * hidden] from the last forward
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        for layer in self.layers:
+        aux = []
+        for i, layer in enumerate(self.layers):
             h = layer(positions, h)
+            if i in self.aux_layer_ids:
+                aux.append(h)
+        self.aux_hidden = torch.cat(aux, dim=-1) if aux else None
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

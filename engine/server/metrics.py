@@ -20,6 +20,7 @@ tests). Names:
     vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc   gauges
     vllm:spec_decode_num_drafts_total, vllm:spec_decode_num_draft_tokens_total,
     vllm:spec_decode_num_accepted_tokens_total, vllm:spec_decode_num_accepted_tokens_per_pos_total{position}
+    onecat:kv_blocks_free, onecat:kv_blocks_total   gauges (leak checks: free == total when idle)
 """
 from __future__ import annotations
 
@@ -135,5 +136,7 @@ class _EngineCollector:
         yield gauge("vllm:num_requests_running", "Requests in the running batch.", len(sched.running))
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", len(sched.waiting))
         yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).", blocks.usage)
-        yield gauge("vllm:num_kv_blocks_free", "Free KV blocks (block 0 is reserved and never counted).",
+        yield gauge("onecat:kv_blocks_free", "Free KV blocks (cached-but-unreferenced blocks count as free).",
                     blocks.num_free_blocks)
+        yield gauge("onecat:kv_blocks_total", "Allocatable KV blocks (block 0 is the reserved null block).",
+                    blocks.num_blocks - 1)

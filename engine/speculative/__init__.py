@@ -1,0 +1,36 @@
+"""Speculative decoding: proposers (ngram, draft_model, dflash) and one exact verifier."""
+from __future__ import annotations
+
+from onecat.engine.errors import ConfigError
+from onecat.engine.speculative.base import Proposer, SpeculativeDecoder
+
+METHODS = ("ngram", "draft_model", "dflash")
+
+
+def build_proposer(config: dict, target) -> SpeculativeDecoder:
+    """`config` uses vLLM's speculative_config names: method, num_speculative_tokens, model, ..."""
+    cfg = dict(config)
+    method = cfg.pop("method", None)
+    k = cfg.pop("num_speculative_tokens", None)
+    if method not in METHODS:
+        raise ConfigError(f"speculative method {method!r} is not supported; choose one of {', '.join(METHODS)}")
+    if not isinstance(k, int) or k < 1:
+        raise ConfigError(f"speculative num_speculative_tokens={k!r}; must be a positive integer")
+    try:
+        if method == "ngram":
+            from onecat.engine.speculative.ngram import NgramProposer
+
+            proposer: Proposer = NgramProposer(k, **cfg)
+        elif method == "draft_model":
+            from onecat.engine.speculative.draft_model import DraftModelProposer
+
+            if "model" not in cfg:
+                raise ConfigError("speculative method draft_model needs `model` (path or name of the draft model)")
+            proposer = DraftModelProposer(k, target, **cfg)
+        else:
+            from onecat.engine.speculative.dflash import DFlashProposer
+
+            proposer = DFlashProposer(k, target, **cfg)
+    except TypeError as e:
+        raise ConfigError(f"bad speculative_config for method {method}: {e}") from None
+    return SpeculativeDecoder(proposer, target.max_model_len)

@@ -1,0 +1,46 @@
+"""Draft-model proposer: a smaller model with the same tokenizer, running in its own engine and KV.
+
+Each round the draft engine continues every decoding sequence for up to k tokens. Its prefix cache
+keeps the already-seen context, so a round costs the uncached tail plus k small decode steps.
+For sampled requests it samples with the request's settings and returns its distributions q.
+"""
+from __future__ import annotations
+
+import torch
+
+from onecat.engine.errors import ConfigError
+from onecat.engine.sampling_params import SamplingParams
+from onecat.engine.speculative.base import Proposer
+
+
+class DraftModelProposer(Proposer):
+    name = "draft_model"
+
+    def __init__(self, k: int, target, model: str, **engine_kwargs):
+        from onecat.engine.llm import LLM
+
+        super().__init__(k)
+        self.model_name = model
+        self.draft = LLM(model, device=str(target.device), dtype=engine_kwargs.pop("dtype", target.dtype),
+                         max_model_len=target.max_model_len, max_num_seqs=target.cfg.max_num_seqs,
+                         enable_prefix_caching=True, seed=target.cfg.seed, **engine_kwargs)
+        if self.draft.model_config.vocab_size != target.model_config.vocab_size:
+            raise ConfigError(f"draft model {model!r} has vocabulary size {self.draft.model_config.vocab_size} but "
+                              f"the target has {target.model_config.vocab_size}; a draft model must share the "
+                              "target's tokenizer")
+
+    def propose(self, seqs, budgets):
+        params = []
+        for seq, budget in zip(seqs, budgets):
+            p = seq.params
+            # a per-round seed derived from the request's stream keeps seeded requests reproducible
+            seed = int(torch.randint(0, 2**62, (1,), generator=seq.generator, device=seq.generator.device)) \
+                if not p.greedy else None
+            params.append(SamplingParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
+                                         seed=seed, max_tokens=budget, ignore_eos=True,
+                                         extra={"keep_probs": not p.greedy}))
+        outs = self.draft.engine_generate([s.token_ids for s in seqs], params)
+        return [(o.token_ids, o.probs) for o in outs]
+
+    def describe(self) -> dict:
+        return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name}

@@ -1,0 +1,140 @@
+"""Speculative decoding is exact: greedy outputs equal target-only; sampled outputs follow the target law."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from scipy.stats import chisquare
+
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.errors import ConfigError
+from tests.conftest import EMBEDDED
+from tests.tiny_models import make_tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+PROMPTS = [
+    "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n\n# again:\ndef area(w, h):\n",
+    "red green blue red green blue red green",
+    "Once upon a time",
+    "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1,",
+]
+
+
+def write_random_dflash(path, hidden: int, vocab_mask: int, target_layers: list[int], block_size: int = 5):
+    cfg = {"architectures": ["DFlashDraftModel"], "hidden_size": hidden, "intermediate_size": 128,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+           "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "dflash_config": {"block_size": block_size, "target_layer_ids": target_layers, "mask_token_id": vocab_mask}}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    g = torch.Generator().manual_seed(0)
+    L = len(target_layers)
+
+    def r(*shape):
+        return (torch.randn(*shape, generator=g) * 0.05).contiguous()
+
+    w = {"fc.weight": r(hidden, L * hidden), "hidden_norm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden)}
+    p = "layers.0."
+    w |= {p + "self_attn.q_proj.weight": r(128, hidden), p + "self_attn.k_proj.weight": r(64, hidden),
+          p + "self_attn.v_proj.weight": r(64, hidden), p + "self_attn.o_proj.weight": r(hidden, 128),
+          p + "self_attn.q_norm.weight": torch.ones(32), p + "self_attn.k_norm.weight": torch.ones(32),
+          p + "input_layernorm.weight": torch.ones(hidden), p + "post_attention_layernorm.weight": torch.ones(hidden),
+          p + "mlp.gate_proj.weight": r(128, hidden), p + "mlp.up_proj.weight": r(128, hidden), p + "mlp.down_proj.weight": r(hidden, 128)}
+    save_file(w, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def target_tokens(embedded_llm):
+    return [o.token_ids for o in embedded_llm.generate(PROMPTS, GREEDY)]
+
+
+def spec_config(method, tmp_path_factory, embedded_path):
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": 4}
+    if method == "ngram_adaptive":
+        return {"method": "ngram", "num_speculative_tokens": 2, "adaptive": True, "max_speculative_tokens": 8}
+    if method == "draft_model":
+        return {"method": "draft_model", "num_speculative_tokens": 3, "model": str(embedded_path)}
+    d = write_random_dflash(tmp_path_factory.mktemp("dflash"), 576, 0, [1, 14, 28])
+    return {"method": "dflash", "num_speculative_tokens": 4, "model": str(d)}
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram_adaptive", "draft_model", "dflash"])
+def test_greedy_speculation_is_token_identical(method, target_tokens, tmp_path_factory, embedded_path):
+    llm = LLM(EMBEDDED, max_model_len=512, speculative_config=spec_config(method, tmp_path_factory, embedded_path))
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == target_tokens
+    drafts = sum(o.spec.num_drafts for o in outs)
+    accepted = sum(o.spec.num_accepted_tokens for o in outs)
+    assert drafts > 0
+    if method == "draft_model":  # the target drafting for itself: every draft token is accepted
+        assert accepted == sum(o.spec.num_draft_tokens for o in outs)
+    if method.startswith("ngram"):
+        assert accepted > 0
+    for o in outs:
+        assert sum(o.spec.accepted_per_position) == o.spec.num_accepted_tokens
+    # again: now with prefix-cache hits on every prompt
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == target_tokens
+
+
+def test_speculation_with_preemption_and_mixed_batch(target_tokens):
+    llm = LLM(EMBEDDED, max_model_len=96, max_num_batched_tokens=16, block_size=4, num_kv_blocks=40,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    params = [GREEDY, GREEDY, GREEDY, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                                                     prompt_logprobs=0)]
+    outs = llm.generate(PROMPTS, params)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == target_tokens
+    assert llm.engine.blocks.num_free_blocks == 39
+
+
+def test_bad_speculative_config():
+    with pytest.raises(ConfigError, match="not supported"):
+        LLM(EMBEDDED, max_model_len=64, speculative_config={"method": "eagle9", "num_speculative_tokens": 2})
+    with pytest.raises(ConfigError, match="positive integer"):
+        LLM(EMBEDDED, max_model_len=64, speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+
+
+# ---- sampled decoding keeps the target distribution ------------------------------------------------
+N_SAMPLES = 3000
+ALPHA = 1e-3  # each chi-square test raises a false alarm with probability 0.001 when speculation is exact
+
+
+def exact_second_token_law(llm, prompt: list[int]) -> torch.Tensor:
+    """P(t2 | prompt) = sum_t1 P(t1 | prompt) P(t2 | prompt, t1), from target-only scoring."""
+    V = llm.model_config.vocab_size
+    p1 = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=V))[0].logprobs[0]
+    p1 = torch.tensor([p1[t] for t in range(V)]).exp()
+    rows = llm.generate([prompt + [t] for t in range(V)], SamplingParams(temperature=0, max_tokens=1, logprobs=V))
+    p2 = torch.stack([torch.tensor([r.logprobs[0][t] for t in range(V)]).exp() for r in rows])
+    return (p1.unsqueeze(1) * p2).sum(0)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_sampled_speculation_matches_target_distribution(tmp_path, method):
+    target_dir = make_tiny_model("llama", tmp_path / "target", vocab_size=12, num_hidden_layers=2)
+    if method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": 3}
+    else:
+        draft_dir = make_tiny_model("llama", tmp_path / "draft", vocab_size=12, num_hidden_layers=1)
+        spec = {"method": "draft_model", "num_speculative_tokens": 2, "model": str(draft_dir)}
+    # every token occurs in the prompt, so after any first token t1 the n-gram proposer finds a draft
+    prompt = list(range(12)) + [0, 1, 2]
+    plain = LLM(str(target_dir), max_model_len=64, max_num_seqs=256)
+    law = exact_second_token_law(plain, prompt)
+    llm = LLM(str(target_dir), max_model_len=64, max_num_seqs=256, speculative_config=spec)
+    # token 1 is sampled after prefill; token 2 is the first one that goes through verification
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=3, ignore_eos=True) for s in range(N_SAMPLES)]
+    outs = llm.generate([prompt] * N_SAMPLES, params)
+    assert sum(o.spec.num_drafts for o in outs) >= N_SAMPLES * 0.9  # speculation really ran
+    assert any(o.spec.num_accepted_tokens < o.spec.num_draft_tokens for o in outs)  # and rejected sometimes
+    counts = torch.bincount(torch.tensor([o.token_ids[1] for o in outs]), minlength=12).double()
+    expected = law.double() * N_SAMPLES
+    keep = expected >= 5  # pool rare cells so the chi-square approximation holds
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)]) if (~keep).any() else counts
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)]) if (~keep).any() else expected
+    exp = exp * obs.sum() / exp.sum()
+    assert chisquare(obs.numpy(), exp.numpy()).pvalue > ALPHA
