@@ -99,18 +99,18 @@ def test_bad_speculative_config():
 
 
 # ---- sampled decoding keeps the target distribution ------------------------------------------------
-N_SAMPLES = 3000
+N_SAMPLES = 6000
 ALPHA = 1e-3  # each chi-square test raises a false alarm with probability 0.001 when speculation is exact
 
 
-def exact_second_token_law(llm, prompt: list[int]) -> torch.Tensor:
-    """P(t2 | prompt) = sum_t1 P(t1 | prompt) P(t2 | prompt, t1), from target-only scoring."""
+def exact_two_token_law(llm, prompt: list[int]) -> torch.Tensor:
+    """P(t1, t2 | prompt) = P(t1 | prompt) P(t2 | prompt, t1), from target-only scoring; [V, V]."""
     V = llm.model_config.vocab_size
     p1 = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=V))[0].logprobs[0]
     p1 = torch.tensor([p1[t] for t in range(V)]).exp()
     rows = llm.generate([prompt + [t] for t in range(V)], SamplingParams(temperature=0, max_tokens=1, logprobs=V))
     p2 = torch.stack([torch.tensor([r.logprobs[0][t] for t in range(V)]).exp() for r in rows])
-    return (p1.unsqueeze(1) * p2).sum(0)
+    return p1.unsqueeze(1) * p2
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
@@ -124,14 +124,15 @@ def test_sampled_speculation_matches_target_distribution(tmp_path, method):
     # every token occurs in the prompt, so after any first token t1 the n-gram proposer finds a draft
     prompt = list(range(12)) + [0, 1, 2]
     plain = LLM(str(target_dir), max_model_len=64, max_num_seqs=256)
-    law = exact_second_token_law(plain, prompt)
+    law = exact_two_token_law(plain, prompt).flatten()
     llm = LLM(str(target_dir), max_model_len=64, max_num_seqs=256, speculative_config=spec)
     # token 1 is sampled after prefill; token 2 is the first one that goes through verification
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=3, ignore_eos=True) for s in range(N_SAMPLES)]
     outs = llm.generate([prompt] * N_SAMPLES, params)
     assert sum(o.spec.num_drafts for o in outs) >= N_SAMPLES * 0.9  # speculation really ran
     assert any(o.spec.num_accepted_tokens < o.spec.num_draft_tokens for o in outs)  # and rejected sometimes
-    counts = torch.bincount(torch.tensor([o.token_ids[1] for o in outs]), minlength=12).double()
+    pairs = torch.tensor([o.token_ids[0] * 12 + o.token_ids[1] for o in outs])  # joint of (t1, t2)
+    counts = torch.bincount(pairs, minlength=144).double()
     expected = law.double() * N_SAMPLES
     keep = expected >= 5  # pool rare cells so the chi-square approximation holds
     obs = torch.cat([counts[keep], counts[~keep].sum().view(1)]) if (~keep).any() else counts
