@@ -46,6 +46,7 @@ class _Sampling(BaseModel):
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
     request_id: Optional[str] = None
+    return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:N"
 
     def unsupported(self) -> list[str]:
         """Fields set to values this server does not implement."""

@@ -153,8 +153,8 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _token_str(tok: Any, tid: int) -> str:
-    return tok.decode([tid], skip_special_tokens=False)
+def _token_str(tok: Any, tid: int, as_ids: bool = False) -> str:
+    return f"token_id:{tid}" if as_ids else tok.decode([tid], skip_special_tokens=False)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
@@ -167,34 +167,34 @@ def _usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
 
 # --------------------------------------------------------------------------- /v1/completions
 def _completion_logprobs(tok: Any, out: Any, echo: bool, start: int, end: int, offset0: int,
-                         top_n: int) -> dict:
+                         top_n: int, as_ids: bool = False) -> dict:
     tokens, token_lps, tops, offsets = [], [], [], []
     pos = offset0
     if echo:
         plp = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
         for i, tid in enumerate(out.prompt_token_ids):
-            s = _token_str(tok, tid)
+            s = _token_str(tok, tid, as_ids)
             lp = plp[i] if i < len(plp) else None
             tokens.append(s)
             token_lps.append(lp)
             tops.append(None if lp is None else {s: lp})
             offsets.append(pos)
-            pos += len(s)
+            pos += len(tok.decode([tid], skip_special_tokens=False)) if as_ids else len(s)
     for k in range(start, end):
         tid = out.token_ids[k]
-        s = _token_str(tok, tid)
+        s = _token_str(tok, tid, as_ids)
         d = (out.logprobs[k] if out.logprobs and k < len(out.logprobs) else {}) or {}
         tokens.append(s)
         token_lps.append(d.get(tid))
         ranked = sorted(d.items(), key=lambda kv: -kv[1])
         top = {}
         for t, v in ranked[:max(top_n, 1)]:
-            top.setdefault(_token_str(tok, t), v)
+            top.setdefault(_token_str(tok, t, as_ids), v)
         if s not in top and tid in d:
             top[s] = d[tid]
         tops.append(top)
         offsets.append(pos)
-        pos += len(s)
+        pos += len(tok.decode([tid], skip_special_tokens=False)) if as_ids else len(s)
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -268,7 +268,8 @@ async def create_completion(state: Any, req: CompletionRequest, request: Any):
         text = (prompt_texts[i] if req.echo else "") + out.text
         lps = None
         if req.logprobs is not None:
-            lps = _completion_logprobs(tok, out, req.echo, 0, len(out.token_ids), 0, req.logprobs)
+            lps = _completion_logprobs(tok, out, req.echo, 0, len(out.token_ids), 0, req.logprobs,
+                                       req.return_tokens_as_token_ids)
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": out.finish_reason,
                   "stop_reason": out.stop_reason}
         if req.prompt_logprobs is not None:
@@ -307,7 +308,8 @@ async def _stream_completion(state, req, job: _Job, base, model, created, choice
             lps = None
             if req.logprobs is not None:
                 end = len(out.token_ids)
-                lps = _completion_logprobs(tok, out, False, sent_tokens[rid], end, len(prev), req.logprobs)
+                lps = _completion_logprobs(tok, out, False, sent_tokens[rid], end, len(prev), req.logprobs,
+                                           req.return_tokens_as_token_ids)
                 sent_tokens[rid] = end
             choice = {"index": index, "text": delta, "logprobs": lps,
                       "finish_reason": out.finish_reason if out.finished else None}
@@ -431,16 +433,16 @@ def _forced_tool_calls(mode: str, named: dict | None, text: str) -> list[dict] |
     return None
 
 
-def _chat_logprobs(tok: Any, out: Any, start: int, end: int, top_n: int) -> list[dict]:
+def _chat_logprobs(tok: Any, out: Any, start: int, end: int, top_n: int, as_ids: bool = False) -> list[dict]:
     items = []
     for k in range(start, end):
         tid = out.token_ids[k]
         d = (out.logprobs[k] if out.logprobs and k < len(out.logprobs) else {}) or {}
-        s = _token_str(tok, tid)
+        s = _token_str(tok, tid, as_ids)
         ranked = sorted(d.items(), key=lambda kv: -kv[1])[:top_n]
         items.append({"token": s, "logprob": d.get(tid, float("nan")), "bytes": list(s.encode("utf-8")),
-                      "top_logprobs": [{"token": _token_str(tok, t), "logprob": v,
-                                        "bytes": list(_token_str(tok, t).encode("utf-8"))} for t, v in ranked]})
+                      "top_logprobs": [{"token": _token_str(tok, t, as_ids), "logprob": v,
+                                        "bytes": list(_token_str(tok, t, as_ids).encode("utf-8"))} for t, v in ranked]})
     return items
 
 
@@ -534,7 +536,7 @@ async def create_chat_completion(state: Any, req: ChatCompletionRequest, request
         msg, called = view.final_message(out.text)
         finish = "tool_calls" if called else out.finish_reason
         choices.append({"index": index_of[rid], "message": msg,
-                        "logprobs": {"content": _chat_logprobs(tok, out, 0, len(out.token_ids), top_n)}
+                        "logprobs": {"content": _chat_logprobs(tok, out, 0, len(out.token_ids), top_n, req.return_tokens_as_token_ids)}
                         if req.logprobs else None,
                         "finish_reason": finish, "stop_reason": out.stop_reason})
     n_out = sum(len(o.token_ids) for o in finals.values())
@@ -586,7 +588,7 @@ async def _stream_chat(state, req, job: _Job, base, model, created, index_of, vi
             lps = None
             if req.logprobs and (delta or out.finished):
                 end = len(out.token_ids)
-                lps = {"content": _chat_logprobs(tok, out, sent_tok[rid], end, top_n)}
+                lps = {"content": _chat_logprobs(tok, out, sent_tok[rid], end, top_n, req.return_tokens_as_token_ids)}
                 sent_tok[rid] = end
             if not out.finished:
                 if delta:

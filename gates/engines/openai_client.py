@@ -46,6 +46,18 @@ def _content_of(choice: dict, chat: bool) -> str:
     return (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
 
 
+def _token_ids_of(lp: dict | None, chat: bool) -> list[int]:
+    """Token ids from logprobs written as "token_id:N" (vLLM's return_tokens_as_token_ids)."""
+    if not lp:
+        return []
+    toks = [c.get("token", "") for c in lp.get("content") or []] if chat else list(lp.get("tokens") or [])
+    ids = []
+    for t in toks:
+        if isinstance(t, str) and t.startswith("token_id:"):
+            ids.append(int(t[9:]))
+    return ids
+
+
 async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, *, chat: bool,
                             headers: dict | None = None, disconnect_after_chunks: int | None = None,
                             timeout_s: float | None = None) -> StreamResult:
@@ -80,6 +92,7 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict, *, 
                 for choice in obj.get("choices") or []:
                     piece = _content_of(choice, chat)
                     lp = choice.get("logprobs")
+                    res.token_ids.extend(_token_ids_of(lp, chat))
                     if piece or (lp and not chat and lp.get("tokens")):
                         if res.ttft_s is None:
                             res.ttft_s = now - t0

@@ -20,7 +20,3 @@ class _NotInThisBuild(EngineAdapter):
 class VllmEngine(_NotInThisBuild):
     pass
 
-
-@register_engine("openai")
-class OpenAIEndpointEngine(_NotInThisBuild):
-    pass

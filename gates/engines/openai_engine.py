@@ -1,0 +1,287 @@
+"""OpenAI-compatible endpoints as harness engines: `openai` (a URL you run) and `onecat_serve`
+(an `onecat serve` process the harness starts with the contract's settings and stops afterwards).
+
+Contract examples:
+
+    engine: {backend: openai, base_url: "http://127.0.0.1:8000", options: {api_key_env: MY_KEY}}
+    engine: {backend: onecat_serve, max_num_seqs: 64, options: {serve_flags: {max_queue_len: 512}}}
+
+`model.source` is the model name sent to the server (options.served_model_name overrides it).
+Requests are streamed, so every RequestOutput carries client-side TTFT / decode / e2e times. Token
+ids come back through vLLM's `return_tokens_as_token_ids` (onecat and vLLM servers honour it);
+otherwise the text is tokenized with the model's local tokenizer or the server's /tokenize.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from onecat.gates.contract import ArmSettings
+from onecat.gates.engines.base import EngineAdapter, EngineUnavailableError
+from onecat.gates.engines.openai_client import parse_prometheus, stream_completion
+from onecat.gates.registry import register_engine
+
+DEFAULT_CONCURRENCY = 64
+
+
+def _reachable(url: str, headers: dict) -> str | None:
+    try:
+        r = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=5.0)
+    except httpx.HTTPError as exc:
+        return f"cannot reach {url}/v1/models ({type(exc).__name__}: {exc}); start the server or fix engine.base_url"
+    if r.status_code != 200:
+        return f"{url}/v1/models answered HTTP {r.status_code}: {r.text[:200]}"
+    return None
+
+
+class _RemoteTokenizer:
+    """encode/decode through the server's /tokenize and /detokenize (vLLM and onecat have them)."""
+
+    def __init__(self, url: str, headers: dict, model: str):
+        self.url, self.headers, self.model = url, headers, model
+        self.eos_token_ids: list[int] = []
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        r = httpx.post(self.url + "/tokenize", json={"model": self.model, "prompt": text,
+                                                     "add_special_tokens": add_special_tokens},
+                       headers=self.headers, timeout=30)
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        r = httpx.post(self.url + "/detokenize", json={"model": self.model, "tokens": list(ids)},
+                       headers=self.headers, timeout=30)
+        r.raise_for_status()
+        return r.json()["prompt"]
+
+
+def _local_tokenizer(source: str):
+    """(tokenizer, vocab_size) from a locally resolvable model, without loading its weights."""
+    try:
+        from onecat.engine.loader import open_checkpoint
+        from onecat.engine.model_source import resolve_model_source
+
+        ckpt = open_checkpoint(resolve_model_source(source))
+        return ckpt.tokenizer, ckpt.config.vocab_size
+    except Exception:  # noqa: BLE001 - a served name need not exist locally
+        return None, None
+
+
+def _body_from_params(params: Any) -> dict:
+    body: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p,
+                            "max_tokens": params.max_tokens, "ignore_eos": params.ignore_eos,
+                            "skip_special_tokens": params.skip_special_tokens}
+    if params.top_k:
+        body["top_k"] = params.top_k
+    if params.min_p:
+        body["min_p"] = params.min_p
+    if params.min_tokens:
+        body["min_tokens"] = params.min_tokens
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        body["stop_token_ids"] = list(params.stop_token_ids)
+    if params.include_stop_str_in_output:
+        body["include_stop_str_in_output"] = True
+    return body
+
+
+@register_engine("openai")
+class OpenAIEndpointEngine(EngineAdapter):
+    @classmethod
+    def _url(cls, arm: ArmSettings) -> str | None:
+        return arm.engine.base_url or arm.engine.options.get("base_url")
+
+    @classmethod
+    def _headers(cls, arm: ArmSettings) -> dict:
+        opts = arm.engine.options
+        key = opts.get("api_key") or (os.environ.get(opts["api_key_env"]) if opts.get("api_key_env") else None)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @classmethod
+    def check(cls, arm: ArmSettings) -> list[str]:
+        url = cls._url(arm)
+        if not url:
+            return ["engine.base_url is required for backend openai (e.g. http://127.0.0.1:8000)"]
+        problem = _reachable(url, cls._headers(arm))
+        return [problem] if problem else []
+
+    @classmethod
+    def open(cls, arm: ArmSettings, seed: int = 0) -> "OpenAIEndpointEngine":
+        return cls(arm, cls._url(arm), seed)
+
+    def __init__(self, arm: ArmSettings, base_url: str, seed: int = 0):
+        self.arm = arm
+        self.base_url = base_url.rstrip("/")
+        self.headers = self._headers(arm)
+        self.concurrency = int(arm.engine.options.get("client_concurrency", DEFAULT_CONCURRENCY))
+        self.model = arm.engine.options.get("served_model_name") or self._first_model() or arm.model.source
+        local, vocab = _local_tokenizer(arm.model.source)
+        self.tokenizer = local or _RemoteTokenizer(self.base_url, self.headers, self.model)
+        self.vocab_size = vocab
+        self.return_token_ids = True
+
+    def _first_model(self) -> str | None:
+        try:
+            data = httpx.get(self.base_url + "/v1/models", headers=self.headers, timeout=5).json()["data"]
+            return data[0]["id"] if data else None
+        except Exception:  # noqa: BLE001
+            return None
+
+    # ---- requests ---------------------------------------------------------------------------
+    def _run_all(self, jobs: list[tuple[str, dict, bool]]) -> list:
+        async def go():
+            sem = asyncio.Semaphore(self.concurrency)
+            limits = httpx.Limits(max_connections=self.concurrency + 4)
+            async with httpx.AsyncClient(base_url=self.base_url, limits=limits, timeout=httpx.Timeout(3600.0),
+                                         headers=self.headers) as client:
+                async def one(path, body, chat):
+                    async with sem:
+                        return await stream_completion(client, path, body, chat=chat)
+                return await asyncio.gather(*(one(*j) for j in jobs))
+        return asyncio.run(go())
+
+    def _to_output(self, rid: str, prompt: Any, prompt_ids: list[int], res: Any, params: Any):
+        from onecat.engine.outputs import RequestOutput, RequestTimings
+
+        ids = self._token_ids(res)
+        ttft = res.ttft_s or 0.0
+        timings = RequestTimings(queue_s=0.0, prefill_s=ttft, first_token_s=ttft,
+                                 decode_s=max((res.e2e_s or 0.0) - ttft, 0.0), e2e_s=res.e2e_s or 0.0)
+        err = None if res.ok else (res.error or f"HTTP {res.status}")
+        return RequestOutput(request_id=rid, prompt=prompt if isinstance(prompt, str) else None,
+                             prompt_token_ids=prompt_ids, token_ids=ids, text=res.text,
+                             finish_reason=res.finish_reason if res.ok else "abort", error=err,
+                             timings=timings, finished=True)
+
+    def _token_ids(self, res: Any) -> list[int]:
+        if res.token_ids:
+            return res.token_ids
+        if not res.text:
+            return []
+        try:
+            return self.tokenizer.encode(res.text, add_special_tokens=False)
+        except Exception:  # noqa: BLE001
+            return []
+
+    def generate(self, prompts: list, params: Any) -> list:
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        jobs, prompt_ids = [], []
+        for p, sp in zip(prompts, params_list):
+            ids = list(p) if not isinstance(p, str) else self.tokenizer.encode(p)
+            prompt_ids.append(ids)
+            body = {"model": self.model, "prompt": ids if not isinstance(p, str) else p, **_body_from_params(sp)}
+            if self.return_token_ids:
+                body.update(logprobs=0, return_tokens_as_token_ids=True)
+            jobs.append(("/v1/completions", body, False))
+        results = self._run_all(jobs)
+        return [self._to_output(str(i), p, ids, r, sp)
+                for i, (p, ids, r, sp) in enumerate(zip(prompts, prompt_ids, results, params_list))]
+
+    def chat(self, conversations: list, params: Any) -> list:
+        params_list = params if isinstance(params, list) else [params] * len(conversations)
+        extra = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True} if self.return_token_ids else {}
+        jobs = [("/v1/chat/completions", {"model": self.model, "messages": conv, **_body_from_params(sp), **extra}, True)
+                for conv, sp in zip(conversations, params_list)]
+        results = self._run_all(jobs)
+        return [self._to_output(str(i), None, [], r, sp) for i, (r, sp) in enumerate(zip(results, params_list))]
+
+    def score(self, prompts: list) -> list:
+        from onecat.engine.outputs import ScoreOutput
+
+        out = []
+        with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=600) as client:
+            for p in prompts:
+                body = {"model": self.model, "prompt": p, "max_tokens": 1, "echo": True, "logprobs": 0,
+                        "temperature": 0.0, "return_tokens_as_token_ids": True}
+                r = client.post("/v1/completions", json=body)
+                if r.status_code != 200:
+                    raise EngineUnavailableError(f"{self.base_url} cannot score prompts: HTTP {r.status_code} "
+                                                 f"{r.text[:200]}")
+                lp = r.json()["choices"][0]["logprobs"]
+                toks = lp["tokens"][:-1]
+                ids = [int(t.split(":", 1)[1]) if t.startswith("token_id:") else -1 for t in toks]
+                out.append(ScoreOutput(ids, [float(x) for x in lp["token_logprobs"][1:-1]]))
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """The server's /metrics, parsed (empty when it has none)."""
+        try:
+            r = httpx.get(self.base_url + "/metrics", headers=self.headers, timeout=10)
+            return parse_prometheus(r.text) if r.status_code == 200 else {}
+        except httpx.HTTPError:
+            return {}
+
+    def info(self) -> dict:
+        return {"engine": self.registry_name, "base_url": self.base_url, "served_model": self.model,
+                "tokenizer": "local" if not isinstance(self.tokenizer, _RemoteTokenizer) else "server"}
+
+
+@register_engine("onecat_serve")
+class ManagedOnecatServer(OpenAIEndpointEngine):
+    """Starts `onecat serve` with the arm's settings, drives it over HTTP, stops it on close()."""
+
+    @classmethod
+    def check(cls, arm: ArmSettings) -> list[str]:
+        from onecat.gates.engines.onecat_engine import OnecatEngine
+
+        problems = OnecatEngine.check(arm)
+        if arm.engine.tensor_parallel_size != 1:
+            problems.append("onecat serve runs one device per server; use tensor_parallel_size: 1")
+        return problems
+
+    @classmethod
+    def serve_flags(cls, arm: ArmSettings, seed: int) -> dict:
+        import json
+
+        e = arm.engine
+        flags: dict[str, Any] = {"max_model_len": e.max_model_len, "kv_cache_dtype": e.kv_cache_dtype,
+                                 "enable_prefix_caching": e.enable_prefix_caching, "max_num_seqs": e.max_num_seqs,
+                                 "max_num_batched_tokens": e.max_num_batched_tokens, "device": e.device,
+                                 "dtype": arm.model.dtype, "seed": seed, "uvicorn_log_level": "warning"}
+        if arm.speculative is not None:
+            flags["speculative_config"] = json.dumps(arm.speculative.model_dump(exclude_none=True))
+        flags.update(e.options.get("serve_flags", {}))
+        return flags
+
+    @classmethod
+    def open(cls, arm: ArmSettings, seed: int = 0) -> "ManagedOnecatServer":
+        from onecat.gates.engines.server_process import ServerProcess, ServerStartError, free_port, onecat_serve_argv
+
+        port = int(arm.engine.options.get("port") or free_port())
+        log_dir = Path(arm.engine.options.get("log_dir") or os.environ.get("ONECAT_SERVER_LOG_DIR")
+                       or Path(".onecat") / "servers" / f"{arm.name}-{arm.fingerprint[:12]}-{int(time.time())}")
+        proc = ServerProcess(onecat_serve_argv(arm.model.source, port=port, flags=cls.serve_flags(arm, seed)),
+                             port=port, log_dir=log_dir, name="onecat_serve",
+                             startup_timeout_s=float(arm.engine.options.get("startup_timeout_s", 600)))
+        try:
+            proc.start()
+        except ServerStartError as exc:
+            raise EngineUnavailableError(f"arm {arm.name}: {exc}") from None
+        try:
+            self = cls(arm, proc.url, seed)
+        except BaseException:
+            proc.stop()
+            raise
+        self.process = proc
+        return self
+
+    def info(self) -> dict:
+        info = super().info()
+        proc = getattr(self, "process", None)
+        if proc is not None:
+            info.update(server_log=str(proc.log_path), server_argv=" ".join(proc.argv),
+                        server_startup_s=proc.startup_s)
+        return info
+
+    def close(self) -> None:
+        proc = getattr(self, "process", None)
+        if proc is not None:
+            proc.stop()
