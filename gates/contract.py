@@ -87,6 +87,8 @@ class SpeculativeSpec(Strict):
     num_speculative_tokens: int = Field(ge=1)
     prompt_lookup_min: Optional[int] = Field(default=None, ge=1)
     prompt_lookup_max: Optional[int] = Field(default=None, ge=1)
+    adaptive: Optional[bool] = None  # ngram: widen k after fully accepted drafts
+    max_speculative_tokens: Optional[int] = Field(default=None, ge=1)  # ngram adaptive ceiling
 
 
 class ReasoningSpec(Strict):

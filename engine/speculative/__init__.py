@@ -9,8 +9,10 @@ METHODS = ("ngram", "draft_model", "dflash")
 
 def build_proposer(config: dict, target) -> SpeculativeDecoder:
     """`config` uses vLLM's speculative_config names: method, num_speculative_tokens, model, ..."""
-    cfg = dict(config)
+    cfg = {k: v for k, v in config.items() if v is not None}
     method = cfg.pop("method", None)
+    dtype = cfg.pop("dtype", "auto")
+    revision = cfg.pop("revision", None)
     k = cfg.pop("num_speculative_tokens", None)
     if method not in METHODS:
         raise ConfigError(f"speculative method {method!r} is not supported; choose one of {', '.join(METHODS)}")
@@ -20,13 +22,15 @@ def build_proposer(config: dict, target) -> SpeculativeDecoder:
         if method == "ngram":
             from onecat.engine.speculative.ngram import NgramProposer
 
-            proposer: Proposer = NgramProposer(k, **cfg)
+            proposer: Proposer = NgramProposer(k, **cfg)  # model-free: dtype/revision do not apply
         elif method == "draft_model":
             from onecat.engine.speculative.draft_model import DraftModelProposer
 
             if "model" not in cfg:
                 raise ConfigError("speculative method draft_model needs `model` (path or name of the draft model)")
-            proposer = DraftModelProposer(k, target, **cfg)
+            if dtype != "auto":
+                cfg["dtype"] = dtype
+            proposer = DraftModelProposer(k, target, revision=revision, **cfg)
         else:
             from onecat.engine.speculative.dflash import DFlashProposer
 

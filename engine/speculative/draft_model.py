@@ -16,14 +16,14 @@ from onecat.engine.speculative.base import Proposer
 class DraftModelProposer(Proposer):
     name = "draft_model"
 
-    def __init__(self, k: int, target, model: str, **engine_kwargs):
+    def __init__(self, k: int, target, model: str, revision: str | None = None, **engine_kwargs):
         from onecat.engine.llm import LLM
 
         super().__init__(k)
         self.model_name = model
         self.draft = LLM(model, device=str(target.device), dtype=engine_kwargs.pop("dtype", target.dtype),
                          max_model_len=target.max_model_len, max_num_seqs=target.cfg.max_num_seqs,
-                         enable_prefix_caching=True, seed=target.cfg.seed, **engine_kwargs)
+                         enable_prefix_caching=True, seed=target.cfg.seed, revision=revision, **engine_kwargs)
         if self.draft.model_config.vocab_size != target.model_config.vocab_size:
             raise ConfigError(f"draft model {model!r} has vocabulary size {self.draft.model_config.vocab_size} but "
                               f"the target has {target.model_config.vocab_size}; a draft model must share the "

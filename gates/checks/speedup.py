@@ -20,11 +20,13 @@ from onecat.gates.registry import register_check
 from onecat.gates.stats import paired_bootstrap_ci, ratio_bootstrap_ci
 
 
-def bracketed_pairs(ev: Evidence, workload: str, metric: str, keys: Optional[list[str]]) -> list[tuple[str, int, float, float]]:
+def bracketed_pairs(ev: Evidence, workload: str, metric: str, keys: Optional[list[str]],
+                    candidate_metric: Optional[str] = None) -> list[tuple[str, int, float, float]]:
     """(key, repeat, candidate value, bracketing baseline mean) for every candidate repeat."""
     by = {arm: defaultdict(dict) for arm in ("baseline", "candidate")}
+    names = {"baseline": metric, "candidate": candidate_metric or metric}
     for arm in by:
-        for m in ev.metrics(arm, workload, metric):
+        for m in ev.metrics(arm, workload, names[arm]):
             if (keys is None or m["mkey"] in keys) and m["repeat"] is not None and m["value"] is not None:
                 by[arm][m["mkey"]][int(m["repeat"])] = float(m["value"])
     out = []
@@ -38,9 +40,11 @@ def bracketed_pairs(ev: Evidence, workload: str, metric: str, keys: Optional[lis
 
 
 def speed_result(ev: Evidence, workload: str, metric: str, keys: Optional[list[str]], bound: float,
-                 confidence: float, min_observations: int, label: str) -> CheckResult:
-    pairs = bracketed_pairs(ev, workload, metric, keys)
-    stat: dict = {"metric": metric, "bound": bound, "observations": len(pairs)}
+                 confidence: float, min_observations: int, label: str,
+                 candidate_metric: Optional[str] = None) -> CheckResult:
+    pairs = bracketed_pairs(ev, workload, metric, keys, candidate_metric)
+    stat: dict = {"metric": metric, "candidate_metric": candidate_metric or metric, "bound": bound,
+                  "observations": len(pairs)}
     per_key = defaultdict(list)
     for key, _, c, b in pairs:
         per_key[key].append((c, b))
@@ -69,6 +73,7 @@ class Speedup(Check):
         check: Literal["speedup"] = "speedup"
         workload: str
         metric: str = "decode_tok_s"
+        candidate_metric: Optional[str] = None  # e.g. spec_decode_tok_s vs the baseline's decode_tok_s
         keys: Optional[list[str]] = None  # e.g. ["bs=8"]; default all
         min_ratio: float = Field(gt=0.0)
         confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
@@ -76,4 +81,4 @@ class Speedup(Check):
 
     def evaluate(self, ev: Evidence, cfg: Config) -> CheckResult:
         return speed_result(ev, cfg.workload, cfg.metric, cfg.keys, cfg.min_ratio, cfg.confidence,
-                            cfg.min_observations, "min ratio")
+                            cfg.min_observations, "min ratio", cfg.candidate_metric)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -19,6 +19,9 @@ class ThroughputWorkload(WorkloadBase):
     batch_sizes: list[int] = Field(min_length=1)
     repeats: int = Field(default=3, ge=1)
     warmup: int = Field(default=1, ge=0)  # un-timed batches per (arm, batch size) before measuring
+    # "random": distinct random tokens; "repeat": a random span followed by its own beginning again, a
+    # synthetic repeated-context prompt (like code editing) whose continuation copies earlier tokens
+    prompt_style: Literal["random", "repeat"] = "random"
 
     @field_validator("batch_sizes")
     @classmethod
@@ -28,11 +31,18 @@ class ThroughputWorkload(WorkloadBase):
         return v
 
 
-def synthetic_prompts(engine: Any, n: int, length: int, seed: int) -> list[list[int]]:
+def synthetic_prompts(engine: Any, n: int, length: int, seed: int, style: str = "random") -> list[list[int]]:
     """n distinct random token-id prompts (distinct so the prefix cache cannot serve them)."""
     hi = engine.vocab_size or 32000
     hi = max(TOKEN_ID_FLOOR + 1000, min(hi, 1 << 20))
     rng = np.random.default_rng(seed)
+    if style == "repeat":
+        span = max(1, (length + 1) // 2)
+        out = []
+        for _ in range(n):
+            part = rng.integers(TOKEN_ID_FLOOR, hi - 1, size=span).tolist()
+            out.append((part + part)[:length])
+        return out
     return [rng.integers(TOKEN_ID_FLOOR, hi - 1, size=length).tolist() for _ in range(n)]
 
 
@@ -40,6 +50,7 @@ class ThroughputRunner(Runner):
     """Units: one per (batch size, repeat), interleaved across arms; the baseline runs one extra repeat."""
 
     measure_decode = True
+    speculative = False  # set per unit from the engine's effective settings
 
     def __init__(self) -> None:
         self._warm: set = set()
@@ -66,7 +77,8 @@ class ThroughputRunner(Runner):
                 engine.generate(synthetic_prompts(engine, bs, workload.input_len, 10_000 + w), [warm] * bs)
             self._warm.add(warm_key)
         # same prompts for both arms and every repeat of a batch size (fresh ids per batch size)
-        prompts = synthetic_prompts(engine, bs, workload.input_len, seed=1000 * bs + (unit.seed or 0))
+        prompts = synthetic_prompts(engine, bs, workload.input_len, seed=1000 * bs + (unit.seed or 0),
+                                    style=workload.prompt_style)
         params = [self._params(workload, sampling, None if unit.seed is None else unit.seed + i) for i in range(bs)]
         t0 = time.perf_counter()
         outs = engine.generate(prompts, params)
@@ -75,6 +87,7 @@ class ThroughputRunner(Runner):
             sink.request(request_record(f"{unit.key}/req={i}", out, engine.tokenizer, prompt=prompts[i],
                                         natural_stop_eligible=False, seed=unit.seed, repeat=unit.repeat,
                                         batch_size=bs, group=f"bs={bs}/req={i}"))
+        self.speculative = bool((engine.info() or {}).get("speculative"))
         self.emit_metrics(outs, wall, bs, unit, sink)
 
     def emit_metrics(self, outs: list, wall: float, bs: int, unit: Unit, sink: Any) -> None:
@@ -94,7 +107,14 @@ class ThroughputRunner(Runner):
         m("prefill_tok_s", n_in / max(max(ttft), 1e-9), "tok/s")
         m("ttft_mean_s", float(np.mean(ttft)), "s")
         m("output_tok_s", n_out / max(wall, 1e-9), "tok/s")
+        drafts = sum(o.spec.num_drafts for o in outs)
         if self.measure_decode and decoded:
-            m("decode_tok_s", decoded / max(last_done - first_done, 1e-9), "tok/s")
+            # speculative and target-only decode rates are different metrics, never one as the other
+            speculative = drafts > 0 or self.speculative
+            m("spec_decode_tok_s" if speculative else "decode_tok_s", decoded / max(last_done - first_done, 1e-9),
+              "tok/s")
             m("tpot_mean_s", float(np.mean(tpots)), "s")
+        if drafts:
+            accepted = sum(o.spec.num_accepted_tokens for o in outs)
+            m("acceptance_length", 1.0 + accepted / drafts, "tokens/round")
         sink.advance(1)
