@@ -128,6 +128,11 @@ class OpenAIEndpointEngine(EngineAdapter):
         self.vocab_size = vocab
         self.return_token_ids = True
 
+    def adjust_body(self, body: dict) -> dict:
+        """Last word on a request body: `engine.options.extra_body` merged in (peers override this)."""
+        extra = self.arm.engine.options.get("extra_body") or {}
+        return {**body, **extra} if extra else body
+
     def _first_model(self) -> str | None:
         try:
             data = httpx.get(self.base_url + "/v1/models", headers=self.headers, timeout=5).json()["data"]
@@ -144,7 +149,7 @@ class OpenAIEndpointEngine(EngineAdapter):
                                          headers=self.headers) as client:
                 async def one(path, body, chat):
                     async with sem:
-                        return await stream_completion(client, path, body, chat=chat)
+                        return await stream_completion(client, path, self.adjust_body(body), chat=chat)
                 return await asyncio.gather(*(one(*j) for j in jobs))
         return asyncio.run(go())
 
@@ -201,7 +206,7 @@ class OpenAIEndpointEngine(EngineAdapter):
             for p in prompts:
                 body = {"model": self.model, "prompt": p, "max_tokens": 1, "echo": True, "logprobs": 0,
                         "temperature": 0.0, "return_tokens_as_token_ids": True}
-                r = client.post("/v1/completions", json=body)
+                r = client.post("/v1/completions", json=self.adjust_body(body))
                 if r.status_code != 200:
                     raise EngineUnavailableError(f"{self.base_url} cannot score prompts: HTTP {r.status_code} "
                                                  f"{r.text[:200]}")

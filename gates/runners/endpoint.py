@@ -90,10 +90,11 @@ def percentiles(values: list[float], qs=(50, 90, 99)) -> dict[int, float]:
 
 @contextmanager
 def _endpoint_of(engine: Any):
-    """(base_url, headers, model, metrics_fn) for an endpoint adapter, or a loopback server around
+    """(base_url, headers, model, adjust_body) for an endpoint adapter, or a loopback server around
     the in-process onecat engine for the duration of the block."""
     if getattr(engine, "base_url", None):
-        yield engine.base_url, getattr(engine, "headers", {}), getattr(engine, "model", None)
+        yield (engine.base_url, getattr(engine, "headers", {}), getattr(engine, "model", None),
+               getattr(engine, "adjust_body", lambda body: body))
         return
     llm = getattr(engine, "llm", None)
     if llm is None:
@@ -106,7 +107,7 @@ def _endpoint_of(engine: Any):
     state = ServerState(llm, ServeConfig(model=name, max_queue_len=4096))
     srv = start_in_thread(state)
     try:
-        yield srv.url, {}, name
+        yield srv.url, {}, name, lambda body: body
     finally:
         srv.stop()
 
@@ -118,6 +119,8 @@ class EndpointRunner(Runner):
     def plan(self, workload: EndpointWorkload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key=f"seed={s}/rep={r}", seed=s, repeat=r, interleave=True, series=f"seed={s}",
                      size=workload.num_requests) for s in seeds for r in range(workload.repeats)]
+
+    _adjust = staticmethod(lambda body: body)
 
     def _body(self, workload: EndpointWorkload, sampling: SamplingSpec, model: str | None, prompt: str,
               seed: int) -> dict:
@@ -135,14 +138,15 @@ class EndpointRunner(Runner):
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
-        return body
+        return self._adjust(body)
 
     def run_unit(self, engine: Any, workload: EndpointWorkload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
         seed = unit.seed or 0
         prompts = make_prompts(workload.num_requests, workload.input_len, workload.shared_prefix_len, seed)
         warm = make_prompts(workload.warmup_requests, workload.input_len, 0, seed + 7919)
         path = "/v1/chat/completions" if workload.api == "chat" else "/v1/completions"
-        with _endpoint_of(engine) as (url, headers, model):
+        with _endpoint_of(engine) as (url, headers, model, adjust):
+            self._adjust = adjust
             async def go():
                 limit = (workload.concurrency or workload.num_requests) + 8
                 async with httpx.AsyncClient(base_url=url, headers=headers,
