@@ -324,3 +324,36 @@ def test_metrics_move_with_requests(client):
                  "vllm:request_queue_time_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
                  "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"):
         assert name in text, name
+
+
+# --------------------------------------------------------------------------- speculative decoding
+@pytest.fixture(scope="module")
+def spec_server():
+    from onecat.engine.server.app import ServeConfig, ServerState
+    from onecat.engine.server.launch import start_in_thread
+
+    state = ServerState.create(ServeConfig(model=EMBEDDED, max_model_len=1024, max_num_seqs=8,
+                                           speculative_config={"method": "ngram", "num_speculative_tokens": 4}))
+    srv = start_in_thread(state)
+    yield srv
+    srv.stop()
+
+
+def test_spec_decode_metrics_and_constrained_requests_under_speculation(spec_server):
+    from onecat.gates.engines.openai_client import metrics_delta, parse_prometheus, spec_acceptance
+
+    text = "one two three four five six seven eight nine ten " * 6
+    with httpx.Client(base_url=spec_server.url, timeout=120) as c:
+        before = parse_prometheus(c.get("/metrics").text)
+        r = c.post("/v1/completions", json={"prompt": text, "max_tokens": 24, "temperature": 0})
+        assert r.status_code == 200, r.text
+        spec = spec_acceptance(metrics_delta(before, parse_prometheus(c.get("/metrics").text)))
+        assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_accepted_tokens"] > 0
+        assert sum(spec["accepted_per_position"]) == spec["num_accepted_tokens"]
+        schema = {"type": "object", "properties": {"w": {"type": "string", "maxLength": 12}}, "required": ["w"],
+                  "additionalProperties": False}
+        r = c.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Answer in JSON: " + text}], "max_tokens": 30,
+            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}})
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
+    assert wait_idle(spec_server) == all_blocks(spec_server)

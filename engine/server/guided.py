@@ -144,6 +144,23 @@ def _apply_processors(logits: torch.Tensor, params: list) -> torch.Tensor:
 _shim_lock = threading.Lock()
 
 
+def exclude_constrained_from_speculation(engine) -> bool:
+    """Speculative verify samples without the logits processors, so constrained requests must not
+    be drafted for: filter them out of the proposer's `lookahead` (they then decode one token per
+    step through the sampler). True if the proposer was wrapped."""
+    proposer = getattr(engine, "proposer", None)
+    if proposer is None or getattr(proposer, "_onecat_constrained_filter", False):
+        return False
+    original = proposer.lookahead
+
+    def lookahead(running):
+        return original([s for s in running if not s.params.extra.get("logits_processors")])
+
+    proposer.lookahead = lookahead
+    proposer._onecat_constrained_filter = True
+    return True
+
+
 def install_sampler_shim() -> bool:
     """Make the engine honour `extra["logits_processors"]` if it does not already; True if installed."""
     from onecat.engine import engine_core

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -36,6 +36,7 @@ _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 5
 
 class ServerMetrics:
     def __init__(self, model_name: str, engine_getter: Any):
+        disable_created_metrics()  # no `*_created` series (vLLM does not export them either)
         self.registry = CollectorRegistry()
         self.labels = {"model_name": model_name, "engine": "0"}
         names = list(self.labels)

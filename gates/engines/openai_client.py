@@ -126,6 +126,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
         except ValueError:
             continue
         name = key.split("{", 1)[0]
+        if name.endswith("_created"):
+            continue
         if "position=" in key:
             pos = key.split('position="', 1)[1].split('"', 1)[0]
             name = f"{name}[{pos}]"
