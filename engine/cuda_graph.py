@@ -112,6 +112,8 @@ class DecodeGraphs:
         """The graph size for this step, or None when it must run eagerly."""
         if self.disabled_reason is not None or len(sched) > self.sizes[-1]:
             return None
+        if getattr(self.model, "aux_layer_ids", None):  # a drafter reads per-step hidden states: stay eager
+            return None
         for s in sched:
             seq = s.seq
             if s.num_new_tokens != 1 or s.num_lookahead or seq.num_computed_tokens + 1 != seq.num_tokens:
@@ -158,7 +160,7 @@ class DecodeGraphs:
         graph, logits = self.graphs[size]
         graph.replay()
         self.replays += 1
-        return logits[:b].float()
+        return logits[:len(sched)].float()
 
     def report(self) -> dict:
         return {"used": self.replays > 0, "replays": self.replays, "captured_sizes": sorted(self.graphs),
