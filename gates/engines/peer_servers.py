@@ -149,7 +149,8 @@ class ManagedLlamaCppServer(_ManagedPeer):
         argv = [python, "-m", "llama_cpp.server", "--model", str(resolved.path), "--model_alias", name,
                 "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(e.max_model_len or 2048),
                 "--seed", str(seed), "--n_threads", str(e.options.get("n_threads", os.cpu_count() or 1)),
-                "--n_batch", str(min(e.max_num_batched_tokens, 2048))]
+                "--n_batch", str(min(e.max_num_batched_tokens, 2048)),
+                "--interrupt_requests", "False"]  # queue concurrent requests instead of cutting the running one
         argv += [str(x) for x in e.options.get("extra_args", [])]
         return argv, {}
 
