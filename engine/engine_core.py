@@ -11,7 +11,7 @@ from onecat.engine.config import EngineConfig, ModelConfig
 from onecat.engine.kv_cache import allocate_kv_caches
 from onecat.engine.model_runner import ModelRunner
 from onecat.engine.outputs import RequestOutput, RequestTimings
-from onecat.engine.sampler import apply_filters, sample, token_logprobs
+from onecat.engine.sampler import apply_filters, apply_logits_processors, sample, token_logprobs
 from onecat.engine.scheduler import Scheduler
 from onecat.engine.sequence import Sequence
 from onecat.engine.tokenizer import Tokenizer
@@ -67,7 +67,8 @@ class EngineCore:
         if result.sample_rows:
             idx = result.sample_rows
             seqs = [out.scheduled[i].seq for i in idx]
-            toks = sample(result.logits, [s.params for s in seqs], [s.generator for s in seqs])
+            logits = apply_logits_processors(result.logits, seqs)
+            toks = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
             lps = token_logprobs(result.logits, toks, [s.params.logprobs for s in seqs]) \
                 if any(s.params.logprobs is not None for s in seqs) else [None] * len(seqs)
             for i, tok, lp in zip(idx, toks, lps):

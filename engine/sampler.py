@@ -10,6 +10,20 @@ import torch
 from onecat.engine.sampling_params import SamplingParams
 
 
+def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
+    """vLLM-style per-request processors, `fn(output_token_ids, logits_row) -> logits_row`, from
+    `SamplingParams.extra["logits_processors"]` (grammar constraints use this). Rows without
+    processors are untouched; the input tensor is never modified."""
+    rows = [i for i, s in enumerate(seqs) if s.params.extra.get("logits_processors")]
+    if not rows:
+        return logits
+    logits = logits.float().clone()
+    for i in rows:
+        for fn in seqs[i].params.extra["logits_processors"]:
+            logits[i] = fn(seqs[i].output_token_ids, logits[i])
+    return logits
+
+
 def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k / top-p / min-p masks -> probabilities, row by row. logits: [N, V] fp32."""
     device = logits.device

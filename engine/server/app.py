@@ -96,13 +96,10 @@ class ServerState:
                        param="model")
 
     def guided(self):
-        from onecat.engine.server.guided import (GuidedDecoding, exclude_constrained_from_speculation,
-                                                 install_sampler_shim)
+        from onecat.engine.server.guided import GuidedDecoding
 
         with self._guided_lock:
             if self._guided is None:
-                install_sampler_shim()
-                self.engine.run_sync(lambda llm: exclude_constrained_from_speculation(llm.engine))
                 self._guided = GuidedDecoding(self.tokenizer, self.llm.model_config.vocab_size)
             return self._guided
 

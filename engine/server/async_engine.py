@@ -37,7 +37,6 @@ class _Stream:
     request_id: str
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    on_added: Callable[[Any], None] | None = None  # called in the engine thread with the Sequence
     last_token_time: float | None = None
     num_tokens_seen: int = 0
     done: bool = False
@@ -91,7 +90,6 @@ class AsyncEngine:
         return self._in_flight
 
     async def submit(self, request_id: str, prompt: Any, params: Any, *, add_special_tokens: bool = True,
-                     on_added: Callable[[Any], None] | None = None,
                      out_queue: asyncio.Queue | None = None) -> asyncio.Queue:
         """Queue one engine request; returns the queue its `(request_id, output)` pairs arrive on
         (`out_queue` lets several requests of one HTTP call share a queue).
@@ -104,7 +102,7 @@ class AsyncEngine:
                                      f"{self.max_in_flight} = max_num_seqs + max_queue_len); retry later")
             self._in_flight += 1
         loop = asyncio.get_running_loop()
-        stream = _Stream(request_id, loop, out_queue if out_queue is not None else asyncio.Queue(), on_added)
+        stream = _Stream(request_id, loop, out_queue if out_queue is not None else asyncio.Queue())
         fut = loop.create_future()
         self._commands.put(_Add(stream, prompt, params, add_special_tokens, fut))
         try:
@@ -219,8 +217,6 @@ class AsyncEngine:
             resolve(RequestRejected(str(seq.stop_reason or "the engine refused the request")))
             return
         seq.arrival_time = min(seq.arrival_time, cmd.submit_time)
-        if stream.on_added is not None:
-            stream.on_added(seq)
         self._streams[stream.request_id] = stream
         resolve(None)
 

@@ -5,11 +5,8 @@ A `GrammarLogitsProcessor` is a per-request callable `fn(output_token_ids, logit
 since its last call, then sets every token the grammar forbids to -inf. The server attaches it as
 `SamplingParams.extra["logits_processors"] = [fn]`.
 
-Engine extension point: the engine calls each processor on the request's logits row before
-sampling. Until engine_core does so natively (it then sets
-`onecat.engine.engine_core.SUPPORTS_LOGITS_PROCESSORS = True`), `install_sampler_shim()` wraps
-the sampler that engine_core calls; the shim finds the token history through `fn.sequence`,
-which the server sets once the engine has created the request's Sequence.
+The engine calls each processor on the request's logits row before sampling
+(engine/sampler.py: apply_logits_processors) and never drafts speculative tokens for such a request.
 """
 from __future__ import annotations
 
@@ -101,7 +98,6 @@ class GrammarLogitsProcessor:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.num_consumed = 0
-        self.sequence = None  # set by the server for the sampler shim (see module docstring)
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         new = output_token_ids[self.num_consumed:]
@@ -125,55 +121,3 @@ class GrammarLogitsProcessor:
     @property
     def error(self) -> str:
         return self.matcher.get_error()
-
-
-# --------------------------------------------------------------------------- engine extension point
-def _apply_processors(logits: torch.Tensor, params: list) -> torch.Tensor:
-    rows = [i for i, p in enumerate(params) if p.extra.get("logits_processors")]
-    if not rows:
-        return logits
-    logits = logits.float().clone()
-    for i in rows:
-        for fn in params[i].extra["logits_processors"]:
-            seq = getattr(fn, "sequence", None)
-            tokens = seq.output_token_ids if seq is not None else []
-            logits[i] = fn(tokens, logits[i])
-    return logits
-
-
-_shim_lock = threading.Lock()
-
-
-def exclude_constrained_from_speculation(engine) -> bool:
-    """Speculative verify samples without the logits processors, so constrained requests must not
-    be drafted for: filter them out of the proposer's `lookahead` (they then decode one token per
-    step through the sampler). True if the proposer was wrapped."""
-    proposer = getattr(engine, "proposer", None)
-    if proposer is None or getattr(proposer, "_onecat_constrained_filter", False):
-        return False
-    original = proposer.lookahead
-
-    def lookahead(running):
-        return original([s for s in running if not s.params.extra.get("logits_processors")])
-
-    proposer.lookahead = lookahead
-    proposer._onecat_constrained_filter = True
-    return True
-
-
-def install_sampler_shim() -> bool:
-    """Make the engine honour `extra["logits_processors"]` if it does not already; True if installed."""
-    from onecat.engine import engine_core
-
-    with _shim_lock:
-        if getattr(engine_core, "SUPPORTS_LOGITS_PROCESSORS", False) or \
-                getattr(engine_core.sample, "_onecat_logits_shim", False):
-            return False
-        original = engine_core.sample
-
-        def sample_with_processors(logits, params, generators):
-            return original(_apply_processors(logits, params), params, generators)
-
-        sample_with_processors._onecat_logits_shim = True
-        engine_core.sample = sample_with_processors
-        return True

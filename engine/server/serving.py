@@ -101,16 +101,11 @@ class _Job:
     finished: set = field(default_factory=set)
 
     async def add(self, rid: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        procs = params.extra.get("logits_processors") or []
-
-        def bind(seq):
-            for fn in procs:
-                fn.sequence = seq
         from onecat.engine.server.async_engine import QueueFullError, RequestRejected
 
         try:
             await self.state.engine.submit(rid, prompt_ids, params, add_special_tokens=False,
-                                           on_added=bind if procs else None, out_queue=self.queue)
+                                           out_queue=self.queue)
         except QueueFullError as exc:
             raise ApiError(503, str(exc)) from None
         except RequestRejected as exc:

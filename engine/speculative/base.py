@@ -45,6 +45,8 @@ class SpeculativeDecoder:
             seq.draft_tokens, seq.draft_probs = [], None
             if seq.num_tokens - seq.num_computed_tokens != 1 or seq.params.prompt_logprobs is not None:
                 continue
+            if seq.params.extra.get("logits_processors"):  # verification does not run them: no drafts
+                continue
             p = seq.params
             left = (p.max_tokens - seq.num_output_tokens) if p.max_tokens is not None else self.k + 1
             budget = min(self.k, left - 1, self.max_model_len - seq.num_tokens - 1)
