@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -84,6 +85,7 @@ def main() -> None:
     single, many = prompts(1)[0], prompts(CONCURRENCY)
     bench_transformers(hf, single)  # warm-up, excluded
     bench_onecat(llm, [single])
+    load_before = os.getloadavg()
     runs = {"transformers_b1": [], "onecat_b1": [], "onecat_c16": []}
     for r in range(args.repeats):
         runs["transformers_b1"].append(bench_transformers(hf, single))
@@ -108,7 +110,8 @@ def main() -> None:
     record = {
         "benchmark": "engine_cpu", "kind": "measured", "date": datetime.now(timezone.utc).isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "python": platform.python_version()},
+                    "cores": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]]},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onecat_git": git_rev()},
         "model": EMBEDDED, "dtype": "float32", "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
                                                             "concurrency": CONCURRENCY, "greedy": True,
