@@ -215,3 +215,36 @@ def test_generation_health_fields():
     assert h2["natural_stop"] and not h2["repetition_loop"] and h2["text_sha256"] == generation_health(
         RequestOutput("r", None, [9], [5, 6, 2], "hi", "stop"))["text_sha256"]
     assert h2["token_sha256"] != h["token_sha256"]
+
+
+# ------------------------------------------------------------------ capped / invalid outputs
+def test_capped_outputs_max(store):
+    from onecat.gates.checks.capped_outputs_max import CappedOutputsMax
+
+    add_requests(store, "baseline", "g", ["h"] * 40, stops=[True] * 40)
+    add_requests(store, "candidate", "g", ["h"] * 40, stops=[True] * 38 + [False] * 2)
+    assert CappedOutputsMax().evaluate(ev(store), cfg(CappedOutputsMax, max_rate=0.1)).status == PASS
+    assert CappedOutputsMax().evaluate(ev(store), cfg(CappedOutputsMax, max_rate=0.02)).status == INCONCLUSIVE
+    res = CappedOutputsMax().evaluate(ev(store), cfg(CappedOutputsMax, max_increase=0.0))
+    assert res.status == INCONCLUSIVE and res.statistic["increase"] == pytest.approx(0.05)
+
+
+def test_capped_outputs_max_clear_failure(store):
+    from onecat.gates.checks.capped_outputs_max import CappedOutputsMax
+
+    add_requests(store, "baseline", "g", ["h"] * 40, stops=[True] * 40)
+    add_requests(store, "candidate", "g", ["h"] * 40, stops=[True] * 20 + [False] * 20)
+    assert CappedOutputsMax().evaluate(ev(store), cfg(CappedOutputsMax, max_rate=0.1)).status == FAIL
+    assert CappedOutputsMax().evaluate(ev(store), cfg(CappedOutputsMax, max_increase=0.05)).status == FAIL
+
+
+def test_invalid_outputs_max(store):
+    from onecat.gates.checks.invalid_outputs_max import InvalidOutputsMax
+
+    for i in range(30):
+        store.add_request(RUN, "candidate", "g", RequestRecord(key=f"k{i}", token_sha256="h",
+                                                               replacement_chars=1 if i < 15 else 0,
+                                                               repetition_loop=i == 20))
+    res = InvalidOutputsMax().evaluate(ev(store), cfg(InvalidOutputsMax, max_rate=0.1))
+    assert res.status == FAIL and res.statistic["candidate"]["invalid"] == 16
+    assert InvalidOutputsMax().evaluate(ev(store), cfg(InvalidOutputsMax, max_rate=0.6)).status == PASS
