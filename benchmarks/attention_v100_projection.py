@@ -1,5 +1,7 @@
 """PROJECTED (not measured) V100 speed of the FLASH_ATTN_V100 kernels from a roofline model.
 
+The model lives in onecat.engine.kernels.projection (shared with `onecat kernels bench`).
+
 Model: time >= max(useful FLOPs / compute peak, bytes moved / peak HBM2 bandwidth), with
 V100-SXM2 peaks of 900 GB/s and, as compute peak, 125 TFLOP/s FP16 HMMA for prefill (tensor
 cores) but 15.7 TFLOP/s FP32 FMA for decode/verify (that kernel computes on the FP32 pipes). The projection is the
@@ -14,58 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
-V100_FP16_TENSOR_TFLOPS = 125.0
-V100_FP32_TFLOPS = 15.7
-V100_HBM_GBPS = 900.0
-MODEL = "roofline bound, V100-SXM2: 125 TFLOP/s FP16 HMMA (prefill), 15.7 TFLOP/s FP32 (decode), 900 GB/s HBM2"
-
-
-@dataclass
-class Projection:
-    kernel: str
-    shape: str
-    useful_tflop: float
-    bytes_gb: float
-    bound: str
-    projected_ms: float
-    projected_tflops: float
-    label: str = "projected"
-    model: str = MODEL
-
-
-def _project(kernel: str, shape: str, flops: float, nbytes: float, peak_tflops: float) -> Projection:
-    t_compute = flops / (peak_tflops * 1e12)
-    t_memory = nbytes / (V100_HBM_GBPS * 1e9)
-    t = max(t_compute, t_memory)
-    return Projection(kernel, shape, flops / 1e12, nbytes / 1e9, "compute" if t_compute >= t_memory else "memory",
-                      t * 1e3, flops / t / 1e12)
-
-
-def prefill(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int, causal: bool = True) -> Projection:
-    pairs = seq * (seq + 1) / 2 if causal else seq * seq
-    flops = 4.0 * batch * heads * head_dim * pairs
-    nbytes = 2.0 * batch * seq * head_dim * (2 * heads + 2 * kv_heads)  # Q, O, K, V once (FP16)
-    return _project("prefill", f"B={batch} L={seq} H={heads}/{kv_heads} D={head_dim} causal={causal}", flops, nbytes,
-                    V100_FP16_TENSOR_TFLOPS)
-
-
-def decode(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int, kv_bytes: int = 2, q_len: int = 1) -> Projection:
-    flops = 4.0 * batch * heads * head_dim * ctx * q_len
-    kv = batch * ctx * kv_heads * (2 * head_dim * kv_bytes + (8 if kv_bytes == 1 else 0))
-    qo = 2.0 * 2 * batch * q_len * heads * head_dim
-    kind = {2: "f16", 1: "fp8"}[kv_bytes]
-    name = "decode" if q_len == 1 else f"verify(q_len={q_len})"
-    return _project(name, f"B={batch} ctx={ctx} H={heads}/{kv_heads} D={head_dim} KV={kind}", flops, kv + qo, V100_FP32_TFLOPS)
-
-
-def default_table() -> list[Projection]:
-    rows = [prefill(1, n, 32, 8, 128) for n in (2048, 8192, 32768)]
-    rows += [prefill(1, 8192, 16, 16, 64), prefill(1, 8192, 8, 8, 256)]
-    rows += [decode(b, c, 32, 8, 128, kb) for b, c in ((1, 4096), (32, 4096), (64, 32768)) for kb in (2, 1)]
-    rows += [decode(32, 4096, 32, 8, 128, 2, q_len=5)]
-    return rows
+from onecat.engine.kernels.projection import MODEL, default_table
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""`onecat kernels`: offline checks of the custom CUDA kernels (no GPU needed)."""
+"""`onecat kernels`: offline sm_70 checks of the custom CUDA kernels, and their benchmark."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="Custom CUDA kernels: sm_70 build/resource check and its toolchain.",
+app = typer.Typer(help="Custom CUDA kernels: sm_70 build/resource check, toolchain, benchmark.",
                   no_args_is_help=True)
 console = Console()
 
@@ -65,3 +65,95 @@ def fetch_nvdisasm_cmd() -> None:
 
     path = fetch_nvdisasm()
     console.print(f"nvdisasm extracted to {path}")
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes comma-separated integers, e.g. 64,128; got {text!r}")
+
+
+@app.command()
+def bench(
+    out: Path = typer.Option(Path(".onecat/kernels_bench.json"), "--out", help="JSON file for every record."),
+    head_dims: str = typer.Option("64,128", "--head-dims", help="Comma-separated head dims (64, 128, 256)."),
+    kv_dtypes: str = typer.Option("fp16,fp8_e4m3,fp8_e5m2", "--kv-dtypes",
+                                  help="Comma-separated decode KV dtypes: fp16, fp8_e4m3, fp8_e5m2."),
+    repeats: int = typer.Option(20, "--repeats", min=1, help="Timed calls per shape (median reported)."),
+) -> None:
+    """Time the FLASH_ATTN_V100 prefill and paged decode kernels on the CUDA GPU present, beside the
+    V100 roofline projection. Only compute capability 7.0 gives V100 measurements; elsewhere the
+    timings are labelled emulated. Without a GPU, prints the projection alone (exit 0)."""
+    from onecat.engine.kernels import bench as kb
+    from onecat.engine.kernels.projection import MODEL
+
+    dims = _int_list(head_dims, "--head-dims")
+    bad = [d for d in dims if d not in kb.HEAD_DIMS]
+    if not dims or bad:
+        raise typer.BadParameter(f"head dims {bad or dims} unsupported: choose from {kb.HEAD_DIMS}",
+                                 param_hint="--head-dims")
+    kvs = [x.strip() for x in kv_dtypes.split(",") if x.strip()]
+    bad_kv = [x for x in kvs if x not in kb.KV_DTYPES]
+    if not kvs or bad_kv:
+        raise typer.BadParameter(f"KV dtypes {bad_kv or kvs} unsupported: choose from {', '.join(kb.KV_DTYPES)}",
+                                 param_hint="--kv-dtypes")
+    cases = kb.plan(dims, kvs)
+
+    import torch
+
+    gpu_note, ext, kind, device_name, capability = None, None, None, None, None
+    if not torch.cuda.is_available():
+        gpu_note = "no CUDA GPU present: projection only, nothing measured"
+        console.print(f"[yellow]{gpu_note}[/yellow]")
+    else:
+        capability = torch.cuda.get_device_capability()
+        device_name = f"{torch.cuda.get_device_name()} (sm_{capability[0]}{capability[1]})"
+        kind = kb.device_kind(capability)
+        from onecat.engine.kernels.flash_attn_v100_ext import KernelUnavailable, load_extension
+
+        try:
+            console.print(f"building/loading the flash_attn_v100 extension for {device_name} ...")
+            ext = load_extension()
+        except KernelUnavailable as exc:
+            gpu_note = f"GPU present ({device_name}) but the kernels are unavailable: {exc}"
+
+    records: list = []
+    pairs = []
+    for case in cases:
+        proj = kb.projected_record(case)
+        meas = kb.measured_record(ext, case, repeats, device_name, kind) if ext is not None else None
+        records += [r for r in (meas, proj) if r is not None]
+        pairs.append((case, meas, proj))
+
+    measured_cols = ("kind", "ms", "TFLOP/s", "KV GB/s") if ext is not None else ()
+    title = (f"FLASH_ATTN_V100 on {device_name}: {kind}" if ext is not None
+             else "FLASH_ATTN_V100: V100 projection only (no GPU measurement)")
+    table = Table(title=title)
+    for col in ("kernel", "shape") + measured_cols + ("V100 proj ms", "proj TFLOP/s", "proj KV GB/s", "bound"):
+        table.add_column(col, justify="left" if col in ("kernel", "shape", "kind", "bound") else "right",
+                         no_wrap=True)
+    gb = (lambda r: "-" if r.kv_gbps is None else f"{r.kv_gbps:.0f}")
+    for case, meas, proj in pairs:
+        cells = [meas.kind, f"{meas.ms:.4f}", f"{meas.useful_tflops:.2f}", gb(meas)] if meas else []
+        table.add_row(case.kernel, case.shape, *cells, f"{proj.ms:.4f}", f"{proj.useful_tflops:.1f}", gb(proj),
+                      proj.bound)
+    wide = Console(width=max(console.width, 170))
+    wide.print(table)
+    console.print(f"projected = {MODEL}; an upper bound on V100 speed, not a measurement.")
+    console.print("TFLOP/s counts useful causal QK^T+PV work only; KV GB/s = K+V bytes of the context / time.")
+    if gpu_note:
+        console.print(f"[yellow]{gpu_note}[/yellow]")
+    elif kind != kb.MEASURED:
+        console.print(f"[yellow]{device_name} is not compute capability 7.0: m8n8k4 HMMA is emulated there, so "
+                      f"these timings are not V100 numbers ({kind}).[/yellow]")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "device": device_name or "none", "capability": list(capability) if capability else None,
+        "gpu_present": torch.cuda.is_available(), "measured_kind": kind if ext is not None else None,
+        "note": gpu_note, "torch": torch.__version__, "cuda": torch.version.cuda, "repeats": repeats,
+        "projection_model": MODEL, "records": kb.as_dicts(records)}, indent=2))
+    console.print(f"wrote {len(records)} records to {out}")
+    if ext is None and torch.cuda.is_available():
+        raise typer.Exit(1)
