@@ -215,6 +215,19 @@ def _prompts_of(state: Any, req: CompletionRequest) -> list[tuple[str | None, li
     return out
 
 
+async def _collect_finals(job, request) -> dict[str, Any]:
+    """Wait for every request of a non-streaming call; abort the rest if the client goes away."""
+    finals: dict[str, Any] = {}
+    try:
+        async for rid, out in job.outputs(request):
+            if out.finished:
+                finals[rid] = out
+    except BaseException:
+        job.abort_unfinished()
+        raise
+    return finals
+
+
 async def create_completion(state: Any, req: CompletionRequest, request: Any):
     model = _check_common(state, req)
     if req.suffix:
@@ -248,14 +261,7 @@ async def create_completion(state: Any, req: CompletionRequest, request: Any):
     if req.stream:
         n_prompt = sum(len(ids) for _, ids in prompts)
         return _stream_completion(state, req, job, base, model, created, choice_of, prompt_texts, n_prompt)
-    finals: dict[str, Any] = {}
-    try:
-        async for rid, out in job.outputs(request):
-            if out.finished:
-                finals[rid] = out
-    except BaseException:
-        job.abort_unfinished()
-        raise
+    finals = await _collect_finals(job, request)
     choices = []
     for rid in job.ids:
         i, index = choice_of[rid]
@@ -516,14 +522,7 @@ async def create_chat_completion(state: Any, req: ChatCompletionRequest, request
     created = int(time.time())
     if req.stream:
         return _stream_chat(state, req, job, base, model, created, index_of, view, len(ids), top_n)
-    finals: dict[str, Any] = {}
-    try:
-        async for rid, out in job.outputs(request):
-            if out.finished:
-                finals[rid] = out
-    except BaseException:
-        job.abort_unfinished()
-        raise
+    finals = await _collect_finals(job, request)
     choices = []
     tok = state.tokenizer
     for rid in job.ids:

@@ -258,14 +258,26 @@ class ManagedOnecatServer(OpenAIEndpointEngine):
 
     @classmethod
     def open(cls, arm: ArmSettings, seed: int = 0) -> "ManagedOnecatServer":
-        from onecat.gates.engines.server_process import ServerProcess, ServerStartError, free_port, onecat_serve_argv
+        from onecat.gates.engines.server_process import free_port, onecat_serve_argv
 
         port = int(arm.engine.options.get("port") or free_port())
+        argv = onecat_serve_argv(arm.model.source, port=port, flags=cls.serve_flags(arm, seed))
+        return cls.start_managed(arm, seed, argv, port, name="onecat_serve", default_timeout_s=600)
+
+    @classmethod
+    def start_managed(cls, arm: ArmSettings, seed, argv: list[str], port: int, *, name: str,
+                      default_timeout_s: float, env: dict | None = None, ready_path: str | None = None):
+        """Start a server process for `arm` (logs kept under its log dir), then connect to it."""
+        from onecat.gates.engines.server_process import ServerProcess, ServerStartError
+
         log_dir = Path(arm.engine.options.get("log_dir") or os.environ.get("ONECAT_SERVER_LOG_DIR")
                        or Path(".onecat") / "servers" / f"{arm.name}-{arm.fingerprint[:12]}-{int(time.time())}")
-        proc = ServerProcess(onecat_serve_argv(arm.model.source, port=port, flags=cls.serve_flags(arm, seed)),
-                             port=port, log_dir=log_dir, name="onecat_serve",
-                             startup_timeout_s=float(arm.engine.options.get("startup_timeout_s", 600)))
+        extra = {"env": env} if env is not None else {}
+        if ready_path is not None:
+            extra["ready_path"] = ready_path
+        proc = ServerProcess(argv, port=port, log_dir=log_dir, name=name,
+                             startup_timeout_s=float(arm.engine.options.get("startup_timeout_s", default_timeout_s)),
+                             **extra)
         try:
             proc.start()
         except ServerStartError as exc:

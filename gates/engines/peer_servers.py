@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
-from typing import Any
 
 from onecat.gates.contract import ArmSettings
 from onecat.gates.engines.base import EngineUnavailableError
@@ -61,29 +59,15 @@ class _ManagedPeer(OpenAIEndpointEngine):
 
     @classmethod
     def open(cls, arm: ArmSettings, seed: int = 0):
-        from onecat.gates.engines.server_process import ServerProcess, ServerStartError, free_port
+        from onecat.gates.engines.server_process import free_port
 
         python, problem = _peer_python(arm, cls.peer, cls.module)
         if problem:
             raise EngineUnavailableError(problem)
         port = int(arm.engine.options.get("port") or free_port())
         argv, env = cls.argv(arm, python, port, seed)
-        log_dir = Path(arm.engine.options.get("log_dir") or os.environ.get("ONECAT_SERVER_LOG_DIR")
-                       or Path(".onecat") / "servers" / f"{arm.name}-{arm.fingerprint[:12]}-{int(time.time())}")
-        proc = ServerProcess(argv, port=port, log_dir=log_dir, name=cls.log_name, env=env,
-                             ready_path=cls.ready_path,
-                             startup_timeout_s=float(arm.engine.options.get("startup_timeout_s", 900)))
-        try:
-            proc.start()
-        except ServerStartError as exc:
-            raise EngineUnavailableError(f"arm {arm.name}: {exc}") from None
-        try:
-            self = cls(arm, proc.url, seed)
-        except BaseException:
-            proc.stop()
-            raise
-        self.process = proc
-        return self
+        return cls.start_managed(arm, seed, argv, port, name=cls.log_name, default_timeout_s=900, env=env,
+                                 ready_path=cls.ready_path)
 
     ready_path = "/health"
 
