@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from onecat.engine.kernels import projection
 
@@ -76,7 +76,6 @@ class BenchRecord:
     repeats: int | None = None
     bound: str | None = None
     model: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def plan(head_dims: list[int], kv_dtypes: list[str]) -> list[BenchCase]:
