@@ -302,7 +302,7 @@ gates:
 @needs_data
 @pytest.mark.parametrize("candidate_garbage, decision", [(False, "PROMOTE"), (True, "ROLLBACK")])
 def test_quality_workloads_through_gate_run(tmp_path, gsm_items, candidate_garbage, decision):
-    import tests.gate_fakes  # noqa: F401  registers the "fake" backend the contract names
+    import gate_fakes  # noqa: F401  registers the "fake" backend the contract names (tests/ is on sys.path)
     from onecat.gates.gate_run import run_gate
 
     he = evalplus_data.parse_problems(resolve_dataset("humaneval_plus").read_text(), "humaneval")
