@@ -71,7 +71,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_cpu.json"))
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="weights/activations for BOTH engines (matched precision)")
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
 
     import transformers
 
@@ -80,8 +83,8 @@ def main() -> None:
 
     path = resolve_model_source(EMBEDDED).path
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
-    llm = LLM(EMBEDDED, max_model_len=1024, max_num_seqs=CONCURRENCY, enable_prefix_caching=False)
+                                                           dtype=dtype).eval()
+    llm = LLM(EMBEDDED, dtype=args.dtype, max_model_len=1024, max_num_seqs=CONCURRENCY, enable_prefix_caching=False)
     single, many = prompts(1)[0], prompts(CONCURRENCY)
     bench_transformers(hf, single)  # warm-up, excluded
     bench_onecat(llm, [single])
@@ -113,7 +116,7 @@ def main() -> None:
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]]},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onecat_git": git_rev()},
-        "model": EMBEDDED, "dtype": "float32", "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
+        "model": EMBEDDED, "dtype": args.dtype, "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
                                                             "concurrency": CONCURRENCY, "greedy": True,
                                                             "ignore_eos": True, "repeats": args.repeats},
         "summary": summary, "runs": runs,
