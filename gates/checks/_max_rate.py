@@ -11,7 +11,8 @@ from typing import Callable, Optional
 
 from pydantic import Field
 
-from onecat.gates.checks.base import FAIL, INCONCLUSIVE, PASS, CheckResult, Evidence
+from onecat.gates.checks.base import (FAIL, INCONCLUSIVE, PASS, CheckResult, Evidence, combine,
+                                      decide_paired_loss)
 from onecat.gates.contract import GateBase
 from onecat.gates.stats import mcnemar_exact, wilson_interval
 
@@ -55,12 +56,6 @@ def evaluate_max_rate(ev: Evidence, cfg: MaxRateConfig, flag: Callable[[dict], b
             mc = mcnemar_exact([not flag(rows["baseline"][k]) for k in paired],
                                [not flag(rows["candidate"][k]) for k in paired])
             stat["increase"], stat["mcnemar"] = rise, mc.as_dict()
-            if rise <= cfg.max_increase:
-                verdicts.append(PASS)
-            elif mc.p_value < cfg.alpha and mc.baseline_only > mc.candidate_only:
-                verdicts.append(FAIL)
-            else:
-                verdicts.append(INCONCLUSIVE)
+            verdicts.append(decide_paired_loss(rise, cfg.max_increase, mc, cfg.alpha))
             notes.append(f"increase {rise:+.3f} vs max {cfg.max_increase} (McNemar p={mc.p_value:.3g})")
-    status = FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
-    return CheckResult(status, "; ".join(notes), stat)
+    return CheckResult(combine(verdicts), "; ".join(notes), stat)

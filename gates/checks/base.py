@@ -78,3 +78,19 @@ def decide_upper_bound(low: float, high: float, bound: float) -> str:
     if low > bound:
         return FAIL
     return INCONCLUSIVE
+
+
+def decide_paired_loss(loss: float, max_loss: float, mc: Any, alpha: float) -> str:
+    """A rate that may worsen by at most `max_loss`: PASS within it; FAIL only when an exact McNemar
+    test on the paired items says the loss is real (baseline-only successes dominate); else
+    INCONCLUSIVE."""
+    if loss <= max_loss:
+        return PASS
+    if mc.p_value < alpha and mc.baseline_only > mc.candidate_only:
+        return FAIL
+    return INCONCLUSIVE
+
+
+def combine(verdicts: list[str]) -> str:
+    """Any FAIL fails; otherwise any INCONCLUSIVE is inconclusive; otherwise PASS."""
+    return FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS

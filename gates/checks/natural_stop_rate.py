@@ -12,7 +12,8 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from onecat.gates.checks.base import FAIL, INCONCLUSIVE, PASS, Check, CheckResult, Evidence
+from onecat.gates.checks.base import (FAIL, INCONCLUSIVE, PASS, Check, CheckResult, Evidence, combine,
+                                      decide_paired_loss)
 from onecat.gates.contract import GateBase
 from onecat.gates.registry import register_check
 from onecat.gates.stats import mcnemar_exact, wilson_interval
@@ -68,12 +69,6 @@ class NaturalStopRate(Check):
                 mc = mcnemar_exact([bool(rows["baseline"][k]["natural_stop"]) for k in paired],
                                    [bool(rows["candidate"][k]["natural_stop"]) for k in paired])
                 stat["drop"], stat["mcnemar"] = drop, mc.as_dict()
-                if drop <= cfg.max_drop:
-                    verdicts.append(PASS)
-                elif mc.p_value < cfg.alpha and mc.baseline_only > mc.candidate_only:
-                    verdicts.append(FAIL)
-                else:
-                    verdicts.append(INCONCLUSIVE)
+                verdicts.append(decide_paired_loss(drop, cfg.max_drop, mc, cfg.alpha))
                 notes.append(f"drop {drop:+.3f} vs max {cfg.max_drop} (McNemar p={mc.p_value:.3g})")
-        status = FAIL if FAIL in verdicts else INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
-        return CheckResult(status, "; ".join(notes), stat)
+        return CheckResult(combine(verdicts), "; ".join(notes), stat)
