@@ -4,10 +4,12 @@ Workload (from the engine issue): 128-token prompts, 128 output tokens, greedy, 
   - transformers `generate`, batch 1 (the peer)
   - onecat, batch 1
   - onecat, 16 concurrent requests (continuous batching)
+  - with --quantization gguf, also onecat batch 1 and 16 concurrent running the GGUF's own block
+    tensors packed (4-bit matmuls; transformers cannot run them and dequantizes to --dtype)
 Runs are interleaved (peer, onecat-1, onecat-16, repeated) and the median is reported, so slow
 drift of a noisy machine hits every arm alike. Prints a table and writes a JSON record.
 
-    python benchmarks/engine_cpu.py [--repeats 3] [--out benchmarks/results/engine_cpu.json]
+    python benchmarks/engine_cpu.py [--repeats 3] [--dtype float32] [--quantization gguf] [--out FILE]
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/engine_cpu.json"))
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights/activations for BOTH engines (matched precision)")
+    ap.add_argument("--quantization", choices=["gguf"], default=None,
+                    help="add onecat arms that keep the GGUF block tensors packed (quantization='gguf')")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
 
@@ -84,16 +88,23 @@ def main() -> None:
     path = resolve_model_source(EMBEDDED).path
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                            dtype=dtype).eval()
-    llm = LLM(EMBEDDED, dtype=args.dtype, max_model_len=1024, max_num_seqs=CONCURRENCY, enable_prefix_caching=False)
+    kw = dict(dtype=args.dtype, max_model_len=1024, max_num_seqs=CONCURRENCY, enable_prefix_caching=False)
+    llm = LLM(EMBEDDED, **kw)
+    packed = LLM(EMBEDDED, quantization=args.quantization, **kw) if args.quantization else None
     single, many = prompts(1)[0], prompts(CONCURRENCY)
-    bench_transformers(hf, single)  # warm-up, excluded
-    bench_onecat(llm, [single])
+    arms = {"transformers_b1": lambda: bench_transformers(hf, single),
+            "onecat_b1": lambda: bench_onecat(llm, [single]), "onecat_c16": lambda: bench_onecat(llm, many)}
+    if packed is not None:
+        arms.update({"onecat_gguf_b1": lambda: bench_onecat(packed, [single]),
+                     "onecat_gguf_c16": lambda: bench_onecat(packed, many)})
+    for name in ("transformers_b1", "onecat_b1", "onecat_gguf_b1"):  # warm-up, excluded
+        if name in arms:
+            arms[name]()
     load_before = os.getloadavg()
-    runs = {"transformers_b1": [], "onecat_b1": [], "onecat_c16": []}
+    runs: dict[str, list] = {name: [] for name in arms}
     for r in range(args.repeats):
-        runs["transformers_b1"].append(bench_transformers(hf, single))
-        runs["onecat_b1"].append(bench_onecat(llm, [single]))
-        runs["onecat_c16"].append(bench_onecat(llm, many))
+        for name, run in arms.items():
+            runs[name].append(run())
         print(f"repeat {r + 1}/{args.repeats} done", flush=True)
 
     def med(arm, key):
@@ -110,13 +121,25 @@ def main() -> None:
         "ratio_c16_aggregate_vs_transformers_b1": c16 / hf_e2e,
         "targets": {"b1_decode_ratio": 1.5, "c16_aggregate_ratio": 6.0},
     }
+    if packed is not None:
+        g_dec, g16 = med("onecat_gguf_b1", "decode_tok_s_per_request"), med("onecat_gguf_c16", "e2e_tok_s")
+        summary.update({"onecat_gguf_b1_decode_tok_s": g_dec, "onecat_gguf_b1_e2e_tok_s": med("onecat_gguf_b1", "e2e_tok_s"),
+                        "onecat_gguf_c16_aggregate_output_tok_s": g16,
+                        "ratio_gguf_b1_decode_vs_transformers": g_dec / hf_dec,
+                        "ratio_gguf_c16_aggregate_vs_transformers_b1": g16 / hf_e2e,
+                        "gguf_quantization": packed.info()["quantization"]})
     record = {
         "benchmark": "engine_cpu", "kind": "measured", "date": datetime.now(timezone.utc).isoformat(),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]]},
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onecat_git": git_rev()},
-        "model": EMBEDDED, "dtype": args.dtype, "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
+        "model": EMBEDDED, "dtype": args.dtype, "quantization": args.quantization,
+        "precision_note": ("transformers and the onecat_b1/onecat_c16 arms run the GGUF dequantized to "
+                           f"{args.dtype}; onecat_gguf_* arms run the same file's block tensors packed "
+                           "(4-bit terms, bf16 matmul activations, everything else in "
+                           f"{args.dtype})" if packed else f"both engines run the GGUF dequantized to {args.dtype}"),
+        "workload": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
                                                             "concurrency": CONCURRENCY, "greedy": True,
                                                             "ignore_eos": True, "repeats": args.repeats},
         "summary": summary, "runs": runs,
@@ -129,6 +152,9 @@ def main() -> None:
     print(f"{'onecat b1 decode':<34}{one_dec:>10.1f}   x{one_dec / hf_dec:.2f} (target 1.5)")
     print(f"{'onecat b1 end-to-end':<34}{one_e2e:>10.1f}   x{one_e2e / hf_e2e:.2f}")
     print(f"{'onecat 16 concurrent, aggregate':<34}{c16:>10.1f}   x{c16 / hf_e2e:.2f} vs transformers b1 (target 6)")
+    if packed is not None:
+        print(f"{'onecat gguf-packed b1 decode':<34}{g_dec:>10.1f}   x{g_dec / hf_dec:.2f} (target 1.5)")
+        print(f"{'onecat gguf-packed 16 concurrent':<34}{g16:>10.1f}   x{g16 / hf_e2e:.2f} vs transformers b1")
     print(f"\nwritten: {args.out}")
 
 

@@ -8,17 +8,16 @@ from onecat.engine.attention.backend import LayerKVCache
 
 def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                        dtype: torch.dtype, fp8_dtype: torch.dtype | None, device: torch.device) -> list[LayerKVCache]:
-    """Block 0 is the null block: zeroed, never handed out, the target of padded block-table entries.
+    """Block 0 is the null block: never handed out, the target of padded block-table entries.
 
-    Every other slot is written before it is read, so the rest is left uninitialized (cheap to allocate).
+    Everything starts zeroed: attention paths that read whole blocks see the unwritten tail of a
+    sequence's last block (masked out, weight 0), and it must hold finite numbers, never NaN garbage.
     """
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     store = dtype if fp8_dtype is None else torch.uint8
     caches = []
     for _ in range(num_layers):
-        k, v = (torch.empty(shape, dtype=store, device=device) for _ in range(2))
-        k[0].zero_()
-        v[0].zero_()
+        k, v = (torch.zeros(shape, dtype=store, device=device) for _ in range(2))
         ks = vs = None
         if fp8_dtype is not None:
             ks, vs = (torch.ones(shape[:3], dtype=torch.float32, device=device) for _ in range(2))

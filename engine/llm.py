@@ -16,6 +16,7 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.loader import open_checkpoint
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.models.registry import model_class
+from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
 from onecat.engine.sequence import Sequence
@@ -29,7 +30,8 @@ class LLM:
                  enable_prefix_caching: bool = True, seed: int = 0, device: str = "auto",
                  attention_backend: str = "auto", cuda_graph: bool = False, block_size: int = 16,
                  kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None,
-                 revision: str | None = None, speculative_config: dict | None = None):
+                 revision: str | None = None, speculative_config: dict | None = None,
+                 quantization: str | None = None):
         t0 = time.perf_counter()
         self.cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
@@ -39,7 +41,10 @@ class LLM:
         self.cfg.validate()
         self.source = resolve_model_source(model, revision)
         self.device = resolve_device(device)
-        ckpt = open_checkpoint(self.source)
+        check_quantization(quantization, self.source.format, self.device)
+        self.quantization_method = quantization
+        self.quantization: dict | None = None  # what packing did, for info()
+        ckpt = open_checkpoint(self.source, keep_quantized=quantization == "gguf")
         self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
         self.dtype = parse_dtype(dtype, self.device, self.model_config.torch_dtype)
         limit = self.model_config.max_position_embeddings
@@ -71,7 +76,12 @@ class LLM:
                 m.build_tables(self.device)
         if self.model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
-        model.load_weights(ckpt.weights)
+        if self.quantization_method == "gguf":
+            packer = WeightPacker()
+            model.load_weights(packer.intercept(ckpt.weights))
+            self.quantization = packer.apply(model)
+        else:
+            model.load_weights(ckpt.weights)
         return model.eval()
 
     def _num_kv_blocks(self, fp8: bool) -> int:
@@ -191,7 +201,7 @@ class LLM:
             "kv_cache_dtype": self.cfg.kv_cache_dtype, "block_size": self.cfg.block_size,
             "num_kv_blocks": self.engine.blocks.num_blocks, "max_model_len": self.max_model_len,
             "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
-            "enable_prefix_caching": self.cfg.enable_prefix_caching,
+            "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.quantization,
             "attention_backend": self.engine.attention.report(),
             "cuda_graph": self.engine.runner.cuda_graph_report()["used"], "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),

@@ -46,7 +46,7 @@ class ModelSpec(Strict):
     source: str = Field(min_length=1)
     revision: Optional[str] = None
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    quantization: Optional[str] = None  # e.g. "nvfp4", "gguf_q4_1"; None: as stored in the checkpoint
+    quantization: Optional[str] = None  # e.g. "gguf" (keep GGUF blocks packed), "nvfp4"; None: dequantized
     sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 

@@ -1,6 +1,8 @@
 """Reference attention in plain torch (CPU and GPU): gather each sequence's paged context, masked SDPA.
 
-The gather indices and the causal/padding mask are built once per step and shared by all layers.
+The context is gathered whole blocks at a time (a few large copies instead of one per token); keys
+past a sequence's length are masked out. The gather indices and the causal/padding mask are built
+once per step and shared by all layers.
 """
 from __future__ import annotations
 
@@ -13,18 +15,19 @@ from onecat.engine.kv_cache import dequantize_fp8
 
 
 def _step_layout(meta: AttentionMetadata, device: torch.device) -> dict:
-    """Padded [B, max_q] query layout, [B, max_seq] gather slots and [B, 1, max_q, max_seq] mask."""
+    """Padded [B, max_q] query layout, [B, n_blocks] gathered blocks and [B, 1, max_q, S] mask, where
+    S = n_blocks * block_size covers the longest sequence."""
     cached = meta.extras.get("torch_ref")
     if cached is not None:
         return cached
     B, max_q, max_s, bs = meta.num_seqs, meta.max_query_len, meta.max_seq_len, meta.block_size
     seq_lens = meta.seq_lens.to(torch.int64)
     q_lens = torch.tensor(meta.query_lens_cpu, dtype=torch.int64, device=device)
-    j = torch.arange(max_s, device=device)
-    blocks = meta.block_tables.to(torch.int64).gather(1, (j // bs).clamp_max(meta.block_tables.shape[1] - 1)
-                                                      .unsqueeze(0).expand(B, -1))
-    slots = blocks * bs + (j % bs)
-    slots = torch.where(j.unsqueeze(0) < seq_lens.unsqueeze(1), slots, torch.zeros_like(slots))
+    n_blocks = -(-max_s // bs)
+    tables = meta.block_tables.to(torch.int64)[:, :n_blocks]
+    if tables.shape[1] < n_blocks:  # pad with the null block
+        tables = torch.cat([tables, tables.new_zeros(B, n_blocks - tables.shape[1])], dim=1)
+    j = torch.arange(n_blocks * bs, device=device)
     i = torch.arange(max_q, device=device)
     q_pos = (seq_lens - q_lens).unsqueeze(1) + i.unsqueeze(0)  # [B, max_q] absolute positions
     mask = j.view(1, 1, -1) <= q_pos.unsqueeze(-1)  # causal; also excludes keys beyond seq_len
@@ -32,7 +35,7 @@ def _step_layout(meta: AttentionMetadata, device: torch.device) -> dict:
     mask = mask | ~valid_q.unsqueeze(-1)  # padded query rows attend everywhere (discarded), avoids NaN
     starts = meta.query_start_loc[:-1].to(torch.int64)
     token_rows = (torch.arange(B, device=device).unsqueeze(1) * max_q + i.unsqueeze(0))[valid_q]
-    layout = {"slots": slots, "mask": mask.unsqueeze(1), "token_rows": token_rows,
+    layout = {"blocks": tables.reshape(-1), "mask": mask.unsqueeze(1), "token_rows": token_rows,
               "all_full": bool(valid_q.all()) and meta.is_pure_decode, "starts": starts}
     meta.extras["torch_ref"] = layout
     return layout
@@ -48,14 +51,14 @@ class TorchReferenceBackend(AttentionBackend):
         T, Hq, D = q.shape
         B, max_q = meta.num_seqs, meta.max_query_len
         lay = _step_layout(meta, q.device)
-        slots = lay["slots"].view(-1)  # index_select: advanced indexing into a large cache is far slower
+        blocks = lay["blocks"]  # index_select: advanced indexing into a large cache is far slower
         Hkv = cache.k.shape[2]
-        S = lay["slots"].shape[1]
-        k = cache.k.view(-1, Hkv, D).index_select(0, slots)
-        v = cache.v.view(-1, Hkv, D).index_select(0, slots)
+        S = lay["mask"].shape[-1]
+        k = cache.k.index_select(0, blocks)
+        v = cache.v.index_select(0, blocks)
         if cache.is_fp8:
-            k = dequantize_fp8(k, cache.k_scale.view(-1, Hkv).index_select(0, slots), cache.fp8_dtype, q.dtype)
-            v = dequantize_fp8(v, cache.v_scale.view(-1, Hkv).index_select(0, slots), cache.fp8_dtype, q.dtype)
+            k = dequantize_fp8(k, cache.k_scale.index_select(0, blocks), cache.fp8_dtype, q.dtype)
+            v = dequantize_fp8(v, cache.v_scale.index_select(0, blocks), cache.fp8_dtype, q.dtype)
         k, v = k.view(B, S, Hkv, D), v.view(B, S, Hkv, D)
         if max_q == 1:
             qp = q.view(B, 1, Hq, D)

@@ -18,13 +18,14 @@ class Checkpoint:
     weights: Iterator[tuple[str, torch.Tensor]]  # HF names and layout, lazily produced
 
 
-def open_checkpoint(model: ResolvedModel) -> Checkpoint:
+def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False) -> Checkpoint:
+    """keep_quantized: GGUF block-quantized tensors come as `QuantizedWeight` (for quantization='gguf')."""
     if model.format == "gguf":
         from onecat.engine.loader.gguf import gguf_to_hf_config, iter_gguf_weights, open_gguf
 
         reader = open_gguf(model.path)
         raw = gguf_to_hf_config(reader, model.path)
-        return Checkpoint(ModelConfig.from_hf(raw), Tokenizer.from_gguf(reader), iter_gguf_weights(reader, raw))
+        return Checkpoint(ModelConfig.from_hf(raw), Tokenizer.from_gguf(reader), iter_gguf_weights(reader, raw, keep_quantized))
     from onecat.engine.loader.hf import iter_hf_weights, read_hf_config
 
     cfg = ModelConfig.from_hf(read_hf_config(model.path))

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
+from onecat.engine.quant.int4_blocks import PACKABLE_GGUF_TYPES, QuantizedWeight
 
 GGUF_ARCH_TO_HF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
@@ -110,7 +111,17 @@ def dequantize_tensor(t) -> np.ndarray:
         raise CorruptModelError(f"tensor {t.name} cannot be decoded ({e}); the file is corrupt") from None
 
 
-def iter_gguf_weights(reader, cfg: dict) -> Iterator[tuple[str, torch.Tensor]]:
+def _quantized(t) -> QuantizedWeight:
+    shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+    try:
+        return QuantizedWeight.from_gguf(t.tensor_type.name, t.data, shape)
+    except ValueError as e:
+        raise CorruptModelError(f"tensor {t.name} cannot be decoded ({e}); the file is corrupt") from None
+
+
+def iter_gguf_weights(reader, cfg: dict, keep_quantized: bool = False
+                      ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """HF-named weights; with keep_quantized, Q4_0/Q4_1/Q8_0 tensors come as `QuantizedWeight`."""
     arch = cfg["model_type"]
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
@@ -125,8 +136,15 @@ def iter_gguf_weights(reader, cfg: dict) -> Iterator[tuple[str, torch.Tensor]]:
             name = _TOP_MAP[t.name]
         else:
             raise UnsupportedModelError(f"unexpected GGUF tensor {t.name} for architecture {arch}")
+        permuted = arch == "llama" and m and m.group(2) in ("attn_q", "attn_k")
+        n_head = cfg["num_attention_heads" if m and m.group(2) == "attn_q" else "num_key_value_heads"]
+        if keep_quantized and t.tensor_type.name in PACKABLE_GGUF_TYPES and len(t.shape) == 2:
+            blocks = _quantized(t)
+            if permuted:
+                blocks = blocks.permute_rows(torch.from_numpy(_unpermute_rope(np.arange(blocks.shape[0]), n_head)))
+            yield name, blocks
+            continue
         arr = dequantize_tensor(t)
-        if arch == "llama" and m and m.group(2) in ("attn_q", "attn_k"):
-            n = cfg["num_attention_heads"] if m.group(2) == "attn_q" else cfg["num_key_value_heads"]
-            arr = _unpermute_rope(arr, n)
+        if permuted:
+            arr = _unpermute_rope(arr, n_head)
         yield name, torch.from_numpy(np.array(arr, copy=True))

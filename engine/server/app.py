@@ -42,6 +42,7 @@ class ServeConfig:
     api_key: Optional[str] = None
     max_model_len: Optional[int] = None
     kv_cache_dtype: str = "auto"
+    quantization: Optional[str] = None
     enable_prefix_caching: bool = True
     speculative_config: Optional[dict] = None
     tensor_parallel_size: int = 1
@@ -62,7 +63,7 @@ class ServeConfig:
                   max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                   max_num_batched_tokens=self.max_num_batched_tokens,
                   enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, device=self.device,
-                  speculative_config=self.speculative_config)
+                  speculative_config=self.speculative_config, quantization=self.quantization)
         kw.update(self.llm_kwargs)
         return kw
 

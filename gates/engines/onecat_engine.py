@@ -34,6 +34,13 @@ class OnecatEngine(EngineAdapter):
             miss = _resolve(spec.model, spec.revision)
             if miss:
                 problems.append(f"drafter model: {miss}")
+        quant = arm.model.quantization
+        if quant is not None:
+            from onecat.engine.quant import QUANTIZATIONS
+
+            if quant not in QUANTIZATIONS:
+                problems.append(f"model.quantization {quant!r}: onecat runs {', '.join(QUANTIZATIONS)} "
+                                "(or unset: the checkpoint dequantized)")
         if arm.engine.tensor_parallel_size * arm.engine.pipeline_parallel_size > 1:
             n = _cuda_count()
             need = arm.engine.tensor_parallel_size * arm.engine.pipeline_parallel_size
@@ -63,6 +70,8 @@ class OnecatEngine(EngineAdapter):
             kwargs["tensor_parallel_size"] = e.tensor_parallel_size
         if arm.model.revision:
             kwargs["revision"] = arm.model.revision
+        if arm.model.quantization:
+            kwargs["quantization"] = arm.model.quantization
         kwargs.update(e.options)
         self.model_sha256 = _weights_sha256(arm)
         self.llm = LLM(**kwargs)

@@ -1,0 +1,59 @@
+"""A linear layer whose weight stays 4-bit packed; the matmul reads the packed codes directly.
+
+The weight is a sum of 4-bit terms (one for Q4_0/Q4_1, two for Q8_0); each term is one kernel call.
+
+The CPU kernel (aten._weight_int4pack_mm_for_cpu) takes bf16 activations and bf16 scale/zero
+pairs per 32-value group and accumulates in fp32. The rest of the model keeps its own dtype: only
+the matmul input and output cross into bf16 here.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.quant.int4_blocks import GROUP, Int4Blocks
+
+_KERNEL_DTYPE = torch.bfloat16
+_ROW_MULTIPLE = 16
+
+
+class Int4PackedLinear(nn.Module):
+    kernel = "aten._weight_int4pack_mm_for_cpu (4-bit, group 32, bf16 activations)"
+
+    def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = terms[0].shape
+        self.num_terms = len(terms)
+        pad = -self.out_features % _ROW_MULTIPLE  # the packing wants N % 16 == 0: pad with zero rows
+        for i, blocks in enumerate(terms):
+            codes = F.pad(blocks.codes.to(torch.int32), (0, 0, 0, pad), value=8)
+            scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (blocks.scale, blocks.zero))
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+            self.register_buffer(f"packed{i}", packed)
+            self.register_buffer(f"scale_zero{i}", scale_zero.to(_KERNEL_DTYPE))  # [K/32, N, 2]
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @staticmethod
+    def supported(device: torch.device) -> bool:
+        return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
+        y = self._term(x2, 0)
+        for i in range(1, self.num_terms):
+            y = y.float() + self._term(x2, i)  # sum the terms in fp32
+        y = y[:, : self.out_features].to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, getattr(self, f"packed{i}"), GROUP,
+                                                          getattr(self, f"scale_zero{i}"))
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{self.num_terms} x int4 group {GROUP}")
