@@ -7,7 +7,8 @@
    is the real one; random weights are fine for speed, not for quality): batch-1 decode tok/s at 1K
    and 16K context with the fraction of the bandwidth limit ((weight + KV bytes read per step) /
    measured bandwidth); decode throughput at batch 8/32/64; prefill tok/s and TTFT at 4K; CUDA
-   graphs vs eager at batch 1 (same engine, graphs detached), with the greedy tokens compared.
+   graphs vs eager at batch 1 (same engine, graphs detached), with the greedy tokens compared; fused
+   Triton small-op kernels vs the unfused torch ops at batch 1 (both with graphs).
 3. The peer: HF transformers with the same shapes and a static cache (eager; torch.compile where it
    works within the time left), in the same process.
 """
@@ -127,7 +128,7 @@ def build_onecat(model_dir: Path, cfg: dict, **kw):
     from onecat.engine.loader import Checkpoint
     from onecat.engine.tokenizer import Tokenizer
 
-    def open_random(source):
+    def open_random(source, **_):
         mc = ModelConfig.from_hf(cfg)
         return Checkpoint(mc, Tokenizer.from_hf_dir(source.path, mc.eos_token_id), random_weights(cfg))
 
@@ -153,6 +154,29 @@ def run_decode(llm, batch: int, ctx: int, gen: int, vocab: int, seed: int = 0):
     decode_s = max(o.timings.decode_s for o in outs)
     return {"tok_s": batch * (gen - 1) / decode_s, "step_ms": 1e3 * decode_s / (gen - 1),
             "ttft_s": max(o.timings.first_token_s for o in outs)}, [o.token_ids for o in outs]
+
+
+def set_fused(llm, on: bool) -> None:
+    for m in llm.model.modules():
+        if hasattr(type(m), "use_fused"):
+            m.use_fused = on
+
+
+def fused_vs_unfused(llm, fused: dict, fused_toks, gen: int, vocab: int) -> dict:
+    """Batch 1 at 1K with the per-layer small ops unfused (torch reference ops), graphs recaptured."""
+    runner = llm.engine.runner
+    saved = runner.graphs
+    set_fused(llm, False)
+    try:
+        runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)
+        run_decode(llm, 1, 64, 8, vocab, seed=99)  # capture
+        r, toks = run_decode(llm, 1, 1024, gen, vocab)
+    finally:
+        set_fused(llm, True)
+        runner.graphs = saved
+    return {"fused_step_ms": fused["step_ms"], "unfused_step_ms": r["step_ms"],
+            "speedup": r["step_ms"] / fused["step_ms"], "greedy_tokens_identical": toks == fused_toks,
+            "note": "both with CUDA graphs; random weights make near-tied greedy choices common"}
 
 
 def bench_onecat(name: str, cfg: dict, root: Path, bw: float, res: dict) -> dict:
@@ -194,6 +218,8 @@ def bench_onecat(name: str, cfg: dict, root: Path, bw: float, res: dict) -> dict
                                          "launch_overhead_removed_ms": e["step_ms"] - r["step_ms"],
                                          "greedy_tokens_identical": graph_toks == eager_toks}
             log(name, "graphs vs eager", res["graphs_vs_eager_b1"])
+            res["fused_vs_unfused_b1"] = fused_vs_unfused(llm, r, toks, gen, V)
+            log(name, "fused vs unfused", res["fused_vs_unfused_b1"])
     for b in (8, 32, 64):
         r, _ = run_decode(llm, b, 512, GEN, V, seed=b)
         res[f"throughput_b{b}_ctx512"] = r
@@ -210,6 +236,7 @@ def bench_onecat(name: str, cfg: dict, root: Path, bw: float, res: dict) -> dict
     log(name, "prefill 4K", res["prefill_4k"])
     info = llm.info()
     res["attention_backend"] = info["attention_backend"]
+    res["fused_kernels"] = info["fused_kernels"]
     res["cuda_graph"] = runner.cuda_graph_report()
     llm.close()
     del llm, runner

@@ -121,6 +121,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     cuda_graph: bool = False
+    async_scheduling: bool = True  # with CUDA graphs: launch the next greedy decode before reading this one
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:

@@ -127,6 +127,11 @@ class DecodeGraphs:
         size = self.eligible(sched)
         if size is None:
             return None
+        rows = [(s.seq, s.seq.num_computed_tokens) for s in sched]
+        logits = self.replay(rows, size, None)
+        return None if logits is None else logits.float()
+
+    def ensure_captured(self, size: int) -> bool:
         if size not in self.graphs:
             try:
                 self._capture(size)
@@ -134,8 +139,14 @@ class DecodeGraphs:
                 self.disabled_reason = f"capture failed for batch {size}: {type(e).__name__}: {e}"
                 self.graphs.clear()
                 torch.cuda.synchronize(self.device)
-            if size not in self.graphs:
-                return None
+        return size in self.graphs
+
+    def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None) -> torch.Tensor | None:
+        """One decode step for `rows` = [(seq, position)]: the token at `position` goes in (from the
+        sequence, or row i of `ids_dev` when given: a previous step's output still on the device).
+        Returns the [len(rows), V] logits (a view of the graph's output buffer), or None."""
+        if not self.ensure_captured(size):
+            return None
         host, dev, ready = self._buffers()
         ready.synchronize()  # the previous step's copy has left the pinned buffer
         n, w, bs = self.sizes[-1], self.max_blocks, self.block_size
@@ -145,11 +156,10 @@ class DecodeGraphs:
         fields[:, :size] = 0
         fields[3, :size] = 1
         tables[:size] = 0
-        for i, s in enumerate(sched):
-            seq = s.seq
-            p = seq.num_computed_tokens
+        for i, (seq, p) in enumerate(rows):
             table = seq.block_table
-            fields[0, i] = seq.token_ids[p]
+            if ids_dev is None:
+                fields[0, i] = seq.token_ids[p]
             fields[1, i] = p
             fields[2, i] = table[p // bs] * bs + p % bs
             fields[3, i] = p + 1
@@ -157,10 +167,12 @@ class DecodeGraphs:
         dev[:4 * n].copy_(host[:4 * n], non_blocking=True)
         dev[4 * n:4 * n + size * w].copy_(host[4 * n:4 * n + size * w], non_blocking=True)
         ready.record()
+        if ids_dev is not None:
+            dev[:len(rows)].copy_(ids_dev[:len(rows)])
         graph, logits = self.graphs[size]
         graph.replay()
         self.replays += 1
-        return logits[:len(sched)].float()
+        return logits[:len(rows)]
 
     def report(self) -> dict:
         return {"used": self.replays > 0, "replays": self.replays, "captured_sizes": sorted(self.graphs),

@@ -8,6 +8,7 @@ import torch
 from onecat.engine.attention.selector import AttentionDispatcher
 from onecat.engine.block_manager import BlockManager
 from onecat.engine.config import EngineConfig, ModelConfig
+from onecat.engine.decode_pipeline import DecodePipeline
 from onecat.engine.kv_cache import allocate_kv_caches
 from onecat.engine.model_runner import ModelRunner
 from onecat.engine.outputs import RequestOutput, RequestTimings
@@ -33,6 +34,7 @@ class EngineCore:
         self.seqs: dict[str, Sequence] = {}
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         self.proposer = None  # speculative proposer, when configured
+        self.pipeline = DecodePipeline(self) if cfg.async_scheduling else None
         self.stats = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0}
 
     # ---- requests -----------------------------------------------------------------------------
@@ -56,6 +58,10 @@ class EngineCore:
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Advance every scheduled sequence by one step; returns the sequences touched this step."""
+        if self.pipeline is not None:
+            touched = self.pipeline.step()  # steady greedy decode on CUDA graphs: one step ahead
+            if touched is not None:
+                return touched
         lookahead = self.proposer.lookahead(self.scheduler.running) if self.proposer else None
         out = self.scheduler.schedule(lookahead)
         if not out.scheduled:
@@ -112,7 +118,7 @@ class EngineCore:
             for tok in new_tokens:
                 seq.token_ids.append(tok)
                 self.stats["generation_tokens"] += 1
-                if self._check_stop(seq, tok):
+                if self.check_stop(seq, tok):
                     break
             if not seq.is_finished:
                 self.blocks.register_computed(seq)
@@ -130,7 +136,7 @@ class EngineCore:
         if self.proposer is not None:
             self.proposer.release(seq)
 
-    def _check_stop(self, seq: Sequence, tok: int) -> bool:
+    def check_stop(self, seq: Sequence, tok: int) -> bool:
         p = seq.params
         n_out = seq.num_output_tokens
         if n_out >= p.min_tokens:

@@ -31,13 +31,14 @@ class LLM:
                  attention_backend: str = "auto", cuda_graph: bool = False, block_size: int = 16,
                  kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None,
                  revision: str | None = None, speculative_config: dict | None = None,
-                 quantization: str | None = None):
+                 quantization: str | None = None, fused_kernels: bool = True, async_scheduling: bool = True):
         t0 = time.perf_counter()
         self.cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                                 enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype,
                                 kv_cache_memory_gb=kv_cache_memory_gb, num_kv_blocks=num_kv_blocks, seed=seed,
-                                attention_backend=attention_backend, cuda_graph=cuda_graph)
+                                attention_backend=attention_backend, cuda_graph=cuda_graph,
+                                async_scheduling=async_scheduling)
         self.cfg.validate()
         self.source = resolve_model_source(model, revision)
         self.device = resolve_device(device)
@@ -52,6 +53,7 @@ class LLM:
         if self.max_model_len > limit and not self.model_config.rope_scaling:
             raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's {limit} positions")
         self.model = self._build_model(ckpt)
+        self.fused_kernels = self._enable_fused_kernels(fused_kernels)
         fp8 = parse_kv_cache_dtype(kv_cache_dtype)
         num_blocks = self._num_kv_blocks(fp8 is not None)
         torch.manual_seed(seed)
@@ -83,6 +85,18 @@ class LLM:
         else:
             model.load_weights(ckpt.weights)
         return model.eval()
+
+    def _enable_fused_kernels(self, wanted: bool) -> dict:
+        """Fused Triton kernels for the per-layer small ops on CUDA; the reference torch ops elsewhere."""
+        from onecat.engine.layers.triton_fused import fused_unavailable_reason
+
+        reason = ("turned off (fused_kernels=False)" if not wanted else
+                  "CPU device: the torch reference ops run" if self.device.type != "cuda" else
+                  fused_unavailable_reason())
+        for m in self.model.modules():
+            if hasattr(type(m), "use_fused"):
+                m.use_fused = reason is None
+        return {"used": reason is None, "reason": reason}
 
     def _num_kv_blocks(self, fp8: bool) -> int:
         c, mc = self.cfg, self.model_config
@@ -202,6 +216,9 @@ class LLM:
             "num_kv_blocks": self.engine.blocks.num_blocks, "max_model_len": self.max_model_len,
             "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
             "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.quantization,
+            "fused_kernels": self.fused_kernels["used"],
+            "async_scheduling": {"enabled": self.cfg.async_scheduling,
+                                 "launches": self.engine.pipeline.launches if self.engine.pipeline else 0},
             "attention_backend": self.engine.attention.report(),
             "cuda_graph": self.engine.runner.cuda_graph_report()["used"], "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),

@@ -44,7 +44,7 @@ def _paged_case(qlens, slens, num_heads, num_kv_heads, head_dim, block_size, fp8
     return q, cache, meta
 
 
-CASES = [([1] * 6, [1, 15, 16, 257, 1000, 3000]),  # pure decode, partition and block edges
+CASES = [([1] * 8, [1, 15, 16, 128, 129, 257, 1000, 3000]),  # pure decode, partition and block edges
          ([1, 4, 40, 1, 300], [700, 260, 40, 33, 900])]  # mixed: decode, verify-sized, fresh and cached prefill
 
 
@@ -135,3 +135,33 @@ def test_cuda_graphs_on_off_greedy_identical(tmp_path, kv_cache_dtype):
         finally:
             llm.close()
     assert results[True] == results[False]
+
+
+def test_async_scheduling_on_off_identical(tmp_path):
+    """One-step-ahead decoding changes no token: early stops by length and by stop token, a sampled
+    request in the batch (which pauses the pipeline), and a later call after a dropped step."""
+    from onecat.engine import SamplingParams
+    from tests.tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
+                                num_key_value_heads=2)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    results, launches = {}, {}
+    for on in (False, True):
+        llm = _llm(model_dir, device="cuda", dtype="float16", cuda_graph=True, async_scheduling=on)
+        try:
+            if not on:  # a stop token that really occurs mid-way through prompt 1's continuation
+                stop_tok = llm.generate(PROMPTS[1], greedy)[0].token_ids[6]
+            params = [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+                      SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop_tok], ignore_eos=True),
+                      greedy, SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True)]
+            first = [(o.token_ids, o.finish_reason) for o in llm.generate(PROMPTS, params)]
+            mixed = [o.token_ids for o in llm.generate(
+                PROMPTS[:2], [greedy, SamplingParams(temperature=0.9, max_tokens=12, seed=5, ignore_eos=True)])]
+            again = llm.generate(PROMPTS[3], greedy)[0].token_ids
+            results[on] = (first, mixed, again)
+            launches[on] = llm.info()["async_scheduling"]["launches"]
+        finally:
+            llm.close()
+    assert results[True] == results[False]
+    assert launches[False] == 0 and launches[True] > 40, launches

@@ -1,7 +1,7 @@
 """TRITON_PAGED: SM80+ attention that reads the paged KV cache in place (no per-step context copy).
 
 Decode (and short verify chunks) go through a split-KV Triton kernel: each program takes one query
-token, one KV head with all its GQA query heads, and walks fixed 256-token partitions of that
+token, one KV head with all its GQA query heads, and walks fixed 128-token partitions of that
 token's context through the block table; a second kernel merges the partitions by their
 log-sum-exp. A partition boundary depends only on the sequence's own length, never on the batch
 or the launch grid, so results are batch-invariant and identical inside and outside CUDA graphs.
@@ -22,7 +22,9 @@ from onecat.engine.attention.backend import AttentionBackend, LayerKVCache
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.kv_cache import dequantize_fp8
 
-PARTITION = 256  # context tokens per split; fixed so numerics never depend on the batch
+PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
+#                  that a 1K-token decode already spreads over 8 programs per KV head)
+MERGE_BLOCK = 16  # partitions merged per vector step
 BLOCK_N = 64  # context tokens per inner tile
 SHORT_QUERY = 16  # chunks up to this many tokens (decode, speculative verify) use the paged kernel
 _FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
@@ -106,7 +108,7 @@ def _kernels():
 
     @triton.jit
     def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
-                     D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr):
+                     D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr):
         i = tl.program_id(0)
         h = tl.program_id(1)
         if INDIRECT:
@@ -115,16 +117,20 @@ def _kernels():
             tok = i.to(tl.int64)
         n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
         base = (i * num_heads + h) * max_splits
-        m = tl.load(plse_ptr + base)
-        for s in range(1, n_parts):
-            m = tl.maximum(m, tl.load(plse_ptr + base + s))
+        sl = tl.arange(0, S_BLOCK)
+        m = tl.max(tl.full([S_BLOCK], float("-inf"), tl.float32), 0)
+        for s0 in range(0, n_parts, S_BLOCK):  # S_BLOCK partitions at a time
+            lse = tl.load(plse_ptr + base + s0 + sl, mask=s0 + sl < n_parts, other=float("-inf"))
+            m = tl.maximum(m, tl.max(lse, 0))
         d = tl.arange(0, D)
         acc = tl.zeros([D], tl.float32)
-        total = m * 0.0
-        for s in range(0, n_parts):
-            w = tl.exp2(tl.load(plse_ptr + base + s) - m)
-            acc += w * tl.load(po_ptr + (base + s) * D + d)
-            total += w
+        total = tl.sum(tl.zeros([S_BLOCK], tl.float32), 0)
+        for s0 in range(0, n_parts, S_BLOCK):
+            smask = s0 + sl < n_parts
+            w = tl.exp2(tl.load(plse_ptr + base + s0 + sl, mask=smask, other=float("-inf")) - m)
+            po = tl.load(po_ptr + (base + s0 + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+            acc += tl.sum(w[:, None] * po, 0)
+            total += tl.sum(w, 0)
         tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty))
 
     return split_kernel, merge_kernel
@@ -171,7 +177,7 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
         GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page, BLOCK=BLOCK_N,
         PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4, num_stages=2)
     merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads, max_splits,
-                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, num_warps=1)
+                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK, num_warps=2)
 
 
 def _short_rows(meta: AttentionMetadata, device: torch.device) -> dict:

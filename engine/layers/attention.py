@@ -1,4 +1,8 @@
-"""Self-attention block: fused QKV, optional per-head q/k RMSNorm (Qwen3), RoPE, paged KV, output proj."""
+"""Self-attention block: fused QKV, optional per-head q/k RMSNorm (Qwen3), RoPE, paged KV, output proj.
+
+With fused kernels on (CUDA), q/k norm, RoPE and the K/V cache write are one kernel working in place
+on the QKV projection's output; fp8 caches and odd head sizes take the reference path.
+"""
 from __future__ import annotations
 
 import torch
@@ -12,6 +16,8 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 
 
 class SelfAttention(nn.Module):
+    use_fused = False  # the engine turns this on per model (CUDA + Triton)
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, qk_norm: bool):
         super().__init__()
         self.layer_idx = layer_idx
@@ -24,17 +30,34 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.scale = self.head_dim ** -0.5
 
+    def _fused_ok(self, qkv: torch.Tensor, cache) -> bool:
+        d = self.head_dim
+        return (self.use_fused and qkv.is_cuda and cache.fp8_dtype is None and cache.k.dtype == qkv.dtype
+                and d >= 16 and d & (d - 1) == 0 and qkv.stride(-1) == 1)
+
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        ctx = get_forward_context()
+        cache = ctx.kv_caches[self.layer_idx]
+        if self._fused_ok(qkv, cache):
+            from onecat.engine.layers.triton_fused import qk_rope_cache
+
+            norm = self.q_norm is not None
+            qk_rope_cache(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads, self.num_kv_heads,
+                          self.head_dim, cache.k, cache.v, ctx.meta.slot_mapping,
+                          self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
+                          self.q_norm.eps if norm else 0.0)
+            q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
+            out = ctx.attention(q, cache, ctx.meta, self.scale)
+            return self.o_proj(out.reshape(T, self.q_size))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        ctx = get_forward_context()
-        cache = ctx.kv_caches[self.layer_idx]
         write_kv(cache, k, v, ctx.meta.slot_mapping)
         out = ctx.attention(q, cache, ctx.meta, self.scale)
         return self.o_proj(out.reshape(T, self.q_size))

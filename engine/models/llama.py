@@ -22,9 +22,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h))
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):
+        """Returns (this layer's MLP output, the residual stream before it); their sum is the layer's
+        output. Keeping them apart lets each residual add fuse into the next RMSNorm."""
+        if residual is None:
+            residual = h
+            x = self.input_layernorm(h)
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -48,13 +55,14 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        residual = None
         aux = []
         for i, layer in enumerate(self.layers):
-            h = layer(positions, h)
+            h, residual = layer(positions, h, residual)
             if i in self.aux_layer_ids:
-                aux.append(h)
+                aux.append(h + residual)
         self.aux_hidden = torch.cat(aux, dim=-1) if aux else None
-        return self.norm(h)
+        return self.norm(h, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -1,0 +1,165 @@
+"""Fused CUDA kernels (Triton) for the small per-layer ops of a decode step.
+
+At batch 1 a decoder layer is 4 weight GEMMs and attention; the rest (residual adds, RMSNorm, RoPE,
+q/k norm, the KV-cache write, SiLU*mul) is ~35 tiny kernels whose launch and latency cost more than
+their bytes. Three kernels replace them:
+  add_rmsnorm      residual add + RMSNorm (fp32 statistics, cast, weight multiply as the reference)
+  silu_mul         SiLU(gate) * up from the fused gate/up output
+  qk_rope_cache    optional per-head q/k RMSNorm, NeoX RoPE on q and k (in place), K/V store into the
+                   paged cache at the step's slots
+The torch layers in this package are the reference numerics; these kernels follow the same order
+of operations (fp32 statistics, one cast before the weight multiply) but round intermediate values
+differently, so results agree to fp16 rounding, not bit for bit. Each kernel works on one token row
+at a time, so a row's result never depends on the batch it is in. Triton is imported lazily.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def fused_unavailable_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install
+        return f"triton is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_r, n_cols, eps,
+                           HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_RES:
+            x = x + tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
+            tl.store(rout_ptr + row * n_cols + cols, x, mask=mask)
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+        tl.store(out_ptr + row * n_cols + cols, (xf * rstd).to(x.dtype) * w, mask=mask)
+
+    @triton.jit
+    def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < inter
+        g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0)
+        u = tl.load(gu_ptr + row * stride_gu + inter + cols, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        tl.store(out_ptr + row * inter + cols, (gf / (1.0 + tl.exp(-gf))).to(g.dtype) * u, mask=mask)
+
+    @triton.jit
+    def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr,
+                             stride_t, num_q_heads, num_kv_heads, eps,
+                             D: tl.constexpr, QK_NORM: tl.constexpr, WRITE_CACHE: tl.constexpr):
+        """One program per (token, head) over q heads then k heads; q/k are rotated in place inside
+        the fused qkv row [q | k | v]; a k head program also stores its k and v head in the cache."""
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        half: tl.constexpr = D // 2
+        d = tl.arange(0, half)
+        pos = tl.load(pos_ptr + t).to(tl.int64)
+        cos = tl.load(cos_ptr + pos * D + d)
+        sin = tl.load(sin_ptr + pos * D + d)
+        is_k = h >= num_q_heads
+        base = qkv_ptr + t * stride_t + h * D  # k heads follow the q heads in the row
+        x1 = tl.load(base + d)
+        x2 = tl.load(base + half + d)
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        if QK_NORM:
+            rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / D + eps)
+            if is_k:
+                w1 = tl.load(kw_ptr + d)
+                w2 = tl.load(kw_ptr + half + d)
+            else:
+                w1 = tl.load(qw_ptr + d)
+                w2 = tl.load(qw_ptr + half + d)
+            f1 = ((f1 * rstd).to(x1.dtype) * w1).to(tl.float32)
+            f2 = ((f2 * rstd).to(x1.dtype) * w2).to(tl.float32)
+        o1 = (f1 * cos - f2 * sin).to(x1.dtype)
+        o2 = (f2 * cos + f1 * sin).to(x1.dtype)
+        tl.store(base + d, o1)
+        tl.store(base + half + d, o2)
+        if WRITE_CACHE:
+            if is_k:
+                kvh = h - num_q_heads
+                slot = tl.load(slot_ptr + t).to(tl.int64)
+                dst = slot * num_kv_heads * D + kvh * D
+                tl.store(kc_ptr + dst + d, o1)
+                tl.store(kc_ptr + dst + half + d, o2)
+                vsrc = base + num_kv_heads * D
+                full = tl.arange(0, D)
+                tl.store(vc_ptr + dst + full, tl.load(vsrc + full))
+
+    return {"add_rmsnorm": add_rmsnorm_kernel, "silu_mul": silu_mul_kernel, "qk_rope_cache": qk_rope_cache_kernel}
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """normed = RMSNorm(x + residual); returns (normed, x + residual), or normed when residual is None."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    out = torch.empty_like(x2)
+    rout = torch.empty_like(x2) if residual is not None else out
+    r2 = residual.reshape(-1, n) if residual is not None else x2
+    if x2.stride(-1) != 1 or r2.stride(-1) != 1:
+        x2, r2 = x2.contiguous(), r2.contiguous()
+    rows = x2.shape[0]
+    if rows:
+        _kernels()["add_rmsnorm"][(rows,)](x2, r2, weight, out, rout, x2.stride(0), r2.stride(0), n, eps,
+                                           HAS_RES=residual is not None, BLOCK=_pow2(n),
+                                           num_warps=4 if n <= 4096 else 8)
+    if residual is None:
+        return out.view(x.shape)
+    return out.view(x.shape), rout.view(x.shape)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    inter = gate_up.shape[-1] // 2
+    g2 = gate_up.reshape(-1, 2 * inter)
+    if g2.stride(-1) != 1:
+        g2 = g2.contiguous()
+    out = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    if g2.shape[0]:
+        _kernels()["silu_mul"][(g2.shape[0], triton_cdiv(inter, block))](g2, out, g2.stride(0), inter, BLOCK=block)
+    return out.view(*gate_up.shape[:-1], inter)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def qk_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  num_q_heads: int, num_kv_heads: int, head_dim: int, k_cache: torch.Tensor | None,
+                  v_cache: torch.Tensor | None, slots: torch.Tensor | None, q_weight: torch.Tensor | None,
+                  k_weight: torch.Tensor | None, eps: float) -> None:
+    """In place on the fused qkv rows [T, (Hq + 2 Hkv) * D]: q/k norm (if weights), RoPE on q and k;
+    then, when a cache is given, k and v stored at `slots` (cache layout [blocks, block, Hkv, D])."""
+    T = qkv.shape[0]
+    if T == 0:
+        return
+    assert qkv.stride(-1) == 1 and cos.dtype == torch.float32 and cos.is_contiguous()
+    write = k_cache is not None
+    dummy = qkv
+    _kernels()["qk_rope_cache"][(T, num_q_heads + num_kv_heads)](
+        qkv, positions, cos, sin, slots if write else positions, k_cache if write else dummy,
+        v_cache if write else dummy, q_weight if q_weight is not None else dummy,
+        k_weight if k_weight is not None else dummy, qkv.stride(0), num_q_heads, num_kv_heads, eps,
+        D=head_dim, QK_NORM=q_weight is not None, WRITE_CACHE=write, num_warps=1 if head_dim <= 128 else 2)
