@@ -19,15 +19,12 @@ import functools
 import torch
 
 
-@functools.lru_cache(maxsize=1)
 def fused_unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device"
-    try:
-        import triton  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install
-        return f"triton is not importable ({type(e).__name__}: {e})"
-    return None
+    from onecat.engine.attention.triton_paged import triton_unavailable_reason
+
+    return triton_unavailable_reason()
 
 
 @functools.lru_cache(maxsize=1)
