@@ -123,7 +123,8 @@ def main() -> None:
     }
     if packed is not None:
         g_dec, g16 = med("onecat_gguf_b1", "decode_tok_s_per_request"), med("onecat_gguf_c16", "e2e_tok_s")
-        summary.update({"onecat_gguf_b1_decode_tok_s": g_dec, "onecat_gguf_b1_e2e_tok_s": med("onecat_gguf_b1", "e2e_tok_s"),
+        summary.update({"onecat_gguf_b1_decode_tok_s": g_dec,
+                        "onecat_gguf_b1_e2e_tok_s": med("onecat_gguf_b1", "e2e_tok_s"),
                         "onecat_gguf_c16_aggregate_output_tok_s": g16,
                         "ratio_gguf_b1_decode_vs_transformers": g_dec / hf_dec,
                         "ratio_gguf_c16_aggregate_vs_transformers_b1": g16 / hf_e2e,

@@ -18,7 +18,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
 import platform
 import sys
 import tempfile

@@ -220,7 +220,8 @@ class LLM:
             "async_scheduling": {"enabled": self.cfg.async_scheduling,
                                  "launches": self.engine.pipeline.launches if self.engine.pipeline else 0},
             "attention_backend": self.engine.attention.report(),
-            "cuda_graph": self.engine.runner.cuda_graph_report()["used"], "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
+            "cuda_graph": self.engine.runner.cuda_graph_report()["used"],
+            "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
         }
 

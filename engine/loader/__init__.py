@@ -25,7 +25,8 @@ def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False) -> Check
 
         reader = open_gguf(model.path)
         raw = gguf_to_hf_config(reader, model.path)
-        return Checkpoint(ModelConfig.from_hf(raw), Tokenizer.from_gguf(reader), iter_gguf_weights(reader, raw, keep_quantized))
+        weights = iter_gguf_weights(reader, raw, keep_quantized)
+        return Checkpoint(ModelConfig.from_hf(raw), Tokenizer.from_gguf(reader), weights)
     from onecat.engine.loader.hf import iter_hf_weights, read_hf_config
 
     cfg = ModelConfig.from_hf(read_hf_config(model.path))
