@@ -135,12 +135,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     if g2.shape[0]:
-        _kernels()["silu_mul"][(g2.shape[0], triton_cdiv(inter, block))](g2, out, g2.stride(0), inter, BLOCK=block)
+        _kernels()["silu_mul"][(g2.shape[0], -(-inter // block))](g2, out, g2.stride(0), inter, BLOCK=block)
     return out.view(*gate_up.shape[:-1], inter)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def qk_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
