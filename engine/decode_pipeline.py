@@ -94,7 +94,7 @@ class DecodePipeline:
         logits = graphs.replay(list(zip(seqs, positions)), size, ids_dev)
         if logits is None:
             return None
-        tokens = logits.argmax(dim=-1)
+        tokens = c.runner.model.greedy_tokens(logits)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         ready = torch.cuda.Event()

@@ -1,4 +1,5 @@
-"""Self-attention block: fused QKV, optional per-head q/k RMSNorm (Qwen3), RoPE, paged KV, output proj.
+"""Self-attention block on the fused QKV projection's output (the caller projects): optional
+per-head q/k RMSNorm (Qwen3), RoPE, paged KV, output projection.
 
 With fused kernels on (CUDA), q/k norm, RoPE and the K/V cache write are one kernel working in place
 on the QKV projection's output; fp8 caches and odd head sizes take the reference path.
@@ -11,6 +12,7 @@ from torch import nn
 from onecat.engine.config import ModelConfig
 from onecat.engine.forward_context import get_forward_context
 from onecat.engine.kv_cache import write_kv
+from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
 
@@ -24,8 +26,8 @@ class SelfAttention(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
         self.rotary = rotary
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
@@ -36,9 +38,10 @@ class SelfAttention(nn.Module):
         return (self.use_fused and qkv.is_cuda and cache.fp8_dtype is None and cache.k.dtype == qkv.dtype
                 and d >= 16 and d & (d - 1) == 0 and qkv.stride(-1) == 1)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[0]
-        qkv = self.qkv_proj(x)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Attention output projected by o_proj, from the qkv_proj output (the caller projects, so it
+        can fold the preceding RMSNorm into that projection)."""
+        T = qkv.shape[0]
         ctx = get_forward_context()
         cache = ctx.kv_caches[self.layer_idx]
         if self._fused_ok(qkv, cache):

@@ -3,6 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.layers.linear import Linear, norm_then_linear
+
 
 class GatedMLP(nn.Module):
     use_fused = False  # the engine turns this on per model (CUDA + Triton): one SiLU*mul kernel
@@ -10,14 +12,22 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        return self.down_proj(self._silu_mul(self.gate_up_proj(x)))
+
+    def after_norm(self, norm, x: torch.Tensor, residual: torch.Tensor):
+        """(self(norm(x + residual)), x + residual); at one token on CUDA the add, the norm, the gate/up
+        projection and SiLU*mul are one GEMV kernel."""
+        act, residual = norm_then_linear(norm, self.gate_up_proj, x, residual, silu_mul=self._silu_mul)
+        return self.down_proj(act), residual
+
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.use_fused and gate_up.is_cuda:
             from onecat.engine.layers.triton_fused import silu_mul
 
-            return self.down_proj(silu_mul(gate_up))
+            return silu_mul(gate_up)
         gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return F.silu(gate) * up

@@ -7,6 +7,8 @@ their bytes. Three kernels replace them:
   silu_mul         SiLU(gate) * up from the fused gate/up output
   qk_rope_cache    optional per-head q/k RMSNorm, NeoX RoPE on q and k (in place), K/V store into the
                    paged cache at the step's slots
+and, for greedy decoding, a row-wise argmax over the vocabulary in two parallel passes (the library
+reduction reads a 128K-entry row with too few threads: ~30 us on an H200).
 The torch layers in this package are the reference numerics; these kernels follow the same order
 of operations (fp32 statistics, one cast before the weight multiply) but round intermediate values
 differently, so results agree to fp16 rounding, not bit for bit. Each kernel works on one token row
@@ -101,7 +103,29 @@ def _kernels():
                 full = tl.arange(0, D)
                 tl.store(vc_ptr + dst + full, tl.load(vsrc + full))
 
-    return {"add_rmsnorm": add_rmsnorm_kernel, "silu_mul": silu_mul_kernel, "qk_rope_cache": qk_rope_cache_kernel}
+    @triton.jit
+    def argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, stride, n, parts, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        p = tl.program_id(1)
+        cols = p * BLOCK + tl.arange(0, BLOCK)
+        v = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf")).to(tl.float32)
+        v = tl.where(v != v, float("inf"), v)  # NaN ranks as +inf
+        best = tl.max(v, axis=0)
+        tl.store(val_ptr + row * parts + p, best)
+        tl.store(idx_ptr + row * parts + p, tl.min(tl.where(v == best, cols, n), axis=0))
+
+    @triton.jit
+    def argmax_final_kernel(val_ptr, idx_ptr, out_ptr, n, parts, BLOCK_P: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        j = tl.arange(0, BLOCK_P)
+        m = j < parts
+        v = tl.load(val_ptr + row * parts + j, mask=m, other=float("-inf"))
+        i = tl.load(idx_ptr + row * parts + j, mask=m, other=n)
+        best = tl.max(v, axis=0)
+        tl.store(out_ptr + row, tl.min(tl.where(v == best, i, n), axis=0).to(tl.int64))
+
+    return {"add_rmsnorm": add_rmsnorm_kernel, "silu_mul": silu_mul_kernel, "qk_rope_cache": qk_rope_cache_kernel,
+            "argmax_partial": argmax_partial_kernel, "argmax_final": argmax_final_kernel}
 
 
 def _pow2(n: int) -> int:
@@ -156,3 +180,20 @@ def qk_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
         v_cache if write else dummy, q_weight if q_weight is not None else dummy,
         k_weight if k_weight is not None else dummy, qkv.stride(0), num_q_heads, num_kv_heads, eps,
         D=head_dim, QK_NORM=q_weight is not None, WRITE_CACHE=write, num_warps=1 if head_dim <= 128 else 2)
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, -1) for [rows, V] logits (first index on ties; NaN ranks as +inf)."""
+    rows, n = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    block = 4096
+    parts = -(-n // block)
+    vals = torch.empty(rows, parts, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(rows, parts, dtype=torch.int32, device=logits.device)
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows:
+        k = _kernels()
+        k["argmax_partial"][(rows, parts)](logits, vals, idx, logits.stride(0), n, parts, BLOCK=block, num_warps=8)
+        k["argmax_final"][(rows,)](vals, idx, out, n, parts, BLOCK_P=_pow2(parts), num_warps=1)
+    return out

@@ -9,6 +9,7 @@ from torch import nn
 from onecat.engine.config import ModelConfig
 from onecat.engine.errors import CorruptModelError
 from onecat.engine.layers.attention import SelfAttention
+from onecat.engine.layers.linear import Linear, norm_then_linear
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
@@ -24,14 +25,15 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):
         """Returns (this layer's MLP output, the residual stream before it); their sum is the layer's
-        output. Keeping them apart lets each residual add fuse into the next RMSNorm."""
+        output. Keeping them apart lets each residual add fuse into the next RMSNorm (and, at one
+        token, that norm into the projection after it)."""
+        attn = self.self_attn
         if residual is None:
             residual = h
-            x = self.input_layernorm(h)
+            qkv = attn.qkv_proj(self.input_layernorm(h))
         else:
-            x, residual = self.input_layernorm(h, residual)
-        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
-        return self.mlp(x), residual
+            qkv, residual = norm_then_linear(self.input_layernorm, attn.qkv_proj, h, residual)
+        return self.mlp.after_norm(self.post_attention_layernorm, attn(positions, qkv), residual)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -46,7 +48,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary, self.qk_norm) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -66,6 +68,14 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def greedy_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """Row-wise argmax of the logits (first index on ties), by the fused kernels where they are on."""
+        if getattr(self.lm_head, "use_fused", False) and logits.is_cuda:
+            from onecat.engine.layers.triton_fused import argmax_rows
+
+            return argmax_rows(logits)
+        return logits.argmax(dim=-1)
 
     # ---- loading ------------------------------------------------------------------------------
     _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
