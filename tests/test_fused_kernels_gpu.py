@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from gpu_kernels import half_tolerance, require_fused_kernels
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -12,14 +13,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def _fused():
     from onecat.engine.layers import triton_fused
 
-    reason = triton_fused.fused_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require_fused_kernels()
     return triton_fused
 
 
 def _close(a, b, dtype):
-    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    tol = half_tolerance(dtype)
     assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol), (a.float() - b.float()).abs().max()
 
 

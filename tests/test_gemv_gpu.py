@@ -7,21 +7,20 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from gpu_kernels import half_tolerance, require_fused_kernels
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _gemv():
-    from onecat.engine.layers import triton_fused, triton_gemv
+    from onecat.engine.layers import triton_gemv
 
-    reason = triton_fused.fused_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+    require_fused_kernels()
     return triton_gemv
 
 
 def _close(y, ref, dtype):
-    tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
+    tol = half_tolerance(dtype)
     err = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
     assert err < tol, err
 
