@@ -1,6 +1,7 @@
 """`onecat gate run`: contract -> preflight -> both arms' workloads -> gates -> verdict -> report.
 
-1. load and validate the contract (ContractError: exit 2)
+1. load and validate the contract, and refuse one whose own numbers make its requests impossible
+   (prompt + output > an arm's max_model_len; ContractError: exit 2)
 2. preflight, before loading anything: every workload kind has a runner, every dataset resolves
    with its pin, each arm's engine backend is available and its model files exist
    (PreflightError lists everything missing and where it looked: exit 4)
@@ -8,7 +9,8 @@
    reopened); units already finished are skipped, a cut-short unit is redone from scratch
 4. units run in schedule order: throughput series interleave A/B/A...A, other units run baseline then
    candidate; engines open lazily (both kept open when execution.interleave, else arm after arm)
-5. gates are evaluated from the stored rows, the verdict stored, the markdown report written
+5. gates are evaluated from the stored rows and held to the failed requests of the workloads they judge
+   (gates/failures.py: a failed request is never evidence), the verdict stored, the report written
 """
 from __future__ import annotations
 
@@ -23,8 +25,10 @@ from typing import Any, Callable, Optional
 
 from onecat.gates import registry
 from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
-from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract, load_contract
+from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract, ContractError, load_contract
 from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
+from onecat.gates.failures import hold_to_failures, is_failed_request, judged_workloads
+from onecat.gates.feasibility import impossible_requests
 from onecat.gates.runners.base import ItemOutcome, Metric, RequestRecord, Unit
 from onecat.gates.verdict import Verdict, decide
 from onecat.results.environment import capture_environment, git_revision
@@ -142,6 +146,7 @@ class StoreSink:
         self.store, self.run_id, self.arm, self.workload_id = store, run_id, arm, workload_id
         self.unit_key, self.position, self._datasets, self._advance = unit_key, position, datasets, advance
         self._done: Optional[set[str]] = None
+        self._failed: set[str] = set()
 
     def dataset(self, name: str) -> ResolvedDataset:
         if name not in self._datasets:
@@ -158,8 +163,14 @@ class StoreSink:
         self.store.add_request(self.run_id, self.arm, self.workload_id, record, self.unit_key)
         if self._done is not None:
             self._done.add(record.key)
+        if is_failed_request(record):
+            self._failed.add(record.key)
 
     def item(self, outcome: ItemOutcome, request_key: Optional[str] = None) -> None:
+        """Stores the outcome unless its request failed: a failed request is never task evidence (its row
+        with the error is what the gates and the report see)."""
+        if request_key is not None and request_key in self._failed:
+            return
         self.store.add_item(self.run_id, self.arm, self.workload_id, outcome, request_key)
 
     def metric(self, metric: Metric) -> None:
@@ -207,6 +218,9 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
     progress = progress or NullProgress()
     opener = open_engine or default_open
     contract = load_contract(contract_path)
+    impossible = impossible_requests(contract)
+    if impossible:
+        raise ContractError(str(contract_path), impossible)
     arms, datasets = preflight(contract)
     store = Store(db)
     try:
@@ -295,15 +309,18 @@ def _version() -> str:
 
 
 def evaluate_gates(store: Store, run_id: str, contract: Contract) -> list[tuple[Any, CheckResult]]:
+    """Each gate's check, then held to the failed requests of the workloads it judges (gates/failures.py)."""
     ev = Evidence(store, run_id)
     store.clear_checks(run_id)
     out = []
+    workload_ids = [w.id for w in contract.workloads]
     for i, gate in enumerate(contract.gates):
         check = registry.CHECKS[gate.check]()
         try:
             result = check.evaluate(ev, gate)
         except Exception as exc:  # noqa: BLE001 - a check that cannot compute is undecided, and says why
             result = CheckResult(INCONCLUSIVE, f"check could not be computed: {type(exc).__name__}: {exc}")
+        result = hold_to_failures(result, ev, judged_workloads(gate, workload_ids))
         store.add_check(run_id, i, gate, result)
         out.append((gate, result))
     return out

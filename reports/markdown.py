@@ -104,12 +104,30 @@ def render_report(store: Any, run_id: str) -> str:
         " sum(CASE WHEN error IS NOT NULL THEN 1 ELSE 0 END) AS errors"
         " FROM requests WHERE run_id = ? GROUP BY workload, arm ORDER BY workload, arm", [run_id])
     lines += _table(cols, [list(r) for r in rows]) if rows else ["(no generations)"]
+    lines += _failed_requests_section(store, run_id)
     cols, rows = store.query("SELECT workload, arm, measure, count(*) AS n, avg(CAST(passed AS INTEGER)) AS score"
                              " FROM item_outcomes WHERE run_id = ? GROUP BY ALL ORDER BY ALL", [run_id])
     if rows:
         lines += ["", "## Task scores", ""] + _table(cols, [list(r) for r in rows])
     lines += ["", f"_Rendered from the results store `{store.path}`; query it with `onecat results query`._", ""]
     return "\n".join(lines)
+
+
+def _failed_requests_section(store: Any, run_id: str) -> list[str]:
+    """Every failed request, counted per workload and arm with its distinct errors: none of them is
+    evidence, and a binding gate over their workload cannot pass."""
+    cols, rows = store.query(
+        "SELECT workload, arm, count(*) AS failed, count(DISTINCT coalesce(error, finish_reason)) AS kinds,"
+        " min(request_key) AS first_request, any_value(coalesce(error, 'finish_reason=' || finish_reason)) AS error"
+        " FROM requests WHERE run_id = ? AND (error IS NOT NULL OR finish_reason IN ('abort', 'error'))"
+        " GROUP BY workload, arm ORDER BY workload, arm", [run_id])
+    if not rows:
+        return []
+    shown = [[*r[:5], str(r[5])[:300]] for r in rows]
+    return (["", "## Failed requests", "",
+             "Failed requests contribute no throughput, latency or task figure; a binding gate over a workload "
+             "with failed requests is FAIL (candidate failed more) or INCONCLUSIVE (the baseline failed).", ""]
+            + _table(list(cols), shown))
 
 
 def write_report(store: Any, run_id: str, out_dir: Optional[str | Path] = None) -> Path:

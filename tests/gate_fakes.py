@@ -36,6 +36,7 @@ def _h(*parts) -> int:
 @register_engine("fake")
 class FakeEngine(EngineAdapter):
     opened: list = []
+    refuse_arms: dict = {}  # arm name -> error text: that arm's engine refuses every request (tests set it)
 
     @classmethod
     def check(cls, arm):
@@ -64,8 +65,17 @@ class FakeEngine(EngineAdapter):
             with open(self.log, "a") as fh:
                 fh.write(f"{self.arm.name} {what} {n}\n")
 
+    def _refused(self, ids: list, error: str) -> RequestOutput:
+        """What an engine returns for a request it refuses: no tokens, an error, and a sub-millisecond
+        wall that would look like enormous throughput if anything were derived from it."""
+        t = RequestTimings(queue_s=0.0, prefill_s=1e-6, first_token_s=1e-6, decode_s=0.0, e2e_s=2e-6)
+        return RequestOutput(request_id=str(_h(ids)), prompt=None, prompt_token_ids=list(ids), token_ids=[], text="",
+                             finish_reason="abort", timings=t, error=error)
+
     def _one(self, prompt, params) -> RequestOutput:
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+        if self.arm.name in self.refuse_arms:
+            return self._refused(ids, self.refuse_arms[self.arm.name])
         seed = params.seed or 0
         cap = params.max_tokens or 16
         natural = 3 + _h(ids, "len") % 12

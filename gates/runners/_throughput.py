@@ -8,6 +8,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.failures import is_failed_request
 from onecat.gates.runners.base import Metric, Runner, Unit, request_record, to_sampling_params
 
 TOKEN_ID_FLOOR = 256  # skip byte / special tokens at the bottom of most vocabularies
@@ -63,6 +64,9 @@ class ThroughputRunner(Runner):
     def output_len(self, workload: ThroughputWorkload) -> int:
         return workload.output_len
 
+    def min_request_tokens(self, workload: ThroughputWorkload, sampling: SamplingSpec) -> int:
+        return workload.input_len + self.output_len(workload)
+
     def _params(self, workload: ThroughputWorkload, sampling: SamplingSpec, seed: Optional[int]):
         return to_sampling_params(sampling, seed=seed, max_tokens=self.output_len(workload), ignore_eos=True,
                                   stop=None)
@@ -88,6 +92,9 @@ class ThroughputRunner(Runner):
                                         natural_stop_eligible=False, seed=unit.seed, repeat=unit.repeat,
                                         batch_size=bs, group=f"bs={bs}/req={i}"))
         self.speculative = bool((engine.info() or {}).get("speculative"))
+        if any(is_failed_request(o) for o in outs):
+            sink.advance(1)  # a batch with a failed request times nothing real: its rows say why, no figure
+            return
         self.emit_metrics(outs, wall, bs, unit, sink)
 
     def emit_metrics(self, outs: list, wall: float, bs: int, unit: Unit, sink: Any) -> None:

@@ -163,6 +163,13 @@ class Runner:
         for unit in self.plan(workload, sampling, seeds):
             self.run_unit(engine, workload, sampling, unit, sink)
 
+    def min_request_tokens(self, workload: WorkloadBase, sampling: SamplingSpec) -> int:
+        """The fewest tokens (prompt + requested output) that one request of this workload needs, from the
+        contract's numbers alone; `gate run` refuses a contract whose max_model_len is below it. Default:
+        the output cap plus a prompt of at least one token."""
+        max_tokens = getattr(workload, "max_tokens", None) or sampling.max_tokens
+        return int(max_tokens) + 1
+
 
 class Subset(BaseModel):
     """Which items of a dataset to use: the first N, or explicit ids (in dataset order)."""

@@ -120,6 +120,10 @@ class EndpointRunner(Runner):
         return [Unit(key=f"seed={s}/rep={r}", seed=s, repeat=r, interleave=True, series=f"seed={s}",
                      size=workload.num_requests) for s in seeds for r in range(workload.repeats)]
 
+    def min_request_tokens(self, workload: EndpointWorkload, sampling: SamplingSpec) -> int:
+        # every prompt word is at least one token, so input_len words is a lower bound on the prompt
+        return max(workload.input_len, workload.shared_prefix_len) + workload.output_len
+
     _adjust = staticmethod(lambda body: body)
 
     def _body(self, workload: EndpointWorkload, sampling: SamplingSpec, model: str | None, prompt: str,
@@ -236,10 +240,11 @@ class EndpointRunner(Runner):
                                    tags=tags))
 
         done = len(results)
+        succeeded = sum(1 for _, _, r in results if r.ok)
         m("wall_s", wall, "s")
         m("num_requests", done, "req")
-        m("num_failed", sum(1 for _, _, r in results if not r.ok), "req")
-        m("request_throughput", done / max(wall, 1e-9), "req/s")
+        m("num_failed", done - succeeded, "req")
+        m("request_throughput", succeeded / max(wall, 1e-9), "req/s")  # a failed request is not throughput
         m("output_tok_s", n_out / max(wall, 1e-9), "tok/s")
         m("goodput", good / max(wall, 1e-9), "req/s", slo=slo.model_dump(exclude_none=True))
         m("slo_attainment", good / done if done else None, "fraction")

@@ -31,6 +31,9 @@ class Perplexity(Runner):
     def __init__(self) -> None:
         self._tokens: dict[tuple, list[int]] = {}
 
+    def min_request_tokens(self, workload: Workload, sampling: SamplingSpec) -> int:
+        return workload.segment_len + 1  # a scored prompt must be shorter than max_model_len
+
     def plan(self, workload: Workload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key=f"segment={i}", params=(("segment", i),)) for i in range(workload.segments)]
 
