@@ -1,15 +1,15 @@
-"""The FastAPI app: routes, API-key check, OpenAI-style errors, and the server's shared state.
+"""The FastAPI app: routes, OpenAI-style errors, and the server's shared state.
 
     state = ServerState.create(ServeConfig(model="embedded:smollm2-135m-instruct"))
-    app = build_app(state)          # serve with uvicorn; state.close() stops the engine thread
+    app = build_app(state)          # serve with launch.py; state.close() stops the engine thread
 
 Routes: GET /health, /ping, /version, /v1/models, /metrics; POST /v1/completions,
 /v1/chat/completions, /tokenize, /detokenize. Every error body is
-`{"error": {"message", "type", "param", "code"}}`.
+`{"error": {"message", "type", "param", "code"}}`; the guard in http_guard.py (API key, body size
+and deadline) runs before any route.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,13 +19,20 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from onecat.engine.server import cpu_work
 from onecat.engine.server.async_engine import AsyncEngine
+from onecat.engine.server.chat import create_chat_completion
+from onecat.engine.server.chat_prompt import render_prompt, tool_dicts
+from onecat.engine.server.completions import create_completion
+from onecat.engine.server.cpu_work import CpuWork
+from onecat.engine.server.errors import ApiError, ClientDisconnected, error_body
+from onecat.engine.server.http_guard import RequestGuard
 from onecat.engine.server.metrics import ServerMetrics
-from onecat.engine.server.protocol import ChatCompletionRequest, CompletionRequest, error_body
-from onecat.engine.server.serving import ApiError, ClientDisconnected, create_chat_completion, create_completion
+from onecat.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                           TokenizeChatRequest, TokenizeCompletionRequest)
+from onecat.engine.server.request_body import parse_json, parse_request, validate_as, validation_message
 
 log = logging.getLogger("onecat.server")
 VERSION = "0.1.0"
@@ -33,13 +40,14 @@ VERSION = "0.1.0"
 
 @dataclass
 class ServeConfig:
-    """`onecat serve` settings; names follow `vllm serve`."""
+    """`onecat serve` settings; names follow `vllm serve` (and uvicorn, for the HTTP limits)."""
 
     model: str
     served_model_name: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: Optional[str] = None
+    metrics_without_auth: bool = False  # /metrics open even when api_key is set
     max_model_len: Optional[int] = None
     kv_cache_dtype: str = "auto"
     quantization: Optional[str] = None
@@ -53,6 +61,14 @@ class ServeConfig:
     device: str = "auto"
     max_queue_len: int = 1024
     reasoning_parser: str = "think"  # "think": split <think>...</think> into reasoning_content; "none"
+    # HTTP limits (http_guard.py, http_limits.py)
+    max_request_body_bytes: int = 16 * 2**20
+    request_header_timeout: float = 10.0  # request line + headers, from connect or from the last response
+    request_body_timeout: float = 60.0  # the whole body, from the end of the headers
+    timeout_keep_alive: float = 5.0  # an idle keep-alive connection is closed after this
+    limit_concurrency: Optional[int] = 2048  # connections + requests in progress; more get 503
+    h11_max_incomplete_event_size: Optional[int] = None  # request line + headers bytes (uvicorn: 16 KiB)
+    cpu_workers: int = 2  # threads for tokenizing / templating / grammar compiling
     llm_kwargs: dict = field(default_factory=dict)  # extra LLM(...) arguments (e.g. num_kv_blocks)
 
     def llm_args(self) -> dict:
@@ -76,11 +92,13 @@ class ServerState:
         self.config = config
         self.tokenizer = llm.tokenizer
         self.max_model_len = llm.max_model_len
+        self.vocab_size = llm.model_config.vocab_size
         self.model_names = config.served_model_name or [config.model]
         self.reasoning_parser = config.reasoning_parser
         self.created = int(time.time())
         self.metrics = ServerMetrics(self.model_names[0], lambda: getattr(self.llm, "engine", None))
         self.engine = AsyncEngine(llm, max_queue_len=config.max_queue_len, metrics=self.metrics)
+        self.cpu = CpuWork(config.cpu_workers)
         self._guided = None
         self._guided_lock = threading.Lock()
 
@@ -101,77 +119,44 @@ class ServerState:
 
         with self._guided_lock:
             if self._guided is None:
-                self._guided = GuidedDecoding(self.tokenizer, self.llm.model_config.vocab_size)
+                self._guided = GuidedDecoding(self.tokenizer, self.vocab_size)
             return self._guided
 
     def grammar_for(self, req: Any, schema_override: Any = None) -> str | None:
         from onecat.engine.server.guided import GuidedDecoding
 
-        if schema_override is None and not (req.response_format and req.response_format.get("type") != "text") \
-                and req.guided_json is None and req.guided_regex is None and req.guided_choice is None \
-                and req.guided_grammar is None:
+        if schema_override is None and not req.constrained():
             return None
         self.guided()
         if schema_override is not None:
             return GuidedDecoding.grammar_for(json_schema=schema_override)
-        return GuidedDecoding.grammar_for(req.response_format, json_schema=req.guided_json,
-                                          regex=req.guided_regex, choice=req.guided_choice, lark=req.guided_grammar)
+        return GuidedDecoding.grammar_for(req.response_format.as_dict() if req.response_format else None,
+                                          json_schema=req.guided_json, regex=req.guided_regex,
+                                          choice=req.guided_choice, lark=req.guided_grammar)
 
     def close(self) -> None:
         self.engine.shutdown()
+        self.cpu.close()
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, status, param=param), status_code=status)
 
 
-def _validation_message(errors: list) -> tuple[str, str | None]:
-    parts, param = [], None
-    for e in errors[:5]:
-        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-        if e.get("type") == "json_invalid":
-            return f"the request body is not valid JSON: {e.get('msg')}", None
-        param = param or (loc[0] if loc else None)
-        parts.append(f"{'.'.join(loc) or 'body'}: {e.get('msg')}")
-    return "invalid request: " + "; ".join(parts), param
-
-
-async def _parse(request: Request, model: type) -> Any:
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        msg, param = _validation_message(exc.errors())
-        raise ApiError(400, msg, param=param) from None
-
-
-class _ApiKeyMiddleware:
-    """Plain ASGI (not BaseHTTPMiddleware, which hides client disconnects from handlers)."""
-
-    def __init__(self, app: Any, state: ServerState):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send):
-        key = self.state.config.api_key
-        if key and scope["type"] == "http" and scope["path"].startswith("/v1"):
-            headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization", b"").decode("latin-1") != f"Bearer {key}":
-                await _error(401, "missing or wrong API key; send `Authorization: Bearer <key>`")(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+def _token_ids(state: ServerState, req: TokenizeChatRequest | TokenizeCompletionRequest) -> list[int]:
+    """/tokenize's work, on a worker thread: a plain prompt, or chat messages through the chat template."""
+    tok = state.tokenizer
+    if isinstance(req, TokenizeChatRequest):
+        prompt = render_prompt(tok, req.messages, tool_dicts(req.tools), add_generation_prompt=req.add_generation_prompt,
+                               template_kwargs=req.chat_template_kwargs)
+        return cpu_work.encode(tok, prompt, add_special_tokens=False)
+    return cpu_work.encode(tok, req.prompt, add_special_tokens=req.add_special_tokens)
 
 
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="onecat OpenAI-compatible server", version=VERSION)
     app.state.onecat = state
-
-    app.add_middleware(_ApiKeyMiddleware, state=state)
+    app.add_middleware(RequestGuard, state=state)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError):
@@ -183,7 +168,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):
-        msg, param = _validation_message(exc.errors())
+        msg, param = validation_message(exc.errors())
         return _error(400, msg, param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -228,28 +213,33 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = await _parse(request, CompletionRequest)
+        req = parse_request(await request.body(), CompletionRequest)
         return await respond(await create_completion(state, req, request))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = await _parse(request, ChatCompletionRequest)
+        req = parse_request(await request.body(), ChatCompletionRequest)
         return await respond(await create_chat_completion(state, req, request))
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        body = await request.json()
-        if "messages" in body:
-            prompt = state.tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True)
-            ids = state.tokenizer.encode(prompt, add_special_tokens=False)
-        else:
-            ids = state.tokenizer.encode(str(body.get("prompt", "")),
-                                         add_special_tokens=bool(body.get("add_special_tokens", True)))
-        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+        data = parse_json(await request.body())
+        shape = TokenizeChatRequest if isinstance(data, dict) and "messages" in data else TokenizeCompletionRequest
+        req = validate_as(data, shape)
+        state.resolve_model_name(req.model)
+        ids = await state.cpu.run(_token_ids, state, req)
+        body = {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+        return await state.cpu.run(JSONResponse, body)  # rendering a long id list is CPU work too
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        body = await request.json()
-        return {"prompt": state.tokenizer.decode(list(body.get("tokens", [])))}
+        req = parse_request(await request.body(), DetokenizeRequest)
+        state.resolve_model_name(req.model)
+        outside = [t for t in req.tokens if t >= state.vocab_size]
+        if outside:
+            raise ApiError(400, f"token ids {outside[:5]} are outside the vocabulary [0, {state.vocab_size})",
+                           param="tokens")
+        text = await state.cpu.run(cpu_work.decode, state.tokenizer, req.tokens)
+        return {"prompt": text}
 
     return app

@@ -1,4 +1,8 @@
-"""Starting the server: blocking (`serve`, for the CLI) or on a background thread (tests, benchmarks)."""
+"""Starting the server: blocking (`serve`, for the CLI) or on a background thread (tests, benchmarks).
+
+Both paths build uvicorn's config with http_limits.uvicorn_config, so the header deadline,
+keep-alive, connection limit and header size limit hold wherever the server runs.
+"""
 from __future__ import annotations
 
 import socket
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from onecat.engine.server.app import ServeConfig, ServerState, build_app
+from onecat.engine.server.http_limits import uvicorn_config
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -21,8 +26,8 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
     """Load the model, then serve until interrupted."""
     state = ServerState.create(config)
     try:
-        uvicorn.run(build_app(state), host=config.host, port=config.port, log_level=log_level,
-                    timeout_graceful_shutdown=5)
+        uvicorn.Server(uvicorn_config(build_app(state), config, host=config.host, port=config.port,
+                                      log_level=log_level, timeout_graceful_shutdown=5)).run()
     finally:
         state.close()
 
@@ -44,7 +49,7 @@ def start_in_thread(state: ServerState, host: str = "127.0.0.1", port: int | Non
                     log_level: str = "warning", timeout: float = 30.0) -> BackgroundServer:
     """Serve `state` on a daemon thread; returns once the socket accepts connections."""
     port = port or free_port(host)
-    config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level,
+    config = uvicorn_config(build_app(state), state.config, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="onecat-uvicorn", daemon=True)

@@ -1,38 +1,115 @@
-"""Request bodies of the OpenAI API as pydantic models, and OpenAI-style error bodies.
+"""Request bodies of the OpenAI API (and vLLM's extras) as pydantic models.
 
 Unknown fields are ignored (clients send many); fields we do not implement are refused with a
-400 that names them, rather than silently changing the meaning of a request.
+400 that names them, rather than silently changing the meaning of a request. Every field has the
+type and range the code behind it relies on, so a malformed value is a 400 here and never an
+exception further in: numbers are finite, token ids and counts non-negative, nested objects
+(messages, tool calls, tools, response_format) have the shape the chat template and the grammar
+compiler read.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+TokenId = Annotated[int, Field(ge=0)]
+MAX_LOGPROBS = 20
+# Streaming holds back any tail that may still become a stop string, checked on every engine step:
+# bounded so that check stays cheap whatever a client sends.
+MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 512
+StopString = Annotated[str, Field(max_length=MAX_STOP_LEN)]
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class _Open(BaseModel):
+    """Objects whose extra fields travel on (into the chat template, into tool specs)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class StreamOptions(_Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
 
-class _Sampling(BaseModel):
+# --------------------------------------------------------------------------- chat messages and tools
+class FunctionCall(_Open):
+    name: str
+    arguments: Union[str, dict[str, Any]] = "{}"
+
+
+class ToolCall(_Open):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "user", "assistant", "tool", "developer", "function"]
+    content: Optional[Union[str, list[Any]]] = None  # text parts are checked where they are joined
+    name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+
+class FunctionSpec(_Open):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+
+
+class ToolSpec(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class JsonSchemaSpec(_Open):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+    def as_dict(self) -> dict:
+        """The shape guided.GuidedDecoding.grammar_for reads."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+# --------------------------------------------------------------------------- completions
+class _Sampling(_Body):
     """Sampling fields shared by /v1/completions and /v1/chat/completions (vLLM extras included)."""
 
-    model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     n: int = Field(default=1, ge=1, le=128)
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
+    temperature: Optional[float] = Field(default=None, ge=0.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(default=None, ge=-1)
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
+    stop: Optional[Union[StopString, list[StopString]]] = Field(default=None, max_length=MAX_STOP_STRINGS)
+    stop_token_ids: Optional[list[TokenId]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = Field(default=0, ge=0)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     presence_penalty: Optional[float] = 0.0
@@ -40,10 +117,10 @@ class _Sampling(BaseModel):
     repetition_penalty: Optional[float] = 1.0
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
-    response_format: Optional[dict[str, Any]] = None
+    response_format: Optional[ResponseFormat] = None
     guided_json: Optional[Union[str, dict[str, Any]]] = None
     guided_regex: Optional[str] = None
-    guided_choice: Optional[list[str]] = None
+    guided_choice: Optional[list[str]] = Field(default=None, min_length=1)
     guided_grammar: Optional[str] = None
     request_id: Optional[str] = None
     return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:N"
@@ -61,34 +138,52 @@ class _Sampling(BaseModel):
             bad.append("logit_bias")
         return bad
 
+    def constrained(self) -> bool:
+        """Whether a grammar constrains the output."""
+        return bool(self.response_format and self.response_format.type != "text") or any(
+            v is not None for v in (self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar))
+
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = 16
+    prompt: Union[str, list[str], list[TokenId], list[list[TokenId]]]
+    max_tokens: Optional[int] = Field(default=16, ge=0)
     echo: bool = False
-    logprobs: Optional[int] = Field(default=None, ge=0, le=20)
-    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: Optional[int] = None
     suffix: Optional[str] = None
     add_special_tokens: bool = True
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=0)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=0)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Optional[Union[Literal["none", "auto", "required"], dict[str, Any]]] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[list[ToolSpec]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = True
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[dict[str, Any]] = None
     reasoning_effort: Optional[str] = None
 
 
-def error_body(message: str, status: int, err_type: str | None = None, param: str | None = None) -> dict:
-    kinds = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-             422: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
-    return {"error": {"message": message, "type": err_type or kinds.get(status, "BadRequestError"),
-                      "param": param, "code": status}}
+# --------------------------------------------------------------------------- /tokenize, /detokenize
+class TokenizeCompletionRequest(_Body):
+    model: Optional[str] = None
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(_Body):
+    model: Optional[str] = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    tools: Optional[list[ToolSpec]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+class DetokenizeRequest(_Body):
+    model: Optional[str] = None
+    tokens: list[TokenId]

@@ -9,6 +9,22 @@ in full.
 from __future__ import annotations
 
 
+def _partial_marker_len(text: str, marker: str) -> int:
+    """Length of the longest proper prefix of `marker` that `text` ends with. Only prefixes ending in
+    text's last character are compared (found by `rfind`, in C), so the usual cost is one scan of the
+    marker, not one comparison per prefix length."""
+    limit = min(len(marker) - 1, len(text))
+    if limit <= 0:
+        return 0
+    last = text[-1]
+    k = marker.rfind(last, 0, limit)
+    while k >= 0:
+        if text.endswith(marker[:k + 1]):
+            return k + 1
+        k = marker.rfind(last, 0, k)
+    return 0
+
+
 def holdback_len(text: str, markers: list[str]) -> int:
     """Length of the longest tail of `text` that is a proper prefix of one of `markers`,
     or that ends in U+FFFD (incomplete multi-byte character)."""
@@ -16,10 +32,7 @@ def holdback_len(text: str, markers: list[str]) -> int:
     if text.endswith("\ufffd"):
         hold = len(text) - len(text.rstrip("\ufffd"))
     for m in markers:
-        for k in range(min(len(m) - 1, len(text)), 0, -1):
-            if text.endswith(m[:k]):
-                hold = max(hold, k)
-                break
+        hold = max(hold, _partial_marker_len(text, m))
     return hold
 
 
