@@ -12,12 +12,14 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 EXIT_OK, EXIT_ROLLBACK, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_RUNTIME = 0, 1, 2, 3, 4
 EXIT_HELP = ("Exit codes: 0 PROMOTE/success, 1 ROLLBACK, 2 usage or contract error, 3 INCONCLUSIVE, "
@@ -123,13 +125,35 @@ def contract_check(files: List[Path] = typer.Argument(..., help="contract YAML f
 
 
 # --------------------------------------------------------------------------- results
-def _store(db: Optional[Path], read_only: bool = True):
-    from onecat.results.store import Store
+@contextmanager
+def _store(db: Optional[Path]):
+    """The store, opened to read: a snapshot while a run writes it; a damaged or busy store is an error
+    (exit 4) that says what to do, never a traceback."""
+    from rich.markup import escape
+
+    from onecat.results.errors import StoreError, as_store_error
+    from onecat.results.reading import open_for_reading
 
     path = _db(db)
     if not Path(path).exists():
         raise _fail(f"no results store at {path}; run `onecat gate run CONTRACT` first or pass --db", EXIT_USAGE)
-    return Store(path, read_only=read_only)
+    try:
+        store = open_for_reading(path)
+    except StoreError as exc:
+        raise _fail(escape(str(exc)), EXIT_RUNTIME)
+    try:
+        if store.snapshot_of:
+            err.print(f"[cyan]note:[/] {escape(store.describe())}", highlight=False, soft_wrap=True)
+        for w in store.warnings:
+            err.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+        yield store
+    except Exception as exc:  # noqa: BLE001 - a damaged block found while reading
+        problem = as_store_error(path, exc)
+        if problem is None:
+            raise
+        raise _fail(escape(str(problem)), EXIT_RUNTIME)
+    finally:
+        store.close()
 
 
 def _run_id(store, run: Optional[str]) -> str:
@@ -147,9 +171,23 @@ def results_list(db: Optional[Path] = DB_OPTION, limit: int = typer.Option(20, h
     table = Table()
     for col in ("run", "contract", "status", "verdict", "started (UTC)"):
         table.add_column(col)
+    table.add_column("note", overflow="fold")
     for r in rows:
-        table.add_row(r["run_id"], r["contract_name"], r["status"], r["verdict"] or "–", str(r["started_at"])[:19])
+        table.add_row(r["run_id"], r["contract_name"] or "?", r["status"], r["verdict"] or "–",
+                      str(r["started_at"])[:19], Text(_run_note(r)))
     console.print(table)
+
+
+def _run_note(run: dict) -> str:
+    """One short line: who writes a running run, what to do about one that stopped (`results show` says why)."""
+    status = run["status"]
+    if status == "running":
+        return f"writer pid {run['writer_pid']} on {run.get('writer_host')}" if run.get("writer_pid") else ""
+    if status == "interrupted":
+        return "stopped before finishing; `gate run --resume` continues it"
+    if status == "lost":
+        return "its rows are gone (write-ahead log truncated); rerun it"
+    return (run.get("error") or "")[:80] if status == "failed" else ""
 
 
 @results_app.command("show")
@@ -164,6 +202,8 @@ def _show(store, rid: str) -> None:
     row = store.run(rid)
     console.print(f"[bold]{rid}[/] {row['contract_name']} status={row['status']} verdict={row['verdict']}",
                   highlight=False)
+    if row.get("error") and row["status"] != "complete":
+        console.print(f"  {row['error']}", highlight=False, markup=False)
     table = Table()
     for col in ("gate", "status", "summary"):
         table.add_column(col, overflow="fold")
@@ -182,10 +222,17 @@ def results_query(sql: str = typer.Argument(..., help="SQL over runs, environmen
                   db: Optional[Path] = DB_OPTION,
                   fmt: str = typer.Option("table", "--format", help="table | json | csv")) -> None:
     """Run SQL against the store (read-only)."""
+    from rich.markup import escape
+
+    from onecat.results.errors import as_store_error
+
     with _store(db) as store:
         try:
             cols, rows = store.query(sql)
         except Exception as exc:  # noqa: BLE001 - duckdb errors name the problem
+            problem = as_store_error(store.path, exc)  # a damaged store, not a bad query
+            if problem is not None:
+                raise _fail(escape(str(problem)), EXIT_RUNTIME)
             raise _fail(f"query failed: {exc}", EXIT_USAGE)
     if fmt == "json":
         print(json.dumps([dict(zip(cols, r)) for r in rows], default=str, indent=1))

@@ -3,6 +3,7 @@
 Version N of the schema is migrations[0..N-1] applied in order; `schema_version` holds N.
 Add a migration by appending SQL to MIGRATIONS (never edit a released one).
 JSON-valued columns are VARCHAR holding canonical JSON.
+runs.status: running | interrupted | complete | failed ("lost" exists only in the run journal).
 """
 
 MIGRATIONS: list[str] = [
@@ -92,5 +93,13 @@ MIGRATIONS: list[str] = [
     CREATE TABLE verdicts (
         run_id VARCHAR PRIMARY KEY, verdict VARCHAR NOT NULL, reason VARCHAR, recorded_at TIMESTAMP NOT NULL
     );
+    """,
+    # 2: who writes a run, so that a run whose writer was killed is noticed (liveness.py), and a count of
+    # its status changes, so that the run journal can tell when the database lost some (journal.py)
+    """
+    ALTER TABLE runs ADD COLUMN writer_pid BIGINT;
+    ALTER TABLE runs ADD COLUMN writer_host VARCHAR;
+    ALTER TABLE runs ADD COLUMN writer_started VARCHAR;
+    ALTER TABLE runs ADD COLUMN status_seq INTEGER DEFAULT 0;
     """,
 ]

@@ -10,20 +10,38 @@ request in flight, and `--resume` picks the run up where it stopped.
     store.add_check(run_id, index, gate, result) / store.set_verdict(run_id, verdict, reason)
     store.requests(run_id, arm=None, workload=None) -> list[dict]   (also items(), metrics(), checks())
     store.query(sql) -> (columns, rows)                             SQL passthrough
+
+Opening is where trouble is caught, and said plainly (errors.py): a file that is not a whole DuckDB
+store raises StoreCorrupt and is left untouched (integrity.py); a store another process writes raises
+StoreBusy (reading.open_for_reading then reads a snapshot). A writer is recorded on its run row; when the
+store is next opened for writing, `running` runs whose writer is gone become `interrupted` (liveness.py),
+which `--resume` continues. Runs, status changes and finished units are also appended to a journal next
+to the database, so a run the database lost (a truncated write-ahead log) is reported, never silently
+forgotten (journal.py): `store.warnings` says what was lost, `store.lost_runs` lists the runs, and a
+writer also logs the warnings (logger "onecat.results").
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 import duckdb
 
+from onecat.results.errors import NOTHING_CHANGED, StoreCorrupt, StoreTooNew, as_store_error
+from onecat.results.integrity import check_extent, check_header
+from onecat.results.journal import WAL_LOST, RunJournal, journal_path
+from onecat.results.liveness import this_writer, writer_alive
 from onecat.results.schema import MIGRATIONS
 
 DEFAULT_DB = Path(".onecat") / "results.duckdb"
+RUN_LIST_COLUMNS = ("run_id", "contract_name", "status", "verdict", "started_at", "finished_at",
+                    "contract_fingerprint", "contract_path", "error", "writer_pid", "writer_host", "writer_started")
+log = logging.getLogger("onecat.results")
 
 
 def _now() -> dt.datetime:
@@ -34,22 +52,75 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
 
 
+def interrupted_reason(run: dict) -> str:
+    """Why a `running` run whose writer is gone is `interrupted`, and how to continue it."""
+    if run.get("writer_pid") is None:
+        who = "its writer was not recorded (the run predates writer tracking) and no process holds the store"
+    else:
+        who = f"its writer (pid {run['writer_pid']} on {run.get('writer_host')}) is gone"
+    resume = f"onecat gate run --resume {run.get('contract_path') or 'CONTRACT'}"
+    return f"{who}: killed or crashed before finishing; `{resume}` continues it"
+
+
 class Store:
     def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False):
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self.con = duckdb.connect(self.path, read_only=read_only)
-        if not read_only:
+        self.read_only = read_only
+        self.warnings: list[str] = []     # losses found by comparing the run journal with the database
+        self.lost_runs: list[dict] = []   # runs the journal knows and the database lost (status "lost")
+        self.snapshot_of: Optional[str] = None  # set when this is a copy of a store a run is writing
+        in_memory = self.path == ":memory:"
+        self.journal = None if in_memory else RunJournal(journal_path(self.path))
+        created = False
+        if not in_memory:
+            check_header(self.path)
+            created = not os.path.lexists(self.path)
+            if not read_only:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.Error as exc:
+            raise (as_store_error(self.path, exc) or exc) from exc
+        try:
+            self._open(created)
+        except BaseException as exc:
+            self.con.close()
+            mapped = as_store_error(self.path, exc)
+            if mapped is not None and mapped is not exc:
+                raise mapped from exc
+            raise
+
+    def _open(self, created: bool) -> None:
+        tables = self._tables()
+        if tables and "schema_version" not in tables:
+            raise StoreCorrupt(self.path, "is a DuckDB database but not a onecat results store (it holds "
+                               + ", ".join(sorted(tables)[:5]) + ")",
+                               f"{NOTHING_CHANGED}; pass the --db of a results store, or a new path to create one")
+        if tables and self.path != ":memory:":
+            check_extent(self.con, self.path)
+        if not self.read_only:
             self._migrate()
+            if created:
+                self._journal("store")
+        self._run_columns = {r[0] for r in self.con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database()"
+            " AND schema_name = 'main' AND table_name = 'runs'").fetchall()}
+        self._audit()
+        if not self.read_only:
+            self._mark_orphaned_runs()
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables() WHERE"
+                                               " database_name = current_database() AND schema_name = 'main'")
+                .fetchall()}
 
     # ------------------------------------------------------------------ schema
     def _migrate(self) -> None:
         self.con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied_at TIMESTAMP)")
         current = self.schema_version()
         if current > len(MIGRATIONS):
-            raise RuntimeError(f"{self.path} has schema version {current}, newer than this onecat "
-                               f"({len(MIGRATIONS)}); upgrade onecat or use another --db")
+            raise StoreTooNew(self.path, f"{self.path} has schema version {current}, newer than this onecat "
+                                         f"({len(MIGRATIONS)}); upgrade onecat or use another --db")
         for version in range(current + 1, len(MIGRATIONS) + 1):
             self.con.execute("BEGIN TRANSACTION")
             for stmt in (s.strip() for s in MIGRATIONS[version - 1].split(";")):
@@ -71,34 +142,102 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ journal, writers
+    def _journal(self, event: str, **fields: Any) -> None:
+        if self.journal is None:
+            return
+        try:
+            self.journal.append(event, **fields)
+        except OSError as exc:  # the store itself still works; only loss detection is weakened
+            log.warning("cannot write the run journal %s (%s): a run lost by a truncated write-ahead log "
+                        "would go unnoticed", self.journal.path, exc)
+
+    def _audit(self) -> None:
+        """Compare the run journal with the database; a writer logs new losses once."""
+        if self.journal is None:
+            return
+        seq: dict[str, Optional[int]] = {}
+        if "run_id" in self._run_columns:
+            col = "status_seq" if "status_seq" in self._run_columns else "NULL"
+            seq = {r[0]: r[1] for r in self.con.execute(f"SELECT run_id, {col} FROM runs").fetchall()}
+        units = (set(self.con.execute("SELECT run_id, arm, workload, unit_key FROM units").fetchall())
+                 if "units" in self._tables() else set())
+        audit = self.journal.audit(seq, units)
+        self.lost_runs, self.warnings = audit.lost_runs, audit.warnings
+        if not self.read_only:
+            for message in audit.warnings:
+                log.warning(message)
+                self._journal("reported", message=message)
+
+    def _mark_orphaned_runs(self) -> None:
+        """`running` runs whose writer is gone become `interrupted`. Holding the write lock means no other
+        process writes this store, so a run without a recorded writer is an orphan too."""
+        rows = self._dicts("SELECT run_id, contract_path, writer_pid, writer_host, writer_started FROM runs"
+                           " WHERE status = 'running'")
+        for row in rows:
+            if row["writer_pid"] is None or writer_alive(row["writer_pid"], row["writer_host"],
+                                                         row["writer_started"]) is False:
+                self.set_status(row["run_id"], "interrupted", interrupted_reason(row))
+
+    def _settle(self, row: dict) -> dict:
+        """A read-only view cannot record that a run's writer is gone, but it can show it."""
+        if row.get("status") == "running" and row.get("writer_pid") is not None and writer_alive(
+                row["writer_pid"], row.get("writer_host"), row.get("writer_started")) is False:
+            row["status"], row["error"] = "interrupted", interrupted_reason(row)
+        return row
+
     # ------------------------------------------------------------------ runs
     def create_run(self, run_id: str, contract: Any, contract_path: Optional[str], arm_settings: dict[str, Any],
                    dataset_sha256: dict[str, str], engine_revision: str, harness_revision: str,
                    onecat_version: str) -> None:
+        started, writer = _now(), this_writer()
         self.con.execute(
             "INSERT INTO runs (run_id, contract_name, contract_fingerprint, contract_json, contract_path,"
             " baseline_fingerprint, candidate_fingerprint, arm_settings_json, dataset_sha256_json,"
-            " engine_revision, harness_revision, onecat_version, status, started_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)",
+            " engine_revision, harness_revision, onecat_version, status, started_at,"
+            " writer_pid, writer_host, writer_started, status_seq)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, 1)",
             [run_id, contract.name, contract.fingerprint, contract.canonical_json(), contract_path,
              arm_settings["baseline"].fingerprint, arm_settings["candidate"].fingerprint,
              _json({k: v.model_dump(mode="json") for k, v in arm_settings.items()}), _json(dataset_sha256),
-             engine_revision, harness_revision, onecat_version, _now()])
+             engine_revision, harness_revision, onecat_version, started, writer["writer_pid"],
+             writer["writer_host"], writer["writer_started"]])
+        self._journal("run", run_id=run_id, seq=1, status="running", contract_name=contract.name,
+                      contract_fingerprint=contract.fingerprint, contract_path=contract_path, started_at=started)
 
     def set_status(self, run_id: str, status: str, error: Optional[str] = None) -> None:
+        """Change a run's status; `running` also records the current process as its writer."""
         finished = _now() if status in ("complete", "failed", "interrupted") else None
-        self.con.execute("UPDATE runs SET status = ?, error = ?, finished_at = ? WHERE run_id = ?",
-                         [status, error, finished, run_id])
+        sets = "status = ?, error = ?, finished_at = ?, status_seq = coalesce(status_seq, 0) + 1"
+        params: list[Any] = [status, error, finished]
+        if status == "running":
+            writer = this_writer()
+            sets += ", writer_pid = ?, writer_host = ?, writer_started = ?"
+            params += [writer["writer_pid"], writer["writer_host"], writer["writer_started"]]
+        row = self.con.execute(f"UPDATE runs SET {sets} WHERE run_id = ? RETURNING status_seq, contract_name,"
+                               " contract_fingerprint, contract_path, started_at", params + [run_id]).fetchone()
+        if row:
+            self._journal("run", run_id=run_id, seq=row[0], status=status, contract_name=row[1],
+                          contract_fingerprint=row[2], contract_path=row[3], started_at=row[4])
 
     def run(self, run_id: str) -> Optional[dict]:
-        rows = self._dicts("SELECT * FROM runs WHERE run_id = ?", [run_id])
-        return rows[0] if rows else None
+        rows = self._dicts("SELECT * FROM runs WHERE run_id = ?", [run_id]) if self._run_columns else []
+        return self._settle(rows[0]) if rows else None
 
     def runs(self, limit: int = 50) -> list[dict]:
-        return self._dicts("SELECT run_id, contract_name, status, verdict, started_at, finished_at,"
-                           " contract_fingerprint FROM runs ORDER BY started_at DESC LIMIT ?", [limit])
+        """Newest first, with the runs the journal knows and the database lost (status "lost")."""
+        rows: list[dict] = []
+        if self._run_columns:
+            cols = ", ".join(c for c in RUN_LIST_COLUMNS if c in self._run_columns)
+            rows = [self._settle(r) for r in
+                    self._dicts(f"SELECT {cols} FROM runs ORDER BY started_at DESC LIMIT ?", [limit])]
+        rows += [dict(r) for r in self.lost_runs]
+        rows.sort(key=lambda r: str(r.get("started_at") or ""), reverse=True)
+        return rows[:limit]
 
     def latest_unfinished(self, contract_fingerprint: str) -> Optional[str]:
+        """The newest run of this contract that `--resume` can continue: running (its writer may have died
+        on another host), interrupted (killed, crashed, Ctrl-C) or failed."""
         row = self.con.execute("SELECT run_id FROM runs WHERE contract_fingerprint = ? AND status IN"
                                " ('running', 'interrupted', 'failed') ORDER BY started_at DESC LIMIT 1",
                                [contract_fingerprint]).fetchone()
@@ -106,15 +245,21 @@ class Store:
 
     def resolve_run_id(self, run_id: Optional[str]) -> str:
         """`None` or "latest" -> the newest run; a unique prefix -> the full id."""
+        has_runs = bool(self._run_columns)
         if run_id in (None, "latest"):
-            row = self.con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()
+            row = self.con.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").fetchone() \
+                if has_runs else None
             if not row:
                 raise LookupError(f"no runs in {self.path}")
             return row[0]
-        rows = self.con.execute("SELECT run_id FROM runs WHERE run_id LIKE ?", [run_id + "%"]).fetchall()
+        rows = self.con.execute("SELECT run_id FROM runs WHERE run_id LIKE ?", [run_id + "%"]).fetchall() \
+            if has_runs else []
         exact = [r[0] for r in rows if r[0] == run_id]
         if exact:
             return exact[0]
+        lost = [r["run_id"] for r in self.lost_runs if r["run_id"].startswith(run_id)]
+        if not rows and lost:
+            raise LookupError(f"run {lost[0]} was lost: {WAL_LOST}; its rows are gone, rerun it")
         if len(rows) != 1:
             raise LookupError(f"run {run_id!r} matches {len(rows)} runs in {self.path}"
                               + ("" if rows else "; see `onecat results list`"))
@@ -181,6 +326,7 @@ class Store:
     def finish_unit(self, run_id: str, arm: str, workload: str, unit_key: str, position: Optional[int] = None) -> None:
         self.con.execute("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?, ?)",
                          [run_id, arm, workload, unit_key, position, _now()])
+        self._journal("unit", run_id=run_id, arm=arm, workload=workload, unit_key=unit_key)
 
     def done_units(self, run_id: str) -> set[tuple[str, str, str]]:
         rows = self.con.execute("SELECT arm, workload, unit_key FROM units WHERE run_id = ?", [run_id]).fetchall()

@@ -95,7 +95,7 @@ def test_sigkill_mid_run_then_resume_keeps_finished_requests(tmp_path):
 
     s = Store(db)
     (run_id, status), = s.query("SELECT run_id, status FROM runs")[1]
-    assert status == "running"  # killed: nothing could mark it
+    assert status == "interrupted"  # killed: the next open for writing saw its writer gone
     done_before = s.done_units(run_id)
     kept = {(r["arm"], r["workload"], r["request_key"]): r["recorded_at"] for r in s.requests(run_id)
             if (r["arm"], r["workload"], r["unit_key"]) in done_before}
