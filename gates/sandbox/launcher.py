@@ -5,10 +5,12 @@ directory; stdlib only and never imported by the harness. Process tree it builds
 
     launcher (harness user, own session)
       └─ init   pid 1 of a new pid namespace: mounts a private /proc and tmpfs /tmp, reaps, reports
-           └─ program  unprivileged uid, rlimits, no_new_privs, exec of the sandbox interpreter
+           └─ program  own mount namespace with a fresh root (fresh_root.py), unprivileged uid,
+                       rlimits, no_new_privs, exec of the sandbox interpreter
 
 When init exits (program done, or the launcher killed -> PDEATHSIG) the kernel kills every process
-left in the pid namespace, so nothing forked by the program can outlive the run.
+left in the pid namespace, so nothing forked by the program can outlive the run. The program keeps
+exactly fds 0-2 and, when the harness asked for one, the result channel as fd 3.
 """
 
 import ctypes
@@ -18,6 +20,9 @@ import resource
 import signal
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I left out the script's own dir
+import fresh_root  # noqa: E402  (stdlib-only sibling; the scratch dir, our cwd, is never on sys.path)
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -85,9 +90,30 @@ def _private_mounts(cfg: dict, applied: list, notes: list) -> None:
             notes.append(str(exc))
 
 
-def _exec_program(cfg: dict) -> None:
-    """In the program child: limits, drop privileges, exec the sandbox interpreter. Never returns."""
+def _isolate_filesystem(cfg: dict, applied: list, report_fd: int) -> dict:
+    """Enter a fresh root when the namespaces allow; tell init what applied; return the program's env."""
+    env = dict(cfg["env"])
+    mine, notes = [], []
+    if not cfg["root_paths"]:
+        notes.append("fresh root disabled or no interpreter paths probed")
+    elif "mntns" not in applied or "tmpfs:/tmp" not in applied:
+        notes.append("fresh root needs a mount namespace with a private /tmp")
+    else:
+        scratch = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+        if fresh_root.enter(cfg["root_paths"], cfg["tmpfs_bytes"], "pidns" in applied, mine, notes):
+            env["HOME"] = fresh_root.SCRATCH
+        else:
+            os.fchdir(scratch)
+        os.close(scratch)
+    os.write(report_fd, json.dumps({"mechanisms": mine, "notes": notes}).encode())
+    os.close(report_fd)
+    return env
+
+
+def _exec_program(cfg: dict, applied: list, report_fd: int) -> None:
+    """In the program child: filesystem, limits, drop privileges, exec the interpreter. Never returns."""
     try:
+        env = _isolate_filesystem(cfg, applied, report_fd)
         lim = cfg["limits"]
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         cpu = int(lim["cpu_s"] + 0.999)
@@ -102,9 +128,15 @@ def _exec_program(cfg: dict) -> None:
             os.setgid(uid)
             os.setuid(uid)
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        os.closerange(3, 1 << 16)
+        channel = cfg["channel_fd"]
+        if channel is not None:
+            if channel != 3:
+                os.dup2(channel, 3)
+            os.closerange(4, 1 << 16)
+        else:
+            os.closerange(3, 1 << 16)
         python = cfg["python"]
-        os.execve(python, [python, "-s", "-c", cfg["bootstrap"], cfg["program"], cfg["guard"]], cfg["env"])
+        os.execve(python, [python, "-s", "-c", cfg["bootstrap"], cfg["program"], cfg["guard"]], env)
     except BaseException as exc:  # report why the program could not start, distinctly from its own errors
         os.write(2, f"onecat-sandbox: could not start program: {exc!r}\n".encode())
     os._exit(125)
@@ -145,6 +177,23 @@ def _sweep_descendants() -> None:
                 pass
 
 
+def _merge_report(fd: int, applied: list, notes: list) -> None:
+    """What the program's child applied before exec (it closes the pipe by then, or dies)."""
+    chunks = []
+    while True:
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    try:
+        report = json.loads(b"".join(chunks) or b"{}")
+        applied.extend(report.get("mechanisms", []))
+        notes.extend(report.get("notes", []))
+    except ValueError:
+        notes.append("program child sent no isolation report")
+
+
 def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pid: int) -> None:
     """Start the program, enforce the wall deadline, reap everything, report how the program ended.
 
@@ -158,10 +207,16 @@ def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pi
         applied.append("subreaper")
     _private_mounts(cfg, applied, notes)
     deadline = time.monotonic() + cfg["limits"]["wall_s"]
+    report_r, report_w = os.pipe()
     program_pid = os.fork()
     if program_pid == 0:
         os.close(status_fd)
-        _exec_program(cfg)
+        os.close(report_r)
+        _exec_program(cfg, applied, report_w)
+    os.close(report_w)
+    if cfg["channel_fd"] is not None:
+        os.close(cfg["channel_fd"])  # only the program holds the write end: EOF when it is gone
+    _merge_report(report_r, applied, notes)
     status = {"mechanisms": applied, "notes": notes}
     pause = 0.001
     while True:
@@ -198,6 +253,7 @@ def main() -> None:
     uid = cfg["uid"]
     if uid is not None:
         os.chown(".", uid, uid)
+        os.chmod(".", 0o700)  # other sandboxes (other uids) cannot read this one's files
         applied.append("uid-drop")
     _unshare(cfg, applied, notes)
     launcher_pid = os.getpid()
@@ -205,6 +261,8 @@ def main() -> None:
     if init_pid == 0:
         _run_init(cfg, applied, notes, status_fd, launcher_pid)
     os.close(status_fd)
+    if cfg["channel_fd"] is not None:
+        os.close(cfg["channel_fd"])
     os.waitpid(init_pid, 0)
 
 

@@ -15,10 +15,11 @@ class SandboxLimits:
     max_processes: int = 16              # RLIMIT_NPROC for the sandbox's own uid
     max_file_bytes: int = 16 << 20       # RLIMIT_FSIZE
     max_open_files: int = 256            # RLIMIT_NOFILE
-    max_output_bytes: int = 16 << 20     # stdout/stderr kept per stream; the rest is dropped
+    max_output_bytes: int = 64 << 10     # stdout/stderr kept per stream; the rest is read and dropped
     tmpfs_bytes: int = 64 << 20          # size of the private /tmp, /var/tmp, /dev/shm
     python_guard: bool = True            # second layer: socket layer + destructive builtins disabled
     namespaces: bool = True              # first layer: pid/net/mount/ipc/uts namespaces when the OS allows
+    fresh_root: bool = True              # with a mount namespace: only the interpreter's files are visible
 
     def __post_init__(self) -> None:
         for name in ("cpu_s", "wall_s"):

@@ -7,8 +7,14 @@ Containment, in the order the kernel enforces it (see launcher.py for the proces
     write access to every file it does not own);
   * pid, network, mount, ipc and uts namespaces where the OS allows (a pid namespace dies with its
     init; the network namespace has only a downed loopback; /tmp, /var/tmp, /dev/shm are private);
+  * a fresh root filesystem (fresh_root.py): the interpreter and its libraries read-only, /dev
+    nodes, a private /tmp and the scratch dir; no data dir, no work folder or caches, no project
+    tree, no home. Without a mount namespace the program sees the host filesystem as its own uid
+    ("host-fs-view"), and only file permissions (0700 harness caches) protect what it must not read;
   * rlimits: CPU, address space, processes, file size, open files, no core dumps;
   * a minimal environment: never the harness's variables;
+  * bounded capture: stdout/stderr keep max_output_bytes and drop the rest as it streams; the
+    optional result channel (fd 3) is read line by line under its own cap (capture.py);
   * inside the interpreter, EvalPlus's reliability guard and a blocked socket layer.
 
 Why this combination (probed where the harness runs as root in a VM, kernel 6.x, 2 cores):
@@ -34,7 +40,6 @@ import os
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -44,6 +49,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from onecat.gates.sandbox.capture import CappedPipe, Channel, LineReader
+from onecat.gates.sandbox.interpreter import interpreter_candidates, root_paths, world_executable
 from onecat.gates.sandbox.limits import SandboxLimits
 
 _HERE = Path(__file__).resolve().parent
@@ -52,6 +59,8 @@ _BOOTSTRAP_SOURCE = (_HERE / "bootstrap.py").read_text(encoding="utf-8")
 _UID_BASE = 1_600_000_000          # far above any real account; one fresh uid per sandbox run
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
+HOST_VIEW_NOTE = ("no fresh root: the program sees the host filesystem as an unprivileged uid; harness "
+                  "caches are 0700, but world-readable files (e.g. a shared data dir) stay readable")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -74,6 +83,8 @@ class SandboxResult:
     mechanisms: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     uid: int | None = None
+    stopped: bool = False                 # the channel's consumer stopped the program early
+    channel_error: str | None = None      # the channel's consumer raised (reported, not re-raised)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +101,8 @@ class SandboxResult:
     def describe(self) -> str:
         if self.timed_out:
             return "wall-time limit exceeded"
+        if self.stopped:
+            return "stopped by the harness once the result was known"
         if self.signal is not None:
             name = signal.Signals(self.signal).name if self.signal in signal.valid_signals() else self.signal
             return f"killed by {name}"
@@ -104,36 +117,10 @@ def _allocate_uid() -> int:
     return _UID_BASE + (os.getpid() % 100_000) * 1000 + n % 1000
 
 
-def _world_executable(path: str) -> bool:
-    """True when an unprivileged uid can reach and execute `path` (every parent dir o+x)."""
-    p = Path(os.path.realpath(path))
-    try:
-        if not p.stat().st_mode & stat.S_IXOTH:
-            return False
-        return all(parent.stat().st_mode & stat.S_IXOTH for parent in p.parents)
-    except OSError:
-        return False
-
-
 def _minimal_env(scratch: str) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "HOME": scratch, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
             "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
             "OMP_NUM_THREADS": "1", "TMPDIR": "/tmp"}
-
-
-def _drain(stream, cap: int, sink: dict, key: str) -> None:
-    """Read a pipe to EOF keeping at most `cap` bytes; what was read is visible even mid-way."""
-    state = sink[key] = {"chunks": [], "kept": 0, "truncated": False}
-    while True:
-        data = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
-        if not data:
-            break
-        room = cap - state["kept"]
-        if room > 0:
-            state["chunks"].append(data[:room])
-            state["kept"] += min(room, len(data))
-        if len(data) > room:
-            state["truncated"] = True
 
 
 def _kill_group(pgid: int) -> None:
@@ -156,38 +143,64 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
+def _write_files(scratch: str, files: dict[str, bytes | str]) -> None:
+    for name, content in files.items():
+        target = Path(scratch) / name
+        if target.resolve().parent != Path(scratch).resolve():
+            raise ValueError(f"sandbox file name {name!r} must be a plain file name")
+        target.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
+        os.chmod(target, 0o644)
+
+
+def _wait(proc: subprocess.Popen, deadline: float, stop: threading.Event) -> tuple[bool, bool]:
+    """Wait for the launcher; kill its group when the channel consumer asks. (timed_out, stopped)."""
+    stopped = False
+    while True:
+        try:
+            proc.wait(timeout=0.05 if not stopped else max(0.0, deadline - time.monotonic()))
+            return False, stopped
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                return True, stopped
+            if stop.is_set() and not stopped:
+                stopped = True
+                _kill_group(proc.pid)  # not reaped yet, so the group id is still ours
+
+
 def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, bytes | str] | None,
-            stdin: bytes | None, guard: str) -> SandboxResult:
+            stdin: bytes | None, guard: str, channel: Channel | None = None) -> SandboxResult:
     run_as_root = os.geteuid() == 0
     uid = _allocate_uid() if run_as_root else None
     scratch = tempfile.mkdtemp(prefix="onecat-sbx-")
     os.chmod(scratch, 0o755)
     status_r, status_w = os.pipe()
+    channel_r, channel_w = os.pipe() if channel is not None else (-1, -1)
     proc = None
     start = time.monotonic()
     try:
-        for name, content in {**(files or {}), "program.py": source}.items():
-            target = Path(scratch) / name
-            if target.resolve().parent != Path(scratch).resolve():
-                raise ValueError(f"sandbox file name {name!r} must be a plain file name")
-            target.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
-            os.chmod(target, 0o644)
+        _write_files(scratch, {**(files or {}), "program.py": source})
         nproc = limits.max_processes if run_as_root else _current_user_processes() + limits.max_processes
+        paths, refused = root_paths(python) if limits.fresh_root and limits.namespaces else ((), ())
         cfg = {
             "status_fd": status_w, "uid": uid, "namespaces": limits.namespaces, "nproc": nproc,
             "tmpfs_bytes": limits.tmpfs_bytes, "limits": limits.to_dict(), "python": python,
             "bootstrap": _BOOTSTRAP_SOURCE, "program": "program.py", "guard": guard,
-            "env": _minimal_env(scratch),
+            "env": _minimal_env(scratch), "channel_fd": channel_w if channel is not None else None,
+            "root_paths": list(paths),
         }
         proc = subprocess.Popen(
             [sys.executable, "-I", str(_LAUNCHER), json.dumps(cfg)], cwd=scratch,
             env=_minimal_env(scratch), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, pass_fds=(status_w,), start_new_session=True, close_fds=True)
+            stderr=subprocess.PIPE, pass_fds=(status_w,) + ((channel_w,) if channel is not None else ()),
+            start_new_session=True, close_fds=True)
         os.close(status_w)
         status_w = -1
-        sink: dict = {}
-        readers = [threading.Thread(target=_drain, args=(s, limits.max_output_bytes, sink, k), daemon=True)
-                   for s, k in ((proc.stdout, "out"), (proc.stderr, "err"))]
+        stop = threading.Event()
+        readers = [CappedPipe(proc.stdout, limits.max_output_bytes), CappedPipe(proc.stderr, limits.max_output_bytes)]
+        if channel is not None:
+            os.close(channel_w)
+            channel_w = -1
+            readers.append(LineReader(channel_r, channel, stop))
         for t in readers:
             t.start()
         try:
@@ -196,11 +209,8 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        timed_out = False
-        try:  # the launcher enforces wall_s itself; this is the backstop if it cannot
-            proc.wait(timeout=limits.wall_s + 5.0)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        # the launcher enforces wall_s itself; this is the backstop if it cannot
+        timed_out, stopped = _wait(proc, start + limits.wall_s + 5.0, stop)
         wall = time.monotonic() - start
         _kill_group(proc.pid)
         proc.wait()
@@ -209,30 +219,34 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             _kill_uid(uid)
         for t in readers:
             t.join(timeout=5)
-        out, out_trunc = _collected(sink, "out")
-        err, err_trunc = _collected(sink, "err")
         timed_out = timed_out or bool(status.get("timed_out"))
+        mechanisms = list(status.get("mechanisms", [])) + ["rlimits", "minimal-env", "killpg"]
+        mechanisms += [f"python-guard:{guard}"] if guard != "off" else []
+        notes = list(status.get("notes", [])) + [f"not bound into the fresh root (protected): {p}" for p in refused]
+        if not any(m.startswith("fresh-root:") for m in mechanisms):
+            mechanisms.append("host-fs-view")
+            notes.append(HOST_VIEW_NOTE)
+        channel_error = None
+        if channel is not None and readers[2].error is not None:
+            channel_error = f"{type(readers[2].error).__name__}: {readers[2].error}"[:500]
         return SandboxResult(
-            exit_code=None if timed_out else status.get("exit_code"),
-            signal=None if timed_out else status.get("signal"),
-            timed_out=timed_out, stdout=out, stderr=err, stdout_truncated=out_trunc,
-            stderr_truncated=err_trunc, wall_s=wall, cpu_s=status.get("cpu_s"),
-            mechanisms=list(status.get("mechanisms", [])) + ["rlimits", "minimal-env", "killpg"]
-            + ([f"python-guard:{guard}"] if guard != "off" else []),
-            notes=list(status.get("notes", [])), uid=uid)
+            exit_code=None if timed_out or stopped else status.get("exit_code"),
+            signal=None if timed_out or stopped else status.get("signal"),
+            timed_out=timed_out and not stopped, stdout=readers[0].collected(), stderr=readers[1].collected(),
+            stdout_truncated=readers[0].truncated, stderr_truncated=readers[1].truncated, wall_s=wall,
+            cpu_s=status.get("cpu_s"), mechanisms=mechanisms, notes=notes, uid=uid, stopped=stopped,
+            channel_error=channel_error)
     finally:
         if proc is not None and proc.poll() is None:
             _kill_group(proc.pid)
             proc.wait()
-        if status_w >= 0:
-            os.close(status_w)
+        for fd in (status_w, channel_w):
+            if fd >= 0:
+                os.close(fd)
         os.close(status_r)
+        if channel_r >= 0:
+            os.close(channel_r)
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _collected(sink: dict, key: str) -> tuple[bytes, bool]:
-    state = dict(sink.get(key) or {"chunks": [], "truncated": False})
-    return b"".join(list(state["chunks"])), bool(state["truncated"])
 
 
 def _read_status(fd: int) -> dict:
@@ -264,25 +278,12 @@ def _current_user_processes() -> int:
     return count
 
 
-def _interpreter_candidates() -> list[str]:
-    seen, out = set(), []
-    for cand in (os.environ.get("ONECAT_SANDBOX_PYTHON"), sys.executable,
-                 getattr(sys, "_base_executable", None), "/usr/bin/python3", "/usr/local/bin/python3",
-                 shutil.which("python3")):
-        if cand and os.path.exists(cand):
-            real = os.path.realpath(cand)
-            if real not in seen:
-                seen.add(real)
-                out.append(real)
-    return out
-
-
 @lru_cache(maxsize=1)
 def sandbox_python() -> str:
     """First interpreter that starts and imports the stdlib as the sandbox's unprivileged uid."""
     tried = []
-    for cand in _interpreter_candidates():
-        if os.geteuid() == 0 and not _world_executable(cand):
+    for cand in interpreter_candidates():
+        if os.geteuid() == 0 and not world_executable(cand):
             tried.append(f"{cand} (not reachable by an unprivileged uid)")
             continue
         res = _launch("import json, re, math, collections, itertools, heapq\nprint('ok')",
@@ -297,18 +298,19 @@ def sandbox_python() -> str:
 
 
 def run_python(source: str, limits: SandboxLimits | None = None, *, files: dict[str, bytes | str] | None = None,
-               stdin: bytes | None = None, guard: str | None = None) -> SandboxResult:
+               stdin: bytes | None = None, guard: str | None = None, channel: Channel | None = None) -> SandboxResult:
     """Run `source` as __main__ in a fresh sandbox; `files` are written into its scratch dir first.
 
     guard: "before" (default when limits.python_guard) | "manual" (program calls sandbox_harden())
-    | "off". The scratch dir is removed afterwards, whatever the program did.
+    | "off". channel: the program gets a pipe as fd 3 whose lines stream to `channel.on_line`
+    (see capture.Channel). The scratch dir is removed afterwards, whatever the program did.
     """
     limits = limits or SandboxLimits()
     if guard is None:
         guard = "before" if limits.python_guard else "off"
     if guard not in ("before", "manual", "off"):
         raise ValueError(f"guard must be 'before', 'manual' or 'off', got {guard!r}")
-    return _launch(source, limits, sandbox_python(), files, stdin, guard)
+    return _launch(source, limits, sandbox_python(), files, stdin, guard, channel)
 
 
 @lru_cache(maxsize=1)

@@ -1,9 +1,11 @@
 """The program that runs inside the sandbox for EvalPlus: call a solution on every test input.
 
 It only *computes* outputs; the harness compares them with the reference outputs itself, so a
-hostile solution cannot report a pass it did not earn (it never sees the expected outputs).
-Reads spec.json from its scratch dir, hardens (candidate mode), then writes one JSON line per
-input on a private copy of stdout: {"set", "i", "status": ok|error|timeout, "out", "t"}.
+hostile solution cannot report a pass it did not earn (it never sees the expected outputs; the
+threat model is in evalplus_protocol.py). Reads spec.json (this task's inputs only) from its
+scratch dir, hardens (candidate mode), then writes one JSON line per input on the result channel,
+fd 3 (the sandbox's pipe to the harness): {"set", "i", "status": ok|error|timeout, "out", "t"},
+after a {"event": "load"} line. The solution's own prints go nowhere (fd 1 is /dev/null).
 Per-input time limits are enforced with a repeating SIGALRM (EvalPlus's time_limit) and rechecked
 against the measured time, so a solution that swallows the alarm still times out.
 Stdlib only; its source is prepended with gates/tasks/pyvalues.py before it is sent in.
@@ -48,7 +50,7 @@ def _describe(exc):
 def _main():
     with open("spec.json", "r", encoding="utf-8") as fh:
         spec = json.load(fh)
-    out_fd = os.dup(1)
+    out_fd = 3
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)
     write = os.write

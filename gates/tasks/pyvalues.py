@@ -112,38 +112,73 @@ def encode_value(value, _depth=0):
     return {"__opaque__": f"{kind.__module__}.{kind.__qualname__}", "repr": text}
 
 
-def decode_value(data):
-    if isinstance(data, list):
-        return [decode_value(v) for v in data]
-    if not isinstance(data, dict):
+MAX_DECODE_DEPTH = 256  # encode_value refuses > 200 levels; anything deeper is not ours
+
+
+def _tag_body(data, tag, keys, body_type):
+    if set(data) != keys:
+        raise ValueError(f"tagged value {tag} has keys {sorted(data)[:5]}")
+    body = data[tag]
+    if type(body) is not body_type:
+        raise ValueError(f"tagged value {tag} holds a {type(body).__name__}")
+    return body
+
+
+def decode_value(data, _depth=0):
+    """The value `encode_value` encoded; anything that is not exactly that encoding is refused
+    (ValueError), so a malformed or hostile message can never decode to a surprising object."""
+    if _depth > MAX_DECODE_DEPTH:
+        raise ValueError("value nested too deeply to decode")
+    kind = type(data)
+    if data is None or kind is bool or kind is int or kind is float or kind is str:
         return data
-    if "__tuple__" in data:
-        return tuple(decode_value(v) for v in data["__tuple__"])
-    if "__dict__" in data:
-        return {_hashable(decode_value(k)): decode_value(v) for k, v in data["__dict__"]}
-    if "__set__" in data:
-        return {_hashable(decode_value(v)) for v in data["__set__"]}
-    if "__frozenset__" in data:
-        return frozenset(_hashable(decode_value(v)) for v in data["__frozenset__"])
-    if "__complex__" in data:
-        re_, im = data["__complex__"]
-        return complex(decode_value(re_), decode_value(im))
-    if "__bytes__" in data:
-        return bytes.fromhex(data["__bytes__"])
-    if "__int__" in data:
-        return int(data["__int__"], 16)
-    if "__float__" in data:
-        return float(data["__float__"])
-    if "__digest__" in data:
-        return Digest(data["__digest__"], data["n"], data["sha256"])
-    if "__opaque__" in data:
-        return Opaque(data["__opaque__"], data.get("repr", ""))
-    raise ValueError(f"unknown tagged value {sorted(data)}")
+    d = _depth + 1
+    if kind is list:
+        return [decode_value(v, d) for v in data]
+    if kind is not dict or not data:
+        raise ValueError(f"not an encoded value: {kind.__name__}")
+    tag = next(iter(data)) if len(data) == 1 else next((k for k in data if k in ("__digest__", "__opaque__")), "")
+    if tag in ("__tuple__", "__set__", "__frozenset__"):
+        items = [decode_value(v, d) for v in _tag_body(data, tag, {tag}, list)]
+        if tag == "__tuple__":
+            return tuple(items)
+        return (set if tag == "__set__" else frozenset)(_hashable(v) for v in items)
+    if tag == "__dict__":
+        out = {}
+        for pair in _tag_body(data, tag, {tag}, list):
+            if type(pair) is not list or len(pair) != 2:
+                raise ValueError("__dict__ items must be [key, value] pairs")
+            out[_hashable(decode_value(pair[0], d))] = decode_value(pair[1], d)
+        return out
+    if tag == "__complex__":
+        parts = [decode_value(v, d) for v in _tag_body(data, tag, {tag}, list)]
+        if len(parts) != 2 or not all(type(v) in (int, float) for v in parts):
+            raise ValueError("__complex__ must hold two numbers")
+        return complex(parts[0], parts[1])
+    if tag == "__bytes__":
+        return bytes.fromhex(_tag_body(data, tag, {tag}, str))
+    if tag == "__int__":
+        return int(_tag_body(data, tag, {tag}, str), 16)
+    if tag == "__float__":
+        return float(_tag_body(data, tag, {tag}, str))
+    if tag == "__digest__":
+        name = _tag_body(data, tag, {tag, "n", "sha256"}, str)
+        if type(data["n"]) is not int or type(data["sha256"]) is not str:
+            raise ValueError("__digest__ needs an int n and a str sha256")
+        return Digest(name, data["n"], data["sha256"])
+    if tag == "__opaque__":
+        name = _tag_body(data, tag, {tag, "repr"} if "repr" in data else {tag}, str)
+        text = data.get("repr", "")
+        if type(text) is not str:
+            raise ValueError("__opaque__ repr must be a str")
+        return Opaque(name, text)
+    raise ValueError(f"unknown tagged value {sorted(data)[:5]}")
 
 
 def _hashable(value):
     if isinstance(value, list):
         return Opaque("list", repr(value))
+    hash(value)  # TypeError for anything else unhashable (e.g. a dict as a set member)
     return value
 
 
