@@ -5,12 +5,17 @@ speculative, sampling, seeds) hold for both arms; `arms.baseline` / `arms.candid
 only what differs (the fast path under test). Unknown keys are refused everywhere, and every
 problem is reported as `FILE:LINE: key.path: what is wrong (what is allowed)`.
 
+Contracts are untrusted input. The file is read by gates/contract_yaml.py (size, encoding,
+anchors, nesting, numbers), sizes are bounded by gates/limits.py (raised only by an explicit
+`limits:` block), and values are validated strictly: `true` is not 1, `8.0` is not 8, and a
+setting the engine would ignore (an empty stop string, top_p under greedy decoding) is refused.
+
 Workloads and gates are open sets: `kind` / `check` picks the pydantic schema registered for
 it (a runner's `Workload`, a check's `Config`; see gates/registry.py), so a new runner or check
 brings its own schema and the contract validates it with the same error reporting.
 
 Public API (stable):
-    load_contract(path) -> Contract                 # raises ContractError
+    load_contract(path) -> Contract                 # raises ContractError (never anything else)
     parse_contract(data: dict, source="<dict>", lines=None) -> Contract
     Contract.fingerprint                            # sha256 of canonical JSON (defaults filled in)
     Contract.canonical_json()
@@ -22,105 +27,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import types
-import typing
+from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, create_model, field_validator
 
 from onecat.gates import registry
+from onecat.gates.contract_errors import ContractError, ContractIssue, dedupe, issue_at, issues_from_validation
+# the shared settings live in their own module; importing them from here keeps working
+from onecat.gates.contract_settings import (SPECULATIVE_METHODS, DatasetRef, EngineSpec, ExecutionSpec,  # noqa: F401
+                                            ModelSpec, ReasoningSpec, SamplingSpec, SpeculativeSpec, Strict)
+from onecat.gates.contract_yaml import load_yaml, read_contract_text
+from onecat.gates.limits import DEFAULT_LIMITS, ContractLimits, size_problems
 
 ARM_NAMES = ("baseline", "candidate")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --------------------------------------------------------------------------- shared settings
-class ModelSpec(Strict):
-    """The weights: `embedded:NAME`, a local path (HF dir or .gguf), or a hub id + revision."""
-
-    source: str = Field(min_length=1)
-    revision: Optional[str] = None
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    quantization: Optional[str] = None  # e.g. "gguf" (keep GGUF blocks packed), "nvfp4"; None: dequantized
-    sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-
-
-class EngineSpec(Strict):
-    """Engine settings; names follow vLLM where it has them."""
-
-    backend: str = "onecat"  # a name registered in gates/engines (onecat, vllm, openai)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
-    kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = "auto"
-    attention_backend: str = "auto"  # auto | torch | FLASH_ATTN_V100 | ...
-    cuda_graph: Literal["off", "full", "piecewise"] = "off"
-    enable_prefix_caching: bool = True
-    mamba_cache_mode: Literal["none", "all", "align"] = "none"
-    max_model_len: Optional[int] = Field(default=None, ge=1)
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_num_batched_tokens: int = Field(default=2048, ge=1)
-    base_url: Optional[str] = None  # openai backend: the endpoint to drive
-    options: dict[str, Any] = Field(default_factory=dict)  # backend-specific pass-through
-
-    @field_validator("cuda_graph", mode="before")
-    @classmethod
-    def _bool_graph(cls, v: Any) -> Any:
-        return {True: "full", False: "off"}.get(v, v) if isinstance(v, bool) else v
-
-
-SPECULATIVE_METHODS = ("ngram", "draft_model", "dflash", "eagle", "eagle3", "mtp")
-
-
-class SpeculativeSpec(Strict):
-    """Speculative decoding: proposer method, its drafter (if any), and tokens proposed per step."""
-
-    method: Literal["ngram", "draft_model", "dflash", "eagle", "eagle3", "mtp"]
-    model: Optional[str] = None  # drafter source (embedded:, path, or hub id)
-    revision: Optional[str] = None
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    num_speculative_tokens: int = Field(ge=1)
-    prompt_lookup_min: Optional[int] = Field(default=None, ge=1)
-    prompt_lookup_max: Optional[int] = Field(default=None, ge=1)
-    adaptive: Optional[bool] = None  # ngram: widen k after fully accepted drafts
-    max_speculative_tokens: Optional[int] = Field(default=None, ge=1)  # ngram adaptive ceiling
-
-
-class ReasoningSpec(Strict):
-    """Thinking switch for reasoning models; `effort` maps to the chat template's reasoning level."""
-
-    enabled: bool = False
-    effort: Optional[Literal["minimal", "low", "medium", "high", "xhigh"]] = None
-
-
-class SamplingSpec(Strict):
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)  # 0 / -1: off
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    max_tokens: int = Field(default=256, ge=1)  # the natural-EOS cap: hitting it counts as "capped"
-    stop: list[str] = Field(default_factory=list)
-    reasoning: ReasoningSpec = Field(default_factory=ReasoningSpec)
-
-
-class ExecutionSpec(Strict):
-    """How the arms are scheduled. interleave: keep both arms open and alternate throughput repeats
-    A/B/A/B/.../A; false runs arm after arm (for engines too large to hold twice)."""
-
-    interleave: bool = True
-
-
-class DatasetRef(Strict):
-    """Explicit location of a dataset; sha256 is required for names the registry does not pin."""
-
-    path: Optional[str] = None
-    sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    url: Optional[str] = None
 
 
 # --------------------------------------------------------------------------- arms as overrides
@@ -222,20 +143,21 @@ class Contract(Strict):
     arms: Arms = Field(default_factory=Arms)
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     datasets: dict[str, DatasetRef] = Field(default_factory=dict)
+    limits: Optional[ContractLimits] = None  # explicit raises of the size bounds (gates/limits.py)
     workloads: list[SerializeAsAny[_OpenWorkload]] = Field(min_length=1)  # typed per kind by parse_contract
     gates: list[SerializeAsAny[_OpenGate]] = Field(min_length=1)  # typed per check by parse_contract
 
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):
-            raise ValueError(f"seeds must be distinct, got {v}")
-        if any(s < 0 for s in v):
-            raise ValueError(f"seeds must be >= 0, got {v}")
+        repeated = sorted(s for s, n in Counter(v).items() if n > 1)
+        if repeated:
+            raise ValueError(f"seeds must be distinct; repeated: {repeated[:10]}")
         return v
 
     def canonical_json(self) -> str:
-        return canonical_json(self.model_dump(mode="json"))
+        # no `limits:` block -> no key: fingerprints of contracts written before it existed are unchanged
+        return canonical_json(self.model_dump(mode="json", exclude={"limits"} if self.limits is None else None))
 
     @property
     def fingerprint(self) -> str:
@@ -269,178 +191,37 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-class ContractIssue(BaseModel):
-    path: str
-    message: str
-    line: Optional[int] = None
-
-
-class ContractError(ValueError):
-    """A contract that cannot be used, with every problem found (file, line, key path, fix)."""
-
-    def __init__(self, source: str, issues: list[ContractIssue]):
-        self.source, self.issues = source, issues
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        out = [f"{self.source}: invalid contract ({len(self.issues)} problem{'s' * (len(self.issues) != 1)})"]
-        for i in self.issues:
-            where = f"{self.source}:{i.line}" if i.line else self.source
-            out.append(f"  {where}: {i.path or '<top>'}: {i.message}")
-        return "\n".join(out)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    pass
-
-
-def _line_map(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
-    """Parse YAML and remember the line of every key / list item (1-based); refuse duplicate keys."""
-    try:
-        root = yaml.compose(text, Loader=_UniqueKeyLoader)
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise ContractError(source, [ContractIssue(path="", line=mark.line + 1 if mark else None,
-                                                   message=f"not valid YAML: {getattr(exc, 'problem', exc)}")])
-    lines: dict[tuple, int] = {}
-    dups: list[ContractIssue] = []
-
-    def walk(node: Any, path: tuple) -> None:
-        lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            seen: set = set()
-            for k, v in node.value:
-                key = k.value
-                if key in seen:
-                    dups.append(ContractIssue(path=_fmt(path + (key,)), line=k.start_mark.line + 1,
-                                              message="duplicate key; each key may appear once"))
-                seen.add(key)
-                lines[path + (key,)] = k.start_mark.line + 1
-                walk(v, path + (key,))
-        elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                walk(v, path + (i,))
-
-    if root is not None:
-        walk(root, ())
-    if dups:
-        raise ContractError(source, dups)
-    return data, lines
-
-
-def _fmt(path: tuple) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
-def _data_path(data: Any, loc: tuple) -> tuple:
-    """Keep the parts of a pydantic error location that walk the input (drop union-member tags)."""
-    path, node = [], data
-    for part in loc:
-        if isinstance(node, dict) and part in node:
-            path.append(part)
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            path.append(part)
-            node = node[part]
-        elif isinstance(node, (dict, list)) or node is None:
-            if isinstance(part, str) and not part.startswith(("function-", "literal[", "union[")) \
-                    and part not in ("str", "int", "bool", "float", "list", "dict", "none"):
-                if isinstance(node, dict):
-                    path.append(part)  # a missing or unknown key: still name it
-            node = None
-    return tuple(path)
-
-
-def _allowed_keys(model: Any, path: tuple) -> list[str] | None:
-    """Field names of the pydantic model found at `path` under `model` (for unknown-key messages)."""
-    for part in path:
-        model = _unwrap_model(model, expect_index=isinstance(part, int))
-        if model is None:
-            return None
-        if isinstance(part, int):
-            continue
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            if part not in model.model_fields:
-                return sorted(model.model_fields)
-            model = model.model_fields[part].annotation
-        elif isinstance(model, tuple):  # dict value type
-            model = model[1]
-    model = _unwrap_model(model, expect_index=False)
-    return sorted(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _unwrap_model(tp: Any, expect_index: bool) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _unwrap_model(args[0], expect_index) if args else None
-    if origin is list and expect_index:
-        return typing.get_args(tp)[0]
-    if origin is dict:
-        return ("dict", typing.get_args(tp)[1])
-    return tp
-
-
-def _issues_from(exc: ValidationError, data: Any, lines: dict[tuple, int], prefix: tuple,
-                 schema: Any) -> list[ContractIssue]:
-    out = []
-    for err in exc.errors():
-        loc = prefix + tuple(err["loc"])
-        path = _data_path(data, loc)
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            allowed = _allowed_keys(schema, path[len(prefix):-1] if len(path) > len(prefix) else ())
-            msg = f"unknown key {path[-1]!r}" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        elif err["type"] == "literal_error":
-            msg = f"{msg}, got {err.get('input')!r}"
-        line = None
-        for n in range(len(path), -1, -1):
-            if path[:n] in lines:
-                line = lines[path[:n]]
-                break
-        out.append(ContractIssue(path=_fmt(path), message=msg, line=line))
-    return out
-
-
-def _dedupe(issues: list[ContractIssue]) -> list[ContractIssue]:
-    seen, out = set(), []
-    for i in issues:
-        key = (i.path, i.message)
-        if key not in seen:
-            seen.add(key)
-            out.append(i)
-    return out
-
-
 # --------------------------------------------------------------------------- entry points
 def load_contract(path: str | Path) -> Contract:
-    p = Path(path)
+    """Read, parse and validate a contract file. Every problem, however hostile the file, is a ContractError."""
+    p, source = Path(path), str(path)
     if not p.is_file():
-        raise ContractError(str(path), [ContractIssue(path="", message="file not found" if not p.exists()
-                                                      else "not a file")])
-    text = p.read_text(encoding="utf-8")
-    data, lines = _line_map(text, str(path))
-    return parse_contract(data, source=str(path), lines=lines)
+        raise ContractError(source, [ContractIssue(path="", message="file not found" if not p.exists()
+                                                   else "not a file")])
+    try:
+        data, lines = load_yaml(read_contract_text(p, source), source)
+        return parse_contract(data, source=source, lines=lines)
+    except RecursionError:  # the reader bounds nesting; this is the last line of defence
+        raise ContractError(source, [ContractIssue(path="", message="nested too deeply to read")]) from None
+    except OSError as exc:
+        raise ContractError(source, [ContractIssue(path="", message=f"cannot be read: {exc.strerror or exc}")]) \
+            from None
 
 
 def parse_contract(data: Any, source: str = "<contract>", lines: dict[tuple, int] | None = None) -> Contract:
-    """Validate a contract dict: shared schema, then each workload/gate against its registered schema."""
+    """Validate a contract dict: sizes against the limits, the shared schema, then each workload/gate
+    against its registered schema. Validation is strict (no bool/float/str coercion to numbers)."""
     registry.load_plugins()
     lines = lines or {}
     if not isinstance(data, dict):
         raise ContractError(source, [ContractIssue(path="", line=1, message=f"a contract is a mapping of keys, "
                                                                             f"got {type(data).__name__}")])
-    issues: list[ContractIssue] = []
+    limits, issues = _limits_of(data, lines)
+    issues += [issue_at(path, message, lines) for path, message in size_problems(data, limits)]
     try:
-        contract = Contract.model_validate(data)
+        contract = Contract.model_validate(data, strict=True)
     except ValidationError as exc:
-        issues = _issues_from(exc, data, lines, (), Contract)
+        issues += issues_from_validation(exc, data, lines, (), Contract)
         # keep going on the typed parts so one run reports as much as possible
         contract = None
     typed_w, typed_g = [], []
@@ -463,17 +244,28 @@ def parse_contract(data: Any, source: str = "<contract>", lines: dict[tuple, int
                                             message=f"unknown {what} {name!r}; known: {known}{broken}"))
                 continue
             try:
-                out.append(schema.model_validate(item))
+                out.append(schema.model_validate(item, strict=True))
             except ValidationError as exc:
-                issues += _issues_from(exc, data, lines, (section, i), schema)
+                issues += issues_from_validation(exc, data, lines, (section, i), schema)
     if contract is not None and not issues:
         contract = contract.model_copy(update={"workloads": typed_w, "gates": typed_g})
         issues += _arm_issues(contract, data, lines)
     if contract is not None and not issues:
         issues += _cross_checks(contract, lines)
     if issues:
-        raise ContractError(source, _dedupe(issues))
+        raise ContractError(source, dedupe(issues))
     return contract
+
+
+def _limits_of(data: dict, lines: dict[tuple, int]) -> tuple[ContractLimits, list[ContractIssue]]:
+    """The contract's own `limits:` block over the defaults (defaults, and its issues, when it is invalid)."""
+    block = data.get("limits")
+    if block is None:
+        return DEFAULT_LIMITS, []
+    try:
+        return ContractLimits.model_validate(block, strict=True), []
+    except ValidationError as exc:
+        return DEFAULT_LIMITS, issues_from_validation(exc, data, lines, ("limits",), ContractLimits)
 
 
 def _arm_issues(c: Contract, data: dict, lines: dict[tuple, int]) -> list[ContractIssue]:
@@ -487,9 +279,9 @@ def _arm_issues(c: Contract, data: dict, lines: dict[tuple, int]) -> list[Contra
             if part is None:
                 continue
             try:
-                spec.model_validate({**base.model_dump(), **part.model_dump(exclude_none=True)})
+                spec.model_validate({**base.model_dump(), **part.model_dump(exclude_none=True)}, strict=True)
             except ValidationError as exc:
-                issues += _issues_from(exc, data, lines, ("arms", a, section), spec)
+                issues += issues_from_validation(exc, data, lines, ("arms", a, section), spec)
     return issues
 
 
@@ -498,8 +290,9 @@ def _cross_checks(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
 
     issues = []
     ids = [w.id for w in c.workloads]
+    id_counts = Counter(ids)
     for i, w in enumerate(c.workloads):
-        if ids.count(w.id) > 1:
+        if id_counts[w.id] > 1:
             issues.append(ContractIssue(path=f"workloads[{i}]", line=lines.get(("workloads", i)),
                                         message=f"workload id {w.id!r} is used twice; give each a distinct `name`"))
         for ds in w.datasets():
@@ -529,7 +322,7 @@ def _cross_checks(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
         if spec is not None and spec.method in ("draft_model", "dflash", "eagle", "eagle3") and not spec.model:
             issues.append(ContractIssue(path=f"arms.{a}.speculative.model", line=lines.get(("arms", a, "speculative")),
                                         message=f"speculative method {spec.method!r} needs a drafter `model`"))
-    return _dedupe(issues)
+    return dedupe(issues)
 
 
 def contract_warnings(c: Contract) -> list[str]:

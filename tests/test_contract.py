@@ -171,3 +171,28 @@ def test_kind_without_runner_validates_but_cannot_run(tmp_path):
             preflight(c)
     finally:
         WORKLOAD_SCHEMAS.pop("future_task")
+
+
+def test_docs_list_every_limit_with_its_default_and_keys():
+    from onecat.gates.limits import describe_limits
+
+    doc = (ROOT / "docs" / "harness.md").read_text(encoding="utf-8").splitlines()
+    for name, default, _, keys in describe_limits():
+        row = next((line for line in doc if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"docs/harness.md has no row for limit {name}"
+        assert f"{default:,}" in row and all(f"`{k}`" in row for k in keys), row
+
+
+def test_python_api_refuses_what_the_yaml_reader_would(tmp_path):
+    data = yaml.safe_load(MINIMAL)
+    data["engine"] = {"options": {"x": float("inf")}}
+    with pytest.raises(ContractError, match="not a finite number"):
+        parse_contract(data)
+    data = yaml.safe_load(MINIMAL)
+    data["seeds"] = [2 ** 70]
+    with pytest.raises(ContractError, match="does not fit in 64 bits"):
+        parse_contract(data)
+    data = yaml.safe_load(MINIMAL)
+    data["workloads"][0]["segments"] = True
+    with pytest.raises(ContractError, match="true/false is not a number"):
+        parse_contract(data)
