@@ -75,7 +75,9 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
         outcome = run_gate(contract, _db(db), resume=(run_id or True) if resume else False, report_dir=out,
                            progress=progress)
     except ContractError as exc:
-        raise _fail(str(exc), EXIT_USAGE)
+        from rich.markup import escape
+
+        raise _fail(escape(str(exc)), EXIT_USAGE)  # contract text may hold [brackets]: never markup
     except ResumeError as exc:
         raise _fail(str(exc), EXIT_USAGE)
     except PreflightError as exc:
@@ -105,7 +107,7 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
 # --------------------------------------------------------------------------- contract
 @contract_app.command("check")
 def contract_check(files: List[Path] = typer.Argument(..., help="contract YAML files")) -> None:
-    """Validate contracts: schema, unknown keys, registered kinds/checks/datasets. Exit 2 on any error."""
+    """Validate contracts: schema, size limits, unknown keys, registered kinds/checks/datasets. Exit 2 on any error."""
     from onecat.gates.contract import ContractError, contract_warnings, load_contract
 
     bad = 0
@@ -114,7 +116,12 @@ def contract_check(files: List[Path] = typer.Argument(..., help="contract YAML f
             c = load_contract(f)
         except ContractError as exc:
             bad += 1
-            err.print(str(exc), highlight=False, markup=False)
+            err.print(str(exc), highlight=False, markup=False, soft_wrap=True)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a validator bug must still name the file, not dump a traceback
+            bad += 1
+            err.print(f"{f}: could not be validated ({type(exc).__name__}: {exc})", highlight=False, markup=False,
+                      soft_wrap=True)
             continue
         console.print(f"[green]ok[/] {f}: {c.name} (fingerprint {c.fingerprint[:16]}, baseline "
                       f"{c.arm('baseline').fingerprint[:12]}, candidate {c.arm('candidate').fingerprint[:12]}, "
