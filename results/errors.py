@@ -25,12 +25,18 @@ class StoreError(RuntimeError):
 
 
 class StoreBusy(StoreError):
-    """Another process holds DuckDB's write lock on the store (a `gate run` is writing it)."""
+    """Another process holds DuckDB's lock on the store: a `gate run` writing it or, for a writer, a reader."""
 
-    def __init__(self, path: str | Path, pid: Optional[int] = None, why_no_snapshot: str = ""):
-        who = f"a run (pid {pid})" if pid else "a run"
-        extra = f" (a snapshot could not be read either: {why_no_snapshot})" if why_no_snapshot else ""
-        super().__init__(path, f"the store {path} is busy: {who} is writing it; try again when it finishes{extra}")
+    def __init__(self, path: str | Path, pid: Optional[int] = None, why_no_snapshot: str = "",
+                 for_writing: bool = False):
+        pid_text = f" (pid {pid})" if pid else ""
+        if for_writing:
+            message = (f"the store {path} is in use: another process{pid_text} has it open, a run writing it or "
+                       "a reader; try again when it finishes")
+        else:
+            extra = f" (a snapshot could not be read either: {why_no_snapshot})" if why_no_snapshot else ""
+            message = f"the store {path} is busy: a run{pid_text} is writing it; try again when it finishes{extra}"
+        super().__init__(path, message)
         self.pid = pid
 
 

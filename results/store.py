@@ -13,7 +13,8 @@ request in flight, and `--resume` picks the run up where it stopped.
 
 Opening is where trouble is caught, and said plainly (errors.py): a file that is not a whole DuckDB
 store raises StoreCorrupt and is left untouched (integrity.py); a store another process writes raises
-StoreBusy (reading.open_for_reading then reads a snapshot). A writer is recorded on its run row; when the
+StoreBusy (reading.open_for_reading then reads a snapshot), and a writer first waits a few seconds for
+readers to close it. A writer is recorded on its run row; when the
 store is next opened for writing, `running` runs whose writer is gone become `interrupted` (liveness.py),
 which `--resume` continues. Runs, status changes and finished units are also appended to a journal next
 to the database, so a run the database lost (a truncated write-ahead log) is reported, never silently
@@ -26,19 +27,21 @@ import datetime as dt
 import json
 import logging
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 import duckdb
 
-from onecat.results.errors import NOTHING_CHANGED, StoreCorrupt, StoreTooNew, as_store_error
+from onecat.results.errors import NOTHING_CHANGED, StoreBusy, StoreCorrupt, StoreTooNew, as_store_error
 from onecat.results.integrity import check_extent, check_header
 from onecat.results.journal import WAL_LOST, RunJournal, journal_path
 from onecat.results.liveness import this_writer, writer_alive
 from onecat.results.schema import MIGRATIONS
 
 DEFAULT_DB = Path(".onecat") / "results.duckdb"
+WRITER_WAITS_FOR_READERS_S = 10.0  # DuckDB lets no process write while another has the file open, even to read
 RUN_LIST_COLUMNS = ("run_id", "contract_name", "status", "verdict", "started_at", "finished_at",
                     "contract_fingerprint", "contract_path", "error", "writer_pid", "writer_host", "writer_started")
 log = logging.getLogger("onecat.results")
@@ -77,10 +80,7 @@ class Store:
             created = not os.path.lexists(self.path)
             if not read_only:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.con = duckdb.connect(self.path, read_only=read_only)
-        except duckdb.Error as exc:
-            raise (as_store_error(self.path, exc) or exc) from exc
+        self.con = self._connect()
         try:
             self._open(created)
         except BaseException as exc:
@@ -89,6 +89,20 @@ class Store:
             if mapped is not None and mapped is not exc:
                 raise mapped from exc
             raise
+
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        """Open the file; a writer waits a little for readers (`results list`, `report`) to let go."""
+        deadline = time.monotonic() + (0.0 if self.read_only else WRITER_WAITS_FOR_READERS_S)
+        while True:
+            try:
+                return duckdb.connect(self.path, read_only=self.read_only)
+            except duckdb.Error as exc:
+                problem = as_store_error(self.path, exc) or exc
+                if not isinstance(problem, StoreBusy):
+                    raise problem from exc
+                if time.monotonic() >= deadline:
+                    raise StoreBusy(self.path, problem.pid, for_writing=not self.read_only) from exc
+                time.sleep(0.2)
 
     def _open(self, created: bool) -> None:
         tables = self._tables()

@@ -1,8 +1,9 @@
 """A stand-in for `onecat gate run` that holds the results store open for writing, for store tests.
 
-    python store_writer.py DB CONTRACT RUN_ID [--units N] [--checkpoint-every K] [--seconds S]
+    python store_writer.py DB CONTRACT RUN_ID [--existing] [--units N] [--status S] [--checkpoint-every K]
+                                              [--seconds S]
 
-Creates RUN_ID (status running), finishes N units, prints "ready", then keeps adding request rows
+Creates RUN_ID (status running), finishes N units, sets status S, prints "ready", then keeps adding rows
 (a CHECKPOINT every K rows when K > 0, so the database file itself changes too) until killed or
 S seconds have passed. It never closes the store cleanly unless S runs out.
 """
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--existing", action="store_true", help="RUN_ID is already in the store")
+    ap.add_argument("--status", default=None, help="set this status after the units")
     args = ap.parse_args()
 
     contract = load_contract(args.contract)
@@ -39,6 +41,8 @@ def main() -> None:
         store.create_run(args.run_id, contract, args.contract, arms, {}, "e", "h", "0")
     for u in range(args.units):
         store.finish_unit(args.run_id, "baseline", "w", f"unit-{u}", u)
+    if args.status:
+        store.set_status(args.run_id, args.status)
     print("ready", flush=True)
     deadline = time.time() + args.seconds
     i = 0

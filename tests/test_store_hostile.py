@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,24 +73,30 @@ def _no_traceback(res):
 
 # --------------------------------------------------------------------------- a run is writing
 def test_results_commands_read_a_snapshot_while_a_run_writes(tmp_path, contract):
+    from typer.testing import CliRunner
+
+    from onecat.cli.main import app
+
     db = tmp_path / "r.duckdb"
+    scratch = Path(tempfile.gettempdir())
+    snapshots_before = set(scratch.glob("onecat-snapshot-*"))
     with Writer(db, contract, "run-live", "--checkpoint-every", "25"):
-        for _ in range(3):  # the writer keeps committing and checkpointing meanwhile
+        for _ in range(2):  # the writer keeps committing and checkpointing meanwhile
             res = onecat("results", "list", "--db", db)
             _no_traceback(res)
             assert res.returncode == 0, res.stderr
             assert "run-live" in res.stdout and "running" in res.stdout
             assert "snapshot while a run is writing" in res.stderr
-        show = onecat("results", "show", "run-live", "--db", db)
-        _no_traceback(show)
-        assert show.returncode == 0 and "run-live" in show.stdout
-        q = onecat("results", "query", "SELECT count(*) AS n FROM requests", "--db", db, "--format", "json")
-        _no_traceback(q)
-        assert q.returncode == 0 and json.loads(q.stdout)[0]["n"] > 0  # the label goes to stderr
-        rep = onecat("report", "run-live", "--db", db, "--out", tmp_path / "live.md")
-        _no_traceback(rep)
-        assert rep.returncode == 0 and (tmp_path / "live.md").is_file()
-    assert not list(tmp_path.glob("onecat-snapshot-*"))
+        runner = CliRunner()  # the lock is another process's, so in-process reads meet it the same way
+        show = runner.invoke(app, ["results", "show", "run-live", "--db", str(db)])
+        assert show.exit_code == 0 and "run-live" in show.stdout, show.output
+        q = runner.invoke(app, ["results", "query", "SELECT count(*) AS n FROM requests", "--db", str(db),
+                                "--format", "json"])
+        assert q.exit_code == 0 and json.loads(q.stdout)[0]["n"] > 0, q.output  # the label goes to stderr
+        assert "snapshot while a run is writing" in q.stderr
+        rep = runner.invoke(app, ["report", "run-live", "--db", str(db), "--out", str(tmp_path / "live.md")])
+        assert rep.exit_code == 0 and (tmp_path / "live.md").is_file(), rep.output
+    assert set(scratch.glob("onecat-snapshot-*")) <= snapshots_before  # copies are removed on close
 
 
 def test_busy_store_without_a_snapshot_names_the_writer(tmp_path, contract, monkeypatch):
@@ -111,10 +119,36 @@ def test_busy_store_without_a_snapshot_names_the_writer(tmp_path, contract, monk
         assert res.exit_code == 4 and "try again when it finishes" in res.output and "Traceback" not in res.output
 
 
+def test_a_writer_waits_for_a_reader_to_let_go(tmp_path, contract, monkeypatch):
+    from onecat.results import store as store_module
+
+    db = tmp_path / "r.duckdb"
+    Store(db).close()
+    hold = f"import duckdb, time; c = duckdb.connect({str(db)!r}, read_only=True); print('ready', flush=True); " \
+           "time.sleep(2)"
+    reader = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE)
+    try:
+        assert reader.stdout.readline().strip() == b"ready"
+        t0 = time.monotonic()
+        with Store(db) as s:  # `results list` in another shell must not fail a `gate run` starting now
+            assert s.schema_version() == len(MIGRATIONS)
+        assert time.monotonic() - t0 > 0.5
+    finally:
+        reader.kill()
+        reader.wait(timeout=30)
+    monkeypatch.setattr(store_module, "WRITER_WAITS_FOR_READERS_S", 0.5)
+    with Writer(db, contract, "run-live") as w:  # a second writer gives up with a message
+        with pytest.raises(RuntimeError, match=f"is in use: another process \\(pid {w.pid}\\)"):  # StoreBusy
+            Store(db)
+
+
 # --------------------------------------------------------------------------- damaged files
-def _good_store_bytes(tmp_path, contract) -> bytes:
-    src = tmp_path / "good.duckdb"
-    c = load_contract(contract)
+@pytest.fixture(scope="module")
+def good_store_bytes(tmp_path_factory) -> bytes:
+    """A store with enough rows to span several DuckDB blocks."""
+    tmp = tmp_path_factory.mktemp("good")
+    src = tmp / "good.duckdb"
+    c = load_contract(gate_fakes.write_fake_contract(tmp))
     with Store(src) as s:
         s.create_run("r-good", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
         s.con.execute("INSERT INTO requests (run_id, arm, workload, request_key, token_sha256, recorded_at)"
@@ -134,19 +168,23 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_damaged_store_gives_a_clear_error_and_is_left_alone(tmp_path, contract, damage):
+def test_damaged_store_gives_a_clear_error_and_is_left_alone(tmp_path, contract, damage, good_store_bytes):
     from typer.testing import CliRunner
 
     from onecat.cli.main import app
 
     db = tmp_path / "r.duckdb"
-    db.write_bytes(DAMAGE[damage](_good_store_bytes(tmp_path, contract)))
+    db.write_bytes(DAMAGE[damage](good_store_bytes))
     before = db.read_bytes()
-    for args in (["results", "list"], ["results", "show"], ["results", "query", "SELECT * FROM runs"], ["report"]):
-        res = onecat(*args, "--db", db)
-        _no_traceback(res)
-        assert res.returncode == 4, (args, res.stdout, res.stderr)
-        assert str(db) in res.stderr and NOTHING_CHANGED in res.stderr, res.stderr
+    res = onecat("results", "list", "--db", db)  # as a user runs it
+    _no_traceback(res)
+    assert res.returncode == 4, (res.stdout, res.stderr)
+    assert str(db) in res.stderr and NOTHING_CHANGED in res.stderr, res.stderr
+    out = ["--out", str(tmp_path / "out")]
+    for args in (["results", "show"], ["results", "query", "SELECT * FROM runs"], ["results", "export", *out],
+                 ["report", *out]):
+        res = CliRunner().invoke(app, [*args, "--db", str(db)])
+        assert res.exit_code == 4 and NOTHING_CHANGED in res.output and str(db) in res.output, (args, res.output)
     with pytest.raises(RuntimeError, match=NOTHING_CHANGED):  # StoreCorrupt
         Store(db)
     res = CliRunner().invoke(app, ["gate", "run", str(contract), "--db", str(db), "--no-progress",
@@ -266,6 +304,21 @@ def test_finished_units_lost_to_a_truncated_wal_are_reported(tmp_path, contract)
         assert any("run-1" in w and "3 finished units" in w for w in s.warnings), s.warnings
 
 
+def test_a_status_change_lost_to_a_truncated_wal_is_reported(tmp_path, contract):
+    db = tmp_path / "r.duckdb"
+    c = load_contract(contract)
+    with Store(db) as s:
+        s.create_run("run-1", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
+    Writer(db, contract, "run-1", "--existing", "--status", "complete").kill()
+    with open(Path(str(db) + ".wal"), "r+b") as fh:
+        fh.truncate(0)
+    with Store(db) as s:
+        assert s.run("run-1")["status"] != "complete"
+        assert any("run-1 lost its latest status change (to 'complete'" in w for w in s.warnings), s.warnings
+    with Store(db) as s:  # reported once by a writer, then only listed
+        assert s.warnings == []
+
+
 def test_a_new_store_at_the_same_path_does_not_inherit_old_losses(tmp_path, contract):
     db = tmp_path / "r.duckdb"
     c = load_contract(contract)
@@ -278,3 +331,30 @@ def test_a_new_store_at_the_same_path_does_not_inherit_old_losses(tmp_path, cont
         fh.write('{"event": "run", "run_id": "to')  # a line torn by kill -9 is skipped
     with Store(db) as s:
         assert s.lost_runs == [] and s.warnings == []
+
+
+def test_a_checkpoint_during_the_snapshot_copy_means_another_copy(tmp_path, contract, monkeypatch):
+    from onecat.results import snapshot
+
+    db = tmp_path / "r.duckdb"
+    c = load_contract(contract)
+    live = Store(db)
+    live.create_run("run-1", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
+    real_copy, copies = shutil.copyfile, []
+
+    def copy_then_checkpoint(src, dst, **kw):
+        out = real_copy(src, dst, **kw)
+        if Path(src) == db:
+            copies.append(dst)
+            if len(copies) == 1:  # the writer checkpoints while the reader copies
+                live.set_status("run-1", "complete")
+                live.con.execute("CHECKPOINT")
+        return out
+
+    monkeypatch.setattr(snapshot.shutil, "copyfile", copy_then_checkpoint)
+    (tmp_path / "copy").mkdir()
+    copy = snapshot.copy_store_files(db, tmp_path / "copy")
+    live.close()
+    assert len(copies) == 2
+    with Store(copy, read_only=True) as s:
+        assert s.run("run-1")["status"] == "complete" and s.warnings == []
