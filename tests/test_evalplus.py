@@ -215,3 +215,64 @@ def test_huge_results_cross_as_digests():
     assert pyvalues.decode_value(pyvalues.encode_result(s)) == pyvalues.decode_value(pyvalues.encode_result("ab" * 60_000))
     floats = [0.5] * 20_000  # floats keep their values (tolerance comparison needs them)
     assert pyvalues.decode_value(pyvalues.encode_result(floats)) == floats
+
+
+# ----------------------------------------------------------------------------- result channel protocol
+def _judge(expected_base=(1, 2), expected_plus=(3,)):
+    from onecat.gates.tasks.evalplus_protocol import CandidateJudge
+
+    expected = {"base": list(expected_base), "plus": list(expected_plus)}
+    return CandidateJudge({k: len(v) for k, v in expected.items()}, 4096,
+                          lambda name, i, out: out == expected[name][i], lambda name, i, out: f"got {out!r}")
+
+
+def _feed(judge, *messages) -> bool:
+    import json as _json
+
+    more = True
+    for m in messages:
+        more = judge.on_line(m if isinstance(m, (bytes, type(None))) else _json.dumps(m).encode())
+    return more
+
+
+def _row(name, i, out, status="ok"):
+    return {"set": name, "i": i, "status": status, "out": out, "t": 0.001}
+
+
+def test_protocol_rejects_every_malformed_message():
+    from onecat.gates.tasks.evalplus_protocol import PROTOCOL_ERROR
+
+    load = {"event": "load", "status": "ok"}
+    bad = [
+        b"not json", b"[]", b"[" * 100_000 + b"]" * 100_000, None,  # None: an oversize line
+        {"set": [], "i": 0}, {"set": "base", "i": True, "status": "ok", "out": 1, "t": 0},
+        {"set": "base", "i": 0, "status": "ok", "out": 1, "t": -1}, {"set": "base", "i": 0, "status": "ok", "out": 1},
+        {"set": "base", "i": 0, "status": "ok", "out": 1, "t": 0, "extra": 1},
+        {"set": "base", "i": 0, "status": "weird"}, {"set": "base", "i": 0, "status": "error", "error": 5},
+        _row("base", 0, {"__tuple__": 5}), _row("base", 0, {"__nope__": 1}), _row("base", 0, {"__set__": [{}]}),
+        _row("base", 1, 2), _row("plus", 0, 3), {"event": "done"}, load, {"event": "other"},
+    ]
+    for message in bad:
+        judge = _judge()
+        more = _feed(judge, load, message)
+        assert not more and judge.failure and judge.failure.reason == PROTOCOL_ERROR, message
+    judge = _judge()
+    assert not _feed(judge, _row("base", 0, 1)) and judge.failure.reason == PROTOCOL_ERROR  # before load
+    judge = _judge()
+    assert not _feed(judge, load, _row("base", 0, 1), _row("base", 0, 1))  # duplicate row
+    assert judge.failure.reason == PROTOCOL_ERROR
+
+
+def test_protocol_judges_outputs_in_order_and_stops_at_the_first_failure():
+    load = {"event": "load", "status": "ok"}
+    judge = _judge()
+    assert _feed(judge, load, _row("base", 0, 1), _row("base", 1, 2))
+    assert not _feed(judge, _row("plus", 0, 3)) and judge.complete and judge.failure is None
+    judge = _judge()
+    assert not _feed(judge, load, _row("base", 0, 1), _row("base", 1, 99))
+    assert judge.failure.reason == "wrong_answer" and (judge.failure.failed_set, judge.failure.failed_index) == ("base", 1)
+    judge = _judge()
+    assert not _feed(judge, load, {"set": "base", "i": 0, "status": "error", "error": "boom"})
+    assert judge.failure.reason == "error" and judge.failure.detail == "boom"
+    judge = _judge()
+    assert not _feed(judge, {"event": "load", "status": "timeout"}) and judge.failure.reason == "load_timeout"

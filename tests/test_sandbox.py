@@ -216,3 +216,50 @@ def test_sandbox_uids_are_unprivileged_when_root():
     if os.geteuid() == 0:
         assert uid == euid and uid >= _UID_BASE
     assert res.ok
+
+
+def test_result_channel_streams_lines_drops_oversize_and_stops_early():
+    from onecat.gates.sandbox import Channel
+
+    seen = []
+
+    def on_line(line):
+        seen.append(line)
+        return line != b"stop"
+
+    prog = ("import os, time\n"
+            "os.write(3, b'first\\n' + b'x' * 5000 + b'\\n' + b'second\\nstop\\n')\n"
+            "time.sleep(30)\n")
+    start = time.monotonic()
+    res = run_python(prog, SandboxLimits(wall_s=20), guard="off", channel=Channel(on_line, max_line_bytes=1000))
+    assert seen == [b"first", None, b"second", b"stop"]
+    assert res.stopped and not res.timed_out and time.monotonic() - start < 10
+
+
+def test_result_channel_consumer_error_is_reported_not_raised():
+    from onecat.gates.sandbox import Channel
+
+    def on_line(line):
+        raise RuntimeError("consumer bug")
+
+    res = run_python("import os\nos.write(3, b'x\\n')\n", SandboxLimits(wall_s=10), guard="off",
+                     channel=Channel(on_line))
+    assert res.channel_error and "consumer bug" in res.channel_error
+
+
+def test_huge_output_is_dropped_while_reading():
+    prog = "import os\nchunk = b'y' * (1 << 20)\nfor _ in range(64):\n    os.write(1, chunk)\n    os.write(2, chunk)\n"
+    res = run_python(prog, SandboxLimits(wall_s=20), guard="off")
+    assert res.ok, res.stderr_text[-300:]
+    assert len(res.stdout) == len(res.stderr) == SandboxLimits().max_output_bytes
+    assert res.stdout_truncated and res.stderr_truncated
+
+
+def test_fresh_root_never_binds_protected_directories():
+    from onecat.gates.sandbox.interpreter import vet_paths
+
+    repo = str(Path(__file__).resolve().parents[1])
+    paths = ["/", str(Path(repo).parent), repo, repo + "/.venv/lib", repo + "/.onecat/cache", "/usr/lib"]
+    allowed, refused = vet_paths(paths)
+    assert allowed == [repo + "/.venv/lib", "/usr/lib"]
+    assert refused == ["/", str(Path(repo).parent), repo, repo + "/.onecat/cache"]

@@ -95,13 +95,13 @@ def elf_interpreter(path: str) -> str | None:
     return None
 
 
-def _protected() -> list[str]:
-    """Directories no bind mount may contain."""
-    out = [str(_PROJECT), os.getcwd(), os.path.expanduser("~"), "/root", "/home"]
-    for var in ("ONECAT_DATA_DIR", "ONECAT_CACHE_DIR", "HOME"):
-        if os.environ.get(var):
-            out.append(os.environ[var])
-    return [os.path.realpath(p) for p in out]
+def _protected() -> tuple[list[str], list[str]]:
+    """(dirs no bind may contain, dirs no bind may contain or lie inside)."""
+    not_above = [str(_PROJECT), os.getcwd(), os.path.expanduser("~"), "/root", "/home"]
+    nowhere = [str(_PROJECT / ".onecat"), os.path.join(os.getcwd(), ".onecat"),
+               *(os.environ[v] for v in ("ONECAT_DATA_DIR", "ONECAT_CACHE_DIR") if os.environ.get(v))]
+    real = lambda paths: [os.path.realpath(p) for p in paths]  # noqa: E731
+    return real(not_above + nowhere), real(nowhere)
 
 
 def _contains(outer: str, inner: str) -> bool:
@@ -109,12 +109,14 @@ def _contains(outer: str, inner: str) -> bool:
 
 
 def vet_paths(paths: list[str]) -> tuple[list[str], list[str]]:
-    """Split probed paths into (allowed, refused): `/` and any ancestor of a protected dir are refused."""
-    protected = _protected()
+    """Split probed paths into (allowed, refused). Refused: `/`, any ancestor of the project, the
+    working dir or a home, and anything in or around the data dir, the cache dir or a work folder."""
+    not_above, nowhere = _protected()
     allowed, refused = [], []
     for path in paths:
         real = os.path.realpath(path)
-        if real == "/" or any(_contains(real, p) for p in protected):
+        if (real == "/" or any(_contains(real, p) for p in not_above)
+                or any(_contains(p, real) for p in nowhere)):
             refused.append(path)
         else:
             allowed.append(path)

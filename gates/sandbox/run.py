@@ -21,7 +21,9 @@ Why this combination (probed where the harness runs as root in a VM, kernel 6.x,
 RLIMIT_NPROC alone does not stop a root fork bomb (root bypasses it), so the program gets its own
 uid; `unshare` of pid/net/mount namespaces succeeds there, which gives a kill-everything-on-exit
 pid namespace, a network with no route out, and private /tmp and /proc (the harness's
-/proc/<pid>/environ is not even visible). A writable cgroup-v1 pids controller was also present,
+/proc/<pid>/environ is not even visible). A private uid still reads every world-readable file
+(a solution could open the dataset and exec its canonical solution, or replay a reference
+cache), so the program also gets a fresh root; pivot_root works there. A writable cgroup-v1 pids controller was also present,
 but cgroups are not portable (v2 needs delegation) and the per-uid NPROC limit already caps the
 process count. The venv's interpreter lived under /root (mode 0700), unreadable to the sandbox
 uid, so the interpreter is chosen by probing (`sandbox_python`): the first python3 that starts as

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from onecat.gates.sandbox import Channel, SandboxLimits, SandboxResult, run_python
+from onecat.gates.sandbox import Channel, SandboxLimits, SandboxResult, SandboxUnavailable, run_python
 from onecat.gates.tasks import pyvalues
 from onecat.gates.tasks.evalplus_data import Problem
 from onecat.gates.tasks.evalplus_driver import driver_program
@@ -312,6 +312,8 @@ def check_many(jobs: Iterable[tuple[Problem, str]], cache: ReferenceCache, worke
         problem, code = job
         try:
             return check_solution(problem, code, cache.get(problem))
+        except SandboxUnavailable:
+            raise  # the machine cannot run any program: say so, rather than fail every task
         except Exception as exc:  # a harness fault fails this task, never the chunk or the run
             return TaskOutcome(problem.task_id, False, False, "sandbox_error",
                                detail=f"{type(exc).__name__}: {str(exc)[:300]}")
