@@ -73,3 +73,13 @@ def writer_alive(pid: Optional[int], host: Optional[str], started: Optional[str]
     if os.path.isdir("/proc/self"):  # /proc works here, and has no entry for this pid
         return False
     return _pid_exists(int(pid))
+
+
+def interrupted_reason(run: dict) -> str:
+    """Why a `running` run whose writer is gone is `interrupted`, and how to continue it."""
+    if run.get("writer_pid") is None:
+        who = "its writer was not recorded (the run predates writer tracking) and no process holds the store"
+    else:
+        who = f"its writer (pid {run['writer_pid']} on {run.get('writer_host')}) is gone"
+    resume = f"onecat gate run --resume {run.get('contract_path') or 'CONTRACT'}"
+    return f"{who}: killed or crashed before finishing; `{resume}` continues it"

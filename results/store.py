@@ -37,7 +37,7 @@ import duckdb
 from onecat.results.errors import NOTHING_CHANGED, StoreBusy, StoreCorrupt, StoreTooNew, as_store_error
 from onecat.results.integrity import check_extent, check_header
 from onecat.results.journal import WAL_LOST, RunJournal, journal_path
-from onecat.results.liveness import this_writer, writer_alive
+from onecat.results.liveness import interrupted_reason, this_writer, writer_alive
 from onecat.results.schema import MIGRATIONS
 
 DEFAULT_DB = Path(".onecat") / "results.duckdb"
@@ -53,16 +53,6 @@ def _now() -> dt.datetime:
 
 def _json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, default=str)
-
-
-def interrupted_reason(run: dict) -> str:
-    """Why a `running` run whose writer is gone is `interrupted`, and how to continue it."""
-    if run.get("writer_pid") is None:
-        who = "its writer was not recorded (the run predates writer tracking) and no process holds the store"
-    else:
-        who = f"its writer (pid {run['writer_pid']} on {run.get('writer_host')}) is gone"
-    resume = f"onecat gate run --resume {run.get('contract_path') or 'CONTRACT'}"
-    return f"{who}: killed or crashed before finishing; `{resume}` continues it"
 
 
 class Store:
