@@ -110,6 +110,8 @@ exec(_canonical(_find(), "HumanEval/0"), globals())
 def test_walking_the_filesystem_for_the_dataset_does_not_pass(problem, reference):
     out = check_solution(problem, WALK_FOR_DATASET, reference)
     _assert_failed(out)
+    if "mntns" in probe_isolation()["mechanisms"]:
+        assert out.filesystem.startswith("fresh-root:"), out
 
 
 def test_gzip_over_io_open_of_the_dataset_does_not_pass(problem, reference):

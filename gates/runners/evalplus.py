@@ -92,7 +92,7 @@ class _EvalPlusRunner(Runner):
                      "has_entry_point": ex.has_entry_point, "trimmed_lines": ex.trimmed_lines,
                      "capped_with_code": capped and ex.has_entry_point, "failed_set": res.failed_set,
                      "failed_index": res.failed_index, "detail": res.detail, "eval_s": round(res.eval_s, 4),
-                     "sandbox": res.sandbox}
+                     "sandbox": res.sandbox, "sandbox_fs": res.filesystem}
             sink.request(request_record(key, out, engine.tokenizer, prompt=prompt, seed=seed, extra=extra))
             sink.item(ItemOutcome(item_id=p.task_id, seed=seed, failure_reason=None if res.plus_pass else reason,
                                   passed={"base": res.base_pass, "plus": res.plus_pass}, extra=extra),

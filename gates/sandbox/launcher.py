@@ -94,10 +94,10 @@ def _isolate_filesystem(cfg: dict, applied: list, report_fd: int) -> dict:
     """Enter a fresh root when the namespaces allow; tell init what applied; return the program's env."""
     env = dict(cfg["env"])
     mine, notes = [], []
-    if not cfg["root_paths"]:
-        notes.append("fresh root disabled or no interpreter paths probed")
-    elif "mntns" not in applied or "tmpfs:/tmp" not in applied:
+    if "mntns" not in applied or "tmpfs:/tmp" not in applied:
         notes.append("fresh root needs a mount namespace with a private /tmp")
+    elif not cfg["root_paths"]:
+        notes.append("fresh root disabled, or the interpreter's paths could not be probed")
     else:
         scratch = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
         if fresh_root.enter(cfg["root_paths"], cfg["tmpfs_bytes"], "pidns" in applied, mine, notes):
@@ -218,6 +218,7 @@ def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pi
         os.close(cfg["channel_fd"])  # only the program holds the write end: EOF when it is gone
     _merge_report(report_r, applied, notes)
     status = {"mechanisms": applied, "notes": notes}
+    os.write(status_fd, (json.dumps(status) + "\n").encode())  # known even if the harness kills us early
     pause = 0.001
     while True:
         try:
@@ -240,7 +241,7 @@ def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pi
             pause = min(pause * 2, 0.02)
     if "pidns" not in applied:
         _sweep_descendants()
-    os.write(status_fd, json.dumps(status).encode())
+    os.write(status_fd, (json.dumps(status) + "\n").encode())
     os.close(status_fd)
     os._exit(0)  # in a pid namespace this kills whatever the program left behind
 

@@ -61,8 +61,12 @@ _BOOTSTRAP_SOURCE = (_HERE / "bootstrap.py").read_text(encoding="utf-8")
 _UID_BASE = 1_600_000_000          # far above any real account; one fresh uid per sandbox run
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
-HOST_VIEW_NOTE = ("no fresh root: the program sees the host filesystem as an unprivileged uid; harness "
-                  "caches are 0700, but world-readable files (e.g. a shared data dir) stay readable")
+HOST_VIEW_NOTE = {
+    True: ("no fresh root: the program sees the host filesystem as an unprivileged uid; harness caches "
+           "are 0700, but world-readable files (e.g. a shared data dir) stay readable"),
+    False: ("no fresh root and no uid switch (harness not root): the program can read whatever the "
+            "harness user can, its caches included"),
+}
 
 
 class SandboxUnavailable(RuntimeError):
@@ -227,7 +231,7 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
         notes = list(status.get("notes", [])) + [f"not bound into the fresh root (protected): {p}" for p in refused]
         if not any(m.startswith("fresh-root:") for m in mechanisms):
             mechanisms.append("host-fs-view")
-            notes.append(HOST_VIEW_NOTE)
+            notes.append(HOST_VIEW_NOTE[uid is not None])
         channel_error = None
         if channel is not None and readers[2].error is not None:
             channel_error = f"{type(readers[2].error).__name__}: {readers[2].error}"[:500]
@@ -262,10 +266,13 @@ def _read_status(fd: int) -> dict:
         if not data:
             break
         chunks.append(data)
-    try:
-        return json.loads(b"".join(chunks) or b"{}")
-    except json.JSONDecodeError:
-        return {}
+    status: dict = {}
+    for line in b"".join(chunks).splitlines():  # isolation report first, then how the program ended
+        try:
+            status.update(json.loads(line))
+        except (ValueError, TypeError):
+            break
+    return status
 
 
 def _current_user_processes() -> int:

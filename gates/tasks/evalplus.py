@@ -245,6 +245,7 @@ class TaskOutcome:
     detail: str | None = None
     eval_s: float = 0.0
     sandbox: str = ""
+    filesystem: str = ""                # what the program could see: fresh-root:<how> | host-fs-view
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -274,6 +275,7 @@ def check_solution(problem: Problem, code: str, reference: Reference, *,
     outcome = _verdict(problem.task_id, judge, res)
     outcome.eval_s = time.monotonic() - start
     outcome.sandbox = res.describe()
+    outcome.filesystem = next((m for m in res.mechanisms if m.startswith(("fresh-root:", "host-fs-view"))), "")
     return outcome
 
 
