@@ -20,7 +20,7 @@ from onecat.gates.runners._task_helpers import PromptSpec, item_seed, chunk_unit
 from onecat.gates.runners.base import ItemOutcome, Metric, Runner, TaskWorkload, Unit, request_record, to_sampling_params
 from onecat.gates.tasks import evalplus_data
 from onecat.gates.tasks.code_extract import extract_code
-from onecat.gates.tasks.evalplus import ReferenceCache, TaskOutcome, check_many
+from onecat.gates.tasks.evalplus import ReferenceCache, check_many
 from onecat.gates.tasks.subset import TaskSubset, select
 
 # EvalPlus's stop strings for base-model (completion) generation

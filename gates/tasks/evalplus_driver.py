@@ -59,7 +59,10 @@ def _main():
     deepcopy = copy.deepcopy
 
     def emit(obj):
-        write(out_fd, (json.dumps(obj, allow_nan=False) + "\n").encode("utf-8"))
+        setitimer(signal.ITIMER_REAL, 0)  # no alarm may cut a message short
+        data = memoryview((json.dumps(obj, allow_nan=False) + "\n").encode("utf-8"))
+        while data:  # a pipe write can be partial
+            data = data[write(out_fd, data):]
 
     sets = [(name, [decode_value(x) for x in spec["inputs"][name]], spec["time_limits"][name])
             for name in spec["order"]]
