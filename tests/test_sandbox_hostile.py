@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from onecat.gates.sandbox import SandboxLimits, probe_isolation, run_python
+from onecat.gates.sandbox import SandboxLimits, SandboxUnavailable, probe_isolation, run_python
 from onecat.gates.tasks.evalplus import ReferenceCache, check_many, check_solution
 from onecat.gates.tasks.evalplus_data import load_problems
 
@@ -30,6 +30,14 @@ pytestmark = [
     pytest.mark.skipif(not hasattr(os, "fork"), reason="sandbox needs a POSIX system"),
     pytest.mark.skipif(not HE_FILE.is_file(), reason="HumanEval+ data not found; set ONECAT_DATA_DIR"),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sandbox_runs_here():
+    try:
+        probe_isolation()
+    except SandboxUnavailable as exc:
+        pytest.skip(f"the sandbox cannot run programs on this machine: {exc}")
 
 
 def _need(*mechanisms: str) -> None:
