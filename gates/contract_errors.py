@@ -17,6 +17,9 @@ from pydantic import BaseModel, ValidationError
 KeyPath = tuple  # a location in the contract data: keys and list indices, e.g. ("workloads", 0, "input_len")
 
 
+MAX_SHOWN = 50  # problems printed; a file with thousands of broken keys needs the first ones fixed first
+
+
 class ContractIssue(BaseModel):
     path: str
     message: str
@@ -32,9 +35,11 @@ class ContractError(ValueError):
 
     def render(self) -> str:
         out = [f"{self.source}: invalid contract ({len(self.issues)} problem{'s' * (len(self.issues) != 1)})"]
-        for i in self.issues:
+        for i in self.issues[:MAX_SHOWN]:
             where = f"{self.source}:{i.line}" if i.line else self.source
             out.append(f"  {where}: {i.path + ': ' if i.path else ''}{i.message}")
+        if len(self.issues) > MAX_SHOWN:
+            out.append(f"  ... and {len(self.issues) - MAX_SHOWN} more (fix these first)")
         return "\n".join(out)
 
 

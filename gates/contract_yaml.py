@@ -6,8 +6,8 @@ it, exhaust memory or silently mean something else than it looks like:
 * files larger than `limits.MAX_FILE_BYTES`, and bytes that are not UTF-8 (named by offset);
 * anchors, aliases and merge keys: an alias "bomb" of a few hundred bytes expands to billions of
   nodes, and a contract never needs them (write the value out);
-* nesting deeper than `limits.MAX_NESTING` (checked while composing, before Python recursion
-  runs out);
+* nesting deeper than `limits.MAX_NESTING` and more than `limits.MAX_NODES` values (checked
+  while composing, before Python recursion runs out or a large file is built);
 * numbers that YAML 1.1 reads differently from how they look: `1:30` (base 60), `010` (octal),
   infinities and NaN (no contract setting can use them, and fingerprints are JSON), and integers
   outside 64 bits, which are refused before they are converted (a 5000-digit literal is text, not work).
@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
+from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from onecat.gates.contract_errors import ContractError, ContractIssue, KeyPath, format_path
-from onecat.gates.limits import INT_MAX, INT_MIN, MAX_FILE_BYTES, MAX_NESTING
+from onecat.gates.limits import INT_MAX, INT_MIN, MAX_FILE_BYTES, MAX_NESTING, MAX_NODES
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
@@ -38,18 +40,35 @@ class _Refused(Exception):
         super().__init__(message)
 
 
-class _ContractLoader(yaml.SafeLoader):
-    """SafeLoader without anchors/aliases, with a nesting bound and plain-looking numbers."""
+# Events come from libyaml when PyYAML has it (several times faster on large files); composing stays in
+# Python so that aliases and nesting are checked node by node, before anything is built.
+if getattr(yaml, "__with_libyaml__", False):
+    _EVENT_SOURCE: tuple = (yaml.cyaml.CParser,)
+else:  # pragma: no cover - PyYAML built without libyaml
+    _EVENT_SOURCE = (yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser)
+
+
+class _ContractLoader(Composer, *_EVENT_SOURCE, SafeConstructor, Resolver):
+    """A safe loader without anchors/aliases, with a nesting bound and plain-looking numbers."""
 
     def __init__(self, stream: str):
-        super().__init__(stream)
-        self._depth = 0
+        _EVENT_SOURCE[0].__init__(self, stream)
+        for source in _EVENT_SOURCE[1:]:
+            source.__init__(self)
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
+        self._depth = self._nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise _Refused(event.start_mark, "YAML anchors and aliases are not allowed in contracts "
                                              "(&name / *name): write the value out")
+        self._nodes += 1
+        if self._nodes > MAX_NODES:
+            raise _Refused(event.start_mark, f"more than {MAX_NODES} values; a contract needs a few hundred "
+                                             f"(long lists of items belong in a dataset file)")
         nests = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
         if nests:
             self._depth += 1
@@ -121,8 +140,9 @@ def read_contract_text(path: Path, source: str) -> str:
 
 def load_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int]]:
     """Parse contract YAML; returns the data and the line (1-based) of every key and list item."""
-    loader = _ContractLoader(text)
+    loader = None
     try:
+        loader = _ContractLoader(text)  # the pure-Python reader already checks characters here
         root = loader.get_single_node()
         lines = _line_map(root, source) if root is not None else {}
         data = loader.construct_document(root) if root is not None else None
@@ -133,10 +153,14 @@ def load_yaml(text: str, source: str) -> tuple[Any, dict[KeyPath, int]]:
         line = mark.line + 1 if mark is not None else None
         if line is None and isinstance(getattr(exc, "position", None), int):  # ReaderError: bad characters
             line = text.count("\n", 0, exc.position) + 1
-        problem = getattr(exc, "problem", None) or str(exc)
+        if "nesting depth" in str(exc):  # libyaml's own bound, met when it scans ahead of the composer
+            _refuse(source, line, f"nested more than {MAX_NESTING} levels deep; a contract needs far fewer (is a "
+                                  f"bracket left open?)")
+        problem = getattr(exc, "problem", None) or str(exc).split("\n")[0]
         _refuse(source, line, f"not valid YAML: {problem}")
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 

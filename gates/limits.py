@@ -14,8 +14,8 @@ Each bound names the contract keys it covers: a key is bounded wherever it appea
 settings, arm overrides, any workload or gate schema), so a new runner or check whose fields use
 these names is covered without further code.
 
-The reader's own limits (file size, nesting depth, 64-bit integers, seeds) protect the parser and
-the store; they cannot be raised from inside the file they protect.
+The reader's own limits (file size, nesting depth, number of values, 64-bit integers, seeds) protect
+the parser and the store; they cannot be raised from inside the file they protect.
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_FILE_BYTES = 1 << 20  # a contract is a short settings file; data belongs in `datasets:`
+MAX_FILE_BYTES = 256 << 10  # a contract is a short settings file (a few KiB); data belongs in `datasets:`
 MAX_NESTING = 32  # mappings/lists inside each other; real contracts use about 6
+MAX_NODES = 50_000  # keys and values in the whole file; real contracts have a few hundred
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1  # every integer is stored as a signed 64-bit value
 SEED_KEYS = ("seed", "seeds")  # 0 <= seed < 2**63: what the engine's generators and the store take
 

@@ -82,6 +82,7 @@ CASES = [
     ("deep-block-nesting", sub("name: hostile", "name: hostile\nengine:\n  options:\n" + "".join(
         "  " * (i + 2) + f"k{i}:\n" for i in range(60)) + "  " * 62 + "v: 1"), ["nested more than"]),
     ("oversized-file", BASE + ("# padding\n" * 120_000), ["larger than", "bytes"]),
+    ("too-many-values", sub("seeds: [0, 1]", "seeds: [" + ",".join(["0"] * 60_000) + "]"), ["more than 50000 values"]),
     ("input_len-1e8", sub("input_len: 32", "input_len: 1e8"), [WHOLE_HINT, "100000000"]),
     ("input_len-digits", sub("input_len: 32", "input_len: 100000000"), [LIMIT_HINT, "limits: {tokens:"]),
     ("repeats-1e9", sub("repeats: 2", "repeats: 1000000000"), [LIMIT_HINT, "repeats"]),
