@@ -1,6 +1,7 @@
 """Model and engine configuration: what the checkpoint says, and how the engine should run it."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,25 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+CPU_KV_CACHE_ENV = "ONECAT_CPU_KVCACHE_SPACE"  # GiB, like vLLM's VLLM_CPU_KVCACHE_SPACE
+CPU_KV_CACHE_DEFAULT_GB = 2.0
+
+
+def cpu_kv_cache_budget_gb() -> float:
+    """The most KV memory a CPU engine allocates when kv_cache_memory_gb is not given: $ONECAT_CPU_KVCACHE_SPACE
+    (GiB) or 2. The cache is zero-filled when the engine opens, so this is resident memory from the start."""
+    raw = os.environ.get(CPU_KV_CACHE_ENV)
+    if raw is None:
+        return CPU_KV_CACHE_DEFAULT_GB
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value < float("inf")):
+        raise ConfigError(f"{CPU_KV_CACHE_ENV}={raw!r}: give the CPU KV cache size in GiB, a positive number")
+    return value
+
+
 @dataclass
 class EngineConfig:
     """How the engine runs a model (vLLM names where the concept exists)."""
@@ -116,7 +136,7 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
-    kv_cache_memory_gb: float | None = None  # KV budget; default: 2 GiB on CPU, 90% of free on GPU
+    kv_cache_memory_gb: float | None = None  # KV budget; default: cpu_kv_cache_budget_gb() on CPU, 90% of free on GPU
     num_kv_blocks: int | None = None  # explicit override (tests use it to force preemption)
     seed: int = 0
     attention_backend: str = "auto"

@@ -1,6 +1,7 @@
 """The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))`, `.chat(...)`, `.score(...)`."""
 from __future__ import annotations
 
+import gc
 import itertools
 import platform
 import time
@@ -8,7 +9,8 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from onecat.engine.config import EngineConfig, parse_dtype, parse_kv_cache_dtype, resolve_device
+from onecat.engine.config import (EngineConfig, cpu_kv_cache_budget_gb, parse_dtype, parse_kv_cache_dtype,
+                                  resolve_device)
 from onecat.engine.engine_core import EngineCore
 from onecat.engine.errors import ConfigError
 from onecat.engine.kv_cache import bytes_per_block
@@ -20,9 +22,6 @@ from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
 from onecat.engine.sequence import Sequence
-
-_CPU_KV_DEFAULT_GB = 2.0
-
 
 class LLM:
     def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", kv_cache_dtype: str = "auto",
@@ -113,7 +112,7 @@ class LLM:
                 budget = 0.9 * free
             else:
                 wanted = c.max_num_seqs * self.max_model_len * per_block / c.block_size
-                budget = min(_CPU_KV_DEFAULT_GB * 2**30, max(wanted, min_blocks * per_block))
+                budget = min(cpu_kv_cache_budget_gb() * 2**30, max(wanted, min_blocks * per_block))
             n = int(budget // per_block)
         if n < min_blocks:
             raise ConfigError(f"the KV cache holds {n} blocks ({n * c.block_size} tokens) but one request of "
@@ -164,6 +163,8 @@ class LLM:
         return self._run(token_ids, params, add_special_tokens=False)
 
     def _run(self, prompts, params, add_special_tokens: bool) -> list[RequestOutput]:
+        if self.engine is None:
+            raise RuntimeError("this LLM was closed (close() released its weights and KV cache); open a new one")
         if isinstance(prompts, str) or (isinstance(prompts, Seq) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
@@ -226,5 +227,16 @@ class LLM:
         }
 
     def close(self) -> None:
+        """Releases the model weights and the KV cache now (not whenever the garbage collector gets to the
+        engine's reference cycles); the object cannot generate afterwards. Safe to call twice."""
         self.engine = None
         self.model = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -26,12 +26,12 @@ def test_each_prompt_alone_equals_batched(embedded_llm, reference_tokens):
 def test_chunked_prefill_and_preemption_keep_tokens():
     # 8-token budget chunks every prompt; 12 KV blocks of 4 tokens cannot hold all five sequences,
     # so some are preempted and recomputed.
-    llm = LLM(EMBEDDED, max_model_len=48, max_num_batched_tokens=8, block_size=4, num_kv_blocks=13)
-    base = LLM(EMBEDDED, max_model_len=256)
-    outs = llm.generate(PROMPTS, GREEDY)
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert [o.token_ids for o in outs] == [o.token_ids for o in base.generate(PROMPTS, GREEDY)]
-    assert llm.engine.blocks.num_free_blocks == 12  # everything returned to the free list
+    with LLM(EMBEDDED, max_model_len=48, max_num_batched_tokens=8, block_size=4, num_kv_blocks=13) as llm:
+        outs = llm.generate(PROMPTS, GREEDY)
+        assert llm.engine.scheduler.num_preemptions > 0
+        assert llm.engine.blocks.num_free_blocks == 12  # everything returned to the free list
+    with LLM(EMBEDDED, max_model_len=256) as base:
+        assert [o.token_ids for o in outs] == [o.token_ids for o in base.generate(PROMPTS, GREEDY)]
 
 
 def test_prefix_cache_hits_do_not_change_output(embedded_llm):
@@ -43,17 +43,17 @@ def test_prefix_cache_hits_do_not_change_output(embedded_llm):
     assert embedded_llm.engine.blocks.prefix_hits > hits_before
     assert all(o.num_cached_tokens > 0 for o in again)
     assert [o.token_ids for o in first] == [o.token_ids for o in again]
-    no_cache = LLM(EMBEDDED, max_model_len=512, enable_prefix_caching=False)
-    assert [o.token_ids for o in no_cache.generate(prompts, GREEDY)] == [o.token_ids for o in first]
+    with LLM(EMBEDDED, max_model_len=512, enable_prefix_caching=False) as no_cache:
+        assert [o.token_ids for o in no_cache.generate(prompts, GREEDY)] == [o.token_ids for o in first]
 
 
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
 def test_fp8_kv_cache_stays_close(embedded_llm, kv):
     text = ["The quick brown fox jumps over the lazy dog. " * 6]
     ref = embedded_llm.score(text)[0]
-    llm = LLM(EMBEDDED, max_model_len=512, kv_cache_dtype=kv)
-    assert llm.engine.runner.kv_caches[0].k.dtype.itemsize == 1
-    got = llm.score(text)[0]
+    with LLM(EMBEDDED, max_model_len=512, kv_cache_dtype=kv) as llm:
+        assert llm.engine.runner.kv_caches[0].k.dtype.itemsize == 1
+        got = llm.score(text)[0]
     assert got.prompt_token_ids == ref.prompt_token_ids
     nll_ref, nll = -ref.sum_logprob / ref.num_scored, -got.sum_logprob / got.num_scored
     assert nll != nll_ref  # 8-bit storage really is in use

@@ -36,8 +36,8 @@ def test_logits_match_transformers(tmp_path, arch, overrides):
     d = make_tiny_model(arch, tmp_path / arch, **overrides)
     ref = hf_logprobs(d, RAGGED)
     # a small token budget forces chunked prefill across steps; ragged prompts share each batch
-    llm = LLM(str(d), dtype="float32", max_num_batched_tokens=24, enable_prefix_caching=False)
-    outs = llm.generate(RAGGED, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, logprobs=5))
+    with LLM(str(d), dtype="float32", max_num_batched_tokens=24, enable_prefix_caching=False) as llm:
+        outs = llm.generate(RAGGED, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, logprobs=5))
     for p, o, r in zip(RAGGED, outs, ref):
         mine = torch.tensor(o.prompt_logprobs[1:])
         theirs = r[:-1].gather(1, torch.tensor(p[1:]).unsqueeze(1)).squeeze(1)

@@ -57,7 +57,8 @@ def test_unknown_or_misplaced_quantization_is_refused():
 @pytest.fixture(scope="module")
 def engines():
     kw = dict(max_model_len=512, max_num_seqs=8)
-    return LLM(EMBEDDED, **kw), LLM(EMBEDDED, quantization="gguf", **kw)
+    with LLM(EMBEDDED, **kw) as dense, LLM(EMBEDDED, quantization="gguf", **kw) as packed:
+        yield dense, packed
 
 
 def test_packed_engine_packs_every_block_tensor_and_reports_it(engines):

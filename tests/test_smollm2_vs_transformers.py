@@ -25,7 +25,8 @@ def hf(embedded_path):
     d, f = str(embedded_path.parent), embedded_path.name
     model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
-    return model, tok
+    yield model, tok
+    del model
 
 
 def test_tokenizer_matches(hf, embedded_llm):

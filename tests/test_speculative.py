@@ -64,7 +64,12 @@ def spec_config(method, tmp_path_factory, embedded_path):
 
 @pytest.mark.parametrize("method", ["ngram", "ngram_adaptive", "draft_model", "dflash"])
 def test_greedy_speculation_is_token_identical(method, target_tokens, tmp_path_factory, embedded_path):
-    llm = LLM(EMBEDDED, max_model_len=512, speculative_config=spec_config(method, tmp_path_factory, embedded_path))
+    with LLM(EMBEDDED, max_model_len=512,
+             speculative_config=spec_config(method, tmp_path_factory, embedded_path)) as llm:
+        _check_greedy_speculation(llm, method, target_tokens)
+
+
+def _check_greedy_speculation(llm, method, target_tokens):
     outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == target_tokens
     drafts = sum(o.spec.num_drafts for o in outs)
@@ -81,14 +86,14 @@ def test_greedy_speculation_is_token_identical(method, target_tokens, tmp_path_f
 
 
 def test_speculation_with_preemption_and_mixed_batch(target_tokens):
-    llm = LLM(EMBEDDED, max_model_len=96, max_num_batched_tokens=16, block_size=4, num_kv_blocks=40,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     params = [GREEDY, GREEDY, GREEDY, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
                                                      prompt_logprobs=0)]
-    outs = llm.generate(PROMPTS, params)
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert [o.token_ids for o in outs] == target_tokens
-    assert llm.engine.blocks.num_free_blocks == 39
+    with LLM(EMBEDDED, max_model_len=96, max_num_batched_tokens=16, block_size=4, num_kv_blocks=40,
+             speculative_config={"method": "ngram", "num_speculative_tokens": 4}) as llm:
+        outs = llm.generate(PROMPTS, params)
+        assert llm.engine.scheduler.num_preemptions > 0
+        assert [o.token_ids for o in outs] == target_tokens
+        assert llm.engine.blocks.num_free_blocks == 39
 
 
 def test_bad_speculative_config():

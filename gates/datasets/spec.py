@@ -102,6 +102,7 @@ def _package_file(dist: str, member: str) -> Optional[Path]:
 
 def _download(url: str, member: Optional[str], dest: Path, pin: str) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.parent.chmod(0o700)  # the harness's copy of a dataset is never readable to sandboxed programs
     with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - pinned by sha256 below
         payload = resp.read()
     if member:
