@@ -26,7 +26,10 @@ def serve(model: str = typer.Argument(..., help="embedded:NAME, an HF directory,
                                                            help='JSON, e.g. {"method": "ngram", '
                                                                 '"num_speculative_tokens": 4}'),
           api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ONECAT_API_KEY",
-                                                help="require `Authorization: Bearer KEY` on /v1/*"),
+                                                help="require `Authorization: Bearer KEY` on every route but "
+                                                     "/health and /ping"),
+          metrics_without_auth: bool = typer.Option(False, "--metrics-without-auth/--no-metrics-without-auth",
+                                                    help="serve /metrics without the API key"),
           tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "-tp"),
           max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
           max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens"),
@@ -38,6 +41,20 @@ def serve(model: str = typer.Argument(..., help="embedded:NAME, an HF directory,
           reasoning_parser: str = typer.Option("think", "--reasoning-parser",
                                                help="think: <think>...</think> -> reasoning_content; none: off"),
           num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", help="fix the KV cache size"),
+          max_request_body_bytes: int = typer.Option(16 * 2**20, "--max-request-body-bytes",
+                                                     help="larger request bodies get 413"),
+          request_header_timeout: float = typer.Option(10.0, "--request-header-timeout",
+                                                       help="seconds for a request line and headers to arrive; "
+                                                            "slower connections are closed"),
+          request_body_timeout: float = typer.Option(60.0, "--request-body-timeout",
+                                                     help="seconds for a whole request body to arrive; else 408"),
+          timeout_keep_alive: float = typer.Option(5.0, "--timeout-keep-alive",
+                                                   help="close idle keep-alive connections after this many seconds"),
+          limit_concurrency: int = typer.Option(2048, "--limit-concurrency",
+                                                help="open connections + requests in progress beyond which new "
+                                                     "requests get 503; 0: no limit"),
+          h11_max_incomplete_event_size: Optional[int] = typer.Option(
+              None, "--h11-max-incomplete-event-size", help="bytes of request line + headers (default 16 KiB)"),
           uvicorn_log_level: str = typer.Option("info", "--uvicorn-log-level")) -> None:
     """Start the server. Exit codes: 2 bad flags, 4 the model or device is missing."""
     from onecat.engine.errors import EngineError
@@ -51,6 +68,16 @@ def serve(model: str = typer.Argument(..., help="embedded:NAME, an HF directory,
     if reasoning_parser not in ("think", "none", "qwen3", "deepseek_r1"):
         typer.echo("error: --reasoning-parser must be think, qwen3, deepseek_r1 or none", err=True)
         raise typer.Exit(2)
+    for flag, value in (("--max-request-body-bytes", max_request_body_bytes),
+                        ("--request-header-timeout", request_header_timeout),
+                        ("--request-body-timeout", request_body_timeout), ("--timeout-keep-alive", timeout_keep_alive),
+                        ("--h11-max-incomplete-event-size", h11_max_incomplete_event_size or 1)):
+        if not value > 0:
+            typer.echo(f"error: {flag} must be positive, got {value}", err=True)
+            raise typer.Exit(2)
+    if limit_concurrency < 0:
+        typer.echo(f"error: --limit-concurrency must be >= 0 (0: no limit), got {limit_concurrency}", err=True)
+        raise typer.Exit(2)
     spec = None
     if speculative_config:
         try:
@@ -63,13 +90,18 @@ def serve(model: str = typer.Argument(..., help="embedded:NAME, an HF directory,
             typer.echo("error: --speculative-config must be a JSON object", err=True)
             raise typer.Exit(2)
     cfg = ServeConfig(model=model, served_model_name=list(served_model_name or []), host=host, port=port,
-                      api_key=api_key, max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
+                      api_key=api_key, metrics_without_auth=metrics_without_auth,
+                      max_model_len=max_model_len, kv_cache_dtype=kv_cache_dtype,
                       quantization=quantization,
                       enable_prefix_caching=enable_prefix_caching, speculative_config=spec,
                       tensor_parallel_size=tensor_parallel_size, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, seed=seed, device=device,
                       max_queue_len=max_queue_len,
                       reasoning_parser="none" if reasoning_parser == "none" else "think",
+                      max_request_body_bytes=max_request_body_bytes, request_header_timeout=request_header_timeout,
+                      request_body_timeout=request_body_timeout, timeout_keep_alive=timeout_keep_alive,
+                      limit_concurrency=limit_concurrency or None,
+                      h11_max_incomplete_event_size=h11_max_incomplete_event_size,
                       llm_kwargs={"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {})
     try:
         run(cfg, log_level=uvicorn_log_level)

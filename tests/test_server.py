@@ -21,6 +21,7 @@ def server():
     srv = start_in_thread(state)
     yield srv
     srv.stop()
+    state.llm.close()
 
 
 @pytest.fixture(scope="module")
@@ -337,6 +338,7 @@ def spec_server():
     srv = start_in_thread(state)
     yield srv
     srv.stop()
+    state.llm.close()
 
 
 def test_spec_decode_metrics_and_constrained_requests_under_speculation(spec_server):

@@ -143,6 +143,12 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, status, param=param), status_code=status)
 
 
+def _parse_tokenize(raw: bytes) -> TokenizeChatRequest | TokenizeCompletionRequest:
+    data = parse_json(raw)
+    shape = TokenizeChatRequest if isinstance(data, dict) and "messages" in data else TokenizeCompletionRequest
+    return validate_as(data, shape)
+
+
 def _token_ids(state: ServerState, req: TokenizeChatRequest | TokenizeCompletionRequest) -> list[int]:
     """/tokenize's work, on a worker thread: a plain prompt, or chat messages through the chat template."""
     tok = state.tokenizer
@@ -213,19 +219,17 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = parse_request(await request.body(), CompletionRequest)
+        req = await state.cpu.run(parse_request, await request.body(), CompletionRequest)
         return await respond(await create_completion(state, req, request))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = parse_request(await request.body(), ChatCompletionRequest)
+        req = await state.cpu.run(parse_request, await request.body(), ChatCompletionRequest)
         return await respond(await create_chat_completion(state, req, request))
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        data = parse_json(await request.body())
-        shape = TokenizeChatRequest if isinstance(data, dict) and "messages" in data else TokenizeCompletionRequest
-        req = validate_as(data, shape)
+        req = await state.cpu.run(_parse_tokenize, await request.body())
         state.resolve_model_name(req.model)
         ids = await state.cpu.run(_token_ids, state, req)
         body = {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
@@ -233,7 +237,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        req = parse_request(await request.body(), DetokenizeRequest)
+        req = await state.cpu.run(parse_request, await request.body(), DetokenizeRequest)
         state.resolve_model_name(req.model)
         outside = [t for t in req.tokens if t >= state.vocab_size]
         if outside:

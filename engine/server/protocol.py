@@ -11,9 +11,39 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 TokenId = Annotated[int, Field(ge=0)]
+
+
+def _token_ids(value: Any) -> list[int]:
+    """A list of non-negative ints, checked in C: a prompt may hold hundreds of thousands of ids,
+    and element-wise validation of that many is slow."""
+    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
+        raise ValueError("must be a list of integer token ids")
+    if value and min(value) < 0:
+        raise ValueError(f"token ids must be >= 0, got {min(value)}")
+    return value
+
+
+def _prompt(value: Any) -> Any:
+    """`prompt`: a string, a list of strings, token ids, or lists of token ids; dispatched by shape
+    (a union would try every member on every element)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        kinds = set(map(type, value))
+        if kinds <= {str}:
+            return value
+        if kinds <= {int}:
+            return _token_ids(value)
+        if kinds <= {list}:
+            return [_token_ids(item) for item in value]
+    raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids")
+
+
+TokenIds = Annotated[list[int], PlainValidator(_token_ids)]
+Prompt = Annotated[Union[str, list[str], list[int], list[list[int]]], PlainValidator(_prompt)]
 MAX_LOGPROBS = 20
 # Streaming holds back any tail that may still become a stop string, checked on every engine step:
 # bounded so that check stays cheap whatever a client sends.
@@ -105,7 +135,7 @@ class _Sampling(_Body):
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
     stop: Optional[Union[StopString, list[StopString]]] = Field(default=None, max_length=MAX_STOP_STRINGS)
-    stop_token_ids: Optional[list[TokenId]] = None
+    stop_token_ids: Optional[TokenIds] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
@@ -145,7 +175,7 @@ class _Sampling(_Body):
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[TokenId], list[list[TokenId]]]
+    prompt: Prompt
     max_tokens: Optional[int] = Field(default=16, ge=0)
     echo: bool = False
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
@@ -186,4 +216,4 @@ class TokenizeChatRequest(_Body):
 
 class DetokenizeRequest(_Body):
     model: Optional[str] = None
-    tokens: list[TokenId]
+    tokens: TokenIds

@@ -3,7 +3,9 @@
 `json.loads` alone accepts things no OpenAI client sends and our code cannot handle: NaN and
 Infinity, integers of thousands of digits, lone UTF-16 surrogates (valid JSON escapes that are not
 Unicode, so the tokenizer and the UTF-8 encoder reject them), and nesting deep enough to exhaust
-the recursion limit. Each of those is a 400 here, with the place in the body that holds it.
+the recursion limit. Each of those is a 400 here, with the place in the body that holds it. The
+checks cost time in proportion to the body (up to --max-request-body-bytes), so handlers run them
+on a worker thread.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from onecat.engine.server.errors import ApiError
 
 MAX_DEPTH = 64  # OpenAI bodies nest a handful of levels; a JSON schema in a tool or response_format a few dozen
-MAX_INT_DIGITS = 19  # every integer field fits in 64 bits
+INT_LIMIT = 2**63  # every integer field fits in 64 bits; larger ones in free-form objects are refused too
 _SURROGATE = re.compile("[\ud800-\udfff]")
 M = TypeVar("M", bound=BaseModel)
 
@@ -36,55 +38,80 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Refused(f"an integer with {len(text.lstrip('-'))} digits is out of range (at most "
-                       f"{MAX_INT_DIGITS} digits)")
-    return int(text)
+def parse_json(raw: bytes) -> Any:
+    """The body as JSON data, or ApiError(400) saying what is wrong with it."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    except _Refused as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
+        raise ApiError(400, f"the request body is not valid JSON: {str(exc)[:200]}") from None
 
 
 def _path(parts: tuple) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(parts))
 
 
-def check_structure(data: Any) -> None:
-    """Depth at most MAX_DEPTH and only valid Unicode strings (keys included); iterative, so a deep
-    body cannot exhaust the stack here either."""
-    stack: list[tuple[Any, tuple]] = [(data, ())]
+def _bad_value(where: tuple, value: Any) -> ApiError:
+    field = _path(where) or "the body"
+    if isinstance(value, str):
+        return ApiError(400, f"{field} holds a lone UTF-16 surrogate (such as \\ud800), which is not a Unicode "
+                             "character", param=str(where[0]) if where else None)
+    return ApiError(400, f"{field}: the integer {str(value)[:30]} is out of the 64-bit range",
+                    param=str(where[0]) if where else None)
+
+
+def _bad_scalar(value: Any) -> bool:
+    kind = type(value)
+    return (kind is str and _SURROGATE.search(value) is not None) or \
+        (kind is int and not -INT_LIMIT <= value < INT_LIMIT)
+
+
+def _check_list(node: list, where: tuple, stack: list) -> None:
+    kinds = set(map(type, node))
+    if kinds <= {int}:  # token ids: checked in C
+        if node and (max(node) >= INT_LIMIT or min(node) < -INT_LIMIT):
+            bad = next(i for i, v in enumerate(node) if not -INT_LIMIT <= v < INT_LIMIT)
+            raise _bad_value(where + (bad,), node[bad])
+    elif kinds <= {str}:  # prompts, stop strings
+        if _SURROGATE.search("".join(node)):
+            bad = next(i for i, v in enumerate(node) if _SURROGATE.search(v))
+            raise _bad_value(where + (bad,), node[bad])
+    else:
+        for i, value in enumerate(node):
+            kind = type(value)
+            if kind is dict or kind is list:
+                if value:
+                    stack.append((value, where + (i,)))
+            elif _bad_scalar(value):
+                raise _bad_value(where + (i,), value)
+
+
+def check_structure(data: dict, fields: set[str] | None = None) -> None:
+    """Depth at most MAX_DEPTH, only valid Unicode strings (keys included) and 64-bit integers.
+    Iterative, so a deep body cannot exhaust the stack; lists of plain ids or strings are checked
+    in C. `fields`: only these top-level fields (the model ignores the rest)."""
+    stack: list[tuple[Any, tuple]] = [({k: v for k, v in data.items() if fields is None or k in fields}, ())]
     while stack:
         node, where = stack.pop()
-        if len(where) > MAX_DEPTH:
-            raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels (at {_path(where[:4])}...)")
-        if isinstance(node, str):
-            if _SURROGATE.search(node):
-                raise ApiError(400, f"{_path(where) or 'the body'} holds a lone UTF-16 surrogate (such as "
-                                    r"\ud800), which is not a Unicode character", param=_param(where))
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if _SURROGATE.search(key):
-                    raise ApiError(400, f"a key in {_path(where) or 'the body'} holds a lone UTF-16 surrogate",
-                                   param=_param(where))
-                stack.append((value, where + (key,)))
-        elif isinstance(node, list):
-            stack.extend((value, where + (i,)) for i, value in enumerate(node))
-
-
-def _param(where: tuple) -> str | None:
-    return str(where[0]) if where else None
-
-
-def parse_json(raw: bytes) -> Any:
-    """The body as JSON data, or ApiError(400) saying what is wrong with it."""
-    try:
-        data = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
-    except _Refused as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    check_structure(data)
-    return data
+        if len(where) >= MAX_DEPTH:
+            raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels (at {_path(where[:4])}...)",
+                           param=str(where[0]))
+        if type(node) is list:
+            _check_list(node, where, stack)
+            continue
+        for key, value in node.items():
+            if _SURROGATE.search(key):
+                raise ApiError(400, f"a key in {_path(where) or 'the body'} holds a lone UTF-16 surrogate",
+                               param=str(where[0]) if where else None)
+            kind = type(value)
+            if kind is dict or kind is list:
+                if value:
+                    stack.append((value, where + (key,)))
+            elif _bad_scalar(value):
+                raise _bad_value(where + (key,), value)
 
 
 def validation_message(errors: list) -> tuple[str, str | None]:
@@ -99,19 +126,28 @@ def validation_message(errors: list) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(parts), param
 
 
+def _field_names(model: type[BaseModel]) -> set[str]:
+    return {info.alias or name for name, info in model.model_fields.items()} | set(model.model_fields)
+
+
 def validate_as(data: Any, model: type[M]) -> M:
-    """Parsed JSON -> `model`, every failure an ApiError(400)."""
+    """Parsed JSON -> `model`, every failure an ApiError(400). The types are checked first (in
+    pydantic's compiled code, so junk is refused cheaply), then what the model keeps is walked
+    for lone surrogates, out-of-range integers and depth."""
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     try:
-        return model.model_validate(data)
+        request = model.model_validate(data)
     except ValidationError as exc:
         msg, param = validation_message(exc.errors())
         raise ApiError(400, msg, param=param) from None
-    except RecursionError:  # a validator recursing on a (depth-checked) body: still the body's fault
-        raise ApiError(400, "the request body is too deeply nested to validate") from None
+    except RecursionError:
+        raise ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    check_structure(data, _field_names(model))
+    return request
 
 
 def parse_request(raw: bytes, model: type[M]) -> M:
-    """Bytes -> `model`, every failure an ApiError(400)."""
+    """Bytes -> `model`, every failure an ApiError(400). CPU work in proportion to the body: run it
+    on a worker thread."""
     return validate_as(parse_json(raw), model)

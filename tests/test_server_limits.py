@@ -1,0 +1,224 @@
+"""The server cannot be stalled: huge bodies, slow (slowloris) and idle connections, connection floods.
+
+These run uvicorn on a loopback port, since what they test lives below the app: header and body
+deadlines, keep-alive, the connection limit, and an event loop left free while a worker thread
+tokenizes.
+"""
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server_fixtures import MODEL_NAME, live_server, tiny_chat_dir, tiny_state  # noqa: F401
+
+HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE = 1.0, 2.0, 1.0
+
+
+@pytest.fixture(scope="module")
+def state(tiny_chat_dir):  # noqa: F811
+    with tiny_state(tiny_chat_dir, request_header_timeout=HEADER_TIMEOUT, request_body_timeout=BODY_TIMEOUT,
+                    timeout_keep_alive=KEEP_ALIVE) as st:
+        yield st
+
+
+@pytest.fixture(scope="module")
+def server(state):
+    with live_server(state) as srv:
+        yield srv
+
+
+def _address(server) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _open(server) -> socket.socket:
+    s = socket.create_connection(_address(server), timeout=5)
+    s.setblocking(False)
+    return s
+
+
+def _closed_by_server(sockets: list[socket.socket], within: float) -> int:
+    """How many of `sockets` the server closed (EOF or reset) within `within` seconds."""
+    sel = selectors.DefaultSelector()
+    for s in sockets:
+        sel.register(s, selectors.EVENT_READ)
+    closed, deadline = 0, time.monotonic() + within
+    while closed < len(sockets) and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=0.1):
+            try:
+                data = key.fileobj.recv(65536)
+            except ConnectionError:
+                data = b""
+            if not data:
+                sel.unregister(key.fileobj)
+                closed += 1
+    sel.close()
+    return closed
+
+
+def _health_ms(server) -> float:
+    t0 = time.perf_counter()
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    return (time.perf_counter() - t0) * 1e3
+
+
+# --------------------------------------------------------------------------- CPU work off the event loop
+def test_huge_tokenize_does_not_stall_the_event_loop(server):
+    prompt = "The quick brown fox jumps over the lazy dog. " * 40_000  # 1.8 MB
+    result: dict = {}
+
+    def tokenize():
+        t0 = time.perf_counter()
+        r = httpx.post(server.url + "/tokenize", json={"prompt": prompt}, timeout=120)
+        result.update(status=r.status_code, count=r.json().get("count"), seconds=time.perf_counter() - t0)
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    time.sleep(0.3)  # the body is in and the tokenizer busy
+    latencies = []
+    while worker.is_alive():
+        latencies.append(_health_ms(server))
+        time.sleep(0.02)
+    worker.join()
+    assert result["status"] == 200 and result["count"] > 100_000
+    assert latencies, "the tokenize request finished before /health could be asked"
+    assert max(latencies) < 500, f"/health waited {max(latencies):.0f} ms while /tokenize ran {result['seconds']:.1f} s"
+
+
+def test_unauthenticated_huge_body_is_refused_before_it_is_read(server, state):
+    state.config.api_key = "sekret"
+    try:
+        t0 = time.perf_counter()
+        r = httpx.post(server.url + "/tokenize", content=b'{"prompt": "' + b"x" * 6_000_000 + b'"}', timeout=60)
+        assert r.status_code == 401
+        assert time.perf_counter() - t0 < 5
+    finally:
+        state.config.api_key = None
+
+
+# --------------------------------------------------------------------------- slow and idle connections
+def test_slowloris_connections_are_closed_after_the_header_timeout(server):
+    sockets = [_open(server) for _ in range(300)]
+    try:
+        for s in sockets:
+            s.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        start = time.monotonic()
+        trickled = 0
+        while time.monotonic() - start < HEADER_TIMEOUT + 0.5:  # one header byte now and then, never the end
+            for s in sockets:
+                try:
+                    s.send(b"X")
+                except OSError:
+                    pass
+            trickled += 1
+            time.sleep(0.2)
+        assert _health_ms(server) < 2000  # still answering while they hang on
+        assert _closed_by_server(sockets, within=HEADER_TIMEOUT + 4) == len(sockets)
+    finally:
+        for s in sockets:
+            s.close()
+    assert trickled >= 5
+
+
+def test_silent_connection_is_closed_after_the_header_timeout(server):
+    s = _open(server)
+    try:
+        t0 = time.monotonic()
+        assert _closed_by_server([s], within=HEADER_TIMEOUT + 4) == 1
+        assert time.monotonic() - t0 >= HEADER_TIMEOUT * 0.8
+    finally:
+        s.close()
+
+
+def test_idle_keep_alive_connection_is_closed(server):
+    s = _open(server)
+    try:
+        s.setblocking(True)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        s.setblocking(False)
+        assert _closed_by_server([s], within=KEEP_ALIVE + 4) == 1
+    finally:
+        s.close()
+
+
+def test_slow_body_within_its_deadline_is_served(server):
+    """The header deadline never cuts a request whose headers arrived; the body has its own deadline."""
+    body = b'{"prompt": "hello world"}'
+    s = _open(server)
+    try:
+        s.setblocking(True)
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        for k in range(0, len(body), 5):  # over 1.5 s: longer than the header timeout, shorter than the body's
+            s.sendall(body[k:k + 5])
+            time.sleep(1.5 / (len(body) / 5))
+        s.settimeout(10)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        s.close()
+
+
+def test_body_trickled_past_its_deadline_is_408(server):
+    s = _open(server)
+    try:
+        s.setblocking(True)
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        s.settimeout(BODY_TIMEOUT + 5)
+        t0 = time.monotonic()
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += s.recv(65536)
+            s.send(b" ")
+        assert answer.startswith(b"HTTP/1.1 408")
+        assert BODY_TIMEOUT * 0.8 <= time.monotonic() - t0 < BODY_TIMEOUT + 5
+    finally:
+        s.close()
+
+
+def test_headers_growing_past_the_size_limit_are_refused(server):
+    """A connection cannot buffer unbounded header bytes (h11's incomplete-event limit, 16 KiB)."""
+    s = _open(server)
+    try:
+        s.setblocking(True)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        answer = b""
+        for _ in range(16):  # 64 KiB in 4 KiB pieces
+            try:
+                s.sendall(b"x" * 4096)
+            except OSError:
+                break
+            time.sleep(0.02)
+        s.settimeout(5)
+        try:
+            answer = s.recv(65536)
+        except OSError:
+            pass
+        assert answer.startswith(b"HTTP/1.1 400") or answer == b""
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------------------- connection limit
+def test_connection_flood_gets_503_until_the_idle_connections_are_closed(state):
+    saved = state.config.limit_concurrency
+    state.config.limit_concurrency = 10
+    try:
+        with live_server(state) as srv:
+            idle = [_open(srv) for _ in range(12)]
+            try:
+                time.sleep(0.2)
+                assert httpx.get(srv.url + "/health", timeout=10).status_code == 503
+                assert _closed_by_server(idle, within=HEADER_TIMEOUT + 4) == len(idle)
+            finally:
+                for s in idle:
+                    s.close()
+            assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    finally:
+        state.config.limit_concurrency = saved
