@@ -60,10 +60,14 @@ MALFORMED = {
         tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"function": "garbage"})),
     "response-format-json-schema-garbage": ("/v1/chat/completions", _chat(
         response_format={"type": "json_schema", "json_schema": "garbage"})),
+    "tool-calls-true": ("/v1/chat/completions", _j({"messages": [{"role": "user", "tool_calls": True}],
+                                                    "max_tokens": 1})),
     "text-part-not-a-string": ("/v1/chat/completions", _j({"messages": [
         {"role": "user", "content": [{"type": "text", "text": {"a": 1}}]}], "max_tokens": 2})),
     # /tokenize and /detokenize bodies
     "tokenize-not-json": ("/tokenize", b"garbage"),
+    "tokenize-empty-body": ("/tokenize", b""),
+    "tokenize-messages-null": ("/tokenize", b'{"messages": null}'),
     "tokenize-not-an-object": ("/tokenize", b"[]"),
     "tokenize-messages-garbage": ("/tokenize", b'{"messages": "garbage"}'),
     "tokenize-message-not-an-object": ("/tokenize", b'{"messages": [5]}'),

@@ -222,3 +222,34 @@ def test_connection_flood_gets_503_until_the_idle_connections_are_closed(state):
             assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
     finally:
         state.config.limit_concurrency = saved
+
+
+# --------------------------------------------------------------------------- flags
+def test_serve_flags_reach_the_server_config(monkeypatch):
+    from typer.testing import CliRunner
+
+    import onecat.engine.server.launch as launch
+    from onecat.cli.serve import app
+
+    seen = {}
+    monkeypatch.setattr(launch, "serve", lambda cfg, log_level: seen.update(cfg=cfg))
+    r = CliRunner().invoke(app, ["some-model", "--api-key", "k", "--metrics-without-auth",
+                                 "--max-request-body-bytes", "1000", "--request-header-timeout", "3",
+                                 "--request-body-timeout", "4", "--timeout-keep-alive", "2", "--limit-concurrency", "0",
+                                 "--h11-max-incomplete-event-size", "8192"])
+    assert r.exit_code == 0, r.output
+    cfg = seen["cfg"]
+    assert (cfg.api_key, cfg.metrics_without_auth, cfg.max_request_body_bytes) == ("k", True, 1000)
+    assert (cfg.request_header_timeout, cfg.request_body_timeout, cfg.timeout_keep_alive) == (3, 4, 2)
+    assert cfg.limit_concurrency is None and cfg.h11_max_incomplete_event_size == 8192
+    for bad in (["--request-header-timeout", "0"], ["--max-request-body-bytes", "-1"], ["--limit-concurrency", "-2"]):
+        assert CliRunner().invoke(app, ["some-model", *bad]).exit_code == 2
+
+
+def test_default_limits():
+    from onecat.engine.server.app import ServeConfig
+
+    cfg = ServeConfig(model="m")
+    assert cfg.api_key is None and not cfg.metrics_without_auth
+    assert cfg.max_request_body_bytes == 16 * 2**20 and cfg.limit_concurrency == 2048
+    assert (cfg.request_header_timeout, cfg.request_body_timeout, cfg.timeout_keep_alive) == (10, 60, 5)

@@ -153,7 +153,8 @@ def _token_ids(state: ServerState, req: TokenizeChatRequest | TokenizeCompletion
     """/tokenize's work, on a worker thread: a plain prompt, or chat messages through the chat template."""
     tok = state.tokenizer
     if isinstance(req, TokenizeChatRequest):
-        prompt = render_prompt(tok, req.messages, tool_dicts(req.tools), add_generation_prompt=req.add_generation_prompt,
+        tools = tool_dicts(req.tools)
+        prompt = render_prompt(tok, req.messages, tools, add_generation_prompt=req.add_generation_prompt,
                                template_kwargs=req.chat_template_kwargs)
         return cpu_work.encode(tok, prompt, add_special_tokens=False)
     return cpu_work.encode(tok, req.prompt, add_special_tokens=req.add_special_tokens)
