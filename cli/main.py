@@ -107,13 +107,15 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
 # --------------------------------------------------------------------------- contract
 @contract_app.command("check")
 def contract_check(files: List[Path] = typer.Argument(..., help="contract YAML files")) -> None:
-    """Validate contracts: schema, size limits, unknown keys, registered kinds/checks/datasets. Exit 2 on any error."""
-    from onecat.gates.contract import ContractError, contract_warnings, load_contract
+    """Validate contracts: schema, size limits, unknown keys, registered kinds/checks/datasets, requests that fit
+    max_model_len. Exit 2 on any error."""
+    from onecat.gates.contract import ContractError, contract_warnings
+    from onecat.gates.feasibility import load_feasible_contract
 
     bad = 0
     for f in files:
         try:
-            c = load_contract(f)
+            c = load_feasible_contract(f)
         except ContractError as exc:
             bad += 1
             err.print(str(exc), highlight=False, markup=False, soft_wrap=True)

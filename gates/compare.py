@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from onecat.gates.contract import ArmSettings, EngineSpec, ModelSpec, SamplingSpec, SpeculativeSpec
+from onecat.gates.contract import ArmSettings, ContractError, EngineSpec, ModelSpec, SamplingSpec, SpeculativeSpec
+from onecat.gates.contract_yaml import load_yaml, read_contract_text
 from onecat.gates.runners.endpoint import EndpointRunner, EndpointWorkload
 
 SHOWN = [("output_tok_s", "output tok/s", "{:.1f}"), ("request_throughput", "req/s", "{:.2f}"),
@@ -58,9 +58,12 @@ def load_compare(path: str | Path) -> CompareSpec:
     p = Path(path)
     if not p.is_file():
         raise CompareError(f"{path}: file not found")
-    try:
-        return CompareSpec.model_validate(yaml.safe_load(p.read_text()))
-    except (ValidationError, yaml.YAMLError) as exc:
+    try:  # the contract reader's bounds (size, nesting, aliases, finite numbers) apply to this file too
+        data, _ = load_yaml(read_contract_text(p, str(path)), str(path))
+        return CompareSpec.model_validate(data, strict=True)
+    except ContractError as exc:
+        raise CompareError(str(exc)) from None
+    except ValidationError as exc:
         raise CompareError(f"{path}: invalid comparison file:\n{exc}") from None
 
 

@@ -2,13 +2,15 @@
 
 An engine refuses a prompt that does not fit its context and stops a generation at the context's
 end, so a workload whose prompt + output cannot fit an arm's `max_model_len` would run, fail or
-come back short, and be judged on that. `gate run` (and `contract check`) refuse such a contract
+come back short, and be judged on that. `gate run` and `contract check` (both through `load_feasible_contract`) refuse such a contract
 with the numbers that collide and the fix.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from onecat.gates import registry
-from onecat.gates.contract import ARM_NAMES, Contract, ContractIssue
+from onecat.gates.contract import ARM_NAMES, Contract, ContractError, ContractIssue, load_contract
 
 
 def impossible_requests(contract: Contract) -> list[ContractIssue]:
@@ -28,3 +30,12 @@ def impossible_requests(contract: Contract) -> list[ContractIssue]:
                             f"the {arm_name} arm's max_model_len is {limit}: every request would be refused or cut "
                             f"short; raise max_model_len to >= {need} or shorten the workload"))
     return issues
+
+
+def load_feasible_contract(path: str | Path) -> Contract:
+    """The validated contract, or ContractError (exit 2) when it is invalid or its requests cannot fit."""
+    contract = load_contract(path)
+    impossible = impossible_requests(contract)
+    if impossible:
+        raise ContractError(str(path), impossible)
+    return contract

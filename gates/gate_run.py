@@ -25,10 +25,10 @@ from typing import Any, Callable, Optional
 
 from onecat.gates import registry
 from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
-from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract, ContractError, load_contract
+from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract
 from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
 from onecat.gates.failures import hold_to_failures, is_failed_request, judged_workloads
-from onecat.gates.feasibility import impossible_requests
+from onecat.gates.feasibility import load_feasible_contract
 from onecat.gates.runners.base import ItemOutcome, Metric, RequestRecord, Unit
 from onecat.gates.verdict import Verdict, decide
 from onecat.results.environment import capture_environment, git_revision
@@ -217,10 +217,7 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
     t0 = time.perf_counter()
     progress = progress or NullProgress()
     opener = open_engine or default_open
-    contract = load_contract(contract_path)
-    impossible = impossible_requests(contract)
-    if impossible:
-        raise ContractError(str(contract_path), impossible)
+    contract = load_feasible_contract(contract_path)
     arms, datasets = preflight(contract)
     store = Store(db)
     try:

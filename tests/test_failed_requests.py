@@ -165,3 +165,10 @@ def test_promote_still_possible(tmp_path, refuse):
     path.write_text(path.read_text().replace("min_ratio: 1.05", "min_ratio: 0.5"), encoding="utf-8")
     outcome = run_gate(path, tmp_path / "r.duckdb", report_dir=tmp_path)
     assert outcome.verdict.decision == PROMOTE, [(g.id, r.summary) for g, r in outcome.results]
+
+
+def test_contract_check_names_requests_that_cannot_fit(tmp_path):
+    path = _contract(tmp_path, ", max_model_len: 4")
+    result = CliRunner().invoke(app, ["contract", "check", str(path)])
+    assert result.exit_code == 2
+    assert "needs requests of at least 65 tokens" in result.output

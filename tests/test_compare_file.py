@@ -1,0 +1,32 @@
+"""`onecat bench compare` files are read with the contract reader's bounds: hostile YAML is a clear error."""
+from pathlib import Path
+
+import pytest
+
+from onecat.gates.compare import CompareError, load_compare
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_peer_comparison_loads():
+    assert load_compare(ROOT / "contracts" / "peers_cpu.yaml").engines
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n",
+     "anchors and aliases are not allowed"),
+    ("name: x\n" + "k: " + "[" * 20000 + "\n", "nested more than"),
+    ("name: x\nseeds: [.inf]\n", "not a finite number"),
+])
+def test_hostile_comparison_files_are_refused(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(CompareError, match=message):
+        load_compare(path)
+
+
+def test_non_utf8_comparison_file_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(CompareError, match="not UTF-8"):
+        load_compare(path)
