@@ -221,7 +221,7 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
     arms, datasets = preflight(contract)
     store = Store(db)
     try:
-        warnings: list[str] = []
+        warnings: list[str] = list(store.warnings)  # e.g. runs the store lost to a truncated write-ahead log
         run_id = _open_run(store, contract, str(contract_path), arms, datasets, resume, warnings)
         steps = build_schedule(contract)
         done = store.done_units(run_id)
@@ -275,8 +275,11 @@ def _open_run(store: Store, contract: Contract, path: str, arms: dict[str, ArmSe
     if resume:
         run_id = store.latest_unfinished(contract.fingerprint) if resume is True else store.resolve_run_id(str(resume))
         if run_id is None:
+            lost = [r["run_id"] for r in store.lost_runs if r.get("contract_fingerprint") == contract.fingerprint]
+            why = (f"; run {', '.join(lost)} of this contract was lost (the store's write-ahead log was truncated), "
+                   "so it cannot be resumed" if lost else "")
             raise ResumeError(f"--resume: no unfinished run of contract {contract.name} (fingerprint "
-                              f"{contract.fingerprint[:12]}) in {store.path}; start one without --resume")
+                              f"{contract.fingerprint[:12]}) in {store.path}{why}; start one without --resume")
         row = store.run(run_id)
         if row["contract_fingerprint"] != contract.fingerprint:
             raise ResumeError(f"--resume: run {run_id} was made with a different contract (fingerprint "

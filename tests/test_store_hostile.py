@@ -281,7 +281,7 @@ def test_a_run_lost_to_a_truncated_wal_is_reported(tmp_path, contract, caplog):
     assert "run run-lost" in listing.stderr and "write-ahead log was truncated" in listing.stderr
 
     with caplog.at_level(logging.WARNING, logger="onecat.results"):
-        with pytest.raises(ResumeError, match="no unfinished run"):
+        with pytest.raises(ResumeError, match="no unfinished run.*run run-lost of this contract was lost"):
             run_gate(contract, db, resume=True, report_dir=tmp_path)
     assert any("run-lost" in r.getMessage() and "rerun it" in r.getMessage() for r in caplog.records)
     with Store(db) as s:
