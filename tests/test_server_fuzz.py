@@ -56,7 +56,7 @@ def _fuzz(max_examples: int, derandomize: bool):
 
 @pytest.mark.parametrize("path", ENDPOINTS)
 def test_no_body_gets_a_5xx(client, path):
-    @_fuzz(max_examples=120 if path.startswith("/v1") else 60, derandomize=True)
+    @_fuzz(max_examples=200 if path.startswith("/v1") else 100, derandomize=True)
     @given(raw=damaged(BODIES[path]))
     def run(raw):
         check_answer(post(client, path, raw))
@@ -64,7 +64,7 @@ def test_no_body_gets_a_5xx(client, path):
     run()
 
 
-@_fuzz(max_examples=60, derandomize=True)
+@_fuzz(max_examples=100, derandomize=True)
 @given(path=st.sampled_from(ENDPOINTS), raw=st.binary(max_size=64))
 def test_no_byte_string_gets_a_5xx(client, path, raw):
     check_answer(post(client, path, raw))
