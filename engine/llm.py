@@ -140,6 +140,18 @@ class LLM:
         if len(ids) >= self.max_model_len:
             return (f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; shorten the "
                     "prompt or raise max_model_len")
+        return self._vocab_reason(params, vocab)
+
+    @staticmethod
+    def _vocab_reason(params: SamplingParams, vocab: int) -> str | None:
+        """Settings that only the model's vocabulary can judge (a top-n beyond it crashes the step)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(params, name)
+            if n is not None and n > vocab:
+                return f"{name}={n} is more than the vocabulary's {vocab} tokens; ask for at most {vocab}"
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            return f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
         return None
 
     def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,

@@ -27,7 +27,7 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
 def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k / top-p / min-p masks -> probabilities, row by row. logits: [N, V] fp32."""
     device = logits.device
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
     x = logits / temps.unsqueeze(1)
     V = x.shape[-1]
     top_ks = [p.top_k if 0 < p.top_k < V else V for p in params]

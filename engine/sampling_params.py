@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+GREEDY_BELOW = 1e-5
+
+
 class InvalidRequestError(ValueError):
     """A request (prompt or sampling settings) that the engine refuses, with what to change."""
 
@@ -40,7 +43,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below GREEDY_BELOW sample as greedy (as vLLM does): dividing logits by them overflows."""
+        return self.temperature < GREEDY_BELOW
 
     def validate(self) -> None:
         def bad(what: str) -> InvalidRequestError:
@@ -48,8 +52,8 @@ class SamplingParams:
 
         if self.n != 1:
             raise bad(f"n={self.n}; the engine generates one sequence per request (submit n requests)")
-        if not (self.temperature >= 0.0) or self.temperature != self.temperature:
-            raise bad(f"temperature={self.temperature}; use 0 for greedy or a positive number")
+        if not (0.0 <= self.temperature < float("inf")):
+            raise bad(f"temperature={self.temperature}; use 0 for greedy or a positive finite number")
         if not (0.0 < self.top_p <= 1.0):
             raise bad(f"top_p={self.top_p}; must be in (0, 1]")
         if self.top_k < 0:

@@ -82,3 +82,28 @@ def test_overlong_prompt_fails_alone(embedded_llm):
     assert [o.finish_reason for o in outs] == ["length", "abort", "abort", "length"]
     assert "max_model_len" in outs[1].error and "outside the vocabulary" in outs[2].error
     assert outs[0].num_completion_tokens == 4 and outs[3].num_completion_tokens == 4
+
+
+def test_vocabulary_bound_settings_fail_alone(embedded_llm):
+    """A top-n past the vocabulary, or a stop id outside it, fails that request, not the step or the engine."""
+    vocab = embedded_llm.model_config.vocab_size
+    outs = embedded_llm.generate(["Hello", "Hi", "Hey", "Yo"], [
+        SamplingParams(max_tokens=2, logprobs=vocab + 1),
+        SamplingParams(max_tokens=1, prompt_logprobs=vocab + 5),
+        SamplingParams(max_tokens=2, stop_token_ids=[-1]),
+        SamplingParams(max_tokens=2, temperature=0)])
+    assert [o.finish_reason for o in outs] == ["abort", "abort", "abort", "length"]
+    assert "logprobs" in outs[0].error and "prompt_logprobs" in outs[1].error and "stop_token_ids" in outs[2].error
+    assert embedded_llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0))[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), -1.0])
+def test_non_finite_temperature_is_refused(temperature):
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        SamplingParams(temperature=temperature)
+
+
+def test_tiny_temperature_samples_greedily(embedded_llm):
+    greedy = embedded_llm.generate(["The sky is"], SamplingParams(max_tokens=6, temperature=0))[0].token_ids
+    tiny = embedded_llm.generate(["The sky is"], SamplingParams(max_tokens=6, temperature=1e-30, seed=3))[0]
+    assert tiny.token_ids == greedy
