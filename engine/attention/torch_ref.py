@@ -1,8 +1,9 @@
-"""Reference attention in plain torch (CPU and GPU): gather each sequence's paged context, masked SDPA.
+"""Reference attention in plain torch: gather each sequence's paged context, masked SDPA.
 
 The context is gathered whole blocks at a time (a few large copies instead of one per token); keys
 past a sequence's length are masked out. The gather indices and the causal/padding mask are built
-once per step and shared by all layers.
+once per step and shared by all layers. On CPU the batch-invariant path of batch_invariant_cpu.py
+runs instead, so a token's output does not depend on what else is in the step.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from onecat.engine.attention.backend import AttentionBackend, LayerKVCache
+from onecat.engine.attention.batch_invariant_cpu import batch_invariant_attention
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.kv_cache import dequantize_fp8
 
@@ -48,6 +50,8 @@ class TorchReferenceBackend(AttentionBackend):
         return None
 
     def forward(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if q.device.type == "cpu":
+            return batch_invariant_attention(q, cache, meta, scale)
         T, Hq, D = q.shape
         B, max_q = meta.num_seqs, meta.max_query_len
         lay = _step_layout(meta, q.device)

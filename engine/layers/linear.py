@@ -1,5 +1,6 @@
 """nn.Linear with a batch-1 decode path: a single row on CUDA (fused kernels on) goes through the
-bandwidth-bound GEMV of triton_gemv.py instead of the library GEMM; everything else is F.linear.
+bandwidth-bound GEMV of triton_gemv.py instead of the library GEMM; float32 on CPU goes through the
+batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
 gate/up projection, the SiLU*mul after it) into that GEMV; for any other module or input it runs
@@ -10,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from onecat.engine.layers import batch_invariant_linear
 
 
 class Linear(nn.Linear):
@@ -27,6 +30,11 @@ class Linear(nn.Linear):
             from onecat.engine.layers.triton_gemv import gemv
 
             return gemv(x, self.weight, self.bias)
+        if batch_invariant_linear.supported(x, self.weight):
+            return batch_invariant_linear.batch_invariant_linear(self, x)
+        if self.weight.is_meta:  # F.linear would return uninitialized memory
+            raise RuntimeError(f"this layer keeps only its oneDNN-packed float32 weight; it cannot take a "
+                               f"{x.dtype} input on {x.device}")
         return F.linear(x, self.weight, self.bias)
 
 

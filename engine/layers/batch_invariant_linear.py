@@ -1,0 +1,76 @@
+"""CPU linear layer whose per-row result does not depend on how many rows are computed together.
+
+The library GEMM behind F.linear (MKL sgemm) picks its kernel from the row count: one row takes a
+GEMV, a few rows a small-matrix kernel, 16 or more the packed GEMM, and each sums over K in its own
+order. So the same token got different fp32 results (up to ~5e-6 here) in a decode step of one
+sequence, of three, or in a prefill, and any later rounding (an fp8 KV cache, a greedy argmax near a
+tie) turned that into different tokens.
+
+oneDNN's matmul on weights reordered to its blocked layout (brgemm) keeps one accumulator per output
+and walks K in one fixed order whatever the row count; the one exception is a single row with
+K > 1024, which takes another kernel, so such a row is sent twice (one row is bandwidth-bound: the
+copy costs little). Its fused bias is not row-count invariant, so the bias is added apart. Checked
+bitwise for 1..4096 rows, K up to 8960 and 1..7 threads.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+ONE_ROW_KERNEL_ABOVE_K = 1024
+
+_matmul = torch.ops.mkldnn._linear_pointwise.default
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available())
+
+
+class _PackedWeight:
+    """The weight reordered into oneDNN's blocked layout, and which dense weight it was made from
+    (a meta tensor once the dense copy is dropped: then this is the only copy)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.blocked = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self.source = self._key(weight)
+
+    @staticmethod
+    def _key(weight: torch.Tensor) -> tuple:
+        return (weight.data_ptr(), weight._version, tuple(weight.shape))
+
+    def matches(self, weight: torch.Tensor) -> bool:
+        return weight.is_meta or self.source == self._key(weight)
+
+
+def batch_invariant_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """module(x) for float32 on CPU, each output row independent of the other rows of x."""
+    packed = getattr(module, "_batch_invariant_weight", None)
+    if packed is None or not packed.matches(module.weight):
+        packed = _PackedWeight(module.weight)
+        module._batch_invariant_weight = packed
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, k).contiguous()
+    if rows.shape[0] == 0:
+        return x.new_empty(*lead, module.out_features)
+    one = rows.shape[0] == 1 and k > ONE_ROW_KERNEL_ABOVE_K
+    out = _matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked, None, "none", [None], "")
+    if one:
+        out = out[:1]
+    if module.bias is not None:
+        out = out.add_(module.bias)
+    return out.view(*lead, -1)
+
+
+def pack_weights(model: nn.Module) -> None:
+    """Reorder the float32 CPU weights of model's Linear layers now. A weight that no other module uses
+    (a tied embedding does) keeps only its blocked copy: its dense parameter becomes a meta tensor of
+    the same shape, so packing costs no memory."""
+    from onecat.engine.layers.linear import Linear
+
+    shared = {id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(recurse=False)}
+    for m in model.modules():
+        if isinstance(m, Linear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32:
+            m._batch_invariant_weight = _PackedWeight(m.weight)
+            if id(m.weight) not in shared:
+                m.weight = nn.Parameter(torch.empty(m.weight.shape, device="meta"), requires_grad=False)
