@@ -30,20 +30,24 @@ def _tokens(n: int, seed: int) -> list[int]:
 RAW = [_tokens(49, 1), _tokens(600, 2), _tokens(130, 3)]
 
 
-def _run(llm: LLM, chats: list[str], raw: list[list[int]]) -> list[tuple]:
+def _run(llm: LLM, prompts: list[list[int]]) -> list[tuple]:
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
-    outs = llm.chat([[{"role": "user", "content": c}] for c in chats], params) if chats else []
-    outs += llm.generate(raw, params) if raw else []
-    return [(o.token_ids, o.logprobs, o.num_cached_tokens) for o in outs]
+    return [(o.token_ids, o.logprobs, o.num_cached_tokens) for o in llm.generate(prompts, params)]
+
+
+def _chat_ids(llm: LLM, text: str) -> list[int]:
+    prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return llm.tokenizer.encode(prompt, add_special_tokens=False)
 
 
 @pytest.mark.parametrize("kv", ["fp8_e5m2", "auto"])
 def test_tokens_do_not_depend_on_batch_or_prefix_cache(kv):
     with LLM(EMBEDDED, dtype="float32", kv_cache_dtype=kv, max_model_len=2048, max_num_seqs=8,
              max_num_batched_tokens=256, kv_cache_memory_gb=0.25) as llm:
-        fresh = _run(llm, CHATS, RAW)
-        cached = _run(llm, CHATS, RAW)
-        solo = [_run(llm, [c], [])[0] for c in CHATS] + [_run(llm, [], [r])[0] for r in RAW]
+        prompts = [_chat_ids(llm, c) for c in CHATS] + RAW
+        fresh = _run(llm, prompts)  # one batch
+        cached = _run(llm, prompts)  # the same batch, prefixes from the cache
+        solo = [_run(llm, [p])[0] for p in prompts]
     assert all(n == 0 for *_, n in fresh)
     assert all(n > 0 for *_, n in cached) and all(n > 0 for *_, n in solo)
     assert cached[len(CHATS)][2] == 48  # a one-token prefill after the cache hit
