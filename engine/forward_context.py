@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from onecat.engine.attention.backend import LayerKVCache
     from onecat.engine.attention.metadata import AttentionMetadata
     from onecat.engine.attention.selector import AttentionDispatcher
+    from onecat.engine.kv_cache import LayerKVCache
 
 
 @dataclass(slots=True)

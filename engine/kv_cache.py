@@ -1,9 +1,28 @@
-"""Paged KV cache storage: allocation and writes (model dtype, or 8-bit float with per-token scales)."""
+"""Paged KV cache storage: allocation and writes (model dtype, or 8-bit float with per-token scales).
+
+A KV cache for one layer is a `LayerKVCache`: K and V stored as
+`[num_blocks, block_size, num_kv_heads, head_dim]` in the storage dtype (model dtype, or uint8
+bytes holding float8_e4m3fn / float8_e5m2 values) plus, for 8-bit storage, fp32 scales of shape
+`[num_blocks, block_size, num_kv_heads]` (one per stored token and head: value = fp8 * scale).
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
-from onecat.engine.attention.backend import LayerKVCache
+
+@dataclass(slots=True)
+class LayerKVCache:
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None  # None unless 8-bit storage
+    v_scale: torch.Tensor | None
+    fp8_dtype: torch.dtype | None  # torch.float8_e4m3fn / torch.float8_e5m2 when 8-bit
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.fp8_dtype is not None
 
 
 def allocate_kv_caches(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,

@@ -13,8 +13,8 @@ import random
 import pytest
 import torch
 
-from onecat.engine.attention.backend import LayerKVCache
 from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.kv_cache import LayerKVCache
 
 pytestmark = [
     pytest.mark.gpu,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecat.engine.attention.backend import LayerKVCache
 from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.kv_cache import LayerKVCache
 
 
 def _meta():

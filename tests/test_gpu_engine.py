@@ -53,9 +53,9 @@ CASES = [([1] * 8, [1, 15, 16, 128, 129, 257, 1000, 3000]),  # pure decode, part
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("heads", [(8, 2, 64), (32, 8, 128), (4, 4, 128)], ids=["gqa4-d64", "gqa4-d128", "mha"])
 def test_triton_paged_matches_reference(fp8_dtype, case, heads):
-    from onecat.engine.attention.backend import LayerKVCache
     from onecat.engine.attention.torch_ref import TorchReferenceBackend
     from onecat.engine.attention.triton_paged import TritonPagedBackend
+    from onecat.engine.kv_cache import LayerKVCache
 
     qlens, slens = CASES[case]
     q, cache, meta = _paged_case(qlens, slens, *heads, 16, fp8_dtype, torch.float16, seed=case)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from onecat.engine.attention.backend import AttentionBackend, LayerKVCache
+from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.batch_invariant_cpu import batch_invariant_attention
 from onecat.engine.attention.metadata import AttentionMetadata
-from onecat.engine.kv_cache import dequantize_fp8
+from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
 
 
 def _step_layout(meta: AttentionMetadata, device: torch.device) -> dict:

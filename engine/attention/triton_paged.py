@@ -18,9 +18,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from onecat.engine.attention.backend import AttentionBackend, LayerKVCache
+from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.metadata import AttentionMetadata
-from onecat.engine.kv_cache import dequantize_fp8
+from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
 
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
 #                  that a 1K-token decode already spreads over 8 programs per KV head)
