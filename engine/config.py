@@ -7,12 +7,27 @@ from typing import Any
 
 import torch
 
-from onecat.engine.errors import ConfigError
+from onecat.engine.errors import ConfigError, UnsupportedModelError
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
           "half": torch.float16, "float": torch.float32}
+
+# HF `architectures` entries -> the architecture name the model registry runs.
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
+                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+
+
+def architecture_of(cfg: dict) -> str:
+    """The engine architecture name for an HF config dict; refuses architectures it cannot run."""
+    names = cfg.get("architectures") or []
+    for n in names:
+        if n in HF_ARCHITECTURES:
+            return HF_ARCHITECTURES[n]
+    raise UnsupportedModelError(
+        f"model architecture {names or cfg.get('model_type')!r} is not supported; supported: "
+        f"{', '.join(sorted(HF_ARCHITECTURES))}")
 
 
 @dataclass
@@ -40,8 +55,6 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
-        from onecat.engine.models.registry import architecture_of
-
         arch = architecture_of(cfg)
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")

@@ -1,20 +1,6 @@
-"""Maps an HF `architectures` entry to the model class that runs it."""
+"""Maps an architecture name (`ModelConfig.architecture`, from config.architecture_of) to the model
+class that runs it."""
 from __future__ import annotations
-
-from onecat.engine.errors import UnsupportedModelError
-
-_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
-          "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
-
-
-def architecture_of(cfg: dict) -> str:
-    names = cfg.get("architectures") or []
-    for n in names:
-        if n in _ARCHS:
-            return _ARCHS[n]
-    raise UnsupportedModelError(
-        f"model architecture {names or cfg.get('model_type')!r} is not supported; supported: "
-        f"{', '.join(sorted(_ARCHS))}")
 
 
 def model_class(arch: str):
