@@ -14,7 +14,7 @@ from onecat.engine.config import (EngineConfig, cpu_kv_cache_budget_gb, parse_dt
 from onecat.engine.engine_core import EngineCore
 from onecat.engine.errors import ConfigError
 from onecat.engine.kv_cache import bytes_per_block
-from onecat.engine.layers import batch_invariant_linear
+from onecat.engine.layers.linear import pack_weights
 from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.loader import open_checkpoint
 from onecat.engine.model_source import resolve_model_source
@@ -85,7 +85,7 @@ class LLM:
         else:
             model.load_weights(ckpt.weights)
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
-            batch_invariant_linear.pack_weights(model)
+            pack_weights(model)
         return model.eval()
 
     def _enable_fused_kernels(self, wanted: bool) -> dict:

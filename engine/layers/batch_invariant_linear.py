@@ -62,15 +62,10 @@ def batch_invariant_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.view(*lead, -1)
 
 
-def pack_weights(model: nn.Module) -> None:
-    """Reorder the float32 CPU weights of model's Linear layers now. A weight that no other module uses
-    (a tied embedding does) keeps only its blocked copy: its dense parameter becomes a meta tensor of
-    the same shape, so packing costs no memory."""
-    from onecat.engine.layers.linear import Linear
-
-    shared = {id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(recurse=False)}
-    for m in model.modules():
-        if isinstance(m, Linear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32:
-            m._batch_invariant_weight = _PackedWeight(m.weight)
-            if id(m.weight) not in shared:
-                m.weight = nn.Parameter(torch.empty(m.weight.shape, device="meta"), requires_grad=False)
+def pack_weight(module: nn.Linear, keep_dense: bool) -> None:
+    """Reorder module's float32 CPU weight into the blocked layout now. Without keep_dense its dense
+    parameter becomes a meta tensor of the same shape: the blocked copy is then the only one, so
+    packing costs no memory."""
+    module._batch_invariant_weight = _PackedWeight(module.weight)
+    if not keep_dense:
+        module.weight = nn.Parameter(torch.empty(module.weight.shape, device="meta"), requires_grad=False)

@@ -4,7 +4,8 @@ batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
 gate/up projection, the SiLU*mul after it) into that GEMV; for any other module or input it runs
-the steps one after the other.
+the steps one after the other. `pack_weights` prepares a CPU model's float32 layers for the
+batch-invariant matmul.
 """
 from __future__ import annotations
 
@@ -49,3 +50,12 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
     x, residual = norm(x, residual)
     y = linear(x)
     return (y if silu_mul is None else silu_mul(y)), residual
+
+
+def pack_weights(model: nn.Module) -> None:
+    """Reorder the float32 CPU weights of model's Linear layers for the batch-invariant matmul now. A
+    weight that another module also uses (a tied embedding does) keeps its dense copy."""
+    shared = {id(p) for m in model.modules() if not isinstance(m, Linear) for p in m.parameters(recurse=False)}
+    for m in model.modules():
+        if isinstance(m, Linear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32:
+            batch_invariant_linear.pack_weight(m, keep_dense=id(m.weight) in shared)
