@@ -1,37 +1,14 @@
-"""Tokenizer + chat template, from an HF directory or from GGUF metadata, on the `tokenizers` library."""
+"""Tokenizer + chat template on the `tokenizers` library, from an HF directory (GGUF metadata: see
+engine/loader/gguf_tokenizer.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
-
-# Pre-tokenizer split patterns for the GGUF `tokenizer.ggml.pre` names this engine knows.
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_CONTROL, _USER_DEFINED = 3, 4
-
-
-def _byte_level_pre(pre: str):
-    if pre in ("gpt2", "default", None):
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre == "smollm":
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    pattern = {"llama-bpe": _LLAMA3, "llama3": _LLAMA3, "qwen2": _QWEN2}.get(pre)
-    if pattern is None:
-        raise UnsupportedModelError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: gpt2, smollm, "
-                                    "llama-bpe, qwen2")
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 class Tokenizer:
@@ -73,31 +50,6 @@ class Tokenizer:
         bos = token_id(tcfg.get("bos_token"))
         return cls(tok, bos_token_id=bos, eos_token_ids=eos, add_bos=bool(tcfg.get("add_bos_token", False)),
                    chat_template=template)
-
-    @classmethod
-    def from_gguf(cls, reader) -> "Tokenizer":
-        from onecat.engine.loader.gguf import field_value
-
-        kind = field_value(reader, "tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise UnsupportedModelError(f"GGUF tokenizer model {kind!r} is not supported; supported: gpt2 (BPE)")
-        tokens = field_value(reader, "tokenizer.ggml.tokens")
-        merges = field_value(reader, "tokenizer.ggml.merges") or []
-        types = field_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-        vocab = {t: i for i, t in enumerate(tokens)}
-        bpe = models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False)
-        tok = HFTokenizer(bpe)
-        tok.pre_tokenizer = _byte_level_pre(field_value(reader, "tokenizer.ggml.pre"))
-        tok.decoder = decoders.ByteLevel()
-        special = [AddedToken(t, special=True, normalized=False)
-                   for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
-        tok.add_special_tokens(special)
-        eos = field_value(reader, "tokenizer.ggml.eos_token_id")
-        eot = field_value(reader, "tokenizer.ggml.eot_token_id")
-        return cls(tok, bos_token_id=field_value(reader, "tokenizer.ggml.bos_token_id"),
-                   eos_token_ids=[eos] + ([eot] if eot is not None and eot != eos else []),
-                   add_bos=bool(field_value(reader, "tokenizer.ggml.add_bos_token", False)),
-                   chat_template=field_value(reader, "tokenizer.chat_template"))
 
     # ---- use ----------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

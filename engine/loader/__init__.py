@@ -22,11 +22,12 @@ def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False) -> Check
     """keep_quantized: GGUF block-quantized tensors come as `QuantizedWeight` (for quantization='gguf')."""
     if model.format == "gguf":
         from onecat.engine.loader.gguf import gguf_to_hf_config, iter_gguf_weights, open_gguf
+        from onecat.engine.loader.gguf_tokenizer import tokenizer_from_gguf
 
         reader = open_gguf(model.path)
         raw = gguf_to_hf_config(reader, model.path)
         weights = iter_gguf_weights(reader, raw, keep_quantized)
-        return Checkpoint(ModelConfig.from_hf(raw), Tokenizer.from_gguf(reader), weights)
+        return Checkpoint(ModelConfig.from_hf(raw), tokenizer_from_gguf(reader), weights)
     from onecat.engine.loader.hf import iter_hf_weights, read_hf_config
 
     cfg = ModelConfig.from_hf(read_hf_config(model.path))

@@ -12,8 +12,8 @@ def export_hf_dir(source: str, out_root: str | Path = ".onecat/peers/models") ->
     from safetensors.torch import save_file
 
     from onecat.engine.loader.gguf import gguf_to_hf_config, iter_gguf_weights, open_gguf
+    from onecat.engine.loader.gguf_tokenizer import tokenizer_from_gguf
     from onecat.engine.model_source import resolve_model_source
-    from onecat.engine.tokenizer import Tokenizer
 
     resolved = resolve_model_source(source)
     if resolved.format != "gguf":
@@ -30,7 +30,7 @@ def export_hf_dir(source: str, out_root: str | Path = ".onecat/peers/models") ->
         weights.pop("lm_head.weight")
     cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
     cfg.setdefault("torch_dtype", "float32")
-    tok = Tokenizer.from_gguf(reader)
+    tok = tokenizer_from_gguf(reader)
     (out / "tokenizer.json").write_text(tok._tok.to_str())
     special = lambda i: tok._tok.id_to_token(i) if i is not None else None  # noqa: E731
     (out / "tokenizer_config.json").write_text(json.dumps({
