@@ -1,4 +1,6 @@
-"""Model and engine configuration: what the checkpoint says, and how the engine should run it."""
+"""Model configuration (what the checkpoint says), and the engine settings turned into torch objects.
+
+The settings themselves are declared once, in engine/args.py (`EngineArgs`)."""
 from __future__ import annotations
 
 import os
@@ -7,12 +9,10 @@ from typing import Any
 
 import torch
 
+from onecat.engine.args import EngineArgs
 from onecat.engine.errors import ConfigError, UnsupportedModelError
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-          "half": torch.float16, "float": torch.float32}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # HF `architectures` entries -> the architecture name the model registry runs.
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
@@ -88,24 +88,17 @@ def _rope_params_scaling(params: dict | None) -> dict | None:
     return dict(params)
 
 
-def parse_dtype(dtype: str | torch.dtype, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
+def parse_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    """EngineArgs.dtype as a torch dtype; auto: float32 on CPU, else the checkpoint's half type (or float16)."""
     if dtype == "auto":
         if device.type == "cpu":
             return torch.float32  # half precision matmuls are slow or missing on most CPUs
-        if checkpoint_dtype in ("bfloat16", "float16"):
-            return DTYPES[checkpoint_dtype]
-        return torch.float16
-    if dtype not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; use one of auto, float32, float16, bfloat16")
-    return DTYPES[dtype]
+        return TORCH_DTYPES[checkpoint_dtype] if checkpoint_dtype in ("bfloat16", "float16") else torch.float16
+    return TORCH_DTYPES[dtype]
 
 
 def parse_kv_cache_dtype(kv_cache_dtype: str) -> torch.dtype | None:
-    """None means 'same as the model dtype'; otherwise the float8 storage type."""
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; use one of {', '.join(KV_CACHE_DTYPES)}")
+    """None means 'same as the model dtype'; otherwise the float8 storage type (fp8 is e4m3, as in vLLM)."""
     if kv_cache_dtype == "auto":
         return None
     return torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
@@ -139,28 +132,5 @@ def cpu_kv_cache_budget_gb() -> float:
     return value
 
 
-@dataclass
-class EngineConfig:
-    """How the engine runs a model (vLLM names where the concept exists)."""
-
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"
-    kv_cache_memory_gb: float | None = None  # KV budget; default: cpu_kv_cache_budget_gb() on CPU, 90% of free on GPU
-    num_kv_blocks: int | None = None  # explicit override (tests use it to force preemption)
-    seed: int = 0
-    attention_backend: str = "auto"
-    cuda_graph: bool = False
-    async_scheduling: bool = True  # with CUDA graphs: launch the next greedy decode before reading this one
-
-    def validate(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs={self.max_num_seqs}; must be >= 1")
-        if self.max_num_batched_tokens < 1:
-            raise ConfigError(f"max_num_batched_tokens={self.max_num_batched_tokens}; must be >= 1")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ConfigError(f"block_size={self.block_size}; must be a power of two")
-        parse_kv_cache_dtype(self.kv_cache_dtype)
+# The engine core and scheduler read their settings under this name: one declaration, EngineArgs.
+EngineConfig = EngineArgs

@@ -9,8 +9,8 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from onecat.engine.config import (EngineConfig, cpu_kv_cache_budget_gb, parse_dtype, parse_kv_cache_dtype,
-                                  resolve_device)
+from onecat.engine.args import EngineArgs
+from onecat.engine.config import cpu_kv_cache_budget_gb, parse_dtype, parse_kv_cache_dtype, resolve_device
 from onecat.engine.engine_core import EngineCore
 from onecat.engine.errors import ConfigError
 from onecat.engine.kv_cache import bytes_per_block
@@ -25,41 +25,36 @@ from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
 from onecat.engine.sequence import Sequence
 
 class LLM:
-    def __init__(self, model: str, *, dtype: str | torch.dtype = "auto", kv_cache_dtype: str = "auto",
-                 max_model_len: int | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 enable_prefix_caching: bool = True, seed: int = 0, device: str = "auto",
-                 attention_backend: str = "auto", cuda_graph: bool = False, block_size: int = 16,
-                 kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None,
-                 revision: str | None = None, speculative_config: dict | None = None,
-                 quantization: str | None = None, fused_kernels: bool = True, async_scheduling: bool = True):
+    """An engine over one model. `LLM(model, **settings)` takes exactly EngineArgs' names (engine/args.py):
+    a bad or unknown setting, or one the engine does not implement, is a ConfigError saying what to use."""
+
+    def __init__(self, model: str, **settings):
         t0 = time.perf_counter()
-        self.cfg = EngineConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                                enable_prefix_caching=enable_prefix_caching, kv_cache_dtype=kv_cache_dtype,
-                                kv_cache_memory_gb=kv_cache_memory_gb, num_kv_blocks=num_kv_blocks, seed=seed,
-                                attention_backend=attention_backend, cuda_graph=cuda_graph,
-                                async_scheduling=async_scheduling)
-        self.cfg.validate()
-        self.source = resolve_model_source(model, revision)
-        self.device = resolve_device(device)
-        check_quantization(quantization, self.source.format, self.device)
-        self.quantization_method = quantization
+        self.cfg = EngineArgs.create(model=model, **settings)
+        unsupported = self.cfg.unsupported()
+        if unsupported:
+            raise ConfigError("; ".join(unsupported))
+        self.source = resolve_model_source(model, self.cfg.revision)
+        self.device = resolve_device(self.cfg.device)
+        check_quantization(self.cfg.quantization, self.source.format, self.device)
         self.quantization: dict | None = None  # what packing did, for info()
-        ckpt = open_checkpoint(self.source, keep_quantized=quantization == "gguf")
+        ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf")
         self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
-        self.dtype = parse_dtype(dtype, self.device, self.model_config.torch_dtype)
+        self.dtype = parse_dtype(self.cfg.dtype, self.device, self.model_config.torch_dtype)
         limit = self.model_config.max_position_embeddings
-        self.max_model_len = max_model_len or limit
+        self.max_model_len = self.cfg.max_model_len or limit
         if self.max_model_len > limit and not self.model_config.rope_scaling:
             raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's {limit} positions")
         self.model = self._build_model(ckpt)
-        self.fused_kernels = self._enable_fused_kernels(fused_kernels)
-        fp8 = parse_kv_cache_dtype(kv_cache_dtype)
+        self.fused_kernels = self._enable_fused_kernels(self.cfg.fused_kernels)
+        fp8 = parse_kv_cache_dtype(self.cfg.kv_cache_dtype)
         num_blocks = self._num_kv_blocks(fp8 is not None)
-        torch.manual_seed(seed)
+        torch.manual_seed(self.cfg.seed)
         self.engine = EngineCore(self.model, self.model_config, self.tokenizer, self.cfg, self.max_model_len,
                                  num_blocks, self.dtype, fp8, self.device)
-        self.engine.runner.setup_cuda_graphs(cuda_graph, self.max_model_len, max_num_seqs)
+        self.engine.runner.setup_cuda_graphs(self.cfg.cuda_graph == "full", self.max_model_len, self.cfg.max_num_seqs)
+        spec = self.cfg.speculative_config
+        speculative_config = spec.model_dump(exclude_none=True) if spec is not None else None
         if speculative_config:
             from onecat.engine.speculative import build_proposer
 
@@ -78,7 +73,7 @@ class LLM:
                 m.build_tables(self.device)
         if self.model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
-        if self.quantization_method == "gguf":
+        if self.cfg.quantization == "gguf":
             packer = WeightPacker()
             model.load_weights(packer.intercept(ckpt.weights))
             self.quantization = packer.apply(model)

@@ -1,0 +1,211 @@
+"""Every engine setting, declared once: `EngineArgs` (names as vLLM's engine arguments).
+
+`LLM(model, **settings)` takes exactly these names; `onecat serve` generates its engine flags from
+them (cli/serve.py); the server's config holds one (engine/server/app.py); a gate contract's
+`model`, `engine` and `speculative` sections derive their engine fields from them
+(gates/contract_settings.py says where each one lives in a contract).
+
+A setting declared here but not implemented by the engine (tensor parallelism, piecewise CUDA
+graphs, ...) validates, because contracts also describe peers such as vLLM that run it, and is
+refused by `EngineArgs.unsupported()`: the one place that `LLM` and the harness preflight ask.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from onecat.engine.errors import ConfigError
+
+SPECULATIVE_METHODS = ("ngram", "draft_model", "dflash")
+DRAFTER_METHODS = ("draft_model", "dflash")
+NGRAM_ONLY = ("prompt_lookup_min", "prompt_lookup_max", "adaptive", "max_speculative_tokens")
+DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def _dtype_name(value: Any) -> Any:
+    """vLLM's aliases (half, float) and torch dtypes (a drafter inherits the target's) become the plain name."""
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        value = str(value).removeprefix("torch.")
+    return DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+
+
+def _graph_mode(value: Any) -> Any:
+    """`cuda_graph=True` / `False` (the engine's older switch) mean full / off."""
+    return {True: "full", False: "off"}[value] if isinstance(value, bool) else value
+
+
+def _known_method(value: Any) -> Any:
+    if isinstance(value, str) and value not in SPECULATIVE_METHODS:
+        raise ValueError(f"speculative method {value!r} is not supported; choose one of "
+                         f"{', '.join(SPECULATIVE_METHODS)}")
+    return value
+
+
+def _positive(value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{value} is not a positive integer; draft at least 1 token per step")
+    return value
+
+
+def _power_of_two(value: int) -> int:
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{value} is not a power of two (e.g. 16)")
+    return value
+
+
+Dtype = Annotated[Literal["auto", "float32", "float16", "bfloat16"], BeforeValidator(_dtype_name)]
+CudaGraphMode = Annotated[Literal["off", "full", "piecewise"], BeforeValidator(_graph_mode)]
+SpeculativeMethod = Annotated[Literal["ngram", "draft_model", "dflash"], BeforeValidator(_known_method)]
+
+
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding: proposer method, its drafter (if any), and tokens proposed per step.
+    A setting the chosen method never reads is refused: it would be silently unused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: SpeculativeMethod = Field(description="ngram (prompt lookup), draft_model, dflash (block drafter)")
+    model: Optional[str] = Field(default=None, description="drafter source: embedded:NAME, a path or a hub id")
+    revision: Optional[str] = Field(default=None, description="drafter revision (hub ids)")
+    dtype: Dtype = Field(default="auto", description="drafter dtype (draft_model); auto: the target's")
+    num_speculative_tokens: Annotated[int, AfterValidator(_positive)] = Field(
+        description="tokens drafted per step")
+    prompt_lookup_min: Optional[int] = Field(default=None, ge=1, description="ngram: shortest n-gram matched")
+    prompt_lookup_max: Optional[int] = Field(default=None, ge=1, description="ngram: longest n-gram matched")
+    adaptive: Optional[bool] = Field(default=None, description="ngram: widen k after fully accepted drafts")
+    max_speculative_tokens: Optional[int] = Field(default=None, ge=1, description="ngram: adaptive ceiling")
+
+    @model_validator(mode="after")
+    def _no_ignored_settings(self) -> "SpeculativeConfig":
+        ngram_only = [n for n in NGRAM_ONLY if getattr(self, n) is not None]
+        if self.method != "ngram" and ngram_only:
+            them = "them" if len(ngram_only) > 1 else "it"
+            raise ValueError(f"{', '.join(ngram_only)}: only method ngram (prompt lookup) reads "
+                             f"{'these' if len(ngram_only) > 1 else 'this'}; method {self.method!r} ignores "
+                             f"{them}: remove {them}")
+        if self.method == "ngram":
+            drafter = [n for n in ("model", "revision") if getattr(self, n) is not None]
+            drafter += ["dtype"] if self.dtype != "auto" else []
+            if drafter:
+                raise ValueError(f"method ngram drafts by looking up the prompt and has no drafter model: remove "
+                                 f"{', '.join(drafter)} (or choose a drafter method: {', '.join(DRAFTER_METHODS)})")
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"prompt_lookup_min {lo} is above prompt_lookup_max {hi}: no n-gram can match")
+            if self.max_speculative_tokens is not None and not self.adaptive:
+                raise ValueError("max_speculative_tokens is the ceiling of adaptive drafting and is ignored unless "
+                                 "adaptive: true")
+            if self.max_speculative_tokens is not None and self.max_speculative_tokens < self.num_speculative_tokens:
+                raise ValueError(f"max_speculative_tokens {self.max_speculative_tokens} is below "
+                                 f"num_speculative_tokens {self.num_speculative_tokens}")
+        elif self.model is None:
+            raise ValueError(f"speculative method {self.method!r} needs a drafter `model` (embedded:NAME, a path "
+                             "or a hub id)")
+        if self.revision is not None and self.model is None:
+            raise ValueError("revision pins the drafter model: set model too, or remove revision")
+        return self
+
+
+def _flags(*names: str) -> dict:
+    """Extra command-line spellings of a setting (vLLM's short forms)."""
+    return {"flags": list(names)}
+
+
+class EngineArgs(BaseModel):
+    """How the engine runs a model. Frozen; unknown names are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1, description="embedded:NAME, an HF directory, a .gguf file or a cached hub id")
+    revision: Optional[str] = Field(default=None, description="model revision (hub ids)")
+    dtype: Dtype = Field(default="auto", description="weights and activations; auto: float32 on CPU, else the "
+                                                      "checkpoint's half type")
+    quantization: Optional[str] = Field(default=None, json_schema_extra=_flags("-q"),
+                                        description="gguf: keep a GGUF's Q4_0/Q4_1/Q8_0 tensors packed; unset: "
+                                                    "dequantized")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto", description="auto: the model dtype; fp8 (= fp8_e4m3) / fp8_e5m2: 8-bit KV with scales")
+    max_model_len: Optional[int] = Field(default=None, ge=1, description="context length; default: the model's")
+    max_num_seqs: int = Field(default=64, ge=1, description="sequences decoded together")
+    max_num_batched_tokens: int = Field(default=2048, ge=1, description="tokens per engine step (chunked prefill)")
+    block_size: Annotated[int, AfterValidator(_power_of_two)] = Field(default=16, description="tokens per KV block")
+    enable_prefix_caching: bool = Field(default=True, description="reuse KV blocks of shared prompt prefixes")
+    seed: int = Field(default=0, description="seed of requests that give none")
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
+                        description="auto | cpu | cuda | cuda:N")
+    attention_backend: str = Field(default="auto",
+                                   description="auto | TORCH_SDPA_REF | FLASH_ATTN_V100 | TRITON_PAGED")
+    cuda_graph: CudaGraphMode = Field(default="off", description="off | full: decode steps replay captured "
+                                                                  "graphs on CUDA | piecewise (not implemented)")
+    kv_cache_memory_gb: Optional[float] = Field(default=None, gt=0,
+                                                description="KV cache budget in GiB; default: 90% of free GPU "
+                                                            "memory, or $ONECAT_CPU_KVCACHE_SPACE (2) on CPU")
+    num_kv_blocks: Optional[int] = Field(default=None, ge=1, description="fix the KV cache size in blocks")
+    speculative_config: Optional[SpeculativeConfig] = Field(
+        default=None, description='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}')
+    fused_kernels: bool = Field(default=True, description="fused Triton kernels for small per-layer ops on CUDA")
+    async_scheduling: bool = Field(default=True, description="with CUDA graphs: launch the next greedy decode "
+                                                             "before reading this one")
+    tensor_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-tp"),
+                                      description="GPUs per model replica (not implemented: 1)")
+    pipeline_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-pp"),
+                                        description="pipeline stages (not implemented: 1)")
+    mamba_cache_mode: Literal["none", "all", "align"] = Field(
+        default="none", description="state caching of Mamba layers (not implemented: none)")
+
+    @classmethod
+    def create(cls, **settings: Any) -> "EngineArgs":
+        """EngineArgs from keyword settings; a bad or unknown one is a ConfigError naming it and the fix."""
+        try:
+            return cls(**settings)
+        except ValidationError as exc:
+            raise ConfigError(describe_errors(exc, "engine setting", list(cls.model_fields))) from None
+
+    def as_kwargs(self) -> dict:
+        """The settings that differ from the defaults, as `LLM(**kwargs)` takes them."""
+        return self.model_dump(exclude_defaults=True)
+
+    def unsupported(self) -> list[str]:
+        """Settings declared (vLLM has them) but not implemented by this engine, each with what to use."""
+        out = []
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) > 1:
+                out.append(f"{name}={getattr(self, name)} is not implemented: onecat runs one device per engine; "
+                           f"use {name} 1 (to measure vLLM with it, use `onecat bench compare` with backend "
+                           "vllm_serve)")
+        if self.mamba_cache_mode != "none":
+            out.append(f"mamba_cache_mode={self.mamba_cache_mode!r} is not implemented: onecat runs no Mamba "
+                       "layers; use mamba_cache_mode none")
+        if self.cuda_graph == "piecewise":
+            out.append("cuda_graph='piecewise' is not implemented: onecat captures whole decode steps; use "
+                       "cuda_graph full (or off)")
+        if self.quantization is not None:
+            from onecat.engine.quant.packing import QUANTIZATIONS
+
+            if self.quantization not in QUANTIZATIONS:
+                out.append(f"quantization {self.quantization!r} is not implemented: onecat runs "
+                           f"{', '.join(QUANTIZATIONS)} (or unset: the checkpoint dequantized)")
+        spec = self.speculative_config
+        if spec is not None and spec.method == "dflash" and spec.dtype not in ("auto", self.dtype):
+            out.append(f"speculative dtype {spec.dtype!r} for method dflash is not implemented: the DFlash drafter "
+                       f"runs in the target's dtype; remove the speculative dtype or set the model dtype to "
+                       f"{spec.dtype}")
+        return out
+
+
+def describe_errors(exc: ValidationError, what: str, known: list[str] | None = None, spell=str) -> str:
+    """One line per problem: `what name=value: reason`. `known` lists the accepted names (for an unknown one);
+    `spell` renders a setting's name (e.g. as a command-line flag)."""
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        name = spell(loc[0]) + "".join(f".{p}" for p in loc[1:]) if loc else ""
+        if err["type"] == "extra_forbidden":
+            names = known if known is not None and len(loc) == 1 else []
+            lines.append(f"unknown {what} {name!r}" + (f"; known: {', '.join(names)}" if names else ""))
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        value = f"={err['input']!r}" if loc and not isinstance(err["input"], dict) else ""
+        lines.append(f"{what} {name}{value}: {msg}" if name else f"{what}s: {msg}")
+    return "; ".join(lines)
