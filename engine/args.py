@@ -124,8 +124,8 @@ class EngineArgs(BaseModel):
     quantization: Optional[str] = Field(default=None, json_schema_extra=_flags("-q"),
                                         description="gguf: keep a GGUF's Q4_0/Q4_1/Q8_0 tensors packed; unset: "
                                                     "dequantized")
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
-        default="auto", description="auto: the model dtype; fp8 (= fp8_e4m3) / fp8_e5m2: 8-bit KV with scales")
+    kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto", description="auto: the model dtype; fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")
     max_model_len: Optional[int] = Field(default=None, ge=1, description="context length; default: the model's")
     max_num_seqs: int = Field(default=64, ge=1, description="sequences decoded together")
     max_num_batched_tokens: int = Field(default=2048, ge=1, description="tokens per engine step (chunked prefill)")
@@ -170,10 +170,11 @@ class EngineArgs(BaseModel):
         """Settings declared (vLLM has them) but not implemented by this engine, each with what to use."""
         out = []
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            if getattr(self, name) > 1:
-                out.append(f"{name}={getattr(self, name)} is not implemented: onecat runs one device per engine; "
-                           f"use {name} 1 (to measure vLLM with it, use `onecat bench compare` with backend "
-                           "vllm_serve)")
+            n = getattr(self, name)
+            if n > 1:
+                out.append(f"{name}={n} (the model split over {n} GPUs) is not implemented: onecat runs one device "
+                           f"per engine; use {name} 1 (to measure vLLM with it, use `onecat bench compare` with "
+                           "backend vllm_serve)")
         if self.mamba_cache_mode != "none":
             out.append(f"mamba_cache_mode={self.mamba_cache_mode!r} is not implemented: onecat runs no Mamba "
                        "layers; use mamba_cache_mode none")

@@ -98,7 +98,7 @@ def parse_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None) 
 
 
 def parse_kv_cache_dtype(kv_cache_dtype: str) -> torch.dtype | None:
-    """None means 'same as the model dtype'; otherwise the float8 storage type (fp8 is e4m3, as in vLLM)."""
+    """None means 'same as the model dtype'; otherwise the float8 storage type."""
     if kv_cache_dtype == "auto":
         return None
     return torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn

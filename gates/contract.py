@@ -29,15 +29,17 @@ import hashlib
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, create_model, field_validator
 
+from onecat.engine.args import EngineArgs, describe_errors
 from onecat.gates import registry
 from onecat.gates.contract_errors import ContractError, ContractIssue, dedupe, issue_at, issues_from_validation
 # the shared settings live in their own module; importing them from here keeps working
-from onecat.gates.contract_settings import (SPECULATIVE_METHODS, DatasetRef, EngineSpec, ExecutionSpec,  # noqa: F401
-                                            ModelSpec, ReasoningSpec, SamplingSpec, SpeculativeSpec, Strict)
+from onecat.gates.contract_settings import (ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS, DatasetRef,  # noqa: F401
+                                            EngineSpec, ExecutionSpec, ModelSpec, ReasoningSpec, SamplingSpec,
+                                            SpeculativeSpec, Strict)
 from onecat.gates.contract_yaml import load_yaml, read_contract_text
 from onecat.gates.limits import DEFAULT_LIMITS, ContractLimits, size_problems
 
@@ -46,8 +48,10 @@ ARM_NAMES = ("baseline", "candidate")
 
 # --------------------------------------------------------------------------- arms as overrides
 def _partial(model: type[BaseModel], name: str) -> type[BaseModel]:
-    """Same fields as `model`, all optional: an arm names only the settings it changes."""
-    fields = {k: (Optional[f.annotation], None) for k, f in model.model_fields.items()}
+    """Same fields as `model` (their validation included), all optional: an arm names only the settings it
+    changes."""
+    fields = {k: (Optional[Annotated[(f.annotation, *f.metadata)]] if f.metadata else Optional[f.annotation], None)
+              for k, f in model.model_fields.items()}
     return create_model(name, __base__=Strict, **fields)
 
 
@@ -70,19 +74,43 @@ class Arms(Strict):
 
 
 class ArmSettings(Strict):
-    """One arm's effective settings: what its engine is opened with."""
+    """One arm's effective settings: what its engine is opened with. `reasoning` (the contract's
+    sampling.reasoning, fingerprinted with the contract) reaches the chat template of every chat request."""
 
     name: str
     model: ModelSpec
     engine: EngineSpec
     speculative: Optional[SpeculativeSpec] = None
+    reasoning: ReasoningSpec = Field(default_factory=ReasoningSpec)
 
     def canonical_json(self) -> str:
-        return canonical_json(self.model_dump(mode="json", exclude={"name"}))
+        return canonical_json(self.model_dump(mode="json", exclude={"name", "reasoning"}))
+
+    def engine_args(self, seed: int, with_options: bool = True) -> EngineArgs:
+        """The onecat engine's settings for this arm (ENGINE_ARGS_IN_CONTRACT), for a run with `seed`;
+        `with_options`: engine.options holds EngineArgs settings (backend onecat), else the backend's own.
+        Raises ValueError naming an engine.options key that is not an engine setting of its own."""
+        options = self.engine.options if with_options else {}
+        unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+        if unknown:
+            raise ValueError("; ".join(_misplaced_option(k) for k in unknown))
+        values: dict[str, Any] = {"seed": seed, "speculative_config": self.speculative, **options}
+        for name, where in ENGINE_ARGS_IN_CONTRACT.items():
+            section, _, key = where.partition(".")
+            if section in ("model", "engine") and "." not in key:
+                values[name] = getattr(getattr(self, section), key)
+        return EngineArgs.model_validate(values, strict=True)
 
     @property
     def fingerprint(self) -> str:
         return sha256_text(self.canonical_json())
+
+
+def _misplaced_option(key: str) -> str:
+    where = ENGINE_ARGS_IN_CONTRACT.get(key)
+    if where is not None:
+        return f"{key!r} is not an option: it lives at {where}" + (" (each run's seed)" if where == "seeds" else "")
+    return f"unknown engine option {key!r}; the onecat backend's options are {', '.join(ENGINE_OPTIONS)}"
 
 
 # --------------------------------------------------------------------------- workloads and gates
@@ -173,7 +201,7 @@ class Contract(Strict):
         if over.engine is not None:
             engine = EngineSpec.model_validate({**engine.model_dump(), **over.engine.model_dump(exclude_none=True)})
         spec = over.speculative if "speculative" in over.model_fields_set else self.speculative
-        return ArmSettings(name=name, model=model, engine=engine, speculative=spec)
+        return ArmSettings(name=name, model=model, engine=engine, speculative=spec, reasoning=self.sampling.reasoning)
 
     def workload(self, workload_id: str) -> WorkloadBase:
         for w in self.workloads:
@@ -316,17 +344,51 @@ def _cross_checks(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
             key = tuple(scope.split(".")) + ("backend",)
             issues.append(ContractIssue(path=f"{scope}.backend", line=lines.get(key) or lines.get(("engine", "backend")),
                                         message=f"unknown engine backend {eng.backend!r}; registered: "
-                                                f"{', '.join(sorted(registry.ENGINES))}"))
-    for a in ARM_NAMES:
-        spec = c.arm(a).speculative
-        if spec is not None and spec.method in ("draft_model", "dflash", "eagle", "eagle3") and not spec.model:
-            issues.append(ContractIssue(path=f"arms.{a}.speculative.model", line=lines.get(("arms", a, "speculative")),
-                                        message=f"speculative method {spec.method!r} needs a drafter `model`"))
+                                                f"{', '.join(sorted(registry.ENGINES))}{_backend_hint(eng.backend)}"))
+    issues += _engine_args_issues(c, lines)
     return dedupe(issues)
+
+
+def _backend_hint(name: str) -> str:
+    if "vllm" in name.lower():
+        return ("; vLLM runs as backend vllm_serve (the harness starts `vllm serve` with the arm's settings; "
+                "`onecat bench compare` sets it side by side with onecat)")
+    return ""
+
+
+def _engine_args_issues(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
+    """Arms of a backend that runs onecat's EngineArgs: every `engine.options` key must be one of its
+    settings, with a valid value (refused here, not as a TypeError when the engine opens)."""
+    issues = []
+    for a in ARM_NAMES:
+        arm = c.arm(a)
+        if not getattr(registry.ENGINES.get(arm.engine.backend), "takes_engine_args", False):
+            continue
+        over = getattr(c.arms, a).engine
+        scope = ("arms", a, "engine") if over is not None and over.options is not None else ("engine",)
+        try:
+            arm.engine_args(c.seeds[0])
+        except ValidationError as exc:
+            message = describe_errors(exc, "engine setting")
+        except ValueError as exc:
+            message = str(exc)
+        else:
+            continue
+        issues.append(ContractIssue(path=".".join(scope + ("options",)), message=message,
+                                    line=lines.get(scope + ("options",)) or lines.get(scope)))
+    return issues
 
 
 def contract_warnings(c: Contract) -> list[str]:
     out = []
+    arms_by_problem: dict[str, list[str]] = {}
+    for a in ARM_NAMES:
+        arm = c.arm(a)
+        if getattr(registry.ENGINES.get(arm.engine.backend), "takes_engine_args", False):
+            for problem in arm.engine_args(c.seeds[0]).unsupported():
+                arms_by_problem.setdefault(problem, []).append(a)
+    out += [f"the onecat engine cannot run arm {' and '.join(arms)}: {problem}"
+            for problem, arms in arms_by_problem.items()]
     if c.arm("baseline").fingerprint == c.arm("candidate").fingerprint:
         out.append("arms.baseline and arms.candidate have identical effective settings (an A/A run)")
     if c.sampling.temperature > 0 and any(getattr(g, "check", "") == "token_hash_equal" for g in c.gates):

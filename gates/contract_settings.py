@@ -1,15 +1,20 @@
 """The shared settings of a contract: model, engine, speculative decoding, sampling, execution.
 
-Both arms start from these; an arm overrides only what differs (gates/contract.py). Names follow
-vLLM where it has them. A value the engine would silently ignore (an empty stop string, top_p
-under greedy decoding, n-gram sizes on a drafter method) is refused here, with what to do instead,
-so that a contract never claims a setting its runs did not use.
+Both arms start from these; an arm overrides only what differs (gates/contract.py). The engine
+settings are onecat.engine.args.EngineArgs' own fields (same names as vLLM, same types, defaults
+and validation); ENGINE_ARGS_IN_CONTRACT says where each one lives in a contract. A value the
+engine would silently ignore (an empty stop string, top_p under greedy decoding, n-gram sizes on a
+drafter method) is refused, with what to do instead, so that a contract never claims a setting its
+runs did not use.
 """
 from __future__ import annotations
 
+from copy import copy
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+
+from onecat.engine.args import EngineArgs, SpeculativeConfig
 
 
 class Strict(BaseModel):
@@ -18,88 +23,54 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelSpec(Strict):
-    """The weights: `embedded:NAME`, a local path (HF dir or .gguf), or a hub id + revision."""
-
-    source: str = Field(min_length=1)
-    revision: Optional[str] = None
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    quantization: Optional[str] = None  # e.g. "gguf" (keep GGUF blocks packed), "nvfp4"; None: dequantized
-    sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-
-
-class EngineSpec(Strict):
-    """Engine settings; names follow vLLM where it has them."""
-
-    backend: str = "onecat"  # a name registered in gates/engines (onecat, vllm, openai)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    pipeline_parallel_size: int = Field(default=1, ge=1)
-    kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = "auto"
-    attention_backend: str = "auto"  # auto | torch | FLASH_ATTN_V100 | ...
-    cuda_graph: Literal["off", "full", "piecewise"] = "off"
-    enable_prefix_caching: bool = True
-    mamba_cache_mode: Literal["none", "all", "align"] = "none"
-    max_model_len: Optional[int] = Field(default=None, ge=1)
-    max_num_seqs: int = Field(default=64, ge=1)
-    max_num_batched_tokens: int = Field(default=2048, ge=1)
-    base_url: Optional[str] = None  # openai backend: the endpoint to drive
-    options: dict[str, Any] = Field(default_factory=dict)  # backend-specific pass-through
-
-    @field_validator("cuda_graph", mode="before")
-    @classmethod
-    def _bool_graph(cls, v: Any) -> Any:
-        return {True: "full", False: "off"}.get(v, v) if isinstance(v, bool) else v
+# Where each engine setting (onecat.engine.args.EngineArgs) lives in a contract. `seeds` gives each run
+# its seed; `engine.options.NAME` holds settings with no contract key of their own (backend onecat).
+ENGINE_ARGS_IN_CONTRACT: dict[str, str] = {
+    "model": "model.source", "revision": "model.revision", "dtype": "model.dtype",
+    "quantization": "model.quantization", "seed": "seeds", "speculative_config": "speculative",
+    **{name: f"engine.{name}" for name in (
+        "device", "tensor_parallel_size", "pipeline_parallel_size", "kv_cache_dtype", "attention_backend",
+        "cuda_graph", "enable_prefix_caching", "mamba_cache_mode", "max_model_len", "max_num_seqs",
+        "max_num_batched_tokens")},
+    **{name: f"engine.options.{name}" for name in (
+        "block_size", "kv_cache_memory_gb", "num_kv_blocks", "fused_kernels", "async_scheduling")},
+}
+ENGINE_OPTIONS = tuple(name for name, where in ENGINE_ARGS_IN_CONTRACT.items() if where.startswith("engine.options."))
 
 
-SPECULATIVE_METHODS = ("ngram", "draft_model", "dflash", "eagle", "eagle3", "mtp")
+def _engine_fields(section: str) -> dict[str, Any]:
+    """The EngineArgs fields a contract section holds, under their contract names, with their types,
+    defaults, validation and help."""
+    fields = {}
+    for name, where in ENGINE_ARGS_IN_CONTRACT.items():
+        head, _, key = where.partition(".")
+        if head == section and "." not in key:
+            field = copy(EngineArgs.model_fields[name])
+            fields[key] = (field.annotation, field)
+    return fields
 
 
-class SpeculativeSpec(Strict):
-    """Speculative decoding: proposer method, its drafter (if any), and tokens proposed per step."""
+ModelSpec = create_model(
+    "ModelSpec", __base__=Strict, __doc__="The weights: `embedded:NAME`, a local path (HF dir or .gguf), or a hub "
+                                          "id + revision; `sha256` pins their content.",
+    **_engine_fields("model"), sha256=(Optional[str], Field(default=None, pattern=r"^[0-9a-f]{64}$")))
 
-    method: Literal["ngram", "draft_model", "dflash", "eagle", "eagle3", "mtp"]
-    model: Optional[str] = None  # drafter source (embedded:, path, or hub id)
-    revision: Optional[str] = None
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    num_speculative_tokens: int = Field(ge=1)
-    prompt_lookup_min: Optional[int] = Field(default=None, ge=1)
-    prompt_lookup_max: Optional[int] = Field(default=None, ge=1)
-    adaptive: Optional[bool] = None  # ngram: widen k after fully accepted drafts
-    max_speculative_tokens: Optional[int] = Field(default=None, ge=1)  # ngram adaptive ceiling
+EngineSpec = create_model(
+    "EngineSpec", __base__=Strict,
+    __doc__="Engine settings (EngineArgs names) and the backend that runs them. For backend onecat, "
+            "`options` holds the EngineArgs settings with no key here (ENGINE_OPTIONS); other backends "
+            "define their own options.",
+    backend=(str, "onecat"),  # a name registered in gates/engines (onecat, onecat_serve, openai, vllm_serve, ...)
+    **_engine_fields("engine"),
+    base_url=(Optional[str], None),  # openai backend: the endpoint to drive
+    options=(dict[str, Any], Field(default_factory=dict)))  # backend-specific settings
 
-    @model_validator(mode="after")
-    def _no_ignored_settings(self) -> "SpeculativeSpec":
-        """Refuse settings the chosen proposer never reads: they would be silently unused."""
-        ngram_only = [n for n in ("prompt_lookup_min", "prompt_lookup_max", "adaptive", "max_speculative_tokens")
-                      if getattr(self, n) is not None]
-        if self.method != "ngram" and ngram_only:
-            them = "them" if len(ngram_only) > 1 else "it"
-            raise ValueError(f"{', '.join(ngram_only)}: only method ngram (prompt lookup) reads "
-                             f"{'these' if len(ngram_only) > 1 else 'this'}; method {self.method!r} ignores "
-                             f"{them}: remove {them}")
-        if self.method == "ngram":
-            drafter = [n for n in ("model", "revision") if getattr(self, n) is not None]
-            drafter += ["dtype"] if self.dtype != "auto" else []
-            if drafter:
-                raise ValueError(f"method ngram drafts by looking up the prompt and has no drafter model: remove "
-                                 f"{', '.join(drafter)} (or choose a drafter method: draft_model, dflash, eagle, eagle3)")
-            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-            if lo is not None and hi is not None and lo > hi:
-                raise ValueError(f"prompt_lookup_min {lo} is above prompt_lookup_max {hi}: no n-gram can match")
-            if self.max_speculative_tokens is not None and not self.adaptive:
-                raise ValueError("max_speculative_tokens is the ceiling of adaptive drafting and is ignored unless "
-                                 "adaptive: true")
-            if self.max_speculative_tokens is not None and self.max_speculative_tokens < self.num_speculative_tokens:
-                raise ValueError(f"max_speculative_tokens {self.max_speculative_tokens} is below "
-                                 f"num_speculative_tokens {self.num_speculative_tokens}")
-        if self.revision is not None and self.model is None:
-            raise ValueError("revision pins the drafter model: set model too, or remove revision")
-        return self
+SpeculativeSpec = SpeculativeConfig  # the contract's `speculative` section is the engine's speculative_config
 
 
 class ReasoningSpec(Strict):
-    """Thinking switch for reasoning models; `effort` maps to the chat template's reasoning level."""
+    """Thinking switch for reasoning models. Chat requests pass it to the chat template as `enable_thinking`
+    (Qwen3-style templates) and `effort` as `reasoning_effort`; templates without them ignore both."""
 
     enabled: bool = False
     effort: Optional[Literal["minimal", "low", "medium", "high", "xhigh"]] = None
@@ -110,6 +81,10 @@ class ReasoningSpec(Strict):
             raise ValueError(f"effort {self.effort!r} is set but thinking is off: set enabled: true to think at "
                              f"that effort, or remove effort")
         return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat-template variables of this setting (vLLM's `chat_template_kwargs`)."""
+        return {"enable_thinking": self.enabled, **({"reasoning_effort": self.effort} if self.effort else {})}
 
 
 class SamplingSpec(Strict):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from onecat.engine.args import EngineArgs
 from onecat.gates.contract import ArmSettings
 from onecat.gates.engines.base import EngineAdapter
 from onecat.gates.registry import register_engine
@@ -21,35 +22,30 @@ def _resolve(source: str, revision: str | None) -> str | None:
     return None
 
 
+def preflight(arm: ArmSettings, args: EngineArgs) -> list[str]:
+    """What keeps the onecat engine from running `args` here: settings it does not implement (the engine's
+    own list), missing target or drafter files, a CUDA device that is not there. Loads nothing."""
+    problems = args.unsupported()
+    miss = _resolve(arm.model.source, arm.model.revision)
+    if miss:
+        problems.append(f"target model: {miss}")
+    spec = arm.speculative
+    if spec is not None and spec.model:
+        miss = _resolve(spec.model, spec.revision)
+        if miss:
+            problems.append(f"drafter model: {miss}")
+    if args.device.startswith("cuda") and _cuda_count() == 0:
+        problems.append("engine.device is cuda but no CUDA device is visible")
+    return problems
+
+
 @register_engine("onecat")
 class OnecatEngine(EngineAdapter):
+    takes_engine_args = True  # the contract's engine settings are EngineArgs (contract check validates options)
+
     @classmethod
     def check(cls, arm: ArmSettings) -> list[str]:
-        problems = []
-        miss = _resolve(arm.model.source, arm.model.revision)
-        if miss:
-            problems.append(f"target model: {miss}")
-        spec = arm.speculative
-        if spec is not None and spec.model:
-            miss = _resolve(spec.model, spec.revision)
-            if miss:
-                problems.append(f"drafter model: {miss}")
-        quant = arm.model.quantization
-        if quant is not None:
-            from onecat.engine.quant import QUANTIZATIONS
-
-            if quant not in QUANTIZATIONS:
-                problems.append(f"model.quantization {quant!r}: onecat runs {', '.join(QUANTIZATIONS)} "
-                                "(or unset: the checkpoint dequantized)")
-        if arm.engine.tensor_parallel_size * arm.engine.pipeline_parallel_size > 1:
-            n = _cuda_count()
-            need = arm.engine.tensor_parallel_size * arm.engine.pipeline_parallel_size
-            if n < need:
-                problems.append(f"needs {need} GPUs (TP {arm.engine.tensor_parallel_size} x PP "
-                                f"{arm.engine.pipeline_parallel_size}), found {n}")
-        if arm.engine.device == "cuda" and _cuda_count() == 0:
-            problems.append("engine.device is cuda but no CUDA device is visible")
-        return problems
+        return preflight(arm, arm.engine_args(seed=0))
 
     @classmethod
     def open(cls, arm: ArmSettings, seed: int = 0) -> "OnecatEngine":
@@ -58,23 +54,9 @@ class OnecatEngine(EngineAdapter):
     def __init__(self, arm: ArmSettings, seed: int = 0):
         from onecat.engine import LLM
 
-        e = arm.engine
-        kwargs: dict[str, Any] = dict(
-            model=arm.model.source, dtype=arm.model.dtype, kv_cache_dtype=e.kv_cache_dtype,
-            max_model_len=e.max_model_len, max_num_seqs=e.max_num_seqs,
-            max_num_batched_tokens=e.max_num_batched_tokens, enable_prefix_caching=e.enable_prefix_caching,
-            seed=seed, device=e.device, attention_backend=e.attention_backend, cuda_graph=e.cuda_graph != "off")
-        if arm.speculative is not None:
-            kwargs["speculative_config"] = arm.speculative.model_dump(exclude_none=True)
-        if e.tensor_parallel_size > 1:
-            kwargs["tensor_parallel_size"] = e.tensor_parallel_size
-        if arm.model.revision:
-            kwargs["revision"] = arm.model.revision
-        if arm.model.quantization:
-            kwargs["quantization"] = arm.model.quantization
-        kwargs.update(e.options)
+        self.template_kwargs = arm.reasoning.template_kwargs()
         self.model_sha256 = _weights_sha256(arm)
-        self.llm = LLM(**kwargs)
+        self.llm = LLM(**arm.engine_args(seed).as_kwargs())
         self.tokenizer = self.llm.tokenizer
         self.vocab_size = self._vocab_size()
 
@@ -97,7 +79,7 @@ class OnecatEngine(EngineAdapter):
         return self.llm.generate(prompts, params)
 
     def chat(self, conversations: list, params: Any) -> list:
-        return self.llm.chat(conversations, params)
+        return self.llm.chat(conversations, params, **self.template_kwargs)
 
     def score(self, prompts: list) -> list:
         return self.llm.score(prompts)

@@ -95,6 +95,8 @@ def _body_from_params(params: Any) -> dict:
 
 @register_engine("openai")
 class OpenAIEndpointEngine(EngineAdapter):
+    reads_chat_template_kwargs = False  # servers known to read vLLM's `chat_template_kwargs` set this
+
     @classmethod
     def _url(cls, arm: ArmSettings) -> str | None:
         return arm.engine.base_url or arm.engine.options.get("base_url")
@@ -190,9 +192,18 @@ class OpenAIEndpointEngine(EngineAdapter):
         return [self._to_output(str(i), p, ids, r, sp)
                 for i, (p, ids, r, sp) in enumerate(zip(prompts, prompt_ids, results, params_list))]
 
+    def _template_kwargs(self) -> dict:
+        """The contract's reasoning setting as `chat_template_kwargs`: sent to servers known to read it, and to
+        any server when thinking is asked for (one that refuses the field then answers with an error)."""
+        reasoning = self.arm.reasoning
+        if self.reads_chat_template_kwargs or reasoning.enabled:
+            return {"chat_template_kwargs": reasoning.template_kwargs()}
+        return {}
+
     def chat(self, conversations: list, params: Any) -> list:
         params_list = params if isinstance(params, list) else [params] * len(conversations)
         extra = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True} if self.return_token_ids else {}
+        extra.update(self._template_kwargs())
         jobs = [("/v1/chat/completions", {"model": self.model, "messages": conv, **_body_from_params(sp), **extra}, True)
                 for conv, sp in zip(conversations, params_list)]
         results = self._run_all(jobs)
@@ -231,29 +242,28 @@ class OpenAIEndpointEngine(EngineAdapter):
 
 @register_engine("onecat_serve")
 class ManagedOnecatServer(OpenAIEndpointEngine):
-    """Starts `onecat serve` with the arm's settings, drives it over HTTP, stops it on close()."""
+    """Starts `onecat serve` with the arm's settings, drives it over HTTP, stops it on close().
+    Its `engine.options` are this backend's own (serve_flags, port, log_dir, startup_timeout_s, ...)."""
+
+    reads_chat_template_kwargs = True
 
     @classmethod
     def check(cls, arm: ArmSettings) -> list[str]:
-        from onecat.gates.engines.onecat_engine import OnecatEngine
+        from onecat.gates.engines.onecat_engine import preflight
 
-        problems = OnecatEngine.check(arm)
-        if arm.engine.tensor_parallel_size != 1:
-            problems.append("onecat serve runs one device per server; use tensor_parallel_size: 1")
-        return problems
+        return preflight(arm, arm.engine_args(seed=0, with_options=False))
 
     @classmethod
     def serve_flags(cls, arm: ArmSettings, seed: int) -> dict:
+        """The arm's engine settings as `onecat serve` flags (defaults left out), then options.serve_flags."""
         import json
 
-        e = arm.engine
-        flags: dict[str, Any] = {"max_model_len": e.max_model_len, "kv_cache_dtype": e.kv_cache_dtype,
-                                 "enable_prefix_caching": e.enable_prefix_caching, "max_num_seqs": e.max_num_seqs,
-                                 "max_num_batched_tokens": e.max_num_batched_tokens, "device": e.device,
-                                 "dtype": arm.model.dtype, "seed": seed, "uvicorn_log_level": "warning"}
-        if arm.speculative is not None:
-            flags["speculative_config"] = json.dumps(arm.speculative.model_dump(exclude_none=True))
-        flags.update(e.options.get("serve_flags", {}))
+        flags: dict[str, Any] = arm.engine_args(seed, with_options=False).as_kwargs()
+        flags.pop("model")
+        if "speculative_config" in flags:
+            flags["speculative_config"] = json.dumps(flags["speculative_config"])
+        flags["uvicorn_log_level"] = "warning"
+        flags.update(arm.engine.options.get("serve_flags", {}))
         return flags
 
     @classmethod

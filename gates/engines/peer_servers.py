@@ -88,6 +88,7 @@ class _ManagedPeer(OpenAIEndpointEngine):
 @register_engine("vllm_serve")
 class ManagedVllmServer(_ManagedPeer):
     peer, module, log_name = "vllm", "vllm", "vllm_serve"
+    reads_chat_template_kwargs = True
 
     @classmethod
     def argv(cls, arm: ArmSettings, python: str, port: int, seed: int) -> tuple[list[str], dict]:

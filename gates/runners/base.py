@@ -187,20 +187,19 @@ class TaskWorkload(WorkloadBase):
 
 
 # Kinds that contracts may name before their runners are installed; `gate run` refuses them up front.
-for _kind in ("gsm8k", "humaneval", "humaneval_plus", "mbpp_plus"):
+for _kind in ("gsm8k", "humaneval_plus", "mbpp_plus"):
     declare_workload_schema(_kind, TaskWorkload)
 
 
 # --------------------------------------------------------------------------- helpers for runners
 def to_sampling_params(sampling: SamplingSpec, seed: Optional[int] = None, **overrides: Any):
-    """Engine SamplingParams from the contract's sampling block (overrides win)."""
+    """Engine SamplingParams from the contract's sampling block (overrides win). `sampling.reasoning` is not a
+    sampling parameter: the engine adapter passes it to the chat template (ArmSettings.reasoning)."""
     from onecat.engine.sampling_params import SamplingParams
 
     kw: dict[str, Any] = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                               min_p=sampling.min_p, max_tokens=sampling.max_tokens, seed=seed,
                               stop=list(sampling.stop) or None)
-    if sampling.reasoning.enabled or sampling.reasoning.effort:
-        kw["extra"] = {"reasoning": sampling.reasoning.model_dump()}
     kw.update(overrides)
     return SamplingParams(**kw)
 
