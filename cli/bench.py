@@ -7,33 +7,51 @@ from typing import List, Optional
 
 import typer
 
+from onecat.cli.options import DB_OPTION, db_path
+from onecat.results.paths import DEFAULT_COMPARE_DIR
+
 app = typer.Typer(help="Benchmarks: side-by-side engine comparisons.", no_args_is_help=True, add_completion=False)
 
 
 @app.command("compare")
 def compare(spec_file: Path = typer.Argument(..., help="comparison YAML (e.g. contracts/peers_cpu.yaml)"),
             only: Optional[List[str]] = typer.Option(None, "--only", help="run only these engine labels"),
-            out: Path = typer.Option(Path(".onecat/compare"), "--out", help="folder for the JSON and markdown"),
+            db: Optional[Path] = DB_OPTION,
+            out: Path = typer.Option(DEFAULT_COMPARE_DIR, "--out", help="folder for the JSON and markdown"),
             record: Optional[Path] = typer.Option(None, "--record", help="also copy the JSON here")) -> None:
-    """Run every engine of SPEC_FILE (one at a time) and print one table. Exit 2 on a bad file,
-    4 when no engine could run."""
-    from onecat.gates.compare import CompareError, load_compare, render_markdown, run_compare
+    """Run every engine of SPEC_FILE (one at a time) into the results store as one run of kind "compare",
+    print one table, and write it as JSON and markdown. Exit 2 on a bad file or --only label, 4 when no
+    engine could run or the store cannot be written."""
+    from onecat.gates.compare import CompareError, check_labels, load_compare, run_compare
+    from onecat.reports.compare import compare_summary, render_compare
+    from onecat.results.errors import StoreError
+    from onecat.results.store import Store
 
     try:
         spec = load_compare(spec_file)
+        check_labels(spec, only)
     except CompareError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
-    result = run_compare(spec, only=list(only or []) or None, log=lambda s: typer.echo(s, err=True))
+    path = db_path(db)
+    try:
+        with Store(path) as store:
+            run_id = run_compare(spec, store, str(spec_file), only=list(only or []) or None,
+                                 log=lambda s: typer.echo(s, err=True))
+            summary = compare_summary(store, run_id)
+    except StoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(4)
+    text = json.dumps(summary, indent=2, default=str) + "\n"
+    md = render_compare(summary)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{spec.name}-{result['when'].replace(':', '').replace('+0000', 'Z')}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    md = render_markdown(result)
+    stem = f"{spec.name}-{summary['when'].replace(':', '').replace('+0000', 'Z')}"
+    (out / f"{stem}.json").write_text(text)
     (out / f"{stem}.md").write_text(md + "\n")
     if record:
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        record.write_text(text)
     typer.echo(md)
-    typer.echo(f"written: {out / (stem + '.json')}, {out / (stem + '.md')}", err=True)
-    if all("skipped" in e or "error" in e for e in result["engines"].values()):
+    typer.echo(f"written: run {run_id} in {path}, {out / (stem + '.json')}, {out / (stem + '.md')}", err=True)
+    if all("skipped" in e or "error" in e for e in summary["engines"].values()):
         raise typer.Exit(4)

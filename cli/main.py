@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from onecat.cli.options import DB_OPTION, db_path
+
 EXIT_OK, EXIT_ROLLBACK, EXIT_USAGE, EXIT_INCONCLUSIVE, EXIT_RUNTIME = 0, 1, 2, 3, 4
 EXIT_HELP = ("Exit codes: 0 PROMOTE/success, 1 ROLLBACK, 2 usage or contract error, 3 INCONCLUSIVE, "
              "4 runtime/environment error (missing model or dataset, engine failure).")
@@ -36,14 +38,6 @@ app.add_typer(results_app, name="results")
 
 console = Console()
 err = Console(stderr=True)
-
-DB_OPTION = typer.Option(None, "--db", help="DuckDB results file (default: $ONECAT_DB or .onecat/results.duckdb)")
-
-
-def _db(db: Optional[Path]) -> Path:
-    from onecat.gates.gate_run import default_db
-
-    return db or default_db()
 
 
 def _fail(message: str, code: int) -> "typer.Exit":
@@ -72,7 +66,7 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
 
     progress = None if no_progress else RichProgress(console)
     try:
-        outcome = run_gate(contract, _db(db), resume=(run_id or True) if resume else False, report_dir=out,
+        outcome = run_gate(contract, db_path(db), resume=(run_id or True) if resume else False, report_dir=out,
                            progress=progress)
     except ContractError as exc:
         from rich.markup import escape
@@ -143,7 +137,7 @@ def _store(db: Optional[Path]):
     from onecat.results.errors import StoreError, as_store_error
     from onecat.results.reading import open_for_reading
 
-    path = _db(db)
+    path = db_path(db)
     if not Path(path).exists():
         raise _fail(f"no results store at {path}; run `onecat gate run CONTRACT` first or pass --db", EXIT_USAGE)
     try:
@@ -182,7 +176,8 @@ def results_list(db: Optional[Path] = DB_OPTION, limit: int = typer.Option(20, h
         table.add_column(col)
     table.add_column("note", overflow="fold")
     for r in rows:
-        table.add_row(r["run_id"], r["contract_name"] or "?", r["status"], r["verdict"] or "–",
+        kind = f" ({r['kind']})" if r.get("kind") not in (None, "gate") else ""  # e.g. a `bench compare` run
+        table.add_row(r["run_id"], Text((r["contract_name"] or "?") + kind), r["status"], r["verdict"] or "–",
                       str(r["started_at"])[:19], Text(_run_note(r)))
     console.print(table)
 
@@ -227,7 +222,7 @@ def _show(store, rid: str) -> None:
 
 @results_app.command("query")
 def results_query(sql: str = typer.Argument(..., help="SQL over runs, environment, requests, item_outcomes, "
-                                                      "metrics, units, checks, verdicts"),
+                                                      "metrics, units, checks, verdicts, arm_outcomes"),
                   db: Optional[Path] = DB_OPTION,
                   fmt: str = typer.Option("table", "--format", help="table | json | csv")) -> None:
     """Run SQL against the store (read-only)."""

@@ -1,7 +1,10 @@
 """Side-by-side engine comparison (`onecat bench compare FILE`): the same prompts, sampling and
 endpoint workloads against several engines (onecat, vLLM, llama.cpp, any OpenAI endpoint), one
 engine at a time, into one table. Unlike a gate contract there is no baseline/candidate verdict:
-the output is measured figures, written as JSON and markdown.
+the output is measured figures. They are stored as one run of kind "compare" in the results store
+(each engine's label is its arm: environment, arm_outcomes, requests and metrics rows), so
+`onecat results list/query` see it; the JSON and markdown are rendered from those rows
+(reports/compare.py).
 
     name: peers-cpu
     model: {source: "embedded:smollm2-135m-instruct", dtype: float32}
@@ -15,23 +18,22 @@ the output is measured figures, written as JSON and markdown.
 """
 from __future__ import annotations
 
-import json
-import platform
 import time
-from datetime import datetime, timezone
+import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from onecat.gates.contract import ArmSettings, ContractError, EngineSpec, ModelSpec, SamplingSpec, SpeculativeSpec
+from onecat.gates.contract import (ArmSettings, ContractError, EngineSpec, ModelSpec, SamplingSpec, SpeculativeSpec,
+                                   canonical_json, sha256_text)
 from onecat.gates.contract_yaml import load_yaml, read_contract_text
 from onecat.gates.runners.endpoint import EndpointRunner, EndpointWorkload
-
-SHOWN = [("output_tok_s", "output tok/s", "{:.1f}"), ("request_throughput", "req/s", "{:.2f}"),
-         ("ttft_p50_s", "TTFT p50 s", "{:.3f}"), ("ttft_p90_s", "TTFT p90 s", "{:.3f}"),
-         ("tpot_p50_s", "TPOT p50 s", "{:.4f}"), ("itl_p90_s", "ITL p90 s", "{:.4f}"),
-         ("e2e_p50_s", "e2e p50 s", "{:.2f}"), ("num_failed", "failed", "{:.0f}")]
+from onecat.results.environment import capture_environment
+from onecat.results.records import ArmOutcome, RunRecord
+from onecat.results.revision import engine_revision, git_revision, onecat_version
+from onecat.results.sink import RunSink
+from onecat.results.store import Store
 
 
 class CompareEngine(EngineSpec):
@@ -48,6 +50,13 @@ class CompareSpec(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     engines: dict[str, CompareEngine] = Field(min_length=1)
     workloads: list[EndpointWorkload] = Field(min_length=1)
+
+    def canonical_json(self) -> str:
+        return canonical_json(self.model_dump(mode="json"))
+
+    @property
+    def fingerprint(self) -> str:
+        return sha256_text(self.canonical_json())
 
 
 class CompareError(ValueError):
@@ -67,100 +76,96 @@ def load_compare(path: str | Path) -> CompareSpec:
         raise CompareError(f"{path}: invalid comparison file:\n{exc}") from None
 
 
-class _Collect:
-    arm = workload_id = ""
+def check_labels(spec: CompareSpec, only: Optional[list[str]]) -> list[str]:
+    """The engine labels to run, in file order. An `--only` label the file does not have, or an engine
+    backend that is not registered, is an error (CompareError) before anything runs."""
+    from onecat.gates.registry import ENGINES, RegistryError, lookup
 
-    def __init__(self):
-        self.requests: list = []
-        self.metrics: list = []
-
-    def request(self, r):
-        self.requests.append(r)
-
-    def metric(self, m):
-        self.metrics.append(m)
-
-    def advance(self, n: int = 1):
-        pass
-
-    def is_done(self, key: str) -> bool:
-        return False
+    unknown = [label for label in only or [] if label not in spec.engines]
+    if unknown:
+        raise CompareError(f"--only {', '.join(unknown)}: no such engine in {spec.name}; its engines: "
+                           + ", ".join(spec.engines))
+    labels = [label for label in spec.engines if not only or label in only]
+    for label in labels:
+        try:
+            lookup(ENGINES, "engine backend", spec.engines[label].backend)
+        except RegistryError as exc:
+            raise CompareError(f"engine {label}: {exc}") from None
+    return labels
 
 
-def run_compare(spec: CompareSpec, only: list[str] | None = None, log: Any = print) -> dict:
+def compare_run_record(spec: CompareSpec, run_id: str, labels: list[str], spec_path: Optional[str]) -> RunRecord:
+    return RunRecord(run_id=run_id, kind="compare", contract_name=spec.name, contract_fingerprint=spec.fingerprint,
+                     contract_json=spec.canonical_json(), contract_path=spec_path,
+                     arm_settings={label: spec.engines[label].model_dump(mode="json") for label in labels},
+                     engine_revision=engine_revision(), harness_revision=git_revision(),
+                     onecat_version=onecat_version())
+
+
+def run_compare(spec: CompareSpec, store: Store, spec_path: Optional[str] = None, only: Optional[list[str]] = None,
+                log: Callable[[str], Any] = print) -> str:
+    """Run every selected engine, one at a time, into one run of kind "compare" in `store`; returns its id.
+    An engine that cannot run is recorded as skipped (why), one that breaks mid-way as failed."""
+    labels = check_labels(spec, only)
+    run_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    store.create_run(compare_run_record(spec, run_id, labels, spec_path))
+    try:
+        position = 0
+        for label in labels:
+            position = _run_engine(spec, label, store, run_id, position, log)
+    except KeyboardInterrupt:
+        store.set_status(run_id, "interrupted", "interrupted by the user")
+        raise
+    except BaseException as exc:
+        store.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}")
+        raise
+    store.set_status(run_id, "complete")
+    return run_id
+
+
+def _run_engine(spec: CompareSpec, label: str, store: Store, run_id: str, position: int,
+                log: Callable[[str], Any]) -> int:
+    """One engine's workloads into the store (arm = the engine's label); returns the next unit position."""
     from onecat.gates.engines.base import open_engine
     from onecat.gates.registry import ENGINES, lookup
 
-    results: dict[str, Any] = {}
-    for label, eng_spec in spec.engines.items():
-        if only and label not in only:
-            continue
-        engine_fields = eng_spec.model_dump(exclude={"speculative", "description"})
-        arm = ArmSettings(name=label, model=spec.model, engine=EngineSpec(**engine_fields),
-                          speculative=eng_spec.speculative)
-        entry: dict[str, Any] = {"backend": eng_spec.backend, "description": eng_spec.description}
-        results[label] = entry
-        cls = lookup(ENGINES, "engine backend", arm.engine.backend)
-        problems = cls.check(arm)
-        if problems:
-            entry["skipped"] = "; ".join(problems)
-            log(f"{label}: skipped: {entry['skipped']}")
-            continue
-        log(f"{label}: opening {arm.engine.backend}")
-        t0 = time.perf_counter()
-        try:
-            engine = open_engine(arm, spec.seeds[0])
-        except Exception as exc:  # noqa: BLE001 - one broken peer must not stop the others
-            entry["skipped"] = f"{type(exc).__name__}: {exc}"
-            log(f"{label}: failed to open: {entry['skipped']}")
-            continue
-        entry["open_s"] = time.perf_counter() - t0
-        try:
-            entry["info"] = engine.info()
-            runner = EndpointRunner()
-            entry["workloads"] = {}
-            for w in spec.workloads:
-                sink = _Collect()
-                for unit in runner.plan(w, spec.sampling, spec.seeds):
-                    log(f"{label}: {w.id} {unit.key}")
-                    runner.run_unit(engine, w, spec.sampling, unit, sink)
-                agg: dict[str, list[float]] = {}
-                for m in sink.metrics:
-                    if not m.tags.get("position"):
-                        agg.setdefault(m.name, []).append(m.value)
-                entry["workloads"][w.id] = {k: sum(v) / len(v) for k, v in agg.items()}
-                errors = [r.error for r in sink.requests if r.error]
-                if errors:
-                    entry["workloads"][w.id]["first_error"] = errors[0]
-        except Exception as exc:  # noqa: BLE001
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            log(f"{label}: failed: {entry['error']}")
-        finally:
-            engine.close()
-    return {"name": spec.name, "description": spec.description, "model": spec.model.model_dump(),
-            "sampling": spec.sampling.model_dump(), "seeds": spec.seeds,
-            "workloads": [w.model_dump() for w in spec.workloads], "engines": results,
-            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-            "kind": "measured"}
+    eng_spec = spec.engines[label]
+    engine_fields = eng_spec.model_dump(exclude={"speculative", "description"})
+    arm = ArmSettings(name=label, model=spec.model, engine=EngineSpec(**engine_fields),
+                      speculative=eng_spec.speculative)
+    problems = lookup(ENGINES, "engine backend", arm.engine.backend).check(arm)
+    if problems:
+        _skip(store, run_id, label, "skipped", "; ".join(problems), log)
+        return position
+    log(f"{label}: opening {arm.engine.backend}")
+    t0 = time.perf_counter()
+    try:
+        engine = open_engine(arm, spec.seeds[0])
+    except Exception as exc:  # noqa: BLE001 - one broken peer must not stop the others
+        _skip(store, run_id, label, "failed to open", f"{type(exc).__name__}: {exc}", log)
+        return position
+    outcome = ArmOutcome("ran", open_s=time.perf_counter() - t0)
+    try:
+        store.add_environment(run_id, label, capture_environment(engine.info()))
+        runner = EndpointRunner()
+        for w in spec.workloads:
+            for unit in runner.plan(w, spec.sampling, spec.seeds):
+                log(f"{label}: {w.id} {unit.key}")
+                runner.run_unit(engine, w, spec.sampling, unit, RunSink(store, run_id, label, w.id, unit.key,
+                                                                        position))
+                store.finish_unit(run_id, label, w.id, unit.key, position)
+                position += 1
+    except Exception as exc:  # noqa: BLE001
+        outcome = ArmOutcome("failed", error=f"{type(exc).__name__}: {exc}", open_s=outcome.open_s)
+        log(f"{label}: failed: {outcome.error}")
+    finally:
+        engine.close()
+    store.add_arm_outcome(run_id, label, outcome)
+    return position
 
 
-def render_markdown(record: dict) -> str:
-    lines = [f"# {record['name']}", "", record.get("description", ""), "",
-             f"Measured {record['when']} on {record['machine']['cpu']}; model {record['model']['source']}; "
-             f"sampling {json.dumps(record['sampling'])}.", ""]
-    for w in record["workloads"]:
-        wid = w.get("name") or w["kind"]
-        mode = f"concurrency {w['concurrency']}" if w.get("concurrency") else f"rate {w.get('request_rate')} req/s"
-        lines += [f"## {wid}: {mode}, {w['num_requests']} requests, ~{w['input_len']} in / {w['output_len']} out", "",
-                  "| engine | " + " | ".join(h for _, h, _ in SHOWN) + " |",
-                  "|---|" + "---:|" * len(SHOWN)]
-        for label, entry in record["engines"].items():
-            if "skipped" in entry:
-                lines.append(f"| {label} | skipped: {entry['skipped'][:120]} |" + " |" * (len(SHOWN) - 1))
-                continue
-            vals = entry.get("workloads", {}).get(wid, {})
-            cells = [fmt.format(vals[k]) if k in vals else "-" for k, _, fmt in SHOWN]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
+def _skip(store: Store, run_id: str, label: str, what: str, why: str, log: Callable[[str], Any]) -> None:
+    """An engine that could not run: the machine is still recorded, and why it did not run."""
+    log(f"{label}: {what}: {why}")
+    store.add_environment(run_id, label, capture_environment())
+    store.add_arm_outcome(run_id, label, ArmOutcome("skipped", error=why))

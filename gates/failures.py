@@ -2,7 +2,7 @@
 
 A request that errored or was aborted (refused by the engine, an HTTP error, a timeout) produced no
 tokens worth timing or scoring. Runners store its row with the error, but no throughput, latency or
-task figure is derived from it (`StoreSink` drops task items of failed requests; the throughput
+task figure is derived from it (`RunSink` drops task items of failed requests; the throughput
 runners drop the whole timed batch). A check that only reads the surviving figures could still
 pass (a candidate that refuses every request "prefills" at 1e11 tok/s), so after each check runs,
 `hold_to_failures` overrides its answer from the failed requests of the workloads it judges:
@@ -21,16 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from onecat.gates.checks.base import FAIL, INCONCLUSIVE, CheckResult
+from onecat.results.records import is_failed_request
 
-FAILED_FINISH_REASONS = ("abort", "error")
 SHOWN_ERRORS = 3  # distinct error texts quoted per arm in a summary
 ERROR_TEXT_CHARS = 200
-
-
-def is_failed_request(row: Any) -> bool:
-    """A stored request row (dict) or a RequestRecord that errored or was aborted."""
-    get = row.get if isinstance(row, dict) else (lambda k: getattr(row, k, None))
-    return bool(get("error")) or get("finish_reason") in FAILED_FINISH_REASONS
 
 
 @dataclass

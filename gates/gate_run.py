@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,14 +25,15 @@ from onecat.gates import registry
 from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
 from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract
 from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
-from onecat.gates.failures import hold_to_failures, is_failed_request, judged_workloads
+from onecat.gates.failures import hold_to_failures, judged_workloads
 from onecat.gates.feasibility import load_feasible_contract
-from onecat.gates.runners.base import ItemOutcome, Metric, RequestRecord, Unit
+from onecat.gates.runners.base import Unit
 from onecat.gates.verdict import Verdict, decide
-from onecat.results.environment import capture_environment, git_revision
+from onecat.results.environment import capture_environment
+from onecat.results.records import RunRecord
+from onecat.results.revision import engine_revision, git_revision, onecat_version
+from onecat.results.sink import RunSink
 from onecat.results.store import Store
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class PreflightError(RuntimeError):
@@ -138,15 +137,13 @@ def build_schedule(contract: Contract) -> list[Step]:
 
 
 # --------------------------------------------------------------------------- sink
-class StoreSink:
-    """Sink (gates.runners.base) writing straight to the store; every call commits."""
+class StoreSink(RunSink):
+    """The runners' Sink (gates.runners.base): RunSink plus the datasets resolved in preflight."""
 
     def __init__(self, store: Store, run_id: str, arm: str, workload_id: str, unit_key: str, position: int,
                  datasets: dict[str, ResolvedDataset], advance: Callable[[int], None]):
-        self.store, self.run_id, self.arm, self.workload_id = store, run_id, arm, workload_id
-        self.unit_key, self.position, self._datasets, self._advance = unit_key, position, datasets, advance
-        self._done: Optional[set[str]] = None
-        self._failed: set[str] = set()
+        super().__init__(store, run_id, arm, workload_id, unit_key, position, advance)
+        self._datasets = datasets
 
     def dataset(self, name: str) -> ResolvedDataset:
         if name not in self._datasets:
@@ -154,47 +151,8 @@ class StoreSink:
                            "reads in WorkloadBase.datasets()")
         return self._datasets[name]
 
-    def is_done(self, request_key: str) -> bool:
-        if self._done is None:
-            self._done = self.store.request_keys(self.run_id, self.arm, self.workload_id)
-        return request_key in self._done
-
-    def request(self, record: RequestRecord) -> None:
-        self.store.add_request(self.run_id, self.arm, self.workload_id, record, self.unit_key)
-        if self._done is not None:
-            self._done.add(record.key)
-        if is_failed_request(record):
-            self._failed.add(record.key)
-
-    def item(self, outcome: ItemOutcome, request_key: Optional[str] = None) -> None:
-        """Stores the outcome unless its request failed: a failed request is never task evidence (its row
-        with the error is what the gates and the report see)."""
-        if request_key is not None and request_key in self._failed:
-            return
-        self.store.add_item(self.run_id, self.arm, self.workload_id, outcome, request_key)
-
-    def metric(self, metric: Metric) -> None:
-        self.store.add_metric(self.run_id, self.arm, self.workload_id, metric, self.unit_key, self.position)
-
-    def advance(self, n: int = 1) -> None:
-        self._advance(n)
-
 
 # --------------------------------------------------------------------------- run
-def engine_revision() -> str:
-    """Last commit touching the engine sources (+ "-dirty" when they have local changes)."""
-    try:
-        r = subprocess.run(["git", "log", "-1", "--format=%H", "--", "engine", "csrc"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=10)
-        if r.returncode != 0 or not r.stdout.strip():
-            return "unknown"
-        d = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "engine", "csrc"],
-                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        return r.stdout.strip() + ("-dirty" if d.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def new_run_id(contract: Contract) -> str:
     return f"{contract.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
@@ -287,25 +245,27 @@ def _open_run(store: Store, contract: Contract, path: str, arms: dict[str, ArmSe
                               "changed, start a new run")
         if row["status"] == "complete":
             raise ResumeError(f"--resume: run {run_id} is already complete")
-        now = git_revision(REPO_ROOT)
+        now = git_revision()
         if "unknown" not in (now, row["harness_revision"]) and now.split("-")[0] != row["harness_revision"].split("-")[0]:
             warnings.append(f"run {run_id} was started at revision {row['harness_revision']} and resumed at {now}: "
                             "its rows may come from two code versions (start a new run for a clean comparison)")
         store.set_status(run_id, "running")
         return run_id
     run_id = new_run_id(contract)
-    store.create_run(run_id, contract, path, arms, {n: d.sha256 for n, d in datasets.items()}, engine_revision(),
-                     git_revision(REPO_ROOT), _version())
+    store.create_run(gate_run_record(run_id, contract, path, arms, {n: d.sha256 for n, d in datasets.items()},
+                                     engine_revision(), git_revision(), onecat_version()))
     return run_id
 
 
-def _version() -> str:
-    try:
-        import importlib.metadata
-
-        return importlib.metadata.version("onecat")
-    except Exception:  # noqa: BLE001
-        return "unknown"
+def gate_run_record(run_id: str, contract: Contract, contract_path: Optional[str], arms: dict[str, ArmSettings],
+                    dataset_sha256: dict[str, str], engine_rev: str, harness_rev: str, version: str) -> RunRecord:
+    return RunRecord(run_id=run_id, kind="gate", contract_name=contract.name,
+                     contract_fingerprint=contract.fingerprint, contract_json=contract.canonical_json(),
+                     contract_path=contract_path, baseline_fingerprint=arms["baseline"].fingerprint,
+                     candidate_fingerprint=arms["candidate"].fingerprint,
+                     arm_settings={name: arm.model_dump(mode="json") for name, arm in arms.items()},
+                     dataset_sha256=dataset_sha256, engine_revision=engine_rev, harness_revision=harness_rev,
+                     onecat_version=version)
 
 
 def evaluate_gates(store: Store, run_id: str, contract: Contract) -> list[tuple[Any, CheckResult]]:
@@ -325,6 +285,3 @@ def evaluate_gates(store: Store, run_id: str, contract: Contract) -> list[tuple[
         out.append((gate, result))
     return out
 
-
-def default_db() -> Path:
-    return Path(os.environ.get("ONECAT_DB", Path(".onecat") / "results.duckdb"))

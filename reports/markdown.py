@@ -1,7 +1,7 @@
 """Markdown report of one run, rendered only from the store (so any past run can be re-rendered).
 
     write_report(store, run_id, out_dir=None) -> Path   (default .onecat/reports/<run_id>.md)
-    render_report(store, run_id) -> str
+    render_report(store, run_id) -> str                 (a `bench compare` run: reports/compare.py)
 """
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-DEFAULT_DIR = Path(".onecat") / "reports"
+from onecat.reports.compare import render_compare_report
+from onecat.results.paths import DEFAULT_REPORT_DIR
+from onecat.results.records import FAILED_FINISH_REASONS
+from onecat.results.store import Store
 
 
 def _fmt(v: Any) -> str:
@@ -29,10 +32,12 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out
 
 
-def render_report(store: Any, run_id: str) -> str:
+def render_report(store: Store, run_id: str) -> str:
     run = store.run(run_id)
     if run is None:
         raise LookupError(f"no run {run_id!r} in {store.path}")
+    if run.get("kind") == "compare":
+        return render_compare_report(store, run_id)
     verdict = store.verdict(run_id)
     lines = [f"# Gate report: {run['contract_name']}", ""]
     v = verdict["verdict"] if verdict else "(none yet)"
@@ -73,7 +78,7 @@ def render_report(store: Any, run_id: str) -> str:
         for m in store.metrics(run_id, arm):
             if m["name"].startswith("segment_"):
                 continue
-            agg[(m["workload"], m["name"], m["mkey"], m["kind"], arm)].append(m["value"])
+            agg[(m["workload"], m["name"], m["key"], m["kind"], arm)].append(m["value"])
             units[(m["workload"], m["name"])] = m["unit"]
     rows = []
     for (wl, name, key, kind) in sorted({k[:4] for k in agg}):
@@ -113,14 +118,14 @@ def render_report(store: Any, run_id: str) -> str:
     return "\n".join(lines)
 
 
-def _failed_requests_section(store: Any, run_id: str) -> list[str]:
+def _failed_requests_section(store: Store, run_id: str) -> list[str]:
     """Every failed request, counted per workload and arm with its distinct errors: none of them is
     evidence, and a binding gate over their workload cannot pass."""
     cols, rows = store.query(
         "SELECT workload, arm, count(*) AS failed, count(DISTINCT coalesce(error, finish_reason)) AS kinds,"
         " min(request_key) AS first_request, any_value(coalesce(error, 'finish_reason=' || finish_reason)) AS error"
-        " FROM requests WHERE run_id = ? AND (error IS NOT NULL OR finish_reason IN ('abort', 'error'))"
-        " GROUP BY workload, arm ORDER BY workload, arm", [run_id])
+        " FROM requests WHERE run_id = ? AND (error IS NOT NULL OR list_contains(?, finish_reason))"
+        " GROUP BY workload, arm ORDER BY workload, arm", [run_id, list(FAILED_FINISH_REASONS)])
     if not rows:
         return []
     shown = [[*r[:5], str(r[5])[:300]] for r in rows]
@@ -130,8 +135,8 @@ def _failed_requests_section(store: Any, run_id: str) -> list[str]:
             + _table(list(cols), shown))
 
 
-def write_report(store: Any, run_id: str, out_dir: Optional[str | Path] = None) -> Path:
-    path = Path(out_dir or DEFAULT_DIR)
+def write_report(store: Store, run_id: str, out_dir: Optional[str | Path] = None) -> Path:
+    path = Path(out_dir or DEFAULT_REPORT_DIR)
     if path.suffix == ".md":
         target = path
     else:

@@ -7,6 +7,8 @@ import socket
 import subprocess
 from typing import Any
 
+from onecat.results.records import Environment
+
 
 def _cpu_model() -> str | None:
     try:
@@ -39,7 +41,8 @@ def _gpu() -> dict[str, Any]:
     return out
 
 
-def capture_environment(engine_info: dict[str, Any] | None = None) -> dict[str, Any]:
+def capture_environment(engine_info: dict[str, Any] | None = None) -> Environment:
+    """This machine and its software, with the fast paths an engine reports in `engine_info` (its `info()`)."""
     info = dict(engine_info or {})
     env: dict[str, Any] = {
         "hostname": socket.gethostname(), "platform": platform.platform(),
@@ -66,18 +69,5 @@ def capture_environment(engine_info: dict[str, Any] | None = None) -> dict[str, 
                cuda_graph=s("cuda_graph"),
                prefix_caching=s("enable_prefix_caching") if "enable_prefix_caching" in info else s("prefix_caching"),
                model_sha256=s("model_sha256") or s("sha256"), engine_info=info)
-    return env
+    return Environment(**env)
 
-
-def git_revision(path: str | os.PathLike | None = None) -> str:
-    """`git rev-parse HEAD` of the checkout holding `path` (+ "-dirty" with local changes), else "unknown"."""
-    cwd = str(path) if path else os.path.dirname(os.path.abspath(__file__))
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
-        if rev.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=10)
-        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"

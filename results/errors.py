@@ -52,6 +52,11 @@ class StoreTooNew(StoreError):
     """The file was written by another DuckDB version, or by a newer onecat (a newer schema)."""
 
 
+class StoreOlder(StoreError):
+    """Opened read-only, a store with an older schema cannot be migrated in place (reading.py reads a
+    migrated copy instead)."""
+
+
 def lock_holder_pid(message: str) -> Optional[int]:
     """The pid DuckDB names in its lock-conflict message, if any."""
     m = re.search(r"\(PID (\d+)\)", message)

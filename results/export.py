@@ -7,7 +7,7 @@ from pathlib import Path
 
 from onecat.results.store import Store
 
-TABLES = ("runs", "environment", "requests", "item_outcomes", "metrics", "units", "checks", "verdicts")
+TABLES = ("runs", "environment", "arm_outcomes", "requests", "item_outcomes", "metrics", "units", "checks", "verdicts")
 
 
 def export_run(store: Store, run_id: str, out_dir: str | Path, fmt: str = "json") -> list[Path]:

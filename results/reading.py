@@ -1,7 +1,8 @@
 """Open a results store to read it, whatever state it is in: idle, written by a run, or damaged.
 
     with open_for_reading(path) as store: ...
-        store.snapshot_of   # set when a run holds the store: this is a snapshot copy (snapshot.py)
+        store.snapshot_of   # set when a run holds the store, or its schema is older than this onecat's:
+                            # this is a copy (snapshot.py), migrated in the second case
         store.warnings      # runs or units the database lost (journal.py)
 
 Raises StoreCorrupt for a damaged file (left untouched), StoreBusy when a run writes the store and not
@@ -15,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from onecat.results import snapshot
-from onecat.results.errors import StoreBusy, StoreError
+from onecat.results.errors import StoreBusy, StoreError, StoreOlder
 from onecat.results.store import Store
 
 SNAPSHOT_ATTEMPTS = 3
@@ -24,6 +25,8 @@ SNAPSHOT_ATTEMPTS = 3
 def open_for_reading(path: str | Path) -> Store:
     try:
         return Store(path, read_only=True)
+    except StoreOlder:  # the file stays as it is; the copy is migrated and read
+        return snapshot.SnapshotStore(path, migrate=True)
     except StoreBusy as busy:
         pid = busy.pid
     problem = ""

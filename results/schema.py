@@ -102,4 +102,18 @@ MIGRATIONS: list[str] = [
     ALTER TABLE runs ADD COLUMN writer_started VARCHAR;
     ALTER TABLE runs ADD COLUMN status_seq INTEGER DEFAULT 0;
     """,
+    # 3: every column is named after its record field (results/records.py): `grp` was RequestRecord.group,
+    # now `determinism_group`; `mkey` was Metric.key. Runs get a kind ("gate" or "compare"), and a
+    # `bench compare` records per engine whether it ran, was skipped or failed, and why
+    """
+    ALTER TABLE requests RENAME COLUMN grp TO determinism_group;
+    ALTER TABLE metrics RENAME COLUMN mkey TO key;
+    ALTER TABLE runs ADD COLUMN kind VARCHAR DEFAULT 'gate';
+    CREATE TABLE arm_outcomes (
+        run_id VARCHAR NOT NULL, arm VARCHAR NOT NULL,
+        status VARCHAR NOT NULL CHECK (status IN ('ran', 'skipped', 'failed')),
+        error VARCHAR, open_s DOUBLE, recorded_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (run_id, arm)
+    );
+    """,
 ]

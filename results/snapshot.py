@@ -79,14 +79,16 @@ def _scratch_dir(db: Path) -> Path:
 
 
 class SnapshotStore(Store):
-    """A read-only Store over a copy of a store that a run is writing; the copy goes away on close."""
+    """A Store over a copy of a store that a run is writing (or, with `migrate`, of a store with an older
+    schema: the copy is migrated); the copy goes away on close."""
 
-    def __init__(self, db: str | Path, writer_pid: Optional[int] = None):
+    def __init__(self, db: str | Path, writer_pid: Optional[int] = None, migrate: bool = False):
         db = Path(db)
         self._scratch = _scratch_dir(db)
+        self.migrated = migrate
         try:
             copy = copy_store_files(db, self._scratch)
-            super().__init__(copy, read_only=True)
+            super().__init__(copy, read_only=not migrate)
         except BaseException:
             shutil.rmtree(self._scratch, ignore_errors=True)
             raise
@@ -95,6 +97,9 @@ class SnapshotStore(Store):
         self.taken_at = dt.datetime.now()
 
     def describe(self) -> str:
+        if self.migrated:
+            return (f"{self.snapshot_of} has an older schema: read from an upgraded copy; the file itself is "
+                    "upgraded when a run next writes it")
         who = f" (pid {self.writer_pid})" if self.writer_pid else ""
         return (f"snapshot while a run is writing{who}: {self.snapshot_of} as of "
                 f"{self.taken_at:%H:%M:%S}; rows written later are not shown")

@@ -2,19 +2,21 @@
 request in flight, and `--resume` picks the run up where it stopped.
 
     store = Store(".onecat/results.duckdb")        # created / migrated on open (":memory:" for tests)
-    store.create_run(run_id, contract, ...)
-    store.add_request(run_id, arm, workload, record, unit_key)   # RequestRecord (gates.runners.base)
+    store.create_run(RunRecord(...))                             # records: results/records.py
+    store.add_environment(run_id, arm, Environment) / store.add_arm_outcome(run_id, arm, ArmOutcome)
+    store.add_request(run_id, arm, workload, record, unit_key)   # RequestRecord
     store.add_item(run_id, arm, workload, outcome, request_key)  # ItemOutcome -> one row per measure
     store.add_metric(run_id, arm, workload, metric, unit_key, position)
     store.finish_unit(...) / store.done_units(run_id) / store.restart_unit(...)
     store.add_check(run_id, index, gate, result) / store.set_verdict(run_id, verdict, reason)
-    store.requests(run_id, arm=None, workload=None) -> list[dict]   (also items(), metrics(), checks())
+    store.requests(run_id, arm=None, workload=None) -> list[dict]   (also items(), metrics(), checks(), ...)
     store.query(sql) -> (columns, rows)                             SQL passthrough
 
 Opening is where trouble is caught, and said plainly (errors.py): a file that is not a whole DuckDB
 store raises StoreCorrupt and is left untouched (integrity.py); a store another process writes raises
 StoreBusy (reading.open_for_reading then reads a snapshot), and a writer first waits a few seconds for
-readers to close it. A writer is recorded on its run row; when the
+readers to close it. Every row is written with its columns named after the fields of its record
+(records.py), never by position. A writer is recorded on its run row; when the
 store is next opened for writing, `running` runs whose writer is gone become `interrupted` (liveness.py),
 which `--resume` continues. Runs, status changes and finished units are also appended to a journal next
 to the database, so a run the database lost (a truncated write-ahead log) is reported, never silently
@@ -24,25 +26,24 @@ writer also logs the warnings (logger "onecat.results").
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 import duckdb
 
-from onecat.results.errors import NOTHING_CHANGED, StoreBusy, StoreCorrupt, StoreTooNew, as_store_error
+from onecat.results.errors import NOTHING_CHANGED, StoreBusy, StoreCorrupt, StoreOlder, StoreTooNew, as_store_error
 from onecat.results.integrity import check_extent, check_header
 from onecat.results.journal import WAL_LOST, RunJournal, journal_path
 from onecat.results.liveness import interrupted_reason, this_writer, writer_alive
+from onecat.results.records import (METRIC_KINDS, ArmOutcome, Environment, ItemOutcome, Metric, RequestRecord,
+                                    RunRecord, canonical_json, column_values)
 from onecat.results.schema import MIGRATIONS
 
-DEFAULT_DB = Path(".onecat") / "results.duckdb"
 WRITER_WAITS_FOR_READERS_S = 10.0  # DuckDB lets no process write while another has the file open, even to read
-RUN_LIST_COLUMNS = ("run_id", "contract_name", "status", "verdict", "started_at", "finished_at",
+RUN_LIST_COLUMNS = ("run_id", "kind", "contract_name", "status", "verdict", "started_at", "finished_at",
                     "contract_fingerprint", "contract_path", "error", "writer_pid", "writer_host", "writer_started")
 log = logging.getLogger("onecat.results")
 
@@ -51,12 +52,8 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
-def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=str)
-
-
 class Store:
-    def __init__(self, path: str | Path = DEFAULT_DB, read_only: bool = False):
+    def __init__(self, path: str | Path, read_only: bool = False):
         self.path = str(path)
         self.read_only = read_only
         self.warnings: list[str] = []     # losses found by comparing the run journal with the database
@@ -102,6 +99,9 @@ class Store:
                                f"{NOTHING_CHANGED}; pass the --db of a results store, or a new path to create one")
         if tables and self.path != ":memory:":
             check_extent(self.con, self.path)
+        if self.read_only and tables and self.schema_version() < len(MIGRATIONS):
+            raise StoreOlder(self.path, f"{self.path} has schema version {self.schema_version()}, older than this "
+                                        f"onecat ({len(MIGRATIONS)}); a run writing it migrates it")
         if not self.read_only:
             self._migrate()
             if created:
@@ -191,23 +191,13 @@ class Store:
         return row
 
     # ------------------------------------------------------------------ runs
-    def create_run(self, run_id: str, contract: Any, contract_path: Optional[str], arm_settings: dict[str, Any],
-                   dataset_sha256: dict[str, str], engine_revision: str, harness_revision: str,
-                   onecat_version: str) -> None:
+    def create_run(self, run: RunRecord) -> None:
         started, writer = _now(), this_writer()
-        self.con.execute(
-            "INSERT INTO runs (run_id, contract_name, contract_fingerprint, contract_json, contract_path,"
-            " baseline_fingerprint, candidate_fingerprint, arm_settings_json, dataset_sha256_json,"
-            " engine_revision, harness_revision, onecat_version, status, started_at,"
-            " writer_pid, writer_host, writer_started, status_seq)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, ?, 1)",
-            [run_id, contract.name, contract.fingerprint, contract.canonical_json(), contract_path,
-             arm_settings["baseline"].fingerprint, arm_settings["candidate"].fingerprint,
-             _json({k: v.model_dump(mode="json") for k, v in arm_settings.items()}), _json(dataset_sha256),
-             engine_revision, harness_revision, onecat_version, started, writer["writer_pid"],
-             writer["writer_host"], writer["writer_started"]])
-        self._journal("run", run_id=run_id, seq=1, status="running", contract_name=contract.name,
-                      contract_fingerprint=contract.fingerprint, contract_path=contract_path, started_at=started)
+        self._insert("runs", {**column_values(run), "status": "running", "started_at": started, **writer,
+                              "status_seq": 1})
+        self._journal("run", run_id=run.run_id, seq=1, status="running", contract_name=run.contract_name,
+                      contract_fingerprint=run.contract_fingerprint, contract_path=run.contract_path,
+                      started_at=started)
 
     def set_status(self, run_id: str, status: str, error: Optional[str] = None) -> None:
         """Change a run's status; `running` also records the current process as its writer."""
@@ -270,57 +260,54 @@ class Store:
         return rows[0][0]
 
     # ------------------------------------------------------------------ rows
-    def add_environment(self, run_id: str, arm: str, env: dict[str, Any]) -> None:
-        cols = ["hostname", "platform", "python_version", "cpu_model", "cpu_threads", "torch_threads", "gpu_name",
-                "gpu_count", "gpu_driver", "torch_version", "cuda_version", "device", "kv_cache_dtype",
-                "attention_backend", "cuda_graph", "prefix_caching", "model_sha256"]
-        self.con.execute(
-            f"INSERT OR REPLACE INTO environment (run_id, arm, {', '.join(cols)}, engine_info_json, recorded_at)"
-            f" VALUES (?, ?, {', '.join('?' for _ in cols)}, ?, ?)",
-            [run_id, arm, *[env.get(c) for c in cols], _json(env.get("engine_info", {})), _now()])
+    def _insert(self, table: str, values: dict[str, Any], replace: bool = False) -> None:
+        """One row, its columns named: a value can only land in the column of its own name."""
+        cols = ", ".join(values)
+        self.con.execute(f"INSERT {'OR REPLACE ' if replace else ''}INTO {table} ({cols})"
+                         f" VALUES ({', '.join('?' for _ in values)})", list(values.values()))
 
-    def add_request(self, run_id: str, arm: str, workload: str, rec: Any, unit_key: Optional[str] = None) -> None:
-        d = asdict(rec)
-        self.con.execute(
-            "INSERT OR REPLACE INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-            " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [run_id, arm, workload, d["key"], unit_key, d["group"], d["seed"], d["repeat"], d["batch_size"],
-             d["prompt_sha256"], d["num_prompt_tokens"], d["num_completion_tokens"], d["num_cached_tokens"],
-             d["queue_s"], d["prefill_s"], d["ttft_s"], d["decode_s"], d["e2e_s"], d["tpot_s"],
-             d["finish_reason"], d["natural_stop_eligible"], d["natural_stop"], d["capped"],
-             d["max_repeat_run"], d["repetition_loop"], d["replacement_chars"], d["token_sha256"], d["text_sha256"],
-             d["spec_num_drafts"], d["spec_num_draft_tokens"], d["spec_num_accepted_tokens"],
-             _json(d["spec_accepted_per_position"]), d["error"], _json(d["extra"]), _now()])
+    def add_environment(self, run_id: str, arm: str, env: Environment) -> None:
+        self._insert("environment", {"run_id": run_id, "arm": arm, **column_values(env), "recorded_at": _now()},
+                     replace=True)
+
+    def add_arm_outcome(self, run_id: str, arm: str, outcome: ArmOutcome) -> None:
+        self._insert("arm_outcomes", {"run_id": run_id, "arm": arm, **column_values(outcome),
+                                      "recorded_at": _now()}, replace=True)
+
+    def add_request(self, run_id: str, arm: str, workload: str, rec: RequestRecord,
+                    unit_key: Optional[str] = None) -> None:
+        self._insert("requests", {"run_id": run_id, "arm": arm, "workload": workload, "unit_key": unit_key,
+                                  **column_values(rec), "recorded_at": _now()}, replace=True)
 
     def request_keys(self, run_id: str, arm: str, workload: str) -> set[str]:
         rows = self.con.execute("SELECT request_key FROM requests WHERE run_id = ? AND arm = ? AND workload = ?",
                                 [run_id, arm, workload]).fetchall()
         return {r[0] for r in rows}
 
-    def add_item(self, run_id: str, arm: str, workload: str, outcome: Any, request_key: Optional[str] = None) -> None:
+    def add_item(self, run_id: str, arm: str, workload: str, outcome: ItemOutcome,
+                 request_key: Optional[str] = None) -> None:
         if not outcome.passed:
             raise ValueError(f"item {outcome.item_id}: ItemOutcome.passed needs at least one measure")
-        now = _now()
+        row = {"run_id": run_id, "arm": arm, "workload": workload, **column_values(outcome, exclude=("passed",)),
+               "request_key": request_key, "recorded_at": _now()}
+        row["item_id"] = str(outcome.item_id)
+        row["seed"] = -1 if outcome.seed is None else outcome.seed  # part of the key: never NULL
         self.con.execute("BEGIN TRANSACTION")
         try:
             for measure, ok in outcome.passed.items():
-                self.con.execute(
-                    "INSERT OR REPLACE INTO item_outcomes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [run_id, arm, workload, str(outcome.item_id), outcome.seed if outcome.seed is not None else -1,
-                     measure, bool(ok), outcome.failure_reason, outcome.extracted_answer, request_key,
-                     _json(outcome.extra), now])
+                self._insert("item_outcomes", {**row, "measure": measure, "passed": bool(ok)}, replace=True)
             self.con.execute("COMMIT")
         except Exception:
             self.con.execute("ROLLBACK")
             raise
 
-    def add_metric(self, run_id: str, arm: str, workload: str, m: Any, unit_key: Optional[str] = None,
+    def add_metric(self, run_id: str, arm: str, workload: str, m: Metric, unit_key: Optional[str] = None,
                    position: Optional[int] = None) -> None:
-        if m.kind not in ("measured", "projected"):
+        if m.kind not in METRIC_KINDS:
             raise ValueError(f"metric {m.name}: kind must be 'measured' or 'projected', got {m.kind!r}")
-        self.con.execute("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         [run_id, arm, workload, unit_key, m.name, m.key, float(m.value), m.unit, m.kind, m.seed,
-                          m.repeat, position, _json(m.tags), _now()])
+        self._insert("metrics", {"run_id": run_id, "arm": arm, "workload": workload, "unit_key": unit_key,
+                                 **column_values(m), "value": float(m.value), "position": position,
+                                 "recorded_at": _now()})
 
     def restart_unit(self, run_id: str, arm: str, workload: str, unit_key: str) -> None:
         """Drop aggregate rows of a unit that was cut short, so re-running it does not double count."""
@@ -328,8 +315,8 @@ class Store:
                          [run_id, arm, workload, unit_key])
 
     def finish_unit(self, run_id: str, arm: str, workload: str, unit_key: str, position: Optional[int] = None) -> None:
-        self.con.execute("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?, ?)",
-                         [run_id, arm, workload, unit_key, position, _now()])
+        self._insert("units", {"run_id": run_id, "arm": arm, "workload": workload, "unit_key": unit_key,
+                               "position": position, "finished_at": _now()}, replace=True)
         self._journal("unit", run_id=run_id, arm=arm, workload=workload, unit_key=unit_key)
 
     def done_units(self, run_id: str) -> set[tuple[str, str, str]]:
@@ -337,17 +324,20 @@ class Store:
         return {tuple(r) for r in rows}
 
     def add_check(self, run_id: str, index: int, gate: Any, result: Any) -> None:
-        self.con.execute(
-            "INSERT OR REPLACE INTO checks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [run_id, index, gate.id, gate.check, getattr(gate, "workload", None), result.status, gate.informative,
-             result.summary, _json(result.statistic), _json(result.evidence), _json(gate.model_dump(mode="json")),
-             _now()])
+        """A gate (its `id`, `check`, `workload`, `informative`, settings) and its CheckResult."""
+        self._insert("checks", {
+            "run_id": run_id, "gate_index": index, "gate_id": gate.id, "check_name": gate.check,
+            "workload": getattr(gate, "workload", None), "status": result.status, "informative": gate.informative,
+            "summary": result.summary, "statistic_json": canonical_json(result.statistic),
+            "evidence_json": canonical_json(result.evidence),
+            "config_json": canonical_json(gate.model_dump(mode="json")), "recorded_at": _now()}, replace=True)
 
     def clear_checks(self, run_id: str) -> None:
         self.con.execute("DELETE FROM checks WHERE run_id = ?", [run_id])
 
     def set_verdict(self, run_id: str, verdict: str, reason: str) -> None:
-        self.con.execute("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?)", [run_id, verdict, reason, _now()])
+        self._insert("verdicts", {"run_id": run_id, "verdict": verdict, "reason": reason, "recorded_at": _now()},
+                     replace=True)
         self.con.execute("UPDATE runs SET verdict = ? WHERE run_id = ?", [verdict, run_id])
 
     # ------------------------------------------------------------------ queries
@@ -372,11 +362,14 @@ class Store:
 
     def metrics(self, run_id: str, arm: Optional[str] = None, workload: Optional[str] = None,
                 name: Optional[str] = None) -> list[dict]:
-        rows = self._select("metrics", run_id, arm, workload, "arm, workload, name, mkey, repeat, position")
+        rows = self._select("metrics", run_id, arm, workload, "arm, workload, name, key, repeat, position")
         return [r for r in rows if name is None or r["name"] == name]
 
     def environment(self, run_id: str) -> list[dict]:
         return self._dicts("SELECT * FROM environment WHERE run_id = ? ORDER BY arm", [run_id])
+
+    def arm_outcomes(self, run_id: str) -> list[dict]:
+        return self._dicts("SELECT * FROM arm_outcomes WHERE run_id = ? ORDER BY arm", [run_id])
 
     def checks(self, run_id: str) -> list[dict]:
         return self._dicts("SELECT * FROM checks WHERE run_id = ? ORDER BY gate_index", [run_id])

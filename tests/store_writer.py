@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gate_fakes  # noqa: E402,F401 - registers the fake engine the contract names
 from onecat.gates.contract import load_contract  # noqa: E402
-from onecat.gates.runners.base import RequestRecord  # noqa: E402
+from onecat.gates.gate_run import gate_run_record  # noqa: E402
+from onecat.results.records import RequestRecord  # noqa: E402
 from onecat.results.store import Store  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     store = Store(args.db)
     if not args.existing:
         arms = {a: contract.arm(a) for a in ("baseline", "candidate")}
-        store.create_run(args.run_id, contract, args.contract, arms, {}, "e", "h", "0")
+        store.create_run(gate_run_record(args.run_id, contract, args.contract, arms, {}, "e", "h", "0"))
     for u in range(args.units):
         store.finish_unit(args.run_id, "baseline", "w", f"unit-{u}", u)
     if args.status:
@@ -47,7 +48,7 @@ def main() -> None:
     deadline = time.time() + args.seconds
     i = 0
     while time.time() < deadline:
-        store.add_request(args.run_id, "baseline", "w", RequestRecord(key=f"k{i}", token_sha256="t"), "busy")
+        store.add_request(args.run_id, "baseline", "w", RequestRecord(request_key=f"k{i}", token_sha256="t"), "busy")
         i += 1
         if args.checkpoint_every and i % args.checkpoint_every == 0:
             store.con.execute("CHECKPOINT")

@@ -11,7 +11,7 @@ from onecat.gates.checks.ppl_delta import PplDelta
 from onecat.gates.checks.speedup import Speedup
 from onecat.gates.checks.task_score import TaskScore
 from onecat.gates.checks.token_hash_equal import TokenHashEqual
-from onecat.gates.runners.base import ItemOutcome, Metric, RequestRecord
+from onecat.results.records import ItemOutcome, Metric, RequestRecord
 from onecat.gates.stats import mcnemar_exact, paired_bootstrap_ci, ratio_bootstrap_ci
 from onecat.gates.verdict import EXIT_CODES, decide
 from onecat.results.store import Store
@@ -33,7 +33,7 @@ def ev(store):
 def add_requests(store, arm, workload, hashes, groups=None, stops=None):
     for i, h in enumerate(hashes):
         store.add_request(RUN, arm, workload, RequestRecord(
-            key=f"k{i}", group=groups[i] if groups else None, token_sha256=h,
+            request_key=f"k{i}", determinism_group=groups[i] if groups else None, token_sha256=h,
             natural_stop=stops[i] if stops else True, capped=not (stops[i] if stops else True)))
 
 
@@ -57,7 +57,7 @@ def test_token_hash_equal_across_arms(store):
     add_requests(store, "baseline", "det", ["a", "b", "c"])
     add_requests(store, "candidate", "det", ["a", "b", "c"])
     assert TokenHashEqual().evaluate(ev(store), cfg(TokenHashEqual)).status == PASS
-    store.add_request(RUN, "candidate", "det", RequestRecord(key="k2", token_sha256="X"))
+    store.add_request(RUN, "candidate", "det", RequestRecord(request_key="k2", token_sha256="X"))
     res = TokenHashEqual().evaluate(ev(store), cfg(TokenHashEqual))
     assert res.status == FAIL and res.statistic["different"] == 1 and res.evidence["different"] == ["det/k2"]
 
@@ -242,7 +242,7 @@ def test_invalid_outputs_max(store):
     from onecat.gates.checks.invalid_outputs_max import InvalidOutputsMax
 
     for i in range(30):
-        store.add_request(RUN, "candidate", "g", RequestRecord(key=f"k{i}", token_sha256="h",
+        store.add_request(RUN, "candidate", "g", RequestRecord(request_key=f"k{i}", token_sha256="h",
                                                                replacement_chars=1 if i < 15 else 0,
                                                                repetition_loop=i == 20))
     res = InvalidOutputsMax().evaluate(ev(store), cfg(InvalidOutputsMax, max_rate=0.1))

@@ -16,8 +16,8 @@ from onecat.gates.checks.base import FAIL, INCONCLUSIVE, PASS, CheckResult, Evid
 from onecat.gates.contract import ContractError  # noqa: E402
 from onecat.gates.failures import hold_to_failures  # noqa: E402
 from onecat.gates.gate_run import StoreSink, run_gate  # noqa: E402
-from onecat.gates.runners.base import ItemOutcome, RequestRecord  # noqa: E402
 from onecat.gates.verdict import PROMOTE, ROLLBACK, VERDICT_INCONCLUSIVE  # noqa: E402
+from onecat.results.records import ItemOutcome, RequestRecord  # noqa: E402
 from onecat.results.store import Store  # noqa: E402
 
 REFUSAL = "the prompt has 64 tokens but max_model_len is 4; shorten the prompt or raise max_model_len"
@@ -117,9 +117,9 @@ def test_failures_in_other_workloads_do_not_touch_a_gate():
 def test_task_item_of_a_failed_request_is_not_stored(tmp_path):
     with Store(tmp_path / "s.duckdb") as store:
         sink = StoreSink(store, "run", "candidate", "gsm8k", "all", 0, {}, lambda n: None)
-        sink.request(RequestRecord(key="q1/seed=0", finish_reason="abort", error="refused"))
+        sink.request(RequestRecord(request_key="q1/seed=0", finish_reason="abort", error="refused"))
         sink.item(ItemOutcome(item_id="q1", passed={"correct": False}, seed=0), request_key="q1/seed=0")
-        sink.request(RequestRecord(key="q2/seed=0", finish_reason="stop"))
+        sink.request(RequestRecord(request_key="q2/seed=0", finish_reason="stop"))
         sink.item(ItemOutcome(item_id="q2", passed={"correct": True}, seed=0), request_key="q2/seed=0")
         assert [i["item_id"] for i in store.items("run", "candidate", "gsm8k")] == ["q2"]
 

@@ -11,8 +11,8 @@ import pytest
 
 import gate_fakes
 from onecat.gates.contract import load_contract
-from onecat.gates.gate_run import ResumeError, build_schedule, run_gate
-from onecat.gates.runners.base import ItemOutcome, Metric, RequestRecord
+from onecat.gates.gate_run import ResumeError, build_schedule, gate_run_record, run_gate
+from onecat.results.records import ItemOutcome, Metric, RequestRecord
 from onecat.results.export import export_run
 from onecat.results.schema import MIGRATIONS
 from onecat.results.store import Store
@@ -37,9 +37,9 @@ def test_rows_queries_and_export(tmp_path):
     contract = load_contract(gate_fakes.write_fake_contract(tmp_path))
     s = Store(tmp_path / "r.duckdb")
     arms = {a: contract.arm(a) for a in ("baseline", "candidate")}
-    s.create_run("run-1", contract, "x.yaml", arms, {"tiny_text": "ab"}, "e", "h", "0")
-    s.add_request("run-1", "baseline", "w", RequestRecord(key="a", token_sha256="t", finish_reason="stop"), "u")
-    s.add_request("run-1", "baseline", "w", RequestRecord(key="a", token_sha256="t2"), "u")  # replaces
+    s.create_run(gate_run_record("run-1", contract, "x.yaml", arms, {"tiny_text": "ab"}, "e", "h", "0"))
+    s.add_request("run-1", "baseline", "w", RequestRecord("a", token_sha256="t", finish_reason="stop"), "u")
+    s.add_request("run-1", "baseline", "w", RequestRecord(request_key="a", token_sha256="t2"), "u")  # replaces
     s.add_item("run-1", "baseline", "w", ItemOutcome(item_id="i", seed=0, passed={"base": True, "plus": False}))
     s.add_metric("run-1", "baseline", "w", Metric("decode_tok_s", 5.0, "tok/s", key="bs=1", repeat=0), "u", 0)
     with pytest.raises(ValueError, match="measured"):
@@ -55,7 +55,7 @@ def test_rows_queries_and_export(tmp_path):
     assert json.loads(run["dataset_sha256_json"]) == {"tiny_text": "ab"}
     files = export_run(s, "run-1", tmp_path / "out", "json")
     data = json.loads((tmp_path / "out" / "run-1.requests.json").read_text())
-    assert len(files) == 8 and data[0]["request_key"] == "a"
+    assert len(files) == 9 and data[0]["request_key"] == "a"
     export_run(s, "run-1", tmp_path / "csv", "csv")
     assert (tmp_path / "csv" / "run-1.item_outcomes.csv").read_text().count("\n") == 3
 
@@ -116,7 +116,7 @@ def test_sigkill_mid_run_then_resume_keeps_finished_requests(tmp_path):
     assert all(after[k] == t for k, t in kept.items())  # finished requests were not redone
     assert len(s.done_units(run_id)) == total and s.run(run_id)["status"] == "complete"
     # one row per segment and arm even though a unit may have been cut short mid-way
-    (dups,), = s.query("SELECT count(*) FROM (SELECT arm, mkey FROM metrics WHERE name = 'segment_nll'"
+    (dups,), = s.query("SELECT count(*) FROM (SELECT arm, key FROM metrics WHERE name = 'segment_nll'"
                        " GROUP BY ALL HAVING count(*) > 1)")[1]
     assert dups == 0
     calls_resumed = len(log.read_text().splitlines()) - calls_before
@@ -149,7 +149,7 @@ def test_results_cli_list_show_query_export_report(tmp_path):
     bad = runner.invoke(app, ["results", "query", "SELECT * FROM nope", "--db", str(db)])
     assert bad.exit_code == 2
     exp = runner.invoke(app, ["results", "export", "--db", str(db), "--format", "csv", "--out", str(tmp_path / "x")])
-    assert exp.exit_code == 0 and len(list((tmp_path / "x").glob("*.csv"))) == 8
+    assert exp.exit_code == 0 and len(list((tmp_path / "x").glob("*.csv"))) == 9
     rep = runner.invoke(app, ["report", "--db", str(db), "--out", str(tmp_path / "again.md")])
     assert rep.exit_code == 0 and "Verdict: PROMOTE" in (tmp_path / "again.md").read_text()
     missing = runner.invoke(app, ["results", "list", "--db", str(tmp_path / "none.duckdb")])
@@ -198,8 +198,8 @@ def test_resume_refuses_a_changed_contract(tmp_path):
     db = tmp_path / "r.duckdb"
     contract = load_contract(path)
     s = Store(db)
-    s.create_run("r-old", contract, str(path), {a: contract.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h",
-                 "0")
+    arms = {a: contract.arm(a) for a in ("baseline", "candidate")}
+    s.create_run(gate_run_record("r-old", contract, str(path), arms, {}, "e", "h", "0"))
     s.close()
     path.write_text(path.read_text().replace("max_tokens: 12", "max_tokens: 13"))
     with pytest.raises(ResumeError, match="no unfinished run"):

@@ -19,13 +19,18 @@ import pytest
 
 import gate_fakes
 from onecat.gates.contract import load_contract
-from onecat.gates.gate_run import ResumeError, run_gate
+from onecat.gates.gate_run import ResumeError, gate_run_record, run_gate
 from onecat.results.schema import MIGRATIONS
 from onecat.results.store import Store
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 NOTHING_CHANGED = "Nothing was changed"
+
+
+def new_run(store, run_id, contract):
+    arms = {a: contract.arm(a) for a in ("baseline", "candidate")}
+    store.create_run(gate_run_record(run_id, contract, None, arms, {}, "e", "h", "0"))
 
 
 def onecat(*args, timeout=60):
@@ -150,7 +155,7 @@ def good_store_bytes(tmp_path_factory) -> bytes:
     src = tmp / "good.duckdb"
     c = load_contract(gate_fakes.write_fake_contract(tmp))
     with Store(src) as s:
-        s.create_run("r-good", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
+        new_run(s, "r-good", c)
         s.con.execute("INSERT INTO requests (run_id, arm, workload, request_key, token_sha256, recorded_at)"
                       " SELECT 'r-good', 'baseline', 'w', 'k' || i, md5(i::VARCHAR), now() FROM range(60000) t(i)")
     return src.read_bytes()
@@ -239,7 +244,7 @@ def test_only_runs_whose_writer_is_gone_are_marked(tmp_path, contract):
     db = tmp_path / "r.duckdb"
     s = Store(db)
     for rid in ("mine", "pid-reused", "elsewhere"):
-        s.create_run(rid, c, None, arms, {}, "e", "h", "0")
+        s.create_run(gate_run_record(rid, c, None, arms, {}, "e", "h", "0"))
     s.con.execute("UPDATE runs SET writer_started = 'another-boot/1' WHERE run_id = 'pid-reused'")
     s.con.execute("UPDATE runs SET writer_host = 'some-other-host' WHERE run_id = 'elsewhere'")
     with Store(db) as again:  # this process still writes "mine"
@@ -295,7 +300,7 @@ def test_finished_units_lost_to_a_truncated_wal_are_reported(tmp_path, contract)
     db = tmp_path / "r.duckdb"
     c = load_contract(contract)
     with Store(db) as s:
-        s.create_run("run-1", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
+        new_run(s, "run-1", c)
     Writer(db, contract, "run-1", "--existing", "--units", "3").kill()
     with open(Path(str(db) + ".wal"), "r+b") as fh:
         fh.truncate(0)
@@ -308,7 +313,7 @@ def test_a_status_change_lost_to_a_truncated_wal_is_reported(tmp_path, contract)
     db = tmp_path / "r.duckdb"
     c = load_contract(contract)
     with Store(db) as s:
-        s.create_run("run-1", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
+        new_run(s, "run-1", c)
     Writer(db, contract, "run-1", "--existing", "--status", "complete").kill()
     with open(Path(str(db) + ".wal"), "r+b") as fh:
         fh.truncate(0)
@@ -323,7 +328,7 @@ def test_a_new_store_at_the_same_path_does_not_inherit_old_losses(tmp_path, cont
     db = tmp_path / "r.duckdb"
     c = load_contract(contract)
     with Store(db) as s:
-        s.create_run("old", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
+        new_run(s, "old", c)
     db.unlink()  # deliberately removed; its journal stays behind
     with Store(db) as s:
         assert s.lost_runs == [] and s.warnings == []
@@ -339,7 +344,7 @@ def test_a_checkpoint_during_the_snapshot_copy_means_another_copy(tmp_path, cont
     db = tmp_path / "r.duckdb"
     c = load_contract(contract)
     live = Store(db)
-    live.create_run("run-1", c, None, {a: c.arm(a) for a in ("baseline", "candidate")}, {}, "e", "h", "0")
+    new_run(live, "run-1", c)
     real_copy, copies = shutil.copyfile, []
 
     def copy_then_checkpoint(src, dst, **kw):

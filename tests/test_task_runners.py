@@ -88,7 +88,7 @@ class MemorySink:
 
     def request(self, record):
         self.requests.append(record)
-        self.done.add(record.key)
+        self.done.add(record.request_key)
 
     def item(self, outcome, request_key=None):
         self.items.append(outcome)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from onecat.gates.contract import GateBase
+from onecat.results.store import Store
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
@@ -42,7 +43,7 @@ class CheckResult:
 class Evidence:
     """Read-only view of one run's rows for checks (backed by the results store)."""
 
-    def __init__(self, store: Any, run_id: str):
+    def __init__(self, store: Store, run_id: str):
         self.store, self.run_id = store, run_id
 
     def requests(self, arm: str, workload: Optional[str] = None) -> list[dict]:

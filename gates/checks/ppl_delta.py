@@ -18,9 +18,9 @@ from onecat.gates.stats import bootstrap_ci
 
 
 def segment_table(ev: Evidence, arm: str, workload: str) -> dict[str, tuple[float, float]]:
-    """mkey -> (sum NLL, scored tokens) from the ppl runner's per-segment metrics."""
-    nll = {m["mkey"]: m["value"] for m in ev.metrics(arm, workload, "segment_nll")}
-    tok = {m["mkey"]: m["value"] for m in ev.metrics(arm, workload, "segment_tokens")}
+    """metric key -> (sum NLL, scored tokens) from the ppl runner's per-segment metrics."""
+    nll = {m["key"]: m["value"] for m in ev.metrics(arm, workload, "segment_nll")}
+    tok = {m["key"]: m["value"] for m in ev.metrics(arm, workload, "segment_tokens")}
     return {k: (nll[k], tok[k]) for k in nll if k in tok}
 
 

@@ -27,8 +27,8 @@ def bracketed_pairs(ev: Evidence, workload: str, metric: str, keys: Optional[lis
     names = {"baseline": metric, "candidate": candidate_metric or metric}
     for arm in by:
         for m in ev.metrics(arm, workload, names[arm]):
-            if (keys is None or m["mkey"] in keys) and m["repeat"] is not None and m["value"] is not None:
-                by[arm][m["mkey"]][int(m["repeat"])] = float(m["value"])
+            if (keys is None or m["key"] in keys) and m["repeat"] is not None and m["value"] is not None:
+                by[arm][m["key"]][int(m["repeat"])] = float(m["value"])
     out = []
     for key, reps in sorted(by["candidate"].items()):
         base = by["baseline"].get(key, {})

@@ -54,10 +54,11 @@ class TokenHashEqual(Check):
             groups: dict[tuple, set[str]] = defaultdict(set)
             sizes: dict[tuple, int] = defaultdict(int)
             for r in self._rows(ev, arm, cfg.workload):
-                if r["grp"] is None:
+                if r["determinism_group"] is None:
                     continue
-                groups[(r["workload"], r["grp"])].add(r["token_sha256"])
-                sizes[(r["workload"], r["grp"])] += 1
+                group = (r["workload"], r["determinism_group"])
+                groups[group].add(r["token_sha256"])
+                sizes[group] += 1
             multi = [g for g in groups if sizes[g] >= 2]
             bad = [g for g in multi if len(groups[g]) > 1]
             stat[arm] = {"groups": len(multi), "inconsistent": len(bad)}

@@ -8,8 +8,8 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
-from onecat.gates.failures import is_failed_request
 from onecat.gates.runners.base import Metric, Runner, Unit, request_record, to_sampling_params
+from onecat.results.records import is_failed_request
 
 TOKEN_ID_FLOOR = 256  # skip byte / special tokens at the bottom of most vocabularies
 
@@ -90,7 +90,7 @@ class ThroughputRunner(Runner):
         for i, out in enumerate(outs):
             sink.request(request_record(f"{unit.key}/req={i}", out, engine.tokenizer, prompt=prompts[i],
                                         natural_stop_eligible=False, seed=unit.seed, repeat=unit.repeat,
-                                        batch_size=bs, group=f"bs={bs}/req={i}"))
+                                        batch_size=bs, determinism_group=f"bs={bs}/req={i}"))
         self.speculative = bool((engine.info() or {}).get("speculative"))
         if any(is_failed_request(o) for o in outs):
             sink.advance(1)  # a batch with a failed request times nothing real: its rows say why, no figure

@@ -30,18 +30,19 @@ Adding a workload kind is one file in gates/runners/ and one decorator line:
     workload -- the validated `Workload` instance from the contract
     sampling -- the contract's SamplingSpec (use to_sampling_params to build engine params)
     seeds    -- the contract's predeclared seeds
-    sink     -- Sink below: rows written through it are committed at once (kill -9 loses none)
+    sink     -- Sink below (results/sink.py RunSink): rows written through it are committed at once
 
 Runners whose work should be interleaved across arms (throughput repeats, A/B/A) override
 `plan()` and `run_unit()` instead; the orchestrator then alternates units between the arms.
-Per-item task outcomes (ItemOutcome) go to the `item_outcomes` table that the `task_score`
-check reads: one row per (item, seed, measure), where `passed` maps measure -> bool, e.g.
-{"base": True, "plus": False} for EvalPlus or {"correct": True} for GSM8K.
+The row types (RequestRecord, ItemOutcome, Metric) are the results store's (results/records.py),
+importable from here too. Per-item task outcomes (ItemOutcome) go to the `item_outcomes` table
+that the `task_score` check reads: one row per (item, seed, measure), where `passed` maps
+measure -> bool, e.g. {"base": True, "plus": False} for EvalPlus or {"correct": True} for GSM8K.
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,71 +50,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from onecat.gates.contract import SamplingSpec, WorkloadBase
 from onecat.gates.health import generation_health
 from onecat.gates.registry import declare_workload_schema
+from onecat.results.records import ItemOutcome, Metric, RequestRecord  # noqa: F401 - the runner-author API
 
 
 # --------------------------------------------------------------------------- rows
-@dataclass
-class RequestRecord:
-    """One engine request as stored in the `requests` table."""
-
-    key: str  # unique within (run, arm, workload); --resume skips keys already stored
-    group: Optional[str] = None  # requests expected to produce identical tokens (determinism)
-    seed: Optional[int] = None
-    repeat: Optional[int] = None
-    batch_size: Optional[int] = None
-    prompt_sha256: Optional[str] = None
-    num_prompt_tokens: int = 0
-    num_completion_tokens: int = 0
-    num_cached_tokens: int = 0
-    queue_s: Optional[float] = None
-    prefill_s: Optional[float] = None
-    ttft_s: Optional[float] = None
-    decode_s: Optional[float] = None
-    e2e_s: Optional[float] = None
-    tpot_s: Optional[float] = None
-    finish_reason: Optional[str] = None
-    natural_stop_eligible: bool = True  # False when the runner forced the length (ignore_eos)
-    natural_stop: Optional[bool] = None
-    capped: Optional[bool] = None
-    max_repeat_run: Optional[int] = None
-    repetition_loop: Optional[bool] = None
-    replacement_chars: Optional[int] = None
-    token_sha256: Optional[str] = None
-    text_sha256: Optional[str] = None
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_position: list[int] = field(default_factory=list)
-    error: Optional[str] = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ItemOutcome:
-    """A task item's result for one seed: what a task_score check compares between arms."""
-
-    item_id: str
-    passed: dict[str, bool]  # measure -> passed, e.g. {"base": True, "plus": False}
-    seed: Optional[int] = None
-    failure_reason: Optional[str] = None  # e.g. "no_answer", "wrong_answer", "timeout", "syntax_error"
-    extracted_answer: Optional[str] = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Metric:
-    """A figure in the `metrics` table. kind: "measured" or "projected" (never mixed)."""
-
-    name: str
-    value: float
-    unit: str
-    key: str = ""  # what it is a figure of, e.g. "bs=8" or "segment=3"
-    kind: str = "measured"
-    seed: Optional[int] = None
-    repeat: Optional[int] = None
-    tags: dict[str, Any] = field(default_factory=dict)
-
-
 class Sink(Protocol):
     """Where runners put rows; every call commits before it returns."""
 
@@ -219,7 +159,7 @@ def request_record(key: str, output: Any, tokenizer: Any = None, *, prompt: Any 
     health = generation_health(output, tokenizer)
     n = len(output.token_ids)
     rec = RequestRecord(
-        key=key,
+        request_key=key,
         prompt_sha256=prompt_sha256(prompt if prompt is not None else (output.prompt or output.prompt_token_ids)),
         num_prompt_tokens=len(output.prompt_token_ids), num_completion_tokens=n,
         num_cached_tokens=getattr(output, "num_cached_tokens", 0) or 0,

@@ -63,5 +63,6 @@ class Determinism(Runner):
         for i, out in zip(idx, outs):
             key = f"{unit.key}/p={i}" if p["mode"] == "batch" else unit.key
             sink.request(request_record(key, out, engine.tokenizer, prompt=prompts[i], seed=unit.seed,
-                                        repeat=unit.repeat, batch_size=len(idx), group=f"seed={unit.seed}/p={i}"))
+                                        repeat=unit.repeat, batch_size=len(idx),
+                                        determinism_group=f"seed={unit.seed}/p={i}"))
         sink.advance(len(idx))

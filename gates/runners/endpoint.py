@@ -220,8 +220,8 @@ class EndpointRunner(Runner):
             text_sha = hashlib.sha256(r.text.encode("utf-8")).hexdigest()
             tok_sha = hashlib.sha256(repr(r.token_ids).encode()).hexdigest() if r.token_ids else None
             sink.request(RequestRecord(
-                key=f"{unit.key}/req={i}", group=f"seed={unit.seed}/req={i}", seed=unit.seed, repeat=unit.repeat,
-                batch_size=workload.concurrency, prompt_sha256=hashlib.sha256(prompts[i].encode()).hexdigest(),
+                request_key=f"{unit.key}/req={i}", determinism_group=f"seed={unit.seed}/req={i}", seed=unit.seed,
+                repeat=unit.repeat, batch_size=workload.concurrency, prompt_sha256=hashlib.sha256(prompts[i].encode()).hexdigest(),
                 num_prompt_tokens=r.prompt_tokens or 0, num_completion_tokens=n, ttft_s=r.ttft_s,
                 prefill_s=r.ttft_s, decode_s=(r.e2e_s - r.ttft_s) if r.ttft_s is not None and r.e2e_s else None,
                 e2e_s=r.e2e_s, tpot_s=r.tpot_s, finish_reason=r.finish_reason if r.ok else "error",
