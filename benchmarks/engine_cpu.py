@@ -18,12 +18,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from onecat.results.revision import git_revision
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
 PROMPT_LEN, OUTPUT_LEN, CONCURRENCY = 128, 128, 16
@@ -60,13 +61,6 @@ def bench_onecat(llm, batch: list[list[int]]) -> dict:
     decode = statistics.median((o.num_completion_tokens - 1) / o.timings.decode_s for o in outs)
     return {"total_s": total, "output_tokens": n, "e2e_tok_s": n / total, "decode_tok_s_per_request": decode,
             "ttft_s": statistics.median(o.timings.first_token_s for o in outs)}
-
-
-def git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -134,7 +128,7 @@ def main() -> None:
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_before_after": [load_before[0], os.getloadavg()[0]]},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onecat_git": git_rev()},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "onecat_git": git_revision()},
         "model": EMBEDDED, "dtype": args.dtype, "quantization": args.quantization,
         "precision_note": ("transformers and the onecat_b1/onecat_c16 arms run the GGUF dequantized to "
                            f"{args.dtype}; onecat_gguf_* arms run the same file's block tensors packed "

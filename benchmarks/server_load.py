@@ -18,7 +18,6 @@ import json
 import platform
 import random
 import statistics
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +26,7 @@ import httpx
 
 from onecat.gates.engines.openai_client import parse_prometheus, stream_completion
 from onecat.gates.engines.server_process import ServerProcess, free_port, onecat_serve_argv
+from onecat.results.revision import git_revision
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
 TOPICS = ["the sea", "a small robot", "autumn", "a lighthouse", "bread", "the moon", "trains", "a city at night",
@@ -112,7 +112,7 @@ def main() -> None:
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
                     "note": "shared 2-core CPU; timings are noisy and only indicative"},
-        "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "git": git_revision(),
         "settings": {"model": EMBEDDED, "requests": args.requests, "disconnect_frac": args.disconnect_frac,
                      "max_tokens": args.max_tokens, "max_num_seqs": args.max_num_seqs, "temperature": 0.8},
         "outcome": {
