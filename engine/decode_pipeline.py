@@ -11,15 +11,21 @@ speculative proposer, every request greedy with no logits processors, logprobs o
 distributions. Anything else drains it (the step in flight is applied, nothing new launched) and
 the normal scheduler takes over. A request that stops at step N has had step N+1 computed for it;
 that result is dropped and its KV slot goes back with the request's blocks. Greedy tokens are the
-argmax of the same logits as in the plain loop, so outputs are identical.
+argmax of the same logits as in the plain loop, and they are applied by the same post-processing
+(EngineCore.postprocess), so outputs are identical. KV room for the step ahead comes from the
+scheduler (`reserve_decode`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from onecat.engine.sequence import Sequence
+from onecat.engine.sequence import Sequence, SequenceUpdate
+
+if TYPE_CHECKING:
+    from onecat.engine.engine_core import EngineCore
 
 
 @dataclass
@@ -32,7 +38,7 @@ class _InFlight:
 
 
 class DecodePipeline:
-    def __init__(self, core):
+    def __init__(self, core: EngineCore):
         self.core = core
         self.inflight: _InFlight | None = None
         self.launches = 0
@@ -45,12 +51,9 @@ class DecodePipeline:
             return False
         if c.scheduler.waiting or not c.scheduler.running or len(c.scheduler.running) > graphs.sizes[-1]:
             return False
-        if getattr(c.runner.model, "aux_layer_ids", None):
-            return False
         for seq in c.scheduler.running:
             p = seq.params
-            if (not p.greedy or p.logprobs is not None or p.extra.get("logits_processors")
-                    or p.extra.get("keep_probs")):
+            if not p.greedy or p.logprobs is not None or p.logits_processors or p.keep_probs:
                 return False
         return True
 
@@ -79,15 +82,10 @@ class DecodePipeline:
                 self.inflight = self._launch(cur.seqs, [p + 1 for p in cur.positions], cur.tokens)
         return self._apply(cur)
 
-    def drain(self) -> list[Sequence]:
-        """Apply the step in flight, if any, without launching another."""
-        cur, self.inflight = self.inflight, None
-        return self._apply(cur) if cur is not None else []
-
     def _launch(self, seqs: list[Sequence], positions: list[int], ids_dev: torch.Tensor | None):
         c = self.core
         for seq, p in zip(seqs, positions):
-            if p + 1 >= c.max_model_len or not c.blocks.ensure_capacity(seq, p + 1):
+            if p + 1 >= c.max_model_len or not c.scheduler.reserve_decode(seq, p + 1):
                 return None  # out of room: let the scheduler decide (preemption, length stop)
         graphs = c.runner.graphs
         size = next(s for s in graphs.sizes if s >= len(seqs))
@@ -103,18 +101,10 @@ class DecodePipeline:
         return _InFlight(list(seqs), list(positions), tokens, host, ready)
 
     def _apply(self, cur: _InFlight) -> list[Sequence]:
-        """Read a launched step's tokens and apply them as the plain step loop would."""
-        c = self.core
+        """Read a launched step's tokens and apply them with the plain step's post-processing."""
         cur.ready.synchronize()
-        c.stats["steps"] += 1
-        touched = []
-        for seq, p, tok in zip(cur.seqs, cur.positions, cur.host_tokens.tolist()):
-            if seq.is_finished or seq.num_computed_tokens != p:
-                continue  # stopped or aborted at an earlier step: this row's result is dropped
-            seq.num_computed_tokens += 1
-            seq.token_ids.append(tok)
-            c.stats["generation_tokens"] += 1
-            if not c.check_stop(seq, tok):
-                c.blocks.register_computed(seq)
-            touched.append(seq)
-        return touched
+        rows = zip(cur.seqs, cur.positions, cur.host_tokens.tolist())
+        # a row whose request stopped or was aborted at an earlier step is dropped
+        updates = [SequenceUpdate(seq, 1, [tok]) for seq, p, tok in rows
+                   if not seq.is_finished and seq.num_computed_tokens == p]
+        return self.core.postprocess(updates)

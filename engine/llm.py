@@ -22,7 +22,6 @@ from onecat.engine.models.registry import model_class
 from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
-from onecat.engine.sequence import Sequence
 
 class LLM:
     """An engine over one model. `LLM(model, **settings)` takes exactly EngineArgs' names (engine/args.py):
@@ -58,7 +57,7 @@ class LLM:
         if speculative_config:
             from onecat.engine.speculative import build_proposer
 
-            self.engine.proposer = build_proposer(speculative_config, self)
+            self.engine.proposer = build_proposer(speculative_config, self, open_draft_engine=LLM)
         self._ids = itertools.count()
         self.load_time_s = time.perf_counter() - t0
 
@@ -128,45 +127,14 @@ class LLM:
             return None, list(prompt)
         raise InvalidRequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
-    def _reject_reason(self, ids: list[int], params: SamplingParams) -> str | None:
-        if not ids:
-            return "the prompt is empty; give at least one token"
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            return f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
-        if len(ids) >= self.max_model_len:
-            return (f"the prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; shorten the "
-                    "prompt or raise max_model_len")
-        return self._vocab_reason(params, vocab)
-
-    @staticmethod
-    def _vocab_reason(params: SamplingParams, vocab: int) -> str | None:
-        """Settings that only the model's vocabulary can judge (a top-n beyond it crashes the step)."""
-        for name in ("logprobs", "prompt_logprobs"):
-            n = getattr(params, name)
-            if n is not None and n > vocab:
-                return f"{name}={n} is more than the vocabulary's {vocab} tokens; ask for at most {vocab}"
-        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            return f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})"
-        return None
-
     def add_request(self, prompt, params: SamplingParams, request_id: str | None = None,
-                    add_special_tokens: bool = True) -> Sequence:
+                    add_special_tokens: bool = True, arrival_time: float | None = None) -> str:
+        """Tokenize a prompt and hand it to the engine core; returns the request id. A request the engine
+        refuses raises InvalidRequestError (nothing is kept for it)."""
         text, ids = self._tokenize(prompt, add_special_tokens)
         rid = request_id or str(next(self._ids))
-        seq = Sequence(rid, text, ids, params, self.engine.make_generator(params.seed))
-        reason = self._reject_reason(ids, params)
-        if reason is not None:
-            seq.finish_reason, seq.status = "abort", seq.status.FINISHED
-            seq.finish_time = time.perf_counter()
-            seq.text = ""
-            self.engine.seqs[rid] = seq
-            seq.stop_reason = reason
-            return seq
-        self.engine.add_request(seq)
-        return seq
+        self.engine.add_request(rid, text, ids, params, arrival_time)
+        return rid
 
     def engine_generate(self, token_ids: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
         """Generate from token ids with no output post-processing (used by draft engines)."""
@@ -180,18 +148,23 @@ class LLM:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
-        seqs = [self.add_request(p, sp, add_special_tokens=add_special_tokens)
-                for p, sp in zip(prompts, params_list)]
-        while self.engine.has_unfinished():
-            self.engine.step()
-        outs = []
-        for seq in seqs:
-            out = self.engine.make_output(seq)
-            if seq.finish_reason == "abort" and isinstance(seq.stop_reason, str) and not seq.num_computed_tokens:
-                out.error, out.stop_reason = seq.stop_reason, None
-            outs.append(out)
-            self.engine.seqs.pop(seq.request_id, None)
-        return outs
+        tokenized = [self._tokenize(p, add_special_tokens) for p in prompts]  # a bad prompt fails the call first
+        refused: dict[str, RequestOutput] = {}
+        rids = []
+        for (text, ids), sp in zip(tokenized, params_list):
+            rid = str(next(self._ids))
+            try:
+                self.engine.add_request(rid, text, ids, sp)
+            except InvalidRequestError as exc:  # this prompt fails alone; the others still run
+                refused[rid] = RequestOutput.refused(rid, text, ids, str(exc))
+            rids.append(rid)
+        try:
+            while self.engine.has_unfinished():
+                self.engine.step()
+            return [refused[rid] if rid in refused else self.engine.pop_output(rid) for rid in rids]
+        finally:
+            for rid in rids:  # after a failed step too: nothing of this call stays in the engine
+                self.engine.release(rid)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[RequestOutput]:

@@ -49,6 +49,12 @@ class RequestOutput:
     finished: bool = True
     probs: Any = None  # [num_tokens, V] sampling distributions, only when requested (draft engines)
 
+    @classmethod
+    def refused(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], error: str) -> "RequestOutput":
+        """The output of a request the engine refused up front: nothing generated, `error` says why."""
+        return cls(request_id=request_id, prompt=prompt, prompt_token_ids=list(prompt_token_ids), token_ids=[],
+                   text="", finish_reason="abort", error=error)
+
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)

@@ -12,14 +12,14 @@ from onecat.engine.sampling_params import SamplingParams
 
 def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
     """vLLM-style per-request processors, `fn(output_token_ids, logits_row) -> logits_row`, from
-    `SamplingParams.extra["logits_processors"]` (grammar constraints use this). Rows without
-    processors are untouched; the input tensor is never modified."""
-    rows = [i for i, s in enumerate(seqs) if s.params.extra.get("logits_processors")]
+    `SamplingParams.logits_processors` (grammar constraints use this). Rows without processors are
+    untouched; the input tensor is never modified."""
+    rows = [i for i, s in enumerate(seqs) if s.params.logits_processors]
     if not rows:
         return logits
     logits = logits.float().clone()
     for i in rows:
-        for fn in seqs[i].params.extra["logits_processors"]:
+        for fn in seqs[i].params.logits_processors:
             logits[i] = fn(seqs[i].output_token_ids, logits[i])
     return logits
 

@@ -1,7 +1,10 @@
 """Per-request decoding settings, validated up front so bad values never reach torch."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 
 GREEDY_BELOW = 1e-5
@@ -9,6 +12,10 @@ GREEDY_BELOW = 1e-5
 
 class InvalidRequestError(ValueError):
     """A request (prompt or sampling settings) that the engine refuses, with what to change."""
+
+
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+"""vLLM's per-request processor signature: `fn(output_token_ids, logits_row) -> logits_row`."""
 
 
 @dataclass
@@ -30,13 +37,17 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per generated token (sampled token always included)
     prompt_logprobs: int | None = None  # 0: logprob of each prompt token given its prefix
     skip_special_tokens: bool = True
-    extra: dict = field(default_factory=dict)
+    # Run on the request's logits row before sampling (grammar constraints). They are per-request and
+    # usually stateful: dataclasses.replace() shares them, and == compares them by identity.
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    keep_probs: bool = False  # hand back each step's sampling distribution (a draft engine's q)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logits_processors = list(self.logits_processors or [])
         if self.top_k == -1:
             self.top_k = 0
         self.validate()
@@ -74,3 +85,8 @@ class SamplingParams:
             raise bad(f"seed={self.seed}; must be a non-negative 63-bit integer")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad(f"stop={self.stop!r}; stop strings must be non-empty strings")
+        if any(not callable(fn) for fn in self.logits_processors):
+            raise bad(f"logits_processors={self.logits_processors!r}; each must be a callable "
+                      "fn(output_token_ids, logits_row) -> logits_row")
+        if not isinstance(self.keep_probs, bool):
+            raise bad(f"keep_probs={self.keep_probs!r}; must be True or False")

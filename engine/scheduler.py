@@ -95,6 +95,12 @@ class Scheduler:
             budget -= n
         return out
 
+    def reserve_decode(self, seq: Sequence, num_tokens: int) -> bool:
+        """Give a running sequence KV room for `num_tokens` tokens outside `schedule()` (the one-step-ahead
+        decode pipeline launches before the host has scheduled); False, with nothing taken, when memory is
+        short: the caller then leaves the step to `schedule()`, which can preempt."""
+        return self.blocks.ensure_capacity(seq, num_tokens)
+
     def finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import Enum
 
 import torch
@@ -49,7 +50,7 @@ class Sequence:
         self.num_preemptions = 0
         self.draft_tokens: list[int] = []  # speculative proposal awaiting verification
         self.draft_probs = None  # [k, V] proposer distribution for sampled verification (None: point mass)
-        self.kept_probs: list = []  # sampling distributions, kept only when params.extra["keep_probs"]
+        self.kept_probs: list = []  # sampling distributions, kept only when params.keep_probs
 
     @property
     def num_tokens(self) -> int:
@@ -70,3 +71,15 @@ class Sequence:
     @property
     def in_prompt(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
+
+
+@dataclass(slots=True)
+class SequenceUpdate:
+    """What one engine step did for one sequence, before the core applies it (EngineCore.postprocess)."""
+
+    seq: Sequence
+    num_new_tokens: int  # KV positions the step computed, from seq.num_computed_tokens on
+    # Tokens to append: none for a prefill chunk short of the prompt's end; after verification the
+    # accepted drafts (their KV is already written) and the token that follows them.
+    new_tokens: list[int]
+    features: torch.Tensor | None = None  # the target's tapped hidden states of the kept positions

@@ -162,8 +162,8 @@ class AsyncEngine:
                 self._fail_all_running(self.last_error)
                 continue
             now = time.perf_counter()
-            for seq in touched:
-                self._publish(seq, now)
+            for rid in touched:
+                self._publish(rid, now)
             if self.metrics is not None:
                 self.metrics.observe_engine(self.engine)
 
@@ -200,61 +200,54 @@ class AsyncEngine:
             except RuntimeError:  # event loop closed
                 pass
 
-        if stream.request_id in self.engine.seqs or stream.request_id in self._streams:
+        if stream.request_id in self._streams:
             self._release()
             resolve(RequestRejected(f"request id {stream.request_id!r} is already in use"))
             return
         try:
-            seq = self.llm.add_request(cmd.prompt, cmd.params, request_id=stream.request_id,
-                                       add_special_tokens=cmd.add_special_tokens)
-        except Exception as exc:  # noqa: BLE001 - InvalidRequestError and friends -> 400
+            self.llm.add_request(cmd.prompt, cmd.params, request_id=stream.request_id,
+                                 add_special_tokens=cmd.add_special_tokens, arrival_time=cmd.submit_time)
+        except Exception as exc:  # noqa: BLE001 - InvalidRequestError (too long, bad ids, ...) and friends -> 400
             self._release()
             resolve(RequestRejected(str(exc)))
             return
-        if seq.is_finished:  # refused by the engine (too long, bad ids): never scheduled
-            self.engine.seqs.pop(stream.request_id, None)
-            self._release()
-            resolve(RequestRejected(str(seq.stop_reason or "the engine refused the request")))
-            return
-        seq.arrival_time = min(seq.arrival_time, cmd.submit_time)
         self._streams[stream.request_id] = stream
         resolve(None)
 
     def _abort(self, request_id: str) -> None:
-        seq = self.engine.seqs.get(request_id)
-        stream = self._streams.get(request_id)
-        if seq is None or stream is None:
+        if request_id not in self.engine or request_id not in self._streams:
             return
-        if not seq.is_finished:
-            self.engine.abort(request_id)
-        self._publish(seq, time.perf_counter())
+        self.engine.abort(request_id)
+        self._publish(request_id, time.perf_counter())
 
-    def _publish(self, seq: Any, now: float) -> None:
-        stream = self._streams.get(seq.request_id)
+    def _publish(self, request_id: str, now: float) -> None:
+        stream = self._streams.get(request_id)
         if stream is None or stream.done:
             return
-        n = seq.num_output_tokens
+        try:
+            out = self.engine.output(request_id)
+        except Exception as exc:  # noqa: BLE001 - e.g. a decode failure: fail this request only
+            self._finish(request_id, EngineRequestError(f"{type(exc).__name__}: {exc}"))
+            return
+        n = len(out.token_ids)
         if n > stream.num_tokens_seen:
             if self.metrics is not None and stream.last_token_time is not None:
                 self.metrics.observe_inter_token(now - stream.last_token_time)
             stream.last_token_time = now
             stream.num_tokens_seen = n
-        try:
-            out = self.engine.make_output(seq)
-        except Exception as exc:  # noqa: BLE001 - e.g. a decode failure: fail this request only
-            if not seq.is_finished:
-                self.engine.abort(seq.request_id)
-            self._finish(seq, EngineRequestError(f"{type(exc).__name__}: {exc}"))
-            return
         if out.finished:
-            self._finish(seq, out)
+            self._finish(request_id, out)
         else:
             stream.put(out)
 
-    def _finish(self, seq: Any, final: Any) -> None:
-        stream = self._streams.pop(seq.request_id)
+    def _finish(self, request_id: str, final: Any) -> None:
+        """Send a request's last item and hand the request back to the engine (aborting it if it still runs)."""
+        stream = self._streams.pop(request_id)
         stream.done = True
-        self.engine.seqs.pop(seq.request_id, None)
+        try:
+            self.engine.release(request_id)
+        except Exception:  # noqa: BLE001 - e.g. after a failed step; the request's answer must still go out
+            log.exception("releasing request %s failed", request_id)
         self._release()
         if self.metrics is not None and not isinstance(final, BaseException):
             self.metrics.observe_finished(final)
@@ -262,15 +255,13 @@ class AsyncEngine:
 
     def _fail_all_running(self, message: str) -> None:
         for rid in list(self._streams):
-            seq = self.engine.seqs.get(rid)
-            if seq is None:
+            if rid not in self.engine:
                 continue
-            if not seq.is_finished:
-                try:
-                    self.engine.abort(rid)
-                except Exception:  # noqa: BLE001
-                    log.exception("abort after engine failure failed")
-            self._finish(seq, EngineRequestError(f"the engine failed while running this request: {message}"))
+            try:
+                self.engine.abort(rid)
+            except Exception:  # noqa: BLE001
+                log.exception("abort after engine failure failed")
+            self._finish(rid, EngineRequestError(f"the engine failed while running this request: {message}"))
 
     def _release(self) -> None:
         with self._lock:

@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onecat.engine.server import cpu_work
 from onecat.engine.server.chat_prompt import render_prompt, tool_dicts, tool_mode, tool_schema
@@ -22,6 +22,9 @@ from onecat.engine.server.protocol import ChatCompletionRequest
 from onecat.engine.server.serving import (Job, check_common, collect_finals, grammar_processor, max_tokens_for,
                                           sampling_params, sse, sse_error, submit_all, usage)
 from onecat.engine.server.streaming import holdback_len
+
+if TYPE_CHECKING:
+    from onecat.engine.server.app import ServerState
 
 
 def _forced_tool_calls(mode: str, named: dict | None, text: str) -> list[dict] | None:
@@ -72,7 +75,7 @@ class ChoiceView:
         return msg, called
 
 
-def _prompt_and_ids(state: Any, req: ChatCompletionRequest, tools: list[dict] | None) -> tuple[str, list[int]]:
+def _prompt_and_ids(state: ServerState, req: ChatCompletionRequest, tools: list[dict] | None) -> tuple[str, list[int]]:
     kw = dict(req.chat_template_kwargs or {})
     if req.reasoning_effort:
         kw.setdefault("reasoning_effort", req.reasoning_effort)
@@ -81,7 +84,7 @@ def _prompt_and_ids(state: Any, req: ChatCompletionRequest, tools: list[dict] | 
     return prompt, cpu_work.encode(state.tokenizer, prompt, add_special_tokens=False)
 
 
-async def create_chat_completion(state: Any, req: ChatCompletionRequest, request: Any):
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Any):
     model = check_common(state, req)
     all_tools = tool_dicts(req.tools)
     mode, named = tool_mode(all_tools, req.tool_choice)
@@ -127,7 +130,7 @@ async def create_chat_completion(state: Any, req: ChatCompletionRequest, request
             "usage": usage(len(ids), n_out, cached)}
 
 
-async def _stream_chat(state, req, job: Job, base, model, created, index_of, view: ChoiceView,
+async def _stream_chat(state: ServerState, req, job: Job, base, model, created, index_of, view: ChoiceView,
                        prompt_len: int, top_n: int):
     tok = state.tokenizer
     stops = list(req.stop if isinstance(req.stop, list) else [req.stop] if req.stop else [])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onecat.engine.server import cpu_work
 from onecat.engine.server.errors import ApiError
@@ -16,6 +16,9 @@ from onecat.engine.server.protocol import CompletionRequest
 from onecat.engine.server.serving import (Job, check_common, collect_finals, grammar_processor, max_tokens_for,
                                           sampling_params, sse, sse_error, submit_all, usage)
 from onecat.engine.server.streaming import holdback_len
+
+if TYPE_CHECKING:
+    from onecat.engine.server.app import ServerState
 
 
 def _split_prompts(req: CompletionRequest) -> list:
@@ -27,7 +30,7 @@ def _split_prompts(req: CompletionRequest) -> list:
     return list(p)
 
 
-def _tokenize_all(state: Any, items: list, add_special_tokens: bool) -> list[tuple[str | None, list[int]]]:
+def _tokenize_all(state: ServerState, items: list, add_special_tokens: bool) -> list[tuple[str | None, list[int]]]:
     out = []
     for item in items:
         if isinstance(item, str):
@@ -39,7 +42,7 @@ def _tokenize_all(state: Any, items: list, add_special_tokens: bool) -> list[tup
     return out
 
 
-async def _prompts_of(state: Any, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+async def _prompts_of(state: ServerState, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
     items = _split_prompts(req)
     if not items:
         raise ApiError(400, "prompt is empty; give a string, a list of strings or token ids", param="prompt")
@@ -53,12 +56,12 @@ async def _prompts_of(state: Any, req: CompletionRequest) -> list[tuple[str | No
     return prompts
 
 
-def _prompt_texts(state: Any, prompts: list) -> list[str]:
+def _prompt_texts(state: ServerState, prompts: list) -> list[str]:
     return [t if t is not None else cpu_work.decode(state.tokenizer, ids, skip_special_tokens=False)
             for t, ids in prompts]
 
 
-async def create_completion(state: Any, req: CompletionRequest, request: Any):
+async def create_completion(state: ServerState, req: CompletionRequest, request: Any):
     model = check_common(state, req)
     if req.suffix:
         raise ApiError(400, "suffix is not supported", param="suffix")
@@ -115,7 +118,8 @@ async def create_completion(state: Any, req: CompletionRequest, request: Any):
             "usage": usage(n_prompt, n_out, cached)}
 
 
-async def _stream_completion(state, req, job: Job, base, model, created, choice_of, prompt_texts, n_prompt):
+async def _stream_completion(state: ServerState, req, job: Job, base, model, created, choice_of, prompt_texts,
+                             n_prompt):
     tok = state.tokenizer
     markers = list(req.stop if isinstance(req.stop, list) else [req.stop] if req.stop else [])
     sent: dict[str, str] = {rid: "" for rid in job.ids}

@@ -3,7 +3,7 @@
 A `GrammarLogitsProcessor` is a per-request callable `fn(output_token_ids, logits) -> logits`
 (vLLM's logits-processor signature): it advances an llguidance matcher over the tokens generated
 since its last call, then sets every token the grammar forbids to -inf. The server attaches it as
-`SamplingParams.extra["logits_processors"] = [fn]`.
+`SamplingParams.logits_processors = [fn]`.
 
 The engine calls each processor on the request's logits row before sampling
 (engine/sampler.py: apply_logits_processors) and never drafts speculative tokens for such a request.

@@ -12,17 +12,20 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
 from onecat.engine.server.async_engine import EngineRequestError, QueueFullError, RequestRejected
 from onecat.engine.server.errors import ApiError, ClientDisconnected, error_body
 from onecat.engine.server.guided import GrammarError
 
+if TYPE_CHECKING:
+    from onecat.engine.server.app import ServerState
+
 GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: smaller temperatures overflow the logits, so they mean greedy
 
 
-def check_common(state: Any, req: Any) -> str:
+def check_common(state: ServerState, req: Any) -> str:
     """The served model name, after refusing what no engine request could carry."""
     model = state.resolve_model_name(req.model)
     bad = req.unsupported()
@@ -47,16 +50,15 @@ def sampling_params(req: Any, max_tokens: int | None, choice: int, *, logprobs: 
         min_p=req.min_p or 0.0, seed=seed % 2**63 if seed is not None else None, max_tokens=max_tokens,
         min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens)
-    if processors:
-        kw["extra"] = {"logits_processors": processors}
+        prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens,
+        logits_processors=processors or [])
     try:
         return SamplingParams(**kw)
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc)) from None
 
 
-def max_tokens_for(state: Any, requested: int | None, prompt_len: int) -> int | None:
+def max_tokens_for(state: ServerState, requested: int | None, prompt_len: int) -> int | None:
     limit = state.max_model_len
     if prompt_len >= limit:
         raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your prompt has "
@@ -70,7 +72,7 @@ def max_tokens_for(state: Any, requested: int | None, prompt_len: int) -> int | 
     return requested
 
 
-def _compile_grammar_processor(state: Any, req: Any, schema_override: Any):
+def _compile_grammar_processor(state: ServerState, req: Any, schema_override: Any):
     try:
         grammar = state.grammar_for(req, schema_override)
         return None if grammar is None else state.guided().processor(grammar)
@@ -78,7 +80,7 @@ def _compile_grammar_processor(state: Any, req: Any, schema_override: Any):
         raise ApiError(400, str(exc), param="response_format") from None
 
 
-async def grammar_processor(state: Any, req: Any, *, schema_override: Any = None):
+async def grammar_processor(state: ServerState, req: Any, *, schema_override: Any = None):
     """A fresh logits processor for one engine request, or None when unconstrained. Compiled on a
     worker thread: a large schema (and the first use, which builds the grammar tokenizer) takes a while."""
     if schema_override is None and not req.constrained():
@@ -90,7 +92,7 @@ async def grammar_processor(state: Any, req: Any, *, schema_override: Any = None
 class Job:
     """The engine requests of one HTTP call, sharing one output queue."""
 
-    state: Any
+    state: ServerState
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     ids: list[str] = field(default_factory=list)
     finished: set = field(default_factory=set)

@@ -1,14 +1,20 @@
 """Speculative decoding: proposers (ngram, draft_model, dflash) and one exact verifier."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from onecat.engine.errors import ConfigError
 from onecat.engine.speculative.base import Proposer, SpeculativeDecoder
+
+if TYPE_CHECKING:
+    from onecat.engine.speculative.draft_model import OpenDraftEngine
 
 METHODS = ("ngram", "draft_model", "dflash")
 
 
-def build_proposer(config: dict, target) -> SpeculativeDecoder:
-    """`config` uses vLLM's speculative_config names: method, num_speculative_tokens, model, ..."""
+def build_proposer(config: dict, target, open_draft_engine: OpenDraftEngine) -> SpeculativeDecoder:
+    """`config` uses vLLM's speculative_config names: method, num_speculative_tokens, model, ...
+    `open_draft_engine(model, **settings)` opens the draft model's engine (method draft_model)."""
     cfg = {k: v for k, v in config.items() if v is not None}
     method = cfg.pop("method", None)
     dtype = cfg.pop("dtype", "auto")
@@ -30,7 +36,7 @@ def build_proposer(config: dict, target) -> SpeculativeDecoder:
                 raise ConfigError("speculative method draft_model needs `model` (path or name of the draft model)")
             if dtype != "auto":
                 cfg["dtype"] = dtype
-            proposer = DraftModelProposer(k, target, revision=revision, **cfg)
+            proposer = DraftModelProposer(k, target, open_engine=open_draft_engine, revision=revision, **cfg)
         else:
             from onecat.engine.speculative.dflash import DFlashProposer
 

@@ -1,22 +1,56 @@
-"""Proposer interface and the engine-facing speculative decoder (propose -> schedule -> verify)."""
+"""Proposer interface and the engine-facing speculative decoder (propose -> schedule -> verify).
+
+The engine core talks only to `SpeculativeDecoder`: `lookahead` (draft, and the KV slots the drafts
+need), `verify`, `release`, `describe`, and, for block drafters conditioned on the target's hidden
+states, `wants_features` / `step_features` / `record_features`.
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from onecat.engine.errors import ConfigError
 from onecat.engine.scheduler import ScheduledSeq
 from onecat.engine.sequence import Sequence
 from onecat.engine.speculative.verifier import verify_greedy, verify_sampled
+
+
+@runtime_checkable
+class HiddenStateTap(Protocol):
+    """A target model that keeps, from its last forward pass, the hidden states after the layers in
+    `aux_layer_ids`: `aux_hidden` is [tokens of the pass, len(aux_layer_ids) * hidden], or None."""
+
+    aux_layer_ids: list[int]
+    aux_hidden: torch.Tensor | None
+
+
+def hidden_state_tap(model: torch.nn.Module) -> HiddenStateTap:
+    """The target model as a tap; a ConfigError when its class keeps no per-layer hidden states."""
+    if not isinstance(model, HiddenStateTap):
+        raise ConfigError(f"{type(model).__name__} does not keep per-layer hidden states (aux_layer_ids / "
+                          "aux_hidden), so a drafter conditioned on them cannot run on it; use ngram or draft_model")
+    return model
 
 
 class Proposer(ABC):
     """Proposes up to `k` next tokens per sequence. `q` probabilities are None for deterministic drafts."""
 
     name = "abstract"
+    tap: HiddenStateTap | None = None  # set by drafters that read the target's hidden states
 
     def __init__(self, k: int):
         self.k = k
+
+    @property
+    def wants_features(self) -> bool:
+        """True when the drafter needs the target's hidden states of every computed position."""
+        return self.tap is not None
+
+    def record_features(self, seq: Sequence, rows: torch.Tensor) -> None:
+        """Keep the target's hidden states of the sequence's newly computed (accepted) positions."""
+        raise NotImplementedError(f"the {self.name} proposer reads no target features (wants_features is False)")
 
     @abstractmethod
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
@@ -45,7 +79,7 @@ class SpeculativeDecoder:
             seq.draft_tokens, seq.draft_probs = [], None
             if seq.num_tokens - seq.num_computed_tokens != 1 or seq.params.prompt_logprobs is not None:
                 continue
-            if seq.params.extra.get("logits_processors"):  # verification does not run them: no drafts
+            if seq.params.logits_processors:  # verification does not run them: no drafts
                 continue
             p = seq.params
             left = (p.max_tokens - seq.num_output_tokens) if p.max_tokens is not None else self.k + 1
@@ -87,3 +121,16 @@ class SpeculativeDecoder:
 
     def describe(self) -> dict:
         return self.proposer.describe()
+
+    # ---- feature capture (block drafters) -------------------------------------------------------
+    @property
+    def wants_features(self) -> bool:
+        return self.proposer.wants_features
+
+    def step_features(self) -> torch.Tensor | None:
+        """The tapped hidden states of the forward pass just run (one row per computed position), or None."""
+        tap = self.proposer.tap
+        return tap.aux_hidden if tap is not None else None
+
+    def record_features(self, seq: Sequence, rows: torch.Tensor) -> None:
+        self.proposer.record_features(seq, rows)

@@ -27,7 +27,7 @@ from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.sampler import apply_filters, sample_from_probs
-from onecat.engine.speculative.base import Proposer
+from onecat.engine.speculative.base import Proposer, hidden_state_tap
 
 
 def dflash_value(cfg: dict, name: str, default=None):
@@ -144,11 +144,11 @@ class DFlashProposer(Proposer):
         super().__init__(min(k, self.drafter.block_size - 1))
         self.model_name = model
         self.target_model = target.model
-        self.target_model.aux_layer_ids = list(self.drafter.target_layer_ids)
+        self.tap = hidden_state_tap(target.model)
+        self.tap.aux_layer_ids = list(self.drafter.target_layer_ids)
         self.features: dict[str, torch.Tensor] = {}
 
     def record_features(self, seq, rows: torch.Tensor) -> None:
-        """Keep the target features of the sequence's newly computed (accepted) positions."""
         old = self.features.get(seq.request_id)
         feats = rows if old is None else torch.cat([old, rows], dim=0)
         window = self.drafter.sliding_window

@@ -6,24 +6,41 @@ For sampled requests it samples with the request's settings and returns its dist
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Protocol
+
 import torch
 
 from onecat.engine.errors import ConfigError
+from onecat.engine.outputs import RequestOutput
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.speculative.base import Proposer
+
+
+class DraftEngine(Protocol):
+    """What the proposer needs of the engine that runs the draft model (an `LLM`)."""
+
+    model_config: Any  # has vocab_size
+
+    def engine_generate(self, token_ids: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
+        ...
+
+
+OpenDraftEngine = Callable[..., DraftEngine]
+"""`open_engine(model, **engine settings)`: opens the engine for the draft model (the caller passes `LLM`)."""
 
 
 class DraftModelProposer(Proposer):
     name = "draft_model"
 
-    def __init__(self, k: int, target, model: str, revision: str | None = None, **engine_kwargs):
-        from onecat.engine.llm import LLM
-
+    def __init__(self, k: int, target, model: str, open_engine: OpenDraftEngine, revision: str | None = None,
+                 **engine_kwargs):
         super().__init__(k)
         self.model_name = model
-        self.draft = LLM(model, device=str(target.device), dtype=engine_kwargs.pop("dtype", target.dtype),
-                         max_model_len=target.max_model_len, max_num_seqs=target.cfg.max_num_seqs,
-                         enable_prefix_caching=True, seed=target.cfg.seed, revision=revision, **engine_kwargs)
+        self.draft = open_engine(model, device=str(target.device), dtype=engine_kwargs.pop("dtype", target.dtype),
+                                 max_model_len=target.max_model_len, max_num_seqs=target.cfg.max_num_seqs,
+                                 enable_prefix_caching=True, seed=target.cfg.seed, revision=revision,
+                                 **engine_kwargs)
         if self.draft.model_config.vocab_size != target.model_config.vocab_size:
             raise ConfigError(f"draft model {model!r} has vocabulary size {self.draft.model_config.vocab_size} but "
                               f"the target has {target.model_config.vocab_size}; a draft model must share the "
@@ -38,7 +55,7 @@ class DraftModelProposer(Proposer):
                 if not p.greedy else None
             params.append(SamplingParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
                                          seed=seed, max_tokens=budget, ignore_eos=True,
-                                         extra={"keep_probs": not p.greedy}))
+                                         keep_probs=not p.greedy))
         outs = self.draft.engine_generate([s.token_ids for s in seqs], params)
         return [(o.token_ids, o.probs) for o in outs]
 
