@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,55 +32,10 @@ from onecat.engine.server.metrics import ServerMetrics
 from onecat.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                            TokenizeChatRequest, TokenizeCompletionRequest)
 from onecat.engine.server.request_body import parse_json, parse_request, validate_as, validation_message
+from onecat.engine.server.serve_config import ServeConfig
 
 log = logging.getLogger("onecat.server")
 VERSION = "0.1.0"
-
-
-@dataclass
-class ServeConfig:
-    """`onecat serve` settings; names follow `vllm serve` (and uvicorn, for the HTTP limits)."""
-
-    model: str
-    served_model_name: list[str] = field(default_factory=list)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: Optional[str] = None
-    metrics_without_auth: bool = False  # /metrics open even when api_key is set
-    max_model_len: Optional[int] = None
-    kv_cache_dtype: str = "auto"
-    quantization: Optional[str] = None
-    enable_prefix_caching: bool = True
-    speculative_config: Optional[dict] = None
-    tensor_parallel_size: int = 1
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    dtype: str = "auto"
-    seed: int = 0
-    device: str = "auto"
-    max_queue_len: int = 1024
-    reasoning_parser: str = "think"  # "think": split <think>...</think> into reasoning_content; "none"
-    # HTTP limits (http_guard.py, http_limits.py)
-    max_request_body_bytes: int = 16 * 2**20
-    request_header_timeout: float = 10.0  # request line + headers, from connect or from the last response
-    request_body_timeout: float = 60.0  # the whole body, from the end of the headers
-    timeout_keep_alive: float = 5.0  # an idle keep-alive connection is closed after this
-    limit_concurrency: Optional[int] = 2048  # connections + requests in progress; more get 503
-    h11_max_incomplete_event_size: Optional[int] = None  # request line + headers bytes (uvicorn: 16 KiB)
-    cpu_workers: int = 2  # threads for tokenizing / templating / grammar compiling
-    llm_kwargs: dict = field(default_factory=dict)  # extra LLM(...) arguments (e.g. num_kv_blocks)
-
-    def llm_args(self) -> dict:
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size}: onecat serve runs one "
-                             "device per server; use --tensor-parallel-size 1")
-        kw = dict(model=self.model, dtype=self.dtype, kv_cache_dtype=self.kv_cache_dtype,
-                  max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-                  max_num_batched_tokens=self.max_num_batched_tokens,
-                  enable_prefix_caching=self.enable_prefix_caching, seed=self.seed, device=self.device,
-                  speculative_config=self.speculative_config, quantization=self.quantization)
-        kw.update(self.llm_kwargs)
-        return kw
 
 
 class ServerState:
@@ -106,7 +60,7 @@ class ServerState:
     def create(cls, config: ServeConfig) -> "ServerState":
         from onecat.engine import LLM
 
-        return cls(LLM(**config.llm_args()), config)
+        return cls(LLM(**config.engine.as_kwargs()), config)
 
     def resolve_model_name(self, name: str | None) -> str:
         if name is None or name in self.model_names:

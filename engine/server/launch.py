@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from onecat.engine.server.app import ServeConfig, ServerState, build_app
+from onecat.engine.server.app import ServerState, build_app
 from onecat.engine.server.http_limits import uvicorn_config
+from onecat.engine.server.serve_config import ServeConfig
 
 
 def free_port(host: str = "127.0.0.1") -> int:
