@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from onecat.engine import InvalidRequestError, SamplingParams
-from tests.conftest import EMBEDDED
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
@@ -110,17 +109,20 @@ def test_sampling_params_with_processors_copy_and_compare():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_pipeline_and_plain_step_apply_steps_alike():
+def test_pipeline_and_plain_step_apply_steps_alike(tmp_path):
     """The one-step-ahead pipeline and the plain step give the same tokens, stops and counts, and both
     leave every KV block free."""
     from onecat.engine import LLM
+    from tests.tiny_models import make_tiny_model
 
-    prompts = ["The history of the Roman Empire began", "1, 2, 3, 4,", "My favourite food is"]
+    model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
+                                num_key_value_heads=2)
+    prompts = [" ".join(f"t{(i * 7 + j * 3) % 300 + 1}" for j in range(n)) for i, n in enumerate((5, 37, 130))]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (5, 30, 17)]
     seen = {}
     for on in (False, True):
-        with LLM(EMBEDDED, device="cuda", dtype="float16", max_model_len=512, cuda_graph=True,
-                 async_scheduling=on) as llm:
+        with LLM(str(model_dir), device="cuda", dtype="float16", max_model_len=512, kv_cache_memory_gb=1.0,
+                 cuda_graph=True, async_scheduling=on) as llm:
             outs = llm.generate(prompts, params)
             core = llm.engine
             seen[on] = ([(o.token_ids, o.finish_reason) for o in outs], core.stats["generation_tokens"],
