@@ -1,6 +1,6 @@
 """PROJECTED (not measured) V100 speed of the FLASH_ATTN_V100 kernels from a roofline model.
 
-The model lives in onecat.engine.kernels.projection (shared with `onecat kernels bench`).
+The model lives in onecat.engine.kernel_tools.projection (shared with `onecat kernels bench`).
 
 Model: time >= max(useful FLOPs / compute peak, bytes moved / peak HBM2 bandwidth), with
 V100-SXM2 peaks of 900 GB/s and, as compute peak, 125 TFLOP/s FP16 HMMA for prefill (tensor
@@ -18,7 +18,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from onecat.engine.kernels.projection import MODEL, default_table
+from onecat.engine.kernel_tools.projection import MODEL, default_table
 
 
 def main() -> None:

@@ -74,8 +74,8 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def bench_shape(name: str, n: int, k: int, fused: str | None, sweep: bool) -> dict:
-    from onecat.engine.layers import triton_fused as tf
-    from onecat.engine.layers import triton_gemv as tg
+    from onecat.engine.kernels import triton_fused as tf
+    from onecat.engine.kernels import triton_gemv as tg
 
     dt = torch.float16
     copies = max(3, -(-L2_FLUSH_BYTES // (n * k * 2)))

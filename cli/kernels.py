@@ -23,8 +23,8 @@ def check(
 ) -> None:
     """Compile every Volta attention kernel for sm_70 and report registers, spills, shared
     memory, HMMA.884 and LDG.E.128 counts and V100 occupancy; exit 1 on a regression."""
-    from onecat.engine.kernels.sm70_check import run_check
-    from onecat.engine.kernels.toolchain import ToolchainMissing, find_toolchain
+    from onecat.engine.kernel_tools.sm70_check import run_check
+    from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
 
     if arch not in SUPPORTED_ARCHS:
         console.print(f"[red]--arch {arch} is not supported: the offline check targets {', '.join(SUPPORTED_ARCHS)}[/red]")
@@ -48,7 +48,7 @@ def check(
     console.print("HMMA.884 and LDG.E.128 are static SASS instruction counts (loops partially unrolled); "
                   "each mma.sync.m8n8k4 issues four HMMA.884 (STEP0-3).")
     if json_out is not None:
-        from onecat.engine.kernels.sm70_check import reports_as_dicts
+        from onecat.engine.kernel_tools.sm70_check import reports_as_dicts
 
         json_out.write_text(json.dumps({"arch": arch, "kernels": reports_as_dicts(reports)}, indent=2))
     failed = [r for r in reports if r.problems]
@@ -61,7 +61,7 @@ def check(
 @app.command("fetch-nvdisasm")
 def fetch_nvdisasm_cmd() -> None:
     """Fetch a CUDA 12.x nvdisasm: pip-download the triton 3.3.1 wheel and extract only nvdisasm."""
-    from onecat.engine.kernels.toolchain import fetch_nvdisasm
+    from onecat.engine.kernel_tools.toolchain import fetch_nvdisasm
 
     path = fetch_nvdisasm()
     console.print(f"nvdisasm extracted to {path}")
@@ -85,8 +85,8 @@ def bench(
     """Time the FLASH_ATTN_V100 prefill and paged decode kernels on the CUDA GPU present, beside the
     V100 roofline projection. Only compute capability 7.0 gives V100 measurements; elsewhere the
     timings are labelled emulated. Without a GPU, prints the projection alone (exit 0)."""
-    from onecat.engine.kernels import bench as kb
-    from onecat.engine.kernels.projection import MODEL
+    from onecat.engine.kernel_tools import bench as kb
+    from onecat.engine.kernel_tools.projection import MODEL
 
     dims = _int_list(head_dims, "--head-dims")
     bad = [d for d in dims if d not in kb.HEAD_DIMS]

@@ -84,7 +84,7 @@ class LLM:
 
     def _enable_fused_kernels(self, wanted: bool) -> dict:
         """Fused Triton kernels for the per-layer small ops on CUDA; the reference torch ops elsewhere."""
-        from onecat.engine.layers.triton_fused import fused_unavailable_reason
+        from onecat.engine.kernels.triton_fused import fused_unavailable_reason
 
         reason = ("turned off (fused_kernels=False)" if not wanted else
                   "CPU device: the torch reference ops run" if self.device.type != "cuda" else

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _fused():
-    from onecat.engine.layers import triton_fused
+    from onecat.engine.kernels import triton_fused
 
     require_fused_kernels()
     return triton_fused

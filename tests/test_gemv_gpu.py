@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _gemv():
-    from onecat.engine.layers import triton_gemv
+    from onecat.engine.kernels import triton_gemv
 
     require_fused_kernels()
     return triton_gemv
@@ -68,7 +68,7 @@ def test_norm_and_glu_match_separate_kernels(dtype, k, glu, bias):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_argmax_rows_matches_torch(dtype):
-    from onecat.engine.layers.triton_fused import argmax_rows
+    from onecat.engine.kernels.triton_fused import argmax_rows
 
     _gemv()
     logits = torch.randn(5, 151936, device="cuda").to(dtype)

@@ -7,8 +7,8 @@ import torch
 from typer.testing import CliRunner
 
 from onecat.cli.kernels import app
-from onecat.engine.kernels.bench import PROJECTED, plan
-from onecat.engine.kernels.projection import MODEL
+from onecat.engine.kernel_tools.bench import PROJECTED, plan
+from onecat.engine.kernel_tools.projection import MODEL
 
 
 def test_bench_without_cuda_writes_only_projected_rows(tmp_path, monkeypatch):

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from onecat.cli.kernels import app
-from onecat.engine.kernels import toolchain
-from onecat.engine.kernels.sm70_check import v100_occupancy
+from onecat.engine.kernel_tools import toolchain
+from onecat.engine.kernel_tools.sm70_check import v100_occupancy
 
 
 def _toolchain_or_skip():
@@ -60,7 +60,7 @@ def test_sm70_check_cli_passes_with_tensor_cores_and_128bit_loads(tmp_path):
     result = CliRunner().invoke(app, ["check", "--arch", "sm_70", "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    from onecat.engine.kernels.sm70_check import kernel_specs
+    from onecat.engine.kernel_tools.sm70_check import kernel_specs
 
     assert data["arch"] == "sm_70" and len(data["kernels"]) == len(kernel_specs())
     for r in data["kernels"]:

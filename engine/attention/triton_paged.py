@@ -1,10 +1,7 @@
 """TRITON_PAGED: SM80+ attention that reads the paged KV cache in place (no per-step context copy).
 
-Decode (and short verify chunks) go through a split-KV Triton kernel: each program takes one query
-token, one KV head with all its GQA query heads, and walks fixed 128-token partitions of that
-token's context through the block table; a second kernel merges the partitions by their
-log-sum-exp. A partition boundary depends only on the sequence's own length, never on the batch
-or the launch grid, so results are batch-invariant and identical inside and outside CUDA graphs.
+Decode (and short verify chunks) go through the split-KV Triton kernel of
+engine/kernels/triton_paged_decode.py (batch-invariant, identical inside and outside CUDA graphs).
 Long prefill chunks go through torch SDPA per sequence (causal on the fresh tokens when nothing
 is cached; otherwise an explicit mask over the gathered context).
 
@@ -13,171 +10,16 @@ reports why it cannot run so the dispatcher falls back to the reference path.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
 from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.kernels.triton_paged_decode import FP8_KINDS, paged_decode
+from onecat.engine.kernels.triton_support import triton_unavailable_reason
 from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
 
-PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
-#                  that a 1K-token decode already spreads over 8 programs per KV head)
-MERGE_BLOCK = 16  # partitions merged per vector step
-BLOCK_N = 64  # context tokens per inner tile
 SHORT_QUERY = 16  # chunks up to this many tokens (decode, speculative verify) use the paged kernel
-_FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
-
-
-@functools.lru_cache(maxsize=1)
-def triton_unavailable_reason() -> str | None:
-    try:
-        import triton  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install
-        return f"triton is not importable ({type(e).__name__}: {e})"
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    """Compiles nothing yet: defines the two jitted kernels on first use."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, row_ptr, po_ptr, plse_ptr,
-                     stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
-                     GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                     BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr):
-        i = tl.program_id(0)
-        kvh = tl.program_id(1)
-        first_split = tl.program_id(2)
-        num_split_progs = tl.num_programs(2)
-        if INDIRECT:
-            tok = tl.load(tok_ptr + i).to(tl.int64)
-            row = tl.load(row_ptr + i).to(tl.int64)
-        else:
-            tok = i.to(tl.int64)
-            row = i.to(tl.int64)
-        ctx = tl.load(ctx_ptr + i)
-        g = tl.arange(0, G_PAD)
-        d = tl.arange(0, D)
-        gmask = g < GROUP
-        qh = kvh * GROUP + g
-        q = tl.load(q_ptr + tok * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
-        n_parts = tl.cdiv(ctx, PART)
-        for it in range(0, splits_per_prog):
-            s = first_split + it * num_split_progs
-            if s < n_parts:
-                start = s * PART
-                end = tl.minimum(start + PART, ctx)
-                m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-                l_i = tl.zeros([G_PAD], tl.float32)
-                acc = tl.zeros([G_PAD, D], tl.float32)
-                for n0 in range(0, PART, BLOCK):
-                    offs = start + n0 + tl.arange(0, BLOCK)
-                    nmask = offs < end
-                    page = tl.load(bt_ptr + row * stride_bt + offs // PAGE, mask=nmask, other=0).to(tl.int64)
-                    slot = page * PAGE + offs % PAGE
-                    kv_off = (slot * num_kv_heads + kvh) * D
-                    k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=nmask[:, None], other=0)
-                    v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=nmask[:, None], other=0)
-                    if KV_KIND != 0:
-                        ks = tl.load(ks_ptr + slot * num_kv_heads + kvh, mask=nmask, other=0.0)
-                        vs = tl.load(vs_ptr + slot * num_kv_heads + kvh, mask=nmask, other=0.0)
-                        if KV_KIND == 1:
-                            k = k.to(tl.float8e4nv, bitcast=True)
-                            v = v.to(tl.float8e4nv, bitcast=True)
-                        else:
-                            k = k.to(tl.float8e5, bitcast=True)
-                            v = v.to(tl.float8e5, bitcast=True)
-                        k = (k.to(tl.float32) * ks[:, None]).to(q.dtype)
-                        v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
-                    sc = tl.dot(q, tl.trans(k)) * qk_scale  # log2 units
-                    sc = tl.where(nmask[None, :], sc, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(sc, 1))
-                    alpha = tl.exp2(m_i - m_new)
-                    p = tl.exp2(sc - m_new[:, None])
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-                    m_i = m_new
-                base = (i * num_kv_heads * GROUP + qh) * max_splits + s
-                tl.store(po_ptr + base[:, None] * D + d[None, :], acc / l_i[:, None], mask=gmask[:, None])
-                tl.store(plse_ptr + base, m_i + tl.log2(l_i), mask=gmask)
-
-    @triton.jit
-    def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
-                     D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr):
-        i = tl.program_id(0)
-        h = tl.program_id(1)
-        if INDIRECT:
-            tok = tl.load(tok_ptr + i).to(tl.int64)
-        else:
-            tok = i.to(tl.int64)
-        n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
-        base = (i * num_heads + h) * max_splits
-        sl = tl.arange(0, S_BLOCK)
-        m = tl.max(tl.full([S_BLOCK], float("-inf"), tl.float32), 0)
-        for s0 in range(0, n_parts, S_BLOCK):  # S_BLOCK partitions at a time
-            lse = tl.load(plse_ptr + base + s0 + sl, mask=s0 + sl < n_parts, other=float("-inf"))
-            m = tl.maximum(m, tl.max(lse, 0))
-        d = tl.arange(0, D)
-        acc = tl.zeros([D], tl.float32)
-        total = tl.sum(tl.zeros([S_BLOCK], tl.float32), 0)
-        for s0 in range(0, n_parts, S_BLOCK):
-            smask = s0 + sl < n_parts
-            w = tl.exp2(tl.load(plse_ptr + base + s0 + sl, mask=smask, other=float("-inf")) - m)
-            po = tl.load(po_ptr + (base + s0 + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
-            acc += tl.sum(w[:, None] * po, 0)
-            total += tl.sum(w, 0)
-        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty))
-
-    return split_kernel, merge_kernel
-
-
-@functools.lru_cache(maxsize=8)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor,
-                 ctx_lens: torch.Tensor, max_ctx: int, scale: float, tok_idx: torch.Tensor | None = None,
-                 row_idx: torch.Tensor | None = None) -> None:
-    """out[tok] = softmax(q[tok] K^T) V over the first ctx_lens[i] cached tokens of block_tables[row].
-
-    Without tok_idx/row_idx, work item i is query row i of sequence i (pure decode). `max_ctx` only
-    sizes the launch (pass an upper bound, e.g. max_model_len, when capturing a CUDA graph).
-    """
-    split_kernel, merge_kernel = _kernels()
-    n = ctx_lens.shape[0]
-    if n == 0:
-        return
-    _, num_heads, head_dim = q.shape
-    num_kv_heads, page = cache.k.shape[2], cache.k.shape[1]
-    group = num_heads // num_kv_heads
-    max_splits = max(1, -(-max_ctx // PARTITION))
-    # enough programs to fill the chip; each program strides over its splits (same partitions either way)
-    sms = _num_sms(q.device.index or 0) if q.device.type == "cuda" else 4
-    split_progs = max(1, min(max_splits, -(-4 * sms // (n * num_kv_heads))))
-    per_prog = -(-max_splits // split_progs)
-    po = torch.empty((n, num_heads, max_splits, head_dim), dtype=torch.float32, device=q.device)
-    plse = torch.empty((n, num_heads, max_splits), dtype=torch.float32, device=q.device)
-    kind = 0 if cache.fp8_dtype is None else _FP8_KINDS[cache.fp8_dtype]
-    k, v = cache.k, cache.v
-    ks = cache.k_scale if kind else ctx_lens  # dummies are never read when kind == 0
-    vs = cache.v_scale if kind else ctx_lens
-    indirect = tok_idx is not None
-    tok = tok_idx if indirect else ctx_lens
-    row = row_idx if indirect else ctx_lens
-    split_kernel[(n, num_kv_heads, split_progs)](
-        q, k, v, ks, vs, block_tables, ctx_lens, tok, row, po, plse,
-        q.stride(0), q.stride(1), block_tables.stride(0), num_kv_heads, max_splits, per_prog,
-        float(scale) * 1.4426950408889634,
-        GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page, BLOCK=BLOCK_N,
-        PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4, num_stages=2)
-    merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads, max_splits,
-                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK, num_warps=2)
 
 
 def _short_rows(meta: AttentionMetadata, device: torch.device) -> dict:
@@ -261,7 +103,7 @@ class TritonPagedBackend(AttentionBackend):
         if cache.fp8_dtype is None:
             if k.dtype != q.dtype:
                 return f"KV cache dtype {k.dtype} differs from the query dtype {q.dtype}"
-        elif cache.fp8_dtype not in _FP8_KINDS or k.element_size() != 1:
+        elif cache.fp8_dtype not in FP8_KINDS or k.element_size() != 1:
             return f"8-bit KV cache of {cache.fp8_dtype} unsupported: float8_e4m3fn or float8_e5m2 bytes"
         elif cache.k_scale is None or not (cache.k_scale.is_contiguous() and cache.v_scale.is_contiguous()):
             return "8-bit KV cache needs contiguous float32 k_scale/v_scale"

@@ -3,7 +3,7 @@
 Only a compute capability 7.0 device yields V100 measurements; on any newer GPU the m8n8k4 HMMA
 is emulated, so those timings are labelled "emulated-SM70, not representative" and must never be
 read as V100 figures. Every measured record is paired with the roofline projection of the same
-shape (onecat.engine.kernels.projection), labelled "projected".
+shape (onecat.engine.kernel_tools.projection), labelled "projected".
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from onecat.engine.kernels import projection
+from onecat.engine.kernel_tools import projection
 
 KV_DTYPES = {"fp16": (0, 2), "fp8_e4m3": (1, 1), "fp8_e5m2": (2, 1)}  # name -> (kernel kv_kind, bytes/elem)
 HEAD_DIMS = (64, 128, 256)

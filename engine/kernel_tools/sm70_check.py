@@ -15,8 +15,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from onecat.engine.kernels.nvrtc import Nvrtc
-from onecat.engine.kernels.toolchain import Sm70Toolchain, find_toolchain
+from onecat.engine.kernel_tools.nvrtc import Nvrtc
+from onecat.engine.kernel_tools.toolchain import Sm70Toolchain, find_toolchain
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 

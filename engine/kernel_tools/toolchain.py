@@ -15,14 +15,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from onecat.engine.kernels.cache import cache_root
+
 PIP_INSTALL_HINT = 'pip install "onecat[sm70]"  (or: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12)'
 NVDISASM_HINT = "onecat kernels fetch-nvdisasm  (extracts nvdisasm from the triton==3.3.1 wheel via pip download)"
 TRITON_WHEEL_WITH_NVDISASM = "triton==3.3.1"
-
-
-def cache_root() -> Path:
-    """Where onecat keeps build outputs and extracted tools (ONECAT_CACHE_DIR overrides)."""
-    return Path(os.environ.get("ONECAT_CACHE_DIR", Path.home() / ".cache" / "onecat"))
 
 
 def _nvidia_dir(sub: str) -> Path | None:

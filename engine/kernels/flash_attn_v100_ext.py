@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from onecat.engine.kernels.toolchain import cache_root
+from onecat.engine.kernels.cache import cache_root
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCES = (CSRC / "bindings" / "flash_attn_v100.cpp", CSRC / "bindings" / "flash_attn_v100_launch.cu")

@@ -9,7 +9,7 @@ their bytes. Three kernels replace them:
                    paged cache at the step's slots
 and, for greedy decoding, a row-wise argmax over the vocabulary in two parallel passes (the library
 reduction reads a 128K-entry row with too few threads: ~30 us on an H200).
-The torch layers in this package are the reference numerics; these kernels follow the same order
+The torch layers of engine/layers/ are the reference numerics; these kernels follow the same order
 of operations (fp32 statistics, one cast before the weight multiply) but round intermediate values
 differently, so results agree to fp16 rounding, not bit for bit. Each kernel works on one token row
 at a time, so a row's result never depends on the batch it is in. Triton is imported lazily.
@@ -24,7 +24,7 @@ import torch
 def fused_unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device"
-    from onecat.engine.attention.triton_paged import triton_unavailable_reason
+    from onecat.engine.kernels.triton_support import triton_unavailable_reason
 
     return triton_unavailable_reason()
 

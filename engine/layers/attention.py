@@ -45,7 +45,7 @@ class SelfAttention(nn.Module):
         ctx = get_forward_context()
         cache = ctx.kv_caches[self.layer_idx]
         if self._fused_ok(qkv, cache):
-            from onecat.engine.layers.triton_fused import qk_rope_cache
+            from onecat.engine.kernels.triton_fused import qk_rope_cache
 
             norm = self.q_norm is not None
             qk_rope_cache(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads, self.num_kv_heads,

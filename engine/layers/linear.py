@@ -1,6 +1,6 @@
 """nn.Linear with a batch-1 decode path: a single row on CUDA (fused kernels on) goes through the
-bandwidth-bound GEMV of triton_gemv.py instead of the library GEMM; float32 on CPU goes through the
-batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
+bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM; float32 on CPU
+goes through the batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
 gate/up projection, the SiLU*mul after it) into that GEMV; for any other module or input it runs
@@ -22,13 +22,13 @@ class Linear(nn.Linear):
     def gemv_ok(self, x: torch.Tensor) -> bool:
         if not (self.use_fused and x.is_cuda and x.numel() == x.shape[-1]):
             return False
-        from onecat.engine.layers.triton_gemv import gemv_unsupported_reason
+        from onecat.engine.kernels.triton_gemv import gemv_unsupported_reason
 
         return gemv_unsupported_reason(x, self.weight) is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv_ok(x):
-            from onecat.engine.layers.triton_gemv import gemv
+            from onecat.engine.kernels.triton_gemv import gemv
 
             return gemv(x, self.weight, self.bias)
         if batch_invariant_linear.supported(x, self.weight):
@@ -43,7 +43,7 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
     """(linear(norm(x + residual)), x + residual) for an RMSNorm `norm`. With `silu_mul` (the unfused
     activation), `linear` is a fused [gate | up] projection and the first item is SiLU(gate) * up."""
     if isinstance(linear, Linear) and linear.gemv_ok(x):
-        from onecat.engine.layers.triton_gemv import gemv
+        from onecat.engine.kernels.triton_gemv import gemv
 
         return gemv(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
                     glu=silu_mul is not None)

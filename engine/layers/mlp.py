@@ -26,7 +26,7 @@ class GatedMLP(nn.Module):
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.use_fused and gate_up.is_cuda:
-            from onecat.engine.layers.triton_fused import silu_mul
+            from onecat.engine.kernels.triton_fused import silu_mul
 
             return silu_mul(gate_up)
         gate, up = gate_up.split(self.intermediate, dim=-1)

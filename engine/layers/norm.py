@@ -15,7 +15,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """RMSNorm(x); with `residual`: (RMSNorm(x + residual), x + residual)."""
         if self.use_fused and x.is_cuda:
-            from onecat.engine.layers.triton_fused import add_rmsnorm
+            from onecat.engine.kernels.triton_fused import add_rmsnorm
 
             return add_rmsnorm(x, residual, self.weight, self.eps)
         if residual is not None:

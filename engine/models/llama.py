@@ -72,7 +72,7 @@ class LlamaForCausalLM(nn.Module):
     def greedy_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """Row-wise argmax of the logits (first index on ties), by the fused kernels where they are on."""
         if getattr(self.lm_head, "use_fused", False) and logits.is_cuda:
-            from onecat.engine.layers.triton_fused import argmax_rows
+            from onecat.engine.kernels.triton_fused import argmax_rows
 
             return argmax_rows(logits)
         return logits.argmax(dim=-1)
