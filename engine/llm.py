@@ -36,7 +36,7 @@ class LLM:
         self.source = resolve_model_source(model, self.cfg.revision)
         self.device = resolve_device(self.cfg.device)
         check_quantization(self.cfg.quantization, self.source.format, self.device)
-        self.quantization: dict | None = None  # what packing did, for info()
+        self.packing: dict | None = None  # what GGUF packing did, for info()
         ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf")
         self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
         self.dtype = parse_dtype(self.cfg.dtype, self.device, self.model_config.torch_dtype)
@@ -75,7 +75,7 @@ class LLM:
         if self.cfg.quantization == "gguf":
             packer = WeightPacker()
             model.load_weights(packer.intercept(ckpt.weights))
-            self.quantization = packer.apply(model)
+            self.packing = packer.apply(model)
         else:
             model.load_weights(ckpt.weights)
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
@@ -199,7 +199,7 @@ class LLM:
             "kv_cache_dtype": self.cfg.kv_cache_dtype, "block_size": self.cfg.block_size,
             "num_kv_blocks": self.engine.blocks.num_blocks, "max_model_len": self.max_model_len,
             "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
-            "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.quantization,
+            "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.packing,
             "fused_kernels": self.fused_kernels["used"],
             "async_scheduling": {"enabled": self.cfg.async_scheduling,
                                  "launches": self.engine.pipeline.launches if self.engine.pipeline else 0},
