@@ -19,7 +19,6 @@ the output is measured figures. They are stored as one run of kind "compare" in 
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -30,7 +29,7 @@ from onecat.gates.contract import (ArmSettings, ContractError, EngineSpec, Model
 from onecat.gates.contract_yaml import load_yaml, read_contract_text
 from onecat.gates.runners.endpoint import EndpointRunner, EndpointWorkload
 from onecat.results.environment import capture_environment
-from onecat.results.records import ArmOutcome, RunRecord
+from onecat.results.records import ArmOutcome, RunRecord, new_run_id
 from onecat.results.revision import engine_revision, git_revision, onecat_version
 from onecat.results.sink import RunSink
 from onecat.results.store import Store
@@ -107,18 +106,12 @@ def run_compare(spec: CompareSpec, store: Store, spec_path: Optional[str] = None
     """Run every selected engine, one at a time, into one run of kind "compare" in `store`; returns its id.
     An engine that cannot run is recorded as skipped (why), one that breaks mid-way as failed."""
     labels = check_labels(spec, only)
-    run_id = f"{spec.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    run_id = new_run_id(spec.name)
     store.create_run(compare_run_record(spec, run_id, labels, spec_path))
-    try:
+    with store.recording_stops(run_id, "interrupted by the user"):
         position = 0
         for label in labels:
             position = _run_engine(spec, label, store, run_id, position, log)
-    except KeyboardInterrupt:
-        store.set_status(run_id, "interrupted", "interrupted by the user")
-        raise
-    except BaseException as exc:
-        store.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}")
-        raise
     store.set_status(run_id, "complete")
     return run_id
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -30,7 +29,7 @@ from onecat.gates.feasibility import load_feasible_contract
 from onecat.gates.runners.base import Unit
 from onecat.gates.verdict import Verdict, decide
 from onecat.results.environment import capture_environment
-from onecat.results.records import RunRecord
+from onecat.results.records import RunRecord, new_run_id
 from onecat.results.revision import engine_revision, git_revision, onecat_version
 from onecat.results.sink import RunSink
 from onecat.results.store import Store
@@ -153,10 +152,6 @@ class StoreSink(RunSink):
 
 
 # --------------------------------------------------------------------------- run
-def new_run_id(contract: Contract) -> str:
-    return f"{contract.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
-
-
 class NullProgress:
     def start(self, total: int, done: int) -> None: ...
     def describe(self, text: str) -> None: ...
@@ -190,26 +185,21 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
         runners = {w.id: registry.RUNNERS[w.kind]() for w in contract.workloads}
         last_step_of_arm = {s.arm: i for i, s in enumerate(todo)}
         try:
-            for i, step in enumerate(todo):
-                if step.arm not in engines:
-                    progress.describe(f"{step.arm}: opening engine")
-                    engines[step.arm] = opener(arms[step.arm], contract.seeds[0])
-                    store.add_environment(run_id, step.arm, capture_environment(engines[step.arm].info()))
-                w = contract.workload(step.workload_id)
-                progress.describe(f"{step.arm} · {w.id} · {step.unit.key}")
-                store.restart_unit(run_id, step.arm, w.id, step.unit.key)
-                sink = StoreSink(store, run_id, step.arm, w.id, step.unit.key, step.position, datasets,
-                                 progress.advance)
-                runners[w.id].run_unit(engines[step.arm], w, contract.sampling, step.unit, sink)
-                store.finish_unit(run_id, step.arm, w.id, step.unit.key, step.position)
-                if not contract.execution.interleave and last_step_of_arm.get(step.arm) == i:
-                    engines.pop(step.arm).close()
-        except KeyboardInterrupt:
-            store.set_status(run_id, "interrupted", "interrupted by the user; continue with --resume")
-            raise
-        except BaseException as exc:
-            store.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}")
-            raise
+            with store.recording_stops(run_id, "interrupted by the user; continue with --resume"):
+                for i, step in enumerate(todo):
+                    if step.arm not in engines:
+                        progress.describe(f"{step.arm}: opening engine")
+                        engines[step.arm] = opener(arms[step.arm], contract.seeds[0])
+                        store.add_environment(run_id, step.arm, capture_environment(engines[step.arm].info()))
+                    w = contract.workload(step.workload_id)
+                    progress.describe(f"{step.arm} · {w.id} · {step.unit.key}")
+                    store.restart_unit(run_id, step.arm, w.id, step.unit.key)
+                    sink = StoreSink(store, run_id, step.arm, w.id, step.unit.key, step.position, datasets,
+                                     progress.advance)
+                    runners[w.id].run_unit(engines[step.arm], w, contract.sampling, step.unit, sink)
+                    store.finish_unit(run_id, step.arm, w.id, step.unit.key, step.position)
+                    if not contract.execution.interleave and last_step_of_arm.get(step.arm) == i:
+                        engines.pop(step.arm).close()
         finally:
             for eng in engines.values():
                 try:
@@ -251,7 +241,7 @@ def _open_run(store: Store, contract: Contract, path: str, arms: dict[str, ArmSe
                             "its rows may come from two code versions (start a new run for a clean comparison)")
         store.set_status(run_id, "running")
         return run_id
-    run_id = new_run_id(contract)
+    run_id = new_run_id(contract.name)
     store.create_run(gate_run_record(run_id, contract, path, arms, {n: d.sha256 for n, d in datasets.items()},
                                      engine_revision(), git_revision(), onecat_version()))
     return run_id

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 import typing
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -48,6 +50,11 @@ class RunRecord:
     def __post_init__(self) -> None:
         if self.kind not in RUN_KINDS:
             raise ValueError(f"run kind {self.kind!r}; use one of {', '.join(RUN_KINDS)}")
+
+
+def new_run_id(name: str) -> str:
+    """`<name>-<UTC time>-<random>`: sorts by start time, unique without asking the store."""
+    return f"{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass

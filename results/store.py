@@ -29,8 +29,9 @@ import datetime as dt
 import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import duckdb
 
@@ -213,6 +214,19 @@ class Store:
         if row:
             self._journal("run", run_id=run_id, seq=row[0], status=status, contract_name=row[1],
                           contract_fingerprint=row[2], contract_path=row[3], started_at=row[4])
+
+    @contextmanager
+    def recording_stops(self, run_id: str, interrupted_note: str) -> Iterator[None]:
+        """A run whose work stops early says so: Ctrl-C -> interrupted (with `interrupted_note`), an error ->
+        failed (with the error); either way the exception goes on."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.set_status(run_id, "interrupted", interrupted_note)
+            raise
+        except BaseException as exc:
+            self.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}")
+            raise
 
     def run(self, run_id: str) -> Optional[dict]:
         rows = self._dicts("SELECT * FROM runs WHERE run_id = ?", [run_id]) if self._run_columns else []
