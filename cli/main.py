@@ -209,10 +209,17 @@ def _show(store, rid: str) -> None:
     if row.get("error") and row["status"] != "complete":
         console.print(f"  {row['error']}", highlight=False, markup=False)
     table = Table()
-    for col in ("gate", "status", "summary"):
-        table.add_column(col, overflow="fold")
-    for c in store.checks(rid):
-        table.add_row(c["gate_id"], c["status"].upper(), c["summary"] or "")
+    if row.get("kind") == "compare":  # engines side by side: which ran, and why the others did not
+        for col in ("engine", "status", "note"):
+            table.add_column(col, overflow="fold")
+        for o in store.arm_outcomes(rid):
+            note = o["error"] or (f"opened in {o['open_s']:.1f}s" if o["open_s"] is not None else "")
+            table.add_row(o["arm"], o["status"], Text(note))
+    else:
+        for col in ("gate", "status", "summary"):
+            table.add_column(col, overflow="fold")
+        for c in store.checks(rid):
+            table.add_row(c["gate_id"], c["status"].upper(), c["summary"] or "")
     console.print(table)
     cols, rows = store.query("SELECT arm, workload, count(*) FROM requests WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
                              [rid])

@@ -107,6 +107,9 @@ def test_results_list_query_and_report_see_the_compare_run(compare_run, tmp_path
                                 "--format", "json"])
     assert query.exit_code == 0 and json.loads(query.output) == [{"arm": "fast", "value": 30.0},
                                                                  {"arm": "slow", "value": 10.0}]
+    show = runner.invoke(app, ["results", "show", summary["run_id"], "--db", str(db)], env={"COLUMNS": "200"})
+    assert show.exit_code == 0 and "fake_absent is not installed here" in show.output
+    assert "fast       streams-2                2 requests" in show.output
     report = runner.invoke(app, ["report", summary["run_id"], "--db", str(db), "--out", str(tmp_path / "r.md")])
     assert report.exit_code == 0 and "| fast | 30.0 |" in (tmp_path / "r.md").read_text()
 
