@@ -54,8 +54,11 @@ def module_cycles(graph, package: str) -> list[tuple[str, ...]]:
 
 def check_inside_tree(config: Path) -> int:
     """The check itself; runs where `onecat` resolves to the symlink tree."""
-    import grimp
-    from importlinter.cli import lint_imports
+    try:
+        import grimp
+        from importlinter.cli import lint_imports
+    except ImportError as exc:
+        raise SystemExit(f"{exc}: install the test extras (scripts/setup.sh test, or pip install import-linter)")
 
     kept = lint_imports(config_filename=str(config), no_cache=True, no_logo=True) == 0
     cycles = module_cycles(grimp.build_graph("onecat", cache_dir=None), CYCLE_FREE)
