@@ -2,6 +2,8 @@
 
 An adapter class is registered with `@register_engine("name")` and provides:
 
+    takes_engine_args: bool                True when engine.options are onecat EngineArgs settings
+                                           (contract check validates them)
     check(arm: ArmSettings) -> list[str]   classmethod, cheap, loads nothing: a list of problems
                                            (missing model files, backend not available...) with
                                            where it looked, so `gate run` fails before any loading
@@ -9,7 +11,8 @@ An adapter class is registered with `@register_engine("name")` and provides:
 
 and the instance offers:
     generate(prompts, params) -> list[RequestOutput]     (onecat.engine.outputs)
-    chat(conversations, params) -> list[RequestOutput]
+    chat(conversations, params) -> list[RequestOutput]   the arm's reasoning setting (ArmSettings.reasoning)
+                                                         reaches the chat template of every conversation
     score(prompts) -> list[ScoreOutput]
     tokenizer          (encode / decode / eos_token_ids)
     vocab_size         int | None
@@ -29,6 +32,7 @@ class EngineUnavailableError(RuntimeError):
 
 class EngineAdapter:
     name: str = "?"
+    takes_engine_args = False
     tokenizer: Any = None
     vocab_size: int | None = None
 
