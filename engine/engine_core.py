@@ -131,8 +131,8 @@ class EngineCore:
         """Run the model on the batch; each sequence's new tokens are sampled, verified or (mid-prompt) none."""
         result = self.runner.execute(scheduled)
         sampled = self._sample(scheduled, result)
-        features = self.proposer.step_features() if self.proposer is not None and self.proposer.wants_features \
-            else None
+        wants_features = self.proposer is not None and self.proposer.wants_features  # block drafters
+        features = self.proposer.step_features() if wants_features else None
         updates, row = [], 0
         for i, s in enumerate(scheduled):
             if i in result.prompt_logprobs:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # `import onecat.engine` stays light: no torch until an engine is built
+    import torch
 
 
 GREEDY_BELOW = 1e-5
@@ -12,10 +14,6 @@ GREEDY_BELOW = 1e-5
 
 class InvalidRequestError(ValueError):
     """A request (prompt or sampling settings) that the engine refuses, with what to change."""
-
-
-LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
-"""vLLM's per-request processor signature: `fn(output_token_ids, logits_row) -> logits_row`."""
 
 
 @dataclass
@@ -37,9 +35,10 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per generated token (sampled token always included)
     prompt_logprobs: int | None = None  # 0: logprob of each prompt token given its prefix
     skip_special_tokens: bool = True
-    # Run on the request's logits row before sampling (grammar constraints). They are per-request and
-    # usually stateful: dataclasses.replace() shares them, and == compares them by identity.
-    logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    # vLLM's per-request `fn(output_token_ids, logits_row) -> logits_row`, run on the request's logits
+    # row before sampling (grammar constraints). Usually stateful: dataclasses.replace() shares them,
+    # and == compares them by identity.
+    logits_processors: list[Callable[[list[int], torch.Tensor], torch.Tensor]] = field(default_factory=list)
     keep_probs: bool = False  # hand back each step's sampling distribution (a draft engine's q)
 
     def __post_init__(self) -> None:
