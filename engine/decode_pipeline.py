@@ -18,14 +18,24 @@ scheduler (`reserve_decode`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
+from onecat.engine.scheduler import Scheduler
 from onecat.engine.sequence import Sequence, SequenceUpdate
 
-if TYPE_CHECKING:
-    from onecat.engine.engine_core import EngineCore
+
+class SteppingCore(Protocol):
+    """What the pipeline needs of the engine core (EngineCore is one): its scheduler, runner and
+    proposer, the length limit, and the one post-processing step that applies sampled tokens."""
+
+    scheduler: Scheduler
+    runner: Any
+    proposer: Any
+    max_model_len: int
+
+    def postprocess(self, updates: list[SequenceUpdate]) -> list[Sequence]: ...
 
 
 @dataclass
@@ -38,7 +48,7 @@ class _InFlight:
 
 
 class DecodePipeline:
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: SteppingCore):
         self.core = core
         self.inflight: _InFlight | None = None
         self.launches = 0

@@ -11,8 +11,6 @@ and deadline) runs before any route.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,76 +19,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from onecat.engine.server import cpu_work
-from onecat.engine.server.async_engine import AsyncEngine
 from onecat.engine.server.chat import create_chat_completion
 from onecat.engine.server.chat_prompt import render_prompt, tool_dicts
 from onecat.engine.server.completions import create_completion
-from onecat.engine.server.cpu_work import CpuWork
 from onecat.engine.server.errors import ApiError, ClientDisconnected, error_body
 from onecat.engine.server.http_guard import RequestGuard
-from onecat.engine.server.metrics import ServerMetrics
 from onecat.engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                            TokenizeChatRequest, TokenizeCompletionRequest)
 from onecat.engine.server.request_body import parse_json, parse_request, validate_as, validation_message
-from onecat.engine.server.serve_config import ServeConfig
+from onecat.engine.server.serve_config import ServeConfig  # noqa: F401  (importable from here)
+from onecat.engine.server.state import ServerState
 
 log = logging.getLogger("onecat.server")
 VERSION = "0.1.0"
-
-
-class ServerState:
-    """What handlers share: the engine thread, the tokenizer, names, metrics, guided decoding."""
-
-    def __init__(self, llm: Any, config: ServeConfig):
-        self.llm = llm
-        self.config = config
-        self.tokenizer = llm.tokenizer
-        self.max_model_len = llm.max_model_len
-        self.vocab_size = llm.model_config.vocab_size
-        self.model_names = config.served_model_name or [config.model]
-        self.reasoning_parser = config.reasoning_parser
-        self.created = int(time.time())
-        self.metrics = ServerMetrics(self.model_names[0], lambda: getattr(self.llm, "engine", None))
-        self.engine = AsyncEngine(llm, max_queue_len=config.max_queue_len, metrics=self.metrics)
-        self.cpu = CpuWork(config.cpu_workers)
-        self._guided = None
-        self._guided_lock = threading.Lock()
-
-    @classmethod
-    def create(cls, config: ServeConfig) -> "ServerState":
-        from onecat.engine import LLM
-
-        return cls(LLM(**config.engine.as_kwargs()), config)
-
-    def resolve_model_name(self, name: str | None) -> str:
-        if name is None or name in self.model_names:
-            return name or self.model_names[0]
-        raise ApiError(404, f"The model `{name}` does not exist. Served models: {', '.join(self.model_names)}",
-                       param="model")
-
-    def guided(self):
-        from onecat.engine.server.guided import GuidedDecoding
-
-        with self._guided_lock:
-            if self._guided is None:
-                self._guided = GuidedDecoding(self.tokenizer, self.vocab_size)
-            return self._guided
-
-    def grammar_for(self, req: Any, schema_override: Any = None) -> str | None:
-        from onecat.engine.server.guided import GuidedDecoding
-
-        if schema_override is None and not req.constrained():
-            return None
-        self.guided()
-        if schema_override is not None:
-            return GuidedDecoding.grammar_for(json_schema=schema_override)
-        return GuidedDecoding.grammar_for(req.response_format.as_dict() if req.response_format else None,
-                                          json_schema=req.guided_json, regex=req.guided_regex,
-                                          choice=req.guided_choice, lark=req.guided_grammar)
-
-    def close(self) -> None:
-        self.engine.shutdown()
-        self.cpu.close()
 
 
 def _error(status: int, message: str, param: str | None = None) -> JSONResponse:

@@ -24,7 +24,7 @@ from onecat.engine.server.serving import (Job, check_common, collect_finals, gra
 from onecat.engine.server.streaming import holdback_len
 
 if TYPE_CHECKING:
-    from onecat.engine.server.app import ServerState
+    from onecat.engine.server.state import ServerState
 
 
 def _forced_tool_calls(mode: str, named: dict | None, text: str) -> list[dict] | None:

@@ -18,7 +18,7 @@ from onecat.engine.server.serving import (Job, check_common, collect_finals, gra
 from onecat.engine.server.streaming import holdback_len
 
 if TYPE_CHECKING:
-    from onecat.engine.server.app import ServerState
+    from onecat.engine.server.state import ServerState
 
 
 def _split_prompts(req: CompletionRequest) -> list:

@@ -20,7 +20,7 @@ from onecat.engine.server.errors import ApiError, ClientDisconnected, error_body
 from onecat.engine.server.guided import GrammarError
 
 if TYPE_CHECKING:
-    from onecat.engine.server.app import ServerState
+    from onecat.engine.server.state import ServerState
 
 GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: smaller temperatures overflow the logits, so they mean greedy
 
