@@ -20,7 +20,7 @@ from onecat.engine.server.parsers import (THINK_CLOSE, THINK_OPEN, TOOL_OPEN, co
                                           parse_tool_calls, split_reasoning)
 from onecat.engine.server.protocol import ChatCompletionRequest
 from onecat.engine.server.serving import (Job, check_common, collect_finals, grammar_processor, max_tokens_for,
-                                          sampling_params, sse, sse_error, submit_all, usage)
+                                          event_stream, sampling_params, sse, submit_all, usage)
 from onecat.engine.server.streaming import holdback_len
 
 if TYPE_CHECKING:
@@ -112,7 +112,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     await submit_all(job, submissions)
     created = int(time.time())
     if req.stream:
-        return _stream_chat(state, req, job, base, model, created, index_of, view, len(ids), top_n)
+        return event_stream(job, _stream_chat(state, req, job, base, model, created, index_of, view, len(ids),
+                                                top_n))
     finals = await collect_finals(job, request)
     choices = []
     tok = state.tokenizer
@@ -153,45 +154,38 @@ async def _stream_chat(state: ServerState, req, job: Job, base, model, created, 
             body["usage"] = usage(prompt_len, sum(completion_tokens.values()))
         return sse(body)
 
-    try:
-        for rid in job.ids:
-            yield chunk(index_of[rid], {"role": "assistant", "content": ""})
-        async for rid, out in job.outputs():
-            index = index_of[rid]
-            completion_tokens[rid] = len(out.token_ids)
-            text = out.text if out.finished else out.text[:len(out.text) - holdback_len(out.text, markers)]
-            reasoning, content = view.split(text)
-            delta: dict[str, Any] = {}
-            if reasoning is not None and len(reasoning) > len(sent_r[rid]) and reasoning.startswith(sent_r[rid]):
-                delta["reasoning_content"] = reasoning[len(sent_r[rid]):]
-                sent_r[rid] = reasoning
-            visible = "" if buffered else (content_before_tools(content) if view.tool_mode == "auto" else content)
-            if len(visible) > len(sent_c[rid]):
-                delta["content"] = visible[len(sent_c[rid]):]
-                sent_c[rid] = visible
-            lps = None
-            if req.logprobs and (delta or out.finished):
-                end = len(out.token_ids)
-                lps = {"content": chat_logprobs(tok, out, sent_tok[rid], end, top_n, req.return_tokens_as_token_ids)}
-                sent_tok[rid] = end
-            if not out.finished:
-                if delta:
-                    yield chunk(index, delta, logprobs=lps)
-                continue
-            msg, called = view.final_message(out.text)
-            if called:
-                delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
-            elif buffered and content and len(content) > len(sent_c[rid]):
-                delta["content"] = content[len(sent_c[rid]):]
-            finish = "tool_calls" if called else out.finish_reason
-            yield chunk(index, delta, finish, lps, {"stop_reason": out.stop_reason})
-        if include_usage:
-            body = {"id": base, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [], "usage": usage(prompt_len, sum(completion_tokens.values()))}
-            yield sse(body)
-        yield "data: [DONE]\n\n"
-    except ApiError as exc:
-        yield sse_error(exc)
-        yield "data: [DONE]\n\n"
-    finally:
-        job.abort_unfinished()
+    for rid in job.ids:
+        yield chunk(index_of[rid], {"role": "assistant", "content": ""})
+    async for rid, out in job.outputs():
+        index = index_of[rid]
+        completion_tokens[rid] = len(out.token_ids)
+        text = out.text if out.finished else out.text[:len(out.text) - holdback_len(out.text, markers)]
+        reasoning, content = view.split(text)
+        delta: dict[str, Any] = {}
+        if reasoning is not None and len(reasoning) > len(sent_r[rid]) and reasoning.startswith(sent_r[rid]):
+            delta["reasoning_content"] = reasoning[len(sent_r[rid]):]
+            sent_r[rid] = reasoning
+        visible = "" if buffered else (content_before_tools(content) if view.tool_mode == "auto" else content)
+        if len(visible) > len(sent_c[rid]):
+            delta["content"] = visible[len(sent_c[rid]):]
+            sent_c[rid] = visible
+        lps = None
+        if req.logprobs and (delta or out.finished):
+            end = len(out.token_ids)
+            lps = {"content": chat_logprobs(tok, out, sent_tok[rid], end, top_n, req.return_tokens_as_token_ids)}
+            sent_tok[rid] = end
+        if not out.finished:
+            if delta:
+                yield chunk(index, delta, logprobs=lps)
+            continue
+        msg, called = view.final_message(out.text)
+        if called:
+            delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(msg["tool_calls"])]
+        elif buffered and content and len(content) > len(sent_c[rid]):
+            delta["content"] = content[len(sent_c[rid]):]
+        finish = "tool_calls" if called else out.finish_reason
+        yield chunk(index, delta, finish, lps, {"stop_reason": out.stop_reason})
+    if include_usage:
+        body = {"id": base, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [], "usage": usage(prompt_len, sum(completion_tokens.values()))}
+        yield sse(body)

@@ -14,7 +14,7 @@ from onecat.engine.server.errors import ApiError
 from onecat.engine.server.logprob_format import completion_logprobs, prompt_logprobs
 from onecat.engine.server.protocol import CompletionRequest
 from onecat.engine.server.serving import (Job, check_common, collect_finals, grammar_processor, max_tokens_for,
-                                          sampling_params, sse, sse_error, submit_all, usage)
+                                          event_stream, sampling_params, sse, submit_all, usage)
 from onecat.engine.server.streaming import holdback_len
 
 if TYPE_CHECKING:
@@ -95,7 +95,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     prompt_texts = await state.cpu.run(_prompt_texts, state, prompts) if req.echo else [""] * len(prompts)
     n_prompt = sum(len(ids) for _, ids in prompts)
     if req.stream:
-        return _stream_completion(state, req, job, base, model, created, choice_of, prompt_texts, n_prompt)
+        return event_stream(job, _stream_completion(state, req, job, base, model, created, choice_of,
+                                                      prompt_texts, n_prompt))
     finals = await collect_finals(job, request)
     choices = []
     for rid in job.ids:
@@ -126,40 +127,33 @@ async def _stream_completion(state: ServerState, req, job: Job, base, model, cre
     sent_tokens: dict[str, int] = {rid: 0 for rid in job.ids}
     totals: dict[str, tuple[int, int]] = {}
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    try:
-        if req.echo:
-            for rid in job.ids:
-                i, index = choice_of[rid]
-                yield sse({"id": base, "object": "text_completion", "created": created, "model": model,
-                           "choices": [{"index": index, "text": prompt_texts[i], "logprobs": None,
-                                        "finish_reason": None}]})
-        async for rid, out in job.outputs():
-            text = out.text if out.finished else out.text[:len(out.text) - holdback_len(out.text, markers)]
-            prev = sent[rid]
-            delta = text[len(prev):] if text.startswith(prev) or len(text) > len(prev) else ""
-            sent[rid] = prev + delta
-            if not delta and not out.finished:
-                continue
-            _, index = choice_of[rid]
-            lps = None
-            if req.logprobs is not None:
-                end = len(out.token_ids)
-                lps = completion_logprobs(tok, out, False, sent_tokens[rid], end, len(prev), req.logprobs,
-                                          req.return_tokens_as_token_ids)
-                sent_tokens[rid] = end
-            choice = {"index": index, "text": delta, "logprobs": lps,
-                      "finish_reason": out.finish_reason if out.finished else None}
-            if out.finished:
-                choice["stop_reason"] = out.stop_reason
-                totals[rid] = (len(out.prompt_token_ids), len(out.token_ids))
+    if req.echo:
+        for rid in job.ids:
+            i, index = choice_of[rid]
             yield sse({"id": base, "object": "text_completion", "created": created, "model": model,
-                       "choices": [choice]})
-        if include_usage:
-            yield sse({"id": base, "object": "text_completion", "created": created, "model": model,
-                       "choices": [], "usage": usage(n_prompt, sum(c for _, c in totals.values()))})
-        yield "data: [DONE]\n\n"
-    except ApiError as exc:
-        yield sse_error(exc)
-        yield "data: [DONE]\n\n"
-    finally:
-        job.abort_unfinished()
+                       "choices": [{"index": index, "text": prompt_texts[i], "logprobs": None,
+                                    "finish_reason": None}]})
+    async for rid, out in job.outputs():
+        text = out.text if out.finished else out.text[:len(out.text) - holdback_len(out.text, markers)]
+        prev = sent[rid]
+        delta = text[len(prev):] if text.startswith(prev) or len(text) > len(prev) else ""
+        sent[rid] = prev + delta
+        if not delta and not out.finished:
+            continue
+        _, index = choice_of[rid]
+        lps = None
+        if req.logprobs is not None:
+            end = len(out.token_ids)
+            lps = completion_logprobs(tok, out, False, sent_tokens[rid], end, len(prev), req.logprobs,
+                                      req.return_tokens_as_token_ids)
+            sent_tokens[rid] = end
+        choice = {"index": index, "text": delta, "logprobs": lps,
+                  "finish_reason": out.finish_reason if out.finished else None}
+        if out.finished:
+            choice["stop_reason"] = out.stop_reason
+            totals[rid] = (len(out.prompt_token_ids), len(out.token_ids))
+        yield sse({"id": base, "object": "text_completion", "created": created, "model": model,
+                   "choices": [choice]})
+    if include_usage:
+        yield sse({"id": base, "object": "text_completion", "created": created, "model": model,
+                   "choices": [], "usage": usage(n_prompt, sum(c for _, c in totals.values()))})

@@ -171,6 +171,23 @@ def sse_error(exc: ApiError) -> str:
     return sse(error_body(exc.message, exc.status, param=exc.param))
 
 
+DONE = "data: [DONE]\n\n"
+
+
+async def event_stream(job: Job, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The frame every streamed response shares: the endpoint's chunks, then `[DONE]`; an error met
+    mid-stream becomes an error event before `[DONE]`; a client that goes away aborts what is unfinished."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+        yield DONE
+    except ApiError as exc:
+        yield sse_error(exc)
+        yield DONE
+    finally:
+        job.abort_unfinished()
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
     u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
          "total_tokens": prompt_tokens + completion_tokens}
