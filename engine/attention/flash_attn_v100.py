@@ -42,8 +42,8 @@ class FlashAttnV100Backend(AttentionBackend):
                     "load the model with dtype=float16")
         if q.dtype != torch.float16:
             return f"dtype {q.dtype} unsupported: these kernels take float16 queries"
-        if q.dim() != 3 or not q.is_contiguous():
-            return "query must be a contiguous [tokens, heads, head_dim] tensor"
+        if q.dim() != 3 or q.stride(-1) != 1 or q.stride(1) != q.shape[-1]:
+            return "query must be a [tokens, heads, head_dim] tensor with packed heads (any token stride)"
         head_dim = q.shape[-1]
         if head_dim not in SUPPORTED_HEAD_DIMS:
             return f"head_dim {head_dim} unsupported: kernels exist for {SUPPORTED_HEAD_DIMS}"
@@ -92,6 +92,7 @@ class FlashAttnV100Backend(AttentionBackend):
         from onecat.engine.kernels.flash_attn_v100_ext import load_extension
 
         ext = load_extension()
+        q = q.contiguous()  # the fused QK-RoPE path hands a strided view of the qkv projection
         out = torch.empty_like(q)
         kind = kv_kind_of(cache)
         k, v = (cache.k, cache.v) if kind == 0 else (_as_bytes(cache.k), _as_bytes(cache.v))
