@@ -80,6 +80,12 @@ class BlockManager:
         self.prefix_hits += n
         return n
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix and the lookup counts; the blocks themselves stay where they are."""
+        self.cached.clear()
+        self.block_hash = [None] * self.num_blocks
+        self.prefix_queries = self.prefix_hits = 0
+
     def ensure_capacity(self, seq: Sequence, num_tokens: int) -> bool:
         """Give `seq` enough blocks for `num_tokens` tokens; False (nothing taken) if memory is short."""
         need = self.blocks_needed(num_tokens) - len(seq.block_table)

@@ -111,6 +111,17 @@ class EngineCore:
         self.release(request_id)
         return out
 
+    def reset_counters(self) -> None:
+        """Back to a fresh engine's counters, seed stream and prefix cache (after the start-up warm-up)."""
+        assert not self._seqs, "reset_counters with requests in flight"
+        self.stats = dict.fromkeys(self.stats, 0)
+        self._seed_rng.manual_seed(self.cfg.seed)
+        self.blocks.reset_prefix_cache()
+        self.scheduler.num_preemptions = 0
+        self.attention.calls.clear()
+        if self.pipeline is not None:
+            self.pipeline.launches = 0
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -22,6 +22,7 @@ from onecat.engine.models.registry import model_class
 from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
+from onecat.engine.warmup import warm_up
 
 class LLM:
     """An engine over one model. `LLM(model, **settings)` takes exactly EngineArgs' names (engine/args.py):
@@ -59,6 +60,7 @@ class LLM:
 
             self.engine.proposer = build_proposer(speculative_config, self, open_draft_engine=LLM)
         self._ids = itertools.count()
+        self.warmup = warm_up(self) if self.device.type == "cuda" else None  # compile now, not on a request
         self.load_time_s = time.perf_counter() - t0
 
     # ---- construction -------------------------------------------------------------------------
@@ -204,7 +206,7 @@ class LLM:
             "async_scheduling": {"enabled": self.cfg.async_scheduling,
                                  "launches": self.engine.pipeline.launches if self.engine.pipeline else 0},
             "attention_backend": self.engine.attention.report(),
-            "cuda_graph": self.engine.runner.cuda_graph_report()["used"],
+            "cuda_graph": self.engine.runner.cuda_graph_report()["used"], "warmup": self.warmup,
             "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
         }

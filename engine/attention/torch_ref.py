@@ -8,11 +8,11 @@ runs instead, so a token's output does not depend on what else is in the step.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.batch_invariant_cpu import batch_invariant_attention
 from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.attention.sdpa import sdpa
 from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
 
 
@@ -70,7 +70,7 @@ class TorchReferenceBackend(AttentionBackend):
             qp = q.new_zeros(B * max_q, Hq, D)
             qp[lay["token_rows"]] = q
             qp = qp.view(B, max_q, Hq, D)
-        out = F.scaled_dot_product_attention(
+        out = sdpa(
             qp.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=lay["mask"], scale=scale,
             enable_gqa=Hkv != Hq)
         out = out.transpose(1, 2).reshape(B * max_q, Hq, D)

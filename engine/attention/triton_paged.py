@@ -11,10 +11,10 @@ reports why it cannot run so the dispatcher falls back to the reference path.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.attention.sdpa import sdpa
 from onecat.engine.kernels.triton_paged_decode import FP8_KINDS, paged_decode
 from onecat.engine.kernels.triton_support import triton_unavailable_reason
 from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
@@ -37,8 +37,12 @@ def _short_rows(meta: AttentionMetadata, device: torch.device) -> dict:
         else:
             long_seqs.append((b, start, n, s))
         start += n
-    packed = torch.tensor([toks, rows, ctxs], dtype=torch.int32).to(device, non_blocking=True)
-    layout = {"tok": packed[0], "row": packed[1], "ctx": packed[2], "long": long_seqs,
+    # rows padded to 16 bytes: an unaligned row pointer would make Triton compile another variant
+    width = -(-len(toks) // 4) * 4
+    pad = [0] * (width - len(toks))
+    packed = torch.tensor([toks + pad, rows + pad, ctxs + pad], dtype=torch.int32).to(device, non_blocking=True)
+    n = len(toks)
+    layout = {"tok": packed[0, :n], "row": packed[1, :n], "ctx": packed[2, :n], "long": long_seqs,
               "max_ctx": max(ctxs) if ctxs else 0}
     meta.extras["triton_paged"] = layout
     return layout
@@ -67,9 +71,8 @@ def _sdpa_chunk(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, b
     group = q.shape[1] // Hkv
     if group > 1:  # expanded here so every SDPA kernel (flash, mem-efficient with a mask) accepts it
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                         v.transpose(0, 1).unsqueeze(0), attn_mask=mask, is_causal=prefix == 0,
-                                         scale=scale)
+    out = sdpa(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+               attn_mask=mask, is_causal=prefix == 0, scale=scale)
     return out[0].transpose(0, 1)
 
 

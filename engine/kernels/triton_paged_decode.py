@@ -28,7 +28,9 @@ def _kernels():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # integers that change from step to step (block-table width, context splits) are plain runtime values:
+    # Triton would otherwise compile a variant for each "== 1" / "divisible by 16" pattern of them
+    @triton.jit(do_not_specialize=["stride_bt", "max_splits", "splits_per_prog"])
     def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, row_ptr, po_ptr, plse_ptr,
                      stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
                      GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
@@ -89,7 +91,7 @@ def _kernels():
                 tl.store(po_ptr + base[:, None] * D + d[None, :], acc / l_i[:, None], mask=gmask[:, None])
                 tl.store(plse_ptr + base, m_i + tl.log2(l_i), mask=gmask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["max_splits"])
     def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
                      D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr):
         i = tl.program_id(0)

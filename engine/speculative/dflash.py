@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from onecat.engine.attention.sdpa import sdpa
 from onecat.engine.errors import ConfigError, ModelNotFoundError
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
@@ -57,8 +57,8 @@ class DFlashAttention(nn.Module):
         cos, sin = rotary.cos[pos].unsqueeze(1).to(q.dtype), rotary.sin[pos].unsqueeze(1).to(q.dtype)
         q = q * cos[-B:] + rotary._rotate_half(q) * sin[-B:]
         k = k * cos + rotary._rotate_half(k) * sin
-        att = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                             v.transpose(0, 1).unsqueeze(0), enable_gqa=self.nh != self.nkv)
+        att = sdpa(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+                   enable_gqa=self.nh != self.nkv)
         return self.o_proj(att[0].transpose(0, 1).reshape(B, -1))
 
 
