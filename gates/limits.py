@@ -41,8 +41,8 @@ class ContractLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tokens: int = _bound(
-        1 << 20, ("input_len", "output_len", "max_tokens", "segment_len", "shared_prefix_len", "offset_tokens",
-                  "max_model_len", "max_num_batched_tokens", "top_k"),
+        1 << 20, ("input_len", "input_len_max", "output_len", "max_tokens", "segment_len", "shared_prefix_len",
+                  "offset_tokens", "max_model_len", "max_num_batched_tokens", "top_k"),
         "tokens in one prompt, one generation, one segment or one model context")
     batch_size: int = _bound(4096, ("batch_sizes", "max_num_seqs", "concurrency", "chunk"),
                              "requests in one batch or in flight at once")
@@ -122,6 +122,9 @@ def _batch_tokens(path: tuple, node: dict, limits: ContractLimits) -> list[tuple
     """Prompts are built before they are sent: batch size (or request count) times prompt length must
     fit in memory."""
     length, sizes, requests = node.get("input_len"), node.get("batch_sizes"), node.get("num_requests")
+    key = "input_len"
+    if _is_int(node.get("input_len_max")):  # drawn lengths go up to it: bound the batch as if all were that long
+        length, key = node["input_len_max"], "input_len_max"
     if isinstance(sizes, list):
         count, bound, what = max((b for b in sizes if _is_int(b)), default=None), limits.batch_size, "batch size"
     else:
@@ -130,8 +133,8 @@ def _batch_tokens(path: tuple, node: dict, limits: ContractLimits) -> list[tuple
         return []  # nothing to multiply, or a factor is already refused on its own
     if length * count <= limits.batch_tokens:
         return []
-    return [((*path, "input_len"), _over(f"{what} {count} x input_len {length} = {length * count} prompt tokens",
-                                         "batch_tokens", limits.batch_tokens, length * count))]
+    return [((*path, key), _over(f"{what} {count} x {key} {length} = {length * count} prompt tokens",
+                                  "batch_tokens", limits.batch_tokens, length * count))]
 
 
 def _is_int(v: Any) -> bool:

@@ -7,7 +7,8 @@ from pydantic import ValidationError
 
 from onecat.gates.contract import ArmSettings, EngineSpec, ModelSpec, SamplingSpec
 from onecat.gates.engines.openai_client import metrics_delta, parse_prometheus, spec_acceptance
-from onecat.gates.runners.endpoint import EndpointRunner, EndpointWorkload, arrival_gaps, make_prompts
+from onecat.gates.runners.endpoint import (EndpointRunner, EndpointWorkload, arrival_gaps, make_prompts,
+                                           prompt_lengths)
 from tests.conftest import EMBEDDED
 
 
@@ -47,6 +48,25 @@ def test_prompts_are_deterministic_distinct_and_share_the_prefix():
     assert a == make_prompts(5, 40, 30, seed=1) and len(set(a)) == 5
     prefix = " ".join(a[0].split()[:30])
     assert all(p.startswith(prefix) for p in a)
+
+
+def test_prompt_lengths_spread_over_the_asked_range():
+    lengths = prompt_lengths(400, 16, 4096, seed=3)
+    assert lengths == prompt_lengths(400, 16, 4096, seed=3) and min(lengths) >= 16 and max(lengths) <= 4096
+    logs = np.log(lengths)  # log-uniform: every octave about as likely
+    assert np.mean(np.array(lengths) < 256) == pytest.approx(0.5, abs=0.08)
+    assert logs.std() == pytest.approx(np.log(4096 / 16) / np.sqrt(12), rel=0.1)
+    prompts = make_prompts(50, 16, 0, seed=3, input_len_max=512)
+    words = [len(p.split()) - 1 for p in prompts]  # less the "[i]" tag
+    assert words == prompt_lengths(50, 16, 512, seed=3) and len(set(words)) > 30
+    assert make_prompts(5, 40, 0, seed=1) == make_prompts(5, 40, 0, seed=1, input_len_max=None)
+
+
+def test_length_range_is_checked_and_sizes_the_feasibility_bound():
+    with pytest.raises(ValidationError, match="input_len_max 16 must be above input_len 16"):
+        EndpointWorkload(input_len=16, input_len_max=16)
+    w = EndpointWorkload(input_len=16, input_len_max=4096, output_len=8)
+    assert EndpointRunner().min_request_tokens(w, SamplingSpec()) == 4104
 
 
 def test_workload_refuses_two_arrival_modes():

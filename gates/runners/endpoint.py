@@ -13,6 +13,8 @@ in-process onecat engine, which is then served on a loopback port for the durati
     - {kind: endpoint, api: chat, input_len: 256, output_len: 128, num_requests: 64, concurrency: 16,
        warmup_requests: 2, repeats: 3, slo: {ttft_s: 2.0, tpot_s: 0.2}}
     - {kind: endpoint, name: poisson, request_rate: 4.0, burstiness: 0.5, num_requests: 100, max_duration_s: 120}
+    - {kind: endpoint, name: mixed, api: completions, input_len: 16, input_len_max: 4096, request_rate: 4.0,
+       warmup_requests: 0, num_requests: 200, output_len: 8}   # TTFT with prompt lengths never seen before
 """
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ class EndpointWorkload(WorkloadBase):
     kind: Literal["endpoint"] = "endpoint"
     api: Literal["chat", "completions"] = "chat"
     input_len: int = Field(default=128, ge=1)  # approximate prompt length in words (about tokens)
+    # set: each request's length is drawn log-uniformly from [input_len, input_len_max] (real traffic mixes
+    # lengths; a server that compiles or plans per new length shows it in its TTFT tail)
+    input_len_max: Optional[int] = Field(default=None, ge=1)
     output_len: int = Field(default=64, ge=1)  # max_tokens
     ignore_eos: bool = True  # fixed output lengths, comparable across engines
     shared_prefix_len: int = Field(default=0, ge=0)  # words shared by every prompt (prefix-cache workloads)
@@ -63,16 +68,29 @@ class EndpointWorkload(WorkloadBase):
     def _one_arrival_mode(self) -> "EndpointWorkload":
         if self.concurrency is not None and self.request_rate is not None:
             raise ValueError("give either concurrency (closed loop) or request_rate (open loop), not both")
+        if self.input_len_max is not None and self.input_len_max <= self.input_len:
+            raise ValueError(f"input_len_max {self.input_len_max} must be above input_len {self.input_len} (the "
+                             "shortest prompt); remove it for prompts of one length")
         return self
 
 
-def make_prompts(n: int, input_len: int, shared_prefix_len: int, seed: int) -> list[str]:
-    """Deterministic distinct prompts of about `input_len` words (same for every engine and arm)."""
+def prompt_lengths(n: int, input_len: int, input_len_max: int | None, seed: int) -> list[int]:
+    """Each request's prompt length in words: input_len, or log-uniform in [input_len, input_len_max]."""
+    if input_len_max is None:
+        return [input_len] * n
+    rng = np.random.default_rng(seed + 104729)
+    return np.rint(np.exp(rng.uniform(np.log(input_len), np.log(input_len_max), size=n))).astype(int).tolist()
+
+
+def make_prompts(n: int, input_len: int, shared_prefix_len: int, seed: int,
+                 input_len_max: int | None = None) -> list[str]:
+    """Deterministic distinct prompts of about `input_len` words (or lengths drawn up to `input_len_max`);
+    the same for every engine and arm."""
     rng = np.random.default_rng(seed)
     prefix = " ".join(WORDS[i % len(WORDS)] for i in rng.integers(0, len(WORDS), shared_prefix_len))
-    body_len = max(input_len - shared_prefix_len, 1)
     out = []
-    for i in range(n):
+    for i, length in enumerate(prompt_lengths(n, input_len, input_len_max, seed)):
+        body_len = max(length - shared_prefix_len, 1)
         words = " ".join(WORDS[k] for k in rng.integers(0, len(WORDS), body_len))
         out.append((prefix + " " if prefix else "") + f"[{i}] " + words)
     return out
@@ -122,7 +140,7 @@ class EndpointRunner(Runner):
 
     def min_request_tokens(self, workload: EndpointWorkload, sampling: SamplingSpec) -> int:
         # every prompt word is at least one token, so input_len words is a lower bound on the prompt
-        return max(workload.input_len, workload.shared_prefix_len) + workload.output_len
+        return max(workload.input_len_max or workload.input_len, workload.shared_prefix_len) + workload.output_len
 
     _adjust = staticmethod(lambda body: body)
 
@@ -146,7 +164,8 @@ class EndpointRunner(Runner):
 
     def run_unit(self, engine: Any, workload: EndpointWorkload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
         seed = unit.seed or 0
-        prompts = make_prompts(workload.num_requests, workload.input_len, workload.shared_prefix_len, seed)
+        prompts = make_prompts(workload.num_requests, workload.input_len, workload.shared_prefix_len, seed,
+                               workload.input_len_max)
         warm = make_prompts(workload.warmup_requests, workload.input_len, 0, seed + 7919)
         path = "/v1/chat/completions" if workload.api == "chat" else "/v1/completions"
         with _endpoint_of(engine) as (url, headers, model, adjust):
