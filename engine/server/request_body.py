@@ -81,12 +81,17 @@ def _check_list(node: list, where: tuple, stack: list) -> None:
             raise _bad_value(where + (bad,), node[bad])
     else:
         for i, value in enumerate(node):
-            kind = type(value)
-            if kind is dict or kind is list:
-                if value:
-                    stack.append((value, where + (i,)))
-            elif _bad_scalar(value):
-                raise _bad_value(where + (i,), value)
+            _visit(value, where + (i,), stack)
+
+
+def _visit(value: Any, at: tuple, stack: list) -> None:
+    """One element of a list or object: containers are queued (checked iteratively), scalars checked now."""
+    kind = type(value)
+    if kind is dict or kind is list:
+        if value:
+            stack.append((value, at))
+    elif _bad_scalar(value):
+        raise _bad_value(at, value)
 
 
 def check_structure(data: dict, fields: set[str] | None = None) -> None:
@@ -106,12 +111,7 @@ def check_structure(data: dict, fields: set[str] | None = None) -> None:
             if _SURROGATE.search(key):
                 raise ApiError(400, f"a key in {_path(where) or 'the body'} holds a lone UTF-16 surrogate",
                                param=str(where[0]) if where else None)
-            kind = type(value)
-            if kind is dict or kind is list:
-                if value:
-                    stack.append((value, where + (key,)))
-            elif _bad_scalar(value):
-                raise _bad_value(where + (key,), value)
+            _visit(value, where + (key,), stack)
 
 
 def validation_message(errors: list) -> tuple[str, str | None]:
