@@ -1,7 +1,8 @@
 """Markdown report of one run, rendered only from the store (so any past run can be re-rendered).
 
-    write_report(store, run_id, out_dir=None) -> Path   (default .onecat/reports/<run_id>.md)
-    render_report(store, run_id) -> str                 (a `bench compare` run: reports/compare.py)
+    write_report(store, run_id, out_dir=None) -> Path   (default .onecat/reports/<run_id>.md); its plots
+                                                        go to <report stem>-plots/ next to it (plots.py)
+    render_report(store, run_id, plots=None) -> str     (a `bench compare` run: reports/compare.py)
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from onecat.reports.compare import render_compare_report
+from onecat.reports.plots import Plots, write_plots
 from onecat.results.paths import DEFAULT_REPORT_DIR
 from onecat.results.records import FAILED_FINISH_REASONS
 from onecat.results.store import Store
@@ -32,12 +34,24 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out
 
 
-def render_report(store: Store, run_id: str) -> str:
+def plots_section(plots: Plots, report_folder: Path) -> list[str]:
+    """The report's plots as relative image links (the report and its plot folder move together)."""
+    lines = ["", "## Plots"]
+    for title, path in plots.files:
+        lines += ["", f"![{title}]({path.relative_to(report_folder).as_posix()})"]
+    if plots.note:
+        lines += ["", f"_No plots: {plots.note}._" if not plots.files else f"_{plots.note}._"]
+    return lines
+
+
+def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, report_folder: Path = Path(".")) -> str:
+    """The markdown; `plots` (files under `report_folder`) adds a Plots section linking them."""
     run = store.run(run_id)
     if run is None:
         raise LookupError(f"no run {run_id!r} in {store.path}")
+    figures = plots_section(plots, report_folder) if plots is not None else []
     if run.get("kind") == "compare":
-        return render_compare_report(store, run_id)
+        return render_compare_report(store, run_id) + "\n".join(figures)
     verdict = store.verdict(run_id)
     lines = [f"# Gate report: {run['contract_name']}", ""]
     v = verdict["verdict"] if verdict else "(none yet)"
@@ -54,6 +68,7 @@ def render_report(store: Store, run_id: str) -> str:
     lines += _table(["gate", "status", "binding", "summary"],
                     [[c["gate_id"], c["status"].upper(), "no" if c["informative"] else "yes", c["summary"]]
                      for c in store.checks(run_id)])
+    lines += figures
     arms = json.loads(run["arm_settings_json"] or "{}")
     lines += ["", "## Arms (effective settings)", ""]
     keys = sorted({f"{sec}.{k}" for a in arms.values() for sec in ("model", "engine") for k in (a.get(sec) or {})})
@@ -142,5 +157,6 @@ def write_report(store: Store, run_id: str, out_dir: Optional[str | Path] = None
     else:
         target = path / f"{run_id}.md"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_report(store, run_id), encoding="utf-8")
+    plots = write_plots(store, run_id, target.parent / f"{target.stem}-plots")
+    target.write_text(render_report(store, run_id, plots, target.parent), encoding="utf-8")
     return target
