@@ -37,9 +37,9 @@ from onecat.engine.args import EngineArgs, describe_errors
 from onecat.gates import registry
 from onecat.gates.contract_errors import ContractError, ContractIssue, dedupe, issue_at, issues_from_validation
 # the shared settings live in their own module; importing them from here keeps working
-from onecat.gates.contract_settings import (ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS, DatasetRef,  # noqa: F401
-                                            EngineSpec, ExecutionSpec, ModelSpec, ReasoningSpec, SamplingSpec,
-                                            SpeculativeSpec, Strict)
+from onecat.gates.contract_settings import (ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS, CodeRevision,  # noqa: F401
+                                            CodeSpec, DatasetRef, EngineSpec, ExecutionSpec, ModelSpec,
+                                            ReasoningSpec, SamplingSpec, SpeculativeSpec, Strict)
 from onecat.gates.contract_yaml import load_yaml, read_contract_text
 from onecat.gates.limits import DEFAULT_LIMITS, ContractLimits, size_problems
 
@@ -60,11 +60,13 @@ EngineOverride = _partial(EngineSpec, "EngineOverride")
 
 
 class ArmSpec(Strict):
-    """Overrides for one arm. `speculative` replaces the shared one whole (null turns it off)."""
+    """Overrides for one arm. `speculative` replaces the shared one whole (null turns it off); `code` pins the
+    engine code the arm runs to a git revision (default: the working tree)."""
 
     model: Optional[ModelOverride] = None  # type: ignore[valid-type]
     engine: Optional[EngineOverride] = None  # type: ignore[valid-type]
     speculative: Optional[SpeculativeSpec] = None
+    code: Optional[CodeSpec] = None
     description: str = ""
 
 
@@ -82,9 +84,15 @@ class ArmSettings(Strict):
     engine: EngineSpec
     speculative: Optional[SpeculativeSpec] = None
     reasoning: ReasoningSpec = Field(default_factory=ReasoningSpec)
+    code: Optional[CodeRevision] = None  # set by gates/revision when an arm of the run pins code
 
     def canonical_json(self) -> str:
-        return canonical_json(self.model_dump(mode="json", exclude={"name", "reasoning"}))
+        """The settings that identify the arm; the code's commit and dirty hash only when the run resolved
+        them (so fingerprints of arms that run in-process are what they always were)."""
+        data = self.model_dump(mode="json", exclude={"name", "reasoning", "code"})
+        if self.code is not None:
+            data["code"] = self.code.model_dump(mode="json", include=set(CodeRevision.FINGERPRINT_FIELDS))
+        return canonical_json(data)
 
     def engine_args(self, seed: int, with_options: bool = True) -> EngineArgs:
         """The onecat engine's settings for this arm (ENGINE_ARGS_IN_CONTRACT), for a run with `seed`;
@@ -184,8 +192,18 @@ class Contract(Strict):
         return v
 
     def canonical_json(self) -> str:
-        # no `limits:` block -> no key: fingerprints of contracts written before it existed are unchanged
-        return canonical_json(self.model_dump(mode="json", exclude={"limits"} if self.limits is None else None))
+        # no `limits:` block / arm `code:` -> no key: fingerprints of contracts written before they existed are
+        # unchanged
+        exclude: dict[str, Any] = {"limits": True} if self.limits is None else {}
+        unpinned = {a: {"code": True} for a in ARM_NAMES if getattr(self.arms, a).code is None}
+        if unpinned:
+            exclude["arms"] = unpinned
+        return canonical_json(self.model_dump(mode="json", exclude=exclude or None))
+
+    @property
+    def pins_code(self) -> bool:
+        """Whether an arm runs the engine at a git revision (then both arms run in worker processes)."""
+        return any(getattr(self.arms, a).code is not None for a in ARM_NAMES)
 
     @property
     def fingerprint(self) -> str:
@@ -346,7 +364,48 @@ def _cross_checks(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
                                         message=f"unknown engine backend {eng.backend!r}; registered: "
                                                 f"{', '.join(sorted(registry.ENGINES))}{_backend_hint(eng.backend)}"))
     issues += _engine_args_issues(c, lines)
+    issues += code_issues(c, lines)
     return dedupe(issues)
+
+
+def code_issues(c: Contract, lines: dict[tuple, int] | None = None) -> list[ContractIssue]:
+    """A pinned engine revision runs the in-process onecat engine in a worker: when any arm pins code, both
+    arms must use backend onecat (the other arm runs the working tree through the same worker path)."""
+    if not c.pins_code:
+        return []
+    lines = lines or {}
+    return [ContractIssue(path=f"arms.{a}.engine.backend", line=lines.get(("arms", a, "code")) or lines.get(("arms", a)),
+                          message=f"backend {c.arm(a).engine.backend!r} cannot run pinned engine code: `code: "
+                                  f"{{ref: ...}}` (or --baseline-ref/--candidate-ref) runs the onecat engine of a "
+                                  f"git revision, so both arms need backend onecat; remove the ref or use onecat")
+            for a in ARM_NAMES if c.arm(a).engine.backend != "onecat"]
+
+
+def pin_code(c: Contract, refs: dict[str, Optional[str]], source: str = "command line") -> Contract:
+    """The contract with `arms.<arm>.code.ref` set from `refs` (arm -> git revision; None leaves the arm
+    as the contract has it): what --baseline-ref / --candidate-ref do. Raises ContractError."""
+    given = {a: r for a, r in refs.items() if r is not None}
+    unknown = sorted(set(given) - set(ARM_NAMES))
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; arms are {ARM_NAMES}")
+    if not given:
+        return c
+    arms, issues = {}, []
+    for a in ARM_NAMES:
+        spec: ArmSpec = getattr(c.arms, a)
+        if a in given:
+            try:
+                spec = spec.model_copy(update={"code": CodeSpec.model_validate({"ref": given[a]}, strict=True)})
+            except ValidationError:
+                issues.append(ContractIssue(path=f"--{a}-ref", message=f"{given[a]!r} is not a git revision name: "
+                                            "give a branch, tag or commit (non-empty, no spaces, not starting "
+                                            "with '-', at most 256 characters)"))
+        arms[a] = spec
+    pinned = c.model_copy(update={"arms": Arms(**arms)})
+    issues += code_issues(pinned)
+    if issues:
+        raise ContractError(source, issues)
+    return pinned
 
 
 def _backend_hint(name: str) -> str:

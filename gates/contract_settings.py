@@ -10,7 +10,7 @@ runs did not use.
 from __future__ import annotations
 
 from copy import copy
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
@@ -131,3 +131,26 @@ class DatasetRef(Strict):
     path: Optional[str] = None
     sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     url: Optional[str] = None
+
+
+class CodeSpec(Strict):
+    """The engine code an arm runs: any git revision of this repository (a branch, tag, `origin/main`,
+    `HEAD~1`, a commit). Without it the arm runs the working tree. The harness checks the revision out as a
+    worktree and runs that arm's engine in a worker process importing it (gates/revision/)."""
+
+    ref: str = Field(min_length=1, max_length=256, pattern=r"^[^-\s][^\s]*$")
+
+
+class CodeRevision(Strict):
+    """An arm's engine code as resolved for one run: the commit (and, for the working tree, a sha256 of its
+    uncommitted engine changes). Only `commit` and `dirty_sha256` enter the arm fingerprint; `ref` (what the
+    contract or CLI named; None: the working tree), `source` (the folder the worker imports the engine from)
+    and `label` (one line for reports) describe it."""
+
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    dirty_sha256: Optional[str] = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    ref: Optional[str] = None
+    source: str
+    label: str
+
+    FINGERPRINT_FIELDS: ClassVar[frozenset[str]] = frozenset({"commit", "dirty_sha256"})
