@@ -28,7 +28,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(_fmt(c).replace("|", "\\|") for c in r) + " |" for r in rows]
     return out
@@ -56,7 +56,7 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
     lines = [f"# Gate report: {run['contract_name']}", ""]
     v = verdict["verdict"] if verdict else "(none yet)"
     lines += [f"**Verdict: {v}**" + (f" — {verdict['reason']}" if verdict else ""), ""]
-    lines += _table(["field", "value"], [
+    lines += markdown_table(["field", "value"], [
         ["run", run_id], ["status", run["status"]], ["started (UTC)", run["started_at"]],
         ["finished (UTC)", run["finished_at"]], ["contract fingerprint", run["contract_fingerprint"]],
         ["baseline arm fingerprint", run["baseline_fingerprint"]],
@@ -65,7 +65,7 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
         ["datasets (sha256)", ", ".join(f"{k}={v[:12]}…" for k, v in json.loads(run["dataset_sha256_json"] or "{}").items())
          or "–"]])
     lines += ["", "## Gates", ""]
-    lines += _table(["gate", "status", "binding", "summary"],
+    lines += markdown_table(["gate", "status", "binding", "summary"],
                     [[c["gate_id"], c["status"].upper(), "no" if c["informative"] else "yes", c["summary"]]
                      for c in store.checks(run_id)])
     lines += figures
@@ -78,14 +78,14 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
         vals = [json.dumps((arms.get(a, {}).get(sec) or {}).get(name)) for a in ("baseline", "candidate")]
         rows.append([k + (" **(differs)**" if vals[0] != vals[1] else ""), *vals])
     rows.append(["speculative", *[json.dumps(arms.get(a, {}).get("speculative")) for a in ("baseline", "candidate")]])
-    lines += _table(["setting", "baseline", "candidate"], rows)
+    lines += markdown_table(["setting", "baseline", "candidate"], rows)
     env = store.environment(run_id)
     if env:
         lines += ["", "## Environment", ""]
         cols = ["arm", "cpu_model", "cpu_threads", "torch_threads", "gpu_name", "gpu_count", "gpu_driver",
                 "torch_version", "cuda_version", "device", "kv_cache_dtype", "attention_backend", "cuda_graph",
                 "prefix_caching"]
-        lines += _table(cols, [[e.get(c) for c in cols] for e in env])
+        lines += markdown_table(cols, [[e.get(c) for c in cols] for e in env])
     lines += ["", "## Metrics (measured; mean ± sd over repeats)", ""]
     agg: dict = defaultdict(list)
     units: dict = {}
@@ -102,7 +102,7 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
             vals = agg.get((wl, name, key, kind, arm), [])
             cells.append(f"{np.mean(vals):.4g} ± {np.std(vals):.2g} (n={len(vals)})" if vals else "–")
         rows.append([wl, name, key, units[(wl, name)], kind, *cells])
-    lines += _table(["workload", "metric", "key", "unit", "kind", "baseline", "candidate"], rows) if rows else ["(none)"]
+    lines += markdown_table(["workload", "metric", "key", "unit", "kind", "baseline", "candidate"], rows) if rows else ["(none)"]
     ppl_rows = []
     for arm in ("baseline", "candidate"):
         by_wl: dict = defaultdict(lambda: [0.0, 0.0])
@@ -114,7 +114,7 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
         for wl, (nll, n) in by_wl.items():
             ppl_rows.append([wl, arm, int(n), float(np.exp(nll / n)) if n else None])
     if ppl_rows:
-        lines += ["", "## Perplexity", ""] + _table(["workload", "arm", "tokens", "ppl"], ppl_rows)
+        lines += ["", "## Perplexity", ""] + markdown_table(["workload", "arm", "tokens", "ppl"], ppl_rows)
     lines += ["", "## Generation health", ""]
     cols, rows = store.query(
         "SELECT workload, arm, count(*) AS requests, sum(CASE WHEN natural_stop_eligible THEN 1 ELSE 0 END) AS eligible,"
@@ -123,12 +123,12 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
         " sum(CASE WHEN repetition_loop THEN 1 ELSE 0 END) AS loops, sum(replacement_chars) AS u_fffd,"
         " sum(CASE WHEN error IS NOT NULL THEN 1 ELSE 0 END) AS errors"
         " FROM requests WHERE run_id = ? GROUP BY workload, arm ORDER BY workload, arm", [run_id])
-    lines += _table(cols, [list(r) for r in rows]) if rows else ["(no generations)"]
+    lines += markdown_table(cols, [list(r) for r in rows]) if rows else ["(no generations)"]
     lines += _failed_requests_section(store, run_id)
     cols, rows = store.query("SELECT workload, arm, measure, count(*) AS n, avg(CAST(passed AS INTEGER)) AS score"
                              " FROM item_outcomes WHERE run_id = ? GROUP BY ALL ORDER BY ALL", [run_id])
     if rows:
-        lines += ["", "## Task scores", ""] + _table(cols, [list(r) for r in rows])
+        lines += ["", "## Task scores", ""] + markdown_table(cols, [list(r) for r in rows])
     lines += ["", f"_Rendered from the results store `{store.path}`; query it with `onecat results query`._", ""]
     return "\n".join(lines)
 
@@ -147,7 +147,7 @@ def _failed_requests_section(store: Store, run_id: str) -> list[str]:
     return (["", "## Failed requests", "",
              "Failed requests contribute no throughput, latency or task figure; a binding gate over a workload "
              "with failed requests is FAIL (candidate failed more) or INCONCLUSIVE (the baseline failed).", ""]
-            + _table(list(cols), shown))
+            + markdown_table(list(cols), shown))
 
 
 def write_report(store: Store, run_id: str, out_dir: Optional[str | Path] = None) -> Path:

@@ -174,7 +174,8 @@ def _latency_plot(workload: str, engines: dict[str, Any]) -> Optional[LatencyPlo
     found: dict[str, dict[tuple[str, int], float]] = {}
     for label, entry in engines.items():
         figures = (entry.get("workloads") or {}).get(workload, {})
-        percentiles = {(m.group(1), int(m.group(2))): v for name, v in figures.items() if (m := _PERCENTILE.match(name))}
+        percentiles = {(m.group(1), int(m.group(2))): v for name, v in figures.items()
+                       if (m := _PERCENTILE.match(name))}
         if percentiles:
             found[label] = percentiles
     if not found:
