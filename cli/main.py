@@ -278,6 +278,38 @@ def results_export(run: Optional[str] = typer.Argument(None, help="run id or pre
         console.print(str(p), highlight=False)
 
 
+@results_app.command("history")
+def results_history(contract_name: str = typer.Argument(..., help="contract name (as `results list` shows it)"),
+                    metric: Optional[List[str]] = typer.Option(None, "--metric", help="metric to follow per arm, "
+                                                               "repeatable (default: the metrics its gates name)"),
+                    db: Optional[Path] = DB_OPTION,
+                    out: Optional[Path] = typer.Option(None, "--out", help="folder for <contract>-history.md and "
+                                                                           ".png (default .onecat/reports/)")) -> None:
+    """A contract's runs across time and revisions: verdict, each gate's status and key number, the chosen
+    metrics per arm; printed as a table and written as markdown with a plot (marker per verdict)."""
+    from onecat.reports.history import history_table, write_history
+    from onecat.results.history import contract_history
+    from onecat.results.paths import DEFAULT_REPORT_DIR
+
+    with _store(db) as store:
+        try:
+            history = contract_history(store, contract_name, metric)
+        except LookupError as exc:
+            raise _fail(str(exc), EXIT_USAGE)
+    header, rows = history_table(history)
+    table = Table(title=f"{contract_name}: {len(rows)} runs, oldest first")
+    for col in header:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*[Text(cell) for cell in row])
+    console.print(table)
+    files = write_history(history, out or DEFAULT_REPORT_DIR)
+    console.print(f"history: {files.markdown}" + (f", plot: {files.plot}" if files.plot else ""), highlight=False,
+                  soft_wrap=True)
+    if files.note:
+        console.print(f"[yellow]note:[/] no plot: {files.note}", highlight=False)
+
+
 # --------------------------------------------------------------------------- report
 @app.command("report")
 def report(run: Optional[str] = typer.Argument(None, help="run id or prefix (default: newest)"),
