@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from onecat.gates import registry
+from onecat.gates.baseline_reuse import record_arm_evidence
 from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
 from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract
 from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
@@ -161,9 +162,14 @@ class NullProgress:
 
 def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = False,
              report_dir: Optional[str | Path] = None, progress: Any = None,
-             open_engine: Optional[Callable[[ArmSettings, int], Any]] = None) -> GateOutcome:
+             open_engine: Optional[Callable[[ArmSettings, int], Any]] = None,
+             reuse_baseline: bool = False) -> GateOutcome:
     """Run a contract end to end; see the module docstring. `resume`: True (latest unfinished run of this
-    contract) or a run id. Raises ContractError, PreflightError, ResumeError, or the engine's errors."""
+    contract) or a run id. `reuse_baseline`: copy the baseline's deterministic evidence from an earlier run
+    (gates/baseline_reuse.py). Raises ContractError, PreflightError, ResumeError, or the engine's errors."""
+    if resume and reuse_baseline:
+        raise ResumeError("--reuse-baseline decides what to copy when a run starts; a resumed run continues as it "
+                          "started: drop --reuse-baseline (or start a new run without --resume)")
     from onecat.gates.engines.base import open_engine as default_open
     from onecat.reports.markdown import write_report
 
@@ -177,6 +183,9 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
         warnings: list[str] = list(store.warnings)  # e.g. runs the store lost to a truncated write-ahead log
         run_id = _open_run(store, contract, str(contract_path), arms, datasets, resume, warnings)
         steps = build_schedule(contract)
+        if not resume:
+            record_arm_evidence(store, run_id, contract, arms, {n: d.sha256 for n, d in datasets.items()}, steps,
+                                reuse_baseline, warnings)
         done = store.done_units(run_id)
         todo = [s for s in steps if (s.arm, s.workload_id, s.unit.key) not in done]
         total = sum(s.unit.size for s in steps)

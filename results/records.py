@@ -7,7 +7,8 @@ here without a migration (or the other way round) fails a test instead of landin
 
     RunRecord      -> runs           (one per `gate run` or `bench compare`; kind says which)
     Environment    -> environment    (one per arm: machine, software, effective fast paths)
-    ArmOutcome     -> arm_outcomes   (per arm of a `bench compare`: ran, skipped or failed, and why)
+    ArmOutcome     -> arm_outcomes   (per arm: ran, skipped or failed and why; the environment class its
+                                      evidence holds for, and the evidence it reused from an earlier run)
     RequestRecord  -> requests       (one per engine request)
     ItemOutcome    -> item_outcomes  (one row per measure of a task item)
     Metric         -> metrics        (a figure; measured or projected, never mixed)
@@ -83,11 +84,15 @@ class Environment:
 
 @dataclass
 class ArmOutcome:
-    """Whether an arm's engine ran; a skipped or failed arm says why (`error`)."""
+    """Whether an arm's engine ran; a skipped or failed arm says why (`error`). A gate run also records the
+    arm's environment class (what deterministic evidence may be reused across: gates/baseline_reuse.py) and,
+    with --reuse-baseline, which workloads' rows were copied from which earlier run."""
 
     status: str  # ran | skipped | failed
     error: Optional[str] = None
     open_s: Optional[float] = None  # seconds to open the engine
+    environment_class: dict[str, Any] = field(default_factory=dict)  # device, device name, torch, engine code
+    reused_evidence: dict[str, Any] = field(default_factory=dict)  # workload -> {"run_id", "arm"} copied from
 
     def __post_init__(self) -> None:
         if self.status not in ARM_STATUSES:
@@ -181,6 +186,18 @@ def column_name(record_type: type, field_name: str) -> str:
 def record_columns(record_type: type, exclude: tuple[str, ...] = ()) -> list[str]:
     """The columns that hold a record type's fields, in field order."""
     return [column_name(record_type, f.name) for f in dataclasses.fields(record_type) if f.name not in exclude]
+
+
+def record_from_row(record_type: type, row: dict, **fields: Any) -> Any:
+    """The record a stored row holds (the inverse of `column_values`); `fields` fill or override fields that
+    are stored otherwise (e.g. ItemOutcome.passed)."""
+    structured = _structured(record_type)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(record_type):
+        column = column_name(record_type, f.name)
+        if column in row and row[column] is not None:
+            values[f.name] = json.loads(row[column]) if f.name in structured else row[column]
+    return record_type(**{**values, **fields})
 
 
 def column_values(record: Any, exclude: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -116,4 +116,10 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, arm)
     );
     """,
+    # 4: a gate run records per arm the environment class its deterministic evidence holds for, and which
+    # workloads' rows it copied from an earlier run (--reuse-baseline, gates/baseline_reuse.py)
+    """
+    ALTER TABLE arm_outcomes ADD COLUMN environment_class_json VARCHAR;
+    ALTER TABLE arm_outcomes ADD COLUMN reused_evidence_json VARCHAR;
+    """,
 ]

@@ -92,6 +92,11 @@ class Runner:
 
     kind: ClassVar[str]
     Workload: ClassVar[type[WorkloadBase]]
+    # When a workload's stored rows are a pure function of the arm's settings, its datasets and the
+    # environment class, so --reuse-baseline may copy them from an earlier run (gates/baseline_reuse.py):
+    # "never" (speed figures: always measured fresh), "greedy" (generations under temperature 0) or "always"
+    # (no sampling at all, e.g. scoring).
+    deterministic_when: ClassVar[str] = "never"
 
     def plan(self, workload: WorkloadBase, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key="all", size=1, params=(("seeds", tuple(seeds)),))]
@@ -102,6 +107,15 @@ class Runner:
     def run(self, engine: Any, workload: WorkloadBase, sampling: SamplingSpec, seeds: list[int], sink: Sink) -> None:
         for unit in self.plan(workload, sampling, seeds):
             self.run_unit(engine, workload, sampling, unit, sink)
+
+    def deterministic_evidence(self, workload: WorkloadBase, sampling: SamplingSpec) -> bool:
+        """Whether this workload's rows may be reused from an earlier run of an identical arm (see
+        `deterministic_when`); the one place that decides it per runner."""
+        if self.deterministic_when not in ("never", "greedy", "always"):
+            raise ValueError(f"{type(self).__name__}.deterministic_when = {self.deterministic_when!r}; "
+                             "use never, greedy or always")
+        return self.deterministic_when == "always" or (self.deterministic_when == "greedy"
+                                                       and sampling.temperature == 0)
 
     def min_request_tokens(self, workload: WorkloadBase, sampling: SamplingSpec) -> int:
         """The fewest tokens (prompt + requested output) that one request of this workload needs, from the

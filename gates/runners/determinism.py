@@ -30,6 +30,7 @@ DEFAULT_PROMPTS = (  # short-answer questions, so small models stop on their own
 
 @register_runner("determinism")
 class Determinism(Runner):
+    deterministic_when = "greedy"  # --reuse-baseline may copy its rows (Runner.deterministic_evidence)
     class Workload(WorkloadBase):
         kind: Literal["determinism"] = "determinism"
         prompts: Optional[list[str]] = None  # chat user messages; default: short built-in questions

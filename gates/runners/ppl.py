@@ -21,6 +21,7 @@ CHARS_PER_TOKEN_GUESS = 3
 
 @register_runner("ppl")
 class Perplexity(Runner):
+    deterministic_when = "always"  # --reuse-baseline may copy its rows (Runner.deterministic_evidence)
     class Workload(WorkloadBase):
         kind: Literal["ppl"] = "ppl"
         dataset: str  # e.g. wikitext2 (CI) or calibration_wiki (package-shipped)

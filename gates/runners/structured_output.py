@@ -18,6 +18,7 @@ from onecat.gates.tasks import structured
 
 @register_runner("structured_output")
 class StructuredOutput(Runner):
+    deterministic_when = "greedy"  # --reuse-baseline may copy its rows (Runner.deterministic_evidence)
     class Workload(WorkloadBase):
         kind: Literal["structured_output"] = "structured_output"
         tasks: Optional[list[str]] = None  # task ids from gates/tasks/structured.py; default: all
