@@ -44,6 +44,15 @@ def plots_section(plots: Plots, report_folder: Path) -> list[str]:
     return lines
 
 
+def _reused_evidence(store: Store, run_id: str) -> str:
+    """Which workloads' rows an arm copied from an earlier run instead of generating them (gates/baseline_reuse.py)."""
+    notes = []
+    for outcome in store.arm_outcomes(run_id):
+        for workload, source in sorted(json.loads(outcome.get("reused_evidence_json") or "{}").items()):
+            notes.append(f"{outcome['arm']} {workload} reused from run {source['run_id']} ({source['arm']})")
+    return "; ".join(notes) or "none"
+
+
 def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, report_folder: Path = Path(".")) -> str:
     """The markdown; `plots` (files under `report_folder`) adds a Plots section linking them."""
     run = store.run(run_id)
@@ -63,7 +72,7 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
         ["candidate arm fingerprint", run["candidate_fingerprint"]],
         ["engine revision", run["engine_revision"]], ["harness revision", run["harness_revision"]],
         ["datasets (sha256)", ", ".join(f"{k}={v[:12]}…" for k, v in json.loads(run["dataset_sha256_json"] or "{}").items())
-         or "–"]])
+         or "–"], ["evidence reused (--reuse-baseline)", _reused_evidence(store, run_id)]])
     lines += ["", "## Gates", ""]
     lines += markdown_table(["gate", "status", "binding", "summary"],
                     [[c["gate_id"], c["status"].upper(), "no" if c["informative"] else "yes", c["summary"]]
