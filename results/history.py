@@ -17,7 +17,8 @@ from onecat.results.store import Store
 
 UNPOSITIONED = "json_extract(tags_json, '$.position') IS NULL"  # per-draft-position figures are no series
 # where a check's stored statistic keeps the number it judged, first match wins
-KEY_NUMBER_PATHS = (("estimate",), ("acceptance_length",), ("candidate", "rate"), ("different",))
+KEY_NUMBER_PATHS = (("estimate",), ("acceptance_length",), ("candidate", "rate"), ("different",),
+                    ("candidate", "inconsistent"))
 
 
 @dataclass
