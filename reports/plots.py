@@ -41,18 +41,23 @@ def _interval(ax: Any, estimate: Optional[float], low: Optional[float], high: Op
         ax.axhline(estimate, color="tab:blue", linewidth=1.2, label=f"{what} {estimate:.4g}")
 
 
+def _judged_against(ax: Any, plot: SpeedPlot | PplPlot, bound_label: str, ticks: list[str], ylabel: str) -> None:
+    """What a gate plot shares: the bound it was judged against, one tick per pair or segment, its status."""
+    ax.axhline(plot.bound, color="tab:red", linestyle="--", label=bound_label)
+    ax.set_xticks(range(len(ticks)), ticks, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{plot.gate_id}: {plot.status.upper()}", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+
+
 def _speed(plot: SpeedPlot) -> tuple[str, Any]:
     fig, axes = new_figure()
     ax = axes[0][0]
     ax.plot(range(len(plot.ratios)), plot.ratios, "o", color=STATUS_COLORS.get(plot.status, "k"),
             label="candidate / bracketing baseline")
     _interval(ax, plot.estimate, plot.low, plot.high, "geometric mean")
-    ax.axhline(plot.bound, color="tab:red", linestyle="--", label=f"threshold {plot.bound:.4g}")
-    ax.set_xticks(range(len(plot.labels)), plot.labels, rotation=30, ha="right", fontsize=7)
     ax.margins(x=0.15)
-    ax.set_ylabel(f"{plot.metric} ratio")
-    ax.set_title(f"{plot.gate_id}: {plot.status.upper()}", fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    _judged_against(ax, plot, f"threshold {plot.bound:.4g}", plot.labels, f"{plot.metric} ratio")
     return f"{plot.gate_id}: paired {plot.metric} ratios", fig
 
 
@@ -62,13 +67,9 @@ def _ppl(plot: PplPlot) -> tuple[str, Any]:
     ax.bar(range(len(plot.relative)), plot.relative, color=STATUS_COLORS.get(plot.status, "tab:gray"),
            label="per-segment relative PPL change")
     _interval(ax, plot.estimate, plot.low, plot.high, "pooled")
-    ax.axhline(plot.bound, color="tab:red", linestyle="--", label=f"bound {plot.bound:+.3g}")
     ax.axhline(0.0, color="k", linewidth=0.6)
-    ax.set_xticks(range(len(plot.segments)), [s.rsplit("/", 1)[-1] for s in plot.segments], rotation=30,
-                  ha="right", fontsize=7)
-    ax.set_ylabel("candidate / baseline PPL - 1")
-    ax.set_title(f"{plot.gate_id}: {plot.status.upper()}", fontsize=10)
-    ax.legend(fontsize=7, loc="best")
+    _judged_against(ax, plot, f"bound {plot.bound:+.3g}", [s.rsplit("/", 1)[-1] for s in plot.segments],
+                    "candidate / baseline PPL - 1")
     return f"{plot.gate_id}: per-segment PPL deltas", fig
 
 
