@@ -53,7 +53,13 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
              run_id: Optional[str] = typer.Option(None, "--run-id", help="with --resume: the run to continue"),
              out: Optional[Path] = typer.Option(None, "--out", help="report folder or .md file "
                                                                     "(default .onecat/reports/)"),
-             no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar")) -> None:
+             no_progress: bool = typer.Option(False, "--no-progress", help="no progress bar"),
+             baseline_ref: Optional[str] = typer.Option(
+                 None, "--baseline-ref", metavar="REF", help="run the baseline arm's engine at this git revision "
+                 "(e.g. the merge base); overrides the contract's arms.baseline.code"),
+             candidate_ref: Optional[str] = typer.Option(
+                 None, "--candidate-ref", metavar="REF", help="run the candidate arm's engine at this git revision "
+                 "(default: the working tree); overrides arms.candidate.code")) -> None:
     """Run both arms of CONTRACT, evaluate its gates, print the verdict and write the report.
 
     Exit codes: 0 PROMOTE, 1 ROLLBACK, 2 usage/contract error, 3 INCONCLUSIVE, 4 runtime/environment error.
@@ -67,7 +73,7 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
     progress = None if no_progress else RichProgress(console)
     try:
         outcome = run_gate(contract, db_path(db), resume=(run_id or True) if resume else False, report_dir=out,
-                           progress=progress)
+                           progress=progress, code_refs={"baseline": baseline_ref, "candidate": candidate_ref})
     except ContractError as exc:
         from rich.markup import escape
 

@@ -23,10 +23,11 @@ from typing import Any, Callable, Optional
 from onecat.gates import registry
 from onecat.gates.baseline_reuse import record_arm_evidence
 from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
-from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract
+from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract, pin_code
 from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
 from onecat.gates.failures import hold_to_failures, judged_workloads
 from onecat.gates.feasibility import load_feasible_contract
+from onecat.gates.revision.resolve import resolve_arm_code
 from onecat.gates.runners.base import Unit
 from onecat.gates.verdict import Verdict, decide
 from onecat.results.environment import capture_environment
@@ -86,9 +87,10 @@ def preflight(contract: Contract) -> tuple[dict[str, ArmSettings], dict[str, Res
                                              url=ref.url if ref else None)
         except DatasetError as exc:
             problems.append(str(exc))
-    arms = {a: contract.arm(a) for a in ARM_NAMES}
+    arms, code_problems = resolve_arm_code(contract, {a: contract.arm(a) for a in ARM_NAMES}, Path.cwd())
+    problems += code_problems
     for a, arm in arms.items():
-        engine_cls = registry.ENGINES.get(arm.engine.backend)
+        engine_cls = engine_class(arm)
         if engine_cls is None:
             problems.append(f"arm {a}: unknown engine backend {arm.engine.backend!r}")
             continue
@@ -97,6 +99,23 @@ def preflight(contract: Contract) -> tuple[dict[str, ArmSettings], dict[str, Res
     if problems:
         raise PreflightError(contract.name, _dedupe_problems(problems))
     return arms, datasets
+
+
+def engine_class(arm: ArmSettings) -> Optional[type]:
+    """The adapter that runs `arm`: its backend's, or a revision worker when the run resolved its code."""
+    if arm.code is not None:
+        from onecat.gates.engines.revision_engine import RevisionEngine
+
+        return RevisionEngine
+    return registry.ENGINES.get(arm.engine.backend)
+
+
+def open_arm_engine(arm: ArmSettings, seed: int = 0) -> Any:
+    if arm.code is not None:
+        return engine_class(arm).open(arm, seed)
+    from onecat.gates.engines.base import open_engine
+
+    return open_engine(arm, seed)
 
 
 def _dedupe_problems(problems: list[str]) -> list[str]:
@@ -163,20 +182,21 @@ class NullProgress:
 def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = False,
              report_dir: Optional[str | Path] = None, progress: Any = None,
              open_engine: Optional[Callable[[ArmSettings, int], Any]] = None,
-             reuse_baseline: bool = False) -> GateOutcome:
+             reuse_baseline: bool = False, code_refs: Optional[dict[str, Optional[str]]] = None) -> GateOutcome:
     """Run a contract end to end; see the module docstring. `resume`: True (latest unfinished run of this
     contract) or a run id. `reuse_baseline`: copy the baseline's deterministic evidence from an earlier run
-    (gates/baseline_reuse.py). Raises ContractError, PreflightError, ResumeError, or the engine's errors."""
+    (gates/baseline_reuse.py). `code_refs`: arm -> git revision its engine code runs (overrides the contract's
+    `arms.<arm>.code`; gates/revision/). Raises ContractError, PreflightError, ResumeError, or the engine's
+    errors (RevisionError when a revision's engine cannot run)."""
     if resume and reuse_baseline:
         raise ResumeError("--reuse-baseline decides what to copy when a run starts; a resumed run continues as it "
                           "started: drop --reuse-baseline (or start a new run without --resume)")
-    from onecat.gates.engines.base import open_engine as default_open
     from onecat.reports.markdown import write_report
 
     t0 = time.perf_counter()
     progress = progress or NullProgress()
-    opener = open_engine or default_open
-    contract = load_feasible_contract(contract_path)
+    opener = open_engine or open_arm_engine
+    contract = pin_code(load_feasible_contract(contract_path), code_refs or {})
     arms, datasets = preflight(contract)
     store = Store(db)
     try:
@@ -244,6 +264,10 @@ def _open_run(store: Store, contract: Contract, path: str, arms: dict[str, ArmSe
                               "changed, start a new run")
         if row["status"] == "complete":
             raise ResumeError(f"--resume: run {run_id} is already complete")
+        moved = [a for a in ARM_NAMES if row[f"{a}_fingerprint"] != arms[a].fingerprint]
+        if moved:
+            raise ResumeError(f"--resume: the {' and '.join(moved)} arm of run {run_id} ran other engine code or "
+                              "settings than it would now (a ref that moved, or changed code); start a new run")
         now = git_revision()
         if "unknown" not in (now, row["harness_revision"]) and now.split("-")[0] != row["harness_revision"].split("-")[0]:
             warnings.append(f"run {run_id} was started at revision {row['harness_revision']} and resumed at {now}: "

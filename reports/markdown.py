@@ -71,6 +71,8 @@ def render_report(store: Store, run_id: str, plots: Optional[Plots] = None, repo
         ["baseline arm fingerprint", run["baseline_fingerprint"]],
         ["candidate arm fingerprint", run["candidate_fingerprint"]],
         ["engine revision", run["engine_revision"]], ["harness revision", run["harness_revision"]],
+        *[[f"{a} engine code", c["label"]] for a in ("baseline", "candidate")
+          if (c := (json.loads(run["arm_settings_json"] or "{}").get(a) or {}).get("code"))],
         ["datasets (sha256)", ", ".join(f"{k}={v[:12]}…" for k, v in json.loads(run["dataset_sha256_json"] or "{}").items())
          or "–"], ["evidence reused (--reuse-baseline)", _reused_evidence(store, run_id)]])
     lines += ["", "## Gates", ""]
