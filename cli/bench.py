@@ -24,6 +24,8 @@ def compare(spec_file: Path = typer.Argument(..., help="comparison YAML (e.g. co
     engine could run or the store cannot be written."""
     from onecat.gates.compare import CompareError, check_labels, load_compare, run_compare
     from onecat.reports.compare import compare_summary, render_compare
+    from onecat.reports.markdown import plots_section
+    from onecat.reports.plots import write_plots
     from onecat.results.errors import StoreError
     from onecat.results.store import Store
 
@@ -43,9 +45,11 @@ def compare(spec_file: Path = typer.Argument(..., help="comparison YAML (e.g. co
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(4)
     text = json.dumps(summary, indent=2, default=str) + "\n"
-    md = render_compare(summary)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{spec.name}-{summary['when'].replace(':', '').replace('+0000', 'Z')}"
+    with Store(path, read_only=True) as store:  # throughput vs load, latency percentiles per engine
+        plots = write_plots(store, run_id, out / f"{stem}-plots")
+    md = "\n".join([render_compare(summary), *plots_section(plots, out)])
     (out / f"{stem}.json").write_text(text)
     (out / f"{stem}.md").write_text(md + "\n")
     if record:

@@ -94,6 +94,10 @@ def test_json_and_markdown_are_rendered_from_the_stored_run(compare_run):
     assert "| slow | 10.0 |" in markdown and "| fast | 30.0 |" in markdown
     assert "| absent | skipped: fake_absent is not installed here |" in markdown
     assert "| slow | 10.0 |" in output  # printed too
+    linked = [line[line.index("](") + 2:-1] for line in markdown.splitlines() if line.startswith("![")]
+    assert "## Plots" in markdown and linked, markdown  # throughput vs load, drawn from the stored run
+    for rel in linked:
+        assert (out / rel).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_results_list_query_and_report_see_the_compare_run(compare_run, tmp_path):
