@@ -59,7 +59,13 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
                  "(e.g. the merge base); overrides the contract's arms.baseline.code"),
              candidate_ref: Optional[str] = typer.Option(
                  None, "--candidate-ref", metavar="REF", help="run the candidate arm's engine at this git revision "
-                 "(default: the working tree); overrides arms.candidate.code")) -> None:
+                 "(default: the working tree); overrides arms.candidate.code"),
+             reuse_baseline: bool = typer.Option(
+                 False, "--reuse-baseline", help="copy the baseline's deterministic evidence (greedy generations, PPL "
+                 "segments, task outcomes) from the newest complete run with the same baseline fingerprint, datasets "
+                 "and environment class instead of regenerating it; speed is always measured fresh"),
+             junit: Optional[Path] = typer.Option(None, "--junit", metavar="FILE",
+                                                  help="also write the gates as JUnit XML (one testcase per gate)")) -> None:
     """Run both arms of CONTRACT, evaluate its gates, print the verdict and write the report.
 
     Exit codes: 0 PROMOTE, 1 ROLLBACK, 2 usage/contract error, 3 INCONCLUSIVE, 4 runtime/environment error.
@@ -73,7 +79,8 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
     progress = None if no_progress else RichProgress(console)
     try:
         outcome = run_gate(contract, db_path(db), resume=(run_id or True) if resume else False, report_dir=out,
-                           progress=progress, code_refs={"baseline": baseline_ref, "candidate": candidate_ref})
+                           progress=progress, code_refs={"baseline": baseline_ref, "candidate": candidate_ref},
+                           reuse_baseline=reuse_baseline)
     except ContractError as exc:
         from rich.markup import escape
 
@@ -101,7 +108,20 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
     console.print(f"run {outcome.run_id}: {outcome.wall_s:.1f}s, {outcome.steps_run} units run, "
                   f"{outcome.steps_skipped} resumed", highlight=False)
     console.print(f"report: {outcome.report_path}", highlight=False, soft_wrap=True)
+    if junit is not None:
+        _write_junit(db_path(db), outcome.run_id, junit)
     raise typer.Exit(EXIT_CODES[outcome.verdict.decision])
+
+
+def _write_junit(db: str, run_id: str, path: Path) -> None:
+    from onecat.gates.junit import write_junit
+    from onecat.results.store import Store
+
+    try:
+        with Store(db, read_only=True) as store:
+            console.print(f"junit: {write_junit(store, run_id, path)}", highlight=False, soft_wrap=True)
+    except OSError as exc:
+        raise _fail(f"--junit {path}: cannot write it ({exc}); give a writable file path", EXIT_RUNTIME)
 
 
 # --------------------------------------------------------------------------- contract
