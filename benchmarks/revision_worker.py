@@ -6,7 +6,10 @@ both arms take when a contract pins code). Repeats alternate in-process / worker
 Decode tok/s is the engine's own timing (first token -> last, per request); wall tok/s adds the pipe,
 the pickling and the rebuilding of outputs. Writes benchmarks/results/revision_worker.json.
 
-    python benchmarks/revision_worker.py [--repeats 5] [--batch 1] [--out FILE]
+    python benchmarks/revision_worker.py [--repeats 5] [--batch 1] [--threads N] [--out FILE]
+
+--threads sets the torch threads of both engines (OMP_NUM_THREADS for the worker): on a shared CPU,
+one thread each keeps another process's load from stalling a spinning thread pool.
 """
 from __future__ import annotations
 
@@ -49,9 +52,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of each engine (default: torch's)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "revision_worker.json")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the worker inherits it
     arm = parse_contract(CONTRACT).arm("candidate")
     prompts = [[1000 + (i * 131 + j * 7) % 40000 for j in range(PROMPT_LEN)] for i in range(args.batch)]
     t0 = time.perf_counter()
@@ -77,7 +86,7 @@ def main() -> None:
                                                 "threads": os.cpu_count(), "load_before": load_before,
                                                 "load_after": os.getloadavg()[0]},
         "workload": {"model": CONTRACT["model"]["source"], "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN,
-                     "batch": args.batch, "repeats": args.repeats, "greedy": True},
+                     "batch": args.batch, "repeats": args.repeats, "greedy": True, "threads": args.threads},
         "open_both_s": open_s, "same_tokens": same_tokens,
         "median": summary,
         "worker_over_in_process": {m: summary["worker"][m] / summary["in_process"][m]

@@ -22,6 +22,7 @@ Public API (stable):
     Contract.arm("baseline" | "candidate") -> ArmSettings   # effective model/engine/speculative
     ArmSettings.fingerprint                         # sha256 of the arm's effective engine settings
     contract_warnings(contract) -> list[str]        # legal but suspicious (e.g. identical arms)
+    pin_code(contract, {arm: ref}) -> Contract      # arms.<arm>.code from --baseline-ref / --candidate-ref
 """
 from __future__ import annotations
 
