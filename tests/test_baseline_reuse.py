@@ -3,6 +3,7 @@
 verdict; a changed baseline setting, sampled decoding or another environment class reuses nothing."""
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,11 @@ def engine_log(tmp_path, monkeypatch):
         else Counter()
 
 
+def _gate(contract, db, **kwargs):
+    """run_gate with its reports next to the test's store, not in the checkout's .onecat/."""
+    return run_gate(contract, db, report_dir=Path(db).parent / "reports", **kwargs)
+
+
 def _contract(tmp_path, sampling="{temperature: 0.0, max_tokens: 12}", baseline_arm=""):
     path = gate_fakes.write_fake_contract(tmp_path)
     text = path.read_text().replace("sampling: {temperature: 0.0, max_tokens: 12}", f"sampling: {sampling}")
@@ -57,11 +63,11 @@ def _baseline_rows(store, run_id):
 
 def test_second_run_reuses_deterministic_baseline_evidence(tmp_path, runner_calls, engine_log):
     db, contract = tmp_path / "r.duckdb", _contract(tmp_path)
-    first = run_gate(contract, db)
+    first = _gate(contract, db)
     calls_first, engine_first = dict(runner_calls), engine_log()
     runner_calls.clear()
     (tmp_path / "engine.log").unlink()
-    second = run_gate(contract, db, reuse_baseline=True)
+    second = _gate(contract, db, reuse_baseline=True)
 
     for workload in DETERMINISTIC:  # no baseline generation or scoring ran for the reusable workloads
         assert calls_first[("baseline", workload)] > 0
@@ -91,10 +97,10 @@ def test_second_run_reuses_deterministic_baseline_evidence(tmp_path, runner_call
 
 def test_a_third_run_reuses_from_a_run_that_itself_reused(tmp_path, runner_calls):
     db, contract = tmp_path / "r.duckdb", _contract(tmp_path)
-    run_gate(contract, db)
-    second = run_gate(contract, db, reuse_baseline=True)
+    _gate(contract, db)
+    second = _gate(contract, db, reuse_baseline=True)
     runner_calls.clear()
-    third = run_gate(contract, db, reuse_baseline=True)
+    third = _gate(contract, db, reuse_baseline=True)
     assert all(runner_calls[("baseline", w)] == 0 for w in DETERMINISTIC)
     with Store(db, read_only=True) as store:
         assert _baseline_rows(store, third.run_id) == _baseline_rows(store, second.run_id)
@@ -104,9 +110,9 @@ def test_a_third_run_reuses_from_a_run_that_itself_reused(tmp_path, runner_calls
 
 def test_changed_baseline_setting_reuses_nothing(tmp_path, runner_calls):
     db = tmp_path / "r.duckdb"
-    run_gate(_contract(tmp_path), db)
+    _gate(_contract(tmp_path), db)
     runner_calls.clear()
-    changed = run_gate(_contract(tmp_path, baseline_arm="{engine: {max_num_seqs: 7}}"), db, reuse_baseline=True)
+    changed = _gate(_contract(tmp_path, baseline_arm="{engine: {max_num_seqs: 7}}"), db, reuse_baseline=True)
     assert all(runner_calls[("baseline", w)] > 0 for w in DETERMINISTIC)
     assert any("no earlier complete run" in w for w in changed.warnings)
     with Store(db, read_only=True) as store:
@@ -115,25 +121,25 @@ def test_changed_baseline_setting_reuses_nothing(tmp_path, runner_calls):
 
 def test_sampled_decoding_regenerates_generations(tmp_path, runner_calls):
     db, contract = tmp_path / "r.duckdb", _contract(tmp_path, sampling="{temperature: 0.7, max_tokens: 12}")
-    run_gate(contract, db)
+    _gate(contract, db)
     runner_calls.clear()
-    run_gate(contract, db, reuse_baseline=True)
+    _gate(contract, db, reuse_baseline=True)
     assert runner_calls[("baseline", "determinism")] > 0  # sampled generations: never reused
     assert runner_calls[("baseline", "ppl")] == 0  # scoring does not sample: still reused
 
 
 def test_another_environment_class_reuses_nothing(tmp_path, runner_calls, monkeypatch):
     db, contract = tmp_path / "r.duckdb", _contract(tmp_path)
-    run_gate(contract, db)
+    _gate(contract, db)
     runner_calls.clear()
     monkeypatch.setattr(baseline_reuse, "engine_code", lambda: "another-engine-commit")
-    run_gate(contract, db, reuse_baseline=True)
+    _gate(contract, db, reuse_baseline=True)
     assert all(runner_calls[("baseline", w)] > 0 for w in DETERMINISTIC)
 
 
 def test_reuse_is_decided_when_a_run_starts(tmp_path):
     with pytest.raises(ResumeError, match="--reuse-baseline decides what to copy when a run starts"):
-        run_gate(_contract(tmp_path), tmp_path / "r.duckdb", resume=True, reuse_baseline=True)
+        _gate(_contract(tmp_path), tmp_path / "r.duckdb", resume=True, reuse_baseline=True)
 
 
 def test_each_runner_says_whether_its_evidence_is_deterministic():
