@@ -129,7 +129,8 @@ def _write_junit(db: str, run_id: str, path: Path) -> None:
 def contract_check(files: List[Path] = typer.Argument(..., help="contract YAML files")) -> None:
     """Validate contracts: schema, size limits, unknown keys, registered kinds/checks/datasets, requests that fit
     max_model_len. Exit 2 on any error."""
-    from onecat.gates.contract import ContractError, contract_warnings
+    from onecat.gates.contract import ContractError
+    from onecat.gates.contract_checks import contract_warnings
     from onecat.gates.feasibility import load_feasible_contract
 
     bad = 0

@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional
 from onecat.gates import registry
 from onecat.gates.baseline_reuse import record_arm_evidence
 from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
-from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract, pin_code
+from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract
+from onecat.gates.contract_checks import pin_code
 from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
 from onecat.gates.failures import hold_to_failures, judged_workloads
 from onecat.gates.feasibility import load_feasible_contract

@@ -129,7 +129,8 @@ def test_unimplemented_settings_are_refused_with_one_message(name, value, llm_st
 
 
 def test_shipped_tp4_contract_loads_and_says_it_cannot_run_here():
-    from onecat.gates.contract import contract_warnings, load_contract
+    from onecat.gates.contract import load_contract
+    from onecat.gates.contract_checks import contract_warnings
 
     c = load_contract(ROOT / "contracts" / "dflash2_16k.yaml")
     assert c.engine.tensor_parallel_size == 4

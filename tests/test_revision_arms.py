@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from onecat.cli.main import app
-from onecat.gates.contract import CodeRevision, ContractError, parse_contract, pin_code
+from onecat.gates.contract import CodeRevision, ContractError, parse_contract
+from onecat.gates.contract_checks import pin_code
 from onecat.gates.gate_run import run_gate
 from onecat.gates.revision.repository import dirty_sha256
 from onecat.gates.revision.resolve import working_tree_code
