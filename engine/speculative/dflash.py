@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from onecat.engine.attention.sdpa import sdpa
 from onecat.engine.errors import ConfigError, ModelNotFoundError
+from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
@@ -34,32 +34,54 @@ def dflash_value(cfg: dict, name: str, default=None):
     return (cfg.get("dflash_config") or {}).get(name, cfg.get(name, default))
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE (half-split) of x [..., T, heads, D] with cos/sin [..., T, D] of the rows' positions."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return x * cos + RotaryEmbedding._rotate_half(x) * sin
+
+
 class DFlashAttention(nn.Module):
-    """Queries from the block; keys/values from [context ; block]; non-causal."""
+    """Queries from the block rows; keys/values from [visible context rows ; the whole block]; non-causal.
+
+    The context's keys/values depend only on the context (`context_kv`), so a runtime can keep them
+    per request and project only new rows."""
 
     def __init__(self, cfg: dict):
         super().__init__()
         h, self.nh, self.nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
         self.hd = cfg.get("head_dim") or h // self.nh
+        self.scale = self.hd ** -0.5
         eps, bias = cfg.get("rms_norm_eps", 1e-6), cfg.get("attention_bias", False)
-        self.q_proj = nn.Linear(h, self.nh * self.hd, bias=bias)
-        self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=bias)
-        self.v_proj = nn.Linear(h, self.nkv * self.hd, bias=bias)
-        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=bias)
+        self.q_proj = Linear(h, self.nh * self.hd, bias=bias)
+        self.k_proj = Linear(h, self.nkv * self.hd, bias=bias)
+        self.v_proj = Linear(h, self.nkv * self.hd, bias=bias)
+        self.o_proj = Linear(self.nh * self.hd, h, bias=bias)
         self.q_norm, self.k_norm = RMSNorm(self.hd, eps), RMSNorm(self.hd, eps)
 
-    def forward(self, hx: torch.Tensor, ctx: torch.Tensor, rotary: RotaryEmbedding, pos: torch.Tensor) -> torch.Tensor:
-        B = hx.shape[0]
-        kv_in = torch.cat([ctx, hx], dim=0)
-        q = self.q_norm(self.q_proj(hx).view(B, self.nh, self.hd))
-        k = self.k_norm(self.k_proj(kv_in).view(-1, self.nkv, self.hd))
-        v = self.v_proj(kv_in).view(-1, self.nkv, self.hd)
-        cos, sin = rotary.cos[pos].unsqueeze(1).to(q.dtype), rotary.sin[pos].unsqueeze(1).to(q.dtype)
-        q = q * cos[-B:] + rotary._rotate_half(q) * sin[-B:]
-        k = k * cos + rotary._rotate_half(k) * sin
-        att = sdpa(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-                   enable_gqa=self.nh != self.nkv)
-        return self.o_proj(att[0].transpose(0, 1).reshape(B, -1))
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [..., T, H] -> keys (k_norm, RoPE) and values, each [..., T, nkv, hd]."""
+        shape = (*x.shape[:-1], self.nkv, self.hd)
+        k = rotate(self.k_norm(self.k_proj(x).view(shape)), cos, sin)
+        return k, self.v_proj(x).view(shape)
+
+    def forward(self, hx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
+                v_ctx: torch.Tensor, ctx_visible: torch.Tensor) -> torch.Tensor:
+        """hx [R, B, H] (normed block rows), cos/sin [R, B, hd]; k_ctx/v_ctx [Rc, C, nkv, hd] (Rc = R or 1);
+        ctx_visible [R, C] bool. Scores against the context and the block are computed apart (a shared
+        context is broadcast, never copied per row) and share one softmax."""
+        R, B, _ = hx.shape
+        g = self.nh // self.nkv
+        q = rotate(self.q_norm(self.q_proj(hx).view(R, B, self.nh, self.hd)), cos, sin)
+        k_blk, v_blk = self.project_kv(hx, cos, sin)
+        # [R, B, nkv, g, hd] -> [R, nkv, g*B, hd]: query head h reads key/value head h // g (GQA)
+        q = (q * self.scale).view(R, B, self.nkv, g, self.hd).permute(0, 2, 3, 1, 4).reshape(R, self.nkv, g * B, -1)
+        s_ctx = torch.matmul(q, k_ctx.permute(0, 2, 3, 1)).masked_fill(~ctx_visible[:, None, None, :], float("-inf"))
+        s_blk = torch.matmul(q, k_blk.permute(0, 2, 3, 1))
+        C = s_ctx.shape[-1]
+        p = torch.cat([s_ctx, s_blk], dim=-1).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(p[..., :C], v_ctx.transpose(1, 2)) + torch.matmul(p[..., C:], v_blk.transpose(1, 2))
+        out = out.view(R, self.nkv, g, B, self.hd).permute(0, 3, 1, 2, 4).reshape(R, B, self.nh * self.hd)
+        return self.o_proj(out)
 
 
 class DFlashLayer(nn.Module):
@@ -70,8 +92,9 @@ class DFlashLayer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
         self.mlp = GatedMLP(h, cfg["intermediate_size"])
 
-    def forward(self, x: torch.Tensor, ctx: torch.Tensor, rotary: RotaryEmbedding, pos: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, pos)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
+                v_ctx: torch.Tensor, ctx_visible: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_ctx, v_ctx, ctx_visible)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -90,21 +113,53 @@ class DFlashDrafter(nn.Module):
         self.sliding_window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
         self.layers = nn.ModuleList(DFlashLayer(cfg) for _ in range(cfg["num_hidden_layers"]))
         self.norm = RMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
-        self.fc = nn.Linear(len(self.target_layer_ids) * h, h, bias=False)
+        self.fc = Linear(len(self.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.get("rms_norm_eps", 1e-6))
         theta = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         self.rotary = RotaryEmbedding(cfg.get("head_dim") or h // cfg["num_attention_heads"], theta, max_positions,
                                       None)
 
-    def forward(self, block_embeds: torch.Tensor, features: torch.Tensor, start: int) -> torch.Tensor:
-        """block_embeds [B, H] at positions start..start+B-1; features [C, L*H] at positions start-C..start-1."""
-        ctx = self.hidden_norm(self.fc(features))
-        C, B = ctx.shape[0], block_embeds.shape[0]
-        pos = torch.arange(start - C, start + B, device=block_embeds.device)
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [..., D] of absolute positions `pos` [...], in the drafter's dtype."""
+        dtype = self.norm.weight.dtype
+        return self.rotary.cos[pos].to(dtype), self.rotary.sin[pos].to(dtype)
+
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., C, len(target_layer_ids) * H] target features -> [..., C, H] = hidden_norm(fc(features))."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per drafter layer, the keys (after k_norm and RoPE at `ctx_pos`) and values of the context rows:
+        ctx [Rc, C, H] -> [(k, v)] each [Rc, C, nkv, hd]. Depends only on the context."""
+        cos, sin = self.rope(ctx_pos)
+        return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward_blocks(self, block_embeds: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor,
+                       ctx_pos: torch.Tensor, ctx_len: torch.Tensor) -> torch.Tensor:
+        """block_embeds [R, B, H] at absolute positions block_pos [R, B]; ctx [Rc, C, H] (from `context`)
+        at ctx_pos [Rc, C], Rc == R or 1 (shared); row r sees ctx[:ctx_len[r]] and its whole block.
+        Returns [R, B, H] after the final norm; draft j is lm_head(out[:, j + 1])."""
+        return self.forward_cached(block_embeds, block_pos, self.context_kv(ctx, ctx_pos), ctx_len)
+
+    def forward_cached(self, block_embeds: torch.Tensor, block_pos: torch.Tensor,
+                       layer_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_len: torch.Tensor) -> torch.Tensor:
+        """`forward_blocks` from context keys/values already projected (`context_kv`, or a runtime cache)."""
+        C = layer_kv[0][0].shape[1] if layer_kv else 0
+        ctx_visible = torch.arange(C, device=ctx_len.device) < ctx_len.unsqueeze(1)
+        cos, sin = self.rope(block_pos)
         x = block_embeds
-        for layer in self.layers:
-            x = layer(x, ctx, self.rotary, pos)
+        for layer, (k_ctx, v_ctx) in zip(self.layers, layer_kv):
+            x = layer(x, cos, sin, k_ctx, v_ctx, ctx_visible)
         return self.norm(x)
+
+    def forward(self, block_embeds: torch.Tensor, features: torch.Tensor, start: int) -> torch.Tensor:
+        """One request: block_embeds [B, H] at positions start..start+B-1; features [C, L*H] at start-C..start-1."""
+        C, B = features.shape[0], block_embeds.shape[0]
+        dev = block_embeds.device
+        ctx_pos = torch.arange(start - C, start, device=dev).unsqueeze(0)
+        block_pos = torch.arange(start, start + B, device=dev).unsqueeze(0)
+        return self.forward_blocks(block_embeds.unsqueeze(0), block_pos, self.context(features).unsqueeze(0),
+                                   ctx_pos, torch.tensor([C], device=dev))[0]
 
 
 def load_drafter(path: str | Path, target, dtype: torch.dtype, device: torch.device) -> DFlashDrafter:
