@@ -4,7 +4,8 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 FOLDERS = {"engine": "onecat.engine", "gates": "onecat.gates", "results": "onecat.results",
-           "reports": "onecat.reports", "cli": "onecat.cli", "contracts": "onecat.contracts"}
+           "reports": "onecat.reports", "cli": "onecat.cli", "contracts": "onecat.contracts",
+           "training": "onecat.training"}
 
 packages, package_dir = [], {}
 for folder, name in FOLDERS.items():
@@ -15,4 +16,5 @@ for folder, name in FOLDERS.items():
         package_dir[f"{name}.{sub}"] = str(Path(folder, *sub.split(".")))
 
 setup(packages=packages, package_dir=package_dir,
-      package_data={"onecat.contracts": ["*.yaml"]}, include_package_data=True)
+      package_data={"onecat.contracts": ["*.yaml"], "onecat.engine.drafters": ["*/config.json", "*/*.safetensors"]},
+      include_package_data=True)

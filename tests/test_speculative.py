@@ -22,11 +22,14 @@ PROMPTS = [
 ]
 
 
-def write_random_dflash(path, hidden: int, vocab_mask: int, target_layers: list[int], block_size: int = 5):
+def write_random_dflash(path, hidden: int, vocab_mask: int, target_layers: list[int], block_size: int = 5,
+                        sliding_window: int | None = None):
     cfg = {"architectures": ["DFlashDraftModel"], "hidden_size": hidden, "intermediate_size": 128,
            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
            "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
            "dflash_config": {"block_size": block_size, "target_layer_ids": target_layers, "mask_token_id": vocab_mask}}
+    if sliding_window is not None:
+        cfg |= {"use_sliding_window": True, "sliding_window": sliding_window}
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg))
     g = torch.Generator().manual_seed(0)

@@ -8,12 +8,14 @@ mask_token_id}`, Qwen3-style layers):
   at the tokens' absolute positions), attention non-causal; then a SwiGLU MLP.
   draft[j] = argmax / sample of target_lm_head(norm(h_block[j + 1])), j = 0..block_size-2
 The target's features come from its own forward passes (the engine captures the chosen layers), so
-the drafter never recomputes the target. Its own attention is recomputed over the context each
-round (no drafter KV cache yet); `sliding_window` bounds that context when the config sets it.
+the drafter never recomputes the target. The context's per-layer keys/values are kept per request
+(dflash_cache.py): each round projects only the new feature rows; `sliding_window` bounds the context
+when the config sets it. `forward_blocks` is the one entry point of the math for inference and training.
 Not implemented: the DFlash2 extras (grouped dynamic convolutions, candidate selector).
 """
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -27,7 +29,9 @@ from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.sampler import apply_filters, sample_from_probs
+from onecat.engine.model_source import resolve_model_source
 from onecat.engine.speculative.base import Proposer, hidden_state_tap
+from onecat.engine.speculative.dflash_cache import DrafterKVCache
 
 
 def dflash_value(cfg: dict, name: str, default=None):
@@ -174,7 +178,7 @@ def load_drafter(path: str | Path, target, dtype: torch.dtype, device: torch.dev
     if bad:
         raise ConfigError(f"drafter target_layer_ids {bad} are outside the target's "
                           f"{target.model_config.num_hidden_layers} layers")
-    drafter = DFlashDrafter(cfg, target.max_model_len + 64)
+    drafter = DFlashDrafter(cfg, target.max_model_len + int(dflash_value(cfg, "block_size", 16)))
     state = {}
     for f in sorted(path.glob("*.safetensors")):
         state.update(load_file(str(f)))
@@ -192,46 +196,84 @@ def load_drafter(path: str | Path, target, dtype: torch.dtype, device: torch.dev
 
 
 class DFlashProposer(Proposer):
+    """Drafts for every decoding request in one drafter call: the requests' blocks are stacked, their
+    contexts (the drafter KV cache, dflash_cache.py) padded to the longest and masked by length.
+
+    Every block is the whole trained block [last token, MASK x (block_size - 1)] whatever a request's
+    budget: the drafter is trained on whole blocks (mask rows attend to each other, so fewer of them
+    would change every draft), and one shape serves every round. A request with budget n keeps the
+    first n drafts; only those rows go through the target's lm_head."""
+
     name = "dflash"
 
     def __init__(self, k: int, target, model: str):
-        self.drafter = load_drafter(model, target, target.dtype, target.device)
+        source = resolve_model_source(model)
+        if source.format != "hf":
+            raise ConfigError(f"DFlash drafter {model!r} resolved to a {source.format} file ({source.path}); a "
+                              "drafter is a directory with config.json and model.safetensors")
+        self.drafter = load_drafter(source.path, target, target.dtype, target.device)
         super().__init__(min(k, self.drafter.block_size - 1))
         self.model_name = model
         self.target_model = target.model
         self.tap = hidden_state_tap(target.model)
         self.tap.aux_layer_ids = list(self.drafter.target_layer_ids)
-        self.features: dict[str, torch.Tensor] = {}
+        self.cache = DrafterKVCache(self.drafter)
+        device = target.device
+        self._block_offsets = torch.arange(self.drafter.block_size, device=device)
+        self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
 
     def record_features(self, seq, rows: torch.Tensor) -> None:
-        old = self.features.get(seq.request_id)
-        feats = rows if old is None else torch.cat([old, rows], dim=0)
-        window = self.drafter.sliding_window
-        self.features[seq.request_id] = feats[-window:] if window else feats
+        """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""
+        self.cache.add(seq.request_id, seq.num_computed_tokens - rows.shape[0], rows)
+
+    @torch.inference_mode()
+    def draft_logits(self, seqs, budgets) -> tuple[torch.Tensor | None, list[int]]:
+        """The drafter's logits for every draft of every sequence, [sum of counts, V] float32, and each
+        sequence's count (its budget, capped at k; 0 for a sequence without context yet)."""
+        self.cache.flush()
+        counts = [min(b, self.k) if self.cache.has_context(s.request_id) else 0 for s, b in zip(seqs, budgets)]
+        rows = [i for i, n in enumerate(counts) if n]
+        if not rows:
+            return None, counts
+        device = self._mask_block.device
+        anchors = torch.tensor([[seqs[i].token_ids[-1], seqs[i].num_tokens - 1] for i in rows], device=device)
+        block = self._mask_block.repeat(len(rows), 1)
+        block[:, 0] = anchors[:, 0]
+        layer_kv, ctx_len = self.cache.gather([seqs[i].request_id for i in rows])
+        h = self.drafter.forward_cached(self.target_model.embed_tokens(block), anchors[:, 1:] + self._block_offsets,
+                                        layer_kv, ctx_len)
+        wanted = [counts[i] for i in rows]
+        if min(wanted) == max(wanted):
+            picked = h[:, 1:1 + wanted[0]].reshape(-1, h.shape[-1])
+        else:
+            B = self.drafter.block_size
+            index = [r * B + 1 + j for r, n in enumerate(wanted) for j in range(n)]
+            picked = h.view(-1, h.shape[-1])[torch.tensor(index, device=device)]
+        return self.target_model.compute_logits(picked).float(), counts
 
     @torch.inference_mode()
     def propose(self, seqs, budgets):
-        out = []
-        embed = self.target_model.embed_tokens
-        for seq, budget in zip(seqs, budgets):
-            feats = self.features.get(seq.request_id)
-            if feats is None or feats.shape[0] == 0:
-                out.append(([], None))
-                continue
-            n = min(budget, self.k)
-            block = torch.tensor([seq.token_ids[-1]] + [self.drafter.mask_token_id] * n, device=feats.device)
-            h = self.drafter(embed(block), feats, seq.num_tokens - 1)
-            logits = self.target_model.compute_logits(h[1:]).float()
-            if seq.params.greedy:
-                out.append((logits.argmax(dim=-1).tolist(), None))
-            else:
-                q = apply_filters(logits, [seq.params] * n)
-                out.append(([sample_from_probs(q[j], seq.generator) for j in range(n)], q))
-        return out
+        logits, counts = self.draft_logits(seqs, budgets)
+        if logits is None:
+            return [([], None)] * len(seqs)
+        starts = list(itertools.accumulate(counts, initial=0))
+        tokens = logits.argmax(dim=-1).tolist()
+        sampled = [i for i, (s, n) in enumerate(zip(seqs, counts)) if n and not s.params.greedy]
+        probs = {}
+        if sampled:
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in sampled]).to(logits.device)
+            q = apply_filters(logits[rows], [seqs[i].params for i in sampled for _ in range(counts[i])])
+            at = 0
+            for i in sampled:
+                probs[i] = q[at:at + counts[i]]
+                at += counts[i]
+                tokens[starts[i]:starts[i + 1]] = [sample_from_probs(row, seqs[i].generator) for row in probs[i]]
+        return [(tokens[starts[i]:starts[i + 1]], probs.get(i)) for i in range(len(seqs))]
 
     def release(self, seq) -> None:
-        self.features.pop(seq.request_id, None)
+        self.cache.release(seq.request_id)
 
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
-                "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids}
+                "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
+                "sliding_window": self.drafter.sliding_window}

@@ -1,0 +1,149 @@
+"""The DFlash drafter's own KV cache: per request and drafter layer, the keys (after k_norm and RoPE at
+absolute positions) and values of its context rows, so each round projects only the new feature rows.
+
+A drafter layer's context keys/values depend only on the target's features (DFlashDrafter.context_kv),
+never on the block, so they can be kept. Each request holds the rows of one contiguous run of positions
+`first .. end - 1`; the drafter's attention over its context is order-free (non-causal, positions are
+in the keys), so only the count of kept rows matters when attending.
+
+Feature rows arrive after every engine step (`add`), are queued, and are projected for all requests at
+once (`flush`) just before drafting, or earlier once many rows wait (a long prefill). Rows recorded
+from a position the request already holds (a preempted request recomputing its tokens) replace the
+held rows from that position on; a later run of positions (the target skipped prefix-cached ones)
+starts the request's context afresh there. `sliding_window` keeps only the newest rows.
+"""
+from __future__ import annotations
+
+import torch
+
+FLUSH_ROWS = 1024  # project queued rows once this many wait, so a long prefill holds no big feature tensors
+
+
+class _Entry:
+    """One request's context rows: kv[:, :, head:head + count] are positions first .. first + count - 1."""
+
+    __slots__ = ("kv", "head", "count", "first")
+
+    def __init__(self, kv: torch.Tensor, first: int):
+        self.kv, self.head, self.count, self.first = kv, 0, 0, first
+
+    @property
+    def end(self) -> int:
+        return self.first + self.count
+
+
+class DrafterKVCache:
+    def __init__(self, drafter):
+        attn = drafter.layers[0].self_attn
+        self.drafter = drafter
+        self.window: int | None = drafter.sliding_window
+        self.row_shape = (len(drafter.layers), 2, attn.nkv, attn.hd)
+        self.dtype, self.device = drafter.norm.weight.dtype, drafter.norm.weight.device
+        self.entries: dict[str, _Entry] = {}
+        self.pending: list[tuple[str, int, torch.Tensor]] = []  # (request id, first position, feature rows)
+        self.pending_rows = 0
+        self._batch: torch.Tensor | None = None  # reused padding buffer of batched drafting
+
+    # ---- recording ------------------------------------------------------------------------------
+    def add(self, request_id: str, start: int, features: torch.Tensor) -> None:
+        """Queue the target's features of positions start .. start + len(features) - 1."""
+        if self.window is not None and features.shape[0] > self.window:  # rows the window drops at once
+            start += features.shape[0] - self.window
+            features = features[-self.window:]
+        self.pending.append((request_id, start, features))
+        self.pending_rows += features.shape[0]
+        if self.pending_rows >= FLUSH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Project every queued row (one fc + one K/V projection per layer for all requests) and store it."""
+        if not self.pending:
+            return
+        pending, self.pending, self.pending_rows = self.pending, [], 0
+        feats = torch.cat([f for _, _, f in pending]) if len(pending) > 1 else pending[0][2]
+        pos = torch.cat([torch.arange(s, s + f.shape[0]) for _, s, f in pending]).to(self.device)
+        layer_kv = self.drafter.context_kv(self.drafter.context(feats.to(self.dtype)), pos)
+        rows = torch.stack([torch.stack(kv) for kv in layer_kv])  # [layers, 2, n, nkv, hd]
+        at = 0
+        for request_id, start, f in pending:
+            n = f.shape[0]
+            self._write(request_id, start, rows[:, :, at:at + n])
+            at += n
+
+    def _write(self, request_id: str, start: int, rows: torch.Tensor) -> None:
+        e = self.entries.get(request_id)
+        if e is None:
+            e = self.entries[request_id] = _Entry(self._alloc(rows.shape[2]), start)
+        elif e.first <= start <= e.end:
+            e.count = start - e.first  # recomputed positions replace what was held from `start` on
+        else:
+            e.head, e.count, e.first = 0, 0, start
+        n = rows.shape[2]
+        if e.head + e.count + n > e.kv.shape[2]:
+            self._make_room(e, n)
+        e.kv[:, :, e.head + e.count:e.head + e.count + n] = rows
+        e.count += n
+        if self.window is not None and e.count > self.window:
+            drop = e.count - self.window
+            e.head, e.count, e.first = e.head + drop, self.window, e.first + drop
+
+    def _make_room(self, e: _Entry, n: int) -> None:
+        """Move the kept rows to the front (dropping those the window will drop anyway), then grow if needed."""
+        keep = e.count if self.window is None else max(0, min(e.count, self.window - n))
+        src = e.head + e.count - keep
+        e.first += e.count - keep
+        need = keep + n
+        if need > e.kv.shape[2]:
+            kv = self._alloc(max(2 * e.kv.shape[2], need))
+            kv[:, :, :keep] = e.kv[:, :, src:src + keep]
+            e.kv = kv
+        elif keep:
+            e.kv[:, :, :keep] = e.kv[:, :, src:src + keep].clone()
+        e.head, e.count = 0, keep
+
+    def _alloc(self, rows: int) -> torch.Tensor:
+        """Room for `rows` rows (at least 64; at most twice the window, which holds every write: the kept
+        rows plus the new ones never exceed the window)."""
+        rows = max(rows, 64)
+        if self.window is not None:
+            rows = min(rows, 2 * self.window)
+        layers, two, nkv, hd = self.row_shape
+        return torch.empty(layers, two, rows, nkv, hd, dtype=self.dtype, device=self.device)
+
+    # ---- reading ----------------------------------------------------------------------------------
+    def has_context(self, request_id: str) -> bool:
+        e = self.entries.get(request_id)
+        return e is not None and e.count > 0
+
+    def context_end(self, request_id: str) -> int:
+        """One past the newest position the request's context holds."""
+        return self.entries[request_id].end
+
+    def gather(self, request_ids: list[str]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Per layer (keys, values) [R, C, nkv, hd] of the requests' contexts padded to the longest, and
+        each request's length [R]. One request reads its rows in place; several are copied into a reused
+        zero-initialised buffer (padding never holds NaN, so masked rows contribute exactly 0)."""
+        entries = [self.entries[r] for r in request_ids]
+        lens = [e.count for e in entries]
+        ctx_len = torch.tensor(lens, device=self.device)
+        if len(entries) == 1:
+            e = entries[0]
+            kv = e.kv[:, :, e.head:e.head + e.count].unsqueeze(2)  # [layers, 2, 1, C, nkv, hd]
+        else:
+            R, C = len(entries), max(lens)
+            buf = self._batch
+            if buf is None or buf.shape[2] < R or buf.shape[3] < C:
+                old = buf.shape[2:4] if buf is not None else (0, 0)
+                layers, two, nkv, hd = self.row_shape
+                buf = self._batch = torch.zeros(layers, two, max(R, old[0]), max(C, 2 * old[1], 64), nkv, hd,
+                                                dtype=self.dtype, device=self.device)
+            kv = buf[:, :, :R, :C]
+            for r, e in enumerate(entries):
+                kv[:, :, r, :e.count] = e.kv[:, :, e.head:e.head + e.count]
+        return [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])], ctx_len
+
+    def release(self, request_id: str) -> None:
+        self.entries.pop(request_id, None)
+        if any(r == request_id for r, _, _ in self.pending):
+            self.pending = [p for p in self.pending if p[0] != request_id]
+            self.pending_rows = sum(f.shape[0] for _, _, f in self.pending)
