@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "gates", "results", "reports", "cli")
+PACKAGES = ("engine", "gates", "results", "reports", "cli", "training")
 CYCLE_FREE = "onecat.engine"
 
 

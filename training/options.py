@@ -1,0 +1,111 @@
+"""Every setting of a drafter training run, with the recipe's defaults, validated in one place.
+
+The defaults are the recipe for the embedded SmolLM2-135M-Instruct target (30 layers, hidden 576):
+block size 8 (the size acceptance is measured at), 5 tap layers spread over the depth as public DFlash
+drafters choose them, 3 drafter layers shaped like the target's (about 24.6 MB in bf16), the loss
+weights of the DFlash paper for block size 8 (gamma 4) and the regeneration budget of a run that fits
+one ~8-minute GPU command. Each field's comment says what it controls.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from onecat.engine.errors import ConfigError
+
+DEFAULT_DATA = "sharegpt:8000"  # the prompt set of the shipped recipe
+NUM_TAPS = 5  # tap layers chosen when target_layer_ids is not given
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    # drafter shape
+    block_size: int = 8  # tokens per drafted block: the anchor + block_size - 1 drafts
+    target_layer_ids: tuple[int, ...] | None = None  # target layers whose outputs condition the drafter;
+    #                                                 None: NUM_TAPS spread over [1, layers - 3]
+    num_layers: int = 3  # drafter layers
+    intermediate_size: int | None = None  # drafter MLP width; None: the target's
+    mask_token_id: int | None = None  # None: a special token of the target that chat text never holds
+    # optimisation
+    steps: int = 6000  # optimizer steps (fewer when the time budget ends the run first)
+    batch_size: int = 16  # sequences per step
+    anchors_per_seq: int = 64  # blocks per sequence per step (random anchors in the response)
+    lr: float = 6e-4
+    warmup_fraction: float = 0.04  # linear warm-up share of the planned steps, then cosine decay to 0
+    weight_decay: float = 0.01
+    gamma: float = 4.0  # block-position weight exp(-(k-1)/gamma) of draft k (DFlash: 4 for block size 8)
+    kl_weight: float = 0.5  # weight of KL(target || drafter) next to the cross-entropy on the target's tokens
+    grad_clip: float = 1.0
+    seed: int = 0
+    holdout_fraction: float = 0.02  # sequences kept out of training to measure per-position accuracy
+    eval_every: int = 250  # steps between held-out evaluations
+    # regeneration (responses written by the target itself)
+    max_new_tokens: int = 256
+    sampled_fraction: float = 0.25  # share of prompts answered by sampling instead of greedily
+    temperature: float = 0.8
+    top_p: float = 0.95
+    min_prompt_tokens: int = 4  # ShareGPT selection bounds (tokens of the user's text, target tokenizer)
+    max_prompt_tokens: int = 384
+    regen_batch: int = 256  # sequences the engine decodes together
+    # machine and time
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    target_dtype: str = "auto"  # the target's dtype while regenerating and capturing features (engine names)
+    kv_cache_memory_gb: float | None = None  # engine KV budget; None: 16 GiB on CUDA, the engine default on CPU
+    time_budget_s: float | None = None  # wall clock for the whole run; it stops training early and still saves
+    regen_share: float = 0.45  # share of the time budget that regeneration may use
+    checkpoint_every_s: float = 60.0  # a loadable drafter is saved at least this often while training
+
+    def __post_init__(self) -> None:
+        problems = []
+        positive_ints = ("block_size", "num_layers", "steps", "batch_size", "anchors_per_seq", "eval_every",
+                         "max_new_tokens", "min_prompt_tokens", "max_prompt_tokens", "regen_batch")
+        problems += [f"{n}={getattr(self, n)} must be a positive integer" for n in positive_ints
+                     if not isinstance(getattr(self, n), int) or getattr(self, n) < 1]
+        if self.block_size < 2:
+            problems.append(f"block_size={self.block_size}: a block holds the anchor and at least one draft (>= 2)")
+        if self.min_prompt_tokens > self.max_prompt_tokens:
+            problems.append(f"min_prompt_tokens {self.min_prompt_tokens} > max_prompt_tokens {self.max_prompt_tokens}")
+        ids = self.target_layer_ids
+        if ids is not None and (not ids or list(ids) != sorted(set(ids)) or min(ids) < 0):
+            problems.append(f"target_layer_ids {list(ids)} must be distinct, ascending, non-negative layer indices "
+                            "(the engine hands the drafter the tapped layers in ascending order)")
+        for name, lo, hi in (("warmup_fraction", 0, 1), ("sampled_fraction", 0, 1), ("holdout_fraction", 0, 0.5),
+                             ("regen_share", 0.05, 0.95), ("top_p", 1e-6, 1)):
+            if not lo <= getattr(self, name) <= hi:
+                problems.append(f"{name}={getattr(self, name)} must be within [{lo}, {hi}]")
+        for name in ("lr", "gamma", "temperature", "grad_clip", "checkpoint_every_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name}={getattr(self, name)} must be > 0")
+        for name in ("kl_weight", "weight_decay"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)} must be >= 0")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            problems.append(f"time_budget_s={self.time_budget_s} must be > 0 (or unset: no limit)")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            problems.append(f"intermediate_size={self.intermediate_size} must be a positive integer")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    @classmethod
+    def create(cls, **options) -> "TrainOptions":
+        """TrainOptions from keyword options; an unknown name is a ConfigError listing the known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown training option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if options.get("target_layer_ids") is not None:
+            options["target_layer_ids"] = tuple(int(i) for i in options["target_layer_ids"])
+        return cls(**options)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["target_layer_ids"] = list(self.target_layer_ids) if self.target_layer_ids is not None else None
+        return d
+
+
+def spread_layer_ids(num_target_layers: int, count: int = NUM_TAPS) -> list[int]:
+    """`count` layers evenly spread over [1, num_target_layers - 3], as public DFlash drafters pick them
+    (one tap: the middle layer). Fewer when the target has too few layers for `count` distinct ones."""
+    if count == 1 or num_target_layers < 4:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return sorted({int(round(start + i * (end - start) / (count - 1))) for i in range(count)})
