@@ -13,6 +13,8 @@ the output is measured figures. They are stored as one run of kind "compare" in 
     engines:                        # label -> engine settings (gates/contract.py EngineSpec)
       onecat: {backend: onecat_serve, max_num_seqs: 16}
       vllm: {backend: vllm_serve, max_num_seqs: 16}
+      llama.cpp: {backend: llama_server, max_model_len: 2048, max_num_seqs: 16,
+                  model: {dtype: auto, quantization: gguf}}   # an engine's own model settings over the shared ones
     workloads:                      # endpoint workloads (gates/runners/endpoint.py)
       - {kind: endpoint, name: c1, concurrency: 1, num_requests: 4, input_len: 128, output_len: 64}
 """
@@ -24,8 +26,8 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from onecat.gates.contract import (ArmSettings, ContractError, EngineSpec, ModelSpec, SamplingSpec, SpeculativeSpec,
-                                   canonical_json, sha256_text)
+from onecat.gates.contract import (ArmSettings, ContractError, EngineSpec, ModelOverride, ModelSpec, SamplingSpec,
+                                   SpeculativeSpec, canonical_json, sha256_text)
 from onecat.gates.contract_yaml import load_yaml, read_contract_text
 from onecat.gates.runners.endpoint import EndpointRunner, EndpointWorkload
 from onecat.results.environment import capture_environment
@@ -36,6 +38,10 @@ from onecat.results.store import Store
 
 
 class CompareEngine(EngineSpec):
+    """One engine of the comparison: its engine settings, and the model settings it runs differently from the
+    shared `model` (e.g. llama.cpp's packed GGUF: {dtype: auto, quantization: gguf})."""
+
+    model: Optional[ModelOverride] = None  # type: ignore[valid-type]
     speculative: Optional[SpeculativeSpec] = None
     description: str = ""
 
@@ -93,6 +99,18 @@ def check_labels(spec: CompareSpec, only: Optional[list[str]]) -> list[str]:
     return labels
 
 
+def engine_arm(spec: CompareSpec, label: str) -> ArmSettings:
+    """The settings engine `label` is opened with: the shared model with its own model settings over it, its
+    engine settings, its speculative decoding, and the sampling's reasoning switch."""
+    eng_spec = spec.engines[label]
+    model = spec.model
+    if eng_spec.model is not None:
+        model = ModelSpec.model_validate({**model.model_dump(), **eng_spec.model.model_dump(exclude_none=True)})
+    engine = EngineSpec(**eng_spec.model_dump(exclude={"model", "speculative", "description"}))
+    return ArmSettings(name=label, model=model, engine=engine, speculative=eng_spec.speculative,
+                       reasoning=spec.sampling.reasoning)
+
+
 def compare_run_record(spec: CompareSpec, run_id: str, labels: list[str], spec_path: Optional[str]) -> RunRecord:
     return RunRecord(run_id=run_id, kind="compare", contract_name=spec.name, contract_fingerprint=spec.fingerprint,
                      contract_json=spec.canonical_json(), contract_path=spec_path,
@@ -122,10 +140,7 @@ def _run_engine(spec: CompareSpec, label: str, store: Store, run_id: str, positi
     from onecat.gates.engines.base import open_engine
     from onecat.gates.registry import ENGINES, lookup
 
-    eng_spec = spec.engines[label]
-    engine_fields = eng_spec.model_dump(exclude={"speculative", "description"})
-    arm = ArmSettings(name=label, model=spec.model, engine=EngineSpec(**engine_fields),
-                      speculative=eng_spec.speculative)
+    arm = engine_arm(spec, label)
     problems = lookup(ENGINES, "engine backend", arm.engine.backend).check(arm)
     if problems:
         _skip(store, run_id, label, "skipped", "; ".join(problems), log)

@@ -1,5 +1,7 @@
 """OpenAI-compatible endpoints as harness engines: `openai` (a URL you run) and `onecat_serve`
 (an `onecat serve` process the harness starts with the contract's settings and stops afterwards).
+`ManagedServerEngine` is the start / connect / stop path of every server the harness starts itself
+(`onecat_serve` here, the peers in peer_servers.py).
 
 Contract examples:
 
@@ -240,18 +242,146 @@ class OpenAIEndpointEngine(EngineAdapter):
                 "tokenizer": "local" if not isinstance(self.tokenizer, _RemoteTokenizer) else "server"}
 
 
+class ManagedServerEngine(OpenAIEndpointEngine):
+    """An OpenAI-compatible server the harness starts with the arm's settings, drives over HTTP and stops on
+    close(): `onecat serve` here, the peers in peer_servers.py. A subclass says how to start it (`command`),
+    which settings it cannot take (`refusals`: each one named, never dropped) and which `engine.options` it
+    reads (`OPTIONS`, besides the ones every managed server reads)."""
+
+    log_name = "server"
+    ready_path = "/health"
+    startup_timeout_s = 600.0
+    # read by every managed server: where it listens and logs, how long it may take to start, the client side
+    COMMON_OPTIONS = ("port", "log_dir", "startup_timeout_s", "served_model_name", "client_concurrency",
+                      "extra_body")
+    OPTIONS: tuple[str, ...] = ()
+
+    @classmethod
+    def refusals(cls, arm: ArmSettings) -> list[str]:
+        """Settings of `arm` this server cannot take, each naming the setting, the backend and the fix."""
+        problems = []
+        known = cls.COMMON_OPTIONS + cls.OPTIONS
+        unknown = sorted(set(arm.engine.options) - set(known))
+        if unknown:
+            problems.append(f"{cls.registry_name} has no engine.options {', '.join(unknown)}; its options are "
+                            f"{', '.join(sorted(known))}")
+        if arm.engine.base_url or arm.engine.options.get("base_url"):
+            problems.append(f"{cls.registry_name} starts its own server, so engine.base_url is not used: remove it, "
+                            "or drive a running server with backend openai")
+        return problems
+
+    @classmethod
+    def check(cls, arm: ArmSettings) -> list[str]:
+        return cls.refusals(arm)
+
+    @classmethod
+    def command(cls, arm: ArmSettings, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
+        """(argv, extra environment) that start this server for `arm` on `port`."""
+        raise NotImplementedError
+
+    @classmethod
+    def request_defaults(cls, arm: ArmSettings) -> dict:
+        """Fields every request to this server carries unless the request sets them: settings this server takes
+        per request, and its own defaults that the contract's settings turn off."""
+        return {}
+
+    def adjust_body(self, body: dict) -> dict:
+        return {**self.request_defaults(self.arm), **super().adjust_body(body)}
+
+    @classmethod
+    def open(cls, arm: ArmSettings, seed: int = 0) -> "ManagedServerEngine":
+        from onecat.gates.engines.onecat_engine import _weights_sha256
+        from onecat.gates.engines.server_process import free_port
+
+        problems = cls.refusals(arm)
+        if problems:
+            raise EngineUnavailableError(f"arm {arm.name}: " + "; ".join(problems))
+        weights_sha256 = _weights_sha256(arm)  # refuses weights that differ from a model.sha256 pin
+        port = int(arm.engine.options.get("port") or free_port())
+        argv, env = cls.command(arm, port, seed)
+        self = cls.start_managed(arm, seed, argv, port, env=env)
+        self.weights_sha256 = weights_sha256
+        return self
+
+    @classmethod
+    def start_managed(cls, arm: ArmSettings, seed: int, argv: list[str], port: int,
+                      env: dict[str, str] | None = None) -> "ManagedServerEngine":
+        """Start the server process (its log kept under the arm's log dir), wait until `ready_path` answers,
+        then connect to it; a server that exits or never gets ready is an EngineUnavailableError with its log."""
+        from onecat.gates.engines.server_process import ServerProcess, ServerStartError
+
+        log_dir = Path(arm.engine.options.get("log_dir") or os.environ.get("ONECAT_SERVER_LOG_DIR")
+                       or Path(".onecat") / "servers" / f"{arm.name}-{arm.fingerprint[:12]}-{int(time.time())}")
+        proc = ServerProcess(argv, port=port, log_dir=log_dir, name=cls.log_name, env=env, ready_path=cls.ready_path,
+                             startup_timeout_s=float(arm.engine.options.get("startup_timeout_s",
+                                                                            cls.startup_timeout_s)))
+        try:
+            proc.start()
+        except ServerStartError as exc:
+            raise EngineUnavailableError(f"arm {arm.name} ({cls.registry_name}): {exc}") from None
+        try:
+            self = cls(arm, proc.url, seed)
+        except BaseException:
+            proc.stop()
+            raise
+        self.process = proc
+        return self
+
+    def info(self) -> dict:
+        info = super().info()
+        proc = getattr(self, "process", None)
+        if proc is not None:
+            info.update(server_log=str(proc.log_path), server_argv=" ".join(proc.argv),
+                        server_startup_s=proc.startup_s)
+        if getattr(self, "weights_sha256", None):
+            info["model_sha256"] = self.weights_sha256
+        return info
+
+    def close(self) -> None:
+        proc = getattr(self, "process", None)
+        if proc is not None:
+            proc.stop()
+
+
 @register_engine("onecat_serve")
-class ManagedOnecatServer(OpenAIEndpointEngine):
-    """Starts `onecat serve` with the arm's settings, drives it over HTTP, stops it on close().
-    Its `engine.options` are this backend's own (serve_flags, port, log_dir, startup_timeout_s, ...)."""
+class ManagedOnecatServer(ManagedServerEngine):
+    """Starts `onecat serve` with the arm's settings as flags. Options: `serve_flags` (the server's own settings,
+    e.g. max_queue_len, and the engine settings that have no contract key, e.g. kv_cache_memory_gb), `python`
+    (the interpreter that runs `-m onecat.cli.main serve`; default: this one)."""
 
     reads_chat_template_kwargs = True
+    log_name = "onecat_serve"
+    OPTIONS = ("python", "serve_flags")
+
+    @classmethod
+    def _headers(cls, arm: ArmSettings) -> dict:
+        key = (arm.engine.options.get("serve_flags") or {}).get("api_key")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @classmethod
+    def refusals(cls, arm: ArmSettings) -> list[str]:
+        from onecat.engine.server.serve_config import ServeConfig
+        from onecat.gates.contract_settings import ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS
+
+        problems = super().refusals(arm)
+        set_by_harness = {"model", "host", "port", "served_model_name", "uvicorn_log_level"}
+        allowed = (set(ServeConfig.model_fields) - {"engine"} | set(ENGINE_OPTIONS)) - set_by_harness
+        for key in arm.engine.options.get("serve_flags") or {}:
+            if key in set_by_harness:
+                problems.append(f"onecat_serve sets serve_flags.{key} itself; remove it"
+                                + (" (use engine.options.port / served_model_name)" if key != "model" else ""))
+            elif key in ENGINE_ARGS_IN_CONTRACT and key not in ENGINE_OPTIONS:
+                problems.append(f"onecat_serve serve_flags.{key} is a contract setting: set it at "
+                                f"{ENGINE_ARGS_IN_CONTRACT[key]}, where the run's fingerprint records it")
+            elif key not in allowed:
+                problems.append(f"onecat_serve has no serve flag {key!r}; serve_flags takes {', '.join(sorted(allowed))}")
+        return problems
 
     @classmethod
     def check(cls, arm: ArmSettings) -> list[str]:
         from onecat.gates.engines.onecat_engine import preflight
 
-        return preflight(arm, arm.engine_args(seed=0, with_options=False))
+        return cls.refusals(arm) + preflight(arm, arm.engine_args(seed=0, with_options=False))
 
     @classmethod
     def serve_flags(cls, arm: ArmSettings, seed: int) -> dict:
@@ -267,48 +397,9 @@ class ManagedOnecatServer(OpenAIEndpointEngine):
         return flags
 
     @classmethod
-    def open(cls, arm: ArmSettings, seed: int = 0) -> "ManagedOnecatServer":
-        from onecat.gates.engines.server_process import free_port, onecat_serve_argv
+    def command(cls, arm: ArmSettings, port: int, seed: int) -> tuple[list[str], dict[str, str]]:
+        from onecat.gates.engines.server_process import onecat_serve_argv
 
-        port = int(arm.engine.options.get("port") or free_port())
-        argv = onecat_serve_argv(arm.model.source, port=port, flags=cls.serve_flags(arm, seed))
-        return cls.start_managed(arm, seed, argv, port, name="onecat_serve", default_timeout_s=600)
-
-    @classmethod
-    def start_managed(cls, arm: ArmSettings, seed, argv: list[str], port: int, *, name: str,
-                      default_timeout_s: float, env: dict | None = None, ready_path: str | None = None):
-        """Start a server process for `arm` (logs kept under its log dir), then connect to it."""
-        from onecat.gates.engines.server_process import ServerProcess, ServerStartError
-
-        log_dir = Path(arm.engine.options.get("log_dir") or os.environ.get("ONECAT_SERVER_LOG_DIR")
-                       or Path(".onecat") / "servers" / f"{arm.name}-{arm.fingerprint[:12]}-{int(time.time())}")
-        extra = {"env": env} if env is not None else {}
-        if ready_path is not None:
-            extra["ready_path"] = ready_path
-        proc = ServerProcess(argv, port=port, log_dir=log_dir, name=name,
-                             startup_timeout_s=float(arm.engine.options.get("startup_timeout_s", default_timeout_s)),
-                             **extra)
-        try:
-            proc.start()
-        except ServerStartError as exc:
-            raise EngineUnavailableError(f"arm {arm.name}: {exc}") from None
-        try:
-            self = cls(arm, proc.url, seed)
-        except BaseException:
-            proc.stop()
-            raise
-        self.process = proc
-        return self
-
-    def info(self) -> dict:
-        info = super().info()
-        proc = getattr(self, "process", None)
-        if proc is not None:
-            info.update(server_log=str(proc.log_path), server_argv=" ".join(proc.argv),
-                        server_startup_s=proc.startup_s)
-        return info
-
-    def close(self) -> None:
-        proc = getattr(self, "process", None)
-        if proc is not None:
-            proc.stop()
+        opts = arm.engine.options
+        return onecat_serve_argv(arm.model.source, port=port, served_model_name=opts.get("served_model_name"),
+                                 flags=cls.serve_flags(arm, seed), python=opts.get("python")), {}

@@ -93,10 +93,10 @@ class ServerProcess:
 
 
 def onecat_serve_argv(model: str, *, port: int, host: str = "127.0.0.1", served_model_name: str | None = None,
-                      flags: dict | None = None) -> list[str]:
+                      flags: dict | None = None, python: str | None = None) -> list[str]:
     """`python -m onecat.cli.main serve MODEL ...` with vLLM-style flags from a dict (None values skipped,
-    booleans as --flag / --no-flag)."""
-    argv = [sys.executable, "-m", "onecat.cli.main", "serve", model, "--host", host, "--port", str(port)]
+    booleans as --flag / --no-flag); `python`: the interpreter (default: this one)."""
+    argv = [python or sys.executable, "-m", "onecat.cli.main", "serve", model, "--host", host, "--port", str(port)]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     for key, value in (flags or {}).items():
