@@ -1,24 +1,31 @@
-"""Speculative vs target-only decoding on the embedded model (CPU), per proposer and workload.
+"""Speculative vs target-only decoding on the embedded model (CPU), batch 1, greedy.
 
-Workloads: (a) repeated context: prompts that restate a code snippet and ask for it back with a small
-edit (the answer repeats the prompt); (b) ordinary chat prompts. Greedy, so every arm must produce
-the target-only tokens (checked here). Each proposer is measured in the same run as its target-only
-peer, interleaved (peer, candidate, repeated), median of the repeats.
-
-The draft_model arm drafts with the embedded model itself (no smaller model with the same tokenizer
-ships offline): it shows the verifier's overhead at full acceptance, not a useful speedup. The
-dflash arm uses a random-weight drafter (no trained drafter for this target exists): it shows the
+--arm proposers (default): every proposer on two workloads: (a) repeated context: prompts that
+restate a code snippet and ask for it back with a small edit (the answer repeats the prompt); (b)
+ordinary chat prompts. Each proposer is measured in the same run as its target-only peer,
+interleaved (peer, candidate, repeated), median of the repeats; greedy, so every arm must produce the
+target-only tokens (checked here). The draft_model arm drafts with the embedded model itself (no
+smaller model with the same tokenizer ships offline): it shows the verifier's overhead at full
+acceptance, not a useful speedup. The dflash arm there uses a random-weight drafter: it shows the
 plumbing cost at near-zero acceptance. Both are labelled so in the record.
 
-    python benchmarks/speculative_cpu.py [--repeats 3] [--out benchmarks/results/speculative_cpu.json]
+--arm dflash: the trained DFlash drafter (--drafter, default embedded:smollm2-135m-dflash; "random"
+for a random-weight one) against target-only on held-out chat prompts (GSM8K test questions and
+HumanEval+ tasks, benchmarks/speculative_dflash.py says how and what each figure means), 128 new
+tokens, every prompt token-checked; written to benchmarks/results/speculative_cpu_dflash.json.
+
+The 1-minute load average is printed at the start; at LOAD_LIMIT or above the script refuses to
+measure (timings on a busy 2-core CPU mean little) unless --allow-loaded, which marks the record.
+
+    python benchmarks/speculative_cpu.py [--repeats 3] [--threads 2]
+    python benchmarks/speculative_cpu.py --arm dflash [--drafter DIR] [--max-prompts 8] [--threads 2]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -27,6 +34,8 @@ from pathlib import Path
 import torch
 
 from onecat.engine import LLM, SamplingParams
+from speculative_dflash import (EMBEDDED_DRAFTER, LOAD_LIMIT, check_drafter, compare, drafter_info, load_prompts,
+                                machine_info, open_pair, random_dflash, select_prompts, write_record)
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
 SNIPPETS = [
@@ -52,29 +61,6 @@ def workloads(llm: LLM) -> dict[str, list[list[int]]]:
     return {"repeated_context": edit, "chat": [chat(c) for c in CHAT]}
 
 
-def random_dflash(dirpath: Path, llm: LLM) -> Path:
-    from safetensors.torch import save_file
-
-    h = llm.model_config.hidden_size
-    cfg = {"architectures": ["DFlashDraftModel"], "hidden_size": h, "intermediate_size": 512, "num_hidden_layers": 1,
-           "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-5,
-           "rope_theta": 100000.0, "dflash_config": {"block_size": 5, "target_layer_ids": [1, 15, 28],
-                                                      "mask_token_id": 0}}
-    g = torch.Generator().manual_seed(0)
-    r = lambda *s: torch.randn(*s, generator=g) * 0.02  # noqa: E731
-    w = {"fc.weight": r(h, 3 * h), "hidden_norm.weight": torch.ones(h), "norm.weight": torch.ones(h),
-         "layers.0.self_attn.q_proj.weight": r(576, h), "layers.0.self_attn.k_proj.weight": r(192, h),
-         "layers.0.self_attn.v_proj.weight": r(192, h), "layers.0.self_attn.o_proj.weight": r(h, 576),
-         "layers.0.self_attn.q_norm.weight": torch.ones(64), "layers.0.self_attn.k_norm.weight": torch.ones(64),
-         "layers.0.input_layernorm.weight": torch.ones(h), "layers.0.post_attention_layernorm.weight": torch.ones(h),
-         "layers.0.mlp.gate_proj.weight": r(512, h), "layers.0.mlp.up_proj.weight": r(512, h),
-         "layers.0.mlp.down_proj.weight": r(h, 512)}
-    dirpath.mkdir(parents=True, exist_ok=True)
-    (dirpath / "config.json").write_text(json.dumps(cfg))
-    save_file({k: v.contiguous() for k, v in w.items()}, str(dirpath / "model.safetensors"))
-    return dirpath
-
-
 def run(llm: LLM, prompts, params) -> dict:
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -87,16 +73,7 @@ def run(llm: LLM, prompts, params) -> dict:
             "acceptance_length": 1 + acc / drafts if drafts else None, "drafts": drafts, "accepted": acc}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_cpu.json"))
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (1 avoids spin on a shared CPU)")
-    ap.add_argument("--proposers", default=None, help="comma-separated subset of the proposer names")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def proposers_arm(args) -> dict:
     base = LLM(EMBEDDED, max_model_len=1024, enable_prefix_caching=False)
     tmp = Path(tempfile.mkdtemp())
     proposers = {
@@ -111,7 +88,8 @@ def main() -> None:
     if args.proposers:
         wanted = args.proposers.split(",")
         proposers = {k: v for k, v in proposers.items() if k.split(" ")[0] in wanted}
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    max_tokens = args.max_tokens or 96
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     loads = workloads(base)
     rows = []
     for name, cfg in proposers.items():
@@ -135,14 +113,69 @@ def main() -> None:
             print(f"{name:<48}{wl:<18} target-only {b:7.1f} tok/s  speculative {s:7.1f} tok/s  x{s / b:.2f}  "
                   f"acceptance {acc_len if acc_len is None else round(acc_len, 2)}  identical={identical}", flush=True)
         spec.close()
-    record = {"benchmark": "speculative_cpu", "kind": "measured", "date": datetime.now(timezone.utc).isoformat(),
-              "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                          "cores": os.cpu_count(), "load_average_1m_end": os.getloadavg()[0]},
-              "versions": {"torch": torch.__version__}, "model": EMBEDDED, "dtype": "float32", "greedy": True,
-              "batch_size": 1, "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2))
-    print(f"written: {args.out}")
+    return {"benchmark": "speculative_cpu", "model": EMBEDDED, "dtype": "float32", "greedy": True, "batch_size": 1,
+            "max_tokens": max_tokens, "repeats": args.repeats, "rows": rows}
+
+
+def dflash_arm(args) -> dict:
+    """Trained DFlash drafter vs target-only on held-out chat prompts, batch 1 (speculative_dflash.compare)."""
+    check_drafter(args.drafter)
+    prompts = load_prompts(args.prompts, args.max_prompts) if args.prompts else select_prompts(args.max_prompts)
+    base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, device="cpu",
+                                  dtype="float32", max_model_len=1024, enable_prefix_caching=False)
+    max_tokens = args.max_tokens or 128
+    rows = compare(base, spec, prompts, [1], max_tokens, args.repeats)
+    return {"benchmark": "speculative_cpu_dflash", "target": args.target, "drafter": drafter_info(spec, label),
+            "engine": {k: spec.info()[k] for k in ("device", "dtype", "attention_backend", "cuda_graph")},
+            "prompts": prompts["datasets"], "greedy": True, "batch_size": 1, "max_tokens": max_tokens,
+            "repeats": args.repeats, "rows": rows}
+
+
+def load_gate(allow_loaded: bool) -> float:
+    """Prints the machine's load; refuses a busy one unless allowed. Returns the 1-minute load average."""
+    try:
+        print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
+    except OSError:
+        pass
+    load = os.getloadavg()[0]
+    if load >= LOAD_LIMIT and not allow_loaded:
+        raise SystemExit(f"load average {load:.2f} >= {LOAD_LIMIT}: timings on a busy CPU are not recorded. Wait "
+                         "for a quiet machine, or pass --allow-loaded (the record is then marked as measured under "
+                         "load)")
+    return load
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arm", choices=["proposers", "dflash"], default="proposers")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per request (proposers 96, dflash 128)")
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results/speculative_cpu[_dflash].json")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (1 avoids spin on a shared CPU)")
+    ap.add_argument("--proposers", default=None, help="proposers arm: comma-separated subset of the proposer names")
+    ap.add_argument("--target", default=EMBEDDED, help="dflash arm: target model (embedded name, .gguf, HF dir)")
+    ap.add_argument("--drafter", default=EMBEDDED_DRAFTER, help="dflash arm: drafter directory, embedded name, or "
+                                                                "'random' (random weights: plumbing only)")
+    ap.add_argument("--num-speculative-tokens", type=int, default=7, help="dflash arm: drafts per round (block - 1)")
+    ap.add_argument("--max-prompts", type=int, default=8, help="dflash arm: prompts per set (GSM8K, HumanEval+)")
+    ap.add_argument("--prompts", type=Path, default=None, help="dflash arm: prompts saved by speculative_gpu.py "
+                                                               "--save-prompts (instead of the datasets)")
+    ap.add_argument("--allow-loaded", action="store_true", help=f"measure even at load >= {LOAD_LIMIT} (marked)")
+    args = ap.parse_args()
+    load = load_gate(args.allow_loaded)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    machine = machine_info("cpu")
+    record = dflash_arm(args) if args.arm == "dflash" else proposers_arm(args)
+    machine["load_average_1m_end"] = os.getloadavg()[0]
+    record = {**record, "kind": "measured", "date": datetime.now(timezone.utc).isoformat(),
+              "machine": machine, "wall_s": time.time() - t0,
+              "quiet_machine": max(load, machine["load_average_1m_end"]) < LOAD_LIMIT}
+    if not record["quiet_machine"]:
+        record["warning"] = f"measured under load (1-minute load average reached {LOAD_LIMIT} or more)"
+    name = "speculative_cpu_dflash.json" if args.arm == "dflash" else "speculative_cpu.json"
+    write_record(record, args.out or Path("benchmarks/results") / name)
 
 
 if __name__ == "__main__":
