@@ -363,7 +363,7 @@ def _add_broken(name: str, exc: Exception) -> None:
 
 def _add_optional_subapps() -> None:
     """`onecat bench|serve|kernels` live in cli/bench.py, cli/serve.py, cli/kernels.py when present."""
-    for name in ("bench", "serve", "kernels"):
+    for name in ("bench", "serve", "kernels", "drafter"):
         try:
             module = importlib.import_module(f"onecat.cli.{name}")
         except ModuleNotFoundError as exc:

@@ -4,11 +4,11 @@ The defaults are the recipe for the embedded SmolLM2-135M-Instruct target (30 la
 block size 8 (the size acceptance is measured at), 5 tap layers spread over the depth as public DFlash
 drafters choose them, 3 drafter layers shaped like the target's (about 24.6 MB in bf16), the loss
 weights of the DFlash paper for block size 8 (gamma 4) and the regeneration budget of a run that fits
-one ~8-minute GPU command. Each field's comment says what it controls.
+one ~8-minute GPU command. Each field's help says what it controls.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from onecat.engine.errors import ConfigError
 
@@ -16,43 +16,50 @@ DEFAULT_DATA = "sharegpt:8000"  # the prompt set of the shipped recipe
 NUM_TAPS = 5  # tap layers chosen when target_layer_ids is not given
 
 
+def opt(default, help: str):
+    """A TrainOptions field with its help text (the CLI makes one flag per field from these)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     # drafter shape
-    block_size: int = 8  # tokens per drafted block: the anchor + block_size - 1 drafts
-    target_layer_ids: tuple[int, ...] | None = None  # target layers whose outputs condition the drafter;
-    #                                                 None: NUM_TAPS spread over [1, layers - 3]
-    num_layers: int = 3  # drafter layers
-    intermediate_size: int | None = None  # drafter MLP width; None: the target's
-    mask_token_id: int | None = None  # None: a special token of the target that chat text never holds
+    block_size: int = opt(8, "tokens per drafted block: the anchor and block_size - 1 drafts")
+    target_layer_ids: tuple[int, ...] | None = opt(
+        None, f"target layers (ascending) whose outputs condition the drafter; default: {NUM_TAPS} spread over "
+              "[1, layers - 3]")
+    num_layers: int = opt(3, "drafter layers")
+    intermediate_size: int | None = opt(None, "drafter MLP width; default: the target's")
+    mask_token_id: int | None = opt(None, "token of the masked block positions; default: a special token of "
+                                          "the target that chat text never holds")
     # optimisation
-    steps: int = 6000  # optimizer steps (fewer when the time budget ends the run first)
-    batch_size: int = 16  # sequences per step
-    anchors_per_seq: int = 64  # blocks per sequence per step (random anchors in the response)
-    lr: float = 6e-4
-    warmup_fraction: float = 0.04  # linear warm-up share of the planned steps, then cosine decay to 0
-    weight_decay: float = 0.01
-    gamma: float = 4.0  # block-position weight exp(-(k-1)/gamma) of draft k (DFlash: 4 for block size 8)
-    kl_weight: float = 0.5  # weight of KL(target || drafter) next to the cross-entropy on the target's tokens
-    grad_clip: float = 1.0
-    seed: int = 0
-    holdout_fraction: float = 0.02  # sequences kept out of training to measure per-position accuracy
-    eval_every: int = 250  # steps between held-out evaluations
+    steps: int = opt(6000, "optimizer steps (fewer when the time budget ends the run first)")
+    batch_size: int = opt(16, "sequences per step")
+    anchors_per_seq: int = opt(64, "blocks per sequence per step (random anchors in the response)")
+    lr: float = opt(6e-4, "peak AdamW learning rate")
+    warmup_fraction: float = opt(0.04, "linear warm-up share of the planned steps, then cosine decay to 0")
+    weight_decay: float = opt(0.01, "AdamW weight decay")
+    gamma: float = opt(4.0, "draft k weighs exp(-(k-1)/gamma) (DFlash: 4 for block size 8, 7 for 16)")
+    kl_weight: float = opt(0.5, "weight of KL(target || drafter) next to the cross-entropy on the target's tokens")
+    grad_clip: float = opt(1.0, "gradient norm clip")
+    seed: int = opt(0, "seed of the prompt choice, sampled responses, anchors and initialisation")
+    holdout_fraction: float = opt(0.02, "share of sequences kept out of training to measure per-position accuracy")
+    eval_every: int = opt(250, "steps between held-out evaluations")
     # regeneration (responses written by the target itself)
-    max_new_tokens: int = 256
-    sampled_fraction: float = 0.25  # share of prompts answered by sampling instead of greedily
-    temperature: float = 0.8
-    top_p: float = 0.95
-    min_prompt_tokens: int = 4  # ShareGPT selection bounds (tokens of the user's text, target tokenizer)
-    max_prompt_tokens: int = 384
-    regen_batch: int = 256  # sequences the engine decodes together
+    max_new_tokens: int = opt(256, "longest regenerated response, in tokens")
+    sampled_fraction: float = opt(0.25, "share of prompts answered by sampling instead of greedily")
+    temperature: float = opt(0.8, "temperature of the sampled responses")
+    top_p: float = opt(0.95, "top_p of the sampled responses")
+    min_prompt_tokens: int = opt(4, "shortest ShareGPT prompt, in target tokens")
+    max_prompt_tokens: int = opt(384, "longest ShareGPT prompt, in target tokens")
+    regen_batch: int = opt(256, "sequences the engine decodes together (max_num_seqs)")
     # machine and time
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    target_dtype: str = "auto"  # the target's dtype while regenerating and capturing features (engine names)
-    kv_cache_memory_gb: float | None = None  # engine KV budget; None: 16 GiB on CUDA, the engine default on CPU
-    time_budget_s: float | None = None  # wall clock for the whole run; it stops training early and still saves
-    regen_share: float = 0.45  # share of the time budget that regeneration may use
-    checkpoint_every_s: float = 60.0  # a loadable drafter is saved at least this often while training
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    target_dtype: str = opt("auto", "the target's dtype while regenerating and capturing features")
+    kv_cache_memory_gb: float | None = opt(None, "engine KV budget in GiB; default: 16 on CUDA, the engine's on CPU")
+    time_budget_s: float | None = opt(None, "wall clock of the whole run; training stops early and still saves")
+    regen_share: float = opt(0.45, "share of the time budget that regeneration may use")
+    checkpoint_every_s: float = opt(60.0, "a loadable drafter is saved at least this often while training")
 
     def __post_init__(self) -> None:
         problems = []

