@@ -9,7 +9,8 @@ from safetensors.torch import save_file
 from scipy.stats import chisquare
 
 from onecat.engine import LLM, SamplingParams
-from onecat.engine.errors import ConfigError
+from onecat.engine.errors import ConfigError, ModelNotFoundError
+from onecat.engine.model_source import DRAFTERS_DIR, EMBEDDED_DRAFTERS, resolve_model_source
 from tests.conftest import EMBEDDED
 from tests.tiny_models import make_tiny_model
 
@@ -121,14 +122,17 @@ def exact_two_token_law(llm, prompt: list[int]) -> torch.Tensor:
     return p1.unsqueeze(1) * p2
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "dflash"])
 def test_sampled_speculation_matches_target_distribution(tmp_path, method):
     target_dir = make_tiny_model("llama", tmp_path / "target", vocab_size=12, num_hidden_layers=2)
     if method == "ngram":
         spec = {"method": "ngram", "num_speculative_tokens": 3}
-    else:
+    elif method == "draft_model":
         draft_dir = make_tiny_model("llama", tmp_path / "draft", vocab_size=12, num_hidden_layers=1)
         spec = {"method": "draft_model", "num_speculative_tokens": 2, "model": str(draft_dir)}
+    else:  # a random drafter on the tiny target: its q is far from p, so rejection sampling does real work
+        draft_dir = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
+        spec = {"method": "dflash", "num_speculative_tokens": 2, "model": str(draft_dir)}
     # every token occurs in the prompt, so after any first token t1 the n-gram proposer finds a draft
     prompt = list(range(12)) + [0, 1, 2]
     plain = LLM(str(target_dir), max_model_len=64, max_num_seqs=256)
@@ -147,3 +151,76 @@ def test_sampled_speculation_matches_target_distribution(tmp_path, method):
     exp = torch.cat([expected[keep], expected[~keep].sum().view(1)]) if (~keep).any() else expected
     exp = exp * obs.sum() / exp.sum()
     assert chisquare(obs.numpy(), exp.numpy()).pvalue > ALPHA
+
+
+# ---- the committed drafter of the embedded model ---------------------------------------------------
+TRAINED_DFLASH = DRAFTERS_DIR / EMBEDDED_DRAFTERS["smollm2-135m-dflash"]
+needs_trained_dflash = pytest.mark.skipif(
+    not (TRAINED_DFLASH / "model.safetensors").is_file(),
+    reason=f"the trained drafter embedded:smollm2-135m-dflash is not committed yet ({TRAINED_DFLASH} has no "
+           "model.safetensors)")
+TRAINED_SPEC = {"method": "dflash", "model": "embedded:smollm2-135m-dflash", "num_speculative_tokens": 15}
+CHAT_QUESTIONS = ["What is the tallest mountain in Europe?", "Give me three tips for learning a new language.",
+                  "Explain what a binary search does.", "Write a haiku about autumn."]
+
+
+def test_embedded_drafter_is_refused_clearly_until_committed():
+    if (TRAINED_DFLASH / "model.safetensors").is_file():
+        assert resolve_model_source("embedded:smollm2-135m-dflash").path == TRAINED_DFLASH
+    else:
+        with pytest.raises(ModelNotFoundError, match="not present in this install"):
+            resolve_model_source("embedded:smollm2-135m-dflash")
+
+
+@needs_trained_dflash
+def test_trained_dflash_is_token_identical_and_accepts(embedded_llm):
+    prompts = [[{"role": "user", "content": q}] for q in CHAT_QUESTIONS]
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    want = [o.token_ids for o in embedded_llm.chat(prompts, params)]
+    with LLM(EMBEDDED, max_model_len=512, speculative_config=TRAINED_SPEC) as llm:
+        outs = llm.chat(prompts, params)
+    assert [o.token_ids for o in outs] == want
+    drafts = sum(o.spec.num_drafts for o in outs)
+    acceptance_length = 1 + sum(o.spec.num_accepted_tokens for o in outs) / drafts
+    assert acceptance_length > 1.5, f"acceptance length {acceptance_length:.2f} of the trained drafter"
+
+
+def top_k_two_token_law(llm, prompt: list[int], k: int) -> tuple[list[int], dict[int, list[int]], torch.Tensor]:
+    """Under top-k sampling at temperature 1: the k first tokens, the k second tokens after each, and
+    P(t1, t2 | prompt) [k, k], from target-only top-k logprobs (top-k keeps p proportional to exp(logit))."""
+    def top(ids):
+        lp = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, logprobs=k))[0].logprobs[0]
+        best = sorted(lp, key=lp.get, reverse=True)[:k]
+        return best, torch.tensor([lp[t] for t in best]).softmax(dim=0)
+
+    first, p1 = top(prompt)
+    second, p2 = {}, []
+    for t in first:
+        second[t], p = top(prompt + [t])
+        p2.append(p)
+    return first, second, p1.unsqueeze(1) * torch.stack(p2)
+
+
+@pytest.mark.slow
+@needs_trained_dflash
+def test_trained_dflash_sampling_matches_target_distribution(embedded_llm):
+    k, n = 4, 1500
+    tok = embedded_llm.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": CHAT_QUESTIONS[0]}]),
+                        add_special_tokens=False)
+    first, second, law = top_k_two_token_law(embedded_llm, prompt, k)
+    with LLM(EMBEDDED, max_model_len=256, max_num_seqs=256, speculative_config=TRAINED_SPEC) as llm:
+        params = [SamplingParams(temperature=1.0, top_k=k, seed=s, max_tokens=3, ignore_eos=True) for s in range(n)]
+        outs = llm.generate([prompt] * n, params)
+    assert sum(o.spec.num_drafts for o in outs) >= n * 0.9
+    counts = torch.zeros(k, k, dtype=torch.float64)
+    for o in outs:
+        t1, t2 = o.token_ids[:2]
+        counts[first.index(t1), second[t1].index(t2)] += 1  # top-k sampling never leaves these cells
+    expected = law.double().flatten() * n
+    keep = expected >= 5
+    obs = torch.cat([counts.flatten()[keep], counts.flatten()[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > ALPHA

@@ -55,6 +55,7 @@ class DrafterKVCache:
         if self.pending_rows >= FLUSH_ROWS:
             self.flush()
 
+    @torch.inference_mode()  # its buffers are inference tensors: every write to them happens in this mode
     def flush(self) -> None:
         """Project every queued row (one fc + one K/V projection per layer for all requests) and store it."""
         if not self.pending:
@@ -119,6 +120,7 @@ class DrafterKVCache:
         """One past the newest position the request's context holds."""
         return self.entries[request_id].end
 
+    @torch.inference_mode()
     def gather(self, request_ids: list[str]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         """Per layer (keys, values) [R, C, nkv, hd] of the requests' contexts padded to the longest, and
         each request's length [R]. One request reads its rows in place; several are copied into a reused
