@@ -16,7 +16,6 @@ from onecat.gates.contract import ArmSettings, EngineSpec, ModelSpec, Speculativ
 from onecat.gates.engines.base import EngineUnavailableError, open_engine
 from onecat.gates.registry import ENGINES, load_plugins
 
-EMBEDDED = "embedded:smollm2-135m-instruct"
 STUB = Path(__file__).resolve().parent / "fixtures" / "stub_peer.py"
 ROOT = Path(__file__).resolve().parent.parent
 PORT, SEED = 8123, 3
@@ -54,11 +53,34 @@ def _hf_dir(path: Path) -> str:
     return str(path)
 
 
+def _gguf_file(path: Path) -> str:
+    """A GGUF file the harness can resolve and tokenize with (byte-level BPE, no merges)."""
+    import gguf
+    import numpy as np
+    from tokenizers import pre_tokenizers
+
+    tokens = ["<eos>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for add, value in ((writer.add_block_count, 1), (writer.add_context_length, 512), (writer.add_head_count, 2),
+                       (writer.add_embedding_length, 8), (writer.add_feed_forward_length, 16),
+                       (writer.add_head_count_kv, 1), (writer.add_tokenizer_model, "gpt2"),
+                       (writer.add_token_list, tokens), (writer.add_token_types, [3] + [1] * (len(tokens) - 1)),
+                       (writer.add_eos_token_id, 0)):
+        add(value)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, embedded_path) -> dict[str, str]:
+def models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("models")
-    (root / "other.gguf").symlink_to(embedded_path)
-    return {"hf": _hf_dir(root / "hf"), "hf_other": _hf_dir(root / "hf-other"), "gguf": EMBEDDED,
+    gguf = _gguf_file(root / "tiny.gguf")
+    (root / "other.gguf").symlink_to(gguf)
+    return {"hf": _hf_dir(root / "hf"), "hf_other": _hf_dir(root / "hf-other"), "gguf": gguf,
             "gguf_other": str(root / "other.gguf")}
 
 
@@ -102,10 +124,10 @@ EXPECTED = {
                     "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enable_prefix_caching": True,
                     "generation_config": "vllm", "enforce_eager": False, "speculative_config": None},
                    {"CUDA_VISIBLE_DEVICES": "", "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "2"}),
-    "llama_cpp_serve": ({"model": "{gguf_path}", "model_alias": EMBEDDED, "seed": SEED, "n_ctx": 256, "n_batch": 512,
+    "llama_cpp_serve": ({"model": "{gguf}", "model_alias": "{gguf}", "seed": SEED, "n_ctx": 256, "n_batch": 512,
                          "n_threads": 1, "n_gpu_layers": 0, "cache": True, "interrupt_requests": False},
                         {"CUDA_VISIBLE_DEVICES": ""}),
-    "llama_server": ({"model": "{gguf_path}", "alias": EMBEDDED, "seed": SEED, "parallel": 4, "cont_batching": True,
+    "llama_server": ({"model": "{gguf}", "alias": "{gguf}", "seed": SEED, "parallel": 4, "cont_batching": True,
                       "ctx_size": 4 * 256, "batch_size": 512, "threads": 1, "n_gpu_layers": 0, "jinja": True},
                      {"CUDA_VISIBLE_DEVICES": ""}),
     "onecat_serve": ({"model": "{hf}", "seed": str(SEED), "device": "cpu", "dtype": "float32", "max_model_len": "256",
@@ -114,7 +136,7 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("backend", list(EXPECTED))
-def test_managed_backend_starts_answers_and_stops(backend, models, launcher, embedded_path, tmp_path, monkeypatch):
+def test_managed_backend_starts_answers_and_stops(backend, models, launcher, tmp_path, monkeypatch):
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("STUB_PEER_RECORD", str(record))
     eng = open_engine(_arm(*_base(backend, models, launcher, tmp_path)), SEED)
@@ -135,7 +157,7 @@ def test_managed_backend_starts_answers_and_stops(backend, models, launcher, emb
     assert not eng.process.alive and _gone(start["pid"])  # stopped, nothing left running
 
     settings, env = EXPECTED[backend]
-    fill = {"{hf}": models["hf"], "{gguf_path}": str(embedded_path)}
+    fill = {"{hf}": models["hf"], "{gguf}": models["gguf"]}
     want = {k: fill.get(v, v) if isinstance(v, str) else v for k, v in settings.items()}
     assert {k: start["settings"].get(k) for k in want} == want
     assert int(start["settings"]["port"]) == int(info["base_url"].rsplit(":", 1)[1])
@@ -152,7 +174,7 @@ def test_quantization_gguf_reaches_onecat_serve(models, launcher, tmp_path, monk
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("STUB_PEER_RECORD", str(record))
     model, engine = _base("onecat_serve", models, launcher, tmp_path)
-    model = {"source": EMBEDDED, "quantization": "gguf"}
+    model = {"source": models["gguf"], "quantization": "gguf"}
     engine["options"]["serve_flags"] = {"max_queue_len": 7}
     open_engine(_arm(model, engine), SEED).close()
     argv = _records(record)[0]["argv"]
@@ -186,8 +208,8 @@ CHECKED_ELSEWHERE = {"engine.backend": "the backend itself", "engine.options": "
 
 
 def test_the_sweep_covers_every_contract_setting():
-    every = ({f"model.{name}" for name in ModelSpec.model_fields} | {f"engine.{name}" for name in EngineSpec.model_fields}
-             | {"speculative"})
+    every = ({f"model.{name}" for name in ModelSpec.model_fields} | {"speculative"}
+             | {f"engine.{name}" for name in EngineSpec.model_fields})
     assert every == set(CHANGED) | set(CHECKED_ELSEWHERE)
 
 
@@ -208,7 +230,7 @@ def test_every_setting_reaches_the_server_or_is_refused(backend, models, launche
     for path, value in CHANGED.items():
         section, _, key = path.partition(".")
         if path == "model.source":
-            value = models["gguf_other" if model["source"] == EMBEDDED else "hf_other"]
+            value = models["gguf_other" if model["source"] == models["gguf"] else "hf_other"]
         if path == "model.quantization" and model.get("quantization") == "gguf":
             value = None
         if path == "model.dtype" and model["dtype"] == "bfloat16":
@@ -225,7 +247,7 @@ def test_every_setting_reaches_the_server_or_is_refused(backend, models, launche
             assert all(backend in p for p in named), named
             outcomes[path] = "refused"
         else:
-            assert _what_reaches(cls, arm) != reached, f"{backend}: {path} = {value!r} reaches nothing and is not refused"
+            assert _what_reaches(cls, arm) != reached, f"{backend}: {path} {value!r} reaches nothing, is not refused"
             outcomes[path] = "reaches"
     # the settings the peers cannot take are refused, not dropped
     if backend.startswith("llama"):
@@ -260,9 +282,9 @@ def test_refusals_name_the_setting_the_backend_and_the_fix(models, launcher, tmp
     assert problem.endswith("set engine.max_num_seqs: 1")
     [problem] = ENGINES["llama_cpp_serve"].check(_arm(model, engine, reasoning={"enabled": True}))
     assert "reasoning.enabled" in problem
+    server_model, server_engine = _base("llama_server", models, launcher, tmp_path)
     with pytest.raises(EngineUnavailableError, match="llama_server needs engine.max_model_len"):
-        open_engine(_arm(*_base("llama_server", models, launcher, tmp_path)[:1],
-                         {**_base("llama_server", models, launcher, tmp_path)[1], "max_model_len": None}))
+        open_engine(_arm(server_model, {**server_engine, "max_model_len": None}))
     with pytest.raises(EngineUnavailableError, match="needs a GGUF model"):
         open_engine(_arm({"source": models["hf"], "dtype": "auto", "quantization": "gguf"}, engine))
 
@@ -334,11 +356,11 @@ def test_bench_compare_runs_the_peers_into_the_store(models, launcher, tmp_path,
         eng["options"] = {**eng.get("options", {}),
                           ("executable" if eng["backend"] == "llama_server" else "python"): launcher}
         if eng.get("model", {}).get("quantization") == "gguf":
-            eng["model"]["source"] = EMBEDDED
+            eng["model"]["source"] = models["gguf"]
     for w in spec["workloads"]:
         w.update(num_requests=2, concurrency=min(w["concurrency"], 2), input_len=8, output_len=4)
     path = tmp_path / "peers.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
     db, out = tmp_path / "r.duckdb", tmp_path / "cmp"
     res = CliRunner().invoke(app, ["bench", "compare", str(path), "--db", str(db), "--out", str(out)])
     assert res.exit_code == 0, res.output
@@ -352,6 +374,9 @@ def test_bench_compare_runs_the_peers_into_the_store(models, launcher, tmp_path,
                 assert len(rows) == 2 and not any(r["error"] for r in rows)
     md, = out.glob("*.md")
     assert "![" in md.read_text() and list(out.glob("*-plots/*.png"))
-    starts = {r["flavor"]: r["settings"] for r in _records(record) if r["event"] == "start"}
-    assert starts["llama_server"]["parallel"] == 16 and starts["llama_cpp_python"]["model_alias"] == EMBEDDED
-    assert starts["onecat"]["quantization"] == "gguf"  # the packed onecat row runs packed
+    starts = [(r["flavor"], r["settings"]) for r in _records(record) if r["event"] == "start"]
+    assert [flavor for flavor, _ in starts] == ["onecat", "onecat", "vllm", "llama_cpp_python", "llama_server"]
+    (_, onecat), (_, packed), _, (_, llama_cpp), (_, llama_server) = starts
+    assert "quantization" not in onecat and packed["quantization"] == "gguf"  # the packed row runs packed
+    assert llama_cpp["model_alias"] == models["gguf"] and llama_server["parallel"] == 16
+    assert llama_server["ctx_size"] == 16 * 2048

@@ -265,9 +265,9 @@ class ManagedServerEngine(OpenAIEndpointEngine):
         if unknown:
             problems.append(f"{cls.registry_name} has no engine.options {', '.join(unknown)}; its options are "
                             f"{', '.join(sorted(known))}")
-        if arm.engine.base_url or arm.engine.options.get("base_url"):
-            problems.append(f"{cls.registry_name} starts its own server, so engine.base_url is not used: remove it, "
-                            "or drive a running server with backend openai")
+        if arm.engine.base_url:
+            problems.append(f"{cls.registry_name} starts its own server, so engine.base_url is not used: remove "
+                            "it, or drive a running server with backend openai")
         return problems
 
     @classmethod
@@ -312,9 +312,9 @@ class ManagedServerEngine(OpenAIEndpointEngine):
 
         log_dir = Path(arm.engine.options.get("log_dir") or os.environ.get("ONECAT_SERVER_LOG_DIR")
                        or Path(".onecat") / "servers" / f"{arm.name}-{arm.fingerprint[:12]}-{int(time.time())}")
-        proc = ServerProcess(argv, port=port, log_dir=log_dir, name=cls.log_name, env=env, ready_path=cls.ready_path,
-                             startup_timeout_s=float(arm.engine.options.get("startup_timeout_s",
-                                                                            cls.startup_timeout_s)))
+        timeout_s = float(arm.engine.options.get("startup_timeout_s", cls.startup_timeout_s))
+        proc = ServerProcess(argv, port=port, log_dir=log_dir, name=cls.log_name, env=env,
+                             ready_path=cls.ready_path, startup_timeout_s=timeout_s)
         try:
             proc.start()
         except ServerStartError as exc:
@@ -368,13 +368,14 @@ class ManagedOnecatServer(ManagedServerEngine):
         allowed = (set(ServeConfig.model_fields) - {"engine"} | set(ENGINE_OPTIONS)) - set_by_harness
         for key in arm.engine.options.get("serve_flags") or {}:
             if key in set_by_harness:
-                problems.append(f"onecat_serve sets serve_flags.{key} itself; remove it"
-                                + (" (use engine.options.port / served_model_name)" if key != "model" else ""))
+                problems.append(f"onecat_serve sets serve_flags.{key} itself (from the model and engine.options); "
+                                "remove it")
             elif key in ENGINE_ARGS_IN_CONTRACT and key not in ENGINE_OPTIONS:
                 problems.append(f"onecat_serve serve_flags.{key} is a contract setting: set it at "
                                 f"{ENGINE_ARGS_IN_CONTRACT[key]}, where the run's fingerprint records it")
             elif key not in allowed:
-                problems.append(f"onecat_serve has no serve flag {key!r}; serve_flags takes {', '.join(sorted(allowed))}")
+                problems.append(f"onecat_serve has no serve flag {key!r}; serve_flags takes "
+                                f"{', '.join(sorted(allowed))}")
         return problems
 
     @classmethod

@@ -76,7 +76,8 @@ class _ManagedPeer(ManagedServerEngine):
             if value != takes:
                 problems.append(_refused(cls.registry_name, path, value, why, takes))
         source = arm.model.source
-        if arm.model.revision is not None and (source.startswith(EMBEDDED_PREFIX) or Path(source).expanduser().exists()):
+        local = source.startswith(EMBEDDED_PREFIX) or Path(source).expanduser().exists()
+        if arm.model.revision is not None and local:
             problems.append(_refused(cls.registry_name, "model.revision", arm.model.revision,
                                      f"a revision selects a hub snapshot, and {source} is a local model", None))
         return problems
@@ -161,8 +162,8 @@ class ManagedVllmServer(_PythonPeer):
             problems.append(_refused(cls.registry_name, "engine.cuda_graph", e.cuda_graph,
                                      f"CUDA graphs need a CUDA device and engine.device is {e.device}", "off"))
         if _on_cuda(arm) and "kv_cache_space_gib" in e.options:
-            problems.append("vllm_serve reads engine.options.kv_cache_space_gib only on the CPU (VLLM_CPU_KVCACHE_SPACE);"
-                            " remove it for a CUDA device")
+            problems.append("vllm_serve reads engine.options.kv_cache_space_gib only on the CPU "
+                            "(VLLM_CPU_KVCACHE_SPACE); remove it for a CUDA device")
         spec = arm.speculative
         if spec is not None:
             if spec.method == "dflash":
@@ -342,8 +343,9 @@ class ManagedLlamaServer(_LlamaCppPeer):
         e = arm.engine
         args = ["--model", cls.gguf_path(arm), "--alias", cls.served_name(arm), "--host", "127.0.0.1",
                 "--port", str(port), "--seed", str(seed), "--parallel", str(e.max_num_seqs), "--cont-batching",
-                "--ctx-size", str((e.max_model_len or 0) * e.max_num_seqs), "--batch-size", str(e.max_num_batched_tokens),
-                "--threads", cls.threads(arm), "--n-gpu-layers", "999" if _on_cuda(arm) else "0", "--jinja"]
+                "--ctx-size", str((e.max_model_len or 0) * e.max_num_seqs),
+                "--batch-size", str(e.max_num_batched_tokens), "--threads", cls.threads(arm),
+                "--n-gpu-layers", "999" if _on_cuda(arm) else "0", "--jinja"]
         return args, _device_env(arm)
 
     @classmethod

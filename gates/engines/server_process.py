@@ -49,6 +49,7 @@ class ServerProcess:
                                      start_new_session=True)
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
+        delay = 0.05  # a stub is up in a tenth of a second, vLLM in a minute: poll often first, then less
         while True:
             if self.proc.poll() is not None:
                 raise ServerStartError(f"{self.argv[0]} exited with code {self.proc.returncode} before it was "
@@ -62,7 +63,8 @@ class ServerProcess:
                 self.stop()
                 raise ServerStartError(f"{self.argv[0]} not ready after {self.startup_timeout_s:.0f} s; log "
                                        f"{self.log_path}:\n{self.log_tail()}")
-            time.sleep(0.25)
+            time.sleep(delay)
+            delay = min(2 * delay, 0.5)
         self.startup_s = time.perf_counter() - t0
         return self
 
