@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,11 +20,13 @@ from onecat.engine import LLM, SamplingParams
 from onecat.engine.errors import ConfigError, ModelNotFoundError
 from onecat.training import DEFAULT_DATA, train_drafter
 from onecat.training.decontaminate import EvaluationOverlap
-from onecat.training.drafter import choose_mask_token
-from onecat.training.features import capture_features
+from onecat.training.drafter import choose_mask_token, drafter_config, new_drafter
+from onecat.training.features import FeatureSet, capture_features
+from onecat.training.options import TrainOptions
 from onecat.training.prompts import (Prompt, load_prompts, normalize_text, parse_data_spec, read_jsonl_prompts,
                                      select_prompts, sharegpt_path, text_hash, write_jsonl_prompts)
 from onecat.training.regenerate import regenerate
+from onecat.training.trainer import DrafterTrainer, Frozen
 from tests.conftest import EMBEDDED
 from tests.tiny_models import make_tiny_model
 
@@ -120,6 +124,30 @@ def test_features_are_the_targets_teacher_forced_states(tiny_target):
     with LLM(str(tiny_target), max_model_len=128) as cached:
         with pytest.raises(ValueError, match="prefix_caching"):
             capture_features(cached, seqs, [0], torch.float32)
+
+
+def test_a_deadline_ends_training_with_the_schedule_decayed_and_checkpoints_taken():
+    H, V, n, length, response = 32, 50, 4, 20, 5
+    target = SimpleNamespace(num_hidden_layers=4, vocab_size=V, hidden_size=H, intermediate_size=64,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                             rope_theta=10000.0, max_position_embeddings=64)
+    cfg = drafter_config(target, block_size=4, layer_ids=[1, 2], num_layers=1, intermediate_size=None,
+                         mask_token_id=V - 1)
+    g = torch.Generator().manual_seed(0)
+    data = FeatureSet(torch.randint(0, V - 1, (n * length,), generator=g), torch.randn(n * length, 2 * H, generator=g),
+                      torch.randn(n * length, H, generator=g), [i * length for i in range(n)], [length] * n,
+                      [response] * n, [False] * n, [1, 2])
+    frozen = Frozen(torch.randn(V, H, generator=g), torch.randn(V, H, generator=g))
+    opts = TrainOptions(steps=10**6, batch_size=2, anchors_per_seq=4, block_size=4, eval_every=10**6,
+                        holdout_fraction=0.25, checkpoint_every_s=0.2)
+    trainer = DrafterTrainer(new_drafter(cfg, 64, torch.device("cpu"), seed=0), frozen, data, opts,
+                             log=lambda s: None)
+    checkpoints = []
+    result = trainer.run(deadline=time.perf_counter() + 1.0, on_checkpoint=checkpoints.append)
+    assert result["stopped_by"] == "time_budget" and 0 < result["steps"] < 10**6 and checkpoints
+    assert trainer.lr_at(trainer.progress(result["steps"])) < 0.01 * opts.lr
+    assert [e["step"] for e in result["evaluations"]] == [0, result["steps"]]
+    assert result["heldout_sequences"] == 1 and result["train_sequences"] == 3
 
 
 def test_prompt_selection_is_deterministic_deduplicated_and_filtered():

@@ -78,8 +78,9 @@ class FeatureRecorder(Proposer):
         end = seq.num_computed_tokens  # rows are the positions just computed: end - len(rows) .. end - 1
         first = self.rows_of[seq.request_id] + end - rows.shape[0]
         span = slice(first, first + rows.shape[0])
-        cols = self.feature_cols.to(rows.device)
-        self.out.features[span] = rows.index_select(1, cols).to(self.out.features.dtype)
+        if self.feature_cols.device != rows.device:
+            self.feature_cols = self.feature_cols.to(rows.device)
+        self.out.features[span] = rows.index_select(1, self.feature_cols).to(self.out.features.dtype)
         self.out.final_hidden[span] = self.norm(rows[:, self.last_cols].contiguous()).to(self.out.final_hidden.dtype)
         self.written[span] = True
 

@@ -11,8 +11,8 @@ Recipe (DFlash, "Block Diffusion for Flash Speculative Decoding", and SpecForge'
   distribution there; position k weighs exp(-(k-1)/gamma) (later drafts count less: they are only
   accepted after every earlier one);
 - AdamW, linear warm-up then cosine decay, gradient clipping, bf16 autocast on CUDA.
-When a deadline is given the planned number of steps is re-estimated from the measured step time, so
-the cosine schedule ends when the time does.
+The schedule follows the run's progress: the share of `steps` done or, with a deadline, the share of
+the time used, whichever is further; so the cosine decay ends when the run does, whichever ends it.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from onecat.training.features import FeatureSet
 from onecat.training.options import TrainOptions
 
 LOG_EVERY_S = 10.0
-PLAN_AFTER_STEPS = 10  # steps measured before the schedule is fitted to the deadline
 
 
 @dataclass
@@ -61,9 +60,9 @@ def draft_hidden(drafter, frozen: Frozen, data: FeatureSet, seq: int, anchors: t
     """The drafter's final hidden states for the blocks at `anchors` of sequence `seq`:
     (h [A, B-1, H] for drafts 1..B-1, their rows in `data` [A, B-1], valid [A, B-1] (inside the sequence))."""
     dev = data.tokens.device
+    C = int(anchors.max())  # the context the furthest anchor sees: positions 0..C-1
     anchors = anchors.to(dev)
     B, s, L = drafter.block_size, data.starts[seq], data.lengths[seq]
-    C = int(anchors.max())
     ctx = drafter.context(data.features[s:s + C].to(dtype)).unsqueeze(0)
     ctx_pos = torch.arange(C, device=dev).unsqueeze(0)
     pos = anchors.unsqueeze(1) + torch.arange(B, device=dev)
@@ -124,19 +123,27 @@ class DrafterTrainer:
         self.heldout, self.train_ids = order[:n_hold], order[n_hold:]
         self.optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=opts.lr,
                                            betas=(0.9, 0.95), weight_decay=opts.weight_decay)
-        self.planned = opts.steps
+        self.clock: tuple[float, float] | None = None  # (start, deadline) of a time-limited run
         self.history: list[dict] = []
         self.evals: list[dict] = []
         self._epoch: list[int] = []
         self.completed_steps = 0
 
     # ---- schedule ------------------------------------------------------------------------------
-    def lr_at(self, step: int) -> float:
-        warm = max(1, round(self.opts.warmup_fraction * self.planned))
-        if step < warm:
-            return self.opts.lr * (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, self.planned - warm))
-        return self.opts.lr * 0.5 * (1 + math.cos(math.pi * progress))
+    def progress(self, step: int) -> float:
+        """How far the run is after `step` + 1 steps: by steps, or by time when that is further."""
+        done = (step + 1) / self.opts.steps
+        if self.clock is not None:
+            start, deadline = self.clock
+            done = max(done, (time.perf_counter() - start) / max(deadline - start, 1e-9))
+        return min(done, 1.0)
+
+    def lr_at(self, progress: float) -> float:
+        """Linear warm-up over the first warmup_fraction of the run, then cosine decay to 0."""
+        warm = self.opts.warmup_fraction
+        if progress < warm:
+            return self.opts.lr * progress / warm
+        return self.opts.lr * 0.5 * (1 + math.cos(math.pi * (progress - warm) / max(1 - warm, 1e-9)))
 
     def _next_batch(self) -> list[int]:
         batch = []
@@ -162,7 +169,7 @@ class DrafterTrainer:
 
     def step(self, step: int) -> BlockScores:
         self.drafter.train()
-        lr = self.lr_at(step)
+        lr = self.lr_at(self.progress(step))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
@@ -200,43 +207,41 @@ class DrafterTrainer:
     def run(self, deadline: float | None = None, on_checkpoint: Callable[[int], None] | None = None) -> dict:
         o = self.opts
         t0 = last_log = last_ckpt = time.perf_counter()
+        self.clock = (t0, deadline) if deadline is not None else None
         acc = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "n": 0}
         step = 0
         stopped_by = "steps"
         if self.heldout:
             self.evaluate(0)
-        while step < self.planned:
-            now = time.perf_counter()
-            if deadline is not None and now >= deadline:
+        while step < o.steps:
+            if deadline is not None and time.perf_counter() >= deadline:
                 stopped_by = "time_budget"
                 break
-            if deadline is not None and step == PLAN_AFTER_STEPS:
-                per_step = (now - t0) / step
-                self.planned = max(step + 1, min(o.steps, step + int((deadline - now) / per_step)))
-                self.log(f"[train] {per_step * 1000:.0f} ms/step: {self.planned} steps fit the time budget")
+            lr = self.lr_at(self.progress(step))
             s = self.step(step)
             step += 1
             self.completed_steps = step
-            for k in ("loss", "ce", "kl"):
-                acc[k] += float(getattr(s, k)) if k != "loss" else float(s.loss.detach())
+            acc["loss"] += float(s.loss.detach())
+            acc["ce"] += s.ce
+            acc["kl"] += s.kl
             acc["n"] += 1
             now = time.perf_counter()
-            if now - last_log >= LOG_EVERY_S or step == self.planned or step % o.eval_every == 0:
+            if now - last_log >= LOG_EVERY_S or step == o.steps or step % o.eval_every == 0:
                 n = acc["n"]
                 row = {"step": step, "loss": round(acc["loss"] / n, 4), "ce": round(acc["ce"] / n, 4),
-                       "kl": round(acc["kl"] / n, 4), "lr": self.lr_at(step - 1), "elapsed_s": round(now - t0, 1)}
+                       "kl": round(acc["kl"] / n, 4), "lr": lr, "elapsed_s": round(now - t0, 1)}
                 self.history.append(row)
-                self.log(f"[train] step {step}/{self.planned} loss {row['loss']:.4f} ce {row['ce']:.4f} "
-                         f"kl {row['kl']:.4f} lr {row['lr']:.2e} {step / (now - t0):.1f} steps/s")
+                self.log(f"[train] step {step} ({self.progress(step - 1):.0%}) loss {row['loss']:.4f} "
+                         f"ce {row['ce']:.4f} kl {row['kl']:.4f} lr {lr:.2e} {step / (now - t0):.1f} steps/s")
                 acc = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "n": 0}
                 last_log = now
-            if self.heldout and step % o.eval_every == 0 and step < self.planned:
+            if self.heldout and step % o.eval_every == 0 and step < o.steps:
                 self.evaluate(step)
             if on_checkpoint is not None and time.perf_counter() - last_ckpt >= o.checkpoint_every_s:
                 on_checkpoint(step)
                 last_ckpt = time.perf_counter()
-        if self.heldout:
+        if self.heldout and (not self.evals or self.evals[-1]["step"] != step):
             self.evaluate(step)
-        return {"steps": step, "planned_steps": self.planned, "stopped_by": stopped_by,
-                "seconds": round(time.perf_counter() - t0, 2), "train_sequences": len(self.train_ids),
-                "heldout_sequences": len(self.heldout), "loss_curve": self.history, "evaluations": self.evals}
+        return {"steps": step, "stopped_by": stopped_by, "seconds": round(time.perf_counter() - t0, 2),
+                "train_sequences": len(self.train_ids), "heldout_sequences": len(self.heldout),
+                "loss_curve": self.history, "evaluations": self.evals}
