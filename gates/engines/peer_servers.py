@@ -146,7 +146,6 @@ class _PythonPeer(_ManagedPeer):
 class ManagedVllmServer(_PythonPeer):
     peer, module, log_name = "vllm", "vllm.entrypoints.openai.api_server", "vllm_serve"
     reads_chat_template_kwargs = True
-    ready_path = "/health"
     OPTIONS = _PythonPeer.OPTIONS + ("kv_cache_space_gib",)
     FIXED = {
         "model.quantization": (None, "vllm_serve loads the HF export of the model, dequantized to float32; packed "
