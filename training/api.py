@@ -170,7 +170,8 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
                          intermediate_size=opts.intermediate_size, mask_token_id=mask_id)
     record["mask_token"] = {"id": mask_id, "why": mask_reason}
     clock.log(f"tap layers {layer_ids}, mask token {mask_id}: {mask_reason}")
-    storage = torch.bfloat16 if device.type == "cuda" else torch.float32
+    # features keep the target's numbers: its own dtype when that is a half type (CPU: float32), else bf16
+    storage = llm.dtype if llm.dtype != torch.float32 or device.type == "cpu" else torch.bfloat16
     sequences = [(s.token_ids, len(s.prompt_ids), s.sampled) for s in samples]
     feats, feat_stats = capture_features(llm, sequences, layer_ids, storage, log=clock.log)
     compute = torch.bfloat16 if device.type == "cuda" else torch.float32
