@@ -25,7 +25,7 @@ def engine_copy(tmp_path) -> Path:
     root = tmp_path / "src"
     root.mkdir()
     shutil.copytree(REPO / "engine", root / "engine", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("gates", "results", "reports", "cli"):
+    for name in ("gates", "results", "reports", "cli", "training"):
         (root / name).symlink_to(REPO / name, target_is_directory=True)
     return root
 

@@ -131,8 +131,8 @@ class DrafterTrainer:
 
     # ---- schedule ------------------------------------------------------------------------------
     def progress(self, step: int) -> float:
-        """How far the run is after `step` + 1 steps: by steps, or by time when that is further."""
-        done = (step + 1) / self.opts.steps
+        """How far the run is at the middle of step `step`: by steps, or by time when that is further."""
+        done = (step + 0.5) / self.opts.steps
         if self.clock is not None:
             start, deadline = self.clock
             done = max(done, (time.perf_counter() - start) / max(deadline - start, 1e-9))
