@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import signal
 import types
 import typing
 from dataclasses import fields
@@ -131,32 +130,26 @@ def train(**flags) -> None:
     and writes config.json, model.safetensors and training_record.json to OUT. Exit 2 on bad options, 4
     when the target or data cannot be found or the run fails or is interrupted."""
     from onecat.engine.errors import ConfigError, EngineError
-    from onecat.training import train_drafter
+    from onecat.training.api import sigterm_interrupts, train_drafter
 
     options = _options_from_flags(flags)
     check, described = None, None
     if flags["exclude_eval"] and flags["data"].startswith("sharegpt:"):
         check, described = evaluation_overlap()
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # a `timeout` still leaves the drafter saved
     try:
-        result = train_drafter(flags["target"], flags["data"], flags["out"], exclude=check,
-                               exclude_description=described, **options)
+        with sigterm_interrupts():
+            result = train_drafter(flags["target"], flags["data"], flags["out"], exclude=check,
+                                   exclude_description=described, **options)
     except ConfigError as exc:
         raise _fail(str(exc), EXIT_USAGE) from None
     except (EngineError, RuntimeError, OSError) as exc:
         raise _fail(f"{type(exc).__name__}: {exc}", EXIT_RUNTIME) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     typer.echo(json.dumps({"out": str(result.out_dir), "record": str(result.record_path), "steps": result.steps,
                            "stopped_by": result.stopped_by, "weights_bytes": result.weights_bytes,
                            "final_eval": result.final_eval, "phase_seconds": result.phase_seconds}, indent=2))
     if result.stopped_by == "interrupted":
         raise _fail(f"interrupted after {result.steps} steps; the drafter saved then is in {result.out_dir}",
                     EXIT_RUNTIME)
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _train_signature() -> inspect.Signature:

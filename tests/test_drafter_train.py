@@ -208,6 +208,11 @@ def test_cli_refuses_bad_options_before_loading_anything(tmp_path):
     assert res.exit_code == 2 and "block_size=1" in res.output and "ascending" in res.output
     res = runner.invoke(app, ["drafter", "train", "--out", str(tmp_path), "--data", "nowhere:3"])
     assert res.exit_code == 2 and "sharegpt:N" in res.output
+    from onecat.training.__main__ import main  # the runner for machines without the CLI's packages
+
+    assert main(["t", "jsonl:x", str(tmp_path), '{"gamma": 0}']) == 2
+    assert main(["t", "jsonl:x", str(tmp_path), '{"no_such_option": 1}']) == 2
+    assert main(["t", "jsonl:x"]) == 2
 
 
 # ---- the shipped recipe's prompts and the SmolLM2 tokenizer ------------------------------------------------

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import platform
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,6 +65,19 @@ class _Clock:
     def phase(self, name: str, started: float) -> None:
         self.phases[name] = round(time.perf_counter() - started, 2)
         self.log(f"phase {name}: {self.phases[name]:.1f} s")
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within: SIGTERM (what `timeout` sends) raises KeyboardInterrupt, so a stopped run still saves."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _print(message: str) -> None:
@@ -161,7 +176,8 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
         raise RuntimeError("regeneration produced no usable response; raise time_budget_s or check the target")
 
     started = time.perf_counter()
-    layer_ids = list(opts.target_layer_ids) if opts.target_layer_ids is not None else spread_layer_ids(mc.num_hidden_layers)
+    layer_ids = (list(opts.target_layer_ids) if opts.target_layer_ids is not None
+                 else spread_layer_ids(mc.num_hidden_layers))
     longest = max(len(s.token_ids) for s in samples)
     llm = _open_target(target, opts, device, longest + 2, capture=True)
     mask_id, mask_reason = ((opts.mask_token_id, "given") if opts.mask_token_id is not None

@@ -33,7 +33,8 @@ def drafter_config(model_config, *, block_size: int, layer_ids: list[int], num_l
         "max_position_embeddings": mc.max_position_embeddings, "vocab_size": mc.vocab_size,
         "attention_bias": False, "tie_word_embeddings": False, "num_target_layers": mc.num_hidden_layers,
         "block_size": block_size,
-        "dflash_config": {"block_size": block_size, "target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
+        "dflash_config": {"block_size": block_size, "target_layer_ids": list(layer_ids),
+                          "mask_token_id": mask_token_id},
     }
 
 

@@ -37,7 +37,8 @@ class TrainOptions:
     batch_size: int = opt(16, "sequences per step")
     anchors_per_seq: int = opt(64, "blocks per sequence per step (random anchors in the response)")
     lr: float = opt(6e-4, "peak AdamW learning rate")
-    warmup_fraction: float = opt(0.04, "linear warm-up share of the run (of steps or of the time budget), then cosine decay to 0")
+    warmup_fraction: float = opt(0.04, "linear warm-up share of the run (of steps or of the time budget), "
+                                       "then cosine decay to 0")
     weight_decay: float = opt(0.01, "AdamW weight decay")
     gamma: float = opt(4.0, "draft k weighs exp(-(k-1)/gamma) (DFlash: 4 for block size 8, 7 for 16)")
     kl_weight: float = opt(0.5, "weight of KL(target || drafter) next to the cross-entropy on the target's tokens")

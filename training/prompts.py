@@ -141,7 +141,8 @@ def select_prompts(candidates: Iterable[Prompt], n: int, seed: int, count_tokens
     """The first n candidates, in seeded hash order, that pass the filters; and how many each filter dropped.
     `exclude(text)` names the evaluation set a text overlaps (None when it overlaps none)."""
     unique: dict[str, Prompt] = {}
-    dropped = {"empty": 0, "duplicate": 0, "not_mostly_ascii": 0, "too_short": 0, "too_long": 0, "evaluation_overlap": 0}
+    reasons = ("empty", "duplicate", "not_mostly_ascii", "too_short", "too_long", "evaluation_overlap")
+    dropped = dict.fromkeys(reasons, 0)
     for p in candidates:
         if not p.text.strip():
             dropped["empty"] += 1
