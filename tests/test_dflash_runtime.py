@@ -10,6 +10,7 @@ from onecat.engine.sampler import apply_filters
 from onecat.engine.speculative import dflash_cache
 from onecat.engine.speculative.dflash import DFlashDrafter
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
+from onecat.engine.speculative.dflash_graphs import ENV_FLAG, MAX_ROWS, DrafterGraphs
 from tests.conftest import EMBEDDED
 from tests.test_speculative import write_random_dflash
 
@@ -256,3 +257,65 @@ def test_batched_cached_drafts_equal_recomputing_each_request(case, tmp_path):
             assert llm.engine.scheduler.num_preemptions > 0
         cache = checker.proposer.cache
         assert cache.entries == {} and cache.pending == []  # every finished request gave its rows back
+
+
+@torch.inference_mode()
+def test_graph_buffers_pad_rows_and_context_without_changing_the_drafts():
+    """The CUDA-graph path's static buffers (run eagerly here: capture needs a GPU): a round padded to
+    a rows and a context bucket gives each real row what the eager path gives it."""
+    drafter = tiny_drafter()
+    with torch.inference_mode(False):
+        embed = torch.nn.Embedding(50, HIDDEN)
+    cache = DrafterKVCache(drafter)
+    graphs = DrafterGraphs(drafter, embed, cache, torch.device("cpu"))
+    assert graphs.bucket(3, 300) == (4, 512) and graphs.bucket(MAX_ROWS + 1, 10) is None
+    assert graphs.bucket(1, graphs.capacity + 1) is None
+    g = torch.Generator().manual_seed(4)
+    lens = {"a": 40, "b": 3, "c": 300}
+    for rid, n in lens.items():
+        cache.add(rid, 0, torch.randn(n, FEATURE_LAYERS * HIDDEN, generator=g))
+    cache.flush()
+    ids = list(lens)
+    block = torch.randint(1, 50, (3, BLOCK), generator=g)
+    pos = torch.tensor([[n + j for j in range(BLOCK)] for n in lens.values()])
+    want = drafter.forward_cached(embed(block), pos, *cache.gather(ids))
+    rows, ctx = graphs.bucket(3, max(lens.values()))
+    for _ in range(2):  # the second round reads buffers that still hold the first round's rows
+        graphs.load(block, pos, ids, rows)
+        out = graphs.forward(rows, ctx)
+        torch.testing.assert_close(out[:3], want, rtol=1e-5, atol=1e-5)
+        assert torch.isfinite(out).all() and graphs.lens[:rows].tolist() == [lens[r] for r in ids] + [0]
+        ids, block, pos, want = ids[::-1], block.flip(0), pos.flip(0), want.flip(0)
+
+
+@pytest.mark.gpu
+def test_drafter_cuda_graphs_replay_the_eager_drafts(tmp_path, monkeypatch):
+    """On a GPU with ONECAT_DFLASH_CUDA_GRAPHS=1: every round that fits a bucket replays a graph, its
+    hidden states equal the eager forward's, and greedy output stays token-identical to target-only."""
+    monkeypatch.setenv(ENV_FLAG, "1")
+    drafter_dir = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    with LLM(EMBEDDED, device="cuda", dtype="float32", max_model_len=512) as plain:
+        want = [o.token_ids for o in plain.generate(CHAT_PROMPTS, params)]
+    with LLM(EMBEDDED, device="cuda", dtype="float32", max_model_len=512,
+             speculative_config={"method": "dflash", "num_speculative_tokens": 4, "model": str(drafter_dir)}) as llm:
+        proposer = llm.engine.proposer.proposer
+        assert proposer.graphs is not None and proposer.describe()["cuda_graphs"]
+        by_graph = proposer._block_hidden
+        compared = []
+
+        def checked(block, block_pos, request_ids):
+            h = by_graph(block, block_pos, request_ids).clone()
+            eager = proposer.drafter.forward_cached(proposer.target_model.embed_tokens(block), block_pos,
+                                                    *proposer.cache.gather(request_ids))
+            torch.testing.assert_close(h, eager, rtol=1e-4, atol=1e-4)
+            compared.append(len(request_ids))
+            return h
+
+        proposer._block_hidden = checked
+        replays_before = proposer.graphs.replays  # the start-up warm-up drafts too
+        outs = llm.generate(CHAT_PROMPTS, params)
+        assert [o.token_ids for o in outs] == want
+        report = proposer.graphs.report()
+        assert report["disabled_reason"] is None and report["replays"] - replays_before == len(compared) > 0
+        assert max(compared) > 1  # batched rounds replayed too

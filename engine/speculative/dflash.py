@@ -32,6 +32,7 @@ from onecat.engine.sampler import apply_filters, sample_from_probs
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.speculative.base import Proposer, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
+from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
 
 
 def dflash_value(cfg: dict, name: str, default=None):
@@ -221,6 +222,8 @@ class DFlashProposer(Proposer):
         device = target.device
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
+        self.graphs = DrafterGraphs(self.drafter, target.model.embed_tokens, self.cache, device) \
+            if graphs_wanted(device) else None
 
     def record_features(self, seq, rows: torch.Tensor) -> None:
         """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""
@@ -239,9 +242,7 @@ class DFlashProposer(Proposer):
         anchors = torch.tensor([[seqs[i].token_ids[-1], seqs[i].num_tokens - 1] for i in rows], device=device)
         block = self._mask_block.repeat(len(rows), 1)
         block[:, 0] = anchors[:, 0]
-        layer_kv, ctx_len = self.cache.gather([seqs[i].request_id for i in rows])
-        h = self.drafter.forward_cached(self.target_model.embed_tokens(block), anchors[:, 1:] + self._block_offsets,
-                                        layer_kv, ctx_len)
+        h = self._block_hidden(block, anchors[:, 1:] + self._block_offsets, [seqs[i].request_id for i in rows])
         wanted = [counts[i] for i in rows]
         if min(wanted) == max(wanted):
             picked = h[:, 1:1 + wanted[0]].reshape(-1, h.shape[-1])
@@ -250,6 +251,15 @@ class DFlashProposer(Proposer):
             index = [r * B + 1 + j for r, n in enumerate(wanted) for j in range(n)]
             picked = h.view(-1, h.shape[-1])[torch.tensor(index, device=device)]
         return self.target_model.compute_logits(picked).float(), counts
+
+    def _block_hidden(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str]) -> torch.Tensor:
+        """The drafter's [R, block_size, H] output for the blocks, by CUDA graph replay when one fits."""
+        if self.graphs is not None:
+            h = self.graphs.run(block, block_pos, request_ids, max(self.cache.lengths(request_ids)))
+            if h is not None:
+                return h
+        layer_kv, ctx_len = self.cache.gather(request_ids)
+        return self.drafter.forward_cached(self.target_model.embed_tokens(block), block_pos, layer_kv, ctx_len)
 
     @torch.inference_mode()
     def propose(self, seqs, budgets):
@@ -276,4 +286,4 @@ class DFlashProposer(Proposer):
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
                 "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
-                "sliding_window": self.drafter.sliding_window}
+                "sliding_window": self.drafter.sliding_window, "cuda_graphs": self.graphs is not None}

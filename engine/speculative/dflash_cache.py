@@ -120,19 +120,20 @@ class DrafterKVCache:
         """One past the newest position the request's context holds."""
         return self.entries[request_id].end
 
+    def lengths(self, request_ids: list[str]) -> list[int]:
+        return [self.entries[r].count for r in request_ids]
+
     @torch.inference_mode()
     def gather(self, request_ids: list[str]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         """Per layer (keys, values) [R, C, nkv, hd] of the requests' contexts padded to the longest, and
         each request's length [R]. One request reads its rows in place; several are copied into a reused
-        zero-initialised buffer (padding never holds NaN, so masked rows contribute exactly 0)."""
-        entries = [self.entries[r] for r in request_ids]
-        lens = [e.count for e in entries]
-        ctx_len = torch.tensor(lens, device=self.device)
-        if len(entries) == 1:
-            e = entries[0]
+        buffer."""
+        if len(request_ids) == 1:
+            e = self.entries[request_ids[0]]
             kv = e.kv[:, :, e.head:e.head + e.count].unsqueeze(2)  # [layers, 2, 1, C, nkv, hd]
+            lens = [e.count]
         else:
-            R, C = len(entries), max(lens)
+            R, C = len(request_ids), max(self.lengths(request_ids))
             buf = self._batch
             if buf is None or buf.shape[2] < R or buf.shape[3] < C:
                 old = buf.shape[2:4] if buf is not None else (0, 0)
@@ -140,9 +141,20 @@ class DrafterKVCache:
                 buf = self._batch = torch.zeros(layers, two, max(R, old[0]), max(C, 2 * old[1], 64), nkv, hd,
                                                 dtype=self.dtype, device=self.device)
             kv = buf[:, :, :R, :C]
-            for r, e in enumerate(entries):
-                kv[:, :, r, :e.count] = e.kv[:, :, e.head:e.head + e.count]
-        return [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])], ctx_len
+            lens = self.copy_into(request_ids, kv)
+        return [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])], torch.tensor(lens, device=self.device)
+
+    @torch.inference_mode()
+    def copy_into(self, request_ids: list[str], buf: torch.Tensor) -> list[int]:
+        """Copy request r's rows into buf[:, :, r, :count] ([layers, 2, >= R, >= C, nkv, hd]); the lengths.
+        Rows past a request's length keep what they held: `buf` must start zeroed (masked rows then hold
+        finite values, which contribute exactly 0 after the softmax)."""
+        lens = []
+        for r, rid in enumerate(request_ids):
+            e = self.entries[rid]
+            buf[:, :, r, :e.count] = e.kv[:, :, e.head:e.head + e.count]
+            lens.append(e.count)
+        return lens
 
     def release(self, request_id: str) -> None:
         self.entries.pop(request_id, None)

@@ -1,0 +1,113 @@
+"""CUDA graphs for the DFlash drafter's block forward: off unless ONECAT_DFLASH_CUDA_GRAPHS=1.
+
+A drafting round is a few dozen small kernels (embedding, per layer: norms, projections, RoPE, two
+score matmuls, softmax, MLP); on a GPU their launches, not their math, set its time. One graph per
+(rows bucket, context bucket) replays the whole block forward: block ids -> target embeddings ->
+drafter layers -> final norm, [rows, block_size, H]. The target's lm_head stays outside (each request
+keeps only its first n drafts).
+
+Static inputs: block ids and positions [MAX_ROWS, block_size], context lengths [MAX_ROWS], and one
+context K/V buffer [layers, 2, MAX_ROWS, capacity, nkv, hd] whose [:rows, :ctx] view each graph reads.
+Each round copies the requests' cached context rows into it (a round with more rows or a longer
+context than the buffer holds runs eagerly). Padding rows draft mask tokens at positions 0.. with an
+empty context; rows past a request's length hold finite stale values that the length mask removes
+(the buffer starts zeroed). Graphs are captured lazily, on the first round of each bucket.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENV_FLAG = "ONECAT_DFLASH_CUDA_GRAPHS"
+MAX_ROWS = 16
+MAX_CONTEXT = 4096  # static context capacity (tokens) per row; the sliding window lowers it
+ROW_SIZES = (1, 2, 4, 8, 16)
+MIN_CONTEXT_BUCKET = 256
+
+
+def graphs_wanted(device: torch.device) -> bool:
+    return device.type == "cuda" and os.environ.get(ENV_FLAG, "0") == "1"
+
+
+class DrafterGraphs:
+    def __init__(self, drafter, embed: torch.nn.Module, cache, device: torch.device):
+        self.drafter, self.embed, self.cache, self.device = drafter, embed, cache, device
+        window = drafter.sliding_window
+        self.capacity = min(MAX_CONTEXT, window) if window else MAX_CONTEXT
+        self.row_sizes = [s for s in ROW_SIZES if s <= MAX_ROWS]
+        self.ctx_sizes = []
+        c = MIN_CONTEXT_BUCKET
+        while c < self.capacity:
+            self.ctx_sizes.append(c)
+            c *= 2
+        self.ctx_sizes.append(self.capacity)
+        B = drafter.block_size
+        layers, two, nkv, hd = cache.row_shape
+        self.ids = torch.full((MAX_ROWS, B), drafter.mask_token_id, dtype=torch.long, device=device)
+        self.pos = torch.arange(B, device=device).repeat(MAX_ROWS, 1)
+        self.lens = torch.zeros(MAX_ROWS, dtype=torch.long, device=device)
+        self.kv = torch.zeros(layers, two, MAX_ROWS, self.capacity, nkv, hd, dtype=cache.dtype, device=device)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+        self.replays = 0
+        self.disabled_reason: str | None = None
+
+    def bucket(self, rows: int, ctx: int) -> tuple[int, int] | None:
+        if self.disabled_reason is not None or rows > self.row_sizes[-1] or ctx > self.ctx_sizes[-1]:
+            return None
+        return (next(s for s in self.row_sizes if s >= rows), next(s for s in self.ctx_sizes if s >= ctx))
+
+    def forward(self, rows: int, ctx: int) -> torch.Tensor:
+        """The block forward over the static buffers' first `rows` rows and `ctx` context rows."""
+        kv = self.kv[:, :, :rows, :ctx]
+        layer_kv = [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])]
+        return self.drafter.forward_cached(self.embed(self.ids[:rows]), self.pos[:rows], layer_kv, self.lens[:rows])
+
+    def load(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str], rows: int) -> None:
+        """Write one round's inputs into the static buffers; rows R..rows-1 become padding."""
+        R = block.shape[0]
+        self.ids[:R].copy_(block)
+        self.pos[:R].copy_(block_pos)
+        self.lens[:R].copy_(torch.tensor(self.cache.copy_into(request_ids, self.kv), device=self.device))
+        if rows > R:
+            self.ids[R:rows].fill_(self.drafter.mask_token_id)
+            self.pos[R:rows].copy_(self.pos.new_tensor(range(block.shape[1])).expand(rows - R, -1))
+            self.lens[R:rows].zero_()
+
+    def run(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str],
+            max_ctx: int) -> torch.Tensor | None:
+        """[R, block_size, H] hidden states by graph replay, or None: run this round eagerly."""
+        size = self.bucket(block.shape[0], max_ctx)
+        if size is None or not self._ensure_captured(size):
+            return None
+        self.load(block, block_pos, request_ids, size[0])
+        graph, out = self.graphs[size]
+        graph.replay()
+        self.replays += 1
+        return out[:block.shape[0]]
+
+    def _ensure_captured(self, size: tuple[int, int]) -> bool:
+        if size in self.graphs:
+            return True
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.forward(*size)  # warm-up: kernels chosen and allocations settled outside the graph
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.forward(*size)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = (graph, out)
+        except Exception as e:  # a capture failure turns the drafter's graphs off, not the round
+            self.disabled_reason = f"capture failed for {size}: {type(e).__name__}: {e}"
+            self.graphs.clear()
+            torch.cuda.synchronize(self.device)
+        return size in self.graphs
+
+    def report(self) -> dict:
+        return {"replays": self.replays, "captured": sorted(self.graphs), "capacity": self.capacity,
+                "disabled_reason": self.disabled_reason}
