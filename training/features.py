@@ -92,6 +92,9 @@ def capture_features(llm, sequences: list[tuple[list[int], int, bool]], layer_id
                      storage_dtype: torch.dtype, log: Callable[[str], None] = print) -> tuple[FeatureSet, dict]:
     """Run (token ids, response start, sampled) sequences through `llm` (opened with prefix caching off)
     and return their features on llm's device; plus timings for the record."""
+    if list(layer_ids) != sorted(set(layer_ids)):
+        raise ValueError(f"layer_ids {list(layer_ids)} must be distinct and ascending: the engine's tap hands the "
+                         "layers over in ascending order, and the drafter reads them in that order")
     if llm.cfg.enable_prefix_caching:
         raise ValueError("capture_features needs an engine opened with enable_prefix_caching=False: a cached "
                          "prefix is not recomputed, so its positions would have no features")

@@ -121,8 +121,10 @@ class DrafterTrainer:
         order = [usable[i] for i in torch.randperm(len(usable), generator=self.gen).tolist()]
         n_hold = min(len(order) - 1, max(1, round(opts.holdout_fraction * len(order)))) if opts.holdout_fraction else 0
         self.heldout, self.train_ids = order[:n_hold], order[n_hold:]
-        self.optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=opts.lr,
-                                           betas=(0.9, 0.95), weight_decay=opts.weight_decay)
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": opts.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # norm weights: no decay
+        self.optimizer = torch.optim.AdamW(groups, lr=opts.lr, betas=(0.9, 0.95))
         self.clock: tuple[float, float] | None = None  # (start, deadline) of a time-limited run
         self.history: list[dict] = []
         self.evals: list[dict] = []
