@@ -252,3 +252,25 @@ def test_recipe_prompts_share_nothing_with_the_evaluation_sets(smollm2_tokenizer
     assert not {p.hash for p in prompts} & evaluation_hashes
     overlap = EvaluationOverlap(sets)
     assert not [p.source_id for p in prompts if overlap.check(p.text)]
+
+
+@pytest.mark.gpu
+def test_tiny_run_on_cuda_drafts_exactly(tiny_target, tmp_path):
+    """The CUDA path: CUDA-graph regeneration, half-precision features, bf16 autocast training."""
+    data = write_jsonl_prompts([Prompt(t, str(i)) for i, t in enumerate(tiny_prompts(24, seed=1))],
+                               tmp_path / "prompts.jsonl", {})
+    result = train_drafter(str(tiny_target), f"jsonl:{data}", tmp_path / "out", device="cuda", log=print,
+                           kv_cache_memory_gb=1.0, **TINY_RUN)
+    record = json.loads(result.record_path.read_text())
+    assert record["device"]["type"] == "cuda" and record["features"]["storage_dtype"] == "float16"
+    evals = record["training"]["evaluations"]
+    assert result.steps == 60 and evals[-1]["ce"] < evals[0]["ce"]
+    prompts = [[{"role": "user", "content": p}] for p in tiny_prompts(24, seed=1)[:8]]
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    with LLM(str(tiny_target), max_model_len=128, device="cuda", kv_cache_memory_gb=1.0) as target:
+        expected = [o.token_ids for o in target.chat(prompts, greedy)]
+    spec = {"method": "dflash", "model": str(result.out_dir), "num_speculative_tokens": BLOCK - 1}
+    with LLM(str(tiny_target), max_model_len=128, device="cuda", kv_cache_memory_gb=1.0,
+             speculative_config=spec) as llm:
+        outs = llm.chat(prompts, greedy)
+    assert [o.token_ids for o in outs] == expected and sum(o.spec.num_drafts for o in outs) > 0
