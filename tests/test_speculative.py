@@ -224,3 +224,13 @@ def test_trained_dflash_sampling_matches_target_distribution(embedded_llm):
     if exp[-1] == 0:
         obs, exp = obs[:-1], exp[:-1]
     assert chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue > ALPHA
+
+
+def test_dflash_drafter_of_another_target_is_refused(tmp_path):
+    target_dir = make_tiny_model("llama", tmp_path / "target", vocab_size=12, num_hidden_layers=2)
+    for name, hidden, layers, match in [("wide", 576, [0, 1], "belongs to another target"),
+                                        ("deep", 64, [1, 5], r"target_layer_ids \[5\] are outside")]:
+        drafter = write_random_dflash(tmp_path / name, hidden, 0, layers)
+        with pytest.raises(ConfigError, match=match):
+            LLM(str(target_dir), max_model_len=64,
+                speculative_config={"method": "dflash", "num_speculative_tokens": 2, "model": str(drafter)})

@@ -207,8 +207,8 @@ class DFlashProposer(Proposer):
 
     name = "dflash"
 
-    def __init__(self, k: int, target, model: str):
-        source = resolve_model_source(model)
+    def __init__(self, k: int, target, model: str, revision: str | None = None):
+        source = resolve_model_source(model, revision)
         if source.format != "hf":
             raise ConfigError(f"DFlash drafter {model!r} resolved to a {source.format} file ({source.path}); a "
                               "drafter is a directory with config.json and model.safetensors")
