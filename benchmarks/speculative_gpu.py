@@ -13,13 +13,14 @@ On the GPU machine (the GGUF and the drafter carried there; the prompts saved be
 datasets are, since that machine has no network):
     python benchmarks/speculative_gpu.py --save-prompts .onecat/dflash_prompts.json      # here
     python benchmarks/speculative_gpu.py --target SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --drafter engine/drafters/smollm2-135m-dflash --prompts .onecat/dflash_prompts.json
+        --drafter engine/drafters/smollm2-135m-dflash --prompts .onecat/dflash_prompts.json [--drafter-cuda-graphs]
 The same logic runs on CPU for a check of the plumbing:
     python benchmarks/speculative_gpu.py --device cpu --max-prompts 2 --drafter random --max-tokens 16
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,8 +51,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=180.0, help="start no new repeat after this many seconds")
     ap.add_argument("--prompts", type=Path, default=None, help="prompts saved with --save-prompts")
     ap.add_argument("--save-prompts", type=Path, default=None, help="write the selected prompts to FILE and stop")
+    ap.add_argument("--drafter-cuda-graphs", action="store_true",
+                    help="replay the drafter's block forward from CUDA graphs (sets ONECAT_DFLASH_CUDA_GRAPHS=1)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_dflash.json"))
     args = ap.parse_args()
+    if args.drafter_cuda_graphs:
+        from onecat.engine.speculative.dflash_graphs import ENV_FLAG
+
+        os.environ[ENV_FLAG] = "1"  # read when the DFlash proposer is built
     t0 = time.time()
     if args.save_prompts:
         save_prompts(select_prompts(args.max_prompts), args.save_prompts)
@@ -64,7 +71,7 @@ def main() -> None:
     base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, **settings)
     info = spec.info()
     log(f"engines open in {time.time() - t0:.0f}s: {info['device_name']}, dtype {info['dtype']}, cuda graphs "
-        f"{info['cuda_graph']}, drafter {label}")
+        f"{info['cuda_graph']} (drafter: {info['speculative'].get('cuda_graphs')}), drafter {label}")
     rows = compare(base, spec, prompts, batch_sizes, args.max_tokens, args.repeats, deadline=t0 + args.budget_s)
     record = {"benchmark": "speculative_gpu_dflash", "kind": "measured",
               "measured_on": info["device_name"] if args.device != "cpu" else "cpu (logic check, not a GPU figure)",
