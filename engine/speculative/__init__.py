@@ -40,7 +40,7 @@ def build_proposer(config: dict, target, open_draft_engine: OpenDraftEngine) -> 
         else:
             from onecat.engine.speculative.dflash import DFlashProposer
 
-            proposer = DFlashProposer(k, target, **cfg)
+            proposer = DFlashProposer(k, target, revision=revision, **cfg)
     except TypeError as e:
         raise ConfigError(f"bad speculative_config for method {method}: {e}") from None
     return SpeculativeDecoder(proposer, target.max_model_len)
