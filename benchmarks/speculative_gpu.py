@@ -54,6 +54,9 @@ def main() -> None:
     ap.add_argument("--drafter-cuda-graphs", action="store_true",
                     help="replay the drafter's block forward from CUDA graphs (sets ONECAT_DFLASH_CUDA_GRAPHS=1)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_dflash.json"))
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="instead of measuring: profile the DFlash arm at batch 1 (Python call tree and torch "
+                         "operator table) and write both into DIR")
     args = ap.parse_args()
     if args.drafter_cuda_graphs:
         from onecat.engine.speculative.dflash_graphs import ENV_FLAG
@@ -72,6 +75,9 @@ def main() -> None:
     info = spec.info()
     log(f"engines open in {time.time() - t0:.0f}s: {info['device_name']}, dtype {info['dtype']}, cuda graphs "
         f"{info['cuda_graph']} (drafter: {info['speculative'].get('cuda_graphs')}), drafter {label}")
+    if args.profile:
+        profile_dflash(spec, prompts, args.max_tokens, args.profile)
+        return
     rows = compare(base, spec, prompts, batch_sizes, args.max_tokens, args.repeats, deadline=t0 + args.budget_s)
     record = {"benchmark": "speculative_gpu_dflash", "kind": "measured",
               "measured_on": info["device_name"] if args.device != "cpu" else "cpu (logic check, not a GPU figure)",
@@ -84,6 +90,44 @@ def main() -> None:
               "repeats_asked": args.repeats, "budget_s": args.budget_s, "rows": rows, "wall_s": time.time() - t0}
     write_record(record, args.out)  # compare() printed one summary line per figure as it measured it
     log(f"done in {time.time() - t0:.0f}s")
+
+
+def profile_dflash(spec, prompts: dict, max_tokens: int, out: Path) -> None:
+    """Where a DFlash round's time goes at batch 1: cProfile (Python call tree, by cumulative time) and
+    torch.profiler (operators by self CPU and by device time) over greedy requests after a warm-up."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from speculative_dflash import run_batches, token_ids
+
+    ids = [token_ids(spec, p) for p in next(iter(prompts["sets"].values()))[:4]]
+    run_batches(spec, ids[:1], 1, max_tokens)  # warm-up: compiles, graph captures, allocator
+    out.mkdir(parents=True, exist_ok=True)
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    result = run_batches(spec, ids, 1, max_tokens)
+    prof.disable()
+    wall = time.perf_counter() - t
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
+    rounds = max(result["drafts"] // max(spec.info()["speculative"].get("num_speculative_tokens", 1), 1), 1)
+    head = (f"{len(ids)} requests, {result['decoded']} decoded tokens, {wall:.2f}s wall, "
+            f"{result['decode_tok_s']:.1f} decode tok/s, about {rounds} rounds ({1e3 * wall / rounds:.2f} ms each)\n")
+    (out / "dflash_cprofile.txt").write_text(head + text.getvalue())
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as tp:
+        run_batches(spec, ids[:2], 1, max_tokens)
+    table = tp.key_averages()
+    sections = [table.table(sort_by="self_cpu_time_total", row_limit=40)]
+    if torch.cuda.is_available():
+        sections.append(table.table(sort_by="self_cuda_time_total", row_limit=30))
+    (out / "dflash_torch_profile.txt").write_text("\n\n".join(sections))
+    log(head.strip() + f"; profiles in {out}")
 
 
 if __name__ == "__main__":

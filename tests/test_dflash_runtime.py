@@ -101,6 +101,27 @@ def test_rows_with_their_own_context_length_equal_each_row_alone(shared):
 
 
 @torch.inference_mode()
+def test_context_groups_serve_consecutive_rows():
+    """Training packs several sequences into one forward: S contexts, each serving its group of R // S
+    consecutive block rows, each row seeing its own prefix of its group's context."""
+    drafter = tiny_drafter()
+    g = torch.Generator().manual_seed(3)
+    S, A, C = 3, 4, 16
+    feats = torch.randn(S, C, FEATURE_LAYERS * HIDDEN, generator=g)
+    lens = torch.tensor([[16, 1, 7, 12], [3, 3, 9, 16], [5, 2, 14, 8]])  # the anchors: row r sees lens[r] rows
+    block_pos = lens.view(-1, 1) + torch.arange(BLOCK)
+    blocks = torch.randn(S * A, BLOCK, HIDDEN, generator=g)
+    out = drafter.forward_blocks(blocks, block_pos, drafter.context(feats), torch.arange(C)[None], lens.view(-1))
+    for r in range(S * A):
+        n = int(lens.view(-1)[r])
+        want = reference_forward(drafter, blocks[r], feats[r // A, :n], n)
+        torch.testing.assert_close(out[r], want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot be split"):
+        drafter.forward_blocks(blocks[:5], block_pos[:5], drafter.context(feats), torch.arange(C)[None],
+                               lens.view(-1)[:5])
+
+
+@torch.inference_mode()
 def test_context_is_projected_once_per_layer_and_the_block_sees_no_context_when_empty():
     drafter = tiny_drafter(num_layers=3)
     ctx = drafter.context(torch.randn(2, 5, FEATURE_LAYERS * HIDDEN))

@@ -56,8 +56,41 @@ def trained(tiny_target, tmp_path_factory):
     prompts = [Prompt(t, str(i)) for i, t in enumerate(tiny_prompts(24, seed=1))]
     data = write_jsonl_prompts(prompts, root / "prompts.jsonl", {"made_by": "test"})
     lines = []
-    result = train_drafter(str(tiny_target), f"jsonl:{data}", root / "out", device="cpu", log=lines.append, **TINY_RUN)
+    result = train_drafter(str(tiny_target), f"jsonl:{data}", root / "out", device="cpu", log=lines.append,
+                           samples_file=str(root / "samples.jsonl"), **TINY_RUN)
     return result, lines
+
+
+def test_a_second_run_reads_the_samples_and_continues_the_drafter(tiny_target, trained, tmp_path):
+    """samples_file spares regeneration; init_from starts from the saved drafter (its first held-out
+    evaluation is where the first run ended, not a random drafter's) and counts the earlier steps."""
+    first, _ = trained
+    root = first.out_dir.parent
+    lines = []
+    options = {**TINY_RUN, "steps": 10, "eval_every": 10}
+    again = train_drafter(str(tiny_target), f"jsonl:{root / 'prompts.jsonl'}", tmp_path / "out", device="cpu",
+                          log=lines.append, samples_file=str(root / "samples.jsonl"), init_from=str(first.out_dir),
+                          **options)
+    record = json.loads(again.record_path.read_text())
+    assert record["regeneration"]["from_file"] == str(root / "samples.jsonl")
+    assert record["regeneration"]["sequences"] == 24 and not any("regenerat" in x and "phase" not in x and
+                                                                  "read from" not in x for x in lines)
+    assert record["init_from"]["steps_before"] == 60
+    cfg = json.loads((again.out_dir / "config.json").read_text())
+    assert cfg["training"]["steps"] == 70 and cfg["training"]["steps_this_run"] == 10
+    earlier = json.loads(first.record_path.read_text())["training"]["evaluations"]
+    start = record["training"]["evaluations"][0]
+    learned = earlier[0]["ce"] - earlier[-1]["ce"]  # what the first run's training bought
+    assert start["step"] == 0 and learned > 0 and abs(start["ce"] - earlier[-1]["ce"]) < 0.2 * learned
+
+    with pytest.raises(ConfigError, match="block_size: saved 4, this run 5"):
+        train_drafter(str(tiny_target), f"jsonl:{root / 'prompts.jsonl'}", tmp_path / "bad", device="cpu",
+                      log=lines.append, samples_file=str(root / "samples.jsonl"), init_from=str(first.out_dir),
+                      **{**options, "block_size": 5})
+    with pytest.raises(ConfigError, match="max_new_tokens: file has 24, this run 30"):
+        train_drafter(str(tiny_target), f"jsonl:{root / 'prompts.jsonl'}", tmp_path / "bad", device="cpu",
+                      log=lines.append, samples_file=str(root / "samples.jsonl"),
+                      **{**options, "max_new_tokens": 30})
 
 
 def test_tiny_run_writes_a_drafter_that_drafts_exactly(tiny_target, trained):

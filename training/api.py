@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 
 from onecat.engine.config import resolve_device
-from onecat.training.drafter import choose_mask_token, drafter_config, new_drafter
+from onecat.training.drafter import choose_mask_token, continue_drafter, drafter_config, new_drafter
 from onecat.training.export import save_drafter
 from onecat.training.features import capture_features
 from onecat.training.options import TrainOptions, spread_layer_ids
 from onecat.training.prompts import load_prompts, parse_data_spec
 from onecat.training.regenerate import regenerate
+from onecat.training.samples_file import load_samples, save_samples
 from onecat.training.trainer import DrafterTrainer, Frozen
 
 RECORD = "training_record.json"
@@ -78,6 +79,10 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+SAMPLE_SETTINGS = ("max_new_tokens", "sampled_fraction", "temperature", "top_p", "seed", "min_prompt_tokens",
+                   "max_prompt_tokens")  # the options that shape the regenerated samples
 
 
 def _print(message: str) -> None:
@@ -165,11 +170,23 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
     clock.log(f"{len(prompts)} prompts from {spec}")
 
     started = time.perf_counter()
-    regen_deadline = clock.t0 + opts.regen_share * opts.time_budget_s if opts.time_budget_s else None
-    samples, regen_stats = regenerate(llm, [p.text for p in prompts], max_new_tokens=opts.max_new_tokens,
-                                      sampled_fraction=opts.sampled_fraction, temperature=opts.temperature,
-                                      top_p=opts.top_p, seed=opts.seed, deadline=regen_deadline, log=clock.log)
-    record["regeneration"] = regen_stats
+    samples_path = Path(opts.samples_file) if opts.samples_file else None
+    samples_header = {"target_sha256": record["target"]["sha256"], "prompts_sha256": prompt_summary.get("sha256"),
+                      "prompts": len(prompts), **{k: getattr(opts, k) for k in SAMPLE_SETTINGS}}
+    if samples_path is not None and samples_path.exists():
+        samples = load_samples(samples_path, samples_header)
+        record["regeneration"] = {"from_file": str(samples_path), "sequences": len(samples),
+                                  "response_tokens": sum(len(s.response_ids) for s in samples)}
+        clock.log(f"{len(samples)} regenerated samples read from {samples_path}")
+    else:
+        regen_deadline = clock.t0 + opts.regen_share * opts.time_budget_s if opts.time_budget_s else None
+        samples, regen_stats = regenerate(llm, [p.text for p in prompts], max_new_tokens=opts.max_new_tokens,
+                                          sampled_fraction=opts.sampled_fraction, temperature=opts.temperature,
+                                          top_p=opts.top_p, seed=opts.seed, deadline=regen_deadline, log=clock.log)
+        record["regeneration"] = regen_stats
+        if samples_path is not None and samples:
+            save_samples(samples_path, samples, samples_header)
+            record["regeneration"]["written_to"] = str(samples_path)
     llm.close()
     clock.phase("regenerate", started)
     if not samples:
@@ -197,14 +214,21 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
     clock.phase("features", started)
 
     started = time.perf_counter()
-    drafter = new_drafter(cfg, longest + 64, device, opts.seed)
+    steps_before = 0
+    if opts.init_from:
+        drafter, earlier = continue_drafter(opts.init_from, cfg, longest + 64, device)
+        steps_before = int(earlier.get("steps") or 0)
+        record["init_from"] = {"path": str(opts.init_from), "steps_before": steps_before, "earlier_training": earlier}
+        clock.log(f"continuing the drafter of {opts.init_from} ({steps_before} steps so far)")
+    else:
+        drafter = new_drafter(cfg, longest + 64, device, opts.seed)
     trainer = DrafterTrainer(drafter, frozen, feats, opts, log=clock.log)
     saved: dict = {}
 
     def checkpoint(step: int, status: str = "checkpoint") -> None:
         summary = {"recipe": RECIPE, "target": record["target"]["source"], "target_sha256": record["target"]["sha256"],
-                   "data": {"spec": str(spec), "sequences": len(feats), "tokens": feats.num_tokens}, "steps": step,
-                   "status": status}
+                   "data": {"spec": str(spec), "sequences": len(feats), "tokens": feats.num_tokens},
+                   "steps": steps_before + step, "steps_this_run": step, "status": status}
         saved.update(save_drafter(drafter, {**cfg, "training": summary}, out))
         record.update(status=status, drafter=saved, training={"steps": step, **_progress(trainer)},
                       phase_seconds=clock.phases)

@@ -11,7 +11,10 @@ from torch import nn
 
 from onecat.engine.errors import ConfigError
 from onecat.engine.layers.linear import Linear
-from onecat.engine.speculative.dflash import DFlashDrafter
+import json
+from pathlib import Path
+
+from onecat.engine.speculative.dflash import DFlashDrafter, dflash_value, load_drafter_weights
 
 
 def drafter_config(model_config, *, block_size: int, layer_ids: list[int], num_layers: int,
@@ -51,6 +54,31 @@ def new_drafter(cfg: dict, max_positions: int, device: torch.device, seed: int) 
             module.__class__ = nn.Linear
     drafter.rotary.build_tables(device)
     return drafter.to(device=device, dtype=torch.float32)
+
+
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "vocab_size")
+DFLASH_KEYS = ("block_size", "target_layer_ids", "mask_token_id")
+
+
+def continue_drafter(init_dir: str | Path, cfg: dict, max_positions: int, device: torch.device) -> tuple[DFlashDrafter, dict]:
+    """The drafter saved in `init_dir`, as float32 master weights ready to train on, and what its config
+    says of its earlier training. Its shape and DFlash settings must equal `cfg` (the run's options):
+    continuing another shape would silently train something else than asked."""
+    path = Path(init_dir)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"init_from {path}: no config.json there; give a drafter directory (config.json + "
+                          "model.safetensors), e.g. an earlier run's --out")
+    saved = json.loads((path / "config.json").read_text())
+    wrong = [f"{k}: saved {saved.get(k)!r}, this run {cfg.get(k)!r}" for k in SHAPE_KEYS if saved.get(k) != cfg.get(k)]
+    wrong += [f"{k}: saved {dflash_value(saved, k)!r}, this run {dflash_value(cfg, k)!r}" for k in DFLASH_KEYS
+              if dflash_value(saved, k) != dflash_value(cfg, k)]
+    if wrong:
+        raise ConfigError(f"init_from {path} is another drafter than this run's options describe ({'; '.join(wrong)}); "
+                          "set the options to the saved drafter's values")
+    drafter = new_drafter(cfg, max_positions, device, seed=0)
+    load_drafter_weights(drafter, path)
+    return drafter, saved.get("training") or {}
 
 
 def choose_mask_token(tokenizer, vocab_size: int) -> tuple[int, str]:

@@ -61,6 +61,12 @@ class TrainOptions:
     time_budget_s: float | None = opt(None, "wall clock of the whole run; training stops early and still saves")
     regen_share: float = opt(0.45, "share of the time budget that regeneration may use")
     checkpoint_every_s: float = opt(60.0, "a loadable drafter is saved at least this often while training")
+    samples_file: str | None = opt(None, "JSON-lines file of regenerated responses: read instead of regenerating "
+                                         "when it exists (made for the same target, prompts and settings), written "
+                                         "after regeneration when it does not")
+    init_from: str | None = opt(None, "continue training this drafter directory (config.json + model.safetensors) "
+                                      "instead of a random one; its block size, layers, tap layers and mask token "
+                                      "must equal the options'")
 
     def __post_init__(self) -> None:
         problems = []

@@ -5,7 +5,8 @@ Recipe (DFlash, "Block Diffusion for Flash Speculative Decoding", and SpecForge'
   parameters at all); only the drafter's layers, fc, hidden_norm and norm train;
 - per sequence, `anchors_per_seq` random anchor positions p in the response; the block of p is
   [token p, MASK x (B-1)] at positions p..p+B-1, its context the target features of positions < p
-  (one shared context per sequence, each block seeing its prefix: `forward_blocks` with Rc = 1);
+  (one context per sequence, each block seeing its prefix; all of a step's sequences in one drafter
+  forward, `forward_blocks` with one context group per sequence);
 - draft k (k = 1..B-1) is lm_head(h[k]) and is scored against token p+k: cross-entropy on the
   target's own token plus `kl_weight` x KL(target || drafter) to the target's full next-token
   distribution there; position k weighs exp(-(k-1)/gamma) (later drafts count less: they are only
@@ -56,21 +57,31 @@ def response_anchors(data: FeatureSet, seq: int, count: int | None, generator: t
     return (torch.randperm(n, generator=generator)[:count] + r).sort().values
 
 
-def draft_hidden(drafter, frozen: Frozen, data: FeatureSet, seq: int, anchors: torch.Tensor, dtype: torch.dtype):
-    """The drafter's final hidden states for the blocks at `anchors` of sequence `seq`:
-    (h [A, B-1, H] for drafts 1..B-1, their rows in `data` [A, B-1], valid [A, B-1] (inside the sequence))."""
+def draft_hidden(drafter, frozen: Frozen, data: FeatureSet, seqs: list[int], anchors: list[torch.Tensor],
+                 dtype: torch.dtype):
+    """The drafter's final hidden states for the blocks at `anchors[i]` of sequence `seqs[i]`, all
+    sequences in one forward: their contexts are stacked (padded to the longest), each sequence's blocks
+    form one group of A rows (padded to the most anchors; padding rows are marked invalid).
+    Returns (h [S*A, B-1, H] for drafts 1..B-1, their rows in `data` [S*A, B-1], valid [S*A, B-1])."""
     dev = data.tokens.device
-    C = int(anchors.max())  # the context the furthest anchor sees: positions 0..C-1
-    anchors = anchors.to(dev)
-    B, s, L = drafter.block_size, data.starts[seq], data.lengths[seq]
-    ctx = drafter.context(data.features[s:s + C].to(dtype)).unsqueeze(0)
-    ctx_pos = torch.arange(C, device=dev).unsqueeze(0)
-    pos = anchors.unsqueeze(1) + torch.arange(B, device=dev)
+    B, S = drafter.block_size, len(seqs)
+    A = max(len(a) for a in anchors)
+    C = max(int(a.max()) for a in anchors)  # the context the furthest anchor sees: positions 0..C-1
+    starts = torch.tensor([data.starts[q] for q in seqs], device=dev)
+    lengths = torch.tensor([data.lengths[q] for q in seqs], device=dev)
+    padded = torch.stack([torch.cat([a, a[:1].expand(A - len(a))]) for a in anchors]).to(dev)  # [S, A]
+    real = (torch.arange(A) < torch.tensor([len(a) for a in anchors]).unsqueeze(1)).to(dev)  # [S, A]
+    rows = starts[:, None] + torch.minimum(torch.arange(C, device=dev)[None], lengths[:, None] - 1)
+    ctx = drafter.context(data.features[rows].to(dtype))  # [S, C, H]; rows past an anchor are never seen
+    pos = (padded.unsqueeze(-1) + torch.arange(B, device=dev)).view(S * A, B)
     ids = torch.full_like(pos, drafter.mask_token_id)
-    ids[:, 0] = data.tokens[s + anchors]
-    h = drafter.forward_blocks(F.embedding(ids, frozen.embed), pos, ctx, ctx_pos, anchors)[:, 1:]
+    ids[:, 0] = data.tokens[(starts[:, None] + padded).view(-1)]
+    h = drafter.forward_blocks(F.embedding(ids, frozen.embed), pos, ctx, torch.arange(C, device=dev)[None],
+                               padded.view(-1))[:, 1:]
     label_pos = pos[:, 1:]
-    return h, s + label_pos.clamp(max=L - 1), label_pos < L
+    seq_len = lengths.repeat_interleave(A).unsqueeze(1)
+    valid = (label_pos < seq_len) & real.view(-1, 1)
+    return h, starts.repeat_interleave(A).unsqueeze(1) + torch.minimum(label_pos, seq_len - 1), valid
 
 
 @dataclass
@@ -159,15 +170,9 @@ class DrafterTrainer:
 
     # ---- one step / one evaluation ---------------------------------------------------------------
     def _scores(self, seqs: list[int], count: int | None, generator) -> BlockScores:
-        hs, rows, valid = [], [], []
-        for seq in seqs:
-            anchors = response_anchors(self.data, seq, count, generator)
-            h, r, v = draft_hidden(self.drafter, self.frozen, self.data, seq, anchors, self.dtype)
-            hs.append(h)
-            rows.append(r)
-            valid.append(v)
-        return score_blocks(torch.cat(hs), torch.cat(rows), torch.cat(valid), self.data, self.frozen, self.weights,
-                            self.opts.kl_weight)
+        anchors = [response_anchors(self.data, seq, count, generator) for seq in seqs]
+        h, rows, valid = draft_hidden(self.drafter, self.frozen, self.data, seqs, anchors, self.dtype)
+        return score_blocks(h, rows, valid, self.data, self.frozen, self.weights, self.opts.kl_weight)
 
     def step(self, step: int) -> BlockScores:
         self.drafter.train()

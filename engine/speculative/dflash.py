@@ -71,20 +71,30 @@ class DFlashAttention(nn.Module):
 
     def forward(self, hx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
                 v_ctx: torch.Tensor, ctx_visible: torch.Tensor) -> torch.Tensor:
-        """hx [R, B, H] (normed block rows), cos/sin [R, B, hd]; k_ctx/v_ctx [Rc, C, nkv, hd] (Rc = R or 1);
-        ctx_visible [R, C] bool. Scores against the context and the block are computed apart (a shared
-        context is broadcast, never copied per row) and share one softmax."""
+        """hx [R, B, H] (normed block rows), cos/sin [R, B, hd]; k_ctx/v_ctx [S, C, nkv, hd], ctx_visible
+        [R, C] bool. S contexts serve the R rows in S groups of R // S consecutive rows (S = R: one context
+        per row, as in batched drafting; S = 1: one shared context; training packs several sequences).
+        A group's queries meet its context in one matmul (a context is never copied per row); scores
+        against the context and against the row's own block share one softmax."""
         R, B, _ = hx.shape
-        g = self.nh // self.nkv
+        S, C = k_ctx.shape[0], k_ctx.shape[1]
+        if R % S:
+            raise ValueError(f"{R} block rows cannot be split into {S} context groups")
+        A, g = R // S, self.nh // self.nkv
         q = rotate(self.q_norm(self.q_proj(hx).view(R, B, self.nh, self.hd)), cos, sin)
         k_blk, v_blk = self.project_kv(hx, cos, sin)
         # [R, B, nkv, g, hd] -> [R, nkv, g*B, hd]: query head h reads key/value head h // g (GQA)
         q = (q * self.scale).view(R, B, self.nkv, g, self.hd).permute(0, 2, 3, 1, 4).reshape(R, self.nkv, g * B, -1)
-        s_ctx = torch.matmul(q, k_ctx.permute(0, 2, 3, 1)).masked_fill(~ctx_visible[:, None, None, :], float("-inf"))
+        q_grouped = q.view(S, A, self.nkv, g * B, self.hd).transpose(1, 2).reshape(S, self.nkv, A * g * B, -1)
+        s_ctx = torch.matmul(q_grouped, k_ctx.permute(0, 2, 3, 1))  # [S, nkv, A*g*B, C]
+        s_ctx = s_ctx.view(S, self.nkv, A, g * B, C).transpose(1, 2).reshape(R, self.nkv, g * B, C)
+        s_ctx = s_ctx.masked_fill(~ctx_visible[:, None, None, :], float("-inf"))
         s_blk = torch.matmul(q, k_blk.permute(0, 2, 3, 1))
-        C = s_ctx.shape[-1]
         p = torch.cat([s_ctx, s_blk], dim=-1).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(p[..., :C], v_ctx.transpose(1, 2)) + torch.matmul(p[..., C:], v_blk.transpose(1, 2))
+        p_ctx = p[..., :C].reshape(S, A, self.nkv, g * B, C).transpose(1, 2).reshape(S, self.nkv, A * g * B, C)
+        out_ctx = torch.matmul(p_ctx, v_ctx.transpose(1, 2))  # [S, nkv, A*g*B, hd]
+        out_ctx = out_ctx.view(S, self.nkv, A, g * B, self.hd).transpose(1, 2).reshape(R, self.nkv, g * B, -1)
+        out = out_ctx + torch.matmul(p[..., C:], v_blk.transpose(1, 2))
         out = out.view(R, self.nkv, g, B, self.hd).permute(0, 3, 1, 2, 4).reshape(R, B, self.nh * self.hd)
         return self.o_proj(out)
 
@@ -135,14 +145,15 @@ class DFlashDrafter(nn.Module):
 
     def context_kv(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per drafter layer, the keys (after k_norm and RoPE at `ctx_pos`) and values of the context rows:
-        ctx [Rc, C, H] -> [(k, v)] each [Rc, C, nkv, hd]. Depends only on the context."""
+        ctx [S, C, H] -> [(k, v)] each [S, C, nkv, hd]. Depends only on the context."""
         cos, sin = self.rope(ctx_pos)
         return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
 
     def forward_blocks(self, block_embeds: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor,
                        ctx_pos: torch.Tensor, ctx_len: torch.Tensor) -> torch.Tensor:
-        """block_embeds [R, B, H] at absolute positions block_pos [R, B]; ctx [Rc, C, H] (from `context`)
-        at ctx_pos [Rc, C], Rc == R or 1 (shared); row r sees ctx[:ctx_len[r]] and its whole block.
+        """block_embeds [R, B, H] at absolute positions block_pos [R, B]; ctx [S, C, H] (from `context`)
+        at ctx_pos [S or 1, C]: S contexts for S groups of R // S consecutive rows (S == R: one each; S == 1:
+        shared); row r sees the first ctx_len[r] rows of its group's context and its whole block.
         Returns [R, B, H] after the final norm; draft j is lm_head(out[:, j + 1])."""
         return self.forward_cached(block_embeds, block_pos, self.context_kv(ctx, ctx_pos), ctx_len)
 
@@ -180,6 +191,14 @@ def load_drafter(path: str | Path, target, dtype: torch.dtype, device: torch.dev
         raise ConfigError(f"drafter target_layer_ids {bad} are outside the target's "
                           f"{target.model_config.num_hidden_layers} layers")
     drafter = DFlashDrafter(cfg, target.max_model_len + int(dflash_value(cfg, "block_size", 16)))
+    load_drafter_weights(drafter, path)
+    drafter.rotary.build_tables(device)
+    return drafter.to(device=device, dtype=dtype).eval()
+
+
+def load_drafter_weights(drafter: DFlashDrafter, path: Path) -> None:
+    """Load the safetensors of drafter directory `path` into `drafter` (checkpoint names: an optional
+    `model.` prefix, gate/up projections apart); a ConfigError when they do not fit its config."""
     state = {}
     for f in sorted(path.glob("*.safetensors")):
         state.update(load_file(str(f)))
@@ -190,10 +209,8 @@ def load_drafter(path: str | Path, target, dtype: torch.dtype, device: torch.dev
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("rotary")]
     if missing or unexpected:
-        raise ConfigError(f"DFlash drafter weights do not match its config: missing {missing[:4]}, "
+        raise ConfigError(f"DFlash drafter weights in {path} do not match its config: missing {missing[:4]}, "
                           f"unexpected {unexpected[:4]}")
-    drafter.rotary.build_tables(device)
-    return drafter.to(device=device, dtype=dtype).eval()
 
 
 class DFlashProposer(Proposer):
