@@ -182,8 +182,8 @@ def test_trained_dflash_is_token_identical_and_accepts(embedded_llm):
     assert [o.token_ids for o in outs] == want
     drafts = sum(o.spec.num_drafts for o in outs)
     acceptance_length = 1 + sum(o.spec.num_accepted_tokens for o in outs) / drafts
-    # a random drafter gives 1.00; the committed drafter (580 steps, 1.8M tokens) measures ~1.2 here
-    assert acceptance_length > 1.1, f"acceptance length {acceptance_length:.2f} of the trained drafter"
+    # a random drafter gives 1.00; the committed drafter (3,855 steps) measures 1.63 here (64 tokens past EOS)
+    assert acceptance_length > 1.45, f"acceptance length {acceptance_length:.2f} of the trained drafter"
 
 
 def top_k_two_token_law(llm, prompt: list[int], k: int) -> tuple[list[int], dict[int, list[int]], torch.Tensor]:
