@@ -1,13 +1,18 @@
-"""Full-decode CUDA graphs: capture the whole forward + logits for a set of padded batch sizes, replay.
+"""Full-step CUDA graphs: capture the whole forward + logits for a set of padded batch sizes, replay.
 
-A pure decode step (every sequence adds one token, no draft tokens, no prompt logprobs) with B
-sequences replays the graph captured for the smallest size >= B. Padded rows read token 0 at
-position 0, attend to one slot of the null block 0 and write their K/V there: block 0 is never
-handed out and every backend masks it out past a sequence's length, so the values are harmless.
-Inputs travel in one pinned host buffer and one copy per step. Graphs are captured lazily, on the
-first step of each size, with all rows pointed at the null block, so capture never touches live KV.
-Capture needs a backend whose decode calls are graph-safe (no host syncs, launches sized from
-shapes); otherwise graphs stay off and the reason is reported.
+Two step shapes replay: a pure decode step (every sequence adds one token) and a speculative verify
+step in which every sequence runs the same number q of query tokens (its last token and q - 1 drafts,
+`num_lookahead` = q - 1 for all). A step with B sequences replays the graph captured for (the smallest
+size >= B, q); any other step (prefill, prompt logprobs, drafts of unequal length) runs eagerly.
+Padded rows read token 0 at positions 0..q-1, attend to slots of the null block 0 and write their K/V
+there: block 0 is never handed out and every backend masks it out past a sequence's length, so the
+values are harmless. Inputs travel in one pinned host buffer per q and one copy per step. Graphs are
+captured lazily, on the first step of each shape, with all rows pointed at the null block, so capture
+never touches live KV. Capture needs a backend whose calls are graph-safe (no host syncs, launches
+sized from shapes; for verify steps it also takes its per-token work items from the graph's static
+buffers); otherwise graphs stay off (or verify steps stay eager) and the reason is reported.
+When a block drafter taps hidden states (`aux_layer_ids`), the graph keeps them as an output too and
+each replay hands a copy to the model's `aux_hidden`, as an eager forward would.
 """
 from __future__ import annotations
 
@@ -26,154 +31,204 @@ class DecodeGraphs:
         self.block_size, self.device, self.max_model_len = block_size, device, max_model_len
         self.sizes = [s for s in _SIZES if s < max_num_seqs] + [max_num_seqs]
         self.max_blocks = -(-max_model_len // block_size)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # (size, q, tapped layers) -> (graph, logits [size * q, V], tapped hidden states or None)
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
         self.pool = None
         self.disabled_reason: str | None = None
+        self.verify_disabled_reason: str | None = None
+        self.verify_query_len: int | None = None  # 1 + drafts per round, set by the engine that verifies
         if not getattr(attention.primary, "graph_safe", False):
             self.disabled_reason = f"attention backend {attention.primary.name} is not graph-safe"
+        elif not getattr(attention.primary, "graph_safe_verify", False):
+            self.verify_disabled_reason = f"attention backend {attention.primary.name} has no graph-safe verify path"
         self.replays = 0
-        self._bufs = None
+        self.verify_replays = 0
+        self._bufs: dict[int, tuple] = {}
+        self._i32: dict[int, dict] = {}
 
-    # ---- static buffers ---------------------------------------------------------------------------
-    def _buffers(self):
-        if self._bufs is None:
+    # ---- static buffers (one set per query length q) ------------------------------------------------
+    def _buffers(self, q: int):
+        if q not in self._bufs:
             n, w = self.sizes[-1], self.max_blocks
-            # one int64 host row per field: ids, positions, slots, seq_lens, then the block table
-            host = torch.zeros(4 * n + n * w, dtype=torch.int64, pin_memory=True)
+            # int64 host fields: ids, positions, slots (n * q each), seq_lens (n), then the block table
+            host = torch.zeros(3 * n * q + n + n * w, dtype=torch.int64, pin_memory=True)
             dev = torch.zeros_like(host, device=self.device)
-            self._bufs = (host, dev, torch.cuda.Event())
-            self._bufs[2].record()
-        return self._bufs
+            ready = torch.cuda.Event()
+            ready.record()
+            self._bufs[q] = (host, dev, ready)
+        return self._bufs[q]
 
-    def _views(self, dev: torch.Tensor, size: int):
+    def _views(self, dev: torch.Tensor, q: int, size: int):
         n, w = self.sizes[-1], self.max_blocks
-        ids, pos, slots, lens = (dev[i * n:i * n + size] for i in range(4))
-        tables = dev[4 * n:].view(n, w)[:size]
+        t, T = size * q, n * q
+        ids, pos, slots = dev[:t], dev[T:T + t], dev[2 * T:2 * T + t]
+        lens = dev[3 * T:3 * T + size]
+        tables = dev[3 * T + n:].view(n, w)[:size]
         return ids, pos, slots, lens, tables
 
-    def _forward(self, size: int, int32: dict) -> torch.Tensor:
-        _, dev, _ = self._buffers()
-        ids, pos, slots, _, _ = self._views(dev, size)
+    def _int32_views(self, q: int) -> dict:
+        """int32 copies the attention metadata wants, refreshed from the int64 buffer inside the graph;
+        for q > 1 also the per-token work items (token, its sequence, its causal context length)."""
+        if q not in self._i32:
+            n, w, dev = self.sizes[-1], self.max_blocks, self.device
+            i32 = {"lens": torch.full((n,), q, dtype=torch.int32, device=dev),
+                   "tables": torch.zeros(n, w, dtype=torch.int32, device=dev),
+                   "qsl": torch.arange(n + 1, dtype=torch.int32, device=dev) * q}
+            if q > 1:
+                i32["tok"] = torch.arange(n * q, dtype=torch.int32, device=dev)
+                i32["row"] = i32["tok"] // q
+                i32["offset"] = torch.arange(q, dtype=torch.int32, device=dev) - (q - 1)
+                i32["ctx"] = torch.ones(n * q, dtype=torch.int32, device=dev)
+            self._i32[q] = i32
+        return self._i32[q]
+
+    def _step(self, size: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _, dev, _ = self._buffers(q)
+        i32 = self._int32_views(q)
+        ids, pos, slots, lens, tables = self._views(dev, q, size)
+        i32["lens"][:size].copy_(lens)
+        i32["tables"][:size].copy_(tables)
         meta = AttentionMetadata(
-            query_start_loc=int32["qsl"][:size + 1], seq_lens=int32["lens"][:size],
-            block_tables=int32["tables"][:size], slot_mapping=slots, max_query_len=1,
-            max_seq_len=self.max_model_len, block_size=self.block_size, query_lens_cpu=[1] * size,
-            seq_lens_cpu=[self.max_model_len] * size, extras={})
+            query_start_loc=i32["qsl"][:size + 1], seq_lens=i32["lens"][:size], block_tables=i32["tables"][:size],
+            slot_mapping=slots, max_query_len=q, max_seq_len=self.max_model_len, block_size=self.block_size,
+            query_lens_cpu=[q] * size, seq_lens_cpu=[self.max_model_len] * size, extras={})
+        if q > 1:  # token j of a row sees its sequence's context up to itself: seq_len - (q - 1) + j
+            t = size * q
+            i32["ctx"][:t].view(size, q).copy_(i32["lens"][:size, None] + i32["offset"])
+            self.attention.primary.verify_layout(meta, i32["tok"][:t], i32["row"][:t], i32["ctx"][:t],
+                                                 self.max_model_len)
         set_forward_context(ForwardContext(meta, self.kv_caches, self.attention))
         try:
             hidden = self.model(ids, pos)
         finally:
             set_forward_context(None)
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden), getattr(self.model, "aux_hidden", None)
 
-    def _int32_views(self, size: int) -> dict:
-        """int32 copies the attention metadata wants, refreshed from the int64 buffer inside the graph."""
-        if not hasattr(self, "_i32"):
-            n, w = self.sizes[-1], self.max_blocks
-            self._i32 = {"lens": torch.ones(n, dtype=torch.int32, device=self.device),
-                         "tables": torch.zeros(n, w, dtype=torch.int32, device=self.device),
-                         "qsl": torch.arange(n + 1, dtype=torch.int32, device=self.device)}
-        return self._i32
+    def _key(self, size: int, q: int) -> tuple:
+        return size, q, tuple(getattr(self.model, "aux_layer_ids", None) or ())
 
-    def _step(self, size: int) -> torch.Tensor:
-        _, dev, _ = self._buffers()
-        i32 = self._int32_views(size)
-        _, _, _, lens, tables = self._views(dev, size)
-        i32["lens"][:size].copy_(lens)
-        i32["tables"][:size].copy_(tables)
-        return self._forward(size, i32)
-
-    def _capture(self, size: int) -> None:
-        host, dev, ready = self._buffers()
+    def _capture(self, size: int, q: int) -> None:
+        host, dev, ready = self._buffers(q)
         ready.synchronize()
         host.zero_()
-        n = self.sizes[-1]
-        host[3 * n:4 * n] = 1  # every row: one token of context, slot 0 of the null block
+        n, T = self.sizes[-1], self.sizes[-1] * q
+        host[T:2 * T] = torch.arange(q).repeat(n)  # every row: q tokens at positions 0..q-1 of the null block
+        host[2 * T:3 * T] = torch.arange(q).repeat(n) % self.block_size
+        host[3 * T:3 * T + n] = q
         dev.copy_(host)
         calls_before = dict(self.attention.calls)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._step(size)  # warm-up: compiles kernels and settles allocations outside the graph
+            self._step(size, q)  # warm-up: compiles kernels and settles allocations outside the graph
         torch.cuda.current_stream(self.device).wait_stream(side)
         used = {k: v - calls_before.get(k, 0) for k, v in self.attention.calls.items()}
         if set(k for k, v in used.items() if v) != {self.attention.primary.name}:
-            self.disabled_reason = f"attention fell back during capture: {self.attention.fallback_reasons}"
+            self._disable(q, f"attention fell back during capture: {self.attention.fallback_reasons}")
             return
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._step(size)
+            logits, aux = self._step(size, q)
         if self.pool is None:
             self.pool = graph.pool()
-        self.graphs[size] = (graph, logits)
+        self.graphs[self._key(size, q)] = (graph, logits, aux)
+
+    def _disable(self, q: int, reason: str) -> None:
+        if q == 1:
+            self.disabled_reason = reason
+        else:
+            self.verify_disabled_reason = reason
 
     # ---- the step ---------------------------------------------------------------------------------
-    def eligible(self, sched) -> int | None:
-        """The graph size for this step, or None when it must run eagerly."""
-        if self.disabled_reason is not None or len(sched) > self.sizes[-1]:
+    def eligible(self, sched) -> tuple[int, int] | None:
+        """(graph size, query length q) for this step, or None when it must run eagerly."""
+        if self.disabled_reason is not None or not sched or len(sched) > self.sizes[-1]:
             return None
-        if getattr(self.model, "aux_layer_ids", None):  # a drafter reads per-step hidden states: stay eager
+        q = 1 + sched[0].num_lookahead
+        if q > 1 and (self.verify_disabled_reason is not None or q != self.verify_query_len):
             return None
         for s in sched:
             seq = s.seq
-            if s.num_new_tokens != 1 or s.num_lookahead or seq.num_computed_tokens + 1 != seq.num_tokens:
+            if s.num_new_tokens != 1 or 1 + s.num_lookahead != q or seq.num_computed_tokens + 1 != seq.num_tokens:
                 return None
             if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None
-        return next(size for size in self.sizes if size >= len(sched))
+        return next(size for size in self.sizes if size >= len(sched)), q
 
-    def run(self, sched) -> torch.Tensor | None:
-        """Logits [B, V] (float32) for a pure decode step, or None to run it eagerly."""
-        size = self.eligible(sched)
-        if size is None:
+    def run(self, sched) -> tuple[torch.Tensor, int] | None:
+        """(logits [B * q, V] float32, q) for a pure decode (q = 1) or uniform verify step, or None to
+        run it eagerly. Row i * q + j is sequence i's j-th query token."""
+        shape = self.eligible(sched)
+        if shape is None:
             return None
+        size, q = shape
         rows = [(s.seq, s.seq.num_computed_tokens) for s in sched]
-        logits = self.replay(rows, size, None)
-        return None if logits is None else logits.float()
+        logits = self.replay(rows, size, None, q)
+        return None if logits is None else (logits.float(), q)
 
-    def ensure_captured(self, size: int) -> bool:
-        if size not in self.graphs:
+    def ensure_captured(self, size: int, q: int = 1) -> bool:
+        if self._key(size, q) not in self.graphs:
             try:
-                self._capture(size)
+                self._capture(size, q)
             except Exception as e:  # a capture failure turns graphs off for the engine, not the step
-                self.disabled_reason = f"capture failed for batch {size}: {type(e).__name__}: {e}"
-                self.graphs.clear()
+                self._disable(q, f"capture failed for batch {size}, {q} tokens each: {type(e).__name__}: {e}")
+                if q == 1:
+                    self.graphs.clear()
                 torch.cuda.synchronize(self.device)
-        return size in self.graphs
+        return self._key(size, q) in self.graphs
 
-    def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None) -> torch.Tensor | None:
-        """One decode step for `rows` = [(seq, position)]: the token at `position` goes in (from the
-        sequence, or row i of `ids_dev` when given: a previous step's output still on the device).
-        Returns the [len(rows), V] logits (a view of the graph's output buffer), or None."""
-        if not self.ensure_captured(size):
+    def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
+        """One step for `rows` = [(seq, position)]: the token at `position` goes in (from the sequence, or
+        row i of `ids_dev` when given: a previous step's output still on the device), followed, when
+        q > 1, by the sequence's q - 1 draft tokens. Returns the [len(rows) * q, V] logits (a view of the
+        graph's output buffer), or None; a tapping model's `aux_hidden` gets a copy of the tapped rows."""
+        if not self.ensure_captured(size, q):
             return None
-        host, dev, ready = self._buffers()
+        host, dev, ready = self._buffers(q)
         ready.synchronize()  # the previous step's copy has left the pinned buffer
         n, w, bs = self.sizes[-1], self.max_blocks, self.block_size
+        T = n * q
         arr = host.numpy()
-        fields = arr[:4 * n].reshape(4, n)  # ids, positions, slots, seq_lens
-        tables = arr[4 * n:].reshape(n, w)
-        fields[:, :size] = 0
-        fields[3, :size] = 1
+        ids, pos, slots = arr[:T], arr[T:2 * T], arr[2 * T:3 * T]
+        lens = arr[3 * T:3 * T + n]
+        tables = arr[3 * T + n:].reshape(n, w)
+        for f in (ids, pos, slots):
+            f[:size * q] = 0
+        pos[:size * q] = list(range(q)) * size  # padded rows: the null block, as at capture
+        slots[:size * q] = [j % bs for j in range(q)] * size
+        lens[:size] = q
         tables[:size] = 0
         for i, (seq, p) in enumerate(rows):
             table = seq.block_table
+            at = i * q
             if ids_dev is None:
-                fields[0, i] = seq.token_ids[p]
-            fields[1, i] = p
-            fields[2, i] = table[p // bs] * bs + p % bs
-            fields[3, i] = p + 1
+                ids[at] = seq.token_ids[p]
+            if q > 1:
+                ids[at + 1:at + q] = seq.draft_tokens[:q - 1]
+            for j in range(q):
+                pos[at + j] = p + j
+                slots[at + j] = table[(p + j) // bs] * bs + (p + j) % bs
+            lens[i] = p + q
             tables[i, :len(table)] = table
-        dev[:4 * n].copy_(host[:4 * n], non_blocking=True)
-        dev[4 * n:4 * n + size * w].copy_(host[4 * n:4 * n + size * w], non_blocking=True)
+        dev[:3 * T + n].copy_(host[:3 * T + n], non_blocking=True)
+        dev[3 * T + n:3 * T + n + size * w].copy_(host[3 * T + n:3 * T + n + size * w], non_blocking=True)
         ready.record()
         if ids_dev is not None:
             dev[:len(rows)].copy_(ids_dev[:len(rows)])
-        graph, logits = self.graphs[size]
+        graph, logits, aux = self.graphs[self._key(size, q)]
         graph.replay()
-        self.replays += 1
-        return logits[:len(rows)]
+        if q == 1:
+            self.replays += 1
+        else:
+            self.verify_replays += 1
+        if aux is not None:  # a copy: the drafter may read these rows after a later replay reuses the pool
+            self.model.aux_hidden = aux[:len(rows) * q].clone()
+        return logits[:len(rows) * q]
 
     def report(self) -> dict:
-        return {"used": self.replays > 0, "replays": self.replays, "captured_sizes": sorted(self.graphs),
-                "disabled_reason": self.disabled_reason}
+        return {"used": self.replays + self.verify_replays > 0, "replays": self.replays,
+                "verify_replays": self.verify_replays,
+                "captured_sizes": sorted({size for size, q, _ in self.graphs if q == 1}),
+                "captured_verify_sizes": sorted({size for size, q, _ in self.graphs if q > 1}),
+                "verify_query_len": self.verify_query_len, "disabled_reason": self.disabled_reason,
+                "verify_disabled_reason": self.verify_disabled_reason}

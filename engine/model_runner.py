@@ -98,7 +98,7 @@ class ModelRunner:
         targets = torch.tensor(seq.token_ids[start + 1:last + 1], device=lp.device)
         return lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
 
-    # ---- CUDA graphs for pure decode steps (capture and replay live in engine/cuda_graph.py) ----------
+    # ---- CUDA graphs for pure decode and uniform verify steps (engine/cuda_graph.py) ---------------
     graphs = None
 
     def setup_cuda_graphs(self, enabled: bool, max_model_len: int, max_num_seqs: int) -> None:
@@ -114,5 +114,11 @@ class ModelRunner:
         return self.graphs.report()
 
     def _execute_graph(self, sched: list[ScheduledSeq]) -> StepResult | None:
-        logits = self.graphs.run(sched) if self.graphs is not None else None
-        return None if logits is None else StepResult(logits, list(range(len(sched))), {}, {})
+        out = self.graphs.run(sched) if self.graphs is not None else None
+        if out is None:
+            return None
+        logits, q = out
+        if q == 1:
+            return StepResult(logits, list(range(len(sched))), {}, {})
+        verify = {i: logits[i * q:(i + 1) * q] for i in range(len(sched))}  # every row verifies q - 1 drafts
+        return StepResult(logits.new_zeros(0), [], {}, verify)

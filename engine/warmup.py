@@ -28,6 +28,7 @@ log = logging.getLogger("onecat.engine")
 
 SHORT_PROMPT = 8  # decoded like a speculative verify chunk: the paged kernel on per-token rows
 LONG_PROMPT = 48  # a prefill chunk: the prefill attention path
+VERIFY_WARM_SIZES = 32  # verify graphs ((1 + k) tokens per row) captured at start-up up to this batch
 
 
 def triton_cache_dir() -> str:
@@ -59,6 +60,10 @@ def warm_up(llm) -> dict:
         for size in sorted(graphs.sizes, reverse=True):
             if graphs.ensure_captured(size):
                 captured.append(size)
+        q = graphs.verify_query_len
+        if q and q > 1 and graphs.verify_disabled_reason is None:  # speculative verify steps replay too;
+            for size in sorted(s for s in graphs.sizes if s <= VERIFY_WARM_SIZES):  # larger ones on first use
+                graphs.ensure_captured(size, q)
     core.reset_counters()
     seconds = round(time.perf_counter() - t0, 3)
     result = {"seconds": seconds, "graph_sizes": sorted(captured), "triton_cache_dir": triton_cache_dir()}

@@ -165,3 +165,35 @@ def test_async_scheduling_on_off_identical(tmp_path):
             llm.close()
     assert results[True] == results[False]
     assert launches[False] == 0 and launches[True] > 40, launches
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and not _sm80(), reason="verify graphs need TRITON_PAGED (SM80+)")
+@pytest.mark.parametrize("method", ["draft_model", "dflash"])
+def test_speculative_verify_steps_replay_graphs_with_the_eager_tokens(tmp_path, method):
+    """Verify steps of 1 + k tokens per sequence replay CUDA graphs (with the drafter's tapped hidden
+    states as a graph output for DFlash) and give the tokens of the same engine without graphs."""
+    from onecat.engine import SamplingParams
+    from tests.test_speculative import write_random_dflash
+    from tests.tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
+                                num_key_value_heads=2)
+    if method == "draft_model":  # the target drafting for itself: every draft accepted, k per round
+        spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+    else:
+        drafter = write_random_dflash(tmp_path / "dflash", 256, 0, [0, 1], block_size=4)
+        spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    results = {}
+    for graphs in (False, True):
+        llm = _llm(model_dir, device="cuda", dtype="float16", cuda_graph=graphs, speculative_config=spec)
+        try:
+            results[graphs] = ([o.token_ids for o in llm.generate(PROMPTS[:2], params)],
+                               llm.generate(PROMPTS[2], params)[0].token_ids)
+            report = llm.engine.runner.cuda_graph_report()
+            if graphs:
+                assert report["verify_query_len"] == 4 and report["verify_disabled_reason"] is None, report
+                assert report["verify_replays"] > 0 and {1, 2} <= set(report["captured_verify_sizes"]), report
+        finally:
+            llm.close()
+    assert results[True] == results[False]

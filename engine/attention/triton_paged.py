@@ -79,6 +79,15 @@ def _sdpa_chunk(q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, b
 class TritonPagedBackend(AttentionBackend):
     name = "TRITON_PAGED"
     graph_safe = True  # pure-decode calls do no host syncs and size launches from shapes alone
+    graph_safe_verify = True  # so are short uniform chunks, given their work items (`verify_layout`)
+
+    @staticmethod
+    def verify_layout(meta: AttentionMetadata, tok: torch.Tensor, row: torch.Tensor, ctx: torch.Tensor,
+                      max_ctx: int) -> None:
+        """Hand a CUDA graph's static work items to this step's attention calls (instead of building them
+        on the host): token tok[i] of sequence row[i] attends to the first ctx[i] cached tokens; `max_ctx`
+        bounds every ctx (it sizes the launch)."""
+        meta.extras["triton_paged"] = {"tok": tok, "row": row, "ctx": ctx, "long": [], "max_ctx": max_ctx}
 
     def unsupported_reason(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> str | None:
         if q.device.type != "cuda":
