@@ -166,6 +166,9 @@ class DecodeGraphs:
         logits = self.replay(rows, size, None, q)
         return None if logits is None else (logits.float(), q)
 
+    # Every graph buffer is made and written in inference mode, whoever calls (the step runs in it, the
+    # start-up warm-up and the decode pipeline do not): an inference tensor written outside it fails.
+    @torch.inference_mode()
     def ensure_captured(self, size: int, q: int = 1) -> bool:
         if self._key(size, q) not in self.graphs:
             try:
@@ -177,6 +180,7 @@ class DecodeGraphs:
                 torch.cuda.synchronize(self.device)
         return self._key(size, q) in self.graphs
 
+    @torch.inference_mode()
     def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
         """One step for `rows` = [(seq, position)]: the token at `position` goes in (from the sequence, or
         row i of `ids_dev` when given: a previous step's output still on the device), followed, when
