@@ -17,17 +17,19 @@ from onecat.engine.server.serve_config import ServeConfig
 class ServerState:
     """What handlers share: the engine thread, the tokenizer, names, metrics, guided decoding."""
 
-    def __init__(self, llm: Any, config: ServeConfig):
-        self.llm = llm
+    def __init__(self, llm: Any, config: ServeConfig, build: Any = None):
+        """`llm`, or None with `build`: a function making the LLM, run on the engine thread (async_engine.py)."""
         self.config = config
+        self.metrics = ServerMetrics((config.served_model_name or [config.model])[0],
+                                     lambda: getattr(self.llm, "engine", None))
+        self.engine = AsyncEngine(llm, build=build, max_queue_len=config.max_queue_len, metrics=self.metrics)
+        self.llm = llm = self.engine.llm
         self.tokenizer = llm.tokenizer
         self.max_model_len = llm.max_model_len
         self.vocab_size = llm.model_config.vocab_size
         self.model_names = config.served_model_name or [config.model]
         self.reasoning_parser = config.reasoning_parser
         self.created = int(time.time())
-        self.metrics = ServerMetrics(self.model_names[0], lambda: getattr(self.llm, "engine", None))
-        self.engine = AsyncEngine(llm, max_queue_len=config.max_queue_len, metrics=self.metrics)
         self.cpu = CpuWork(config.cpu_workers)
         self._guided = None
         self._guided_lock = threading.Lock()
@@ -36,7 +38,7 @@ class ServerState:
     def create(cls, config: ServeConfig) -> "ServerState":
         from onecat.engine import LLM
 
-        return cls(LLM(**config.engine.as_kwargs()), config)
+        return cls(None, config, build=lambda: LLM(**config.engine.as_kwargs()))
 
     def resolve_model_name(self, name: str | None) -> str:
         if name is None or name in self.model_names:
