@@ -147,7 +147,11 @@ class EngineCore:
         updates, row = [], 0
         for i, s in enumerate(scheduled):
             if i in result.prompt_logprobs:
-                s.seq.prompt_logprobs.extend(result.prompt_logprobs[i])
+                chunk = result.prompt_logprobs[i]
+                s.seq.prompt_logprobs.extend(chunk.values)
+                if s.seq.prompt_top_logprobs is not None:
+                    s.seq.prompt_top_logprobs.extend(chunk.tops)
+                    s.seq.prompt_ranks.extend(chunk.ranks)
             if i in result.verify_logits:
                 new_tokens = self.proposer.verify(s.seq, s, result.verify_logits[i])
             else:
@@ -255,6 +259,7 @@ class EngineCore:
         return RequestOutput(
             request_id=seq.request_id, prompt=seq.prompt, prompt_token_ids=seq.token_ids[:seq.num_prompt_tokens],
             token_ids=seq.output_token_ids, text=text, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
-            logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, num_cached_tokens=seq.num_cached_tokens,
+            logprobs=seq.logprobs, prompt_logprobs=seq.prompt_logprobs, prompt_top_logprobs=seq.prompt_top_logprobs,
+            prompt_ranks=seq.prompt_ranks, num_cached_tokens=seq.num_cached_tokens,
             timings=timings, spec=seq.spec, finished=fin,
             probs=torch.stack(seq.kept_probs) if seq.kept_probs else None)

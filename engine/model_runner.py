@@ -13,10 +13,20 @@ from onecat.engine.scheduler import ScheduledSeq
 
 
 @dataclass(slots=True)
+class PromptLogprobs:
+    """For a prefill chunk's positions whose next token is in the prompt: that token's logprob and, when
+    the request asked for N > 0, its rank and the N likeliest tokens there."""
+
+    values: list[float]
+    tops: list[dict[int, float]] | None = None
+    ranks: list[int] | None = None
+
+
+@dataclass(slots=True)
 class StepResult:
     logits: torch.Tensor  # [num_sampling_rows, V]: for each sequence that reached its end this step
     sample_rows: list[int]  # index into `scheduled` of each logits row (last position only)
-    prompt_logprobs: dict[int, list[float]]  # scheduled index -> logprobs of the chunk's next prompt tokens
+    prompt_logprobs: dict[int, "PromptLogprobs"]  # scheduled index -> the chunk's next prompt tokens' logprobs
     verify_logits: dict[int, torch.Tensor]  # scheduled index -> [num_lookahead + 1, V] for speculative verify
 
 
@@ -71,7 +81,7 @@ class ModelRunner:
             set_forward_context(None)
         starts = [0, *itertools.accumulate(meta.query_lens_cpu)]  # host copy: no device sync
         sample_rows, rows = [], []
-        prompt_lp: dict[int, list[float]] = {}
+        prompt_lp: dict[int, PromptLogprobs] = {}
         verify: dict[int, torch.Tensor] = {}
         for i, s in enumerate(sched):
             seq = s.seq
@@ -88,15 +98,22 @@ class ModelRunner:
                   if rows else hidden.new_zeros(0))
         return StepResult(logits, sample_rows, prompt_lp, verify)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, seq, n: int) -> list[float]:
+    def _prompt_logprobs(self, hidden: torch.Tensor, seq, n: int) -> PromptLogprobs:
         """log p(prompt[t+1] | prompt[:t+1]) for the chunk's positions whose next token is in the prompt."""
         start = seq.num_computed_tokens
         last = min(start + n, seq.num_prompt_tokens - 1)  # positions start..last-1 predict a prompt token
+        top_n = seq.params.prompt_logprobs
         if last <= start:
-            return []
+            return PromptLogprobs([], [] if top_n else None, [] if top_n else None)
         lp = self.model.compute_logits(hidden[:last - start]).float().log_softmax(dim=-1)
         targets = torch.tensor(seq.token_ids[start + 1:last + 1], device=lp.device)
-        return lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        own = lp.gather(1, targets.unsqueeze(1))
+        if not top_n:
+            return PromptLogprobs(own.squeeze(1).tolist())
+        ranks = (lp > own).sum(dim=1).add(1).tolist()  # 1 + tokens strictly likelier than the prompt's own
+        vals, ids = lp.topk(top_n, dim=-1)
+        tops = [dict(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+        return PromptLogprobs(own.squeeze(1).tolist(), tops, ranks)
 
     # ---- CUDA graphs for pure decode and uniform verify steps (engine/cuda_graph.py) ---------------
     graphs = None

@@ -43,6 +43,8 @@ class RequestOutput:
     error: str | None = None  # set when finish_reason == "abort" because the request was refused
     logprobs: list[dict[int, float]] | None = None  # per generated token: {token_id: logprob}
     prompt_logprobs: list[float | None] | None = None  # per prompt token; first is None
+    prompt_top_logprobs: list[dict[int, float] | None] | None = None  # prompt_logprobs = N > 0: the N likeliest
+    prompt_ranks: list[int | None] | None = None  # prompt_logprobs = N > 0: each prompt token's rank (1 = argmax)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     timings: RequestTimings = field(default_factory=RequestTimings)
     spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)

@@ -33,7 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token (sampled token always included)
-    prompt_logprobs: int | None = None  # 0: logprob of each prompt token given its prefix
+    prompt_logprobs: int | None = None  # 0: logprob of each prompt token given its prefix; N: also the N likeliest
     skip_special_tokens: bool = True
     # vLLM's per-request `fn(output_token_ids, logits_row) -> logits_row`, run on the request's logits
     # row before sampling (grammar constraints). Usually stateful: dataclasses.replace() shares them,

@@ -20,7 +20,8 @@ class SequenceStatus(Enum):
 class Sequence:
     __slots__ = ("request_id", "prompt", "token_ids", "num_prompt_tokens", "params", "status",
                  "num_computed_tokens", "block_table", "block_hashes", "num_cached_tokens", "generator",
-                 "finish_reason", "stop_reason", "logprobs", "prompt_logprobs", "arrival_time",
+                 "finish_reason", "stop_reason", "logprobs", "prompt_logprobs", "prompt_top_logprobs", "prompt_ranks",
+                 "arrival_time",
                  "first_scheduled_time", "first_token_time", "finish_time", "text", "spec", "num_preemptions",
                  "draft_tokens", "draft_probs", "kept_probs")
 
@@ -41,6 +42,10 @@ class Sequence:
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[float | None] | None = [None] if params.prompt_logprobs is not None else None
+        # prompt_logprobs = N > 0: per prompt token also {token id: logprob} of the N likeliest and its own
+        self.prompt_top_logprobs: list[dict[int, float] | None] | None = (
+            [None] if params.prompt_logprobs else None)
+        self.prompt_ranks: list[int | None] | None = [None] if params.prompt_logprobs else None
         self.arrival_time = time.perf_counter()
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

@@ -157,6 +157,51 @@ def test_completion_echo_logprobs_match_engine_scores(client, server):
     assert "".join(lp["tokens"]) == choice["text"]
 
 
+def test_echo_top_logprobs_hold_the_likeliest_tokens_of_each_prompt_position(client, server):
+    """lm-eval reads "is greedy" off top_logprobs under echo: each prompt position must list the
+    likeliest tokens there (the engine's own next-token top-k for that prefix), not only the prompt's
+    token, which made every position look greedy."""
+    from onecat.engine import SamplingParams
+
+    prompt = "The capital of France is Paris. The capital of Italy is"
+    r = client.post("/v1/completions", json={"model": "smol", "prompt": prompt, "max_tokens": 0, "echo": True,
+                                             "logprobs": 2})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    ids = server.state.engine.run_sync(lambda llm: llm.score([prompt])[0]).prompt_token_ids
+    tok = server.state.tokenizer
+    greedy = []
+    for i in range(1, len(ids)):
+        want = server.state.engine.run_sync(lambda llm: llm.generate(
+            [ids[:i]], SamplingParams(temperature=0.0, max_tokens=1, logprobs=2))[0].logprobs[0])
+        best = sorted(want.items(), key=lambda kv: -kv[1])[:2]
+        top = list(lp["top_logprobs"][i].items())
+        assert [t for t, _ in top[:2]] == [tok.decode([t], skip_special_tokens=False) for t, _ in best]
+        assert [v for _, v in top[:2]] == pytest.approx([v for _, v in best], abs=1e-4)
+        assert lp["top_logprobs"][i][lp["tokens"][i]] == pytest.approx(lp["token_logprobs"][i], abs=1e-6)
+        greedy.append(top[0][0] == lp["tokens"][i])
+    assert any(greedy) and not all(greedy)
+
+
+def test_prompt_logprobs_in_vllm_shape_and_refused_when_streamed(client, server):
+    prompt = "The capital of France is Paris."
+    r = client.post("/v1/completions", json={"model": "smol", "prompt": prompt, "max_tokens": 1,
+                                             "prompt_logprobs": 3})
+    assert r.status_code == 200, r.text
+    plp = r.json()["choices"][0]["prompt_logprobs"]
+    ids = server.state.engine.run_sync(lambda llm: llm.score([prompt])[0]).prompt_token_ids
+    assert len(plp) == len(ids) and plp[0] is None
+    for tid, entry in zip(ids[1:], plp[1:]):
+        own = entry[str(tid)]
+        ranked = sorted((e for e in entry.values()), key=lambda e: e["rank"])
+        assert {e["rank"] for e in entry.values()} >= {1, 2, 3} and own["rank"] >= 1
+        assert ranked[0]["logprob"] >= own["logprob"]
+        assert own["rank"] == 1 or own["logprob"] < ranked[0]["logprob"]  # rank 1: nothing likelier
+    r = client.post("/v1/completions", json={"model": "smol", "prompt": prompt, "max_tokens": 1,
+                                             "prompt_logprobs": 1, "stream": True})
+    assert r.status_code == 400 and "prompt_logprobs" in r.text
+
+
 def test_completion_token_id_prompts_and_score_only(client):
     r = client.post("/v1/completions", json={"model": "smol", "prompt": [[504, 3575, 282], [504, 3575]],
                                              "max_tokens": 0, "echo": True, "logprobs": 0})

@@ -67,6 +67,9 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise ApiError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise ApiError(400, "best_of other than n is not supported", param="best_of")
+    if req.prompt_logprobs is not None and req.stream:
+        raise ApiError(400, "prompt_logprobs is not streamed; send the request with stream=false",
+                       param="prompt_logprobs")
     if req.max_tokens == 0 and not req.echo:
         raise ApiError(400, "max_tokens=0 generates nothing; use echo=true with logprobs to score a prompt",
                        param="max_tokens")
@@ -74,8 +77,10 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     if len(prompts) * req.n > state.engine.max_in_flight:
         raise ApiError(400, f"{len(prompts)} prompts x n={req.n} engine requests is more than this server holds at "
                             f"once ({state.engine.max_in_flight}); send fewer per call", param="prompt")
-    want_prompt_lps = req.prompt_logprobs if req.prompt_logprobs is not None else (
-        0 if req.echo and req.logprobs is not None or req.max_tokens == 0 else None)
+    # echo with logprobs=N scores the prompt with the N likeliest tokens at each position (what lm-eval
+    # reads "is greedy" off); prompt_logprobs=N asks for the same in vLLM's shape
+    asked = [n for n in (req.prompt_logprobs, req.logprobs if req.echo else None) if n is not None]
+    want_prompt_lps = max(asked) if asked else (0 if req.max_tokens == 0 else None)
     base = req.request_id or f"cmpl-{uuid.uuid4().hex}"
     choice_of: dict[str, tuple[int, int]] = {}
     submissions = []
@@ -110,7 +115,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": out.finish_reason,
                   "stop_reason": out.stop_reason}
         if req.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = prompt_logprobs(out.prompt_logprobs)
+            choice["prompt_logprobs"] = prompt_logprobs(tok, out)
         choices.append(choice)
     choices.sort(key=lambda c: c["index"])
     n_out = sum(len(o.token_ids) for o in finals.values())
