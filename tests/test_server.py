@@ -202,6 +202,19 @@ def test_prompt_logprobs_in_vllm_shape_and_refused_when_streamed(client, server)
     assert r.status_code == 400 and "prompt_logprobs" in r.text
 
 
+def test_tokenizer_info_serves_a_remote_tokenizer(client, server):
+    """lm-eval's RemoteTokenizer: GET /tokenizer_info for eos/bos/pad and the chat template, then the eos
+    id as the first id /tokenize gives for the eos text."""
+    r = client.get("/tokenizer_info")
+    assert r.status_code == 200, r.text
+    info = r.json()
+    tok = server.state.tokenizer
+    assert info["chat_template"] == tok.chat_template and info["model_max_length"] == server.state.max_model_len
+    assert "eos_token" in info and "pad_token" in info and info["eos_token_ids"] == tok.eos_token_ids
+    ids = client.post("/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()["tokens"]
+    assert ids == [tok.eos_token_ids[0]]
+
+
 def test_completion_token_id_prompts_and_score_only(client):
     r = client.post("/v1/completions", json={"model": "smol", "prompt": [[504, 3575, 282], [504, 3575]],
                                              "max_tokens": 0, "echo": True, "logprobs": 0})

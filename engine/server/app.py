@@ -4,7 +4,7 @@
     app = build_app(state)          # serve with launch.py; state.close() stops the engine thread
 
 Routes: GET /health, /ping, /version, /v1/models, /metrics; POST /v1/completions,
-/v1/chat/completions, /tokenize, /detokenize. Every error body is
+/v1/chat/completions, /tokenize, /detokenize, /tokenizer_info. Every error body is
 `{"error": {"message", "type", "param", "code"}}`; the guard in http_guard.py (API key, body size
 and deadline) runs before any route.
 """
@@ -130,6 +130,22 @@ def build_app(state: ServerState) -> FastAPI:
         ids = await state.cpu.run(_token_ids, state, req)
         body = {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
         return await state.cpu.run(JSONResponse, body)  # rendering a long id list is CPU work too
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """What a remote tokenizer client needs (lm-eval's RemoteTokenizer reads eos/bos/pad and the chat
+        template here, then tokenizes through /tokenize): special tokens as text, the chat template,
+        the context length."""
+        tok = state.tokenizer
+
+        def text(tid: int | None) -> str | None:
+            return None if tid is None else tok.decode([tid], skip_special_tokens=False)
+
+        return {"tokenizer_class": "onecat", "eos_token": text(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+                "eos_token_ids": tok.eos_token_ids, "bos_token": text(tok.bos_token_id),
+                "bos_token_id": tok.bos_token_id, "add_bos_token": tok.add_bos, "pad_token": None,
+                "chat_template": tok.chat_template, "model_max_length": state.max_model_len,
+                "vocab_size": state.vocab_size}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
