@@ -26,7 +26,7 @@ class PromptLogprobs:
 class StepResult:
     logits: torch.Tensor  # [num_sampling_rows, V]: for each sequence that reached its end this step
     sample_rows: list[int]  # index into `scheduled` of each logits row (last position only)
-    prompt_logprobs: dict[int, "PromptLogprobs"]  # scheduled index -> the chunk's next prompt tokens' logprobs
+    prompt_logprobs: dict[int, PromptLogprobs]  # scheduled index -> the chunk's next prompt tokens' logprobs
     verify_logits: dict[int, torch.Tensor]  # scheduled index -> [num_lookahead + 1, V] for speculative verify
 
 

@@ -61,7 +61,8 @@ SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_atte
 DFLASH_KEYS = ("block_size", "target_layer_ids", "mask_token_id")
 
 
-def continue_drafter(init_dir: str | Path, cfg: dict, max_positions: int, device: torch.device) -> tuple[DFlashDrafter, dict]:
+def continue_drafter(init_dir: str | Path, cfg: dict, max_positions: int,
+                     device: torch.device) -> tuple[DFlashDrafter, dict]:
     """The drafter saved in `init_dir`, as float32 master weights ready to train on, and what its config
     says of its earlier training. Its shape and DFlash settings must equal `cfg` (the run's options):
     continuing another shape would silently train something else than asked."""
