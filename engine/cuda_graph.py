@@ -37,6 +37,7 @@ class DecodeGraphs:
         self.disabled_reason: str | None = None
         self.verify_disabled_reason: str | None = None
         self.verify_query_len: int | None = None  # 1 + drafts per round, set by the engine that verifies
+        self.verify_gemv_rows = 1  # rows of a verify step that take the batch-1 GEMV (ModelRunner.setup_verify)
         if not getattr(attention.primary, "graph_safe", False):
             self.disabled_reason = f"attention backend {attention.primary.name} is not graph-safe"
         elif not getattr(attention.primary, "graph_safe_verify", False):
@@ -97,12 +98,13 @@ class DecodeGraphs:
             i32["ctx"][:t].view(size, q).copy_(i32["lens"][:size, None] + i32["offset"])
             self.attention.primary.verify_layout(meta, i32["tok"][:t], i32["row"][:t], i32["ctx"][:t],
                                                  self.max_model_len)
-        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention))
+        gemv_rows = self.verify_gemv_rows if size == 1 else 1  # a batch-1 verify step: rows as in batch-1 decode
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, gemv_rows))
         try:
             hidden = self.model(ids, pos)
+            return self.model.compute_logits(hidden), getattr(self.model, "aux_hidden", None)
         finally:
             set_forward_context(None)
-        return self.model.compute_logits(hidden), getattr(self.model, "aux_hidden", None)
 
     def _key(self, size: int, q: int) -> tuple:
         return size, q, tuple(getattr(self.model, "aux_layer_ids", None) or ())

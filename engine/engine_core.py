@@ -154,6 +154,9 @@ class EngineCore:
                     s.seq.prompt_ranks.extend(chunk.ranks)
             if i in result.verify_logits:
                 new_tokens = self.proposer.verify(s.seq, s, result.verify_logits[i])
+                if s.seq.logprobs is not None:  # row j of the verify logits chose new token j
+                    n = s.seq.params.logprobs
+                    s.seq.logprobs.extend(token_logprobs(result.verify_logits[i], new_tokens, [n] * len(new_tokens)))
             else:
                 new_tokens = [sampled[i]] if i in sampled else []
             kept = s.num_new_tokens + max(0, len(new_tokens) - 1)  # accepted drafts keep their KV

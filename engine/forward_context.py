@@ -15,6 +15,7 @@ class ForwardContext:
     meta: "AttentionMetadata"
     kv_caches: list["LayerKVCache"]
     attention: "AttentionDispatcher"
+    gemv_rows: int = 1  # inputs of up to this many rows take the batch-1 GEMV (engine/layers/linear.py)
 
 
 _current: ForwardContext | None = None
@@ -23,6 +24,12 @@ _current: ForwardContext | None = None
 def set_forward_context(ctx: ForwardContext | None) -> None:
     global _current
     _current = ctx
+
+
+def gemv_row_limit() -> int:
+    """How many input rows a projection may send through the batch-1 GEMV now: the step's limit (a
+    speculative engine's batch-1 verify steps allow 1 + k), 1 outside a step."""
+    return _current.gemv_rows if _current is not None else 1
 
 
 def get_forward_context() -> ForwardContext:

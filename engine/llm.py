@@ -59,8 +59,7 @@ class LLM:
             from onecat.engine.speculative import build_proposer
 
             self.engine.proposer = build_proposer(speculative_config, self, open_draft_engine=LLM)
-            if self.engine.runner.graphs is not None:  # verify steps of 1 + k tokens per sequence replay too
-                self.engine.runner.graphs.verify_query_len = 1 + self.engine.proposer.k
+            self.engine.runner.setup_verify(1 + self.engine.proposer.k, self.fused_kernels["used"])
         self._ids = itertools.count()
         self.warmup = warm_up(self) if self.device.type == "cuda" else None  # compile now, not on a request
         self.load_time_s = time.perf_counter() - t0

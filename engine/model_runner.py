@@ -74,11 +74,16 @@ class ModelRunner:
         if graphed is not None:
             return graphed
         input_ids, positions, meta = self._metadata(sched)
-        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention))
+        batch1_verify = len(sched) == 1 and sched[0].num_new_tokens == 1  # one sequence's decode/verify rows
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention,
+                                           self.verify_gemv_rows if batch1_verify else 1))
         try:
             hidden = self.model(input_ids, positions)
+            return self._outputs(sched, meta, hidden)
         finally:
             set_forward_context(None)
+
+    def _outputs(self, sched: list[ScheduledSeq], meta, hidden: torch.Tensor) -> StepResult:
         starts = [0, *itertools.accumulate(meta.query_lens_cpu)]  # host copy: no device sync
         sample_rows, rows = [], []
         prompt_lp: dict[int, PromptLogprobs] = {}
@@ -114,6 +119,19 @@ class ModelRunner:
         vals, ids = lp.topk(top_n, dim=-1)
         tops = [dict(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
         return PromptLogprobs(own.squeeze(1).tolist(), tops, ranks)
+
+    # ---- speculative verify steps ------------------------------------------------------------------
+    verify_gemv_rows = 1  # rows of a decode/verify step that may take the batch-1 GEMV
+
+    def setup_verify(self, query_len: int, gemv: bool) -> None:
+        """Verify steps run 1 + k tokens per sequence: they replay CUDA graphs too, and with the fused
+        kernels on, a batch-1 verify step's rows go through the batch-1 GEMV, which computes each row as
+        a batch-1 decode step does. Greedy speculation then gives target-only's tokens exactly at batch 1
+        (the library GEMM sums 1 + k rows in another order than 1, and near-ties flip)."""
+        self.verify_gemv_rows = query_len if gemv else 1
+        if self.graphs is not None:
+            self.graphs.verify_query_len = query_len
+            self.graphs.verify_gemv_rows = self.verify_gemv_rows
 
     # ---- CUDA graphs for pure decode and uniform verify steps (engine/cuda_graph.py) ---------------
     graphs = None

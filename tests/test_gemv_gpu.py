@@ -1,6 +1,7 @@
 """Batch-1 Triton GEMV and the greedy argmax (GPU only; skipped without CUDA + Triton): against
 torch for odd shapes, bias, both half dtypes, the folded norm and SiLU*mul against the separate
-kernels, the routing of Linear (one row only), and decode logprobs through the GEMV against a
+kernels, rows of a multi-row call equal to the row alone, the routing of Linear (one row, or the rows a
+step allows), and decode logprobs through the GEMV against a
 prefill score of the same tokens."""
 from __future__ import annotations
 
@@ -64,6 +65,46 @@ def test_norm_and_glu_match_separate_kernels(dtype, k, glu, bias):
         assert torch.equal(h, ref_h)  # the residual add is one rounding either way
         assert y.shape == (1, n // 2 if glu else n)
         _close(y, ref, dtype)
+
+
+@pytest.mark.parametrize("norm,glu", [(False, False), (True, False), (True, True)])
+def test_each_row_of_a_multi_row_call_equals_that_row_alone(norm, glu):
+    """Batch invariance: row m of an M-row call is bit for bit the single-row result (what lets a
+    batch-1 verify step reproduce batch-1 decode); and more rows than MAX_ROWS are refused."""
+    tg = _gemv()
+    k, n, rows = 576, 1536, 8
+    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * k ** -0.5
+    nw = torch.randn(k, device="cuda", dtype=torch.float16) * 0.2 + 1
+    x, r = torch.randn(rows, k, device="cuda", dtype=torch.float16), torch.randn(rows, k, device="cuda",
+                                                                                  dtype=torch.float16)
+    extra = dict(residual=r, norm_weight=nw, eps=1e-6, glu=glu) if norm else {}
+    many = tg.gemv(x, w, **extra)
+    for m in range(rows):
+        one = tg.gemv(x[m:m + 1], w, **({**extra, "residual": r[m:m + 1]} if norm else {}))
+        if norm:
+            assert torch.equal(many[0][m], one[0][0]) and torch.equal(many[1][m], one[1][0])
+        else:
+            assert torch.equal(many[m], one[0])
+    too_many = torch.randn(tg.MAX_ROWS + 1, k, device="cuda", dtype=torch.float16)
+    assert tg.gemv_unsupported_reason(too_many, w) is not None
+
+
+def test_a_step_context_lets_more_rows_take_the_gemv():
+    from onecat.engine.forward_context import ForwardContext, set_forward_context
+    from onecat.engine.layers.linear import Linear
+
+    _gemv()
+    lin = Linear(256, 320, bias=False).to("cuda", torch.float16)
+    lin.use_fused = True
+    x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
+    assert not lin.gemv_ok(x)
+    set_forward_context(ForwardContext(None, [], None, gemv_rows=8))
+    try:
+        assert lin.gemv_ok(x) and not lin.gemv_ok(torch.randn(9, 256, device="cuda", dtype=torch.float16))
+        assert torch.equal(lin(x)[3], lin(x[3:4])[0])
+    finally:
+        set_forward_context(None)
+    assert not lin.gemv_ok(x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

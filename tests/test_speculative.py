@@ -89,6 +89,22 @@ def _check_greedy_speculation(llm, method, target_tokens):
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == target_tokens
 
 
+def test_verified_tokens_carry_their_logprobs(embedded_llm, embedded_path):
+    """Requested logprobs come for every token, verified ones too (row j of the verify logits), with
+    the values target-only decoding gives (CPU float32 matmuls are batch-invariant)."""
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    base = embedded_llm.generate(PROMPTS[:2], params)
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "model": str(embedded_path)}
+    with LLM(EMBEDDED, max_model_len=512, speculative_config=spec) as llm:
+        fast = llm.generate(PROMPTS[:2], params)
+    for b, f in zip(base, fast):
+        assert f.spec.num_accepted_tokens > 0 and f.token_ids == b.token_ids
+        assert len(f.logprobs) == len(f.token_ids)
+        for tok, fd, bd in zip(f.token_ids, f.logprobs, b.logprobs):
+            assert tok in fd and len(fd) >= 2 and fd.keys() == bd.keys()
+            assert fd == pytest.approx(bd, abs=1e-5)
+
+
 def test_speculation_with_preemption_and_mixed_batch(target_tokens):
     params = [GREEDY, GREEDY, GREEDY, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
                                                      prompt_logprobs=0)]

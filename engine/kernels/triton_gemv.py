@@ -24,6 +24,7 @@ import functools
 import torch
 
 MAX_K = 32768  # the K loop is unrolled: larger inputs take the library GEMM
+MAX_ROWS = 16  # rows of one call (each row is its own program column; the weight tiles come from L2 again)
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,6 +37,11 @@ def _kernel():
                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
                     GLU: tl.constexpr, HAS_BIAS: tl.constexpr):
         pid = tl.program_id(0)
+        m = tl.program_id(1).to(tl.int64)  # the input row: every row runs the same code as a single row
+        x_ptr += m * K
+        r_ptr += m * K
+        rout_ptr += m * K
+        y_ptr += m * n_out
         rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
         row_ok = rows < n_out
         rows = tl.where(row_ok, rows, 0)  # out-of-range rows re-read row 0 and are not stored
@@ -94,11 +100,12 @@ def default_config(n: int, k: int, norm: bool = False) -> tuple[int, int, int]:
 
 
 def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why this GEMV cannot take the call (None: it can). Only single-row fp16/bf16 CUDA inputs."""
+    """Why this GEMV cannot take the call (None: it can). Contiguous fp16/bf16 CUDA inputs of at most
+    MAX_ROWS rows."""
     if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
         return "CUDA float16/bfloat16 input and weight of one dtype required"
-    if x.numel() != x.shape[-1] or x.stride(-1) != 1:
-        return "one contiguous input row"
+    if not x.is_contiguous() or x.numel() > MAX_ROWS * x.shape[-1]:
+        return f"contiguous input of at most {MAX_ROWS} rows"
     if not weight.is_contiguous() or weight.shape[1] > MAX_K:
         return f"contiguous weight with at most {MAX_K} input features"
     return None
@@ -107,8 +114,9 @@ def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
          glu: bool = False, config: tuple[int, int, int] | None = None):
-    """y = weight @ x + bias for one row x, keeping x's leading shape.
-    With norm_weight (and residual): x is replaced by RMSNorm(x + residual) * norm_weight and the
+    """y = weight @ x + bias for each row of a contiguous x, keeping x's leading shape. Every row is
+    computed exactly as it would be alone (same tiles, same summation order): the result of a row does
+    not depend on how many rows the call has. With norm_weight (and residual): x is replaced by RMSNorm(x + residual) * norm_weight and the
     call returns (y, x + residual). With glu: weight is [gate | up] (2I rows) and y = SiLU(gate) * up
     (I entries)."""
     n, k = weight.shape
@@ -118,8 +126,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if glu:
         block_n = max(1, block_n // 2)  # each program reads as many rows: half gate, half up
     y = torch.empty(*x.shape[:-1], n_out, dtype=x.dtype, device=x.device)
+    if norm:
+        residual = residual.contiguous()
     rout = torch.empty_like(x) if norm else y
-    _kernel()[(-(-n_out // block_n),)](
+    rows = x.numel() // k
+    _kernel()[(-(-n_out // block_n), rows)](
         x, residual if norm else x, norm_weight if norm else x, weight, bias if bias is not None else weight,
         y, rout, n_out, eps, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, GLU=glu,
         HAS_BIAS=bias is not None, num_warps=warps)

@@ -1,5 +1,7 @@
 """nn.Linear with a batch-1 decode path: a single row on CUDA (fused kernels on) goes through the
-bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM; float32 on CPU
+bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM (so do the rows of a
+step whose forward context allows more: the GEMV computes each row as if alone, so a batch-1 verify
+step's rows equal batch-1 decode bit for bit); float32 on CPU
 goes through the batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.forward_context import gemv_row_limit
 from onecat.engine.layers import batch_invariant_linear
 
 
@@ -20,7 +23,7 @@ class Linear(nn.Linear):
     use_fused = False  # the engine turns this on per model (CUDA + Triton)
 
     def gemv_ok(self, x: torch.Tensor) -> bool:
-        if not (self.use_fused and x.is_cuda and x.numel() == x.shape[-1]):
+        if not (self.use_fused and x.is_cuda and 0 < x.numel() <= gemv_row_limit() * x.shape[-1]):
             return False
         from onecat.engine.kernels.triton_gemv import gemv_unsupported_reason
 
