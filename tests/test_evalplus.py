@@ -161,6 +161,29 @@ def test_value_transport_round_trip():
     assert nan != nan
 
 
+def test_builtin_subclasses_cross_as_the_plain_value_they_equal():
+    """Counter == dict, namedtuple == tuple, IntEnum == int in Python (and in EvalPlus): so here too."""
+    import collections
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    class Name(str):
+        pass
+
+    point = collections.namedtuple("Point", "x y")
+    cases = [(collections.Counter("abca"), {"a": 2, "b": 1, "c": 1}), (collections.OrderedDict(b=1, a=2), {"a": 2, "b": 1}),
+             (collections.defaultdict(list, k=[1]), {"k": [1]}), (point(1, 2), (1, 2)), (Color.RED, 1),
+             (Name("x"), "x"), ([collections.Counter(a=1)], [{"a": 1}])]
+    for fancy, plain in cases:
+        assert pyvalues.loads(pyvalues.dumps(fancy)) == plain, fancy
+    assert pyvalues.loads(pyvalues.dumps(point(1, 2))) != [1, 2]  # a tuple still is no list
+    c = OutputComparator(_problem("humaneval", "histogram"))
+    assert c.matches([], pyvalues.loads(pyvalues.dumps(collections.Counter(a=2))), {"a": 2})
+    assert not c.matches([], pyvalues.loads(pyvalues.dumps(collections.Counter(a=3))), {"a": 2})
+
+
 # ----------------------------------------------------------------------------- extraction
 def test_extract_from_chat_reply_keeps_needed_code_only():
     reply = ("Sure.\n```python\nimport math\nfrom typing import List\n\nLIMIT = 3\n\n"

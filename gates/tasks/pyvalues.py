@@ -2,8 +2,9 @@
 
 Pickle would let a sandboxed program run code in the harness when its output is read back; this
 encoding can only ever produce plain values. Tuples, sets, dicts with any keys, complex, bytes and
-huge ints survive the round trip; anything else becomes an `Opaque` (type name + repr) that equals
-only an Opaque with the same type and repr. Stdlib only: the sandbox driver embeds this source.
+huge ints survive the round trip; subclasses of those (Counter, OrderedDict, namedtuple, IntEnum ...)
+and numpy scalars cross as the plain value they equal under ==; anything else becomes an `Opaque`
+(type name + repr) that equals only an Opaque with the same type and repr. Stdlib only: the sandbox driver embeds this source.
 """
 
 import json
@@ -105,11 +106,33 @@ def encode_value(value, _depth=0):
         return {"__opaque__": value.type_name, "repr": value.text}
     if isinstance(value, Digest):
         return {"__digest__": value.type_name, "n": value.length, "sha256": value.sha256}
+    plain = _as_plain(value)
+    if plain is not None:
+        return encode_value(plain, _depth)
     try:
         text = repr(value)[:2000]
     except BaseException:
         text = "<unrepresentable>"
     return {"__opaque__": f"{kind.__module__}.{kind.__qualname__}", "repr": text}
+
+
+_PLAIN_TYPES = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+
+
+def _as_plain(value):
+    """The plain value that `value` equals under ==, when it is an instance of a subclass of a builtin
+    value type (Counter, OrderedDict, defaultdict, namedtuple, IntEnum, a str subclass ...) or a numpy
+    scalar; None for anything else. A Counter equal to the expected dict is a right answer, as Python's
+    own == (and EvalPlus) says."""
+    kind = type(value)
+    if kind.__module__ == "numpy" and getattr(value, "shape", None) == () and callable(getattr(value, "item", None)):
+        return value.item()
+    for base in _PLAIN_TYPES:
+        if isinstance(value, base):
+            if base is dict:
+                return dict(value.items())
+            return value[:] if base is str else base(value)
+    return None
 
 
 MAX_DECODE_DEPTH = 256  # encode_value refuses > 200 levels; anything deeper is not ours
