@@ -148,7 +148,8 @@ class EngineArgs(BaseModel):
     async_scheduling: bool = Field(default=True, description="with CUDA graphs: launch the next greedy decode "
                                                              "before reading this one")
     tensor_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-tp"),
-                                      description="GPUs per model replica (not implemented: 1)")
+                                      description="ranks one model is split over (one process per rank: GPUs "
+                                                  "of one host over NCCL, or CPU processes over gloo)")
     pipeline_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-pp"),
                                         description="pipeline stages (not implemented: 1)")
     mamba_cache_mode: Literal["none", "all", "align"] = Field(
@@ -169,12 +170,18 @@ class EngineArgs(BaseModel):
     def unsupported(self) -> list[str]:
         """Settings declared (vLLM has them) but not implemented by this engine, each with what to use."""
         out = []
-        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            n = getattr(self, name)
-            if n > 1:
-                out.append(f"{name}={n} (the model split over {n} GPUs) is not implemented: onecat runs one device "
-                           f"per engine; use {name} 1 (to measure vLLM with it, use `onecat bench compare` with "
-                           "backend vllm_serve)")
+        if self.pipeline_parallel_size > 1:
+            out.append(f"pipeline_parallel_size={self.pipeline_parallel_size} (layers split into stages) is not "
+                       "implemented; use tensor_parallel_size to split the model instead (docs/parallel.md)")
+        spec = self.speculative_config
+        if self.tensor_parallel_size > 1 and spec is not None and spec.method == "dflash":
+            out.append(f"speculative method dflash with tensor_parallel_size {self.tensor_parallel_size} is not "
+                       "implemented: the drafter reads the target's sharded embedding and LM head outside a step; "
+                       "use method ngram or draft_model, or tensor_parallel_size 1")
+        if self.tensor_parallel_size > 1 and self.quantization is not None:
+            out.append(f"quantization {self.quantization!r} with tensor_parallel_size {self.tensor_parallel_size} "
+                       "is not implemented: packed weights are not sharded; drop quantization (the checkpoint is "
+                       "dequantized) or use tensor_parallel_size 1")
         if self.mamba_cache_mode != "none":
             out.append(f"mamba_cache_mode={self.mamba_cache_mode!r} is not implemented: onecat runs no Mamba "
                        "layers; use mamba_cache_mode none")

@@ -36,6 +36,12 @@ class LLM:
             raise ConfigError("; ".join(unsupported))
         self.source = resolve_model_source(model, self.cfg.revision)
         self.device = resolve_device(self.cfg.device)
+        self.tp = None  # tensor parallel: this process's rank (engine/parallel)
+        if self.cfg.tensor_parallel_size > 1:
+            from onecat.engine.parallel.tensor_parallel import TensorParallel
+
+            self.tp = TensorParallel(self.cfg.tensor_parallel_size, self.device)
+            self.device = self.tp.device
         check_quantization(self.cfg.quantization, self.source.format, self.device)
         self.packing: dict | None = None  # what GGUF packing did, for info()
         ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf")
@@ -48,11 +54,17 @@ class LLM:
         self.model = self._build_model(ckpt)
         self.fused_kernels = self._enable_fused_kernels(self.cfg.fused_kernels)
         fp8 = parse_kv_cache_dtype(self.cfg.kv_cache_dtype)
-        num_blocks = self._num_kv_blocks(fp8 is not None)
+        kv_config = self.tp.kv_config(self.model_config) if self.tp else self.model_config
+        num_blocks = self._num_kv_blocks(fp8 is not None, kv_config)
         torch.manual_seed(self.cfg.seed)
-        self.engine = EngineCore(self.model, self.model_config, self.tokenizer, self.cfg, self.max_model_len,
+        self.engine = EngineCore(self.model, kv_config, self.tokenizer, self.cfg, self.max_model_len,
                                  num_blocks, self.dtype, fp8, self.device)
-        self.engine.runner.setup_cuda_graphs(self.cfg.cuda_graph == "full", self.max_model_len, self.cfg.max_num_seqs)
+        if self.tp is not None:
+            if self.tp.is_worker:
+                return  # a worker rank runs the steps rank 0 sends it (engine/parallel/runtime.py)
+            self.engine.runner.peers = self.tp.start_workers(type(self), model, settings, num_blocks)
+        self.engine.runner.setup_cuda_graphs(self.cfg.cuda_graph == "full" and self.tp is None, self.max_model_len,
+                                             self.cfg.max_num_seqs)
         spec = self.cfg.speculative_config
         speculative_config = spec.model_dump(exclude_none=True) if spec is not None else None
         if speculative_config:
@@ -81,6 +93,8 @@ class LLM:
             self.packing = packer.apply(model)
         else:
             model.load_weights(ckpt.weights)
+        if self.tp is not None:
+            self.tp.shard(model)  # before the CPU packing below, which reorders the weights
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
             pack_weights(model)
         return model.eval()
@@ -97,8 +111,8 @@ class LLM:
                 m.use_fused = reason is None
         return {"used": reason is None, "reason": reason}
 
-    def _num_kv_blocks(self, fp8: bool) -> int:
-        c, mc = self.cfg, self.model_config
+    def _num_kv_blocks(self, fp8: bool, mc) -> int:
+        c = self.cfg
         per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads, mc.head_dim,
                                     self.dtype, fp8)
         min_blocks = -(-self.max_model_len // c.block_size) + 1  # + the null block
@@ -209,12 +223,16 @@ class LLM:
             "attention_backend": self.engine.attention.report(),
             "cuda_graph": self.engine.runner.cuda_graph_report()["used"], "warmup": self.warmup,
             "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
+            "tensor_parallel": self.tp.describe(self.model_config) if self.tp else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
         }
 
     def close(self) -> None:
         """Releases the model weights and the KV cache now (not whenever the garbage collector gets to the
-        engine's reference cycles); the object cannot generate afterwards. Safe to call twice."""
+        engine's reference cycles) and stops the other tensor-parallel ranks; the object cannot generate
+        afterwards. Safe to call twice."""
+        if self.tp is not None and not self.tp.is_worker:
+            self.tp.close()
         self.engine = None
         self.model = None
         gc.collect()

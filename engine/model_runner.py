@@ -1,7 +1,6 @@
 """Runs one scheduled step on the model: flatten the batch, build attention metadata, forward, logits."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,25 @@ class PromptLogprobs:
     ranks: list[int] | None = None
 
 
+def _contiguous(rows: list[int]) -> bool:
+    return bool(rows) and rows == list(range(rows[0], rows[0] + len(rows)))
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One step's flattened batch as plain lists: all a tensor-parallel rank needs to run the step."""
+
+    ids: list[int]
+    pos: list[int]
+    slots: list[int]
+    qsl: list[int]
+    seq_lens: list[int]
+    qlens: list[int]
+    tables: list[list[int]]
+    logit_rows: list[int]  # hidden rows whose logits the step needs, in the order _outputs reads them
+    gemv_rows: int  # rows that may take the batch-1 GEMV (ForwardContext.gemv_rows)
+
+
 @dataclass(slots=True)
 class StepResult:
     logits: torch.Tensor  # [num_sampling_rows, V]: for each sequence that reached its end this step
@@ -38,10 +56,14 @@ class ModelRunner:
         self.attention = attention
         self.block_size = block_size
         self.device = device
+        self.peers = None  # tensor parallel: the other ranks, sent each step's inputs (engine/parallel)
 
-    def _metadata(self, sched: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def step_inputs(self, sched: list[ScheduledSeq]) -> StepInputs:
+        """The step's flattened batch, and which hidden rows need logits: each verifying sequence's
+        1 + k rows, the last row of each sequence that reached its end, the rows of a prefill chunk
+        whose next token is in the prompt (prompt logprobs)."""
         bs = self.block_size
-        ids, pos, slots, qsl, seq_lens, qlens = [], [], [], [0], [], []
+        ids, pos, slots, qsl, seq_lens, qlens, rows = [], [], [], [0], [], [], []
         for s in sched:
             seq = s.seq
             start = seq.num_computed_tokens
@@ -52,66 +74,97 @@ class ModelRunner:
             for p in range(start, start + n):
                 pos.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
+            if seq.prompt_logprobs is not None and start < seq.num_prompt_tokens:
+                rows.extend(range(qsl[-1], qsl[-1] + max(0, min(start + n, seq.num_prompt_tokens - 1) - start)))
+            if s.num_lookahead:
+                lo = qsl[-1] + s.num_new_tokens - 1
+                rows.extend(range(lo, lo + s.num_lookahead + 1))
+            elif start + s.num_new_tokens == seq.num_tokens:
+                rows.append(qsl[-1] + n - 1)
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             qlens.append(n)
         max_blocks = max(len(s.seq.block_table) for s in sched)
         tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in sched]
+        batch1_verify = len(sched) == 1 and sched[0].num_new_tokens == 1  # one sequence's decode/verify rows
+        return StepInputs(ids, pos, slots, qsl, seq_lens, qlens, tables, rows,
+                          self.verify_gemv_rows if batch1_verify else 1)
+
+    def _metadata(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            max_query_len=max(qlens), max_seq_len=max(seq_lens), block_size=bs,
-            query_lens_cpu=qlens, seq_lens_cpu=seq_lens, extras={})
-        return (torch.tensor(ids, dtype=torch.int64, device=dev), torch.tensor(pos, dtype=torch.int64, device=dev),
-                meta)
+            query_start_loc=torch.tensor(x.qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(x.seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(x.tables, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(x.slots, dtype=torch.int64, device=dev),
+            max_query_len=max(x.qlens), max_seq_len=max(x.seq_lens), block_size=self.block_size,
+            query_lens_cpu=x.qlens, seq_lens_cpu=x.seq_lens, extras={})
+        return (torch.tensor(x.ids, dtype=torch.int64, device=dev),
+                torch.tensor(x.pos, dtype=torch.int64, device=dev), meta)
+
+    def run_inputs(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden [T, H], float32 logits of x.logit_rows [R, V]): the forward every tensor-parallel rank
+        runs in step (the other ranks get `x` from the first)."""
+        input_ids, positions, meta = self._metadata(x)
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, x.gemv_rows))
+        try:
+            hidden = self.model(input_ids, positions)
+            if not x.logit_rows:
+                return hidden, hidden.new_zeros(0)
+            rows = hidden[x.logit_rows[0]:x.logit_rows[-1] + 1] if _contiguous(x.logit_rows) else \
+                hidden[torch.tensor(x.logit_rows, device=self.device)]
+            return hidden, self.model.compute_logits(rows).float()
+        finally:
+            set_forward_context(None)
 
     @torch.inference_mode()
     def execute(self, sched: list[ScheduledSeq]) -> StepResult:
         graphed = self._execute_graph(sched)
         if graphed is not None:
             return graphed
-        input_ids, positions, meta = self._metadata(sched)
-        batch1_verify = len(sched) == 1 and sched[0].num_new_tokens == 1  # one sequence's decode/verify rows
-        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention,
-                                           self.verify_gemv_rows if batch1_verify else 1))
+        x = self.step_inputs(sched)
+        if self.peers is None:
+            return self._outputs(sched, self.run_inputs(x)[1])
+        self.peers.send_step(x)
         try:
-            hidden = self.model(input_ids, positions)
-            return self._outputs(sched, meta, hidden)
-        finally:
-            set_forward_context(None)
+            _, logits = self.run_inputs(x)
+        except RuntimeError as e:  # a collective fails when another rank died or raised mid-step
+            raise self.peers.collective_failed(e) from e
+        return self._outputs(sched, logits)
 
-    def _outputs(self, sched: list[ScheduledSeq], meta, hidden: torch.Tensor) -> StepResult:
-        starts = [0, *itertools.accumulate(meta.query_lens_cpu)]  # host copy: no device sync
-        sample_rows, rows = [], []
+    def _outputs(self, sched: list[ScheduledSeq], logits: torch.Tensor) -> StepResult:
+        """Split the step's logits rows (in step_inputs' order) into samples, verifies and prompt logprobs."""
+        sample_rows, sample_logits = [], []
         prompt_lp: dict[int, PromptLogprobs] = {}
         verify: dict[int, torch.Tensor] = {}
+        at = 0
         for i, s in enumerate(sched):
             seq = s.seq
-            end_computed = seq.num_computed_tokens + s.num_new_tokens
+            start = seq.num_computed_tokens
+            if seq.prompt_logprobs is not None and start < seq.num_prompt_tokens:
+                n = max(0, min(start + s.num_new_tokens + s.num_lookahead, seq.num_prompt_tokens - 1) - start)
+                prompt_lp[i] = self._prompt_logprobs(logits[at:at + n], seq)
+                at += n
             if s.num_lookahead:
-                lo = starts[i] + s.num_new_tokens - 1
-                verify[i] = self.model.compute_logits(hidden[lo:lo + s.num_lookahead + 1]).float()
-            elif end_computed == seq.num_tokens:
+                verify[i] = logits[at:at + s.num_lookahead + 1]
+                at += s.num_lookahead + 1
+            elif start + s.num_new_tokens == seq.num_tokens:
                 sample_rows.append(i)
-                rows.append(starts[i + 1] - 1)
-            if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
-                prompt_lp[i] = self._prompt_logprobs(hidden[starts[i]:starts[i + 1]], seq, s.num_new_tokens)
-        logits = (self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).float()
-                  if rows else hidden.new_zeros(0))
-        return StepResult(logits, sample_rows, prompt_lp, verify)
+                sample_logits.append(at)
+                at += 1
+        picked = logits[sample_logits[0]:sample_logits[-1] + 1] if _contiguous(sample_logits) else \
+            logits[torch.tensor(sample_logits, device=logits.device)] if sample_logits else logits.new_zeros(0)
+        return StepResult(picked, sample_rows, prompt_lp, verify)
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, seq, n: int) -> PromptLogprobs:
-        """log p(prompt[t+1] | prompt[:t+1]) for the chunk's positions whose next token is in the prompt."""
+    def _prompt_logprobs(self, logits: torch.Tensor, seq) -> PromptLogprobs:
+        """log p(prompt[t+1] | prompt[:t+1]) from the logits of a chunk's positions t whose next token is in
+        the prompt (the chunk starts at seq.num_computed_tokens)."""
         start = seq.num_computed_tokens
-        last = min(start + n, seq.num_prompt_tokens - 1)  # positions start..last-1 predict a prompt token
         top_n = seq.params.prompt_logprobs
-        if last <= start:
+        if logits.shape[0] == 0:
             return PromptLogprobs([], [] if top_n else None, [] if top_n else None)
-        lp = self.model.compute_logits(hidden[:last - start]).float().log_softmax(dim=-1)
-        targets = torch.tensor(seq.token_ids[start + 1:last + 1], device=lp.device)
+        lp = logits.log_softmax(dim=-1)
+        targets = torch.tensor(seq.token_ids[start + 1:start + 1 + logits.shape[0]], device=lp.device)
         own = lp.gather(1, targets.unsqueeze(1))
         if not top_n:
             return PromptLogprobs(own.squeeze(1).tolist())
@@ -145,7 +198,9 @@ class ModelRunner:
 
     def cuda_graph_report(self) -> dict:
         if self.graphs is None:
-            return {"used": False, "replays": 0, "captured_sizes": [], "disabled_reason": "not enabled (or not CUDA)"}
+            reason = ("tensor parallel: every rank runs its steps eagerly (graphs replayed on all ranks in step are "
+                      "not built)" if self.peers is not None else "not enabled (or not CUDA)")
+            return {"used": False, "replays": 0, "captured_sizes": [], "disabled_reason": reason}
         return self.graphs.report()
 
     def _execute_graph(self, sched: list[ScheduledSeq]) -> StepResult | None:

@@ -27,7 +27,7 @@ gates:
 # a valid value of every setting whose default is None (the others use their default)
 SAMPLE = {"revision": "main", "quantization": "gguf", "max_model_len": 64, "kv_cache_memory_gb": 0.5,
           "num_kv_blocks": 8, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}
-NOT_IMPLEMENTED = [("tensor_parallel_size", 2), ("pipeline_parallel_size", 2), ("mamba_cache_mode", "align"),
+NOT_IMPLEMENTED = [("pipeline_parallel_size", 2), ("mamba_cache_mode", "align"),
                    ("cuda_graph", "piecewise")]
 
 
@@ -128,13 +128,14 @@ def test_unimplemented_settings_are_refused_with_one_message(name, value, llm_st
     assert result.exit_code == 2 and message in " ".join(result.output.split())
 
 
-def test_shipped_tp4_contract_loads_and_says_it_cannot_run_here():
+def test_shipped_tp4_nvfp4_contract_loads_and_says_what_it_cannot_run():
     from onecat.gates.contract import load_contract
     from onecat.gates.contract_checks import contract_warnings
 
     c = load_contract(ROOT / "contracts" / "dflash2_16k.yaml")
     assert c.engine.tensor_parallel_size == 4
-    assert any("tensor_parallel_size=4" in w for w in contract_warnings(c))
+    warnings = contract_warnings(c)
+    assert any("nvfp4" in w and "tensor_parallel_size 4" in w for w in warnings)  # packed weights are not sharded
 
 
 # --------------------------------------------------------------------------- contract options

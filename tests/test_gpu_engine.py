@@ -222,3 +222,30 @@ def test_batch1_speculation_reproduces_target_only_bit_for_bit(tmp_path, graphs)
         assert fast.token_ids == base.token_ids
         assert [d[t] for d, t in zip(fast.logprobs, fast.token_ids)] == \
             [d[t] for d, t in zip(base.logprobs, base.token_ids)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])
+def test_tensor_parallel_2_gpus_matches_one(tmp_path, kv_cache_dtype):
+    """TP=2 over NCCL (uneven heads: 9 query / 3 KV) scores prompts as one GPU does, to fp16 rounding of
+    the row-parallel sums, with a sharded fp8 KV cache too; greedy generation runs on both ranks."""
+    from onecat.engine import SamplingParams
+    from tests.tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=144, num_attention_heads=9,
+                                num_key_value_heads=3)
+    scores, tokens = {}, {}
+    for tp in (1, 2):
+        llm = _llm(model_dir, device="cuda", dtype="float16", kv_cache_dtype=kv_cache_dtype,
+                   tensor_parallel_size=tp)
+        try:
+            scores[tp] = [s.logprobs for s in llm.score(PROMPTS[1:3])]
+            tokens[tp] = llm.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=16,
+                                                                 ignore_eos=True))[0].token_ids
+            if tp == 2:
+                assert llm.info()["tensor_parallel"]["backend"] == "nccl"
+        finally:
+            llm.close()
+    for a, b in zip(scores[1], scores[2]):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 2e-2
+    assert len(tokens[2]) == 16

@@ -34,8 +34,12 @@ def preflight(arm: ArmSettings, args: EngineArgs) -> list[str]:
         miss = _resolve(spec.model, spec.revision)
         if miss:
             problems.append(f"drafter model: {miss}")
-    if args.device.startswith("cuda") and _cuda_count() == 0:
+    gpus = _cuda_count() if args.device.startswith("cuda") else None
+    if gpus == 0:
         problems.append("engine.device is cuda but no CUDA device is visible")
+    if gpus is not None and args.tensor_parallel_size > gpus:
+        problems.append(f"tensor_parallel_size {args.tensor_parallel_size} needs {args.tensor_parallel_size} GPUs "
+                        f"of one host; {gpus} are visible here")
     return problems
 
 

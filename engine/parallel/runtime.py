@@ -1,0 +1,200 @@
+"""Tensor-parallel ranks of one engine on one host: one process per rank.
+
+Rank 0 is the process that built the `LLM`: it owns the scheduler, the sampler, stop logic, speculative
+drafting and the API. Ranks 1..N-1 are worker processes started here (spawn); each builds the same
+model, keeps its shard (engine/parallel/sharding.py) and a KV cache of its own KV heads with rank 0's
+block count, then runs the model on every step rank 0 sends it. A step's metadata (token ids,
+positions, slots, block tables, the rows that need logits: `StepInputs`, a few plain lists) goes over a
+pipe per worker; activations meet in the layers' collectives over the process group (NCCL on GPUs,
+gloo on CPU). Every rank then holds the full logits; only rank 0 reads them.
+
+Failure: a worker that raises sends its traceback and exits; a worker that dies is seen before the
+next step is sent (and a collective waiting on it fails within `COLLECTIVE_TIMEOUT_S`); either way
+rank 0 raises `TensorParallelError` with the worker's own message, and `close()` leaves no process.
+Rank 0 dying closes the pipes, and every worker exits on the closed pipe.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from onecat.engine.errors import EngineError
+
+COLLECTIVE_TIMEOUT_S = 120  # a collective waiting longer than this on a rank fails instead of hanging
+START_TIMEOUT_S = 600  # a worker that has not built its shard by then is treated as dead
+
+
+class TensorParallelError(EngineError):
+    """A tensor-parallel rank failed or died; the engine cannot step any more."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world: int
+    port: int  # rendezvous port on 127.0.0.1
+
+
+_worker_rank: RankInfo | None = None  # set in a worker process before it builds its LLM
+
+
+def worker_rank() -> RankInfo | None:
+    """This process's rank when it is a tensor-parallel worker (None in the user's process)."""
+    return _worker_rank
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_group(info: RankInfo, device: torch.device) -> None:
+    """Join the ranks' process group (TCP rendezvous on this host); `device` is this rank's."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{info.port}", rank=info.rank,
+                            world_size=info.world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Rank r's device: GPU r of the host (after the first one the user chose), the CPU for every CPU rank."""
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", (device.index or 0) + rank)
+
+
+def threads_per_rank(world: int) -> int:
+    """CPU ranks share the cores the process may use: each takes its share (at least one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // world)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(info: RankInfo, engine_cls, model: str, settings: dict, conn) -> None:
+    """A worker rank: build the shard (an `engine_cls`, the LLM class, which sees worker_rank() set), say
+    ready, run steps until told to stop or the pipe closes."""
+    global _worker_rank
+    _worker_rank = info
+    try:
+        torch.set_num_threads(threads_per_rank(info.world))
+        llm = engine_cls(model, **settings)  # joins the group, builds and shards the model
+        conn.send(("ready", None))
+        runner = llm.engine.runner
+        while True:
+            try:
+                kind, payload = conn.recv()
+            except EOFError:  # rank 0 is gone
+                break
+            if kind == "stop":
+                break
+            with torch.inference_mode():
+                runner.run_inputs(payload)
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to rank 0 as text
+        try:
+            conn.send(("error", f"rank {info.rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except (BrokenPipeError, OSError):
+            pass
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class WorkerRanks:
+    """Rank 0's handle on ranks 1..N-1: starts them, sends each step, notices failures, stops them."""
+
+    def __init__(self, engine_cls, model: str, settings: dict, world: int):
+        self.world = world
+        self.port = _free_port()
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for rank in range(1, world):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(RankInfo(rank, world, self.port), engine_cls, model, settings, child),
+                               name=f"onecat-tp-rank{rank}", daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        self.closed = False
+
+    def wait_ready(self) -> None:
+        """Block until every worker has built its shard; a worker error or death raises."""
+        for rank, conn in enumerate(self.conns, start=1):
+            if not conn.poll(START_TIMEOUT_S):
+                raise self._failure(f"rank {rank} did not finish building its shard in {START_TIMEOUT_S} s")
+            kind, payload = self._recv(rank, conn)
+            if kind != "ready":
+                raise self._failure(payload)
+
+    def send_step(self, inputs) -> None:
+        dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        if dead or self.closed:
+            raise self._failure(f"rank {dead[0]} is not running" if dead else "the worker ranks were stopped")
+        for rank, conn in enumerate(self.conns, start=1):
+            if conn.poll():  # a worker only speaks to report an error
+                raise self._failure(self._recv(rank, conn)[1])
+            try:
+                conn.send(("step", inputs))
+            except (BrokenPipeError, OSError):
+                raise self._failure(f"rank {rank} closed its pipe") from None
+
+    def collective_failed(self, exc: BaseException) -> TensorParallelError:
+        """The error to raise when a step's collective failed on rank 0: the worker's own reason if one
+        reported it."""
+        return self._failure(f"a collective failed on rank 0: {type(exc).__name__}: {exc}")
+
+    def _recv(self, rank: int, conn) -> tuple[str, str | None]:
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            return "error", f"rank {rank} exited (exit code {self.procs[rank - 1].exitcode}) without a message"
+
+    def _failure(self, reason: str) -> TensorParallelError:
+        """Collect what the workers said, stop them all, and describe the failure."""
+        told = []
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                if conn.poll(0.5):
+                    kind, payload = conn.recv()
+                    if kind == "error" and payload and payload not in reason:
+                        told.append(payload)
+            except (EOFError, OSError):
+                pass
+        self.close()
+        detail = "\n".join([reason, *told])
+        return TensorParallelError(f"tensor parallel engine stopped: {detail.strip()}")
+
+    def close(self) -> None:
+        """Stop every worker (politely, then by force); idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self.conns:
+            try:
+                conn.send(("stop", None))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+
+    def alive(self) -> list[bool]:
+        return [p.is_alive() for p in self.procs]

@@ -1,0 +1,227 @@
+"""Tensor-parallel sharding of a loaded Llama-family model (Megatron-style), in place.
+
+Each rank keeps a slice of every projection: the attention's heads (q/k/v rows, o_proj columns), the
+MLP's intermediate units (gate/up rows, down_proj columns) and the vocabulary (embedding and LM-head
+rows). The layer code runs unchanged on the slices, with smaller head and unit counts; the only
+additions are the collectives: a sum over the ranks after each row-parallel projection (o_proj,
+down_proj) and after the embedding lookup, and a gather of the LM head's vocabulary slices, so every
+rank ends each layer, and the step, with the full hidden state and the full logits.
+
+Sharding works on the dense weights as loaded: before `pack_weights` (which keeps only a oneDNN-blocked
+copy of CPU float32 weights) and never on quantized layers.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.errors import ConfigError
+from onecat.engine.layers.attention import SelfAttention
+from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.mlp import GatedMLP
+
+
+# ---- partition math ------------------------------------------------------------------------------
+def split_range(n: int, rank: int, world: int) -> tuple[int, int]:
+    """[start, end) of rank's contiguous share of n items; the first n % world ranks get one more, so a
+    share is empty only when n < world."""
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world}")
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
+def attention_heads(num_heads: int, num_kv_heads: int, rank: int, world: int) -> tuple[list[int], list[int]]:
+    """(query heads, KV heads) of rank. Query head h reads KV head h // (num_heads // num_kv_heads), and
+    a rank holds the KV heads its query heads read: with world <= num_kv_heads the KV heads are split
+    and each rank takes their query heads; with more ranks, rank r replicates KV head
+    r * num_kv_heads // world and the ranks sharing it split its query heads (some may get none when
+    world > num_heads)."""
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads cannot be grouped over {num_kv_heads} KV heads")
+    group = num_heads // num_kv_heads
+    if world <= num_kv_heads:
+        start, end = split_range(num_kv_heads, rank, world)
+        return list(range(start * group, end * group)), list(range(start, end))
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world}")
+    kv = rank * num_kv_heads // world
+    sharers = [r for r in range(world) if r * num_kv_heads // world == kv]
+    start, end = split_range(group, sharers.index(rank), len(sharers))
+    return list(range(kv * group + start, kv * group + end)), [kv]
+
+
+def local_num_kv_heads(num_heads: int, num_kv_heads: int, rank: int, world: int) -> int:
+    """KV heads rank stores per layer (its KV cache's head count)."""
+    return len(attention_heads(num_heads, num_kv_heads, rank, world)[1])
+
+
+# ---- collectives ---------------------------------------------------------------------------------
+def _sum_hook(group):
+    """Forward hook: sum the partial outputs of a row-parallel projection over the ranks."""
+    def hook(module, args, out):
+        dist.all_reduce(out, group=group)
+        return out
+    return hook
+
+
+def _gather_hook(sizes: list[int], group):
+    """Forward hook: concatenate the ranks' output slices (sizes[r] columns each, in rank order).
+    all_gather wants equal shapes, so every slice is padded to the widest and trimmed after."""
+    widest = max(sizes)
+
+    def hook(module, args, out):
+        pieces = [out.new_empty(*out.shape[:-1], widest) for _ in sizes]
+        dist.all_gather(pieces, F.pad(out, (0, widest - out.shape[-1])).contiguous(), group=group)
+        return torch.cat([p[..., :n] for p, n in zip(pieces, sizes)], dim=-1)
+    return hook
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """Rows [start, start + num_embeddings) of the vocabulary. An id outside them looks up zeros here;
+    the sum over the ranks brings in the row from the rank that holds it."""
+
+    def __init__(self, weight: torch.Tensor, start: int, group):
+        super().__init__(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
+        self.start, self.group = start, group
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.num_embeddings)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        dist.all_reduce(out, group=self.group)
+        return out
+
+
+class IdleAttention(nn.Module):
+    """Stands in for the attention of a rank that owns no query head (world > num_heads): it still joins
+    the sum over the ranks, with zeros. Its qkv_proj is the identity, so the decoder layer's norm still
+    runs but no projection does."""
+
+    num_heads = num_kv_heads = q_size = kv_size = 0
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+        self.qkv_proj = nn.Identity()
+
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(qkv)  # qkv is the normed hidden state here: [T, hidden]
+        dist.all_reduce(out, group=self.group)
+        return out
+
+
+# ---- sharding ------------------------------------------------------------------------------------
+def _keep(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> None:
+    """Keep these output rows (and bias entries) / input columns of a dense Linear. index_select copies,
+    so the full weight is freed."""
+    w = linear.weight.detach()
+    if rows is not None:
+        w = w.index_select(0, rows.to(w.device))
+        if linear.bias is not None:
+            linear.bias = nn.Parameter(linear.bias.detach().index_select(0, rows.to(w.device)), requires_grad=False)
+    if cols is not None:
+        w = w.index_select(1, cols.to(w.device))
+    linear.weight = nn.Parameter(w, requires_grad=False)
+    linear.out_features, linear.in_features = w.shape
+    linear.__dict__.pop("_batch_invariant_weight", None)  # a blocked copy of the full weight, if any
+
+
+def _row_parallel(linear: nn.Linear, rank: int, group) -> None:
+    """Each rank's output is a partial sum: add them up, with the bias counted once (rank 0's)."""
+    if linear.bias is not None and rank != 0:
+        linear.bias = None
+    linear.register_forward_hook(_sum_hook(group))
+
+
+def _head_rows(heads: list[int], head_dim: int) -> torch.Tensor:
+    return (torch.tensor(heads, dtype=torch.int64).view(-1, 1) * head_dim + torch.arange(head_dim)).view(-1)
+
+
+def _shard_attention(attn: SelfAttention, rank: int, world: int, group) -> nn.Module:
+    q_heads, kv_heads = attention_heads(attn.num_heads, attn.num_kv_heads, rank, world)
+    if not q_heads:
+        return IdleAttention(group)
+    d = attn.head_dim
+    q, kv = _head_rows(q_heads, d), _head_rows(kv_heads, d)
+    _keep(attn.qkv_proj, rows=torch.cat([q, attn.q_size + kv, attn.q_size + attn.kv_size + kv]))
+    _keep(attn.o_proj, cols=q)
+    _row_parallel(attn.o_proj, rank, group)
+    attn.num_heads, attn.num_kv_heads = len(q_heads), len(kv_heads)
+    attn.q_size, attn.kv_size = attn.num_heads * d, attn.num_kv_heads * d
+    return attn
+
+
+def _shard_mlp(mlp: GatedMLP, rank: int, world: int, group) -> None:
+    start, end = split_range(mlp.intermediate, rank, world)
+    units = torch.arange(start, end)
+    _keep(mlp.gate_up_proj, rows=torch.cat([units, mlp.intermediate + units]))  # still [gate | up]
+    _keep(mlp.down_proj, cols=units)
+    _row_parallel(mlp.down_proj, rank, group)
+    mlp.intermediate = end - start
+
+
+def _shard_vocab(model: nn.Module, rank: int, world: int, group) -> None:
+    """Vocabulary-parallel embedding and LM head (one shared slice when they are tied); the head's
+    forward returns the full logits on every rank."""
+    emb, head = model.embed_tokens, model.lm_head
+    tied, vocab = head.weight is emb.weight, head.out_features
+    start, end = split_range(emb.num_embeddings, rank, world)
+    model.embed_tokens = VocabParallelEmbedding(emb.weight.detach()[start:end].clone(), start, group)
+    if tied:
+        head.weight = model.embed_tokens.weight
+        head.out_features = end - start
+        head.__dict__.pop("_batch_invariant_weight", None)
+    else:
+        _keep(head, rows=torch.arange(*split_range(vocab, rank, world)))
+    sizes = [b - a for a, b in (split_range(vocab, r, world) for r in range(world))]
+    head.register_forward_hook(_gather_hook(sizes, group))
+
+
+def _check_dense(model: nn.Module, world: int) -> None:
+    """Refuse what cannot be sliced by rows/columns: packed, quantized or missing projections, and
+    dimensions too small to give every rank a share."""
+    def check(name: str, module, kind=Linear):
+        w = getattr(module, "weight", None)
+        if isinstance(module, kind) and w is not None and not w.is_meta and w.is_floating_point():
+            return
+        what = ("packed by pack_weights (only a oneDNN-blocked copy is left)" if w is not None and w.is_meta
+                else f"a {type(module).__name__}" + (f" of {w.dtype}" if isinstance(w, torch.Tensor) else "")
+                + f", not a dense {kind.__name__}")
+        raise ConfigError(f"tensor parallelism shards dense weights only, and {name} is {what}: shard the model "
+                          "right after loading, before pack_weights, and run it unquantized (no quantization)")
+
+    check("embed_tokens", getattr(model, "embed_tokens", None), nn.Embedding)
+    check("lm_head", getattr(model, "lm_head", None))
+    for name, m in model.named_modules():
+        if isinstance(m, SelfAttention):
+            check(f"{name}.qkv_proj", m.qkv_proj)
+            check(f"{name}.o_proj", m.o_proj)
+        elif isinstance(m, GatedMLP):
+            check(f"{name}.gate_up_proj", m.gate_up_proj)
+            check(f"{name}.down_proj", m.down_proj)
+            if m.intermediate < world:
+                raise ConfigError(f"{name} has {m.intermediate} intermediate units, fewer than {world} ranks")
+    if model.embed_tokens.num_embeddings < world:
+        raise ConfigError(f"a vocabulary of {model.embed_tokens.num_embeddings} cannot be split over {world} ranks")
+
+
+def shard_model(model: nn.Module, rank: int, world: int, group=None) -> None:
+    """Keep rank's share of the loaded model's weights, in place, and hook in the collectives over
+    `group` (None: the default process group), whose size must be `world`."""
+    if world == 1:
+        return
+    if dist.is_initialized() and dist.get_world_size(group) != world:
+        raise ValueError(f"the process group has {dist.get_world_size(group)} ranks, not {world}")
+    _check_dense(model, world)
+    for name, m in list(model.named_modules()):
+        if isinstance(m, SelfAttention):
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, _shard_attention(m, rank, world, group))
+        elif isinstance(m, GatedMLP):
+            _shard_mlp(m, rank, world, group)
+    _shard_vocab(model, rank, world, group)

@@ -1,0 +1,79 @@
+"""What an `LLM` does differently as one of N tensor-parallel ranks (tensor_parallel_size = N > 1).
+
+Every rank builds the whole model from the checkpoint and keeps its shard (sharding.py) before any
+CPU weight packing; the KV cache holds the rank's own KV heads. Rank 0 (the user's process) then
+starts ranks 1..N-1 (runtime.py) with its block count, so every rank's cache has the same blocks and
+one block table serves all. Steps run eagerly: CUDA graphs would have to be captured and replayed on
+every rank in step, which is not built, so they are off under TP and the runner's report says so.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from onecat.engine.errors import ConfigError
+from onecat.engine.parallel.runtime import (RankInfo, WorkerRanks, backend_for, init_group, rank_device,
+                                            threads_per_rank, worker_rank)
+from onecat.engine.parallel.sharding import attention_heads, shard_model, split_range
+
+
+class TensorParallel:
+    def __init__(self, world: int, device: torch.device):
+        info = worker_rank()
+        self.world, self.rank = world, info.rank if info is not None else 0
+        self.is_worker = info is not None
+        if device.type == "cuda":
+            first = device.index or 0
+            if first + world > torch.cuda.device_count():
+                raise ConfigError(f"tensor_parallel_size={world} from {device} needs GPUs {first}..{first + world - 1}"
+                                  f" but this host has {torch.cuda.device_count()}; lower tensor_parallel_size")
+        elif device.type != "cpu":
+            raise ConfigError(f"tensor parallel runs on CUDA GPUs (NCCL) or CPU processes (gloo), not {device}")
+        if not self.is_worker and dist.is_initialized():
+            raise ConfigError("this process already holds a tensor-parallel engine (one process group per "
+                              "process); close it first")
+        self.device = rank_device(device, self.rank)
+        self.workers: WorkerRanks | None = None
+        if device.type == "cpu":
+            torch.set_num_threads(threads_per_rank(world))
+        if self.is_worker:
+            init_group(info, self.device)
+
+    def shard(self, model: torch.nn.Module) -> None:
+        shard_model(model, self.rank, self.world, None)
+
+    def kv_config(self, model_config):
+        """The model config as this rank's KV cache sees it: only the rank's KV heads."""
+        _, kv = attention_heads(model_config.num_attention_heads, model_config.num_key_value_heads, self.rank,
+                                self.world)
+        return dataclasses.replace(model_config, num_key_value_heads=len(kv))
+
+    def start_workers(self, engine_cls, model: str, settings: dict, num_blocks: int) -> WorkerRanks:
+        """Rank 0: start ranks 1..N-1 (each builds an `engine_cls`, the LLM class) with this engine's
+        settings and block count, join the group, and wait until every rank has built its shard."""
+        worker_settings = {k: v for k, v in settings.items() if k != "speculative_config"}  # drafting is rank 0's
+        worker_settings["num_kv_blocks"] = num_blocks
+        self.workers = WorkerRanks(engine_cls, model, worker_settings, self.world)
+        try:
+            init_group(RankInfo(0, self.world, self.workers.port), self.device)
+            self.workers.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self.workers
+
+    def describe(self, model_config) -> dict:
+        heads = [attention_heads(model_config.num_attention_heads, model_config.num_key_value_heads, r, self.world)
+                 for r in range(self.world)]
+        return {"size": self.world, "backend": backend_for(self.device), "threads_per_rank": torch.get_num_threads(),
+                "query_heads": [len(q) for q, _ in heads], "kv_heads": [kv for _, kv in heads],
+                "intermediate": [split_range(model_config.intermediate_size, r, self.world) for r in range(self.world)],
+                "workers_alive": self.workers.alive() if self.workers is not None else None}
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

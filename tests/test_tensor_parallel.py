@@ -1,0 +1,82 @@
+"""Tensor parallel on CPU (gloo, one process per rank) on the embedded model (9 query / 3 KV heads):
+greedy tokens equal to TP=1 with the heads split unevenly (TP=2) and the KV heads replicated (TP=4),
+with chunked prefill, preemption, prefix-cache hits and speculative decoding; a dead rank fails the
+engine with its reason and leaves no process; what TP does not build is refused clearly."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.errors import ConfigError
+from tests.conftest import EMBEDDED
+from tests.test_speculative import PROMPTS
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+SMALL = dict(max_model_len=96, max_num_batched_tokens=16, block_size=4, num_kv_blocks=40)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """TP=1 tokens: plain, and with a small KV cache and prefill chunks (preemption, chunked prefill)."""
+    with LLM(EMBEDDED, max_model_len=256) as llm:
+        plain = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    with LLM(EMBEDDED, **SMALL) as llm:
+        small = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    return {"plain": plain, "small": small}
+
+
+def test_tp2_uneven_heads_matches_tp1(reference):
+    with LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=2) as llm:
+        tp = llm.info()["tensor_parallel"]
+        assert tp["size"] == 2 and tp["backend"] == "gloo" and all(tp["workers_alive"])
+        assert tp["query_heads"] == [6, 3] and tp["kv_heads"] == [[0, 1], [2]]
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["plain"]
+        # again: every prompt now hits the prefix cache
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["plain"]
+
+
+def test_tp2_with_chunked_prefill_preemption_and_speculation(reference):
+    with LLM(EMBEDDED, tensor_parallel_size=2, **SMALL) as llm:
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["small"]
+        assert llm.engine.scheduler.num_preemptions > 0
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    with LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=2, speculative_config=spec) as llm:
+        outs = llm.generate(PROMPTS, GREEDY)
+        assert [o.token_ids for o in outs] == reference["plain"]
+        assert sum(o.spec.num_drafts for o in outs) > 0
+
+
+@pytest.mark.slow
+def test_tp4_replicated_kv_heads_matches_tp1(reference):
+    with LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=4) as llm:
+        tp = llm.info()["tensor_parallel"]
+        assert tp["query_heads"] == [2, 1, 3, 3] and tp["kv_heads"] == [[0], [0], [1], [2]]
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["plain"]
+
+
+def test_a_dead_rank_fails_the_engine_cleanly():
+    llm = LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=2)
+    worker = llm.tp.workers.procs[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=10)
+    t0 = time.monotonic()
+    with pytest.raises(Exception, match="rank 1") as err:
+        llm.generate(PROMPTS[:1], GREEDY)
+    assert "tensor parallel engine stopped" in str(err.value)
+    assert time.monotonic() - t0 < 30
+    assert not any(llm.tp.workers.alive())
+    llm.close()
+
+
+def test_what_tensor_parallel_does_not_build_is_refused():
+    with pytest.raises(ConfigError, match="pipeline_parallel_size=2.*use tensor_parallel_size"):
+        LLM(EMBEDDED, pipeline_parallel_size=2)
+    with pytest.raises(ConfigError, match="packed weights are not sharded"):
+        LLM(EMBEDDED, tensor_parallel_size=2, quantization="gguf")
+    with pytest.raises(ConfigError, match="dflash with tensor_parallel_size 2 is not implemented"):
+        LLM(EMBEDDED, tensor_parallel_size=2,
+            speculative_config={"method": "dflash", "model": "embedded:smollm2-135m-dflash", "num_speculative_tokens": 3})
