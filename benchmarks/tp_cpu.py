@@ -4,7 +4,8 @@ Both engines are open at once and measured alternately (TP=1, TP=N, TP=1, ...) s
 Threads: TP=1 uses every core the process may use; each TP rank takes its share (rank 0 in this
 process, the others in their worker processes), so both arms use the same cores. Greedy, ignore_eos,
 64-token prompts, 64 new tokens; decode tok/s is the engine's own timing (first token -> last). Token
-identity with TP=1 is checked on every repeat. Writes benchmarks/results/tp_cpu.json.
+identity with TP=1 is checked on every repeat; the cost of one all-reduce (gloo and shared memory) is
+measured apart. Writes benchmarks/results/tp_cpu.json.
 
     python benchmarks/tp_cpu.py [--tp 2] [--batch-sizes 1,8] [--repeats 3]
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from onecat.engine import LLM, SamplingParams
+from onecat.engine.parallel.collectives import SharedMemoryRanks, shm_name
 from onecat.engine.parallel.runtime import threads_per_rank
 
 PROMPT_LEN, OUTPUT_LEN = 64, 64
@@ -38,6 +40,53 @@ def measure(llm: LLM, prompts: list[list[int]]) -> dict:
     first = min(o.timings.first_token_s for o in outs)
     last = max(o.timings.e2e_s for o in outs)
     return {"decode_tok_s": decoded / (last - first), "token_ids": [o.token_ids for o in outs]}
+
+
+def _allreduce_rank(rank: int, world: int, port: int, hidden: int, rows: list[int], calls: int, out) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if rank == 0:
+        shm = SharedMemoryRanks(shm_name(port), rank, world, create=True)
+    dist.barrier()
+    if rank != 0:
+        shm = SharedMemoryRanks(shm_name(port), rank, world, create=False)
+    result = {}
+    for path, reduce in (("gloo", dist.all_reduce), ("shared_memory", shm.all_reduce)):
+        for n in rows:
+            x = torch.ones(n, hidden)
+            for _ in range(20):
+                reduce(x)
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(calls):
+                reduce(x)
+            result[f"{path}_rows_{n}"] = round(1e6 * (time.perf_counter() - t) / calls, 1)
+    dist.barrier()
+    shm.close()
+    if rank == 0:
+        out.put(result)
+    dist.destroy_process_group()
+
+
+def allreduce_cost(world: int, hidden: int, rows: list[int], calls: int = 500) -> dict:
+    """Microseconds per all-reduce of [rows, hidden] float32 between `world` fresh processes (one thread
+    each), through gloo and through the shared-memory path the engine uses on CPU: what every
+    row-parallel layer pays per step."""
+    import multiprocessing as mp
+
+    from onecat.engine.parallel.runtime import free_port
+
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_allreduce_rank, args=(r, world, port, hidden, rows, calls, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    result = out.get(timeout=300)
+    for p in procs:
+        p.join()
+    return result
 
 
 def main() -> None:
@@ -81,12 +130,17 @@ def main() -> None:
     finally:
         split.close()
         one.close()
+    collective_us = allreduce_cost(args.tp, one.model_config.hidden_size, [1, 8])
+    per_step = 2 * one.model_config.num_hidden_layers + 2  # o_proj and down_proj per layer, embedding, LM head
+    print(f"all-reduce of one hidden row: gloo {collective_us['gloo_rows_1']:.0f} us, shared memory "
+          f"{collective_us['shared_memory_rows_1']:.0f} us; {per_step} collectives per step", flush=True)
     record = {"benchmark": "tp_cpu", "kind": "measured", "measured_on": f"{platform.machine()} CPU, "
               f"{os.cpu_count()} cores", "date": datetime.now(timezone.utc).isoformat(),
               "machine": {"cores": os.cpu_count(), "threads_tp1": all_threads, "threads_per_rank": rank_threads,
                           "load_average_1m_start": load_before, "load_average_1m_end": os.getloadavg()[0],
                           "torch": torch.__version__},
               "model": "embedded:smollm2-135m-instruct (float32, dequantized GGUF)", "tensor_parallel": info,
+              "collective_us": collective_us, "collectives_per_step": per_step,
               "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "repeats": args.repeats, "rows": rows,
               "wall_s": round(time.perf_counter() - t0, 1)}
     args.out.parent.mkdir(parents=True, exist_ok=True)

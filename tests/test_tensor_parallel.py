@@ -80,3 +80,53 @@ def test_what_tensor_parallel_does_not_build_is_refused():
     with pytest.raises(ConfigError, match="dflash with tensor_parallel_size 2 is not implemented"):
         LLM(EMBEDDED, tensor_parallel_size=2,
             speculative_config={"method": "dflash", "model": "embedded:smollm2-135m-dflash", "num_speculative_tokens": 3})
+
+
+def _shm_rank(rank: int, world: int, name: str, ready, out) -> None:
+    import torch
+
+    from onecat.engine.parallel.collectives import SharedMemoryRanks
+
+    if rank != 0:
+        ready.wait()
+    shm = SharedMemoryRanks(name, rank, world, create=rank == 0)
+    if rank == 0:
+        ready.set()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(5, 7, generator=g)
+    results = []
+    for step in range(3):  # both buffers, and one reused
+        y = x * (step + 1)
+        shm.all_reduce(y)
+        pieces = [torch.empty(2, 3) for _ in range(world)]
+        shm.all_gather(pieces, torch.full((2, 3), float(rank + step)))
+        results.append((y, pieces))
+    out.put((rank, results))
+    import time
+    time.sleep(0.5)  # every rank read the last exchange before the owner unlinks
+    shm.close()
+
+
+def test_shared_memory_collectives_sum_in_rank_order_on_every_rank():
+    """CPU ranks' all-reduce through shared memory: every rank gets the same bits, the sum in rank order,
+    over repeated calls (both parity buffers); all-gather returns each rank's tensor."""
+    import multiprocessing as mp
+
+    import torch
+
+    ctx = mp.get_context("spawn")
+    world, ready, out = 3, ctx.Event(), ctx.Queue()
+    name = f"onecat_tp_test_{os.getpid()}"
+    procs = [ctx.Process(target=_shm_rank, args=(r, world, name, ready, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=60) for _ in range(world))
+    for p in procs:
+        p.join(timeout=30)
+    xs = [torch.randn(5, 7, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    for step in range(3):
+        want = xs[0] * (step + 1) + xs[1] * (step + 1) + xs[2] * (step + 1)
+        for r in range(world):
+            y, pieces = got[r][step]
+            assert torch.equal(y, want)
+            assert all(torch.equal(p, torch.full((2, 3), float(q + step))) for q, p in enumerate(pieces))

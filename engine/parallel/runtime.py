@@ -75,7 +75,7 @@ def threads_per_rank(world: int) -> int:
     return max(1, cores // world)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -115,7 +115,7 @@ class WorkerRanks:
 
     def __init__(self, engine_cls, model: str, settings: dict, world: int):
         self.world = world
-        self.port = _free_port()
+        self.port = free_port()
         ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
         for rank in range(1, world):

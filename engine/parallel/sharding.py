@@ -21,6 +21,7 @@ from onecat.engine.errors import ConfigError
 from onecat.engine.layers.attention import SelfAttention
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
+from onecat.engine.parallel.collectives import Collectives
 
 
 # ---- partition math ------------------------------------------------------------------------------
@@ -60,10 +61,26 @@ def local_num_kv_heads(num_heads: int, num_kv_heads: int, rank: int, world: int)
 
 
 # ---- collectives ---------------------------------------------------------------------------------
+def all_reduce(t: torch.Tensor, group) -> None:
+    """Sum t over the ranks in place: through `group`'s own path when it is a Collectives (shared memory
+    for CPU ranks), else torch.distributed on that process group (None: the default one)."""
+    if isinstance(group, Collectives):
+        group.all_reduce(t)
+    else:
+        dist.all_reduce(t, group=group)
+
+
+def all_gather(pieces: list[torch.Tensor], t: torch.Tensor, group) -> None:
+    if isinstance(group, Collectives):
+        group.all_gather(pieces, t)
+    else:
+        dist.all_gather(pieces, t, group=group)
+
+
 def _sum_hook(group):
     """Forward hook: sum the partial outputs of a row-parallel projection over the ranks."""
     def hook(module, args, out):
-        dist.all_reduce(out, group=group)
+        all_reduce(out, group)
         return out
     return hook
 
@@ -75,7 +92,7 @@ def _gather_hook(sizes: list[int], group):
 
     def hook(module, args, out):
         pieces = [out.new_empty(*out.shape[:-1], widest) for _ in sizes]
-        dist.all_gather(pieces, F.pad(out, (0, widest - out.shape[-1])).contiguous(), group=group)
+        all_gather(pieces, F.pad(out, (0, widest - out.shape[-1])).contiguous(), group)
         return torch.cat([p[..., :n] for p, n in zip(pieces, sizes)], dim=-1)
     return hook
 
@@ -93,7 +110,7 @@ class VocabParallelEmbedding(nn.Embedding):
         outside = (local < 0) | (local >= self.num_embeddings)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         out.masked_fill_(outside.unsqueeze(-1), 0)
-        dist.all_reduce(out, group=self.group)
+        all_reduce(out, self.group)
         return out
 
 
@@ -111,7 +128,7 @@ class IdleAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(qkv)  # qkv is the normed hidden state here: [T, hidden]
-        dist.all_reduce(out, group=self.group)
+        all_reduce(out, self.group)
         return out
 
 
@@ -212,10 +229,10 @@ def _check_dense(model: nn.Module, world: int) -> None:
 
 def shard_model(model: nn.Module, rank: int, world: int, group=None) -> None:
     """Keep rank's share of the loaded model's weights, in place, and hook in the collectives over
-    `group` (None: the default process group), whose size must be `world`."""
+    `group` (None: the default process group; a Collectives: its own paths), whose size must be `world`."""
     if world == 1:
         return
-    if dist.is_initialized() and dist.get_world_size(group) != world:
+    if dist.is_initialized() and not isinstance(group, Collectives) and dist.get_world_size(group) != world:
         raise ValueError(f"the process group has {dist.get_world_size(group)} ranks, not {world}")
     _check_dense(model, world)
     for name, m in list(model.named_modules()):

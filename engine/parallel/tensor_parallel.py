@@ -9,11 +9,13 @@ every rank in step, which is not built, so they are off under TP and the runner'
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import torch.distributed as dist
 
 from onecat.engine.errors import ConfigError
+from onecat.engine.parallel.collectives import Collectives, SharedMemoryRanks, shared_memory_usable, shm_name
 from onecat.engine.parallel.runtime import (RankInfo, WorkerRanks, backend_for, init_group, rank_device,
                                             threads_per_rank, worker_rank)
 from onecat.engine.parallel.sharding import attention_heads, shard_model, split_range
@@ -36,13 +38,19 @@ class TensorParallel:
                               "process); close it first")
         self.device = rank_device(device, self.rank)
         self.workers: WorkerRanks | None = None
+        self.collectives = Collectives()  # what the sharded layers sum and gather through
+        self.shared_memory = device.type == "cpu" and shared_memory_usable()
         if device.type == "cpu":
             torch.set_num_threads(threads_per_rank(world))
         if self.is_worker:
-            init_group(info, self.device)
+            init_group(info, self.device)  # rank 0 made the shared-memory segment before it joined
+            if self.shared_memory:
+                self.collectives.shm = SharedMemoryRanks(shm_name(info.port), self.rank, world, create=False)
+                parent = os.getppid()
+                self.collectives.shm.peers_gone = lambda: None if os.getppid() == parent else "rank 0 exited"
 
     def shard(self, model: torch.nn.Module) -> None:
-        shard_model(model, self.rank, self.world, None)
+        shard_model(model, self.rank, self.world, self.collectives)
 
     def kv_config(self, model_config):
         """The model config as this rank's KV cache sees it: only the rank's KV heads."""
@@ -57,6 +65,11 @@ class TensorParallel:
         worker_settings["num_kv_blocks"] = num_blocks
         self.workers = WorkerRanks(engine_cls, model, worker_settings, self.world)
         try:
+            if self.shared_memory:
+                self.collectives.shm = SharedMemoryRanks(shm_name(self.workers.port), 0, self.world, create=True)
+                workers = self.workers
+                self.collectives.shm.peers_gone = lambda: next(
+                    (f"rank {r} exited" for r, alive in enumerate(workers.alive(), start=1) if not alive), None)
             init_group(RankInfo(0, self.world, self.workers.port), self.device)
             self.workers.wait_ready()
         except BaseException:
@@ -67,7 +80,8 @@ class TensorParallel:
     def describe(self, model_config) -> dict:
         heads = [attention_heads(model_config.num_attention_heads, model_config.num_key_value_heads, r, self.world)
                  for r in range(self.world)]
-        return {"size": self.world, "backend": backend_for(self.device), "threads_per_rank": torch.get_num_threads(),
+        return {"size": self.world, "backend": backend_for(self.device), "shared_memory": self.shared_memory,
+                "threads_per_rank": torch.get_num_threads(),
                 "query_heads": [len(q) for q, _ in heads], "kv_heads": [kv for _, kv in heads],
                 "intermediate": [split_range(model_config.intermediate_size, r, self.world) for r in range(self.world)],
                 "workers_alive": self.workers.alive() if self.workers is not None else None}
@@ -75,5 +89,6 @@ class TensorParallel:
     def close(self) -> None:
         if self.workers is not None:
             self.workers.close()
+        self.collectives.close()
         if dist.is_initialized():
             dist.destroy_process_group()

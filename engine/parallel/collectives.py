@@ -1,0 +1,121 @@
+"""The sums and gathers of the tensor-parallel layers, and a shared-memory path for CPU ranks.
+
+gloo, torch's CPU backend, moves even one hidden row over loopback TCP: ~1.5 ms per all-reduce on a
+2-core host (benchmarks/results/tp_cpu.json), and a decoder step has two per layer. CPU ranks of one
+host instead meet in one shared-memory segment: each rank writes its part into its slot, waits until
+every rank has written (a counter per rank), then reads all slots and sums them in rank order, so
+every rank ends with the same bits. Slots are double-buffered by call parity: a rank can be at most
+one call ahead of the slowest (it cannot pass the next barrier alone), so it never overwrites a slot
+another rank is still reading (x86 only: its stores are seen in order, so a counter is never seen
+before the data it publishes; elsewhere gloo is used). A tensor larger than a slot, and every collective on GPUs, goes through
+torch.distributed (NCCL / gloo) on the default group; the choice depends only on the shape, which is
+the same on every rank, so all ranks always take the same path.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from multiprocessing import shared_memory
+
+import torch
+import torch.distributed as dist
+
+SLOT_BYTES = 8 << 20  # per rank and buffer: decode steps (hidden rows, logits slices of a few rows) fit
+WAIT_TIMEOUT_S = 120  # a rank that never arrives (it died) fails the collective instead of hanging it
+_FLAG_STRIDE = 8  # int64 counters one 64-byte cache line apart
+
+
+def shm_name(port: int) -> str:
+    """The segment of the ranks that met at rendezvous `port` (one per engine on this host)."""
+    return f"onecat_tp_{port}"
+
+
+def shared_memory_usable() -> bool:
+    """The counters are plain stores published after the data: ordered on x86's memory model only."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class SharedMemoryRanks:
+    """One segment: per rank a counter, and two slots of SLOT_BYTES (call parity)."""
+
+    def __init__(self, name: str, rank: int, world: int, create: bool):
+        self.rank, self.world = rank, world
+        header = world * _FLAG_STRIDE * 8
+        self.shm = shared_memory.SharedMemory(name=name, create=create, size=header + 2 * world * SLOT_BYTES)
+        self.owner = create  # the creating rank unlinks it (workers share its resource tracker: no double unlink)
+        self.flags = torch.frombuffer(self.shm.buf, dtype=torch.int64, count=world * _FLAG_STRIDE)
+        if create:
+            self.flags.zero_()
+        self.arrived = self.flags[::_FLAG_STRIDE]
+        self.slots = [[torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=SLOT_BYTES,
+                                        offset=header + (parity * world + r) * SLOT_BYTES) for r in range(world)]
+                      for parity in range(2)]
+        self.calls = 0
+        self.peers_gone = lambda: None  # a reason when a rank this one waits on is known dead (set by the owner)
+
+    def fits(self, nbytes: int) -> bool:
+        return nbytes <= SLOT_BYTES
+
+    def _exchange(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Publish t, wait for every rank's, and return views of all ranks' tensors (rank order)."""
+        self.calls += 1
+        slots = self.slots[self.calls % 2]
+        nbytes = t.numel() * t.element_size()
+        views = [s[:nbytes].view(t.dtype).view(t.shape) for s in slots]
+        views[self.rank].copy_(t)
+        self.arrived[self.rank] = self.calls
+        start = check = None
+        while bool((self.arrived < self.calls).any()):
+            os.sched_yield()  # more ranks than cores must not starve the ones still computing
+            now = time.monotonic()
+            if start is None:
+                start = check = now
+            elif now - check > 0.5:
+                check = now
+                gone = self.peers_gone()
+                late = [r for r in range(self.world) if int(self.arrived[r]) < self.calls]
+                if gone or now - start > WAIT_TIMEOUT_S:
+                    raise RuntimeError(f"tensor-parallel ranks {late} did not reach collective {self.calls}: "
+                                       f"{gone or f'nothing from them in {WAIT_TIMEOUT_S} s'}")
+        return views
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        views = self._exchange(t.contiguous())
+        t.copy_(views[0])
+        for v in views[1:]:
+            t.add_(v)
+
+    def all_gather(self, pieces: list[torch.Tensor], t: torch.Tensor) -> None:
+        for piece, v in zip(pieces, self._exchange(t.contiguous())):
+            piece.copy_(v)
+
+    def close(self) -> None:
+        self.flags = self.arrived = self.slots = None
+        self.shm.close()
+        if self.owner:
+            self.shm.unlink()
+
+
+class Collectives:
+    """What the sharded layers call. Shared memory once attached (CPU ranks), else torch.distributed."""
+
+    def __init__(self) -> None:
+        self.shm: SharedMemoryRanks | None = None
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        if self.shm is not None and not t.is_cuda and self.shm.fits(t.numel() * t.element_size()):
+            self.shm.all_reduce(t)
+        else:
+            dist.all_reduce(t)
+
+    def all_gather(self, pieces: list[torch.Tensor], t: torch.Tensor) -> None:
+        if self.shm is not None and not t.is_cuda and self.shm.fits(t.numel() * t.element_size()):
+            self.shm.all_gather(pieces, t)
+        else:
+            dist.all_gather(pieces, t)
+
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
+            self.shm = None
