@@ -238,6 +238,14 @@ def test_huge_results_cross_as_digests():
     assert pyvalues.decode_value(pyvalues.encode_result(s)) == pyvalues.decode_value(pyvalues.encode_result("ab" * 60_000))
     floats = [0.5] * 20_000  # floats keep their values (tolerance comparison needs them)
     assert pyvalues.decode_value(pyvalues.encode_result(floats)) == floats
+    # equal under == but printed differently (HumanEval/130 returns 2.0 where the reference has 2)
+    ints = [1, 3, 2, 8] * 5_000
+    as_floats = [1, 3, 2.0, 8.0] * 5_000
+    digest = pyvalues.decode_value(pyvalues.encode_result(ints))
+    assert digest == pyvalues.decode_value(pyvalues.encode_result(as_floats))
+    assert digest == as_floats and digest == ints  # a digest against a list that was not digested
+    assert digest != [1, 3, 2.5, 8] * 5_000 and digest != tuple(ints)
+    assert pyvalues.decode_value(pyvalues.encode_result([True] * 20_000)) == [1] * 20_000  # True == 1
 
 
 # ----------------------------------------------------------------------------- result channel protocol

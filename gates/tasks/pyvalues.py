@@ -35,10 +35,12 @@ class Opaque:
 
 
 class Digest:
-    """A huge list/tuple result, reduced to its type, length and a sha256 over its items' reprs.
+    """A huge list/tuple result, reduced to its type, length and a sha256 over its items' canonical
+    texts (items_sha256: 2 and 2.0 alike, as == sees them).
 
-    Equal only to a Digest of the same type, length and hash: exact equality, which is what such
-    float-free results (e.g. 1.6M combinations in MBPP+/255) are compared with anyway.
+    Equal to a Digest of the same type, length and hash, or to a list/tuple that digests to it: exact
+    equality, which is what such results without fractional floats (e.g. 1.6M combinations in
+    MBPP+/255) are compared with anyway.
     """
 
     __slots__ = ("type_name", "length", "sha256")
@@ -47,6 +49,8 @@ class Digest:
         self.type_name, self.length, self.sha256 = type_name, length, sha256
 
     def __eq__(self, other):
+        if type(other) in (list, tuple) and len(other) == self.length:  # one side digested, the other not
+            other = Digest(type(other).__name__, len(other), items_sha256(other))
         return isinstance(other, Digest) and (self.type_name, self.length, self.sha256) == (
             other.type_name, other.length, other.sha256)
 
@@ -57,6 +61,32 @@ class Digest:
         return f"<{self.type_name} of {self.length} items, sha256 {self.sha256[:12]}>"
 
 
+def _canonical(item):
+    """The text of an item as == sees it: equal numbers (True, 1, 1.0) give one text, lists and tuples
+    recurse; anything else is its repr."""
+    kind = type(item)
+    if kind is bool or kind is int or (kind is float and item.is_integer() and abs(item) < 2 ** 63):
+        return str(int(item))
+    if kind is list or kind is tuple:
+        inner = ",".join(_canonical(x) for x in item)
+        return f"[{inner}]" if kind is list else f"({inner})"
+    return repr(item)
+
+
+def items_sha256(items):
+    """sha256 over the items' canonical texts: lists equal under == (2 vs 2.0) digest alike."""
+    import hashlib
+    h = hashlib.sha256()
+    for item in items:
+        h.update(_canonical(item).encode("utf-8", "surrogatepass"))
+        h.update(b"\x1e")
+    return h.hexdigest()
+
+
+def _fractional(x):
+    return type(x) is float and not x.is_integer()
+
+
 def encode_result(value):
     """encode_value, except that very long lists/tuples/strings become a Digest (memory, time flat)."""
     kind = type(value)
@@ -65,13 +95,8 @@ def encode_result(value):
         return {"__digest__": "str", "n": len(value),
                 "sha256": hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()}
     if ((kind is list or kind is tuple) and len(value) >= DIGEST_MIN_ITEMS
-            and not any(type(x) is float for x in value[:1000])):  # floats keep their tolerance
-        import hashlib
-        h = hashlib.sha256()
-        for item in value:
-            h.update(repr(item).encode("utf-8", "surrogatepass"))
-            h.update(b"\x1e")
-        return {"__digest__": kind.__name__, "n": len(value), "sha256": h.hexdigest()}
+            and not any(_fractional(x) for x in value[:1000])):  # fractional floats keep their tolerance
+        return {"__digest__": kind.__name__, "n": len(value), "sha256": items_sha256(value)}
     return encode_value(value)
 
 
