@@ -173,11 +173,6 @@ class EngineArgs(BaseModel):
         if self.pipeline_parallel_size > 1:
             out.append(f"pipeline_parallel_size={self.pipeline_parallel_size} (layers split into stages) is not "
                        "implemented; use tensor_parallel_size to split the model instead (docs/parallel.md)")
-        spec = self.speculative_config
-        if self.tensor_parallel_size > 1 and spec is not None and spec.method == "dflash":
-            out.append(f"speculative method dflash with tensor_parallel_size {self.tensor_parallel_size} is not "
-                       "implemented: the drafter reads the target's sharded embedding and LM head outside a step; "
-                       "use method ngram or draft_model, or tensor_parallel_size 1")
         if self.tensor_parallel_size > 1 and self.quantization is not None:
             out.append(f"quantization {self.quantization!r} with tensor_parallel_size {self.tensor_parallel_size} "
                        "is not implemented: packed weights are not sharded; drop quantization (the checkpoint is "

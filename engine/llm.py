@@ -93,11 +93,19 @@ class LLM:
             self.packing = packer.apply(model)
         else:
             model.load_weights(ckpt.weights)
-        if self.tp is not None:
-            self.tp.shard(model)  # before the CPU packing below, which reorders the weights
+        if self.tp is not None:  # before the CPU packing below, which reorders the weights
+            spec = self.cfg.speculative_config
+            self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
             pack_weights(model)
         return model.eval()
+
+    def vocab_layers(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """The target's whole embedding and LM head, for a drafter that calls them outside a step (under
+        tensor parallel the model's own are sharded, and rank 0 keeps copies)."""
+        if self.tp is not None and self.tp.full_vocab is not None:
+            return self.tp.full_vocab
+        return self.model.embed_tokens, self.model.lm_head
 
     def _enable_fused_kernels(self, wanted: bool) -> dict:
         """Fused Triton kernels for the per-layer small ops on CUDA; the reference torch ops elsewhere."""

@@ -228,12 +228,13 @@ class DraftChecker:
         self._record(seq, rows)
 
     def recompute(self, seq, n):
-        d, target = self.proposer.drafter, self.proposer.target_model
+        p = self.proposer
+        d = p.drafter
         feats, pos = self.store.context(seq.request_id, seq.num_tokens - 1)
         block = torch.tensor([[seq.token_ids[-1]] + [d.mask_token_id] * (d.block_size - 1)])
-        h = d.forward_blocks(target.embed_tokens(block), seq.num_tokens - 1 + torch.arange(d.block_size)[None],
+        h = d.forward_blocks(p.embed(block), seq.num_tokens - 1 + torch.arange(d.block_size)[None],
                              d.context(feats)[None], pos[None], torch.tensor([len(pos)]))
-        return target.compute_logits(h[0, 1:1 + n]).float()
+        return p.lm_head(h[0, 1:1 + n]).float()
 
     def propose(self, seqs, budgets):
         p = self.proposer
@@ -327,7 +328,7 @@ def test_drafter_cuda_graphs_replay_the_eager_drafts(tmp_path, monkeypatch):
 
         def checked(block, block_pos, request_ids):
             h = by_graph(block, block_pos, request_ids).clone()
-            eager = proposer.drafter.forward_cached(proposer.target_model.embed_tokens(block), block_pos,
+            eager = proposer.drafter.forward_cached(proposer.embed(block), block_pos,
                                                     *proposer.cache.gather(request_ids))
             torch.testing.assert_close(h, eager, rtol=1e-4, atol=1e-4)
             compared.append(len(request_ids))

@@ -38,6 +38,7 @@ class TensorParallel:
                               "process); close it first")
         self.device = rank_device(device, self.rank)
         self.workers: WorkerRanks | None = None
+        self.full_vocab: tuple | None = None  # (embedding, LM head) unsharded, for a DFlash drafter on rank 0
         self.collectives = Collectives()  # what the sharded layers sum and gather through
         self.shared_memory = device.type == "cpu" and shared_memory_usable()
         if device.type == "cpu":
@@ -49,7 +50,15 @@ class TensorParallel:
                 parent = os.getppid()
                 self.collectives.shm.peers_gone = lambda: None if os.getppid() == parent else "rank 0 exited"
 
-    def shard(self, model: torch.nn.Module) -> None:
+    def shard(self, model: torch.nn.Module, keep_full_vocab: bool = False) -> None:
+        """Keep this rank's shard. `keep_full_vocab` (rank 0 with a DFlash drafter): first copy the whole
+        embedding and LM head, which the drafter calls outside the ranks' steps."""
+        if keep_full_vocab and not self.is_worker:
+            embed = torch.nn.Embedding.from_pretrained(model.embed_tokens.weight.detach().clone(), freeze=True)
+            head = type(model.lm_head)(model.lm_head.in_features, model.lm_head.out_features, bias=False,
+                                       device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype)
+            head.weight.data.copy_(model.lm_head.weight.detach())
+            self.full_vocab = (embed.requires_grad_(False), head.requires_grad_(False))
         shard_model(model, self.rank, self.world, self.collectives)
 
     def kv_config(self, model_config):

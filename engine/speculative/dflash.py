@@ -232,14 +232,14 @@ class DFlashProposer(Proposer):
         self.drafter = load_drafter(source.path, target, target.dtype, target.device)
         super().__init__(min(k, self.drafter.block_size - 1))
         self.model_name = model
-        self.target_model = target.model
+        self.embed, self.lm_head = target.vocab_layers()  # whole even when the target is sharded (TP)
         self.tap = hidden_state_tap(target.model)
         self.tap.aux_layer_ids = list(self.drafter.target_layer_ids)
         self.cache = DrafterKVCache(self.drafter)
         device = target.device
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
-        self.graphs = DrafterGraphs(self.drafter, target.model.embed_tokens, self.cache, device) \
+        self.graphs = DrafterGraphs(self.drafter, self.embed, self.cache, device) \
             if graphs_wanted(device) else None
 
     def record_features(self, seq, rows: torch.Tensor) -> None:
@@ -267,7 +267,7 @@ class DFlashProposer(Proposer):
             B = self.drafter.block_size
             index = [r * B + 1 + j for r, n in enumerate(wanted) for j in range(n)]
             picked = h.view(-1, h.shape[-1])[torch.tensor(index, device=device)]
-        return self.target_model.compute_logits(picked).float(), counts
+        return self.lm_head(picked).float(), counts
 
     def _block_hidden(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str]) -> torch.Tensor:
         """The drafter's [R, block_size, H] output for the blocks, by CUDA graph replay when one fits."""
@@ -276,7 +276,7 @@ class DFlashProposer(Proposer):
             if h is not None:
                 return h
         layer_kv, ctx_len = self.cache.gather(request_ids)
-        return self.drafter.forward_cached(self.target_model.embed_tokens(block), block_pos, layer_kv, ctx_len)
+        return self.drafter.forward_cached(self.embed(block), block_pos, layer_kv, ctx_len)
 
     @torch.inference_mode()
     def propose(self, seqs, budgets):
