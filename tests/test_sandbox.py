@@ -263,3 +263,28 @@ def test_fresh_root_never_binds_protected_directories():
     allowed, refused = vet_paths(paths)
     assert allowed == [repo + "/.venv/lib", "/usr/lib"]
     assert refused == ["/", str(Path(repo).parent), repo, repo + "/.onecat/cache"]
+
+
+def test_numpy_is_importable_in_the_sandbox_as_in_evalplus():
+    """Generated code may import numpy (EvalPlus's environment has it): the provisioned package folder is
+    on the sandboxed program's path, read-only, and the guard still holds after the import."""
+    from onecat.gates.sandbox.run import sandbox_python
+    from onecat.gates.sandbox.site import provisioned
+
+    if provisioned(sandbox_python()) is None:
+        pytest.skip("numpy for the sandbox not provisioned (scripts/setup.sh does it; needs the package index)")
+    res = run_python("import numpy as np\nprint(int(np.array([1, 2, 3]).sum()), float(np.float64(0.5) + 1))")
+    assert res.ok and res.stdout_text.strip() == "6 1.5", res.stderr_text[-300:]
+    res = run_python("import numpy\nopen('/etc/hostname')")
+    assert not res.ok and "open is disabled" in res.stderr_text
+    res = run_python("import numpy, os\nos.remove(numpy.__file__)")
+    assert not res.ok
+
+
+def test_a_sandbox_site_in_a_folder_the_sandbox_makes_private_is_refused(monkeypatch):
+    from onecat.gates.sandbox.run import sandbox_python
+    from onecat.gates.sandbox.site import site_dir
+
+    monkeypatch.setenv("ONECAT_SANDBOX_SITE", "/var/tmp/onecat-site")
+    with pytest.raises(ValueError, match="replaces with its own empty folders"):
+        site_dir(sandbox_python())

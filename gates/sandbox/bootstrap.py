@@ -62,6 +62,13 @@ def _main():
         source = fh.read()
     code = compile(source, program_path, "exec")
     namespace = {"__name__": "__main__", "__file__": program_path, "__builtins__": builtins}
+    if guard_mode != "off" and "numpy" in source:
+        # EvalPlus's evaluator has numpy imported before its guard runs, and numpy's import needs calls
+        # the guard disables (os.putenv): import it first, as there, when it is installed here
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            pass
     if guard_mode == "before":
         sandbox_harden()
     elif guard_mode == "manual":

@@ -52,8 +52,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from onecat.gates.sandbox.capture import CappedPipe, Channel, LineReader
-from onecat.gates.sandbox.interpreter import interpreter_candidates, root_paths, world_executable
+from onecat.gates.sandbox.interpreter import interpreter_candidates, root_paths, vet_paths, world_executable
 from onecat.gates.sandbox.limits import SandboxLimits
+from onecat.gates.sandbox.site import provisioned
 
 _HERE = Path(__file__).resolve().parent
 _LAUNCHER = _HERE / "launcher.py"
@@ -187,11 +188,17 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
         _write_files(scratch, {**(files or {}), "program.py": source})
         nproc = limits.max_processes if run_as_root else _current_user_processes() + limits.max_processes
         paths, refused = root_paths(python) if limits.fresh_root and limits.namespaces else ((), ())
+        env = _minimal_env(scratch)
+        site = provisioned(python)  # numpy & co. for the program (site.py), read-only on its sys.path
+        if site is not None:
+            env["PYTHONPATH"] = str(site)
+            if paths:
+                paths = (*paths, *vet_paths([str(site)])[0])
         cfg = {
             "status_fd": status_w, "uid": uid, "namespaces": limits.namespaces, "nproc": nproc,
             "tmpfs_bytes": limits.tmpfs_bytes, "limits": limits.to_dict(), "python": python,
             "bootstrap": _BOOTSTRAP_SOURCE, "program": "program.py", "guard": guard,
-            "env": _minimal_env(scratch), "channel_fd": channel_w if channel is not None else None,
+            "env": env, "channel_fd": channel_w if channel is not None else None,
             "root_paths": list(paths),
         }
         proc = subprocess.Popen(
