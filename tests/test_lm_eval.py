@@ -1,0 +1,80 @@
+"""lm-eval itself (0.4.13, a test dependency), unmodified, against `onecat serve` on the embedded model:
+its `local-completions` model finds the remote tokenizer (/tokenizer_info) with no tokenizer argument,
+and on a local loglikelihood task every item's `is_greedy` (lm-eval's acc) agrees with the engine's own
+greedy continuation and every loglikelihood with the engine's prompt scores. (Through the old echo
+reply, whose top_logprobs held only the prompt token, lm-eval scored acc 1.0 on every task.)"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import EMBEDDED
+
+lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is a test dependency (scripts/setup.sh test)")
+
+ITEMS = [("The capital of France is", " Paris"), ("One, two, three, four,", " five"),
+         ("The sun rises in the", " east"), ("Water is made of hydrogen and", " oxygen"),
+         ("The opposite of hot is", " cold"), ("A week has seven", " days"), ("Cats say", " meow"),
+         ("The color of grass is", " green"), ("Ice is frozen", " water"), ("Monday, Tuesday,", " Wednesday")]
+TASK = """task: onecat_tiny_ll
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{continuation}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def test_lm_eval_local_completions_agrees_with_the_engine(tmp_path, monkeypatch):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from onecat.engine import SamplingParams
+    from onecat.engine.server.app import ServeConfig, ServerState
+    from onecat.engine.server.launch import start_in_thread
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps({"context": c, "continuation": t}) + "\n" for c, t in ITEMS))
+    (tmp_path / "task.yaml").write_text(TASK.format(data=data))
+    state = ServerState.create(ServeConfig(model=EMBEDDED, served_model_name=["smollm2"], max_model_len=512,
+                                           max_num_seqs=4, device="cpu"))
+    srv = start_in_thread(state)
+    try:
+        result = simple_evaluate(
+            model="local-completions",
+            model_args={"model": "smollm2", "base_url": f"{srv.url}/v1/completions", "num_concurrent": 1,
+                        "max_retries": 1},
+            tasks=["onecat_tiny_ll"], task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+    finally:
+        srv.server.should_exit = True
+        srv.thread.join(15)
+        state.close()  # the engine thread is done: the test may drive the engine itself now
+    llm = state.llm
+    try:
+        tok = llm.tokenizer
+        greedy_count = 0
+        for s in sorted(result["samples"]["onecat_tiny_ll"], key=lambda s: s["doc_id"]):
+            context, continuation = s["doc"]["context"], s["doc"]["continuation"]
+            logprob, is_greedy = s["resps"][0][0]
+            ctx = tok.encode(context)
+            whole = tok.encode(context + continuation)
+            cont = whole[len(ctx):]
+            out = llm.engine_generate([ctx], [SamplingParams(temperature=0.0, max_tokens=len(cont))])[0]
+            assert bool(is_greedy) == (out.token_ids == cont), (context, out.token_ids, cont)
+            scored = llm.score([whole])[0].logprobs[len(ctx) - 1:]
+            assert float(logprob) == pytest.approx(sum(scored), abs=1e-3)
+            greedy_count += out.token_ids == cont
+    finally:
+        llm.close()
+    acc = result["results"]["onecat_tiny_ll"]["acc,none"]
+    assert acc == pytest.approx(greedy_count / len(ITEMS)) and 0 < acc < 1
