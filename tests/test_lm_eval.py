@@ -78,3 +78,63 @@ def test_lm_eval_local_completions_agrees_with_the_engine(tmp_path, monkeypatch)
         llm.close()
     acc = result["results"]["onecat_tiny_ll"]["acc,none"]
     assert acc == pytest.approx(greedy_count / len(ITEMS)) and 0 < acc < 1
+
+
+@pytest.mark.slow
+def test_onecat_as_an_lm_eval_model_gives_the_servers_numbers(tmp_path, monkeypatch):
+    """`model="onecat"` (registered by lm_eval_bridge.register) scores the task in-process: the same
+    loglikelihood and is_greedy per document as lm-eval's local-completions against `onecat serve`."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from onecat.engine.server.app import ServeConfig, ServerState
+    from onecat.engine.server.launch import start_in_thread
+    from onecat.gates.tasks.lm_eval_bridge import register
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps({"context": c, "continuation": t}) + "\n" for c, t in ITEMS))
+    (tmp_path / "task.yaml").write_text(TASK.format(data=data))
+    tasks = TaskManager(include_path=str(tmp_path))
+    register()
+    local = simple_evaluate(model="onecat", model_args="pretrained=" + EMBEDDED + ",max_model_len=512,device=cpu",
+                            tasks=["onecat_tiny_ll"], task_manager=tasks, log_samples=True)
+    state = ServerState.create(ServeConfig(model=EMBEDDED, served_model_name=["smollm2"], max_model_len=512,
+                                           max_num_seqs=4, device="cpu"))
+    srv = start_in_thread(state)
+    try:
+        remote = simple_evaluate(model="local-completions",
+                                 model_args={"model": "smollm2", "base_url": f"{srv.url}/v1/completions",
+                                             "num_concurrent": 1, "max_retries": 1},
+                                 tasks=["onecat_tiny_ll"], task_manager=tasks, log_samples=True)
+    finally:
+        srv.server.should_exit = True
+        srv.thread.join(15)
+        state.close()
+        state.llm.close()
+    by_doc = [{s["doc_id"]: s["resps"][0][0] for s in r["samples"]["onecat_tiny_ll"]} for r in (local, remote)]
+    assert by_doc[0].keys() == by_doc[1].keys() and len(by_doc[0]) == len(ITEMS)
+    for doc, (lp, greedy) in by_doc[0].items():
+        r_lp, r_greedy = by_doc[1][doc]
+        assert float(lp) == pytest.approx(float(r_lp), abs=1e-3) and bool(greedy) == (str(r_greedy) == "True"
+                                                                                       or r_greedy is True)
+    assert local["results"]["onecat_tiny_ll"]["acc,none"] == remote["results"]["onecat_tiny_ll"]["acc,none"]
+
+
+def test_lm_eval_gate_workload_pairs_documents_across_arms(tmp_path):
+    """contracts/lm_eval_cpu.yaml: an lm-eval task in both arms, one stored outcome per document and arm,
+    and task_score's paired verdict."""
+    from typer.testing import CliRunner
+
+    from onecat.cli.main import app
+    from onecat.results.store import Store
+
+    db = tmp_path / "r.duckdb"
+    res = CliRunner().invoke(app, ["gate", "run", "contracts/lm_eval_cpu.yaml", "--db", str(db), "--no-progress"])
+    assert res.exit_code in (0, 1), res.output[-2000:]
+    assert "task_score:lm_eval" in res.output
+    with Store(db, read_only=True) as store:
+        rows = store.con.execute("SELECT arm, item_id, measure FROM item_outcomes").fetchall()
+    per_arm = {arm: {item for a, item, m in rows if a == arm and m == "acc"} for arm in ("baseline", "candidate")}
+    assert len(per_arm["baseline"]) == 24 and per_arm["baseline"] == per_arm["candidate"]
