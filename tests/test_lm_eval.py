@@ -138,3 +138,26 @@ def test_lm_eval_gate_workload_pairs_documents_across_arms(tmp_path):
         rows = store.con.execute("SELECT arm, item_id, measure FROM item_outcomes").fetchall()
     per_arm = {arm: {item for a, item, m in rows if a == arm and m == "acc"} for arm in ("baseline", "candidate")}
     assert len(per_arm["baseline"]) == 24 and per_arm["baseline"] == per_arm["candidate"]
+
+
+def test_rolling_loglikelihood_over_windows_equals_one_pass(embedded_llm):
+    """A text longer than the context is scored in disjoint windows (one token of context each): on a
+    short context the windows' sum is close to one pass over the whole text, and exact when it fits."""
+    from types import SimpleNamespace
+
+    from onecat.gates.tasks.lm_eval_bridge import make_lm
+
+    text = "The quick brown fox jumps over the lazy dog. " * 6
+    whole = make_lm(embedded_llm).loglikelihood_rolling([SimpleNamespace(args=(text,))])[0]
+    ids = [embedded_llm.tokenizer.eos_token_ids[0]] + embedded_llm.tokenizer.encode(text)
+    assert whole == pytest.approx(sum(embedded_llm.score([ids])[0].logprobs), abs=1e-3)
+
+    class Short:  # the same engine, told its context is 17 tokens: 16 predicted per window
+        tokenizer = embedded_llm.tokenizer
+        generate, score = embedded_llm.generate, embedded_llm.score
+
+        def info(self):
+            return {"max_model_len": 17}
+
+    windowed = make_lm(Short()).loglikelihood_rolling([SimpleNamespace(args=(text,))])[0]
+    assert len(ids) > 3 * 16 and windowed < whole  # less context per token: a lower likelihood

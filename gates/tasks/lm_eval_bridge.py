@@ -34,6 +34,7 @@ def make_lm(engine: Any, max_gen_toks: int = 256):
     from lm_eval.api.model import LM
 
     tokenizer = engine.tokenizer
+    window = int(engine.info().get("max_model_len") or 2048) - 1  # tokens predicted per scoring request
     eos = list(getattr(tokenizer, "eos_token_ids", None) or [getattr(tokenizer, "eos_token_id", 0)])[0]
 
     class OnecatLM(LM):
@@ -50,9 +51,14 @@ def make_lm(engine: Any, max_gen_toks: int = 256):
             return result
 
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-            texts = [[eos] + tokenizer.encode(r.args[0]) for r in requests]
-            outs = engine.score(texts)
-            return [float(sum(o.logprobs)) for o in outs]
+            """Disjoint windows of at most max_model_len tokens, each after one token of context (the
+            EOS before the text, then the window's predecessor), as lm-eval's rolling windows."""
+            totals = []
+            for r in requests:
+                tokens = [eos] + tokenizer.encode(r.args[0])
+                windows = [tokens[start - 1:start + window] for start in range(1, len(tokens), window)]
+                totals.append(float(sum(sum(o.logprobs) for o in engine.score(windows))))
+            return totals
 
         def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
             params = []
