@@ -9,8 +9,9 @@ pipe per worker; activations meet in the layers' collectives over the process gr
 gloo on CPU). Every rank then holds the full logits; only rank 0 reads them.
 
 Failure: a worker that raises sends its traceback and exits; a worker that dies is seen before the
-next step is sent (and a collective waiting on it fails within `COLLECTIVE_TIMEOUT_S`); either way
-rank 0 raises `TensorParallelError` with the worker's own message, and `close()` leaves no process.
+next step is sent (and by a shared-memory collective waiting on it within 0.5 s; gloo/NCCL get
+`COLLECTIVE_TIMEOUT_S`); either way rank 0 raises `TensorParallelError` with the worker's own message,
+and `close()` leaves no process.
 Rank 0 dying closes the pipes, and every worker exits on the closed pipe.
 """
 from __future__ import annotations
