@@ -175,14 +175,22 @@ def test_program_sees_a_minimal_filesystem():
              "/etc/passwd", "/proc/1/root/etc", "/work"]
     prog = ("import json, os\n"
             f"watch = {watch!r}\n"
-            "print(json.dumps({'root': sorted(os.listdir('/')), 'cwd': os.getcwd(),\n"
+            "opt = [r for r, _, _ in os.walk('/opt')][:4] if os.path.isdir('/opt') else []\n"
+            "print(json.dumps({'root': sorted(os.listdir('/')), 'cwd': os.getcwd(), 'opt': opt,\n"
             "                  'visible': [p for p in watch if os.path.exists(p)]}))\n")
     res = run_python(prog, SandboxLimits(wall_s=10), guard="off")
     assert res.ok, res.stderr_text
     seen = json.loads(res.stdout_text)
     assert seen["visible"] == [], seen
     assert set(seen["root"]) <= {"usr", "lib", "lib64", "lib32", "libx32", "bin", "etc", "dev", "proc", "tmp",
-                                 "sandbox"}, seen
+                                 "sandbox", "opt"}, seen
+    from onecat.gates.sandbox.run import sandbox_python
+    from onecat.gates.sandbox.site import provisioned
+
+    site = provisioned(sandbox_python())  # the numpy folder (gates/sandbox/site.py) is the only thing under /opt
+    if "opt" in seen["root"]:
+        assert site is not None and str(site).startswith("/opt/")
+        assert all(str(site).startswith(d) or d.startswith(str(site)) for d in seen["opt"]), seen
     assert any(m.startswith("fresh-root:") for m in res.mechanisms), res.mechanisms
 
 
