@@ -9,7 +9,8 @@ Tokenization follows lm-eval's (context and continuation split as in its `_encod
 spaces of the context move to the continuation; an empty context is preceded by the EOS token).
 
 lm-eval is imported only when a bridge is built (it is a test dependency, not an engine one).
-`register()` also names it `onecat` in lm-eval's model registry, for `simple_evaluate(model="onecat")`.
+`register()` also names it `onecat` in lm-eval's model registry, for `simple_evaluate(model="onecat")`;
+`python -m onecat.gates.tasks.lm_eval_bridge` is lm-eval's own command line with `onecat` registered.
 """
 from __future__ import annotations
 
@@ -105,3 +106,16 @@ def register() -> None:
             return make_lm(llm)
 
     model_registry.register("onecat", target=OnecatModel)
+
+
+def main() -> None:
+    """`python -m onecat.gates.tasks.lm_eval_bridge --model onecat --model_args pretrained=MODEL ...`: lm-eval's
+    own command line, with `onecat` registered first (lm-eval 0.4 has no plugin entry point for models)."""
+    from lm_eval.__main__ import cli_evaluate
+
+    register()
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()
