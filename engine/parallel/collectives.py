@@ -91,10 +91,16 @@ class SharedMemoryRanks:
             piece.copy_(v)
 
     def close(self) -> None:
+        """Unlink first (the owner): the name must go even if a tensor still views the mapping, which
+        then lives until that tensor does."""
         self.flags = self.arrived = self.slots = None
-        self.shm.close()
         if self.owner:
             self.shm.unlink()
+            self.owner = False
+        try:
+            self.shm.close()
+        except BufferError:  # a view of the mapping is still alive somewhere; the OS unmaps it at exit
+            pass
 
 
 class Collectives:

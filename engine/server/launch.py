@@ -30,7 +30,10 @@ def serve(config: ServeConfig, log_level: str = "info") -> None:
         uvicorn.Server(uvicorn_config(build_app(state), config, host=config.host, port=config.port,
                                       log_level=log_level, timeout_graceful_shutdown=5)).run()
     finally:
-        state.close()
+        try:
+            state.close()
+        finally:
+            state.llm.close()  # frees the model now, and stops tensor-parallel ranks politely
 
 
 @dataclass
