@@ -21,8 +21,24 @@ class PromptLogprobs:
     ranks: list[int] | None = None
 
 
-def _contiguous(rows: list[int]) -> bool:
-    return bool(rows) and rows == list(range(rows[0], rows[0] + len(rows)))
+def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """t[rows]: a view when the rows are consecutive (the usual case), else a gather."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return t[rows[0]:rows[-1] + 1]
+    return t[torch.tensor(rows, device=t.device)]
+
+
+def _logit_rows(s: ScheduledSeq) -> tuple[int, int]:
+    """(prompt rows, then tail rows) of a scheduled sequence that need logits, in step order: the chunk's
+    positions whose next token is in the prompt (prompt logprobs), then its 1 + k verify rows, or its
+    last row when it reached its end (a sample)."""
+    seq, start = s.seq, s.seq.num_computed_tokens
+    prompt = 0
+    if seq.prompt_logprobs is not None and start < seq.num_prompt_tokens:
+        prompt = max(0, min(start + s.num_new_tokens + s.num_lookahead, seq.num_prompt_tokens - 1) - start)
+    if s.num_lookahead:
+        return prompt, s.num_lookahead + 1
+    return prompt, int(start + s.num_new_tokens == seq.num_tokens)
 
 
 @dataclass(slots=True)
@@ -74,13 +90,9 @@ class ModelRunner:
             for p in range(start, start + n):
                 pos.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
-            if seq.prompt_logprobs is not None and start < seq.num_prompt_tokens:
-                rows.extend(range(qsl[-1], qsl[-1] + max(0, min(start + n, seq.num_prompt_tokens - 1) - start)))
-            if s.num_lookahead:
-                lo = qsl[-1] + s.num_new_tokens - 1
-                rows.extend(range(lo, lo + s.num_lookahead + 1))
-            elif start + s.num_new_tokens == seq.num_tokens:
-                rows.append(qsl[-1] + n - 1)
+            prompt, tail = _logit_rows(s)
+            rows.extend(range(qsl[-1], qsl[-1] + prompt))
+            rows.extend(range(qsl[-1] + n - tail, qsl[-1] + n))  # verify rows, or the last row
             qsl.append(qsl[-1] + n)
             seq_lens.append(start + n)
             qlens.append(n)
@@ -111,9 +123,7 @@ class ModelRunner:
             hidden = self.model(input_ids, positions)
             if not x.logit_rows:
                 return hidden, hidden.new_zeros(0)
-            rows = hidden[x.logit_rows[0]:x.logit_rows[-1] + 1] if _contiguous(x.logit_rows) else \
-                hidden[torch.tensor(x.logit_rows, device=self.device)]
-            return hidden, self.model.compute_logits(rows).float()
+            return hidden, self.model.compute_logits(_take(hidden, x.logit_rows)).float()
         finally:
             set_forward_context(None)
 
@@ -139,21 +149,17 @@ class ModelRunner:
         verify: dict[int, torch.Tensor] = {}
         at = 0
         for i, s in enumerate(sched):
-            seq = s.seq
-            start = seq.num_computed_tokens
-            if seq.prompt_logprobs is not None and start < seq.num_prompt_tokens:
-                n = max(0, min(start + s.num_new_tokens + s.num_lookahead, seq.num_prompt_tokens - 1) - start)
-                prompt_lp[i] = self._prompt_logprobs(logits[at:at + n], seq)
-                at += n
+            prompt, tail = _logit_rows(s)
+            if s.seq.prompt_logprobs is not None and s.seq.num_computed_tokens < s.seq.num_prompt_tokens:
+                prompt_lp[i] = self._prompt_logprobs(logits[at:at + prompt], s.seq)
+            at += prompt
             if s.num_lookahead:
-                verify[i] = logits[at:at + s.num_lookahead + 1]
-                at += s.num_lookahead + 1
-            elif start + s.num_new_tokens == seq.num_tokens:
+                verify[i] = logits[at:at + tail]
+            elif tail:
                 sample_rows.append(i)
                 sample_logits.append(at)
-                at += 1
-        picked = logits[sample_logits[0]:sample_logits[-1] + 1] if _contiguous(sample_logits) else \
-            logits[torch.tensor(sample_logits, device=logits.device)] if sample_logits else logits.new_zeros(0)
+            at += tail
+        picked = _take(logits, sample_logits) if sample_logits else logits.new_zeros(0)
         return StepResult(picked, sample_rows, prompt_lp, verify)
 
     def _prompt_logprobs(self, logits: torch.Tensor, seq) -> PromptLogprobs:
