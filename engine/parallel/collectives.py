@@ -109,17 +109,15 @@ class Collectives:
     def __init__(self) -> None:
         self.shm: SharedMemoryRanks | None = None
 
+    def _shared(self, t: torch.Tensor) -> bool:
+        """Whether t goes through shared memory (decided by device and size alone: the same on every rank)."""
+        return self.shm is not None and not t.is_cuda and self.shm.fits(t.numel() * t.element_size())
+
     def all_reduce(self, t: torch.Tensor) -> None:
-        if self.shm is not None and not t.is_cuda and self.shm.fits(t.numel() * t.element_size()):
-            self.shm.all_reduce(t)
-        else:
-            dist.all_reduce(t)
+        self.shm.all_reduce(t) if self._shared(t) else dist.all_reduce(t)
 
     def all_gather(self, pieces: list[torch.Tensor], t: torch.Tensor) -> None:
-        if self.shm is not None and not t.is_cuda and self.shm.fits(t.numel() * t.element_size()):
-            self.shm.all_gather(pieces, t)
-        else:
-            dist.all_gather(pieces, t)
+        self.shm.all_gather(pieces, t) if self._shared(t) else dist.all_gather(pieces, t)
 
     def close(self) -> None:
         if self.shm is not None:
