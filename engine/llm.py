@@ -43,10 +43,12 @@ class LLM:
             self.tp = TensorParallel(self.cfg.tensor_parallel_size, self.device)
             self.device = self.tp.device
         check_quantization(self.cfg.quantization, self.source.format, self.device)
-        self.packing: dict | None = None  # what GGUF packing did, for info()
         ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf")
         self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
         self.dtype = parse_dtype(self.cfg.dtype, self.device, self.model_config.torch_dtype)
+        # for info(): what GGUF packing did, or the quantized HF format that was read dequantized
+        self.packing: dict | None = None if ckpt.stored_as is None else {
+            "checkpoint": ckpt.stored_as, "dequantized_to": str(self.dtype).replace("torch.", "")}
         limit = self.model_config.max_position_embeddings
         self.max_model_len = self.cfg.max_model_len or limit
         if self.max_model_len > limit and not self.model_config.rope_scaling:
@@ -71,7 +73,8 @@ class LLM:
             from onecat.engine.speculative import build_proposer
 
             self.engine.proposer = build_proposer(speculative_config, self, open_draft_engine=LLM)
-            self.engine.runner.setup_verify(1 + self.engine.proposer.k, self.fused_kernels["used"])
+            self.engine.runner.setup_verify(1 + self.engine.proposer.k,
+                                            self.fused_kernels["used"] and self.fused_kernels["kind"] == "triton")
         self._ids = itertools.count()
         self.warmup = warm_up(self) if self.device.type == "cuda" else None  # compile now, not on a request
         self.load_time_s = time.perf_counter() - t0
@@ -108,16 +111,25 @@ class LLM:
         return self.model.embed_tokens, self.model.lm_head
 
     def _enable_fused_kernels(self, wanted: bool) -> dict:
-        """Fused Triton kernels for the per-layer small ops on CUDA; the reference torch ops elsewhere."""
-        from onecat.engine.kernels.triton_fused import fused_unavailable_reason
+        """Fused kernels for the per-layer small ops: Triton on CUDA, the C++ CPU ops (float32) on CPU; the
+        reference torch ops where they cannot run, with the reason."""
+        if self.device.type == "cuda":
+            from onecat.engine.kernels.triton_fused import fused_unavailable_reason
+
+            reason = "turned off (fused_kernels=False)" if not wanted else fused_unavailable_reason()
+            for m in self.model.modules():
+                if hasattr(type(m), "use_fused"):
+                    m.use_fused = reason is None
+            return {"used": reason is None, "kind": "triton", "reason": reason}
+        from onecat.engine.kernels import cpu_ops
 
         reason = ("turned off (fused_kernels=False)" if not wanted else
-                  "CPU device: the torch reference ops run" if self.device.type != "cuda" else
-                  fused_unavailable_reason())
+                  f"the CPU fused ops take float32 models; dtype {self.dtype} runs the torch ops"
+                  if self.dtype != torch.float32 else cpu_ops.unavailable_reason())
         for m in self.model.modules():
-            if hasattr(type(m), "use_fused"):
-                m.use_fused = reason is None
-        return {"used": reason is None, "reason": reason}
+            if hasattr(type(m), "cpu_ops"):
+                m.cpu_ops = cpu_ops.load() if reason is None else None
+        return {"used": reason is None, "kind": "cpu", "reason": reason}
 
     def _num_kv_blocks(self, fp8: bool, mc) -> int:
         c = self.cfg
@@ -225,7 +237,7 @@ class LLM:
             "num_kv_blocks": self.engine.blocks.num_blocks, "max_model_len": self.max_model_len,
             "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
             "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.packing,
-            "fused_kernels": self.fused_kernels["used"],
+            "fused_kernels": self.fused_kernels["used"], "fused_kernels_detail": self.fused_kernels,
             "async_scheduling": {"enabled": self.cfg.async_scheduling,
                                  "launches": self.engine.pipeline.launches if self.engine.pipeline else 0},
             "attention_backend": self.engine.attention.report(),

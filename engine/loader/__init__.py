@@ -16,10 +16,12 @@ class Checkpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     weights: Iterator[tuple[str, torch.Tensor]]  # HF names and layout, lazily produced
+    stored_as: str | None = None  # a quantized HF checkpoint's format (e.g. "awq w4 g128"), read dequantized
 
 
 def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False) -> Checkpoint:
-    """keep_quantized: GGUF block-quantized tensors come as `QuantizedWeight` (for quantization='gguf')."""
+    """keep_quantized: GGUF block-quantized tensors come as `QuantizedWeight` (for quantization='gguf').
+    A quantized HF checkpoint (config.json `quantization_config`) always yields dense weights."""
     if model.format == "gguf":
         from onecat.engine.loader.gguf import gguf_to_hf_config, iter_gguf_weights, open_gguf
         from onecat.engine.loader.gguf_tokenizer import tokenizer_from_gguf
@@ -29,6 +31,10 @@ def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False) -> Check
         weights = iter_gguf_weights(reader, raw, keep_quantized)
         return Checkpoint(ModelConfig.from_hf(raw), tokenizer_from_gguf(reader), weights)
     from onecat.engine.loader.hf import iter_hf_weights, read_hf_config
+    from onecat.engine.quant.formats import quant_format
 
-    cfg = ModelConfig.from_hf(read_hf_config(model.path))
-    return Checkpoint(cfg, Tokenizer.from_hf_dir(model.path, cfg.eos_token_id), iter_hf_weights(model.path))
+    raw = read_hf_config(model.path)
+    cfg = ModelConfig.from_hf(raw)
+    quant = quant_format(raw, model.path)
+    return Checkpoint(cfg, Tokenizer.from_hf_dir(model.path, cfg.eos_token_id), iter_hf_weights(model.path, quant),
+                      quant.describe() if quant else None)

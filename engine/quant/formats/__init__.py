@@ -1,0 +1,11 @@
+"""Quantized HF checkpoints read exactly: each stored quantized linear becomes its dense weight.
+
+This is the reference path for AWQ, GPTQ, compressed-tensors, ModelOpt (NVFP4, FP8) and MXFP4
+checkpoints: the model then runs dense in the model dtype (no `quantization` setting), which every later
+packed kernel is checked against. `quant_format` names a checkpoint's format from its config;
+`dense_weights` streams its tensors with the quantized linears dequantized one at a time.
+"""
+from onecat.engine.quant.formats import awq, compressed_tensors, gptq, modelopt, mxfp4  # noqa: F401  (register)
+from onecat.engine.quant.formats.registry import FORMATS, QuantFormat, dense_weights, quant_format
+
+__all__ = ["FORMATS", "QuantFormat", "dense_weights", "quant_format"]
