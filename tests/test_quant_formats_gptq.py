@@ -96,7 +96,8 @@ def test_gptq_without_g_idx_uses_contiguous_groups(tmp_path):
 
 @pytest.mark.parametrize("override,message", [
     ({"bits": 3}, "GPTQ with bits=3 is not supported: onecat reads 2, 4, 8-bit GPTQ"),
-    ({"checkpoint_format": "marlin"}, "GPTQ checkpoint_format 'marlin' is not supported: onecat reads gptq and gptq_v2"),
+    ({"checkpoint_format": "marlin"},
+     "GPTQ checkpoint_format 'marlin' is not supported: onecat reads gptq and gptq_v2"),
     ({"is_marlin_format": True}, "GPTQ checkpoint_format 'marlin' is not supported"),
 ])
 def test_gptq_variants_are_refused_by_name(tmp_path, override, message):

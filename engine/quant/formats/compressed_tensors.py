@@ -5,8 +5,10 @@ or "re:<regex>") carry which scheme and storage format; `ignore` lists linears s
   pack-quantized: weight_packed int32 [N, K*b/32] (b = 2, 4 or 8 bits; element i of a row at bit i*b,
       stored as q + 2**(b-1)), weight_shape [N, K], weight_scale [N, K/G] (group), [N, 1] (channel) or
       one value (tensor), weight_zero_point (asymmetric only; int32 packed along N the same way, or one
-      value per scale), weight_g_idx [K] (optional, activation-ordered groups).
-      w = (q - zero) * scale, exact in float32 for fp16/bf16/fp32 scales.
+      value per scale), weight_g_idx [K] (older checkpoints quantized with actorder
+      "group": each input column's group).
+      w = (q - zero) * scale: exact in float32 for half-precision scales; with float32 scales it is the
+      one correctly rounded float32 product, as the library computes it.
   float-quantized: weight float8_e4m3fn [N, K] and weight_scale per tensor, per output channel, or per
       block (block_structure from the scheme). w = weight * scale: exact in float32 for half-precision
       scales; with float32 scales it is the one correctly rounded float32 product.
