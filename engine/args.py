@@ -144,7 +144,7 @@ class EngineArgs(BaseModel):
     num_kv_blocks: Optional[int] = Field(default=None, ge=1, description="fix the KV cache size in blocks")
     speculative_config: Optional[SpeculativeConfig] = Field(
         default=None, description='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 4}')
-    fused_kernels: bool = Field(default=True, description="fused Triton kernels for small per-layer ops on CUDA")
+    fused_kernels: bool = Field(default=True, description="fused kernels for the small per-layer ops: Triton on CUDA, C++ ops on CPU (float32)")
     async_scheduling: bool = Field(default=True, description="with CUDA graphs: launch the next greedy decode "
                                                              "before reading this one")
     tensor_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-tp"),

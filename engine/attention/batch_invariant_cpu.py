@@ -41,6 +41,15 @@ class _Call:
     q_index: torch.Tensor  # [tiles * Hkv * QUERY_TILE] rows of the step's queries as [T * Hkv, G, D]
     out_index: torch.Tensor  # [tiles * QUERY_TILE * Hkv] where each result row goes (row T: discarded)
     mask: torch.Tensor  # [tiles, 1, QUERY_TILE * G, keys] additive
+    typed: dict | None = None
+
+    def mask_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask in the queries' dtype, converted once per step (every layer reuses it)."""
+        if self.typed is None:
+            self.typed = {}
+        if dtype not in self.typed:
+            self.typed[dtype] = self.mask.to(dtype)
+        return self.typed[dtype]
 
 
 def _call(seqs, tiles: list[tuple[int, int, int, int]], keys: int, num_tokens: int, kv_heads: int,
@@ -95,22 +104,40 @@ def _step_plan(meta: AttentionMetadata, kv_heads: int, group: int) -> tuple[list
     return plan
 
 
-def _block_index(meta: AttentionMetadata, n_keys: int) -> torch.Tensor:
-    """The blocks holding each sequence's first n_keys keys, flattened ([B * n_blocks])."""
+def _block_index(meta: AttentionMetadata, n_keys: int) -> torch.Tensor | int:
+    """The blocks holding each sequence's first n_keys keys, flattened ([B * n_blocks]); or, for one
+    sequence whose blocks are consecutive, the first of them (its keys are then a view of the cache)."""
     B, n_blocks = meta.num_seqs, -(-n_keys // meta.block_size)
+    if B == 1:
+        used = -(-meta.seq_lens_cpu[0] // meta.block_size)
+        own = meta.block_tables[0, :used].to(torch.int64)
+        first = int(own[0])
+        if torch.equal(own, torch.arange(first, first + used)):
+            return first
     tables = meta.block_tables.to(torch.int64)[:, :n_blocks]
     if tables.shape[1] < n_blocks:  # pad with the null block
         tables = torch.cat([tables, tables.new_zeros(B, n_blocks - tables.shape[1])], dim=1)
     return tables.reshape(-1)
 
 
-def _gather(cache: LayerKVCache, blocks: torch.Tensor, B: int, n_keys: int, dtype: torch.dtype):
-    """Each sequence's first n_keys keys and values, [B, n_keys, Hkv, D]."""
+def _gather(cache: LayerKVCache, blocks: torch.Tensor | int, B: int, n_keys: int, dtype: torch.dtype):
+    """Each sequence's first n_keys keys and values, [B, n_keys, Hkv, D]. A single sequence held in
+    consecutive blocks is read in place: the cache from its first block on is its keys in order. Past its
+    length that view shows whatever the next blocks hold, as the gather shows the null block there: finite
+    numbers (the cache starts zeroed), masked to weight 0, so the result is the same to the bit."""
+    n_blocks = -(-n_keys // cache.k.shape[1])
+    if isinstance(blocks, int) and blocks + n_blocks > cache.k.shape[0]:  # the view would run off the end
+        blocks = torch.arange(blocks, blocks + n_blocks).clamp_max_(cache.k.shape[0] - 1)
     out = []
     for data, scale in ((cache.k, cache.k_scale), (cache.v, cache.v_scale)):
-        x = data.index_select(0, blocks)
-        if cache.is_fp8:
-            x = dequantize_fp8(x, scale.index_select(0, blocks), cache.fp8_dtype, dtype)
+        if isinstance(blocks, int):
+            x = data[blocks:blocks + n_blocks]
+            if cache.is_fp8:
+                x = dequantize_fp8(x, scale[blocks:blocks + n_blocks], cache.fp8_dtype, dtype)
+        else:
+            x = data.index_select(0, blocks)
+            if cache.is_fp8:
+                x = dequantize_fp8(x, scale.index_select(0, blocks), cache.fp8_dtype, dtype)
         out.append(x.view(B, -1, *x.shape[-2:])[:, :n_keys])
     return out
 
@@ -123,7 +150,7 @@ def batch_invariant_attention(q: torch.Tensor, cache: LayerKVCache, meta: Attent
     G = Hq // Hkv
     calls, blocks, n_keys = _step_plan(meta, Hkv, G)
     k, v = _gather(cache, blocks, meta.num_seqs, n_keys, q.dtype)
-    q_rows = q.view(-1, G, D)
+    q_rows = q.reshape(-1, G, D)  # a view unless q is strided (q heads read in place from qkv rows)
     out = q.new_empty(T + 1, Hq, D)  # row T takes the results of padding rows
     for c in calls:
         n = c.tiles
@@ -135,7 +162,7 @@ def batch_invariant_attention(q: torch.Tensor, cache: LayerKVCache, meta: Attent
         else:
             ks, vs = k.index_select(0, c.seqs)[:, :c.keys], v.index_select(0, c.seqs)[:, :c.keys]
         qs = q_rows.index_select(0, c.q_index).view(n, Hkv, QUERY_TILE * G, D)
-        o, _ = _flash(qs, ks.transpose(1, 2), vs.transpose(1, 2), attn_mask=c.mask.to(q.dtype), scale=scale)
+        o, _ = _flash(qs, ks.transpose(1, 2), vs.transpose(1, 2), attn_mask=c.mask_as(q.dtype), scale=scale)
         o = o.transpose(1, 2).view(n, QUERY_TILE, G, Hkv, D).transpose(2, 3).reshape(-1, G, D)
         out.view(-1, G, D).index_copy_(0, c.out_index, o)
     return out[:T]

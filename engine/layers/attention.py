@@ -19,6 +19,7 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 
 class SelfAttention(nn.Module):
     use_fused = False  # the engine turns this on per model (CUDA + Triton)
+    cpu_ops = None  # the fused CPU ops (engine/kernels/cpu_ops.py), when the engine turns them on
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, qk_norm: bool):
         super().__init__()
@@ -38,6 +39,10 @@ class SelfAttention(nn.Module):
         return (self.use_fused and qkv.is_cuda and cache.fp8_dtype is None and cache.k.dtype == qkv.dtype
                 and d >= 16 and d & (d - 1) == 0 and qkv.stride(-1) == 1)
 
+    def _cpu_fused_ok(self, qkv: torch.Tensor, cache) -> bool:
+        return (self.cpu_ops is not None and not qkv.is_cuda and self.q_norm is None and cache.fp8_dtype is None
+                and qkv.dtype == cache.k.dtype == torch.float32 and qkv.stride(-1) == 1)
+
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """Attention output projected by o_proj, from the qkv_proj output (the caller projects, so it
         can fold the preceding RMSNorm into that projection)."""
@@ -55,13 +60,21 @@ class SelfAttention(nn.Module):
             q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
             out = ctx.attention(q, cache, ctx.meta, self.scale)
             return self.o_proj(out.reshape(T, self.q_size))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self._cpu_fused_ok(qkv, cache):  # RoPE on q and k in place, and the K/V cache write: one call
+            self.cpu_ops.rope_write_kv(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads,
+                                       self.num_kv_heads, cache.k, cache.v, ctx.meta.slot_mapping)
+            q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
+            out = ctx.attention(q, cache, ctx.meta, self.scale)
+            return self.o_proj(out.reshape(T, self.q_size))
+        v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+            q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = self.q_norm(q.view(T, self.num_heads, self.head_dim))
+            k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+            q, k = self.rotary(positions, q, k)
+        else:  # q and k side by side in qkv: one rotation of all their heads
+            qk = self.rotary.rotate(positions, qkv[:, :self.q_size + self.kv_size].view(T, -1, self.head_dim))
+            q, k = qk[:, :self.num_heads].contiguous(), qk[:, self.num_heads:]  # a copy only when T > 1
         write_kv(cache, k, v, ctx.meta.slot_mapping)
         out = ctx.attention(q, cache, ctx.meta, self.scale)
         return self.o_proj(out.reshape(T, self.q_size))

@@ -50,7 +50,8 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 
         return gemv(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
                     glu=silu_mul is not None)
-    x, residual = norm(x, residual)
+    fused = norm.cpu_fused(x, residual, bf16_out=getattr(linear, "input_dtype", None) == torch.bfloat16)
+    x, residual = fused if fused is not None else norm(x, residual)
     y = linear(x)
     return (y if silu_mul is None else silu_mul(y)), residual
 

@@ -8,6 +8,7 @@ from onecat.engine.layers.linear import Linear, norm_then_linear
 
 class GatedMLP(nn.Module):
     use_fused = False  # the engine turns this on per model (CUDA + Triton): one SiLU*mul kernel
+    cpu_ops = None  # the fused CPU ops (engine/kernels/cpu_ops.py), when the engine turns them on
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
@@ -29,5 +30,8 @@ class GatedMLP(nn.Module):
             from onecat.engine.kernels.triton_fused import silu_mul
 
             return silu_mul(gate_up)
+        if self.cpu_ops is not None and not gate_up.is_cuda and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
+            bf16 = getattr(self.down_proj, "input_dtype", None) == torch.bfloat16  # a packed down projection
+            return self.cpu_ops.silu_mul(gate_up, bf16)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return F.silu(gate) * up

@@ -16,13 +16,16 @@ from onecat.engine.quant.int4_blocks import GROUP, Int4Blocks
 
 _KERNEL_DTYPE = torch.bfloat16
 _ROW_MULTIPLE = 16
+_int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") else None
 
 
 class Int4PackedLinear(nn.Module):
     kernel = "aten._weight_int4pack_mm_for_cpu (4-bit, group 32, bf16 activations)"
+    input_dtype = _KERNEL_DTYPE  # what the kernel reads: a producer that can write it directly saves a cast
 
-    def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None):
+    def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None, dtype: torch.dtype = torch.float32):
         super().__init__()
+        self.dtype = dtype  # the model's dtype: the outputs are returned in it
         self.out_features, self.in_features = terms[0].shape
         self.num_terms = len(terms)
         pad = -self.out_features % _ROW_MULTIPLE  # the packing wants N % 16 == 0: pad with zero rows
@@ -45,14 +48,15 @@ class Int4PackedLinear(nn.Module):
         y = self._term(x2, 0)
         for i in range(1, self.num_terms):
             y = y.float() + self._term(x2, i)  # sum the terms in fp32
-        y = y[:, : self.out_features].to(x.dtype)
+        if y.shape[1] != self.out_features:  # drop the padding rows
+            y = y[:, : self.out_features]
+        y = y.to(self.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
     def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x2, getattr(self, f"packed{i}"), GROUP,
-                                                          getattr(self, f"scale_zero{i}"))
+        return _int4_mm(x2, self._buffers[f"packed{i}"], GROUP, self._buffers[f"scale_zero{i}"])
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -71,7 +71,8 @@ class WeightPacker:
             if weight is None:
                 continue
             parent, _, leaf = target.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, leaf, Int4PackedLinear(weight.terms, module.bias))
+            packed_linear = Int4PackedLinear(weight.terms, module.bias, module.weight.dtype)
+            setattr(model.get_submodule(parent) if parent else model, leaf, packed_linear)
             packed[weight.qtype] = packed.get(weight.qtype, 0) + 1
         self.blocks.clear()
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})

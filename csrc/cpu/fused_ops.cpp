@@ -1,0 +1,149 @@
+// Row-wise fused CPU ops for the float32 decoder layer: residual add + RMSNorm, RoPE + K/V cache write,
+// SiLU(gate) * up. In eager torch each of these is 3-10 small ops whose per-call cost (~1-3 us each on a
+// small CPU) outweighs their arithmetic at decode batch sizes; here each is one call.
+//
+// Every output row is computed by the same scalar loop whatever the number of rows, so results do not
+// depend on the batch (the engine's CPU batch-invariance holds). Products and sums are written out in
+// the reference order (no fused multiply-add contraction is requested), so they match the torch
+// reference ops to rounding of the reductions.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace {
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
+  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be [rows, width] with unit inner stride");
+}
+
+// (weight * RMSNorm(x + residual), x + residual); without residual the second item is x itself.
+// bf16_out: the normed rows in bfloat16 (what a packed 4-bit matmul takes), rounded to nearest even.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                                const at::Tensor& weight, double eps, bool bf16_out) {
+  check_rows(x, "x");
+  const int64_t rows = x.size(0), width = x.size(1);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == width,
+              "weight must be a contiguous float32 vector of the row width");
+  at::Tensor sum = x;
+  if (residual.has_value()) {
+    check_rows(*residual, "residual");
+    TORCH_CHECK(residual->sizes() == x.sizes(), "residual and x shapes differ");
+    sum = at::empty_like(x, x.options().memory_format(at::MemoryFormat::Contiguous));
+  }
+  at::Tensor out = at::empty({rows, width}, x.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
+  const float* w = weight.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x.data_ptr<float>() + r * x.stride(0);
+      float* sr = sum.data_ptr<float>() + r * sum.stride(0);
+      if (residual.has_value()) {
+        const float* rr = residual->data_ptr<float>() + r * residual->stride(0);
+        for (int64_t i = 0; i < width; ++i) sr[i] = xr[i] + rr[i];
+      }
+      const float* s = residual.has_value() ? sr : xr;
+      double squares = 0.0;
+      for (int64_t i = 0; i < width; ++i) squares += static_cast<double>(s[i]) * s[i];
+      const float inv = 1.0f / std::sqrt(static_cast<float>(squares / width) + e);
+      if (bf16_out) {
+        at::BFloat16* o = out.data_ptr<at::BFloat16>() + r * width;
+        for (int64_t i = 0; i < width; ++i) o[i] = at::BFloat16(w[i] * (s[i] * inv));
+      } else {
+        float* o = out.data_ptr<float>() + r * width;
+        for (int64_t i = 0; i < width; ++i) o[i] = w[i] * (s[i] * inv);
+      }
+    }
+  });
+  return {out, sum};
+}
+
+// In place on qkv rows [q heads | k heads | v heads] of head_dim each: rotate the q and k heads by the
+// half-split (NeoX/HF) rotation at each row's position, then store the rotated k and the v heads at
+// the row's cache slot (caches [blocks, block_size, kv_heads, head_dim], slot = block * block_size + i).
+void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                   int64_t q_heads, int64_t kv_heads, at::Tensor k_cache, at::Tensor v_cache,
+                   const at::Tensor& slots) {
+  check_rows(qkv, "qkv");
+  const int64_t rows = qkv.size(0);
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+              sin.scalar_type() == at::kFloat && cos.dim() == 2 && cos.sizes() == sin.sizes(),
+              "cos/sin must be contiguous float32 [positions, head_dim] tables");
+  const int64_t dim = cos.size(1), half = dim / 2, max_pos = cos.size(0);
+  TORCH_CHECK(qkv.size(1) == (q_heads + 2 * kv_heads) * dim, "qkv width is not (q_heads + 2 kv_heads) * head_dim");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == rows,
+              "positions must be a contiguous int64 vector, one per row");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == rows,
+              "slots must be a contiguous int64 vector, one per row");
+  for (const at::Tensor* c : {&k_cache, &v_cache}) {
+    TORCH_CHECK(c->scalar_type() == at::kFloat && c->is_contiguous() && c->dim() == 4 && c->size(2) == kv_heads &&
+                c->size(3) == dim, "caches must be contiguous float32 [blocks, block_size, kv_heads, head_dim]");
+  }
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1), row_kv = kv_heads * dim;
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < max_pos, "position ", pos[r], " is outside the rotary table [0, ", max_pos, ")");
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < num_slots, "cache slot ", slot[r], " is outside the cache");
+  }
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = qkv.data_ptr<float>() + r * qkv.stride(0);
+      const float* c = cos.data_ptr<float>() + pos[r] * dim;
+      const float* s = sin.data_ptr<float>() + pos[r] * dim;
+      for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
+        float* x = row + h * dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float x1 = x[i], x2 = x[i + half];
+          const float a = x1 * c[i], b = (-x2) * s[i];  // x * cos + rotate_half(x) * sin, first half
+          const float p = x2 * c[i + half], q = x1 * s[i + half];  // second half
+          x[i] = a + b;
+          x[i + half] = p + q;
+        }
+      }
+      std::memcpy(k_cache.data_ptr<float>() + slot[r] * row_kv, row + q_heads * dim, row_kv * sizeof(float));
+      std::memcpy(v_cache.data_ptr<float>() + slot[r] * row_kv, row + (q_heads + kv_heads) * dim,
+                  row_kv * sizeof(float));
+    }
+  });
+}
+
+// SiLU(gate) * up for rows [gate | up]; bf16_out as in add_rms_norm.
+at::Tensor silu_mul(const at::Tensor& gate_up, bool bf16_out) {
+  check_rows(gate_up, "gate_up");
+  const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up width must be even");
+  at::Tensor out = at::empty({rows, width}, gate_up.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* g = gate_up.data_ptr<float>() + r * gate_up.stride(0);
+      const float* u = g + width;
+      if (bf16_out) {
+        at::BFloat16* o = out.data_ptr<at::BFloat16>() + r * width;
+        for (int64_t i = 0; i < width; ++i) o[i] = at::BFloat16(g[i] / (1.0f + std::exp(-g[i])) * u[i]);
+      } else {
+        float* o = out.data_ptr<float>() + r * width;
+        for (int64_t i = 0; i < width; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(onecat_cpu, m) {
+  m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps, bool bf16_out) -> (Tensor, Tensor)");
+  m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int q_heads, int kv_heads, "
+        "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
+  m.def("silu_mul(Tensor gate_up, bool bf16_out) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) {
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("rope_write_kv", &rope_write_kv);
+  m.impl("silu_mul", &silu_mul);
+}

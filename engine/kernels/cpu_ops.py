@@ -1,0 +1,57 @@
+"""Fused row-wise CPU ops of the float32 decoder layer (csrc/cpu/fused_ops.cpp), built on first use.
+
+In eager torch a decode step's small ops (residual add + RMSNorm, RoPE, the K/V cache write, SiLU * up)
+are ~25 calls per layer whose fixed cost, not their arithmetic, dominates a CPU step at small batches.
+The extension does each group in one call with the same per-row arithmetic for any number of rows, so a
+token's result still does not depend on its batch. It is compiled with torch's C++ extension builder
+(needs a C++ compiler; ~10 s once) into the onecat cache folder, keyed by the source and torch version;
+without a compiler the engine keeps the torch ops and reports why.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import torch
+
+from onecat.engine.kernels.cache import cache_root
+
+SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "cpu" / "fused_ops.cpp"
+_lock = threading.Lock()
+_state: dict = {}  # "ops": torch.ops.onecat_cpu once loaded, or "failure": why it cannot be
+
+
+def _build_directory() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    return cache_root() / "torch_extensions" / f"cpu_fused_ops-{key}"
+
+
+def load():
+    """torch.ops.onecat_cpu, building the extension on first use; RuntimeError saying why if it cannot."""
+    with _lock:
+        if "ops" in _state:
+            return _state["ops"]
+        if "failure" not in _state:
+            try:
+                from torch.utils import cpp_extension
+
+                build_dir = _build_directory()
+                build_dir.mkdir(parents=True, exist_ok=True)
+                cpp_extension.load(name="onecat_cpu_fused_ops", sources=[str(SOURCE)], is_python_module=False,
+                                   extra_cflags=["-O3"], build_directory=str(build_dir), verbose=False)
+                _state["ops"] = torch.ops.onecat_cpu
+                return _state["ops"]
+            except Exception as exc:  # no compiler, a failed build, an unloadable library
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                _state["failure"] = f"the CPU fused ops could not be built ({type(exc).__name__}: {first})"
+        raise RuntimeError(_state["failure"])
+
+
+def unavailable_reason() -> str | None:
+    """None when the ops are loaded (building them if needed), else why not."""
+    try:
+        load()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
