@@ -147,6 +147,8 @@ class EngineArgs(BaseModel):
     fused_kernels: bool = Field(default=True, description="fused kernels for the small per-layer ops: Triton on CUDA, C++ ops on CPU (float32)")
     async_scheduling: bool = Field(default=True, description="with CUDA graphs: launch the next greedy decode "
                                                              "before reading this one")
+    cpu_threads: Optional[int] = Field(default=None, ge=1, description="CPU intra-op threads; unset: the cores "
+                                       "this process may use, less those other processes keep busy at start")
     tensor_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-tp"),
                                       description="ranks one model is split over (one process per rank: GPUs "
                                                   "of one host over NCCL, or CPU processes over gloo)")

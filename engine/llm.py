@@ -42,6 +42,15 @@ class LLM:
 
             self.tp = TensorParallel(self.cfg.tensor_parallel_size, self.device)
             self.device = self.tp.device
+        self.cpu_threads = None  # CPU, one rank: how many intra-op threads, and why (engine/cpu_threads.py)
+        if self.cfg.cpu_threads is not None and (self.device.type != "cpu" or self.tp is not None):
+            where = "tensor parallel ranks (each takes its share of the cores)" if self.tp else f"device {self.device}"
+            raise ConfigError(f"cpu_threads sets the threads of a CPU engine of one rank, not of {where}; "
+                              "remove cpu_threads")
+        if self.device.type == "cpu" and self.tp is None:
+            from onecat.engine.cpu_threads import choose_cpu_threads
+
+            self.cpu_threads = choose_cpu_threads(self.cfg.cpu_threads)
         check_quantization(self.cfg.quantization, self.source.format, self.device)
         ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf")
         self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
@@ -129,7 +138,19 @@ class LLM:
         for m in self.model.modules():
             if hasattr(type(m), "cpu_ops"):
                 m.cpu_ops = cpu_ops.load() if reason is None else None
-        return {"used": reason is None, "kind": "cpu", "reason": reason}
+            # the fused ops after o_proj, gate_up and down_proj read a packed matmul's bf16 output directly
+            for name in ("o_proj", "gate_up_proj", "down_proj"):
+                if hasattr(getattr(m, name, None), "keep_kernel_output"):
+                    getattr(m, name).keep_kernel_output = reason is None
+        report = {"used": reason is None, "kind": "cpu", "reason": reason}
+        if reason is None and hasattr(type(self.model), "cpu_decode"):
+            from onecat.engine.models import llama_cpu_decode
+
+            why_not = llama_cpu_decode.unsupported_reason(self.model)
+            self.model.cpu_decode = llama_cpu_decode.CpuDecodeLayers(self.model, cpu_ops.load()) if why_not is None \
+                else None
+            report["one_call_decode"] = why_not or "batch-1 decode steps run all layers in one C++ call"
+        return report
 
     def _num_kv_blocks(self, fp8: bool, mc) -> int:
         c = self.cfg
@@ -245,6 +266,7 @@ class LLM:
             "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "tensor_parallel": self.tp.describe(self.model_config) if self.tp else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
+            "cpu_threads": self.cpu_threads,
         }
 
     def close(self) -> None:

@@ -115,3 +115,70 @@ def test_bfloat16_model_keeps_the_torch_ops_and_says_why():
     with LLM(EMBEDDED, dtype="bfloat16", max_model_len=256) as llm:
         detail = llm.info()["fused_kernels_detail"]
     assert detail["used"] is False and "float32" in detail["reason"]
+
+
+def test_one_call_decode_step_equals_the_python_layers_bit_for_bit():
+    """The packed model's batch-1 decode steps in one C++ call give the Python layers' tokens and logprobs
+    exactly (same kernels, same inputs, same order); batched steps keep the Python layers."""
+    from onecat.engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=3)
+    prompts = [[1000 + (i * 37 + j * 11) % 30000 for j in range(70 + 40 * i)] for i in range(3)]
+    with LLM(EMBEDDED, dtype="float32", quantization="gguf", max_model_len=512) as llm:
+        one_call = llm.model.cpu_decode
+        assert one_call is not None, llm.info()["fused_kernels_detail"]
+        fast = [llm.generate([p], params)[0] for p in prompts]  # alone: batch-1 decode steps
+        assert one_call.steps >= 3 * 39
+        llm.model.cpu_decode = None
+        slow = [llm.generate([p], params)[0] for p in prompts]
+        llm.model.cpu_decode = one_call
+        batched = llm.generate(prompts, params)  # several sequences per step: the Python layers
+    for a, b, c in zip(fast, slow, batched):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert c.token_ids == a.token_ids
+
+
+def test_cpu_threads_take_the_free_cores(monkeypatch):
+    from onecat.engine import cpu_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 4)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(cpu_threads, "busy_cores_elsewhere", lambda: 0.2)
+        assert cpu_threads.choose_cpu_threads(None)["threads"] == 4
+        monkeypatch.setattr(cpu_threads, "busy_cores_elsewhere", lambda: 2.7)
+        chosen = cpu_threads.choose_cpu_threads(None)
+        assert chosen["threads"] == 1 and torch.get_num_threads() == 1 and "2.7" in chosen["chosen_by"]
+        monkeypatch.setattr(cpu_threads, "busy_cores_elsewhere", lambda: 9.0)
+        assert cpu_threads.choose_cpu_threads(None)["threads"] == 1  # never below one
+        assert cpu_threads.choose_cpu_threads(3) == {"threads": 3, "available_cores": 4, "busy_cores_elsewhere": None,
+                                                     "chosen_by": "cpu_threads setting"}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_busy_cores_elsewhere_sees_another_busy_process():
+    import subprocess
+    import sys
+
+    from onecat.engine import cpu_threads
+
+    if cpu_threads.busy_cores_elsewhere() is None:
+        pytest.skip("no /proc/stat here")
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+
+        time.sleep(0.3)
+        assert cpu_threads.busy_cores_elsewhere(0.3) >= 0.6
+    finally:
+        spinner.kill()
+
+
+def test_cpu_threads_is_refused_where_it_would_do_nothing():
+    from onecat.engine import LLM
+    from onecat.engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cpu_threads"):
+        LLM(EMBEDDED, device="cpu", tensor_parallel_size=2, cpu_threads=1, max_model_len=128)

@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "fused_ops.h"
+
 namespace {
 
 void check_rows(const at::Tensor& t, const char* name) {
@@ -20,11 +22,35 @@ void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1, name, " must be [rows, width] with unit inner stride");
 }
 
-// (weight * RMSNorm(x + residual), x + residual); without residual the second item is x itself.
+}  // namespace
+
+namespace onecat_cpu {
+
+// One row of add_rms_norm: s = x + residual (x read as float: a bfloat16 x converts exactly), then
+// weight * s / sqrt(mean(s^2) + eps).
+template <typename In, typename Out>
+void norm_row(const In* x, const float* res, const float* w, float* sum_out, Out* out, int64_t width, float eps) {
+  const float* s;
+  if (res != nullptr) {
+    for (int64_t i = 0; i < width; ++i) sum_out[i] = static_cast<float>(x[i]) + res[i];
+    s = sum_out;
+  } else {
+    s = reinterpret_cast<const float*>(x);  // float32 x without a residual (checked by the caller)
+  }
+  double squares = 0.0;
+  for (int64_t i = 0; i < width; ++i) squares += static_cast<double>(s[i]) * s[i];
+  const float inv = 1.0f / std::sqrt(static_cast<float>(squares / width) + eps);
+  for (int64_t i = 0; i < width; ++i) out[i] = Out(w[i] * (s[i] * inv));
+}
+
+// (weight * RMSNorm(x + residual), x + residual); without residual the second item is x itself. x may be
+// bfloat16 when a residual is given (a packed matmul's output: the sum is the same as after a cast).
 // bf16_out: the normed rows in bfloat16 (what a packed 4-bit matmul takes), rounded to nearest even.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
                                                 const at::Tensor& weight, double eps, bool bf16_out) {
-  check_rows(x, "x");
+  const bool bf16_in = x.scalar_type() == at::kBFloat16 && residual.has_value();
+  if (!bf16_in) check_rows(x, "x");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1, "x must be [rows, width] on the CPU");
   const int64_t rows = x.size(0), width = x.size(1);
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == width,
               "weight must be a contiguous float32 vector of the row width");
@@ -32,29 +58,23 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::
   if (residual.has_value()) {
     check_rows(*residual, "residual");
     TORCH_CHECK(residual->sizes() == x.sizes(), "residual and x shapes differ");
-    sum = at::empty_like(x, x.options().memory_format(at::MemoryFormat::Contiguous));
+    sum = at::empty({rows, width}, residual->options());
   }
   at::Tensor out = at::empty({rows, width}, x.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
   const float* w = weight.data_ptr<float>();
   const float e = static_cast<float>(eps);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x.data_ptr<float>() + r * x.stride(0);
-      float* sr = sum.data_ptr<float>() + r * sum.stride(0);
-      if (residual.has_value()) {
-        const float* rr = residual->data_ptr<float>() + r * residual->stride(0);
-        for (int64_t i = 0; i < width; ++i) sr[i] = xr[i] + rr[i];
-      }
-      const float* s = residual.has_value() ? sr : xr;
-      double squares = 0.0;
-      for (int64_t i = 0; i < width; ++i) squares += static_cast<double>(s[i]) * s[i];
-      const float inv = 1.0f / std::sqrt(static_cast<float>(squares / width) + e);
-      if (bf16_out) {
-        at::BFloat16* o = out.data_ptr<at::BFloat16>() + r * width;
-        for (int64_t i = 0; i < width; ++i) o[i] = at::BFloat16(w[i] * (s[i] * inv));
+      const float* res = residual.has_value() ? residual->data_ptr<float>() + r * residual->stride(0) : nullptr;
+      float* sr = residual.has_value() ? sum.data_ptr<float>() + r * width : nullptr;
+      if (bf16_in) {
+        const at::BFloat16* xr = x.data_ptr<at::BFloat16>() + r * x.stride(0);
+        if (bf16_out) norm_row(xr, res, w, sr, out.data_ptr<at::BFloat16>() + r * width, width, e);
+        else norm_row(xr, res, w, sr, out.data_ptr<float>() + r * width, width, e);
       } else {
-        float* o = out.data_ptr<float>() + r * width;
-        for (int64_t i = 0; i < width; ++i) o[i] = w[i] * (s[i] * inv);
+        const float* xr = x.data_ptr<float>() + r * x.stride(0);
+        if (bf16_out) norm_row(xr, res, w, sr, out.data_ptr<at::BFloat16>() + r * width, width, e);
+        else norm_row(xr, res, w, sr, out.data_ptr<float>() + r * width, width, e);
       }
     }
   });
@@ -111,29 +131,40 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
   });
 }
 
-// SiLU(gate) * up for rows [gate | up]; bf16_out as in add_rms_norm.
+template <typename In, typename Out>
+void silu_mul_row(const In* g, Out* out, int64_t width) {
+  for (int64_t i = 0; i < width; ++i) {
+    const float gate = static_cast<float>(g[i]), up = static_cast<float>(g[i + width]);
+    out[i] = Out(gate / (1.0f + std::exp(-gate)) * up);
+  }
+}
+
+// SiLU(gate) * up for rows [gate | up] (float32, or bfloat16: a packed matmul's output, read exactly);
+// bf16_out as in add_rms_norm.
 at::Tensor silu_mul(const at::Tensor& gate_up, bool bf16_out) {
-  check_rows(gate_up, "gate_up");
+  const bool bf16_in = gate_up.scalar_type() == at::kBFloat16;
+  if (!bf16_in) check_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+              "gate_up must be [rows, 2 * width] on the CPU");
   const int64_t rows = gate_up.size(0), width = gate_up.size(1) / 2;
-  TORCH_CHECK(gate_up.size(1) % 2 == 0, "gate_up width must be even");
   at::Tensor out = at::empty({rows, width}, gate_up.options().dtype(bf16_out ? at::kBFloat16 : at::kFloat));
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const float* g = gate_up.data_ptr<float>() + r * gate_up.stride(0);
-      const float* u = g + width;
-      if (bf16_out) {
-        at::BFloat16* o = out.data_ptr<at::BFloat16>() + r * width;
-        for (int64_t i = 0; i < width; ++i) o[i] = at::BFloat16(g[i] / (1.0f + std::exp(-g[i])) * u[i]);
+      if (bf16_in) {
+        const at::BFloat16* g = gate_up.data_ptr<at::BFloat16>() + r * gate_up.stride(0);
+        if (bf16_out) silu_mul_row(g, out.data_ptr<at::BFloat16>() + r * width, width);
+        else silu_mul_row(g, out.data_ptr<float>() + r * width, width);
       } else {
-        float* o = out.data_ptr<float>() + r * width;
-        for (int64_t i = 0; i < width; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        const float* g = gate_up.data_ptr<float>() + r * gate_up.stride(0);
+        if (bf16_out) silu_mul_row(g, out.data_ptr<at::BFloat16>() + r * width, width);
+        else silu_mul_row(g, out.data_ptr<float>() + r * width, width);
       }
     }
   });
   return out;
 }
 
-}  // namespace
+}  // namespace onecat_cpu
 
 TORCH_LIBRARY(onecat_cpu, m) {
   m.def("add_rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps, bool bf16_out) -> (Tensor, Tensor)");
@@ -143,7 +174,7 @@ TORCH_LIBRARY(onecat_cpu, m) {
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) {
-  m.impl("add_rms_norm", &add_rms_norm);
-  m.impl("rope_write_kv", &rope_write_kv);
-  m.impl("silu_mul", &silu_mul);
+  m.impl("add_rms_norm", &onecat_cpu::add_rms_norm);
+  m.impl("rope_write_kv", &onecat_cpu::rope_write_kv);
+  m.impl("silu_mul", &onecat_cpu::silu_mul);
 }

@@ -65,6 +65,14 @@ class AttentionDispatcher:
         self.calls[backend.name] += 1
         return backend.forward(q, cache, meta, scale)
 
+    def runs_cpu_reference(self) -> bool:
+        """Whether this step's attention is the reference backend's CPU path (no other backend chosen)."""
+        return self.primary.name == self.reference.name
+
+    def count_reference_calls(self, n: int) -> None:
+        """Calls of the reference backend made outside __call__ (the one-call CPU decode step)."""
+        self.calls[self.reference.name] += n
+
     def report(self) -> dict:
         """The effective path: what served the calls so far, and why anything fell back."""
         effective = self.calls.most_common(1)[0][0] if self.calls else self.primary.name

@@ -1,9 +1,10 @@
-"""Fused row-wise CPU ops of the float32 decoder layer (csrc/cpu/fused_ops.cpp), built on first use.
+"""Fused row-wise CPU ops of the float32 decoder layer (csrc/cpu/), built on first use.
 
 In eager torch a decode step's small ops (residual add + RMSNorm, RoPE, the K/V cache write, SiLU * up)
 are ~25 calls per layer whose fixed cost, not their arithmetic, dominates a CPU step at small batches.
 The extension does each group in one call with the same per-row arithmetic for any number of rows, so a
-token's result still does not depend on its batch. It is compiled with torch's C++ extension builder
+token's result still does not depend on its batch; and it runs a whole batch-1 decode step of a packed
+model in one call (engine/models/llama_cpu_decode.py). It is compiled with torch's C++ extension builder
 (needs a C++ compiler; ~10 s once) into the onecat cache folder, keyed by the source and torch version;
 without a compiler the engine keeps the torch ops and reports why.
 """
@@ -17,13 +18,17 @@ import torch
 
 from onecat.engine.kernels.cache import cache_root
 
-SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "cpu" / "fused_ops.cpp"
+SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
+SOURCES = (SOURCE_DIR / "fused_ops.cpp", SOURCE_DIR / "decode_layers.cpp")
 _lock = threading.Lock()
 _state: dict = {}  # "ops": torch.ops.onecat_cpu once loaded, or "failure": why it cannot be
 
 
 def _build_directory() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    h = hashlib.sha256(torch.__version__.encode())
+    for f in sorted(SOURCE_DIR.glob("*")):
+        h.update(f.name.encode() + f.read_bytes())
+    key = h.hexdigest()[:16]
     return cache_root() / "torch_extensions" / f"cpu_fused_ops-{key}"
 
 
@@ -38,7 +43,8 @@ def load():
 
                 build_dir = _build_directory()
                 build_dir.mkdir(parents=True, exist_ok=True)
-                cpp_extension.load(name="onecat_cpu_fused_ops", sources=[str(SOURCE)], is_python_module=False,
+                cpp_extension.load(name="onecat_cpu_fused_ops", sources=[str(s) for s in SOURCES],
+                                   extra_include_paths=[str(SOURCE_DIR)], is_python_module=False,
                                    extra_cflags=["-O3"], build_directory=str(build_dir), verbose=False)
                 _state["ops"] = torch.ops.onecat_cpu
                 return _state["ops"]

@@ -30,7 +30,8 @@ class GatedMLP(nn.Module):
             from onecat.engine.kernels.triton_fused import silu_mul
 
             return silu_mul(gate_up)
-        if self.cpu_ops is not None and not gate_up.is_cuda and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
+        if self.cpu_ops is not None and not gate_up.is_cuda and gate_up.dim() == 2 and \
+                gate_up.dtype in (torch.float32, torch.bfloat16):  # bfloat16: a packed gate_up's output
             bf16 = getattr(self.down_proj, "input_dtype", None) == torch.bfloat16  # a packed down projection
             return self.cpu_ops.silu_mul(gate_up, bf16)
         gate, up = gate_up.split(self.intermediate, dim=-1)

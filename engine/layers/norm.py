@@ -11,15 +11,17 @@ class RMSNorm(nn.Module):
     def cpu_fused(self, x: torch.Tensor, residual: torch.Tensor | None, bf16_out: bool = False):
         """forward(x, residual) in one fused CPU call (the normed rows in bfloat16 with bf16_out, for a
         packed 4-bit matmul), or None where the call does not apply."""
-        if self.cpu_ops is None or x.is_cuda or x.dtype != torch.float32:
+        if self.cpu_ops is None or x.is_cuda:
             return None
-        if residual is not None and residual.dtype != torch.float32:
+        if residual is None and x.dtype != torch.float32:
             return None
+        if residual is not None and (residual.dtype != torch.float32 or x.dtype not in (torch.float32, torch.bfloat16)):
+            return None  # a bfloat16 x (a packed matmul's output) adds to the float32 residual exactly
         width = x.shape[-1]
         out, summed = self.cpu_ops.add_rms_norm(x.reshape(-1, width), None if residual is None else
                                                 residual.reshape(-1, width), self.weight, self.eps, bf16_out)
         out = out.view(*x.shape[:-1], width)
-        return out if residual is None else (out, summed.view(x.shape))
+        return out if residual is None else (out, summed.view(residual.shape))
 
     def __init__(self, dim: int, eps: float):
         super().__init__()

@@ -55,8 +55,14 @@ class LlamaForCausalLM(nn.Module):
     aux_layer_ids: list[int] = []  # layers whose outputs a feature-conditioned drafter (DFlash) reads
     aux_hidden: torch.Tensor | None = None  # [T, len(aux_layer_ids) * hidden] from the last forward
 
+    cpu_decode = None  # runs a batch-1 decode step's layers in one C++ call (llama_cpu_decode.py), when on
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        one_call = self.cpu_decode(h, positions) if self.cpu_decode is not None and not self.aux_layer_ids else None
+        if one_call is not None:
+            self.aux_hidden = None
+            return self.norm(*one_call)[0]
         residual = None
         aux = []
         for i, layer in enumerate(self.layers):

@@ -25,7 +25,8 @@ class Int4PackedLinear(nn.Module):
 
     def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None, dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.dtype = dtype  # the model's dtype: the outputs are returned in it
+        self.dtype = dtype  # the model's dtype: the outputs are returned in it,
+        self.keep_kernel_output = False  # unless the consumer reads the kernel's bf16 output as it is
         self.out_features, self.in_features = terms[0].shape
         self.num_terms = len(terms)
         pad = -self.out_features % _ROW_MULTIPLE  # the packing wants N % 16 == 0: pad with zero rows
@@ -50,7 +51,8 @@ class Int4PackedLinear(nn.Module):
             y = y.float() + self._term(x2, i)  # sum the terms in fp32
         if y.shape[1] != self.out_features:  # drop the padding rows
             y = y[:, : self.out_features]
-        y = y.to(self.dtype)
+        if not self.keep_kernel_output:
+            y = y.to(self.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)

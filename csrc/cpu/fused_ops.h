@@ -1,0 +1,13 @@
+// Row-wise fused CPU ops (fused_ops.cpp), also called by the one-call decode step (decode_layers.cpp).
+#pragma once
+#include <ATen/ATen.h>
+
+namespace onecat_cpu {
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                                const at::Tensor& weight, double eps, bool bf16_out);
+void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                   int64_t q_heads, int64_t kv_heads, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots);
+at::Tensor silu_mul(const at::Tensor& gate_up, bool bf16_out);
+
+}  // namespace onecat_cpu

@@ -1,0 +1,89 @@
+"""A batch-1 decode step of a packed-4-bit Llama-family model through all its layers in one C++ call.
+
+On a small CPU a one-token step of the Python layers spends more time in ~40 calls per layer (module
+calls, views, casts, the attention plan's index ops) than in the 4-bit matmuls and the attention kernel.
+csrc/cpu/decode_layers.cpp makes the same ATen calls on the same inputs in the same order, so the step's
+result is the Python path's to the bit (tested), in one call. It applies where the Python layers would do
+exactly what it does: float32 activations, every linear a single-term 4-bit packing (GGUF Q4_0/Q4_1)
+without bias or padding rows, no q/k norm, a float32 KV cache, one sequence whose keys the batch-invariant
+CPU attention reads in place; any other step runs the Python layers.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from onecat.engine.attention.batch_invariant_cpu import step_plan
+from onecat.engine.forward_context import get_forward_context
+from onecat.engine.layers.attention import SelfAttention
+from onecat.engine.layers.mlp import GatedMLP
+from onecat.engine.layers.norm import RMSNorm
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the one-call decode step cannot run this model (None: it can)."""
+    layers = getattr(model, "layers", None)
+    if layers is None or len(layers) == 0:
+        return "the model has no decoder layers to run"
+    for i, layer in enumerate(layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if not isinstance(attn, SelfAttention) or not isinstance(mlp, GatedMLP):
+            return f"layer {i} is not a plain attention + gated-MLP layer"
+        if attn.q_norm is not None:
+            return "q/k norm layers run in Python"
+        for name, linear in (("qkv_proj", attn.qkv_proj), ("o_proj", attn.o_proj),
+                             ("gate_up_proj", mlp.gate_up_proj), ("down_proj", mlp.down_proj)):
+            if getattr(linear, "input_dtype", None) != torch.bfloat16 or getattr(linear, "num_terms", 0) != 1:
+                return f"layer {i} {name} is not a single-term 4-bit packed linear"
+            if linear.bias is not None or linear.out_features % 16:  # the packing pads rows to 16
+                return f"layer {i} {name} has a bias or padding rows"
+            if linear.dtype != torch.float32:
+                return "the one-call step runs float32 models"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if not isinstance(norm, RMSNorm) or norm.eps != layers[0].input_layernorm.eps:
+                return f"layer {i} norms differ from the first layer's"
+    return None
+
+
+class CpuDecodeLayers:
+    """Runs a step's decoder layers in one call when the step is a one-token decode of one sequence."""
+
+    def __init__(self, model: nn.Module, ops):
+        self.ops = ops
+        first = model.layers[0].self_attn
+        self.q_heads, self.kv_heads = first.num_heads, first.num_kv_heads
+        self.scale, self.eps = first.scale, model.layers[0].input_layernorm.eps
+        self.rotary = first.rotary
+        self.weights = []  # per layer, in decode_layers.cpp's order (the caches go in per step)
+        for layer in model.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.weights.append([layer.input_layernorm.weight, *self._packed(a.qkv_proj), *self._packed(a.o_proj),
+                                 layer.post_attention_layernorm.weight, *self._packed(m.gate_up_proj),
+                                 *self._packed(m.down_proj)])
+        self.steps = 0  # steps run in one call (reported)
+
+    @staticmethod
+    def _packed(linear) -> list[torch.Tensor]:
+        return [linear._buffers["packed0"], linear._buffers["scale_zero0"]]
+
+    def __call__(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(h, residual) after the last layer, as the Python layers give them; None when the step is not one
+        this call runs (the caller then runs the Python layers)."""
+        ctx = get_forward_context()
+        meta, caches = ctx.meta, ctx.kv_caches
+        if h.shape[0] != 1 or meta.num_seqs != 1 or not ctx.attention.runs_cpu_reference():
+            return None
+        if caches[0].fp8_dtype is not None or caches[0].k.dtype != torch.float32:
+            return None
+        calls, first_block, keys = step_plan(meta, self.kv_heads, self.q_heads // self.kv_heads)
+        n_blocks = -(-keys // meta.block_size)
+        if len(calls) != 1 or not isinstance(first_block, int) or first_block + n_blocks > caches[0].k.shape[0]:
+            return None
+        call = calls[0]
+        flat = [t for w, cache in zip(self.weights, caches) for t in (*w, cache.k, cache.v)]
+        out = self.ops.decode_layers_int4(h, positions, meta.slot_mapping, self.rotary.cos, self.rotary.sin, flat,
+                                          call.q_index, call.out_index, call.mask_as(torch.float32), first_block,
+                                          n_blocks, call.keys, self.q_heads, self.kv_heads, self.eps, self.scale)
+        ctx.attention.count_reference_calls(len(self.weights))
+        self.steps += 1
+        return out
