@@ -128,7 +128,8 @@ def main() -> None:
     med = {k: statistics.median(r["output_tok_s"] for r in v) for k, v in arms.items()}
     overhead = 1 - med["server"] / med["in_process"]
     for k, v in arms.items():
-        print(f"{k:10s} output tok/s: {', '.join(f'{r['output_tok_s']:.1f}' for r in v)}  (median {med[k]:.1f})")
+        runs = ", ".join(f"{r['output_tok_s']:.1f}" for r in v)
+        print(f"{k:10s} output tok/s: {runs}  (median {med[k]:.1f})")
     print(f"server overhead at {args.streams} streams: {100 * overhead:.1f}% of in-process output tok/s")
     record = {"benchmark": "server_overhead_cpu", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "git": git_revision(), "machine": {"cpu": platform.processor() or platform.machine(),

@@ -42,11 +42,31 @@ class _Stream:
     num_tokens_seen: int = 0
     done: bool = False
 
-    def put(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.request_id, item))
-        except RuntimeError:  # the handler's event loop is gone (server shutting down)
-            pass
+
+
+def _deliver(items: list[tuple[asyncio.Queue, tuple]]) -> None:
+    for q, payload in items:
+        q.put_nowait(payload)
+
+
+class _Outbox:
+    """A step's outputs for the handlers, handed to each event loop in one call_soon_threadsafe: one wake-up
+    (a write to the loop's self-pipe) per step instead of one per request, and the engine thread gives the
+    GIL to the loop once."""
+
+    def __init__(self) -> None:
+        self.pending: dict[asyncio.AbstractEventLoop, list] = {}
+
+    def put(self, stream: _Stream, item: Any) -> None:
+        self.pending.setdefault(stream.loop, []).append((stream.queue, (stream.request_id, item)))
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, {}
+        for loop, items in pending.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the handler's event loop is gone (server shutting down)
+                pass
 
 
 @dataclass
@@ -82,6 +102,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._in_flight = 0  # submitted and not yet finished (guarded by the GIL + _lock)
         self._lock = threading.Lock()
+        self._outbox = _Outbox()
         self._stop = threading.Event()
         self.last_error: str | None = None
         built = threading.Event()
@@ -177,27 +198,32 @@ class AsyncEngine:
     # ---- engine thread ------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            block = not self.engine.has_unfinished()
             try:
-                self._drain(block)
-            except Exception:  # noqa: BLE001 - a command must never kill the engine thread
-                log.exception("engine command failed")
-            if self._stop.is_set():
-                break
-            if not self.engine.has_unfinished():
-                continue
-            try:
-                touched = self.engine.step()
-            except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
-                self._fail_all_running(self.last_error)
-                continue
-            now = time.perf_counter()
-            for rid in touched:
-                self._publish(rid, now)
-            if self.metrics is not None:
-                self.metrics.observe_engine(self.engine)
+                self._iteration()
+            finally:
+                self._outbox.flush()
+
+    def _iteration(self) -> None:
+        """Run the queued commands, then one engine step; the outputs go out when it returns."""
+        block = not self.engine.has_unfinished()
+        try:
+            self._drain(block)
+        except Exception:  # noqa: BLE001 - a command must never kill the engine thread
+            log.exception("engine command failed")
+        if self._stop.is_set() or not self.engine.has_unfinished():
+            return
+        try:
+            touched = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
+            self._fail_all_running(self.last_error)
+            return
+        now = time.perf_counter()
+        for rid in touched:
+            self._publish(rid, now)
+        if self.metrics is not None:
+            self.metrics.observe_engine(self.engine)
 
     def _drain(self, block: bool) -> None:
         first = True
@@ -270,7 +296,7 @@ class AsyncEngine:
         if out.finished:
             self._finish(request_id, out)
         else:
-            stream.put(out)
+            self._outbox.put(stream, out)
 
     def _finish(self, request_id: str, final: Any) -> None:
         """Send a request's last item and hand the request back to the engine (aborting it if it still runs)."""
@@ -283,7 +309,7 @@ class AsyncEngine:
         self._release()
         if self.metrics is not None and not isinstance(final, BaseException):
             self.metrics.observe_finished(final)
-        stream.put(final)
+        self._outbox.put(stream, final)
 
     def _fail_all_running(self, message: str) -> None:
         for rid in list(self._streams):
