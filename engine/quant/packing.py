@@ -16,7 +16,7 @@ from torch import nn
 
 from onecat.engine.errors import ConfigError
 from onecat.engine.quant.int4_blocks import QuantizedWeight
-from onecat.engine.quant.int4_linear import Int4PackedLinear
+from onecat.engine.quant.int4_linear import DENSE_FROM_ROWS, Int4PackedLinear
 
 QUANTIZATIONS = ("gguf",)
 
@@ -77,4 +77,5 @@ class WeightPacker:
         self.blocks.clear()
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
         return {"method": "gguf", "kernel": Int4PackedLinear.kernel, "packed_linears": packed,
+                "large_batch_path": f"bf16 GEMM on a dequantized copy from {DENSE_FROM_ROWS} rows on",
                 "dense_linears": dense}
