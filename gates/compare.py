@@ -20,6 +20,7 @@ the output is measured figures. They are stored as one run of kind "compare" in 
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -154,7 +155,8 @@ def _run_engine(spec: CompareSpec, label: str, store: Store, run_id: str, positi
         return position
     outcome = ArmOutcome("ran", open_s=time.perf_counter() - t0)
     try:
-        store.add_environment(run_id, label, capture_environment(engine.info()))
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None  # what else ran as this engine started
+        store.add_environment(run_id, label, capture_environment({**engine.info(), "load_average_at_open": load}))
         runner = EndpointRunner()
         for w in spec.workloads:
             for unit in runner.plan(w, spec.sampling, spec.seeds):
