@@ -20,12 +20,24 @@ from onecat.engine.kernels.cache import cache_root
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 SOURCES = (SOURCE_DIR / "fused_ops.cpp", SOURCE_DIR / "decode_layers.cpp")
+_FLAGS = ["-O3", "-ffp-contract=off"]  # no fused multiply-adds: products and sums round as in the torch ops
 _lock = threading.Lock()
 _state: dict = {}  # "ops": torch.ops.onecat_cpu once loaded, or "failure": why it cannot be
 
 
+def _vector_flags() -> list[str]:
+    """AVX2 + FMA code (ATen's Vectorized<float>, SLEEF's exp) where this CPU has them, else portable code."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    if {"avx2", "fma", "f16c"} <= flags:
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    return []
+
+
 def _build_directory() -> Path:
-    h = hashlib.sha256(torch.__version__.encode())
+    h = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS + _vector_flags()).encode())
     for f in sorted(SOURCE_DIR.glob("*")):
         h.update(f.name.encode() + f.read_bytes())
     key = h.hexdigest()[:16]
@@ -45,7 +57,7 @@ def load():
                 build_dir.mkdir(parents=True, exist_ok=True)
                 cpp_extension.load(name="onecat_cpu_fused_ops", sources=[str(s) for s in SOURCES],
                                    extra_include_paths=[str(SOURCE_DIR)], is_python_module=False,
-                                   extra_cflags=["-O3"], build_directory=str(build_dir), verbose=False)
+                                   extra_cflags=_FLAGS + _vector_flags(), build_directory=str(build_dir), verbose=False)
                 _state["ops"] = torch.ops.onecat_cpu
                 return _state["ops"]
             except Exception as exc:  # no compiler, a failed build, an unloadable library
