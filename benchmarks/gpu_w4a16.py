@@ -1,0 +1,174 @@
+"""Packed 4-bit (W4A16) projections on a CUDA GPU against fp16: the 8B projections at 1 and 8 rows, and the
+dense path at 32 rows.
+
+    python benchmarks/gpu_w4a16.py --out results.json [--sweep] [--shapes qkv,down]
+
+Every figure is timed inside a CUDA graph that calls the arm once per rotating copy of its weight (enough
+copies that the L2 cache holds none of them between calls), median of 20 replays, per call. Arms:
+  cublas       F.linear on fp16 weights
+  gemv_fp16    onecat's fp16 Triton GEMV (engine/kernels/triton_gemv.py)
+  w4a16        the W4A16 GEMV with its default tile config (and, with --sweep, the best of a grid)
+At 32 rows: cuBLAS fp16 against the W4A16 layer's dense path, dequantizing the whole weight per call
+or a tile of output rows at a time.
+Bandwidth counts the bytes a call must read: fp16 weights (2 B each), or codes + scales + zeros, plus x.
+The copy limit is a large device-to-device copy timed in the same run (read + written bytes / time).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}
+L2_FLUSH_BYTES = 400 << 20
+SWEEP = [(bn, bkw, w) for bkw in (64, 128, 256, 512) for bn in (1, 2, 4, 8, 16) for w in (4, 8)
+         if 256 <= bn * bkw <= 4096 and (w == 4 or bn * bkw >= 2048)]
+
+
+def log(*a):
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def graph_time(calls, reps: int = 20) -> float:
+    """Median seconds per call of `calls` (one per weight copy) replayed as one CUDA graph."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
+
+
+def copy_limit_gbps(nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second), median of 20."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    times = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / sorted(times)[10] / 1e9
+
+
+def random_packed(n: int, k: int, group: int, gen):
+    q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda", generator=gen)
+    s = (torch.rand(n, k // group, device="cuda", generator=gen) * 0.02 + 0.001).half()
+    z = torch.randint(0, 16, (n, k // group), device="cuda", generator=gen).half()
+    return q, s, z
+
+
+def bench_shape(name: str, n: int, k: int, sweep: bool, copy_gbps: float, group: int = 128) -> dict:
+    from onecat.engine.kernels import triton_gemv as tg
+    from onecat.engine.kernels import triton_w4a16 as kw
+    from onecat.engine.quant.w4a16_layout import W4A16Weight, dequantize
+    from onecat.engine.quant.w4a16_linear import W4A16Linear
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    fp16_bytes = n * k * 2
+    w4_bytes = n * k // 2 + 2 * 2 * n * (k // group)
+    c16 = max(3, -(-L2_FLUSH_BYTES // fp16_bytes))
+    c4 = max(3, -(-L2_FLUSH_BYTES // w4_bytes))
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.float16, generator=gen) * k ** -0.5 for _ in range(c16)]
+    ps = [random_packed(n, k, group, gen) for _ in range(c4)]
+    dense0 = dequantize(W4A16Weight(*ps[0], group))
+    res = {"N": n, "K": k, "group": group, "fp16_weight_MB": fp16_bytes / 1e6, "w4_weight_MB": w4_bytes / 1e6,
+           "copies_fp16": c16, "copies_w4": c4}
+
+    def arm(t: float, moved: int) -> dict:
+        gbps = moved / t / 1e9
+        return {"us": round(t * 1e6, 2), "GBps": round(gbps, 1), "frac_copy_limit": round(gbps / copy_gbps, 3)}
+
+    for m in (1, 8):
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16, generator=gen)
+        xb = m * k * 2
+        ref = x.double() @ dense0.double().t()
+        y = kw.w4a16_gemv(x, *ps[0], group)
+        rel = float((y.double() - ref).abs().max() / ref.abs().max())
+        assert rel < 1e-2, f"{name} M={m}: W4A16 GEMV relative error {rel}"
+        r = res[f"M{m}"] = {}
+        r["cublas"] = arm(graph_time([lambda w=w: F.linear(x, w) for w in ws]), fp16_bytes + xb)
+        r["gemv_fp16"] = arm(graph_time([lambda w=w: tg.gemv(x, w) for w in ws]), fp16_bytes + xb)
+        r["w4a16"] = arm(graph_time([lambda p=p: kw.w4a16_gemv(x, *p, group) for p in ps]), w4_bytes + xb)
+        r["w4a16"].update(config=list(kw.default_config(n, k, m)), rel_err=rel)
+        if sweep:
+            grid = {}
+            for cfg in SWEEP:
+                if cfg[1] > k // 8:
+                    continue
+                yc = kw.w4a16_gemv(x, *ps[0], group, config=cfg)
+                assert float((yc.double() - ref).abs().max() / ref.abs().max()) < 1e-2, (name, m, cfg)
+                grid[str(cfg)] = round(graph_time([lambda p=p, c=cfg: kw.w4a16_gemv(x, *p, group, config=c)
+                                                   for p in ps]) * 1e6, 2)
+            best = min(grid, key=grid.get)
+            r["w4a16_sweep_us"] = grid
+            r["w4a16_best"] = {"config": best, **arm(grid[best] / 1e6, w4_bytes + xb)}
+        best_fp16 = min(r["cublas"]["us"], r["gemv_fp16"]["us"])
+        r["speedup_vs_best_fp16"] = round(best_fp16 / r["w4a16"]["us"], 2)
+        log(f"  {name} M={m}: " + "  ".join(f"{a} {v['us']}us {v['GBps']}GB/s {v['frac_copy_limit']:.0%}"
+                                            for a, v in r.items() if isinstance(v, dict) and "us" in v))
+    if name != "lm_head":  # 32 rows: dense path, whole weight vs row tiles
+        x = torch.randn(32, k, device="cuda", dtype=torch.float16, generator=gen)
+        r = res["M32"] = {"cublas": {"us": round(graph_time([lambda w=w: F.linear(x, w) for w in ws]) * 1e6, 2)}}
+        for tile in (0, 4096, 1024):
+            layers = [W4A16Linear(W4A16Weight(*p, group), dense_tile_rows=tile) for p in ps[:3]]
+            r[f"w4a16_dense_tile{tile}" if tile else "w4a16_dense_whole"] = {
+                "us": round(graph_time([lambda lay=lay: lay(x) for lay in layers]) * 1e6, 2)}
+        log(f"  {name} M=32: " + "  ".join(f"{a} {v['us']}us" for a, v in r.items()))
+    del ws, ps
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".onecat/gpu_w4a16.json")
+    ap.add_argument("--sweep", action="store_true", help="also time a grid of W4A16 tile configs per shape")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_w4a16.py needs a CUDA GPU (none visible to torch)")
+    import triton
+
+    copy_gbps = copy_limit_gbps()
+    log(f"copy limit {copy_gbps:.0f} GB/s")
+    record = {"machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node(),
+                          "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__},
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "label": "measured", "note": "random fp16 weights and random packed 4-bit weights (group 128); "
+              "CUDA-graph timing over rotating weight copies, median of 20 replays",
+              "copy_limit_GBps": round(copy_gbps, 1), "shapes": {}}
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
+        log(name, n, k)
+        record["shapes"][name] = bench_shape(name, n, k, args.sweep, copy_gbps)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    log("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

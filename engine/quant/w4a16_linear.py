@@ -1,0 +1,72 @@
+"""A linear layer whose weight stays packed 4-bit in GPU memory (the W4A16 layout of w4a16_layout.py).
+
+Up to MAX_ROWS rows (decode steps) run the W4A16 GEMV of engine/kernels/triton_w4a16.py, which
+dequantizes in registers. More rows (prefill chunks, large batches) are compute-bound: the weight is
+dequantized into a dense scratch copy in the activation dtype and the library GEMM runs on it, either the
+whole weight at once or DENSE_TILE_ROWS output rows at a time (a smaller scratch that stays in L2);
+benchmarks/gpu_w4a16.py measures both on an H200 and `dense_tile_rows` holds the default it chose.
+On CPU the layer runs on the exactly dequantized weight (a reference path, not a fast one).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.quant.w4a16_layout import W4A16Weight, dequantize
+
+DENSE_TILE_ROWS = 0  # output rows dequantized per GEMM above MAX_ROWS rows; 0: the whole weight at once
+
+
+class W4A16Linear(nn.Module):
+    """y = x @ W^T + b with W packed 4-bit (codes, per-group scales and zeros, optional input permutation)."""
+
+    def __init__(self, weight: W4A16Weight, bias: torch.Tensor | None = None,
+                 dense_tile_rows: int = DENSE_TILE_ROWS) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.group = weight.in_features, weight.out_features, weight.group
+        self.register_buffer("qweight", weight.qweight)
+        self.register_buffer("scales", weight.scales)
+        self.register_buffer("zeros", weight.zeros)
+        self.register_buffer("perm", weight.perm)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.dense_tile_rows = dense_tile_rows
+
+    def packed(self) -> W4A16Weight:
+        return W4A16Weight(self.qweight, self.scales, self.zeros, self.group, self.perm)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, w4 g{self.group}" + (
+            ", act-order" if self.perm is not None else "")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"W4A16Linear takes {self.in_features} input features, got a {tuple(x.shape)} input")
+        if not x.is_cuda:
+            return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
+        from onecat.engine.kernels import triton_w4a16 as kw
+
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
+        x = x.contiguous()
+        if kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
+            y = kw.w4a16_gemv(x, self.qweight, self.scales, self.zeros, self.group)
+            return y if self.bias is None else y + self.bias
+        return self._dense(x)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        """More rows than the GEMV takes: the library GEMM on a dequantized copy (whole or per row tile)."""
+        from onecat.engine.kernels.triton_w4a16 import w4a16_dequant
+
+        tile = self.dense_tile_rows
+        if tile <= 0 or tile >= self.out_features:
+            w = w4a16_dequant(self.qweight, self.scales, self.zeros, self.group, x.dtype)
+            return F.linear(x, w, self.bias)
+        y = torch.empty(*x.shape[:-1], self.out_features, dtype=x.dtype, device=x.device)
+        scratch = torch.empty(tile, self.in_features, dtype=x.dtype, device=x.device)
+        for r0 in range(0, self.out_features, tile):
+            r1 = min(r0 + tile, self.out_features)
+            w = w4a16_dequant(self.qweight[r0:r1], self.scales[r0:r1], self.zeros[r0:r1], self.group, x.dtype,
+                              out=scratch[:r1 - r0])
+            y[..., r0:r1] = F.linear(x, w)
+        return y if self.bias is None else y + self.bias
