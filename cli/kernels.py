@@ -157,3 +157,57 @@ def bench(
     console.print(f"wrote {len(records)} records to {out}")
     if ext is None and torch.cuda.is_available():
         raise typer.Exit(1)
+
+
+@app.command()
+def model(
+    arch: str = typer.Option("sm_70", "--arch", help="Target architecture (only sm_70 is modelled)."),
+    out: Path = typer.Option(Path("benchmarks/results/kernels_model_sm70.json"), "--out",
+                             help="JSON file for the projections and the calibration table."),
+    calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help="Also project the calibration kernels."),
+) -> None:
+    """Project V100 speed of the attention kernels from their sm_70 SASS (sass-model v1): per-resource
+    time bounds (tensor, FP32/FP16/int pipes, MUFU, LSU, issue, shared memory, L2, HBM, latency)
+    and the binding one, per kernel shape. Projections, never measurements."""
+    from onecat.engine.kernel_tools import sass_calibration, v100_limits
+    from onecat.engine.kernel_tools.model_shapes import project_all
+    from onecat.engine.kernel_tools.sass_model import LABEL, MODEL_VERSION
+    from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
+
+    if arch not in SUPPORTED_ARCHS:
+        console.print(f"[red]--arch {arch} is not supported: the model targets {', '.join(SUPPORTED_ARCHS)}[/red]")
+        raise typer.Exit(2)
+    try:
+        toolchain = find_toolchain()
+    except ToolchainMissing as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(3)
+    results = project_all(toolchain=toolchain)
+    cols = ("tensor", "fp32", "int", "issue", "smem", "l2", "hbm", "latency")
+    table = Table(title=f"V100 (sm_70) attention kernels, {LABEL}: bound per resource in ms")
+    for col in ("kernel", "shape") + cols + ("binding", "ms", "TFLOP/s", "HBM GB/s", "CTAs/SM"):
+        table.add_column(col, justify="left" if col in ("kernel", "shape", "binding") else "right", no_wrap=True)
+    for shape, p in results:
+        table.add_row(shape.label, shape.text, *[f"{p.bounds_ms.get(c, 0.0):.3f}" for c in cols], p.binding,
+                      f"{p.ms:.3f}", f"{p.useful_tflops:.1f}", f"{p.hbm_gbps:.0f}", str(p.blocks_per_sm))
+    Console(width=max(console.width, 200)).print(table)
+    console.print(f"every figure is {LABEL}: an upper bound on V100 speed from static SASS counts, not a "
+                  "measurement; bank conflicts, dependency stalls and L1 hits are ignored (docs/kernels.md).")
+    cal_rows = []
+    if calibrate:
+        cal_rows = sass_calibration.calibrate(toolchain)
+        cal = Table(title=f"calibration ({LABEL} vs ideal or published figures)")
+        for col in ("kernel", "reference", "reference", "model", "unit", "binding", "model/ref"):
+            cal.add_column(col, no_wrap=True)
+        for r in cal_rows:
+            cal.add_row(r.kernel, r.reference, f"{r.reference_value:g}", f"{r.model_value:g}", r.unit, r.model_binding,
+                        f"{r.ratio:.3f}")
+        Console(width=max(console.width, 160)).print(cal)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "arch": arch, "model": MODEL_VERSION, "label": LABEL,
+        "constants": {k: getattr(v100_limits, k) for k in dir(v100_limits) if k.isupper()},
+        "projections": [dict(kernel=s.kernel, kernel_label=s.label, shape=s.text, batch=s.batch, seq=s.seq,
+                             head_dim=s.head_dim, kv_dtype=s.kv_dtype, **p.as_dict()) for s, p in results],
+        "calibration": sass_calibration.as_dicts(cal_rows)}, indent=2))
+    console.print(f"wrote {len(results)} projections and {len(cal_rows)} calibration rows to {out}")
