@@ -126,3 +126,14 @@ def test_calibration_kernels_rank_and_land_on_their_ideal():
         assert row.model_binding == pipe and row.ratio == pytest.approx(1.0, abs=0.02), row
     gemm = [r for (k, _), r in rows.items() if k == "cal_gemm"]
     assert all(r.model_binding == "tensor" and 0.75 <= r.ratio <= 1.25 for r in gemm), gemm
+
+
+def test_model_cli_reports_missing_toolchain_and_other_arch(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from onecat.cli.kernels import app
+
+    assert CliRunner().invoke(app, ["model", "--arch", "sm_80", "--out", str(tmp_path / "m.json")]).exit_code == 2
+    monkeypatch.setattr(toolchain, "_nvidia_dir", lambda sub: None)
+    result = CliRunner().invoke(app, ["model", "--out", str(tmp_path / "m.json")])
+    assert result.exit_code == 3 and "pip install" in result.output
