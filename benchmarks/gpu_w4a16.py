@@ -27,8 +27,9 @@ import torch.nn.functional as F
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
 L2_FLUSH_BYTES = 400 << 20
-SWEEP = [(bn, bkw, w) for bkw in (64, 128, 256, 512) for bn in (1, 2, 4, 8, 16) for w in (4, 8)
-         if 256 <= bn * bkw <= 4096 and (w == 4 or bn * bkw >= 2048)]
+SWEEP = {1: [(2, 256, 4), (4, 256, 4), (8, 256, 4), (2, 512, 4), (4, 512, 4), (8, 512, 8), (4, 512, 8), (16, 128, 4),
+             (8, 128, 2)],
+         8: [(1, 256, 4), (2, 256, 4), (4, 128, 4), (2, 128, 2)]}  # rows: [(BLOCK_N, BLOCK_KW, num_warps)]
 
 
 def log(*a):
@@ -116,7 +117,7 @@ def bench_shape(name: str, n: int, k: int, sweep: bool, copy_gbps: float, group:
         r["w4a16"].update(config=list(kw.default_config(n, k, m)), rel_err=rel)
         if sweep:
             grid = {}
-            for cfg in SWEEP:
+            for cfg in SWEEP[m]:
                 if cfg[1] > k // 8:
                     continue
                 yc = kw.w4a16_gemv(x, *ps[0], group, config=cfg)

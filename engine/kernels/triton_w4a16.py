@@ -14,6 +14,10 @@ The tile sizes are a fixed function of the shape and the row count (no autotunin
 runs in the same order on every call.
 
 `w4a16_dequant` writes the dense weight (for calls of more rows, which then take the library GEMM).
+
+Measured on an H200 (benchmarks/results/gpu_h200_w4a16.json): the GEMV is exact to its fp32 bound but
+not yet fast: 12-20% of the copy bandwidth at one row, 0.5-0.7x the speed of the fp16 GEMV, and slower
+than cuBLAS fp16 at 8 rows. What it gives today is a 3.6x smaller weight in GPU memory, not speed.
 """
 from __future__ import annotations
 
@@ -31,8 +35,21 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, M, N, K: tl.constexpr, G: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
+    def nibble(words, j: tl.constexpr, zc):
+        """Code j of each word minus its zero, exact in fp32: (0x4B000000 | q) is the float 2^23 + q."""
+        return (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zc
+
+    @triton.jit
+    def xrow(x_ptr, xo, c_ok):
+        return tl.load(x_ptr + xo, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+
+    @triton.jit
+    def w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.constexpr,
+                          M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
+        # every tile is 2-D [BLOCK_N, BLOCK_KW words]; each input row (M <= 8, a compile-time count) has its
+        # own accumulators (unused ones are compiled away). Nibbles are dequantized one at a time and fed to
+        # every row, so only the words, their scale and zero, and the per-row sums stay live: few registers
+        # per loaded byte, many tiles in flight per SM.
         GW: tl.constexpr = G // 8
         KW: tl.constexpr = K // 8
         NG: tl.constexpr = K // G
@@ -40,9 +57,14 @@ def _kernels():
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
         rows = tl.where(row_ok, rows, 0).to(tl.int64)  # out-of-range rows re-read row 0 and are not stored
-        ms = tl.arange(0, BLOCK_M)
-        m_ok = ms < M
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_KW], tl.float32)
+        acc0 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+        acc1 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+        acc3 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+        acc4 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+        acc5 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+        acc6 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+        acc7 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
         for k0 in tl.static_range(0, KW, BLOCK_KW):
             cols = k0 + tl.arange(0, BLOCK_KW)
             c_ok = cols < KW
@@ -53,16 +75,56 @@ def _kernels():
             zc = tl.load(z_ptr + rows[:, None] * NG + grp[None, :], mask=c_ok[None, :], other=0.0).to(tl.float32)
             zc += 8388608.0
             xcol = grp * G + cols % GW
-            xm = m_ok[:, None] & c_ok[None, :]
-            t = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_KW], tl.float32)
+            t0 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+            t1 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+            t2 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+            t3 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+            t4 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+            t5 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+            t6 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
+            t7 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
             for j in tl.static_range(8):
-                qf = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zc
-                xj = tl.load(x_ptr + ms[:, None] * K + (xcol + j * GW)[None, :], mask=xm, other=0.0)
-                t += qf[None, :, :] * xj.to(tl.float32)[:, None, :]
-            acc += t * s[None, :, :]
-        y = tl.sum(acc, axis=2)
-        tl.store(y_ptr + ms[:, None] * N + rows[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=m_ok[:, None] & row_ok[None, :])
+                d = nibble(words, j, zc)
+                xo = xcol + j * GW
+                t0 += d * xrow(x_ptr, xo, c_ok)
+                if M > 1:
+                    t1 += d * xrow(x_ptr + K, xo, c_ok)
+                if M > 2:
+                    t2 += d * xrow(x_ptr + 2 * K, xo, c_ok)
+                if M > 3:
+                    t3 += d * xrow(x_ptr + 3 * K, xo, c_ok)
+                if M > 4:
+                    t4 += d * xrow(x_ptr + 4 * K, xo, c_ok)
+                if M > 5:
+                    t5 += d * xrow(x_ptr + 5 * K, xo, c_ok)
+                if M > 6:
+                    t6 += d * xrow(x_ptr + 6 * K, xo, c_ok)
+                if M > 7:
+                    t7 += d * xrow(x_ptr + 7 * K, xo, c_ok)
+            acc0 += t0 * s
+            acc1 += t1 * s
+            acc2 += t2 * s
+            acc3 += t3 * s
+            acc4 += t4 * s
+            acc5 += t5 * s
+            acc6 += t6 * s
+            acc7 += t7 * s
+        out_ty = y_ptr.dtype.element_ty
+        tl.store(y_ptr + rows, tl.sum(acc0, axis=1).to(out_ty), mask=row_ok)
+        if M > 1:
+            tl.store(y_ptr + N + rows, tl.sum(acc1, axis=1).to(out_ty), mask=row_ok)
+        if M > 2:
+            tl.store(y_ptr + 2 * N + rows, tl.sum(acc2, axis=1).to(out_ty), mask=row_ok)
+        if M > 3:
+            tl.store(y_ptr + 3 * N + rows, tl.sum(acc3, axis=1).to(out_ty), mask=row_ok)
+        if M > 4:
+            tl.store(y_ptr + 4 * N + rows, tl.sum(acc4, axis=1).to(out_ty), mask=row_ok)
+        if M > 5:
+            tl.store(y_ptr + 5 * N + rows, tl.sum(acc5, axis=1).to(out_ty), mask=row_ok)
+        if M > 6:
+            tl.store(y_ptr + 6 * N + rows, tl.sum(acc6, axis=1).to(out_ty), mask=row_ok)
+        if M > 7:
+            tl.store(y_ptr + 7 * N + rows, tl.sum(acc7, axis=1).to(out_ty), mask=row_ok)
 
     @triton.jit
     def w4a16_dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K: tl.constexpr, G: tl.constexpr,
@@ -118,8 +180,7 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     block_n, block_kw, warps = config or default_config(n, k, m)
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     _kernels()[0][(-(-n // block_n),)](
-        x, qweight, scales, zeros, y, m, n, K=k, G=group, BLOCK_M=max(1, 1 << (m - 1).bit_length()),
-        BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=warps)
+        x, qweight, scales, zeros, y, n, K=k, G=group, M=m, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=warps)
     return y
 
 
