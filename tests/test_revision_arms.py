@@ -70,8 +70,7 @@ def repo(tmp_path_factory) -> Path:
     git(r, "checkout", "-q", "-B", "main")
     git(r, "config", "user.email", "fixture@example.com")
     git(r, "config", "user.name", "fixture")
-    commit_change(r, "numerics", "engine/layers/norm.py", "return self.weight * xf.to(dtype)",
-                  "return 1.5 * self.weight * xf.to(dtype)")
+    commit_change(r, "numerics", "engine/layers/norm.py", "self.eps = eps", "self.eps = eps * 1e4")
     commit_change(r, "slow", "engine/engine_core.py",
                   '"""Advance every scheduled request by one step; returns the ids of the requests it touched."""',
                   '"""Advance every scheduled request by one step; returns the ids of the requests it touched."""\n'
