@@ -19,10 +19,10 @@ import argparse
 import datetime
 import json
 import platform
-import time
 
 import torch
 import torch.nn.functional as F
+from gpu_gemv import graph_time, log  # same timing method as the fp16 GEMV benchmark
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -30,31 +30,6 @@ L2_FLUSH_BYTES = 400 << 20
 SWEEP = {1: [(2, 256, 4), (4, 256, 4), (8, 256, 4), (2, 512, 4), (4, 512, 4), (8, 512, 8), (4, 512, 8), (16, 128, 4),
              (8, 128, 2)],
          8: [(1, 256, 4), (2, 256, 4), (4, 128, 4), (2, 128, 2)]}  # rows: [(BLOCK_N, BLOCK_KW, num_warps)]
-
-
-def log(*a):
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
-
-
-def graph_time(calls, reps: int = 20) -> float:
-    """Median seconds per call of `calls` (one per weight copy) replayed as one CUDA graph."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / len(calls))
-    return sorted(times)[len(times) // 2]
 
 
 def copy_limit_gbps(nbytes: int = 4 << 30) -> float:

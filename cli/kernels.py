@@ -24,16 +24,8 @@ def check(
     """Compile every Volta attention kernel for sm_70 and report registers, spills, shared
     memory, HMMA.884 and LDG.E.128 counts and V100 occupancy; exit 1 on a regression."""
     from onecat.engine.kernel_tools.sm70_check import run_check
-    from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
 
-    if arch not in SUPPORTED_ARCHS:
-        console.print(f"[red]--arch {arch} is not supported: the offline check targets {', '.join(SUPPORTED_ARCHS)}[/red]")
-        raise typer.Exit(2)
-    try:
-        toolchain = find_toolchain()
-    except ToolchainMissing as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(3)
+    toolchain = _sm70_toolchain(arch, "the offline check")
     reports = run_check(toolchain, keep)
     table = Table(title=f"Volta attention kernels, {arch} (V100 limits: 64K regs, 96 KB smem, 2048 threads, 32 CTAs per SM)")
     for col in ("kernel", "regs", "spill st/ld B", "smem B", "HMMA.884", "LDG.E.128", "CTAs/SM", "occupancy",
@@ -56,6 +48,20 @@ def check(
         console.print(f"[red]{len(failed)} kernel(s) regressed: {', '.join(r.label for r in failed)}[/red]")
         raise typer.Exit(1)
     console.print(f"[green]all {len(reports)} kernels pass the {arch} check[/green]")
+
+
+def _sm70_toolchain(arch: str, what: str):
+    """The offline sm_70 toolchain, or exit 2 for another --arch and 3 when the toolchain is missing."""
+    from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
+
+    if arch not in SUPPORTED_ARCHS:
+        console.print(f"[red]--arch {arch} is not supported: {what} targets {', '.join(SUPPORTED_ARCHS)}[/red]")
+        raise typer.Exit(2)
+    try:
+        return find_toolchain()
+    except ToolchainMissing as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(3)
 
 
 @app.command("fetch-nvdisasm")
@@ -172,16 +178,8 @@ def model(
     from onecat.engine.kernel_tools import sass_calibration, v100_limits
     from onecat.engine.kernel_tools.model_shapes import project_all
     from onecat.engine.kernel_tools.sass_model import LABEL, MODEL_VERSION
-    from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
 
-    if arch not in SUPPORTED_ARCHS:
-        console.print(f"[red]--arch {arch} is not supported: the model targets {', '.join(SUPPORTED_ARCHS)}[/red]")
-        raise typer.Exit(2)
-    try:
-        toolchain = find_toolchain()
-    except ToolchainMissing as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(3)
+    toolchain = _sm70_toolchain(arch, "the model")
     results = project_all(toolchain=toolchain)
     cols = ("tensor", "fp32", "int", "issue", "smem", "l2", "hbm", "latency")
     table = Table(title=f"V100 (sm_70) attention kernels, {LABEL}: bound per resource in ms")
