@@ -74,7 +74,7 @@ def repo(tmp_path_factory) -> Path:
     commit_change(r, "slow", "engine/engine_core.py",
                   '"""Advance every scheduled request by one step; returns the ids of the requests it touched."""',
                   '"""Advance every scheduled request by one step; returns the ids of the requests it touched."""\n'
-                  "        time.sleep(0.05)")
+                  "        time.sleep(0.5)")
     commit_change(r, "broken", "engine/__init__.py", '"""onecat inference engine', 'raise ImportError("fixture")\n"""')
     (r / "contract.yaml").write_text(CONTRACT)
     return r

@@ -27,21 +27,54 @@ void check_rows(const at::Tensor& t, const char* name) {
 
 namespace onecat_cpu {
 
+// Two Vectorized<float> from 2 * lanes values (bfloat16 widened exactly), and back (bfloat16 rounded to
+// nearest even, as a cast does).
+using Vec = at::vec::Vectorized<float>;
+using BVec = at::vec::Vectorized<at::BFloat16>;
+
+inline std::tuple<Vec, Vec> load2(const float* p) { return {Vec::loadu(p), Vec::loadu(p + Vec::size())}; }
+inline std::tuple<Vec, Vec> load2(const at::BFloat16* p) { return at::vec::convert_bfloat16_float(BVec::loadu(p)); }
+inline void store2(float* p, const Vec& a, const Vec& b) { a.store(p); b.store(p + Vec::size()); }
+inline void store2(at::BFloat16* p, const Vec& a, const Vec& b) { at::vec::convert_float_bfloat16(a, b).store(p); }
+
+
 // One row of add_rms_norm: s = x + residual (x read as float: a bfloat16 x converts exactly), then
 // weight * s / sqrt(mean(s^2) + eps).
 template <typename In, typename Out>
 void norm_row(const In* x, const float* res, const float* w, float* sum_out, Out* out, int64_t width, float eps) {
+  constexpr int64_t step = 2 * Vec::size();
+  const int64_t body = width - width % step;  // the same split for every row
   const float* s;
   if (res != nullptr) {
-    for (int64_t i = 0; i < width; ++i) sum_out[i] = static_cast<float>(x[i]) + res[i];
+    for (int64_t i = 0; i < body; i += step) {
+      auto [x0, x1] = load2(x + i);
+      store2(sum_out + i, x0 + Vec::loadu(res + i), x1 + Vec::loadu(res + i + Vec::size()));
+    }
+    for (int64_t i = body; i < width; ++i) sum_out[i] = static_cast<float>(x[i]) + res[i];
     s = sum_out;
   } else {
     s = reinterpret_cast<const float*>(x);  // float32 x without a residual (checked by the caller)
   }
+  Vec acc0(0.0f), acc1(0.0f);  // squares summed in lanes, then the lanes in order, in double
+  for (int64_t i = 0; i < body; i += step) {
+    const Vec a = Vec::loadu(s + i), b = Vec::loadu(s + i + Vec::size());
+    acc0 = acc0 + a * a;
+    acc1 = acc1 + b * b;
+  }
+  float lanes[step];
+  acc0.store(lanes);
+  acc1.store(lanes + Vec::size());
   double squares = 0.0;
-  for (int64_t i = 0; i < width; ++i) squares += static_cast<double>(s[i]) * s[i];
+  for (int64_t j = 0; j < step; ++j) squares += lanes[j];
+  for (int64_t i = body; i < width; ++i) squares += static_cast<double>(s[i]) * s[i];
   const float inv = 1.0f / std::sqrt(static_cast<float>(squares / width) + eps);
-  for (int64_t i = 0; i < width; ++i) out[i] = Out(w[i] * (s[i] * inv));
+  const Vec vinv(inv);
+  for (int64_t i = 0; i < body; i += step) {
+    const Vec a = Vec::loadu(w + i) * (Vec::loadu(s + i) * vinv);
+    const Vec b = Vec::loadu(w + i + Vec::size()) * (Vec::loadu(s + i + Vec::size()) * vinv);
+    store2(out + i, a, b);
+  }
+  for (int64_t i = body; i < width; ++i) out[i] = Out(w[i] * (s[i] * inv));
 }
 
 // (weight * RMSNorm(x + residual), x + residual); without residual the second item is x itself. x may be
@@ -131,16 +164,6 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
     }
   });
 }
-
-// Two Vectorized<float> from 2 * lanes values (bfloat16 widened exactly), and back (bfloat16 rounded to
-// nearest even, as a cast does).
-using Vec = at::vec::Vectorized<float>;
-using BVec = at::vec::Vectorized<at::BFloat16>;
-
-inline std::tuple<Vec, Vec> load2(const float* p) { return {Vec::loadu(p), Vec::loadu(p + Vec::size())}; }
-inline std::tuple<Vec, Vec> load2(const at::BFloat16* p) { return at::vec::convert_bfloat16_float(BVec::loadu(p)); }
-inline void store2(float* p, const Vec& a, const Vec& b) { a.store(p); b.store(p + Vec::size()); }
-inline void store2(at::BFloat16* p, const Vec& a, const Vec& b) { at::vec::convert_float_bfloat16(a, b).store(p); }
 
 inline Vec silu_times(const Vec& x, const Vec& u) { return x / (Vec(1.0f) + x.neg().exp()) * u; }
 
