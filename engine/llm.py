@@ -135,9 +135,10 @@ class LLM:
         reason = ("turned off (fused_kernels=False)" if not wanted else
                   f"the CPU fused ops take float32 models; dtype {self.dtype} runs the torch ops"
                   if self.dtype != torch.float32 else cpu_ops.unavailable_reason())
+        ops = cpu_ops.load() if reason is None else None
         for m in self.model.modules():
             if hasattr(type(m), "cpu_ops"):
-                m.cpu_ops = cpu_ops.load() if reason is None else None
+                m.cpu_ops = ops
             # the fused ops after o_proj, gate_up and down_proj read a packed matmul's bf16 output directly
             for name in ("o_proj", "gate_up_proj", "down_proj"):
                 if hasattr(getattr(m, name, None), "keep_kernel_output"):
@@ -147,8 +148,7 @@ class LLM:
             from onecat.engine.models import llama_cpu_decode
 
             why_not = llama_cpu_decode.unsupported_reason(self.model)
-            self.model.cpu_decode = llama_cpu_decode.CpuDecodeLayers(self.model, cpu_ops.load()) if why_not is None \
-                else None
+            self.model.cpu_decode = llama_cpu_decode.CpuDecodeLayers(self.model, ops) if why_not is None else None
             report["one_call_decode"] = why_not or "batch-1 decode steps run all layers in one C++ call"
         return report
 

@@ -128,16 +128,19 @@ def _gather(cache: LayerKVCache, blocks: torch.Tensor | int, B: int, n_keys: int
     n_blocks = -(-n_keys // cache.k.shape[1])
     if isinstance(blocks, int) and blocks + n_blocks > cache.k.shape[0]:  # the view would run off the end
         blocks = torch.arange(blocks, blocks + n_blocks).clamp_max_(cache.k.shape[0] - 1)
+    if isinstance(blocks, int):
+        first = blocks
+
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t[first:first + n_blocks]
+    else:
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(0, blocks)
     out = []
     for data, scale in ((cache.k, cache.k_scale), (cache.v, cache.v_scale)):
-        if isinstance(blocks, int):
-            x = data[blocks:blocks + n_blocks]
-            if cache.is_fp8:
-                x = dequantize_fp8(x, scale[blocks:blocks + n_blocks], cache.fp8_dtype, dtype)
-        else:
-            x = data.index_select(0, blocks)
-            if cache.is_fp8:
-                x = dequantize_fp8(x, scale.index_select(0, blocks), cache.fp8_dtype, dtype)
+        x = pick(data)
+        if cache.is_fp8:
+            x = dequantize_fp8(x, pick(scale), cache.fp8_dtype, dtype)
         out.append(x.view(B, -1, *x.shape[-2:])[:, :n_keys])
     return out
 

@@ -58,14 +58,18 @@ class SelfAttention(nn.Module):
                           self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
                           self.q_norm.eps if norm else 0.0)
             q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
-            out = ctx.attention(q, cache, ctx.meta, self.scale)
-            return self.o_proj(out.reshape(T, self.q_size))
-        if self._cpu_fused_ok(qkv, cache):  # RoPE on q and k in place, and the K/V cache write: one call
+        elif self._cpu_fused_ok(qkv, cache):  # RoPE on q and k in place, and the K/V cache write: one call
             self.cpu_ops.rope_write_kv(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads,
                                        self.num_kv_heads, cache.k, cache.v, ctx.meta.slot_mapping)
             q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
-            out = ctx.attention(q, cache, ctx.meta, self.scale)
-            return self.o_proj(out.reshape(T, self.q_size))
+        else:
+            q = self._rotate_and_store(positions, qkv, cache, ctx.meta.slot_mapping)
+        out = ctx.attention(q, cache, ctx.meta, self.scale)
+        return self.o_proj(out.reshape(T, self.q_size))
+
+    def _rotate_and_store(self, positions: torch.Tensor, qkv: torch.Tensor, cache, slots: torch.Tensor) -> torch.Tensor:
+        """The reference ops: q/k norm (Qwen3), RoPE, the K/V cache write; returns q [T, Hq, D]."""
+        T = qkv.shape[0]
         v = qkv[:, self.q_size + self.kv_size:].view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -75,6 +79,5 @@ class SelfAttention(nn.Module):
         else:  # q and k side by side in qkv: one rotation of all their heads
             qk = self.rotary.rotate(positions, qkv[:, :self.q_size + self.kv_size].view(T, -1, self.head_dim))
             q, k = qk[:, :self.num_heads].contiguous(), qk[:, self.num_heads:]  # a copy only when T > 1
-        write_kv(cache, k, v, ctx.meta.slot_mapping)
-        out = ctx.attention(q, cache, ctx.meta, self.scale)
-        return self.o_proj(out.reshape(T, self.q_size))
+        write_kv(cache, k, v, slots)
+        return q
