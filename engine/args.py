@@ -135,7 +135,7 @@ class EngineArgs(BaseModel):
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
                         description="auto | cpu | cuda | cuda:N")
     attention_backend: str = Field(default="auto",
-                                   description="auto | TORCH_SDPA_REF | FLASH_ATTN_V100 | TRITON_PAGED")
+                                   description="auto | TORCH_SDPA_REF | CPU_PAGED | FLASH_ATTN_V100 | TRITON_PAGED")
     cuda_graph: CudaGraphMode = Field(default="off", description="off | full: decode steps replay captured "
                                                                   "graphs on CUDA | piecewise (not implemented)")
     kv_cache_memory_gb: Optional[float] = Field(default=None, gt=0,

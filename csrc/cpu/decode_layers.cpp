@@ -1,7 +1,7 @@
 // One batch-1 decode step through every decoder layer of a Llama-family model whose linears are packed
 // 4-bit (one int4 term each, no bias), in one call. It makes exactly the calls the Python layers make
-// (the same ATen kernels on the same inputs, in the same order: engine/models/llama.py, engine/layers/,
-// engine/attention/batch_invariant_cpu.py), so its result is the Python path's to the bit; what it saves is
+// (the same kernels on the same inputs, in the same order: engine/models/llama.py, engine/layers/,
+// engine/attention/cpu_paged.py), so its result is the Python path's to the bit; what it saves is
 // the ~40 Python-level calls per layer around them, which cost more than the arithmetic of a one-token
 // step on a small CPU. Anything else (other batch shapes, other weights) stays in Python.
 #include <ATen/ATen.h>
@@ -12,6 +12,7 @@
 namespace {
 
 using onecat_cpu::add_rms_norm;
+using onecat_cpu::paged_attention;
 using onecat_cpu::rope_write_kv;
 using onecat_cpu::silu_mul;
 
@@ -25,32 +26,13 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return to_float ? y.to(at::kFloat) : y;
 }
 
-// batch_invariant_attention for one token in one tile call (the step plan's only call).
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                     const at::Tensor& q_index, const at::Tensor& out_index, const at::Tensor& mask,
-                     int64_t first_block, int64_t n_blocks, int64_t keys, int64_t kv_heads, double scale) {
-  const int64_t q_heads = q.size(1), dim = q.size(2), group = q_heads / kv_heads;
-  const int64_t tiles = 1, tile_rows = q_index.numel() / kv_heads;  // QUERY_TILE
-  at::Tensor k = k_cache.slice(0, first_block, first_block + n_blocks).view({1, -1, kv_heads, dim});
-  at::Tensor v = v_cache.slice(0, first_block, first_block + n_blocks).view({1, -1, kv_heads, dim});
-  at::Tensor ks = k.slice(1, 0, keys), vs = v.slice(1, 0, keys);
-  at::Tensor qs = q.reshape({-1, group, dim}).index_select(0, q_index).view({tiles, kv_heads, tile_rows * group, dim});
-  at::Tensor o = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
-      qs, ks.transpose(1, 2), vs.transpose(1, 2), 0.0, false, mask, scale));
-  o = o.transpose(1, 2).view({tiles, tile_rows, group, kv_heads, dim}).transpose(2, 3).reshape({-1, group, dim});
-  at::Tensor out = at::empty({2, q_heads, dim}, q.options());
-  out.view({-1, group, dim}).index_copy_(0, out_index, o);
-  return out.slice(0, 0, 1);
-}
-
 // layers: per layer [input_norm, qkv packed, qkv scale_zero, o packed, o scale_zero, post_norm,
 // gate_up packed, gate_up scale_zero, down packed, down scale_zero, k cache, v cache].
 // Returns (h, residual): the last layer's MLP output and the residual stream before it.
 std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
     at::Tensor h, const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& cos, const at::Tensor& sin,
-    at::TensorList layers, const at::Tensor& q_index, const at::Tensor& out_index, const at::Tensor& mask,
-    int64_t first_block, int64_t n_blocks, int64_t keys, int64_t q_heads, int64_t kv_heads, double eps,
-    double scale) {
+    at::TensorList layers, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+    const at::Tensor& seq_lens, int64_t q_heads, int64_t kv_heads, double eps, double scale) {
   TORCH_CHECK(h.dim() == 2 && h.size(0) == 1 && h.scalar_type() == at::kFloat, "h must be one float32 row");
   // Returns (h, residual) with h in bfloat16 (the last down projection's output), as the Python layers.
   TORCH_CHECK(layers.size() % kPerLayer == 0, "layers must hold ", kPerLayer, " tensors per layer");
@@ -70,8 +52,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
     at::Tensor qkv = int4_linear(x, w[1], w[2], true);
     rope_write_kv(qkv, positions, cos, sin, q_heads, kv_heads, w[10], w[11], slots);
     at::Tensor q = qkv.slice(1, 0, q_size).view({1, q_heads, dim});
-    at::Tensor attn = attention(q, w[10], w[11], q_index, out_index, mask, first_block, n_blocks, keys, kv_heads,
-                                scale);
+    at::Tensor attn = paged_attention(q, w[10], w[11], c10::nullopt, c10::nullopt, 0, block_tables, query_start_loc,
+                                      seq_lens, scale);
     at::Tensor o = int4_linear(attn.reshape({1, q_size}), w[3], w[4], false);
     auto normed = add_rms_norm(o, residual, w[5], eps, true);
     residual = std::get<1>(normed);
@@ -85,8 +67,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
 
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("decode_layers_int4(Tensor h, Tensor positions, Tensor slots, Tensor cos, Tensor sin, Tensor[] layers, "
-        "Tensor q_index, Tensor out_index, Tensor mask, int first_block, int n_blocks, int keys, int q_heads, "
-        "int kv_heads, float eps, float scale) -> (Tensor, Tensor)");
+        "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, int q_heads, int kv_heads, float eps, "
+        "float scale) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("decode_layers_int4", &decode_layers_int4); }

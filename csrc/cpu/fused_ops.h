@@ -1,4 +1,5 @@
-// Row-wise fused CPU ops (fused_ops.cpp), also called by the one-call decode step (decode_layers.cpp).
+// Row-wise fused CPU ops (fused_ops.cpp) and the paged attention (paged_attention.cpp), also called by the
+// one-call decode step (decode_layers.cpp).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -9,5 +10,10 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::
 void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                    int64_t q_heads, int64_t kv_heads, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots);
 at::Tensor silu_mul(const at::Tensor& gate_up, bool bf16_out);
+// paged_attention.cpp
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
+                           int64_t fp8_kind, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                           const at::Tensor& seq_lens, double scale);
 
 }  // namespace onecat_cpu

@@ -73,7 +73,7 @@ def _call(seqs, tiles: list[tuple[int, int, int, int]], keys: int, num_tokens: i
     return _Call(seqs, keys, len(tiles), q_index, out_index, mask.reshape(len(tiles), 1, QUERY_TILE * group, keys))
 
 
-def step_plan(meta: AttentionMetadata, kv_heads: int, group: int) -> tuple[list[_Call], torch.Tensor, int]:
+def _step_plan(meta: AttentionMetadata, kv_heads: int, group: int) -> tuple[list[_Call], torch.Tensor, int]:
     """Per-step calls, shared by all layers: each sequence with several tiles alone (its tiles share its
     keys), the one-tile sequences together, both split by padded key length; and the KV blocks to
     gather, for the longest padded key length."""
@@ -151,7 +151,7 @@ def batch_invariant_attention(q: torch.Tensor, cache: LayerKVCache, meta: Attent
     T, Hq, D = q.shape
     Hkv = cache.k.shape[2]
     G = Hq // Hkv
-    calls, blocks, n_keys = step_plan(meta, Hkv, G)
+    calls, blocks, n_keys = _step_plan(meta, Hkv, G)
     k, v = _gather(cache, blocks, meta.num_seqs, n_keys, q.dtype)
     q_rows = q.reshape(-1, G, D)  # a view unless q is strided (q heads read in place from qkv rows)
     out = q.new_empty(T + 1, Hq, D)  # row T takes the results of padding rows

@@ -11,12 +11,16 @@ from onecat.engine.attention.torch_ref import TorchReferenceBackend
 from onecat.engine.errors import ConfigError
 from onecat.engine.kv_cache import LayerKVCache
 
-BACKEND_NAMES = ("auto", "TORCH_SDPA_REF", "FLASH_ATTN_V100", "TRITON_PAGED")
+BACKEND_NAMES = ("auto", "TORCH_SDPA_REF", "CPU_PAGED", "FLASH_ATTN_V100", "TRITON_PAGED")
 
 
 def _make(name: str) -> AttentionBackend:
     if name == "TORCH_SDPA_REF":
         return TorchReferenceBackend()
+    if name == "CPU_PAGED":
+        from onecat.engine.attention.cpu_paged import CpuPagedBackend
+
+        return CpuPagedBackend()
     if name == "FLASH_ATTN_V100":
         from onecat.engine.attention.flash_attn_v100 import FlashAttnV100Backend
 
@@ -37,6 +41,8 @@ def choose_backend_name(requested: str, device: torch.device) -> str:
         return "FLASH_ATTN_V100"
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0):
         return "TRITON_PAGED"
+    if device.type == "cpu":
+        return "CPU_PAGED"
     return "TORCH_SDPA_REF"
 
 
@@ -65,13 +71,13 @@ class AttentionDispatcher:
         self.calls[backend.name] += 1
         return backend.forward(q, cache, meta, scale)
 
-    def runs_cpu_reference(self) -> bool:
-        """Whether this step's attention is the reference backend's CPU path (no other backend chosen)."""
-        return self.primary.name == self.reference.name
+    def runs_cpu_paged(self) -> bool:
+        """Whether attention is the C++ CPU paged kernel (chosen and built), which the one-call decode step runs."""
+        return self.primary.name == "CPU_PAGED"
 
-    def count_reference_calls(self, n: int) -> None:
-        """Calls of the reference backend made outside __call__ (the one-call CPU decode step)."""
-        self.calls[self.reference.name] += n
+    def count_calls(self, n: int) -> None:
+        """Calls of the primary backend made outside __call__ (the one-call CPU decode step)."""
+        self.calls[self.primary.name] += n
 
     def report(self) -> dict:
         """The effective path: what served the calls so far, and why anything fell back."""

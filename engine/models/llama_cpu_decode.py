@@ -5,15 +5,14 @@ calls, views, casts, the attention plan's index ops) than in the 4-bit matmuls a
 csrc/cpu/decode_layers.cpp makes the same ATen calls on the same inputs in the same order, so the step's
 result is the Python path's to the bit (tested), in one call. It applies where the Python layers would do
 exactly what it does: float32 activations, every linear a single-term 4-bit packing (GGUF Q4_0/Q4_1)
-without bias or padding rows, no q/k norm, a float32 KV cache, one sequence whose keys the batch-invariant
-CPU attention reads in place; any other step runs the Python layers.
+without bias or padding rows, no q/k norm, a float32 KV cache, the CPU paged attention (CPU_PAGED), one
+sequence; any other step runs the Python layers.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from onecat.engine.attention.batch_invariant_cpu import step_plan
 from onecat.engine.forward_context import get_forward_context
 from onecat.engine.layers.attention import SelfAttention
 from onecat.engine.layers.mlp import GatedMLP
@@ -71,19 +70,14 @@ class CpuDecodeLayers:
         this call runs (the caller then runs the Python layers)."""
         ctx = get_forward_context()
         meta, caches = ctx.meta, ctx.kv_caches
-        if h.shape[0] != 1 or meta.num_seqs != 1 or not ctx.attention.runs_cpu_reference():
+        if h.shape[0] != 1 or meta.num_seqs != 1 or not ctx.attention.runs_cpu_paged():
             return None
         if caches[0].fp8_dtype is not None or caches[0].k.dtype != torch.float32:
             return None
-        calls, first_block, keys = step_plan(meta, self.kv_heads, self.q_heads // self.kv_heads)
-        n_blocks = -(-keys // meta.block_size)
-        if len(calls) != 1 or not isinstance(first_block, int) or first_block + n_blocks > caches[0].k.shape[0]:
-            return None
-        call = calls[0]
         flat = [t for w, cache in zip(self.weights, caches) for t in (*w, cache.k, cache.v)]
         out = self.ops.decode_layers_int4(h, positions, meta.slot_mapping, self.rotary.cos, self.rotary.sin, flat,
-                                          call.q_index, call.out_index, call.mask_as(torch.float32), first_block,
-                                          n_blocks, call.keys, self.q_heads, self.kv_heads, self.eps, self.scale)
-        ctx.attention.count_reference_calls(len(self.weights))
+                                          meta.block_tables, meta.query_start_loc, meta.seq_lens, self.q_heads,
+                                          self.kv_heads, self.eps, self.scale)
+        ctx.attention.count_calls(len(self.weights))
         self.steps += 1
         return out

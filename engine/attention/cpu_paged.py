@@ -1,0 +1,44 @@
+"""CPU attention in C++ (csrc/cpu/paged_attention.cpp) that reads the paged cache in place.
+
+One job per (query token, KV head), keys walked in fixed chunks from position 0 with an online softmax,
+so a token's result depends on its query and its keys alone: the same in any batch, at any query length,
+with or without a prefix-cache hit (the CPU batch invariance the reference's fixed tiles give, without
+their padding rows, masks and gather copies). It is the CPU's default attention where the C++ ops build;
+TORCH_SDPA_REF stays the reference.
+"""
+from __future__ import annotations
+
+import torch
+
+from onecat.engine.attention.backend import AttentionBackend
+from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.kv_cache import LayerKVCache
+
+FP8_KINDS = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # paged_attention.cpp's fp8_kind
+_VECTOR = 16  # head dims a multiple of this run on every vector width the ops are built for
+MAX_HEAD_DIM, MAX_GROUP = 256, 16
+
+
+class CpuPagedBackend(AttentionBackend):
+    name = "CPU_PAGED"
+
+    def __init__(self):
+        from onecat.engine.kernels import cpu_ops
+
+        self.ops = cpu_ops.load()  # RuntimeError saying why when the ops cannot be built
+
+    def unsupported_reason(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> str | None:
+        if q.device.type != "cpu":
+            return "CPU_PAGED runs on the CPU"
+        if q.dtype not in (torch.float32, torch.bfloat16):
+            return f"CPU_PAGED takes float32 or bfloat16 queries, not {q.dtype}"
+        dim, group = q.shape[-1], q.shape[1] // cache.k.shape[2]
+        if dim % _VECTOR or dim > MAX_HEAD_DIM or group > MAX_GROUP:
+            return f"CPU_PAGED needs head dim a multiple of {_VECTOR} up to {MAX_HEAD_DIM} and <= {MAX_GROUP} query heads per KV head"
+        if cache.fp8_dtype not in FP8_KINDS:
+            return f"CPU_PAGED does not read {cache.fp8_dtype} caches"
+        return None
+
+    def forward(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return self.ops.paged_attention(q, cache.k, cache.v, cache.k_scale, cache.v_scale, FP8_KINDS[cache.fp8_dtype],
+                                        meta.block_tables, meta.query_start_loc, meta.seq_lens, scale)

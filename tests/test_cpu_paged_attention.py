@@ -1,0 +1,109 @@
+"""The C++ CPU paged attention (csrc/cpu/paged_attention.cpp) against plain causal softmax attention.
+
+(a) It agrees with a float64 reference computed from the dequantized cache, for ragged sequences spread
+over shuffled blocks, float32 / bfloat16 / fp8 caches, with prefill and decode rows in one step; and (b) a
+token's output has the same bits whatever else the step holds and whatever its query length (the engine's
+CPU batch invariance, which the one-call decode step and the prefix cache rely on).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onecat.engine.attention.cpu_paged import FP8_KINDS, CpuPagedBackend
+from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.attention.selector import AttentionDispatcher
+from onecat.engine.kernels import cpu_ops
+from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8, quantize_fp8
+
+pytestmark = pytest.mark.skipif(cpu_ops.unavailable_reason() is not None,
+                                reason=f"CPU ops unavailable: {cpu_ops.unavailable_reason()}")
+HQ, HKV, D, BS, BLOCKS = 9, 3, 64, 16, 40
+
+
+def _cache(kind: str, gen: torch.Generator) -> tuple[LayerKVCache, torch.Tensor, torch.Tensor]:
+    """A filled cache and its float32 dequantized K and V."""
+    k, v = (torch.randn(BLOCKS, BS, HKV, D, generator=gen) for _ in range(2))
+    if kind == "fp8":
+        fp8 = torch.float8_e4m3fn
+        (kq, ks), (vq, vs) = (quantize_fp8(t.view(-1, HKV, D), fp8) for t in (k, v))
+        cache = LayerKVCache(kq.view(k.shape), vq.view(v.shape), ks.view(k.shape[:3]), vs.view(v.shape[:3]), fp8)
+        return cache, dequantize_fp8(cache.k, cache.k_scale, fp8, torch.float32), \
+            dequantize_fp8(cache.v, cache.v_scale, fp8, torch.float32)
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    k, v = k.to(dtype), v.to(dtype)
+    return LayerKVCache(k, v, None, None, None), k.float(), v.float()
+
+
+def _meta(q_lens: list[int], seq_lens: list[int], tables: list[list[int]]) -> AttentionMetadata:
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    starts = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+    return AttentionMetadata(starts, torch.tensor(seq_lens, dtype=torch.int32), block_tables,
+                             torch.zeros(sum(q_lens), dtype=torch.int64), max(q_lens), max(seq_lens), BS,
+                             q_lens, seq_lens, {})
+
+
+def _reference(q, k, v, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for b, (n, s) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
+        blocks = meta.block_tables[b, : -(-s // BS)].long()
+        kb = k[blocks].reshape(-1, HKV, D)[:s].double().repeat_interleave(HQ // HKV, dim=1)
+        vb = v[blocks].reshape(-1, HKV, D)[:s].double().repeat_interleave(HQ // HKV, dim=1)
+        start = int(meta.query_start_loc[b])
+        for i in range(n):
+            pos = s - n + i
+            scores = torch.einsum("hd,khd->hk", q[start + i].double(), kb[:pos + 1]) * scale
+            out[start + i] = torch.einsum("hk,khd->hd", scores.softmax(-1), vb[:pos + 1])
+    return out
+
+
+STEP = dict(q_lens=[1, 37, 1, 5], seq_lens=[1, 37, 200, 90],  # a first token, a prefill, decodes, a chunk
+            tables=[[3], [7, 1, 9], [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26], [30, 5, 11, 13, 15, 17]])
+
+
+@pytest.mark.parametrize("kind,tol", [("fp32", 2e-5), ("bf16", 2e-2), ("fp8", 2e-5)])
+def test_matches_reference_on_ragged_paged_step(kind, tol):
+    gen = torch.Generator().manual_seed(0)
+    cache, k, v = _cache(kind, gen)
+    meta = _meta(**STEP)
+    q = torch.randn(sum(STEP["q_lens"]), HQ, D, generator=gen)
+    if kind == "bf16":
+        q = q.to(torch.bfloat16)
+    backend = CpuPagedBackend()
+    assert backend.unsupported_reason(q, cache, meta) is None
+    out = backend.forward(q, cache, meta, D ** -0.5)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    ref = _reference(q.float(), k, v, meta, D ** -0.5)
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+def test_token_results_do_not_depend_on_the_step():
+    gen = torch.Generator().manual_seed(1)
+    cache, _, _ = _cache("fp32", gen)
+    meta = _meta(**STEP)
+    q = torch.randn(sum(STEP["q_lens"]), HQ, D, generator=gen)
+    full = CpuPagedBackend().forward(q, cache, meta, 0.125)
+    # sequence 1's last 3 prompt tokens alone (a prefix-cache hit: query length 3), and sequence 2 alone
+    alone = _meta([3], [37], [STEP["tables"][1]])
+    assert torch.equal(CpuPagedBackend().forward(q[35:38], cache, alone, 0.125), full[35:38])
+    alone = _meta([1], [200], [STEP["tables"][2]])
+    assert torch.equal(CpuPagedBackend().forward(q[38:39], cache, alone, 0.125), full[38:39])
+    # a strided q (heads read in place from the fused qkv rows) gives the same bits
+    qkv = torch.cat([q.reshape(q.shape[0], -1), torch.randn(q.shape[0], 2 * HKV * D, generator=gen)], dim=1)
+    strided = qkv[:, : HQ * D].view(-1, HQ, D)
+    assert not strided.is_contiguous()
+    assert torch.equal(CpuPagedBackend().forward(strided, cache, meta, 0.125), full)
+
+
+def test_refusals_and_auto_choice():
+    cache, _, _ = _cache("fp32", torch.Generator().manual_seed(2))
+    meta = _meta([1], [5], [[1]])
+    backend = CpuPagedBackend()
+    assert "head dim" in backend.unsupported_reason(torch.zeros(1, HQ, 24), cache, meta)
+    assert "float32 or bfloat16" in backend.unsupported_reason(torch.zeros(1, HQ, D, dtype=torch.float16), cache, meta)
+    assert set(FP8_KINDS) == {None, torch.float8_e4m3fn, torch.float8_e5m2}
+    assert AttentionDispatcher("auto", torch.device("cpu")).primary_name == "CPU_PAGED"
+    with pytest.raises(RuntimeError, match="query_start_loc"):
+        cpu_ops.load().paged_attention(torch.zeros(2, HQ, D), cache.k, cache.v, None, None, 0,
+                                       meta.block_tables, meta.query_start_loc, meta.seq_lens, 1.0)
