@@ -155,7 +155,8 @@ class EngineArgs(BaseModel):
     pipeline_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-pp"),
                                         description="pipeline stages (not implemented: 1)")
     mamba_cache_mode: Literal["none", "all", "align"] = Field(
-        default="none", description="state caching of Mamba layers (not implemented: none)")
+        default="none", description="prefix caching of hybrid models' recurrent state: none (prefix caching off "
+                                    "for them); all | align not implemented")
 
     @classmethod
     def create(cls, **settings: Any) -> "EngineArgs":
@@ -180,8 +181,9 @@ class EngineArgs(BaseModel):
                        "is not implemented: packed weights are not sharded; drop quantization (the checkpoint is "
                        "dequantized) or use tensor_parallel_size 1")
         if self.mamba_cache_mode != "none":
-            out.append(f"mamba_cache_mode={self.mamba_cache_mode!r} is not implemented: onecat runs no Mamba "
-                       "layers; use mamba_cache_mode none")
+            out.append(f"mamba_cache_mode={self.mamba_cache_mode!r} (recurrent state saved at block boundaries for "
+                       "prefix caching) is not implemented; use mamba_cache_mode none: hybrid models then run with "
+                       "prefix caching off")
         if self.cuda_graph == "piecewise":
             out.append("cuda_graph='piecewise' is not implemented: onecat captures whole decode steps; use "
                        "cuda_graph full (or off)")

@@ -2,6 +2,9 @@
 
 A freed block keeps its contents and hash until it is handed out again, so a later request with
 the same prefix can reuse it (the cache costs no memory of its own).
+
+For a hybrid model it also hands out recurrent-state slots (engine/state_cache.py): one per request from its
+first blocks until it finishes or is preempted.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from onecat.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_state_slots: int = 0):
         self.num_blocks = num_blocks  # block 0 is the null block (padding target), never allocated
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -21,6 +24,8 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found
+        self.free_state_slots = list(range(num_state_slots - 1, -1, -1))  # popped from the end: 0 first
+        self.uses_state_slots = num_state_slots > 0
 
     # ---- accounting ---------------------------------------------------------------------------
     @property
@@ -87,13 +92,16 @@ class BlockManager:
         self.prefix_queries = self.prefix_hits = 0
 
     def ensure_capacity(self, seq: Sequence, num_tokens: int) -> bool:
-        """Give `seq` enough blocks for `num_tokens` tokens; False (nothing taken) if memory is short."""
+        """Give `seq` enough blocks for `num_tokens` tokens (and a state slot, for a hybrid model); False (nothing
+        taken) if memory is short."""
         need = self.blocks_needed(num_tokens) - len(seq.block_table)
-        if need <= 0:
-            return True
-        if need > len(self.free):
+        wants_slot = self.uses_state_slots and seq.state_slot is None
+        if need > len(self.free) or (wants_slot and not self.free_state_slots):
             return False
-        seq.block_table.extend(self._take_free() for _ in range(need))
+        if wants_slot:
+            seq.state_slot = self.free_state_slots.pop()
+        if need > 0:
+            seq.block_table.extend(self._take_free() for _ in range(need))
         return True
 
     def register_computed(self, seq: Sequence) -> None:
@@ -120,3 +128,6 @@ class BlockManager:
                 self.free[block] = None
         seq.block_table = []
         seq.block_hashes = []
+        if seq.state_slot is not None:
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = None

@@ -16,7 +16,10 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 
 # HF `architectures` entries -> the architecture name the model registry runs.
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
-                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                    "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe"}
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")  # layers mix full attention with linear attention
+LAYER_TYPES = ("full_attention", "linear_attention")
 
 
 def architecture_of(cfg: dict) -> str:
@@ -34,7 +37,7 @@ def architecture_of(cfg: dict) -> str:
 class ModelConfig:
     """The architecture facts the model code needs, normalized from an HF config or GGUF metadata."""
 
-    architecture: str  # "llama" | "qwen2" | "qwen3"
+    architecture: str  # a value of HF_ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -52,6 +55,15 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict)
+    layer_types: list[str] = field(default_factory=list)  # hybrid models: each layer's kind (LAYER_TYPES)
+
+    @property
+    def kv_layer_ids(self) -> list[int]:
+        """The layers that keep a paged KV cache: every layer, except a hybrid model's linear-attention layers
+        (they keep a recurrent state instead)."""
+        if not self.layer_types:
+            return list(range(self.num_hidden_layers))
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -63,7 +75,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
+            intermediate_size=cfg.get("intermediate_size") or 0,  # absent where every layer is MoE
             num_hidden_layers=cfg["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
@@ -78,7 +90,22 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_list,
             raw=cfg,
+            layer_types=_hybrid_layer_types(cfg) if arch in HYBRID_ARCHITECTURES else [],
         )
+
+
+def _hybrid_layer_types(cfg: dict[str, Any]) -> list[str]:
+    """The config's `layer_types`, or (older configs) every `full_attention_interval`-th layer full attention."""
+    n = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        every = cfg.get("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if len(types) != n or unknown:
+        raise UnsupportedModelError(f"layer_types {types!r}: expected {n} entries, each one of {', '.join(LAYER_TYPES)}"
+                                    + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return list(types)
 
 
 def _rope_params_scaling(params: dict | None) -> dict | None:

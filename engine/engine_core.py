@@ -32,10 +32,11 @@ class EngineCore:
                  device: torch.device):
         self.cfg, self.model_cfg, self.tokenizer = cfg, model_cfg, tokenizer
         self.max_model_len, self.device = max_model_len, device
-        self.blocks = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)  # allocated by the scheduler
+        self.blocks = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching,  # allocated by the scheduler
+                                   getattr(model, "num_state_slots", 0))
         self.scheduler = Scheduler(cfg, self.blocks)
         self.attention = AttentionDispatcher(cfg.attention_backend, device)
-        caches = allocate_kv_caches(model_cfg.num_hidden_layers, num_blocks, cfg.block_size,
+        caches = allocate_kv_caches(len(model_cfg.kv_layer_ids), num_blocks, cfg.block_size,
                                     model_cfg.num_key_value_heads, model_cfg.head_dim, dtype, fp8_dtype, device)
         self.runner = ModelRunner(model, caches, self.attention, cfg.block_size, device)
         self.eos_ids = set(tokenizer.eos_token_ids)

@@ -16,6 +16,7 @@ class ForwardContext:
     kv_caches: list["LayerKVCache"]
     attention: "AttentionDispatcher"
     gemv_rows: int = 1  # inputs of up to this many rows take the batch-1 GEMV (engine/layers/linear.py)
+    state_slots: list[int | None] | None = None  # hybrid models: each sequence's recurrent-state slot
 
 
 _current: ForwardContext | None = None

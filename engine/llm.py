@@ -19,6 +19,7 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.loader import open_checkpoint
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.models.registry import model_class
+from onecat.engine.models.support import effective_settings, unsupported_settings
 from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -55,6 +56,10 @@ class LLM:
         ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf")
         self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
         self.dtype = parse_dtype(self.cfg.dtype, self.device, self.model_config.torch_dtype)
+        unsupported = unsupported_settings(self.cfg, self.model_config, self.device)
+        if unsupported:
+            raise ConfigError("; ".join(unsupported))
+        self.cfg = effective_settings(self.cfg, self.model_config)
         # for info(): what GGUF packing did, or the quantized HF format that was read dequantized
         self.packing: dict | None = None if ckpt.stored_as is None else {
             "checkpoint": ckpt.stored_as, "dequantized_to": str(self.dtype).replace("torch.", "")}
@@ -110,6 +115,8 @@ class LLM:
             self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
             pack_weights(model)
+        if hasattr(model, "allocate_recurrent_state"):  # hybrid: one state slot per request that may run at once
+            model.allocate_recurrent_state(self.cfg.max_num_seqs, self.dtype, self.device)
         return model.eval()
 
     def vocab_layers(self) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -154,7 +161,7 @@ class LLM:
 
     def _num_kv_blocks(self, fp8: bool, mc) -> int:
         c = self.cfg
-        per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads, mc.head_dim,
+        per_block = bytes_per_block(len(mc.kv_layer_ids), c.block_size, mc.num_key_value_heads, mc.head_dim,
                                     self.dtype, fp8)
         min_blocks = -(-self.max_model_len // c.block_size) + 1  # + the null block
         if c.num_kv_blocks is not None:

@@ -54,6 +54,7 @@ class StepInputs:
     tables: list[list[int]]
     logit_rows: list[int]  # hidden rows whose logits the step needs, in the order _outputs reads them
     gemv_rows: int  # rows that may take the batch-1 GEMV (ForwardContext.gemv_rows)
+    state_slots: list[int | None] | None = None  # hybrid models: each sequence's recurrent-state slot
 
 
 @dataclass(slots=True)
@@ -100,7 +101,7 @@ class ModelRunner:
         tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in sched]
         batch1_verify = len(sched) == 1 and sched[0].num_new_tokens == 1  # one sequence's decode/verify rows
         return StepInputs(ids, pos, slots, qsl, seq_lens, qlens, tables, rows,
-                          self.verify_gemv_rows if batch1_verify else 1)
+                          self.verify_gemv_rows if batch1_verify else 1, [s.seq.state_slot for s in sched])
 
     def _metadata(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
@@ -118,7 +119,7 @@ class ModelRunner:
         """(hidden [T, H], float32 logits of x.logit_rows [R, V]): the forward every tensor-parallel rank
         runs in step (the other ranks get `x` from the first)."""
         input_ids, positions, meta = self._metadata(x)
-        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, x.gemv_rows))
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, x.gemv_rows, x.state_slots))
         try:
             hidden = self.model(input_ids, positions)
             if not x.logit_rows:

@@ -23,7 +23,7 @@ class Sequence:
                  "finish_reason", "stop_reason", "logprobs", "prompt_logprobs", "prompt_top_logprobs", "prompt_ranks",
                  "arrival_time",
                  "first_scheduled_time", "first_token_time", "finish_time", "text", "spec", "num_preemptions",
-                 "draft_tokens", "draft_probs", "kept_probs")
+                 "draft_tokens", "draft_probs", "kept_probs", "state_slot")
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
                  generator: torch.Generator | None):
@@ -56,6 +56,7 @@ class Sequence:
         self.draft_tokens: list[int] = []  # speculative proposal awaiting verification
         self.draft_probs = None  # [k, V] proposer distribution for sampled verification (None: point mass)
         self.kept_probs: list = []  # sampling distributions, kept only when params.keep_probs
+        self.state_slot: int | None = None  # hybrid models: its recurrent-state slot while it runs (state_cache.py)
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,51 @@
+"""Full attention of Qwen3.5: q_proj gives each head its query and a gate side by side; q and k get a
+zero-centered RMSNorm per head and RoPE on their first `rotary_dim` dims only (partial rotary); the paged
+attention output is multiplied by SIGMOID(gate) before o_proj."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from onecat.engine.config import ModelConfig
+from onecat.engine.forward_context import get_forward_context
+from onecat.engine.kv_cache import write_kv
+from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
+from onecat.engine.layers.rotary import RotaryEmbedding
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, kv_index: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.kv_index = kv_index  # this layer's place among the KV caches (linear layers keep none)
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, 2 * self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.rotary = rotary
+        self.rotary_dim = rotary.head_dim
+        self.scale = self.head_dim ** -0.5
+        q2 = 2 * self.q_size
+        self.checkpoint_parts = {"q_proj": ("qkv_proj", 0, q2), "k_proj": ("qkv_proj", q2, self.kv_size),
+                                 "v_proj": ("qkv_proj", q2 + self.kv_size, self.kv_size)}
+
+    def _rope(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        r = self.rotary_dim
+        if r == self.head_dim:
+            return self.rotary.rotate(positions, x)
+        return torch.cat([self.rotary.rotate(positions, x[..., :r]), x[..., r:]], dim=-1)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        T, d = x.shape[0], self.head_dim
+        ctx = get_forward_context()
+        cache = ctx.kv_caches[self.kv_index]
+        query_gate, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
+        query_gate = query_gate.view(T, self.num_heads, 2 * d)
+        gate = query_gate[..., d:].reshape(T, self.q_size)
+        q = self._rope(positions, self.q_norm(query_gate[..., :d]))
+        k = self._rope(positions, self.k_norm(k.view(T, self.num_kv_heads, d)))
+        write_kv(cache, k, v.view(T, self.num_kv_heads, d), ctx.meta.slot_mapping)
+        out = ctx.attention(q.contiguous(), cache, ctx.meta, self.scale)
+        return self.o_proj(out.reshape(T, self.q_size) * torch.sigmoid(gate))

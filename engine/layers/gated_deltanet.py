@@ -1,0 +1,91 @@
+"""Gated DeltaNet (the linear-attention layer of Qwen3.5): one input projection gives q/k/v (through a short
+causal depthwise convolution), the output gate z, and per value head beta (write strength) and a (decay);
+the gated delta rule mixes tokens through a per-request state; a gated RMSNorm and out_proj finish.
+
+The state lives in the engine's RecurrentStateCache (engine/state_cache.py); the step's StatePlan says which
+rows are one-token steps (run as a batch by the recurrent form) and which are prefill chunks (one request at
+a time by the chunked form). The ops are the torch reference (gated_deltanet_ops.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.config import ModelConfig
+from onecat.engine.errors import UnsupportedModelError
+from onecat.engine.layers import gated_deltanet_ops as ops
+from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
+from onecat.engine.state_cache import StatePlan
+
+
+def linear_attention_sizes(cfg: ModelConfig) -> dict:
+    """The Gated DeltaNet sizes of an HF config (linear_* keys)."""
+    raw = cfg.raw
+    try:
+        sizes = dict(k_heads=raw["linear_num_key_heads"], v_heads=raw["linear_num_value_heads"],
+                     k_dim=raw["linear_key_head_dim"], v_dim=raw["linear_value_head_dim"],
+                     conv_kernel=raw.get("linear_conv_kernel_dim", 4))
+    except KeyError as e:
+        raise UnsupportedModelError(f"a hybrid model's config needs {e.args[0]} (Gated DeltaNet sizes)") from None
+    if sizes["v_heads"] % sizes["k_heads"]:
+        raise UnsupportedModelError(f"linear_num_value_heads {sizes['v_heads']} is not a multiple of "
+                                    f"linear_num_key_heads {sizes['k_heads']}")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"hidden_act {raw['hidden_act']!r} is not supported in Gated DeltaNet; only silu")
+    sizes["conv_dim"] = 2 * sizes["k_heads"] * sizes["k_dim"] + sizes["v_heads"] * sizes["v_dim"]
+    return sizes
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, state_index: int):
+        super().__init__()
+        s = linear_attention_sizes(cfg)
+        self.state_index = state_index  # this layer's place in the recurrent state cache
+        self.k_heads, self.v_heads, self.k_dim, self.v_dim = s["k_heads"], s["v_heads"], s["k_dim"], s["v_dim"]
+        self.key_size, self.value_size, self.conv_dim = self.k_heads * self.k_dim, self.v_heads * self.v_dim, s["conv_dim"]
+        # [q | k | v (convolved) | z (output gate) | b (beta) | a (decay)]: the checkpoint's four projections
+        self.split_sizes = [self.conv_dim, self.value_size, self.v_heads, self.v_heads]
+        self.in_proj = Linear(cfg.hidden_size, sum(self.split_sizes), bias=False)
+        starts = [sum(self.split_sizes[:i]) for i in range(4)]
+        self.checkpoint_parts = {name: ("in_proj", start, size) for name, start, size in
+                                 zip(("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), starts, self.split_sizes)}
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, s["conv_kernel"], groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.v_heads))
+        self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
+        self.out_proj = Linear(self.value_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
+        T = x.shape[0]
+        mixed, z, b, a = self.in_proj(x).split(self.split_sizes, dim=-1)
+        conv_state, ssm_state = plan.conv[self.state_index], plan.ssm[self.state_index]
+        mixed = self._convolve(mixed, plan, conv_state)
+        q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        q, k = ops.prepare_qk(q.view(T, self.k_heads, self.k_dim), k.view(T, self.k_heads, self.k_dim), self.v_heads)
+        v = v.reshape(T, self.v_heads, self.v_dim).float()
+        beta = b.sigmoid().float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        core = torch.empty(T, self.v_heads, self.v_dim, dtype=torch.float32, device=x.device)
+        if plan.decode_rows is not None:
+            r, slots = plan.decode_rows, plan.decode_slots
+            core[r], ssm_state[slots] = ops.recurrent_gated_delta_step(q[r], k[r], v[r], g[r], beta[r], ssm_state[slots])
+        for start, end, slot in plan.chunks:
+            heads_first = [t[start:end].transpose(0, 1) for t in (q, k, v, g, beta)]
+            out, ssm_state[slot] = ops.chunk_gated_delta_rule(*heads_first, ssm_state[slot])
+            core[start:end] = out.transpose(0, 1)
+        out = self.norm(core.to(x.dtype), z.reshape(T, self.v_heads, self.v_dim))
+        return self.out_proj(out.reshape(T, self.value_size))
+
+    def _convolve(self, mixed: torch.Tensor, plan: StatePlan, conv_state: torch.Tensor) -> torch.Tensor:
+        """The causal convolution of every row, continuing each request's carried-over inputs."""
+        weight = self.conv1d.weight.squeeze(1)
+        out = torch.empty_like(mixed)
+        if plan.decode_rows is not None:
+            r, slots = plan.decode_rows, plan.decode_slots
+            out[r], conv_state[slots] = ops.causal_conv_step(mixed[r], conv_state[slots], weight)
+        for start, end, slot in plan.chunks:
+            y, conv_state[slot] = ops.causal_conv(mixed[start:end].T, conv_state[slot], weight)
+            out[start:end] = y.T
+        return out

@@ -1,0 +1,85 @@
+"""Sparse mixture-of-experts feed-forward: a softmax router sends each token to its top-k experts (SwiGLU
+MLPs), whose outputs are summed with the router's weights; optionally a shared expert that every token
+also goes through, scaled by a sigmoid gate (Qwen3.5-MoE).
+
+The expert weights are expert-indexed 3D tensors, `experts.gate_up_proj` [E, 2I, H] and
+`experts.down_proj` [E, H, I] (the layout of transformers' fused checkpoints and of a fused MoE kernel),
+so an expert-parallel rank can keep a slice of E. On CPU the experts run in a plain loop over the
+experts that got tokens this step: the step's (token, expert) pairs are sorted by expert, each expert
+multiplies its own rows, and the results are added back per token in expert order.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.mlp import GatedMLP
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts stored side by side: gate_up_proj [E, 2I, H] ([gate | up] rows), down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.num_experts, self.intermediate = num_experts, intermediate
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids."""
+        top_k = experts.shape[1]
+        flat = experts.flatten()
+        order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens ascending in each
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tokens = order // top_k
+        scales = weights.flatten()[order].unsqueeze(1)
+        out = torch.zeros_like(x)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows = tokens[start:start + n]
+            gate, up = F.linear(x[rows], self.gate_up_proj[e]).split(self.intermediate, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.down_proj[e])
+            out.index_add_(0, rows, (y * scales[start:start + n]).to(out.dtype))
+            start += n
+        return out
+
+
+class SparseMoE(nn.Module):
+    """Router + experts (+ gated shared expert). `norm_topk_prob`: the k chosen probabilities are renormalized
+    to sum to 1 (else they keep their softmax values over all experts), as the checkpoint's config says."""
+
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
+                 shared_intermediate: int = 0):
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok={top_k} must be between 1 and num_experts={num_experts}")
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.gate = Linear(hidden, num_experts, bias=False)  # the router
+        self.experts = Experts(num_experts, hidden, intermediate)
+        self.shared_expert = GatedMLP(hidden, shared_intermediate) if shared_intermediate else None
+        self.shared_expert_gate = Linear(hidden, 1, bias=False) if shared_intermediate else None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] in x's dtype, expert ids [T, k]): softmax over all experts in float32, top k."""
+        logits = self.gate(x)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        top, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top.to(logits.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def after_norm(self, norm, x: torch.Tensor, residual: torch.Tensor):
+        """(self(norm(x + residual)), x + residual): the decoder layer's call, as GatedMLP.after_norm."""
+        h, residual = norm(x, residual)
+        return self(h), residual

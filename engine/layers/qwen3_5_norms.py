@@ -1,0 +1,40 @@
+"""The two RMSNorms of Qwen3.5 that differ from Llama's: zero-centered (the weight is stored as an offset from
+1 and the product is taken in float32 before the cast back) and gated (Gated DeltaNet's output, normed per
+head and multiplied by SiLU of a gate)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """RMSNorm(x); with `residual`: (RMSNorm(x + residual), x + residual)."""
+        if residual is None:
+            return self.normed(x)
+        x = x + residual
+        return self.normed(x), x
+
+
+class GatedRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """weight * RMSNorm(x) * SiLU(gate), over the last dim, in x's dtype."""
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight * xf.to(x.dtype) * F.silu(gate.float())).to(x.dtype)

@@ -1,0 +1,126 @@
+"""Qwen3.5 and Qwen3.5-MoE (text): hybrid decoders whose layers are, per the config's `layer_types`, Gated
+DeltaNet linear attention (a per-request recurrent state) or gated full attention (paged KV), each followed
+by a dense SwiGLU MLP (Qwen3.5) or a sparse MoE with a gated shared expert (Qwen3.5-MoE). Norms are
+zero-centered RMSNorms.
+
+The engine gives a hybrid model one recurrent-state slot per running request (`allocate_recurrent_state`,
+`Sequence.state_slot`); only the full-attention layers have KV caches (ModelConfig.kv_layer_ids).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from onecat.engine.config import ModelConfig
+from onecat.engine.forward_context import get_forward_context
+from onecat.engine.layers.gated_attention import GatedAttention
+from onecat.engine.layers.gated_deltanet import GatedDeltaNet, linear_attention_sizes
+from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.mlp import GatedMLP
+from onecat.engine.layers.moe import SparseMoE
+from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
+from onecat.engine.layers.rotary import RotaryEmbedding
+from onecat.engine.models.qwen3_moe import moe_settings
+from onecat.engine.models.weight_loading import fused_route, load_by_name
+from onecat.engine.state_cache import RecurrentStateCache, StatePlan
+
+
+class HybridDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, mixer: nn.Module, mlp: nn.Module):
+        super().__init__()
+        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if isinstance(mixer, GatedDeltaNet):
+            self.linear_attn = mixer
+        else:
+            self.self_attn = mixer
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = mlp
+
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, plan: StatePlan):
+        """(this layer's MLP output, the residual stream before it), as the Llama layers return them."""
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        mixed = self.linear_attn(h, plan) if hasattr(self, "linear_attn") else self.self_attn(positions, h)
+        h, residual = self.post_attention_layernorm(mixed, residual)
+        return self.mlp(h), residual
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    """Weights are named as in HF checkpoints (a `model.language_model.` prefix is read as `model.`); q/k/v and
+    the DeltaNet input projections are fused on load."""
+
+    aux_layer_ids: list[int] = []  # no feature-conditioned drafter on hybrid models (speculation is refused)
+    aux_hidden = None
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.cfg = cfg
+        rope = cfg.raw.get("rope_parameters") or {}
+        partial = rope.get("partial_rotary_factor", cfg.raw.get("partial_rotary_factor", 0.25))
+        rotary = RotaryEmbedding(int(cfg.head_dim * partial), cfg.rope_theta, max_positions, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        layers, kv_index, state_index = [], 0, 0
+        for kind in cfg.layer_types:
+            if kind == "linear_attention":
+                mixer = GatedDeltaNet(cfg, state_index)
+                state_index += 1
+            else:
+                mixer = GatedAttention(cfg, kv_index, rotary)
+                kv_index += 1
+            layers.append(HybridDecoderLayer(cfg, mixer, self.make_mlp(cfg)))
+        self.layers = nn.ModuleList(layers)
+        self.num_linear_layers = state_index
+        self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.states: RecurrentStateCache | None = None
+
+    @staticmethod
+    def make_mlp(cfg: ModelConfig) -> nn.Module:
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    # ---- recurrent state ----------------------------------------------------------------------------------
+    def allocate_recurrent_state(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
+        """One state slot per request that may run at once (the engine's max_num_seqs)."""
+        s = linear_attention_sizes(self.cfg)
+        self.states = RecurrentStateCache(self.num_linear_layers, num_slots, s["conv_dim"], s["conv_kernel"],
+                                          s["v_heads"], s["k_dim"], s["v_dim"], dtype, device)
+
+    @property
+    def num_state_slots(self) -> int:
+        return self.states.num_slots if self.states is not None else 0
+
+    # ---- forward ------------------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.states is None:
+            raise RuntimeError("allocate_recurrent_state before running a hybrid model")
+        ctx = get_forward_context()
+        plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots)
+        h, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            h, residual = layer(positions, h, residual, plan)
+        return self.norm(h, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def greedy_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        load_by_name(self, weights, fused_route(self, prefixes=("model.language_model.", "model."),
+                                                 skip=("rotary_emb", "mtp.", "visual.")))
+
+
+class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
+    """Qwen3.5 with a sparse MoE (top-k renormalized) plus a sigmoid-gated shared expert in every layer."""
+
+    @staticmethod
+    def make_mlp(cfg: ModelConfig) -> nn.Module:
+        return SparseMoE(**moe_settings(cfg), norm_topk_prob=True,
+                         shared_intermediate=cfg.raw.get("shared_expert_intermediate_size") or 0)

@@ -1,0 +1,45 @@
+"""What the MoE and hybrid architectures cannot run yet, said as errors naming the setting to change, and the
+settings the engine adjusts for them (prefix caching off on hybrid models), said once in the log."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from onecat.engine.args import EngineArgs
+from onecat.engine.config import HYBRID_ARCHITECTURES, ModelConfig
+
+log = logging.getLogger("onecat.engine")
+
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
+
+
+def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.device) -> list[str]:
+    arch = model.architecture
+    if arch not in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES:
+        return []
+    kind = "hybrid (linear + full attention)" if arch in HYBRID_ARCHITECTURES else "MoE"
+    out = []
+    if cfg.tensor_parallel_size > 1:
+        out.append(f"tensor_parallel_size={cfg.tensor_parallel_size} is not implemented for {kind} models "
+                   f"({arch}): their experts and linear-attention layers are not sharded; use tensor_parallel_size 1")
+    if cfg.cuda_graph == "full" and device.type == "cuda":
+        out.append(f"cuda_graph='full' is not implemented for {kind} models ({arch}): their layers pick rows per "
+                   "expert and per request on the host each step; use cuda_graph off")
+    if cfg.quantization is not None:
+        out.append(f"quantization {cfg.quantization!r} is not implemented for {kind} models ({arch}); run the "
+                   "checkpoint unquantized")
+    if arch in HYBRID_ARCHITECTURES and cfg.speculative_config is not None:
+        out.append(f"speculative decoding on hybrid models ({arch}) is not implemented: rejected draft tokens would "
+                   "need the recurrent state rolled back; remove speculative_config")
+    return out
+
+
+def effective_settings(cfg: EngineArgs, model: ModelConfig) -> EngineArgs:
+    """`cfg` as the engine runs this model: a hybrid model's recurrent state summarizes the whole prefix and is
+    not kept per block (mamba_cache_mode none), so prefix caching is off for it."""
+    if model.architecture in HYBRID_ARCHITECTURES and cfg.enable_prefix_caching:
+        log.warning("prefix caching is off for the hybrid model %s (mamba_cache_mode none: the recurrent state is "
+                    "not kept per block)", model.architecture)
+        return cfg.model_copy(update={"enable_prefix_caching": False})
+    return cfg
