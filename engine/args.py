@@ -156,7 +156,8 @@ class EngineArgs(BaseModel):
                                         description="pipeline stages (not implemented: 1)")
     mamba_cache_mode: Literal["none", "all", "align"] = Field(
         default="none", description="prefix caching of hybrid models' recurrent state: none (prefix caching off "
-                                    "for them); all | align not implemented")
+                                    "for them) | align (state saved where chunks end, at block boundaries) | all "
+                                    "(not implemented)")
 
     @classmethod
     def create(cls, **settings: Any) -> "EngineArgs":
@@ -180,10 +181,10 @@ class EngineArgs(BaseModel):
             out.append(f"quantization {self.quantization!r} with tensor_parallel_size {self.tensor_parallel_size} "
                        "is not implemented: packed weights are not sharded; drop quantization (the checkpoint is "
                        "dequantized) or use tensor_parallel_size 1")
-        if self.mamba_cache_mode != "none":
-            out.append(f"mamba_cache_mode={self.mamba_cache_mode!r} (recurrent state saved at block boundaries for "
-                       "prefix caching) is not implemented; use mamba_cache_mode none: hybrid models then run with "
-                       "prefix caching off")
+        if self.mamba_cache_mode == "all":
+            out.append("mamba_cache_mode='all' (recurrent state saved at every block boundary inside a chunk) is not "
+                       "implemented; use mamba_cache_mode align (state saved where chunks end, at block boundaries) "
+                       "or none (prefix caching off for hybrid models)")
         if self.cuda_graph == "piecewise":
             out.append("cuda_graph='piecewise' is not implemented: onecat captures whole decode steps; use "
                        "cuda_graph full (or off)")

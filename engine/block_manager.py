@@ -4,17 +4,23 @@ A freed block keeps its contents and hash until it is handed out again, so a lat
 the same prefix can reuse it (the cache costs no memory of its own).
 
 For a hybrid model it also hands out recurrent-state slots (engine/state_cache.py): one per request from its
-first blocks until it finishes or is preempted.
+first blocks until it finishes or is preempted. With state snapshots (mamba_cache_mode align) a prefix hit
+ends at the last matched block whose state was saved, and that state is restored into the request's slot.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from onecat.engine.sequence import Sequence
 
+if TYPE_CHECKING:
+    from onecat.engine.state_cache import RecurrentStateCache
+
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, num_state_slots: int = 0):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 states: "RecurrentStateCache | None" = None):
         self.num_blocks = num_blocks  # block 0 is the null block (padding target), never allocated
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -24,8 +30,10 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found
-        self.free_state_slots = list(range(num_state_slots - 1, -1, -1))  # popped from the end: 0 first
-        self.uses_state_slots = num_state_slots > 0
+        self.states = states  # a hybrid model's recurrent states (None: no slots to hand out)
+        self.free_state_slots = list(range(states.num_slots - 1, -1, -1)) if states else []  # popped: 0 first
+        self.snapshots = states if states is not None and states.num_snapshots and enable_prefix_caching else None
+        self.pending_restore: dict[str, int] = {}  # request id -> prefix hash of the snapshot its hit ends at
 
     # ---- accounting ---------------------------------------------------------------------------
     @property
@@ -69,17 +77,25 @@ class BlockManager:
             return 0
         bs = self.block_size
         max_blocks = (seq.num_prompt_tokens - 1) // bs
-        parent = None
+        parent, hits = None, []
         self.prefix_queries += seq.num_prompt_tokens
         for b in range(max_blocks):
             h = self.chain_hash(parent, seq.token_ids[b * bs:(b + 1) * bs])
             block = self.cached.get(h)
             if block is None:
                 break
+            hits.append((block, h))
+            parent = h
+        if self.snapshots is not None:  # a hybrid model's hit ends where a state was saved
+            while hits and not self.snapshots.has(hits[-1][1]):
+                hits.pop()
+            if hits:
+                self.snapshots.pin(hits[-1][1])
+                self.pending_restore[seq.request_id] = hits[-1][1]
+        for block, h in hits:
             self._acquire(block)
             seq.block_table.append(block)
             seq.block_hashes.append(h)
-            parent = h
         n = len(seq.block_table) * bs
         seq.num_computed_tokens = seq.num_cached_tokens = n
         self.prefix_hits += n
@@ -95,11 +111,14 @@ class BlockManager:
         """Give `seq` enough blocks for `num_tokens` tokens (and a state slot, for a hybrid model); False (nothing
         taken) if memory is short."""
         need = self.blocks_needed(num_tokens) - len(seq.block_table)
-        wants_slot = self.uses_state_slots and seq.state_slot is None
+        wants_slot = self.states is not None and seq.state_slot is None
         if need > len(self.free) or (wants_slot and not self.free_state_slots):
             return False
         if wants_slot:
             seq.state_slot = self.free_state_slots.pop()
+            key = self.pending_restore.pop(seq.request_id, None)
+            if key is not None:
+                self.states.restore(key, seq.state_slot)
         if need > 0:
             seq.block_table.extend(self._take_free() for _ in range(need))
         return True
@@ -119,6 +138,18 @@ class BlockManager:
             if h not in self.cached:
                 self.cached[h] = block
                 self.block_hash[block] = h
+        done = seq.num_computed_tokens
+        if self.snapshots is not None and seq.state_slot is not None and done and done % bs == 0 \
+                and len(seq.block_hashes) == done // bs:  # the state is the one after exactly these blocks
+            self.snapshots.save(seq.state_slot, seq.block_hashes[-1])
+
+    def aligned_chunk(self, start: int, n: int) -> int:
+        """How many of `n` tokens from `start` to compute this step: with state snapshots, up to the last block
+        boundary the chunk crosses (so the state there can be saved), else all `n`."""
+        if self.snapshots is None:
+            return n
+        end = (start + n) // self.block_size * self.block_size
+        return end - start if end > start else n
 
     def free_seq(self, seq: Sequence) -> None:
         # Release in reverse so the tail of a sequence is evicted before its (more shareable) head.
@@ -131,3 +162,6 @@ class BlockManager:
         if seq.state_slot is not None:
             self.free_state_slots.append(seq.state_slot)
             seq.state_slot = None
+        key = self.pending_restore.pop(seq.request_id, None)
+        if key is not None:  # matched a snapshot but never got a slot: it no longer needs it kept
+            self.snapshots.unpin(key)

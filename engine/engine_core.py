@@ -33,7 +33,7 @@ class EngineCore:
         self.cfg, self.model_cfg, self.tokenizer = cfg, model_cfg, tokenizer
         self.max_model_len, self.device = max_model_len, device
         self.blocks = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching,  # allocated by the scheduler
-                                   getattr(model, "num_state_slots", 0))
+                                   getattr(model, "states", None))
         self.scheduler = Scheduler(cfg, self.blocks)
         self.attention = AttentionDispatcher(cfg.attention_backend, device)
         caches = allocate_kv_caches(len(model_cfg.kv_layer_ids), num_blocks, cfg.block_size,

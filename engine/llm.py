@@ -19,7 +19,7 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.loader import open_checkpoint
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.models.registry import model_class
-from onecat.engine.models.support import effective_settings, unsupported_settings
+from onecat.engine.models.support import effective_settings, num_state_snapshots, unsupported_settings
 from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -116,7 +116,7 @@ class LLM:
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
             pack_weights(model)
         if hasattr(model, "allocate_recurrent_state"):  # hybrid: one state slot per request that may run at once
-            model.allocate_recurrent_state(self.cfg.max_num_seqs, self.dtype, self.device)
+            model.allocate_recurrent_state(self.cfg.max_num_seqs, self.dtype, self.device, num_state_snapshots(self.cfg))
         return model.eval()
 
     def vocab_layers(self) -> tuple[torch.nn.Module, torch.nn.Module]:

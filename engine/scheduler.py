@@ -66,7 +66,7 @@ class Scheduler:
             seq = self.running[i]
             remaining = seq.num_tokens - seq.num_computed_tokens
             extra = lookahead.get(seq.request_id, 0) if remaining == 1 else 0
-            n = min(remaining + extra, budget)
+            n = self.blocks.aligned_chunk(seq.num_computed_tokens, min(remaining + extra, budget))
             extra = max(0, n - remaining)
             while not self.blocks.ensure_capacity(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
@@ -81,7 +81,7 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_computed_tokens == 0 and not seq.block_table:
                 self.blocks.match_prefix(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self.blocks.aligned_chunk(seq.num_computed_tokens, min(seq.num_tokens - seq.num_computed_tokens, budget))
             if not self.blocks.ensure_capacity(seq, seq.num_computed_tokens + n):
                 if not self.running:  # nothing will ever free memory: should be impossible (checked on add)
                     raise RuntimeError("KV cache too small for a single request")

@@ -3,12 +3,20 @@
 A request holds one state slot while it runs (the block manager hands slots out with its KV blocks and takes
 them back when the request finishes or is preempted; `Sequence.state_slot`). A slot holds, for every
 linear-attention layer, the short convolution's last K-1 inputs (model dtype) and the Gated DeltaNet state
-(float32). Unlike KV blocks a state summarizes the whole prefix and cannot be shared or kept for a prefix
-cache (mamba_cache_mode none): a request that starts from position 0 (new, or recomputed after
-preemption) starts from a zeroed slot.
+(float32). A request that starts from position 0 (new, or recomputed after preemption) starts from a zeroed
+slot.
+
+Unlike a KV block, a state summarizes the whole prefix. With mamba_cache_mode `align` the engine ends every
+prefill chunk at a block boundary where it can, and after each step that leaves a request exactly at a
+block boundary copies its state into a snapshot keyed by that block's prefix hash (`save`); a prefix-cache
+hit may then end only at a block with a snapshot, which is copied into the request's slot (`restore`).
+Snapshots are kept least-recently-saved first out; one that a waiting request has matched is pinned until it
+is restored or the request leaves. With mamba_cache_mode `none` there are no snapshots and prefix caching
+is off for hybrid models.
 """
 from __future__ import annotations
 
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -28,14 +36,57 @@ class StatePlan:
 
 class RecurrentStateCache:
     def __init__(self, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int, heads: int, k_dim: int,
-                 v_dim: int, dtype: torch.dtype, device: torch.device):
-        self.num_slots = num_slots
+                 v_dim: int, dtype: torch.dtype, device: torch.device, num_snapshots: int = 0):
+        self.num_slots, self.num_snapshots = num_slots, num_snapshots
         self.conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
         self.ssm = torch.zeros(num_layers, num_slots, heads, k_dim, v_dim, dtype=torch.float32, device=device)
+        self.snap_conv = torch.zeros(num_layers, num_snapshots, *self.conv.shape[2:], dtype=dtype, device=device)
+        self.snap_ssm = torch.zeros(num_layers, num_snapshots, *self.ssm.shape[2:], dtype=torch.float32, device=device)
+        self.snapshots: OrderedDict[int, int] = OrderedDict()  # prefix hash -> snapshot index, oldest first
+        self.free_snapshots = list(range(num_snapshots))
+        self.pins: Counter[int] = Counter()  # prefix hash -> waiting requests that matched it
+        self.saved = self.restored = 0  # counts, for reports and tests
 
     @property
     def nbytes(self) -> int:
-        return self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.ssm, self.snap_conv, self.snap_ssm))
+
+    # ---- snapshots at block boundaries (mamba_cache_mode align) ----------------------------------------
+    def has(self, key: int) -> bool:
+        return key in self.snapshots
+
+    def save(self, slot: int, key: int) -> None:
+        """Keep slot's state as the state after the prefix whose last block hashes to `key` (a copy already kept
+        for that prefix stays: the same tokens give the same state). No room and every snapshot pinned: not kept."""
+        if key in self.snapshots:
+            return
+        if self.free_snapshots:
+            index = self.free_snapshots.pop()
+        else:
+            victim = next((k for k in self.snapshots if not self.pins[k]), None)
+            if victim is None:
+                return
+            index = self.snapshots.pop(victim)
+        self.snap_conv[:, index] = self.conv[:, slot]
+        self.snap_ssm[:, index] = self.ssm[:, slot]
+        self.snapshots[key] = index
+        self.saved += 1
+
+    def pin(self, key: int) -> None:
+        self.pins[key] += 1
+
+    def unpin(self, key: int) -> None:
+        self.pins[key] -= 1
+        if self.pins[key] <= 0:
+            del self.pins[key]
+
+    def restore(self, key: int, slot: int) -> None:
+        """Copy the (pinned) snapshot of `key` into `slot`, and unpin it."""
+        index = self.snapshots[key]
+        self.conv[:, slot] = self.snap_conv[:, index]
+        self.ssm[:, slot] = self.snap_ssm[:, index]
+        self.unpin(key)
+        self.restored += 1
 
     def step_plan(self, query_lens: list[int], seq_lens: list[int], slots: list[int | None] | None) -> StatePlan:
         """The step's plan; the slots of requests that start at position 0 are zeroed first."""

@@ -27,7 +27,7 @@ gates:
 # a valid value of every setting whose default is None (the others use their default)
 SAMPLE = {"revision": "main", "quantization": "gguf", "max_model_len": 64, "kv_cache_memory_gb": 0.5, "cpu_threads": 1,
           "num_kv_blocks": 8, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}
-NOT_IMPLEMENTED = [("pipeline_parallel_size", 2), ("mamba_cache_mode", "align"),
+NOT_IMPLEMENTED = [("pipeline_parallel_size", 2), ("mamba_cache_mode", "all"),
                    ("cuda_graph", "piecewise")]
 
 

@@ -1,6 +1,7 @@
 """The recurrent state of hybrid models (Qwen3.5) in the engine: the chunked and recurrent forms of the gated
-delta rule agree, state slots follow requests through preemption (recomputed from position 0), and the
-settings the engine cannot honour for hybrid models are refused or said."""
+delta rule agree, state slots follow requests through preemption (recomputed from position 0), prefix-cache
+hits restore a state saved at a block boundary (mamba_cache_mode align) and give the tokens of no hit, and
+the settings the engine cannot honour for hybrid models are refused or said."""
 from __future__ import annotations
 
 import logging
@@ -61,20 +62,64 @@ def test_causal_conv_over_chunks_equals_one_call():
     assert torch.equal(state, whole_state)
 
 
-def test_preemption_recomputes_the_state(hybrid_dir):
+@pytest.fixture(scope="module")
+def reference_tokens(hybrid_dir):
     from onecat.engine import LLM
 
     with LLM(str(hybrid_dir), dtype="float32", max_model_len=96) as base:
-        ref = [o.token_ids for o in base.generate(PROMPTS, greedy())]
-    # 4-token blocks, 30 of them and 8-token steps: the five requests cannot all keep their KV, some are
-    # preempted mid-decode and recomputed from position 0
+        return [o.token_ids for o in base.generate(PROMPTS, greedy())]
+
+
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_preemption_recomputes_the_state(hybrid_dir, reference_tokens, mode):
+    from onecat.engine import LLM
+
+    # 4-token blocks, 25 of them and 8-token steps: the five requests cannot all keep their KV, some are
+    # preempted mid-decode and recomputed (align: from the last block whose state was saved)
     with LLM(str(hybrid_dir), dtype="float32", max_model_len=96, max_num_batched_tokens=8, block_size=4,
-             num_kv_blocks=31, max_num_seqs=4) as llm:
+             num_kv_blocks=26, max_num_seqs=4, mamba_cache_mode=mode) as llm:
         outs = llm.generate(PROMPTS, greedy())
         assert llm.engine.scheduler.num_preemptions > 0
         blocks = llm.engine.blocks
-        assert blocks.num_free_blocks == 30 and sorted(blocks.free_state_slots) == [0, 1, 2, 3]
-    assert [o.token_ids for o in outs] == ref
+        assert blocks.num_free_blocks == 25 and sorted(blocks.free_state_slots) == [0, 1, 2, 3]
+        assert not blocks.pending_restore and not llm.model.states.pins
+        assert (llm.model.states.restored > 0) == (mode == "align")  # align: resumed from a saved state
+    assert [o.token_ids for o in outs] == reference_tokens
+
+
+def test_align_prefix_hits_restore_saved_states(hybrid_dir):
+    """A 70-token prompt with 16-token blocks is computed as 64 + 6 tokens, so the state after 64 is saved; the
+    same prompt again (and one sharing its first 64 tokens) hits those 64 tokens and gives no-hit tokens."""
+    from onecat.engine import LLM, SamplingParams
+
+    shared = list(range(20, 84))
+    prompts = [shared + [7, 8, 9, 10, 11, 12], shared + [99, 98]]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=3)
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=128) as base:
+        ref = base.generate(prompts, params)
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=128, mamba_cache_mode="align") as llm:
+        first = llm.generate(prompts[:1], params)
+        again = llm.generate(prompts, params)
+        states = llm.model.states
+        assert states.saved == 1 and states.restored == 2  # saved at 64; both prompts restored there
+        assert llm.info()["enable_prefix_caching"] is True
+    assert first[0].num_cached_tokens == 0 and [o.num_cached_tokens for o in again] == [64, 64]
+    for o, r in zip(first + again, ref[:1] + ref):
+        assert o.token_ids == r.token_ids
+        for mine, theirs in zip(o.logprobs, r.logprobs):
+            assert mine.keys() == theirs.keys()
+            assert all(abs(mine[t] - theirs[t]) <= 1e-4 for t in mine)
+
+
+def test_align_chunks_end_at_block_boundaries():
+    from onecat.engine.block_manager import BlockManager
+    from onecat.engine.state_cache import RecurrentStateCache
+
+    states = RecurrentStateCache(1, 2, 4, 4, 1, 2, 2, torch.float32, torch.device("cpu"), num_snapshots=2)
+    blocks = BlockManager(8, 16, True, states)
+    assert [blocks.aligned_chunk(s, n) for s, n in [(0, 70), (64, 6), (0, 8), (8, 8), (10, 1), (15, 1), (3, 40)]] \
+        == [64, 6, 8, 8, 1, 1, 29]
+    assert BlockManager(8, 16, False, states).aligned_chunk(0, 70) == 70  # prefix caching off: no snapshots
 
 
 def test_each_prompt_alone_equals_batched(hybrid_dir):
@@ -103,15 +148,15 @@ def test_prefix_caching_is_off_for_hybrid_models_and_said_once(hybrid_dir, caplo
 
 
 @pytest.mark.parametrize("settings,needle", [
-    ({"mamba_cache_mode": "align"}, "mamba_cache_mode='align'"),
     ({"mamba_cache_mode": "all"}, "mamba_cache_mode='all'"),
+    ({"mamba_cache_mode": "align", "enable_prefix_caching": False}, "enable_prefix_caching true"),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative decoding on hybrid"),
 ])
 def test_unimplemented_hybrid_settings_are_refused(hybrid_dir, settings, needle):
     from onecat.engine import LLM
     from onecat.engine.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="not implemented") as exc:
+    with pytest.raises(ConfigError) as exc:
         LLM(str(hybrid_dir), dtype="float32", **settings)
     assert needle in str(exc.value)
 
@@ -130,3 +175,14 @@ def test_tensor_parallel_and_cuda_graphs_are_refused_for_moe_and_hybrid(arch):
     assert any("tensor_parallel_size=2 is not implemented" in p for p in problems)
     assert any("cuda_graph='full' is not implemented" in p for p in problems)
     assert unsupported_settings(EngineArgs(model="x", cuda_graph="full"), cfg, torch.device("cpu")) == []
+
+
+def test_align_is_refused_for_models_without_recurrent_state():
+    from onecat.engine.args import EngineArgs
+    from onecat.engine.config import ModelConfig
+    from onecat.engine.models.support import unsupported_settings
+
+    cfg = ModelConfig.from_hf({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 8, "hidden_size": 8,
+                               "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2})
+    [problem] = unsupported_settings(EngineArgs(model="x", mamba_cache_mode="align"), cfg, torch.device("cpu"))
+    assert "qwen3 has none" in problem and "use mamba_cache_mode none" in problem

@@ -85,11 +85,13 @@ class Qwen3_5ForCausalLM(nn.Module):
         return GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
     # ---- recurrent state ----------------------------------------------------------------------------------
-    def allocate_recurrent_state(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        """One state slot per request that may run at once (the engine's max_num_seqs)."""
+    def allocate_recurrent_state(self, num_slots: int, dtype: torch.dtype, device: torch.device,
+                                 num_snapshots: int = 0) -> None:
+        """One state slot per request that may run at once (the engine's max_num_seqs), and `num_snapshots` saved
+        states for prefix caching (mamba_cache_mode align)."""
         s = linear_attention_sizes(self.cfg)
         self.states = RecurrentStateCache(self.num_linear_layers, num_slots, s["conv_dim"], s["conv_kernel"],
-                                          s["v_heads"], s["k_dim"], s["v_dim"], dtype, device)
+                                          s["v_heads"], s["k_dim"], s["v_dim"], dtype, device, num_snapshots)
 
     @property
     def num_state_slots(self) -> int:

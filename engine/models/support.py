@@ -17,7 +17,9 @@ MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
 def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.device) -> list[str]:
     arch = model.architecture
     if arch not in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES:
-        return []
+        return [] if cfg.mamba_cache_mode == "none" else [
+            f"mamba_cache_mode={cfg.mamba_cache_mode!r} saves the recurrent state of hybrid models; {arch} has none: "
+            "use mamba_cache_mode none"]
     kind = "hybrid (linear + full attention)" if arch in HYBRID_ARCHITECTURES else "MoE"
     out = []
     if cfg.tensor_parallel_size > 1:
@@ -32,13 +34,25 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
     if arch in HYBRID_ARCHITECTURES and cfg.speculative_config is not None:
         out.append(f"speculative decoding on hybrid models ({arch}) is not implemented: rejected draft tokens would "
                    "need the recurrent state rolled back; remove speculative_config")
+    if cfg.mamba_cache_mode == "align" and arch not in HYBRID_ARCHITECTURES:
+        out.append(f"mamba_cache_mode='align' saves the recurrent state of hybrid models; {arch} has none: use "
+                   "mamba_cache_mode none")
+    if cfg.mamba_cache_mode == "align" and arch in HYBRID_ARCHITECTURES and not cfg.enable_prefix_caching:
+        out.append("mamba_cache_mode='align' saves recurrent states for prefix caching, which is off: set "
+                   "enable_prefix_caching true, or use mamba_cache_mode none")
     return out
 
 
+def num_state_snapshots(cfg: EngineArgs) -> int:
+    """State snapshots a hybrid model keeps for prefix caching (mamba_cache_mode align): one per request that may
+    run at once, least recently saved replaced first."""
+    return cfg.max_num_seqs if cfg.mamba_cache_mode == "align" and cfg.enable_prefix_caching else 0
+
+
 def effective_settings(cfg: EngineArgs, model: ModelConfig) -> EngineArgs:
-    """`cfg` as the engine runs this model: a hybrid model's recurrent state summarizes the whole prefix and is
-    not kept per block (mamba_cache_mode none), so prefix caching is off for it."""
-    if model.architecture in HYBRID_ARCHITECTURES and cfg.enable_prefix_caching:
+    """`cfg` as the engine runs this model: with mamba_cache_mode none a hybrid model's recurrent state (which
+    summarizes the whole prefix) is not kept at block boundaries, so prefix caching is off for it."""
+    if model.architecture in HYBRID_ARCHITECTURES and cfg.enable_prefix_caching and cfg.mamba_cache_mode == "none":
         log.warning("prefix caching is off for the hybrid model %s (mamba_cache_mode none: the recurrent state is "
                     "not kept per block)", model.architecture)
         return cfg.model_copy(update={"enable_prefix_caching": False})
