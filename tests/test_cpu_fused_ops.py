@@ -92,10 +92,11 @@ def test_silu_mul_matches_reference(bf16_out):
 def test_engine_with_fused_cpu_ops_matches_the_torch_ops(quantization, tol):
     """Greedy tokens equal, logprobs within rounding: float32 for dense weights; for packed ones the 4-bit
     kernel rounds every matmul output to bfloat16 (a logit of 16-32 moves in steps of 0.125), and a one-ulp
-    change of a normed input can move a later bfloat16 rounding by a step: within about one such step."""
+    change of a normed input can move a later bfloat16 rounding by a step: within about one such step, so
+    the greedy runs may also part where the torch-ops run's top two logprobs were within that step."""
     from onecat.engine import LLM, SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     runs = {}
     for fused in (True, False):
@@ -104,8 +105,11 @@ def test_engine_with_fused_cpu_ops_matches_the_torch_ops(quantization, tol):
             assert llm.info()["fused_kernels_detail"]["kind"] == "cpu"
             runs[fused] = llm.generate(prompts, params)
     for a, b in zip(runs[True], runs[False]):
-        assert a.token_ids == b.token_ids
-        gaps = [abs(la[t] - lb[t]) for la, lb, t in zip(a.logprobs, b.logprobs, a.token_ids)]
+        same = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(b.token_ids))
+        if same < len(b.token_ids):  # the runs may part only where the torch-ops run's top two were within tol
+            lps = b.logprobs[same]
+            assert a.token_ids[same] in lps and lps[b.token_ids[same]] - lps[a.token_ids[same]] < tol, (same, lps)
+        gaps = [abs(la[t] - lb[t]) for la, lb, t in zip(a.logprobs[:same + 1], b.logprobs, a.token_ids)]
         assert max(gaps) < tol
 
 

@@ -18,6 +18,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#endif
+
 #include "fused_ops.h"
 
 namespace {
@@ -36,10 +40,10 @@ struct CacheView {
   const float* scale;
   int64_t block_size, kv_heads, dim;
 
-  // Key j of KV head h of the sequence whose block-table row is `table`, as float32: a pointer into the
-  // cache when it holds float32, else the row converted into `scratch`.
-  const float* row(const int32_t* table, int64_t j, int64_t h, float* scratch) const {
-    const int64_t index = (static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size) * kv_heads + h;
+  // The key at `offset` of cache block `block`, KV head h, as float32: a pointer into the cache when it
+  // holds float32, else the row converted into `scratch`.
+  const float* row(int64_t block, int64_t offset, int64_t h, float* scratch) const {
+    const int64_t index = (block * block_size + offset) * kv_heads + h;
     if (dtype == at::kFloat) return static_cast<const float*>(data) + index * dim;
     if (dtype == at::kBFloat16) {
       const at::BFloat16* src = static_cast<const at::BFloat16*>(data) + index * dim;
@@ -57,66 +61,111 @@ struct CacheView {
   }
 };
 
-// Dot product of two dim-long float rows: lane-wise fused multiply-adds, then the lanes summed in order.
+// Dot product of two dim-long float rows (dim a multiple of Vec::size()): four independent lane-wise
+// fused multiply-add chains (values d, d + 4 * lanes, ... in chain d / lanes % 4), the chains added in a
+// fixed tree, then the lanes in order.
 inline float dot(const float* a, const float* b, int64_t dim) {
-  Vec acc(0.0f);
-  for (int64_t d = 0; d < dim; d += Vec::size()) acc = at::vec::fmadd(Vec::loadu(a + d), Vec::loadu(b + d), acc);
-  float lanes[Vec::size()];
-  acc.store(lanes);
+  constexpr int64_t L = Vec::size();
+  Vec acc[4] = {Vec(0.0f), Vec(0.0f), Vec(0.0f), Vec(0.0f)};
+  int64_t d = 0;
+  for (; d + 4 * L <= dim; d += 4 * L)
+    for (int c = 0; c < 4; ++c) acc[c] = at::vec::fmadd(Vec::loadu(a + d + c * L), Vec::loadu(b + d + c * L), acc[c]);
+  for (int c = 0; d < dim; d += L, ++c) acc[c] = at::vec::fmadd(Vec::loadu(a + d), Vec::loadu(b + d), acc[c]);
+  float lanes[L];
+  ((acc[0] + acc[1]) + (acc[2] + acc[3])).store(lanes);
   float sum = 0.0f;
-  for (int64_t i = 0; i < Vec::size(); ++i) sum += lanes[i];
+  for (int64_t i = 0; i < L; ++i) sum += lanes[i];
   return sum;
 }
 
-// acc[0:dim] += p * row, one fused multiply-add per value
-inline void add_scaled(float* acc, float p, const float* row, int64_t dim) {
-  const Vec pv(p);
-  for (int64_t d = 0; d < dim; d += Vec::size()) at::vec::fmadd(pv, Vec::loadu(row + d), Vec::loadu(acc + d)).store(acc + d);
+// scores[j] = scale * dot(q, rows[j]) for the chunk's kChunk rows (rows past the chunk's keys point at
+// zeros). With AVX2, eight keys at a time: one fused multiply-add chain per key over the head dim, then
+// the eight lane sums reduced together by horizontal adds (a fixed tree); elsewhere one dot per key.
+inline void chunk_scores(const float* q, const float* const* rows, int64_t dim, float scale, float* scores) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if (dim % 8 == 0) {
+    for (int64_t j0 = 0; j0 < kChunk; j0 += 8) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dim; d += 8) {
+        const __m256 x = _mm256_loadu_ps(q + d);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[j0 + j] + d), acc[j]);
+      }
+      const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+      const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+      // a = [k0 k1 k2 k3 | k0 k1 k2 k3] partial sums of the low and high 128-bit halves; likewise b for k4..k7
+      const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+      _mm256_storeu_ps(scores + j0, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+    }
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < kChunk; ++j) scores[j] = dot(q, rows[j], dim) * scale;
 }
 
 template <typename T>
 void attend_one(const T* q, int64_t q_head_stride, T* out, int64_t out_head_stride, const CacheView& k,
                 const CacheView& v, const int32_t* table, int64_t position, int64_t group, float scale) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t dim = k.dim;
-  float qf[kMaxRow], acc[kMaxRow], kbuf[256], vbuf[256];
-  float scores[16][kChunk], m[16], l[16];
+  float qf[kMaxRow], acc[kMaxRow], kbuf[kChunk][256], vbuf[kChunk][256];
+  float scores[16][kChunk], m[16], l[16], factor[16];  // factor: the chunk's rescaling of acc
+  const float* rows[kChunk];
+  static const float zeros[256] = {};
   for (int64_t g = 0; g < group; ++g) {
     for (int64_t d = 0; d < dim; ++d) qf[g * dim + d] = static_cast<float>(q[g * q_head_stride + d]);
     std::fill(acc + g * dim, acc + (g + 1) * dim, 0.0f);
-    m[g] = -std::numeric_limits<float>::infinity();
+    m[g] = kNegInf;
     l[g] = 0.0f;
   }
   for (int64_t c0 = 0; c0 <= position; c0 += kChunk) {
     const int64_t n = std::min(kChunk, position + 1 - c0);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* key = k.row(table, c0 + j, 0, kbuf);
-      for (int64_t g = 0; g < group; ++g) scores[g][j] = dot(qf + g * dim, key, dim) * scale;
+    int64_t block_of[kChunk], offset_of[kChunk];  // one division per chunk, not per key
+    for (int64_t j = 0, b = c0 / k.block_size, o = c0 % k.block_size; j < n; ++j) {
+      block_of[j] = table[b], offset_of[j] = o;
+      if (++o == k.block_size) o = 0, ++b;
     }
+    for (int64_t j = 0; j < n; ++j) rows[j] = k.row(block_of[j], offset_of[j], 0, kbuf[j]);
+    for (int64_t j = n; j < kChunk; ++j) rows[j] = zeros;  // scored, then masked to -inf
     for (int64_t g = 0; g < group; ++g) {
-      for (int64_t j = n; j < kChunk; ++j) scores[g][j] = -std::numeric_limits<float>::infinity();
+      chunk_scores(qf + g * dim, rows, dim, scale, scores[g]);
+      for (int64_t j = n; j < kChunk; ++j) scores[g][j] = kNegInf;
       float top = m[g];
       for (int64_t j = 0; j < n; ++j) top = std::max(top, scores[g][j]);
-      const float correction = m[g] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[g] - top);
+      const float correction = m[g] == kNegInf ? 0.0f : std::exp(m[g] - top);
+      for (int64_t j = 0; j < kChunk; j += Vec::size()) (Vec::loadu(scores[g] + j) - Vec(top)).exp().store(scores[g] + j);
       float total = 0.0f;
-      for (int64_t j = 0; j < kChunk; j += Vec::size()) {
-        const Vec p = (Vec::loadu(scores[g] + j) - Vec(top)).exp();
-        p.store(scores[g] + j);
-      }
       for (int64_t j = 0; j < n; ++j) total += scores[g][j];
       l[g] = l[g] * correction + total;
       m[g] = top;
-      if (correction != 1.0f) {
-        const Vec f(correction);
-        for (int64_t d = 0; d < dim; d += Vec::size()) (Vec::loadu(acc + g * dim + d) * f).store(acc + g * dim + d);
-      }
+      factor[g] = correction;
     }
-    for (int64_t j = 0; j < n; ++j) {
-      const float* value = v.row(table, c0 + j, 0, vbuf);
-      for (int64_t g = 0; g < group; ++g) add_scaled(acc + g * dim, scores[g][j], value, dim);
+    for (int64_t j = 0; j < n; ++j) rows[j] = v.row(block_of[j], offset_of[j], 0, vbuf[j]);
+    for (int64_t g = 0; g < group; ++g) {
+      float* a = acc + g * dim;
+      for (int64_t d = 0; d < dim; d += Vec::size()) {
+        Vec x = Vec::loadu(a + d) * Vec(factor[g]);
+        for (int64_t j = 0; j < n; ++j) x = at::vec::fmadd(Vec(scores[g][j]), Vec::loadu(rows[j] + d), x);
+        x.store(a + d);
+      }
     }
   }
   for (int64_t g = 0; g < group; ++g)
     for (int64_t d = 0; d < dim; ++d) out[g * out_head_stride + d] = static_cast<T>(acc[g * dim + d] / l[g]);
+}
+
+// The values of a small int32 or int64 CPU tensor (the step's query starts and sequence lengths).
+std::vector<int64_t> int_values(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 1, "query_start_loc and seq_lens must be 1-d CPU tensors");
+  const at::Tensor c = t.contiguous();
+  std::vector<int64_t> out(c.numel());
+  if (c.scalar_type() == at::kInt) {
+    std::copy(c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel(), out.begin());
+  } else {
+    TORCH_CHECK(c.scalar_type() == at::kLong, "query_start_loc and seq_lens must be int32 or int64");
+    std::copy(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel(), out.begin());
+  }
+  return out;
 }
 
 }  // namespace
@@ -145,13 +194,12 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     TORCH_CHECK(k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16,
                 "the cache must hold float32, bfloat16 or fp8 bytes");
   }
-  const at::Tensor tables = block_tables.to(at::kInt).contiguous();
-  const at::Tensor starts = query_start_loc.to(at::kLong).contiguous(), lens = seq_lens.to(at::kLong).contiguous();
-  const int64_t seqs = lens.numel();
-  TORCH_CHECK(starts.numel() == seqs + 1 && starts[seqs].item<int64_t>() == tokens, "query_start_loc must end at the token count");
+  const at::Tensor tables = block_tables.scalar_type() == at::kInt ? block_tables.contiguous()
+                                                                    : block_tables.to(at::kInt).contiguous();
+  const std::vector<int64_t> s = int_values(query_start_loc), len = int_values(seq_lens);
+  const int64_t seqs = static_cast<int64_t>(len.size());
+  TORCH_CHECK(static_cast<int64_t>(s.size()) == seqs + 1 && s[seqs] == tokens, "query_start_loc must end at the token count");
   std::vector<int64_t> seq_of(tokens), position(tokens);  // each token's sequence and absolute position
-  const int64_t* s = starts.data_ptr<int64_t>();
-  const int64_t* len = lens.data_ptr<int64_t>();
   for (int64_t b = 0; b < seqs; ++b) {
     const int64_t q_len = s[b + 1] - s[b];
     TORCH_CHECK(q_len <= len[b] && (len[b] + block_size - 1) / block_size <= tables.size(1), "sequence ", b,

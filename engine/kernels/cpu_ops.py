@@ -36,8 +36,26 @@ def _vector_flags() -> list[str]:
     return []
 
 
+def _openmp_flags() -> tuple[list[str], list[str]]:
+    """(compile, link) flags that make at::parallel_for's OpenMP pragmas real, linked to the OpenMP runtime
+    torch itself has loaded: one thread pool, sized by torch.set_num_threads (a second runtime would spin
+    its own threads against torch's). Without them (no OpenMP in torch, none found) the ops run serially."""
+    if not torch.backends.openmp.is_available():
+        return [], []
+    try:
+        maps = Path("/proc/self/maps").read_text().split("\n")
+    except OSError:
+        return [], []
+    for line in maps:
+        path = line.split()[-1] if line.strip() else ""
+        if Path(path).name.startswith(("libgomp", "libiomp5", "libomp")):
+            return ["-fopenmp"], [path]
+    return [], []
+
+
 def _build_directory() -> Path:
-    h = hashlib.sha256(torch.__version__.encode() + " ".join(_FLAGS + _vector_flags()).encode())
+    flags = _FLAGS + _vector_flags() + [f for part in _openmp_flags() for f in part]
+    h = hashlib.sha256(torch.__version__.encode() + " ".join(flags).encode())
     for f in sorted(SOURCE_DIR.glob("*")):
         h.update(f.name.encode() + f.read_bytes())
     key = h.hexdigest()[:16]
@@ -55,9 +73,11 @@ def load():
 
                 build_dir = _build_directory()
                 build_dir.mkdir(parents=True, exist_ok=True)
+                omp_compile, omp_link = _openmp_flags()
                 cpp_extension.load(name="onecat_cpu_fused_ops", sources=[str(s) for s in SOURCES],
                                    extra_include_paths=[str(SOURCE_DIR)], is_python_module=False,
-                                   extra_cflags=_FLAGS + _vector_flags(), build_directory=str(build_dir), verbose=False)
+                                   extra_cflags=_FLAGS + _vector_flags() + omp_compile, extra_ldflags=omp_link,
+                                   build_directory=str(build_dir), verbose=False)
                 _state["ops"] = torch.ops.onecat_cpu
                 return _state["ops"]
             except Exception as exc:  # no compiler, a failed build, an unloadable library
