@@ -5,19 +5,31 @@ a zero per group) move about 3.6x fewer bytes than fp16. The layout is engine/qu
 int32 [N, K/8], within each group word w holds columns w + j*G/8 in nibble j, so for one nibble the
 activations are one contiguous run, and the eight nibbles of a word share a scale and a zero.
 
-Per word and nibble the kernel does a shift, a mask-or that lays the code into an fp32 mantissa
-(0x4B000000 | q is the float 2^23 + q exactly), one subtraction of 2^23 + zero (exact: both are whole
-numbers near 2^23), then one FMA per input row into a per-word fp32 sum; the word's sum is scaled once.
-No int->float conversion instructions (quarter rate) and no tl.dot: plain FMAs and a final tl.sum,
-which also compile for SM70. All rows (up to MAX_ROWS) share one dequantization of each tile.
-The tile sizes are a fixed function of the shape and the row count (no autotuning), so a row's sum
-runs in the same order on every call.
+At 4 bits a weight the H200 streams about 32 weights per clock per SM, so the instructions spent per
+weight decide the speed, not the bytes. Per word (8 weights) the kernel spends one shift, eight LOP3s
+(mask a nibble and OR it into the mantissa of 2^23: nibbles 0-4 in place, since q * 16^j < 2^23, 5-7
+from the upper half-word; the OR constant is a run-time argument so it sits in a register and mask+OR
+stay one instruction), eight FFMAs that give q - z exactly in fp32 (v * 16^-j - (2^(23-4j) + z)), and
+eight FFMAs against the activations; a word's products are summed and scaled once (more rows: a thread's
+words of one group are summed in registers first, then scaled). Products exact, sums in fp32, no tl.dot:
+it also compiles for SM70.
+
+Tiles are [BLOCK_N rows, BLOCK_KW words]; each thread holds 8 words of a group for several rows, so the
+activations it converts to fp32 serve all of them. Scales and zeros come as (scale, zero) pairs
+(`scale_zero_pairs`) read with a 2-wide contiguous pattern: that gives the load the words' layout, where
+separate per-group loads made Triton 3.6 shuffle them through shared memory every tile. The tile sizes
+are a fixed function of the shape and the row count (no autotuning), so a row's sum runs in the same order
+on every call.
+
+Measured on an H200 (Triton 3.6, CUDA-graph timing over rotating weights, benchmarks/results/quant_h200.json),
+one row: qkv 8.4 us (38% of the copy bandwidth on the packed bytes), o 8.3 us (26%), gate_up 25.3 us (58%),
+down 38.5 us (19%); the four together 80.5 us against 109 us for the fp16 GEMV (1.35x). Short of the
+bandwidth (not yet explained by measurement): the small-N shapes run few warps per SM (o: about 4), and
+down (K = 14336, unrolled) sits at 255 registers. Eight rows (8 rows of 2 warps): 27-166 us, 2-3x slower than cuBLAS on fp16 weights (the fp32 conversions of the
+activations and FMAs per weight and row, with no tensor cores, bound it); it is still as fast as or
+faster than dequantizing the weight for cuBLAS.
 
 `w4a16_dequant` writes the dense weight (for calls of more rows, which then take the library GEMM).
-
-Measured on an H200 (benchmarks/results/gpu_h200_w4a16.json): the GEMV is exact to its fp32 bound but
-not yet fast: 12-20% of the copy bandwidth at one row, 0.5-0.7x the speed of the fp16 GEMV, and slower
-than cuBLAS fp16 at 8 rows. What it gives today is a 3.6x smaller weight in GPU memory, not speed.
 """
 from __future__ import annotations
 
@@ -27,6 +39,7 @@ import torch
 
 MAX_ROWS = 8  # rows one GEMV call takes; more rows dequantize and use the library GEMM
 MAX_K = 32768  # the K loop is unrolled
+MAGIC = 0x4B000000  # the bits of 2^23 as a float
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,80 +48,132 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def nibble(words, j: tl.constexpr, zc):
-        """Code j of each word minus its zero, exact in fp32: (0x4B000000 | q) is the float 2^23 + q."""
-        return (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zc
+    def code(words, hi, zf, magic, j: tl.constexpr):
+        """q_j - z, exact in fp32: (q * 16^j | bits of 2^23) is the float 2^23 + q * 16^j."""
+        if j < 5:
+            v = ((words & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True)
+            d = v * (1.0 / (1 << (4 * j))) - (zf + (1 << (23 - 4 * j)))
+        else:
+            v = ((hi & (0xF << (4 * (j - 4)))) | magic).to(tl.float32, bitcast=True)
+            d = v * (1.0 / (1 << (4 * (j - 4)))) - (zf + (1 << (23 - 4 * (j - 4))))
+        return d
 
     @triton.jit
-    def xrow(x_ptr, xo, c_ok):
-        return tl.load(x_ptr + xo, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    def xval(x_ptr, xo):
+        return tl.load(x_ptr + xo).to(tl.float32)
 
     @triton.jit
-    def w4a16_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, y_ptr, N, K: tl.constexpr, G: tl.constexpr,
-                          M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
-        # every tile is 2-D [BLOCK_N, BLOCK_KW words]; each input row (M <= 8, a compile-time count) has its
-        # own accumulators (unused ones are compiled away). Nibbles are dequantized one at a time and fed to
-        # every row, so only the words, their scale and zero, and the per-row sums stay live: few registers
-        # per loaded byte, many tiles in flight per SM.
+    def group_sum(p, GW: tl.constexpr):
+        """[rows, words] -> [rows, words / R]: sums of R = min(8, G/8) neighbouring words (one group's, held
+        by one thread)."""
+        R: tl.constexpr = 8 if GW > 8 else GW
+        return tl.sum(tl.reshape(p, [p.shape[0], p.shape[1] // R, R]), axis=2)
+
+    @triton.jit
+    def group_first(v, GW: tl.constexpr):
+        """[rows, words] -> [rows, words / R]: the first of each R neighbouring words (equal within a group)."""
+        R: tl.constexpr = 8 if GW > 8 else GW
+        return tl.max(tl.reshape(v, [v.shape[0], v.shape[1] // R, R]), axis=2)
+
+    @triton.jit
+    def tile(x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc0, acc1, acc2, acc3, acc4, acc5, acc6,
+             acc7, K: tl.constexpr, G: tl.constexpr, M: tl.constexpr):
+        """One [rows, words] tile of K added into each input row's accumulators."""
         GW: tl.constexpr = G // 8
         KW: tl.constexpr = K // 8
         NG: tl.constexpr = K // G
+        cols = k0 + c  # word index along the row
+        words = tl.load(q_ptr + rows * KW + cols, eviction_policy="evict_first")
+        # sz holds (scale, zero) pairs; element c loads pair member c % 2 of its group (2-wide contiguous
+        # runs, the words' access order), then each thread splits its run into scales and zeros
+        sz = tl.load(sz_ptr + rows * (2 * NG) + (cols // GW) * 2 + cols % 2)
+        sv, zv = tl.split(tl.reshape(sz, [sz.shape[0], sz.shape[1] // 2, 2]))
+        s = tl.reshape(tl.join(sv, sv), sz.shape).to(tl.float32)
+        zf = tl.reshape(tl.join(zv, zv), sz.shape).to(tl.float32)
+        hi = words >> 16
+        xo = (cols // GW) * G + cols % GW + (rows * 0).to(tl.int32)
+        if M == 1:
+            t = code(words, hi, zf, magic, 0) * xval(x_ptr, xo)
+            for j in tl.static_range(1, 8):
+                t += code(words, hi, zf, magic, j) * xval(x_ptr, xo + j * GW)
+            acc0 += t * s
+        else:
+            # every row's products of a word are summed, the thread's words of one group are summed in
+            # registers, and the group's scale is applied once: per weight and row one FFMA
+            d0 = code(words, hi, zf, magic, 0)
+            p0 = d0 * xval(x_ptr, xo)
+            p1 = d0 * xval(x_ptr + K, xo)
+            p2 = d0 * xval(x_ptr + 2 * K, xo)
+            p3 = d0 * xval(x_ptr + 3 * K, xo)
+            p4 = d0 * xval(x_ptr + 4 * K, xo)
+            p5 = d0 * xval(x_ptr + 5 * K, xo)
+            p6 = d0 * xval(x_ptr + 6 * K, xo)
+            p7 = d0 * xval(x_ptr + 7 * K, xo)
+            for j in tl.static_range(1, 8):
+                d = code(words, hi, zf, magic, j)
+                xj = xo + j * GW
+                p0 += d * xval(x_ptr, xj)
+                p1 += d * xval(x_ptr + K, xj)
+                if M > 2:
+                    p2 += d * xval(x_ptr + 2 * K, xj)
+                if M > 3:
+                    p3 += d * xval(x_ptr + 3 * K, xj)
+                if M > 4:
+                    p4 += d * xval(x_ptr + 4 * K, xj)
+                if M > 5:
+                    p5 += d * xval(x_ptr + 5 * K, xj)
+                if M > 6:
+                    p6 += d * xval(x_ptr + 6 * K, xj)
+                if M > 7:
+                    p7 += d * xval(x_ptr + 7 * K, xj)
+            acc0 += group_sum(p0, GW) * group_first(s, GW)
+            acc1 += group_sum(p1, GW) * group_first(s, GW)
+            if M > 2:
+                acc2 += group_sum(p2, GW) * group_first(s, GW)
+            if M > 3:
+                acc3 += group_sum(p3, GW) * group_first(s, GW)
+            if M > 4:
+                acc4 += group_sum(p4, GW) * group_first(s, GW)
+            if M > 5:
+                acc5 += group_sum(p5, GW) * group_first(s, GW)
+            if M > 6:
+                acc6 += group_sum(p6, GW) * group_first(s, GW)
+            if M > 7:
+                acc7 += group_sum(p7, GW) * group_first(s, GW)
+        return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+    @triton.jit
+    def w4a16_gemv_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, magic, K: tl.constexpr,
+                          G: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
+        KW: tl.constexpr = K // 8
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
-        rows = tl.where(row_ok, rows, 0).to(tl.int64)  # out-of-range rows re-read row 0 and are not stored
-        acc0 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        acc1 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        acc3 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        acc4 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        acc5 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        acc6 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        acc7 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-        for k0 in tl.static_range(0, KW, BLOCK_KW):
-            cols = k0 + tl.arange(0, BLOCK_KW)
-            c_ok = cols < KW
-            words = tl.load(q_ptr + rows[:, None] * KW + cols[None, :], mask=c_ok[None, :], other=0,
-                            eviction_policy="evict_first")
-            grp = cols // GW
-            s = tl.load(s_ptr + rows[:, None] * NG + grp[None, :], mask=c_ok[None, :], other=0.0).to(tl.float32)
-            zc = tl.load(z_ptr + rows[:, None] * NG + grp[None, :], mask=c_ok[None, :], other=0.0).to(tl.float32)
-            zc += 8388608.0
-            xcol = grp * G + cols % GW
-            t0 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            t1 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            t2 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            t3 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            t4 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            t5 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            t6 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            t7 = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
-            for j in tl.static_range(8):
-                d = nibble(words, j, zc)
-                xo = xcol + j * GW
-                t0 += d * xrow(x_ptr, xo, c_ok)
-                if M > 1:
-                    t1 += d * xrow(x_ptr + K, xo, c_ok)
-                if M > 2:
-                    t2 += d * xrow(x_ptr + 2 * K, xo, c_ok)
-                if M > 3:
-                    t3 += d * xrow(x_ptr + 3 * K, xo, c_ok)
-                if M > 4:
-                    t4 += d * xrow(x_ptr + 4 * K, xo, c_ok)
-                if M > 5:
-                    t5 += d * xrow(x_ptr + 5 * K, xo, c_ok)
-                if M > 6:
-                    t6 += d * xrow(x_ptr + 6 * K, xo, c_ok)
-                if M > 7:
-                    t7 += d * xrow(x_ptr + 7 * K, xo, c_ok)
-            acc0 += t0 * s
-            acc1 += t1 * s
-            acc2 += t2 * s
-            acc3 += t3 * s
-            acc4 += t4 * s
-            acc5 += t5 * s
-            acc6 += t6 * s
-            acc7 += t7 * s
+        rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
+        c = tl.arange(0, BLOCK_KW)[None, :]
+        GW: tl.constexpr = G // 8
+        AW: tl.constexpr = BLOCK_KW if M == 1 else BLOCK_KW // (8 if GW > 8 else GW)  # accumulator width
+        acc0 = tl.zeros([BLOCK_N, AW], tl.float32)
+        acc1 = tl.zeros([BLOCK_N, AW], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, AW], tl.float32)
+        acc3 = tl.zeros([BLOCK_N, AW], tl.float32)
+        acc4 = tl.zeros([BLOCK_N, AW], tl.float32)
+        acc5 = tl.zeros([BLOCK_N, AW], tl.float32)
+        acc6 = tl.zeros([BLOCK_N, AW], tl.float32)
+        acc7 = tl.zeros([BLOCK_N, AW], tl.float32)
+        # one row: the K loop is unrolled (loads of later tiles issue early); more rows: a loop, since the
+        # unrolled many-row body takes ptxas minutes at K = 14336
+        if M == 1:
+            for k0 in tl.static_range(0, KW, BLOCK_KW):  # BLOCK_KW divides K/8: no masks
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
+                    x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
+                    acc6, acc7, K, G, M)
+        else:
+            for k0 in tl.range(0, KW, BLOCK_KW):
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
+                    x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
+                    acc6, acc7, K, G, M)
+        rows = rows.reshape(BLOCK_N)
         out_ty = y_ptr.dtype.element_ty
         tl.store(y_ptr + rows, tl.sum(acc0, axis=1).to(out_ty), mask=row_ok)
         if M > 1:
@@ -148,14 +213,22 @@ def _kernels():
     return w4a16_gemv_kernel, w4a16_dequant_kernel
 
 
+def _words_per_tile(kw: int, want: int) -> int:
+    """The largest power of two <= want that divides the row's word count (the K loop has no masks)."""
+    b = want
+    while kw % b:
+        b //= 2
+    return b
+
+
 def default_config(n: int, k: int, m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_KW, num_warps) for an [n, k] weight and m rows: ~1K words (8K weights) per tile at
-    one row, fewer as the per-row accumulators grow."""
-    block_kw = min(256, 1 << (k // 8 - 1).bit_length())
-    block_n = max(1, min(16, 1024 // block_kw))
-    if m > 4:
-        block_n = max(1, block_n // 2)
-    return block_n, block_kw, 4
+    """(BLOCK_N, BLOCK_KW, num_warps) for an [n, k] weight and m rows: 128-word tiles along K, each thread 8
+    words of a row; one row: 16 rows of 2 warps (each thread 4 rows, so the activations it converts serve 4
+    rows); more rows: 8 rows of 2 warps (each thread 2 rows). Measured on an H200 over the 8B projections
+    (benchmarks/results/quant_h200.json): at one row 8 rows of 1 warp was within 0.3 us and 32 rows of 2
+    warps 3x slower; at 8 rows, 8 rows of 2 warps was 1.3-1.5x faster than 4."""
+    bkw = _words_per_tile(k // 8, 128)
+    return (16, bkw, 2) if m == 1 else (8, bkw, 2)
 
 
 def w4a16_unsupported_reason(x: torch.Tensor, qweight: torch.Tensor, group: int) -> str | None:
@@ -171,16 +244,26 @@ def w4a16_unsupported_reason(x: torch.Tensor, qweight: torch.Tensor, group: int)
     return None
 
 
-def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+def scale_zero_pairs(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """[N, K/G, 2]: each group's (scale, zero) side by side in the scales' dtype (zeros are whole numbers
+    0..16, exact in any of them), the form the GEMV reads."""
+    return torch.stack([scales, zeros.to(scales.dtype)], dim=-1).contiguous()
+
+
+def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group: int,
                config: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """y = x @ dequant(W)^T for a contiguous x of at most MAX_ROWS rows, keeping x's leading shape and dtype."""
+    """y = x @ dequant(W)^T for a contiguous x of at most MAX_ROWS rows, keeping x's leading shape and dtype;
+    scale_zero from `scale_zero_pairs`."""
     n, kw = qweight.shape
     k = kw * 8
     m = x.numel() // k
     block_n, block_kw, warps = config or default_config(n, k, m)
+    if kw % block_kw or block_kw % 8:
+        raise ValueError(f"BLOCK_KW {block_kw} must be a multiple of 8 dividing the row's {kw} words")
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     _kernels()[0][(-(-n // block_n),)](
-        x, qweight, scales, zeros, y, n, K=k, G=group, M=m, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=warps)
+        x, qweight, scale_zero, y, n, MAGIC, K=k, G=group, M=m, BLOCK_N=block_n, BLOCK_KW=block_kw,
+        num_warps=warps)
     return y
 
 

@@ -31,6 +31,9 @@ class W4A16Linear(nn.Module):
         self.register_buffer("scales", weight.scales)
         self.register_buffer("zeros", weight.zeros)
         self.register_buffer("perm", weight.perm)
+        from onecat.engine.kernels.triton_w4a16 import scale_zero_pairs
+
+        self.register_buffer("scale_zero", scale_zero_pairs(weight.scales, weight.zeros))  # what the GEMV reads
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.dense_tile_rows = dense_tile_rows
 
@@ -52,7 +55,7 @@ class W4A16Linear(nn.Module):
             x = x.index_select(-1, self.perm)
         x = x.contiguous()
         if kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
-            y = kw.w4a16_gemv(x, self.qweight, self.scales, self.zeros, self.group)
+            y = kw.w4a16_gemv(x, self.qweight, self.scale_zero, self.group)
             return y if self.bias is None else y + self.bias
         return self._dense(x)
 
