@@ -122,8 +122,10 @@ class EngineArgs(BaseModel):
     dtype: Dtype = Field(default="auto", description="weights and activations; auto: float32 on CPU, else the "
                                                       "checkpoint's half type")
     quantization: Optional[str] = Field(default=None, json_schema_extra=_flags("-q"),
-                                        description="gguf: keep a GGUF's Q4_0/Q4_1/Q8_0 tensors packed; unset: "
-                                                    "dequantized")
+                                        description="gguf: keep a GGUF's Q4_0/Q4_1/Q8_0 tensors packed (CPU); "
+                                                    "w4a16 | awq | gptq | compressed-tensors: keep a 4-bit "
+                                                    "checkpoint packed for the W4A16 kernels (CUDA; w4a16 "
+                                                    "quantizes a dense one at load); unset: dequantized")
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="auto: the model dtype; fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")
     max_model_len: Optional[int] = Field(default=None, ge=1, description="context length; default: the model's")
