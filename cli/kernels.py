@@ -205,7 +205,8 @@ def model(
     out.write_text(json.dumps({
         "arch": arch, "model": MODEL_VERSION, "label": LABEL,
         "constants": {k: getattr(v100_limits, k) for k in dir(v100_limits) if k.isupper()},
-        "projections": [dict(kernel=s.kernel, kernel_label=s.label, shape=s.text, batch=s.batch, seq=s.seq,
-                             head_dim=s.head_dim, kv_dtype=s.kv_dtype, **p.as_dict()) for s, p in results],
+        "projections": [dict(kernel=s.kernel, kernel_label=s.label, variant=s.variant or "v0", shape=s.text,
+                             batch=s.batch, seq=s.seq, head_dim=s.head_dim, kv_dtype=s.kv_dtype, **p.as_dict())
+                        for s, p in results],
         "calibration": sass_calibration.as_dicts(cal_rows)}, indent=2))
     console.print(f"wrote {len(results)} projections and {len(cal_rows)} calibration rows to {out}")

@@ -129,16 +129,18 @@ def check(name, out, ref, kv):
     assert bound_ok, f"{name}: max abs err {max_abs:.3e} exceeds {atol} + {rtol}*|ref|"
 
 
-def _call(path, q, cache, meta, scale, causal=True, num_splits=0):
+def _call(path, q, cache, meta, scale, causal=True, num_splits=0, variant=None):
+    """variant: the kernel variant (decode 0/1, prefill 0-3); None: the extension's default."""
     ext = _ext()
     out = torch.full_like(q, float("nan"))
     kind = 0 if cache.fp8_dtype is None else (1 if cache.fp8_dtype == torch.float8_e4m3fn else 2)
     args = (out, q, cache.k, cache.v, cache.k_scale, cache.v_scale, kind, meta.query_start_loc,
             meta.seq_lens, meta.block_tables, meta.max_query_len)
+    extra = () if variant is None else (variant,)
     if path == "prefill":
-        ext.prefill(*args, scale, causal)
+        ext.prefill(*args, scale, causal, *extra)
     else:
-        ext.decode(*args, meta.max_seq_len, scale, num_splits)
+        ext.decode(*args, meta.max_seq_len, scale, num_splits, *extra)
     torch.cuda.synchronize()
     return out
 
@@ -157,21 +159,27 @@ PREFILL_CASES = [
 ]
 
 
+# prefill variants (prefill.cuh): 0 the first kernel ... 3 the default
+PREFILL_VARIANTS = (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"d{c[0]}-{c[1]}-h{c[2]}kv{c[3]}-bs{c[4]}")
-def test_prefill_matches_reference(case):
+def test_prefill_matches_reference(case, variant):
     d, kv, h, hkv, bs, lens = case
     q, cache, meta, refs = make_batch(1000 + d, d, kv, h, hkv, bs, lens)
     scale = d ** -0.5
-    out = _call("prefill", q, cache, meta, scale)
-    check(f"prefill d{d} {kv} h{h}/kv{hkv} bs{bs}", out, reference(q, meta, refs, scale), kv)
+    out = _call("prefill", q, cache, meta, scale, variant=variant)
+    check(f"prefill[v{variant}] d{d} {kv} h{h}/kv{hkv} bs{bs}", out, reference(q, meta, refs, scale), kv)
 
 
+@pytest.mark.parametrize("variant", PREFILL_VARIANTS)
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_prefill_non_causal(d):
+def test_prefill_non_causal(d, variant):
     q, cache, meta, refs = make_batch(7 + d, d, "f16", 4, 2, 16, [(50, 50), (20, 90), (70, 70)])
     scale = d ** -0.5
-    out = _call("prefill", q, cache, meta, scale, causal=False)
-    check(f"prefill non-causal d{d}", out, reference(q, meta, refs, scale, causal=False), "f16")
+    out = _call("prefill", q, cache, meta, scale, causal=False, variant=variant)
+    check(f"prefill[v{variant}] non-causal d{d}", out, reference(q, meta, refs, scale, causal=False), "f16")
 
 
 DECODE_CASES = [
@@ -188,14 +196,20 @@ DECODE_CASES = [
 ]
 
 
+# decode variants: 0 stages K/V in shared memory, 1 keeps them in registers (rows <= 8)
+VARIANTS = {"smem": 0, "regs": 1}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"d{c[0]}-{c[1]}-h{c[2]}kv{c[3]}-s{c[6]}")
-def test_decode_matches_reference(case):
+def test_decode_matches_reference(case, variant):
     d, kv, h, hkv, bs, seq_lens, splits = case
     lens = [(1, s) for s in seq_lens]
     q, cache, meta, refs = make_batch(2000 + d, d, kv, h, hkv, bs, lens)
     scale = d ** -0.5
-    out = _call("decode", q, cache, meta, scale, num_splits=splits)
-    check(f"decode d{d} {kv} h{h}/kv{hkv} bs{bs} splits={splits}", out, reference(q, meta, refs, scale), kv)
+    out = _call("decode", q, cache, meta, scale, num_splits=splits, variant=VARIANTS[variant])
+    check(f"decode[{variant}] d{d} {kv} h{h}/kv{hkv} bs{bs} splits={splits}", out,
+          reference(q, meta, refs, scale), kv)
 
 
 VERIFY_CASES = [
@@ -205,16 +219,22 @@ VERIFY_CASES = [
     (128, "f16", 4, 1, 32, [(8, 64), (6, 333)], 3),
     (256, "e5m2", 4, 1, 16, [(4, 100), (2, 57)], 0),
     (256, "f16", 8, 4, 16, [(8, 300), (3, 3)], 2),
+    # q_len x group <= 8: the row buckets the register variant would serve (the binding keeps
+    # q_len > 1 on the shared variant until these ran on a GPU with it)
+    (64, "f16", 4, 4, 16, [(3, 50), (4, 4)], 0),
+    (128, "e4m3", 4, 2, 16, [(4, 150), (2, 9), (1, 70)], 0),
 ]
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("case", VERIFY_CASES, ids=lambda c: f"d{c[0]}-{c[1]}-h{c[2]}kv{c[3]}")
-def test_verify_matches_reference(case):
+def test_verify_matches_reference(case, variant):
     d, kv, h, hkv, bs, lens, splits = case
     q, cache, meta, refs = make_batch(3000 + d, d, kv, h, hkv, bs, lens)
     scale = d ** -0.5
-    out = _call("decode", q, cache, meta, scale, num_splits=splits)
-    check(f"verify d{d} {kv} h{h}/kv{hkv} q_lens={[a for a, _ in lens]}", out, reference(q, meta, refs, scale), kv)
+    out = _call("decode", q, cache, meta, scale, num_splits=splits, variant=VARIANTS[variant])
+    check(f"verify[{variant}] d{d} {kv} h{h}/kv{hkv} q_lens={[a for a, _ in lens]}", out,
+          reference(q, meta, refs, scale), kv)
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -240,17 +260,21 @@ def test_random_shapes(seed):
     scale = d ** -0.5
     ref = reference(q, meta, refs, scale)
     tag = f"random#{seed} d{d} {kv} h{hkv * group}/kv{hkv} bs{bs} lens={lens}"
-    check(f"{tag} prefill", _call("prefill", q, cache, meta, scale), ref, kv)
+    for variant in PREFILL_VARIANTS:
+        check(f"{tag} prefill[v{variant}]", _call("prefill", q, cache, meta, scale, variant=variant), ref, kv)
     if meta.max_query_len * group <= max_rows:
         splits = rng.choice([0, 0, 1, 2, 7])
-        check(f"{tag} decode splits={splits}", _call("decode", q, cache, meta, scale, num_splits=splits), ref, kv)
+        for name, variant in VARIANTS.items():
+            out = _call("decode", q, cache, meta, scale, num_splits=splits, variant=variant)
+            check(f"{tag} decode[{name}] splits={splits}", out, ref, kv)
 
 
+@pytest.mark.parametrize("decode_variant", list(VARIANTS))
 @pytest.mark.parametrize("kv", ["f16", "e4m3"])
-def test_backend_forward_mixed_batch(kv):
+def test_backend_forward_mixed_batch(kv, decode_variant):
     from onecat.engine.attention.flash_attn_v100 import FlashAttnV100Backend
 
-    backend = FlashAttnV100Backend()
+    backend = FlashAttnV100Backend(decode_variant=decode_variant)
     for lens in ([(1, 50), (1, 700)], [(3, 30), (120, 260)]):  # decode path, then prefill path
         q, cache, meta, refs = make_batch(4000, 128, kv, 8, 2, 16, lens)
         reason = backend.unsupported_reason(q, cache, meta)

@@ -42,3 +42,21 @@ def test_cuda13_on_v100_is_declined_with_reason(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
     reason = ext.prerequisites_missing()
     assert reason is not None and "CUDA 12" in reason and "sm_70" in reason
+
+
+def test_decode_variant_switch(monkeypatch):
+    from onecat.engine.attention import flash_attn_v100 as mod
+
+    monkeypatch.delenv(mod.DECODE_VARIANT_ENV, raising=False)
+    assert mod.FlashAttnV100Backend().decode_variant == "regs"
+    monkeypatch.setenv(mod.DECODE_VARIANT_ENV, "smem")
+    assert mod.FlashAttnV100Backend().decode_variant == "smem"
+    assert mod.FlashAttnV100Backend(decode_variant="regs").decode_variant == "regs"
+    monkeypatch.setenv(mod.DECODE_VARIANT_ENV, "fast")
+    with pytest.raises(ValueError, match="smem, regs"):
+        mod.FlashAttnV100Backend()
+    monkeypatch.delenv(mod.DECODE_VARIANT_ENV)
+    monkeypatch.delenv(mod.PREFILL_VARIANT_ENV, raising=False)
+    assert mod.FlashAttnV100Backend().prefill_variant == "v3"
+    monkeypatch.setenv(mod.PREFILL_VARIANT_ENV, "v0")
+    assert mod.FlashAttnV100Backend().prefill_variant == "v0"

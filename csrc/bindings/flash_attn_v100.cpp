@@ -71,7 +71,8 @@ int64_t decode_max_rows(int64_t head_dim) { return fa_v100_decode_max_rows(stati
 void prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale, int64_t kv_kind,
              const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
-             int64_t max_query_len, double scale, bool causal) {
+             int64_t max_query_len, double scale, bool causal, int64_t variant) {
+  TORCH_CHECK(variant >= 0 && variant <= 3, "prefill variant must be 0, 1, 2 or 3");
   check_inputs(out, q, k, v, k_scale, v_scale, kv_kind, query_start_loc, seq_lens, block_tables);
   const c10::cuda::CUDAGuard guard(q.device());
   AttnParams p = make_params(out, q, k, v, k_scale, v_scale, kv_kind, query_start_loc, seq_lens, block_tables,
@@ -83,18 +84,19 @@ void prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at:
   p.q_tiles_per_seq = static_cast<int>((max_query_len + BM - 1) / BM);
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
   TORCH_CHECK(d == 64 || d == 128 || d == 256, "head_dim ", d, " unsupported: use 64, 128 or 256");
-  C10_CUDA_CHECK(fa_v100_launch_prefill(p, d, static_cast<int>(kv_kind), num_seqs, stream));
+  C10_CUDA_CHECK(fa_v100_launch_prefill(p, d, static_cast<int>(kv_kind), num_seqs, static_cast<int>(variant), stream));
 }
 
 void decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
             const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale, int64_t kv_kind,
             const at::Tensor& query_start_loc, const at::Tensor& seq_lens, const at::Tensor& block_tables,
-            int64_t max_query_len, int64_t max_seq_len, double scale, int64_t num_splits) {
+            int64_t max_query_len, int64_t max_seq_len, double scale, int64_t num_splits, int64_t variant) {
   check_inputs(out, q, k, v, k_scale, v_scale, kv_kind, query_start_loc, seq_lens, block_tables);
   const c10::cuda::CUDAGuard guard(q.device());
   const int d = static_cast<int>(q.size(2));
   const int64_t group = q.size(1) / k.size(2);
   TORCH_CHECK(d == 64 || d == 128 || d == 256, "head_dim ", d, " unsupported: use 64, 128 or 256");
+  TORCH_CHECK(variant == 0 || variant == 1, "decode variant must be 0 (shared memory) or 1 (registers)");
   TORCH_CHECK(max_query_len * group <= decode_max_rows(d), "decode packs at most ", decode_max_rows(d),
               " rows (q_len * group) for head_dim ", d, "; use prefill for longer queries");
   AttnParams p = make_params(out, q, k, v, k_scale, v_scale, kv_kind, query_start_loc, seq_lens, block_tables,
@@ -121,15 +123,27 @@ void decode(at::Tensor out, const at::Tensor& q, const at::Tensor& k, const at::
   p.o_part = o_part.data_ptr<float>();
   p.lse_part = lse_part.data_ptr<float>();
   auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  // The register variant serves plain decode (q_len 1); verify steps (q_len > 1) stay on the shared
+  // variant until its causal verify rows have been checked on a GPU.
+  const int kernel_variant = max_query_len == 1 ? static_cast<int>(variant) : 0;
   C10_CUDA_CHECK(fa_v100_launch_decode(p, d, static_cast<int>(kv_kind), num_seqs, static_cast<int>(rows),
-                                       static_cast<int>(max_query_len * group), stream));
+                                       static_cast<int>(max_query_len * group), kernel_variant, stream));
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Volta (SM70) paged attention: HMMA.884 prefill, split-KV decode/verify";
-  m.def("prefill", &prefill, "paged prefill attention (writes out)");
-  m.def("decode", &decode, "paged split-KV decode / verify attention (writes out)");
+  m.def("prefill", &prefill, "paged prefill attention (writes out); variant 0 the first kernel, 1 FastDiv page "
+        "lookup, 2 also P in the K tile at head_dim 256",
+        py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_scale"), py::arg("v_scale"),
+        py::arg("kv_kind"), py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_tables"),
+        py::arg("max_query_len"), py::arg("scale"), py::arg("causal"), py::arg("variant") = 2);
+  m.def("decode", &decode, "paged split-KV decode / verify attention (writes out); variant 0 stages K/V in "
+        "shared memory, 1 keeps them in registers (q_len 1 and packed rows <= 8; else variant 0)",
+        py::arg("out"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_scale"), py::arg("v_scale"),
+        py::arg("kv_kind"), py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_tables"),
+        py::arg("max_query_len"), py::arg("max_seq_len"), py::arg("scale"), py::arg("num_splits"),
+        py::arg("variant") = 1);
   m.def("decode_max_rows", &decode_max_rows, "rows (q_len * group) one decode CTA packs");
 }

@@ -30,6 +30,27 @@ __device__ __forceinline__ long long kv_row_grouped(const PagedKV& kv, int b, in
   return __shfl_sync(0xffffffffu, row, lane & ~(GROUP - 1));
 }
 
+// n / d for 0 <= n < 2^31 by multiply-high and shift (d fixed per launch): the paged-KV block
+// lookup divides every key by the block size, and a run-time integer division is ~20 instructions.
+struct FastDiv {
+  unsigned mul;
+  int shift, d;
+  __device__ __forceinline__ explicit FastDiv(int divisor) : d(divisor) {
+    shift = 32 - __clz(divisor - 1);
+    mul = static_cast<unsigned>((((1ull << 32) * ((1ull << shift) - divisor)) / divisor) + 1);
+  }
+  __device__ __forceinline__ int div(int n) const { return static_cast<int>((__umulhi(n, mul) + n) >> shift); }
+};
+
+// kv_row with the block-table division done by a FastDiv of the block size and `table` already
+// pointing at the sequence's row of the block table; every lane computes its own row (no shuffle).
+__device__ __forceinline__ long long kv_row_fast(const PagedKV& kv, const int* table, const FastDiv& per_block,
+                                                 int key, int kvh) {
+  const int blk_i = per_block.div(key);
+  const long long slot = (long long)__ldg(table + blk_i) * per_block.d + (key - blk_i * per_block.d);
+  return slot * kv.num_kv_heads + kvh;
+}
+
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));

@@ -26,6 +26,21 @@ __device__ __forceinline__ unsigned fp8x2_to_half2_bits(unsigned hb) {
   }
 }
 
+// Four fp8 values -> two half2 words without the E4M3 2^8 correction: E4M3 reads as value * 2^-8
+// (exact; FP16 holds every E4M3 value times 2^-8), E5M2 as its value. For callers that fold the
+// 2^8 into an FP32 scale.
+template <int KV>
+__device__ __forceinline__ void fp8x4_to_half4_raw(unsigned x, unsigned& lo, unsigned& hi) {
+  const unsigned a = bytes_to_high_halves(x, 0x1404u), c = bytes_to_high_halves(x, 0x3424u);
+  if constexpr (KV == kKvE5M2) {
+    lo = a;
+    hi = c;
+  } else {
+    lo = (a & 0x80008000u) | ((a & 0x7F007F00u) >> 1);
+    hi = (c & 0x80008000u) | ((c & 0x7F007F00u) >> 1);
+  }
+}
+
 // Four fp8 values in a 32-bit word -> two half2 words (raw, unscaled).
 template <int KV>
 __device__ __forceinline__ void fp8x4_to_half4(unsigned x, unsigned& lo, unsigned& hi) {

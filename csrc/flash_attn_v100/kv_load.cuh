@@ -76,6 +76,24 @@ struct KvTileRegs {
     }
   }
 
+  // As load(), with the page lookup by FastDiv and done by every lane (prefill variants >= 1).
+  __device__ __forceinline__ void load_fast(const void* base, const float* scales, const PagedKV& kv,
+                                            const int* table, const FastDiv& per_block, int kvh, int n0,
+                                            int n_valid, int tid) {
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int idx = tid + l * THREADS;
+      const int r = idx / kPiecesPerRow, c = idx % kPiecesPerRow;
+      const int key = n0 + r;
+      if (key < n_valid) {
+        const long long row = kv_row_fast(kv, table, per_block, key, kvh);
+        piece[l].load(base, scales, row, row * D + c * 8);
+      } else {
+        piece[l].zero();
+      }
+    }
+  }
+
   // Store into a swizzled [ROWS, D] FP16 tile addressed in 8-byte chunks.
   __device__ __forceinline__ void store_swizzled(uint2* tile, int tid) const {
 #pragma unroll

@@ -13,6 +13,16 @@
 //   store K_{t+1}; issue V_{t+1} loads; sync
 // Warp tile mapping onto the four quad pairs: qp&1 picks rows 0-7 / 8-15 of the warp's 16,
 // qp>>1 picks the left / right 8 columns of each 16-column group.
+//
+// Variants (template VARIANT; all stay buildable, docs/kernels.md has the sass-model figures):
+//   0  the first kernel
+//   1  page lookup by FastDiv (multiply-high) by every lane instead of an integer division by
+//      the block size plus a shuffle: ~20 fewer integer instructions per K/V load
+//   2  1, and for D=256 P shares the K tile (K is dead between the V store and the K_{t+1} store;
+//      one more barrier per tile guards the reuse): 48 KB of shared memory, 2 CTAs per SM
+//   3  2, and the V fragment addresses of O += P V split into a per-lane part computed once (the
+//      swizzle of the 16-column group's low bits) and a per-k-step part shared by all D/16
+//      column groups, instead of a swizzle per (k-step, column group)
 #pragma once
 #include "common.cuh"
 #include "hmma.cuh"
@@ -20,7 +30,7 @@
 
 namespace fa_v100 {
 
-template <int D>
+template <int D, int VARIANT = 0>
 struct PrefillCfg {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = 4;
@@ -31,12 +41,14 @@ struct PrefillCfg {
   static constexpr int kUnroll = 2;  // partial unroll of the k loops bounds fragment hoisting
   static constexpr int kChunks = D / 4;           // 8-byte chunks per FP16 row
   static constexpr int kPStride = kBN + 4;        // halfs per P row (padding: conflict-free A reads)
-  static constexpr int kSmemBytes = (kBM * D + 2 * kBN * D + kWarps * 16 * kPStride) * 2;
+  static constexpr bool kPInK = VARIANT >= 2 && D == 256;  // P lives in the K tile
+  static_assert(!kPInK || kWarps * 16 * kPStride <= kBN * D, "P must fit in the K tile");
+  static constexpr int kSmemBytes = (kBM * D + 2 * kBN * D + (kPInK ? 0 : kWarps * 16 * kPStride)) * 2;
 };
 
-template <int D, int KV>
+template <int D, int KV, int VARIANT = 0>
 __global__ void __launch_bounds__(128) prefill_kernel(const AttnParams p) {
-  using Cfg = PrefillCfg<D>;
+  using Cfg = PrefillCfg<D, VARIANT>;
   constexpr int BM = Cfg::kBM, BN = Cfg::kBN, CH = Cfg::kChunks, PS = Cfg::kPStride, NT = Cfg::kThreads;
   constexpr int NJ_S = BN / 16;  // 16-column groups of the score tile
   constexpr int NJ_O = D / 16;   // 16-column groups of the output tile
@@ -45,7 +57,7 @@ __global__ void __launch_bounds__(128) prefill_kernel(const AttnParams p) {
   uint2* q_s = reinterpret_cast<uint2*>(smem_raw);  // [BM, D] swizzled
   uint2* k_s = q_s + BM * CH;                        // [BN, D] swizzled
   uint2* v_s = k_s + BN * CH;                        // [BN, D] swizzled
-  __half* p_all = reinterpret_cast<__half*>(v_s + BN * CH);
+  __half* p_all = reinterpret_cast<__half*>(Cfg::kPInK ? k_s : v_s + BN * CH);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x / p.q_tiles_per_seq;
@@ -76,13 +88,32 @@ __global__ void __launch_bounds__(128) prefill_kernel(const AttnParams p) {
   }
 
   KvTileRegs<D, BN, NT, KV> stage;
-  stage.load(p.kv.k, p.kv.k_scale, p.kv, b, kvh, 0, seq_len, tid);
+  const FastDiv per_block(p.kv.block_size);
+  const int* table = p.kv.block_tables + (long long)b * p.kv.block_table_stride;
+  auto load_k = [&](int n0) {
+    if constexpr (VARIANT >= 1) {
+      stage.load_fast(p.kv.k, p.kv.k_scale, p.kv, table, per_block, kvh, n0, seq_len, tid);
+    } else {
+      stage.load(p.kv.k, p.kv.k_scale, p.kv, b, kvh, n0, seq_len, tid);
+    }
+  };
+  auto load_v = [&](int n0) {
+    if constexpr (VARIANT >= 1) {
+      stage.load_fast(p.kv.v, p.kv.v_scale, p.kv, table, per_block, kvh, n0, seq_len, tid);
+    } else {
+      stage.load(p.kv.v, p.kv.v_scale, p.kv, b, kvh, n0, seq_len, tid);
+    }
+  };
+  load_k(0);
   stage.store_swizzled(k_s, tid);
-  stage.load(p.kv.v, p.kv.v_scale, p.kv, b, kvh, 0, seq_len, tid);
+  load_v(0);
   __syncthreads();
 
   const QuadPairLane ql(lane);
   const int rb = ql.qp & 1, cb = ql.qp >> 1;
+  int v_lane_off[4];  // variant 3: per-lane part of the swizzled V fragment offsets
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) v_lane_off[jj] = 4 * (jj ^ ql.low4);
   const int wrow = warp * 16;  // first row of this warp within the CTA tile
   __half* p_s = p_all + warp * 16 * PS;
 
@@ -126,7 +157,7 @@ __global__ void __launch_bounds__(128) prefill_kernel(const AttnParams p) {
 
     __syncthreads();  // every warp is done with k_s and with last tile's v_s
     stage.store_swizzled(v_s, tid);
-    if (t + 1 < n_tiles) stage.load(p.kv.k, p.kv.k_scale, p.kv, b, kvh, n0 + BN, seq_len, tid);
+    if (t + 1 < n_tiles) load_k(n0 + BN);
     __syncthreads();  // v_s ready
 
     // Online softmax in the exp2 domain, FP32. Only tiles that cross the sequence end or the
@@ -178,16 +209,24 @@ __global__ void __launch_bounds__(128) prefill_kernel(const AttnParams p) {
 #pragma unroll Cfg::kUnroll
     for (int kk = 0; kk < BN / 4; ++kk) {
       const uint2 a = *reinterpret_cast<const uint2*>(p_s + (rb * 8 + ql.frag_row) * PS + 4 * kk);
+      if constexpr (VARIANT >= 3) {
+        // swizzle8(4kk + low4, 4j + c0) = (4kk + low4) * CH + 16 (j >> 2) + 4 ((j & 3) ^ low4) + (c0 ^ (kk & 3))
+        const uint2* vrow = v_s + (4 * kk + ql.low4) * CH + ((2 * cb + ql.high) ^ (kk & 3));
 #pragma unroll
-      for (int j = 0; j < NJ_O; ++j) {
-        const uint2 bv = v_s[swizzle8<CH>(4 * kk + ql.low4, 4 * j + 2 * cb + ql.high)];
-        hmma884_row_row(o[j], a, bv);
+        for (int j = 0; j < NJ_O; ++j) hmma884_row_row(o[j], a, vrow[16 * (j >> 2) + v_lane_off[j & 3]]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < NJ_O; ++j) {
+          const uint2 bv = v_s[swizzle8<CH>(4 * kk + ql.low4, 4 * j + 2 * cb + ql.high)];
+          hmma884_row_row(o[j], a, bv);
+        }
       }
     }
 
     if (t + 1 < n_tiles) {
+      if constexpr (Cfg::kPInK) __syncthreads();  // every warp is done reading its P from k_s
       stage.store_swizzled(k_s, tid);  // all warps passed the QK of this tile (first sync)
-      stage.load(p.kv.v, p.kv.v_scale, p.kv, b, kvh, n0 + BN, seq_len, tid);
+      load_v(n0 + BN);
     }
     __syncthreads();  // k_s ready for the next tile; p_s and v_s reads of this tile done
   }

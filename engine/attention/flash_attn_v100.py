@@ -3,8 +3,16 @@
 Chosen automatically on compute capability 7.0; runs on any SM70+ GPU (m8n8k4 is valid PTX
 there, emulated and slow on newer parts). Every call is capability-checked by
 `unsupported_reason`, so the caller can fall back to the reference path for that call alone.
+
+Kernel variants stay buildable side by side so that each step can be judged against the one
+before (docs/kernels.md): `decode_variant` "regs" (default: K/V kept in registers) or "smem" (the
+first kernel: K/V staged in shared memory), $ONECAT_FA_V100_DECODE sets the default;
+`prefill_variant` "v0" (the first kernel) to "v3" (default; csrc/flash_attn_v100/prefill.cuh
+lists what each adds), $ONECAT_FA_V100_PREFILL sets the default.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -14,6 +22,18 @@ from onecat.engine.kv_cache import LayerKVCache
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
+DECODE_VARIANTS = {"smem": 0, "regs": 1}
+PREFILL_VARIANTS = {"v0": 0, "v1": 1, "v2": 2, "v3": 3}
+DECODE_VARIANT_ENV = "ONECAT_FA_V100_DECODE"
+PREFILL_VARIANT_ENV = "ONECAT_FA_V100_PREFILL"
+
+
+def _variant(given: str | None, env: str, table: dict[str, int], default: str) -> str:
+    """`given`, else $env, else `default`; an unknown name is an error, never silently ignored."""
+    name = given or os.environ.get(env, default)
+    if name not in table:
+        raise ValueError(f"FLASH_ATTN_V100 variant {name!r} ({env}): choose one of {', '.join(table)}")
+    return name
 
 
 def kv_kind_of(cache: LayerKVCache) -> int:
@@ -27,6 +47,10 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 class FlashAttnV100Backend(AttentionBackend):
     name = "FLASH_ATTN_V100"
+
+    def __init__(self, decode_variant: str | None = None, prefill_variant: str | None = None):
+        self.decode_variant = _variant(decode_variant, DECODE_VARIANT_ENV, DECODE_VARIANTS, "regs")
+        self.prefill_variant = _variant(prefill_variant, PREFILL_VARIANT_ENV, PREFILL_VARIANTS, "v3")
 
     def unsupported_reason(self, q: torch.Tensor, cache: LayerKVCache,
                            meta: AttentionMetadata) -> str | None:
@@ -99,7 +123,7 @@ class FlashAttnV100Backend(AttentionBackend):
         args = (out, q, k, v, cache.k_scale, cache.v_scale, kind,
                 meta.query_start_loc, meta.seq_lens, meta.block_tables, meta.max_query_len)
         if self.path_for(q, cache, meta) == "decode":
-            ext.decode(*args, meta.max_seq_len, float(scale), 0)
+            ext.decode(*args, meta.max_seq_len, float(scale), 0, DECODE_VARIANTS[self.decode_variant])
         else:
-            ext.prefill(*args, float(scale), True)
+            ext.prefill(*args, float(scale), True, PREFILL_VARIANTS[self.prefill_variant])
         return out

@@ -36,13 +36,16 @@ class Shape:
     seq: int  # prefill length or decode context
     head_dim: int
     kv_dtype: str = "fp16"
+    variant: str = ""  # "" the first kernel; else a variant of VARIANTS[kernel]
 
     @property
     def label(self) -> str:
         if self.kernel == "prefill":
-            return f"prefill_d{self.head_dim}_f16"
-        rows = 8  # q_len 1 x group 4 fits the small bucket
-        return f"decode_d{self.head_dim}_{DECODE_KV[self.kv_dtype][0]}_r{rows}"
+            return f"prefill{'_' + self.variant if self.variant else ''}_d{self.head_dim}_f16"
+        kv = DECODE_KV[self.kv_dtype][0]
+        if self.variant == "regs":  # q_len 1 x group 4 fits its 4-row bucket
+            return f"decode_regs_d{self.head_dim}_{kv}_r4"
+        return f"decode_d{self.head_dim}_{kv}_r8"  # ... and the shared variant's 8-row bucket
 
     @property
     def text(self) -> str:
@@ -51,9 +54,16 @@ class Shape:
         return f"B={self.batch} {length}={self.seq} H={HEADS}/{KV_HEADS} D={self.head_dim} KV={self.kv_dtype}{causal}"
 
 
+# Kernel variants, each selectable at run time (FlashAttnV100Backend.variants): the first is the
+# original kernel, kept buildable so that every step is judged against it.
+VARIANTS = {"prefill": ("", "v1", "v2", "v3"), "decode": ("smem", "regs")}
+
+
 def default_shapes() -> list[Shape]:
-    shapes = [Shape("prefill", 1, n, d) for d in HEAD_DIMS for n in PREFILL_LENS]
-    shapes += [Shape("decode", b, DECODE_CONTEXT, d, kv) for d in HEAD_DIMS for kv in DECODE_KV for b in DECODE_BATCHES]
+    shapes = [Shape("prefill", 1, n, d, variant=v) for v in VARIANTS["prefill"] for d in HEAD_DIMS
+              for n in PREFILL_LENS]
+    shapes += [Shape("decode", b, DECODE_CONTEXT, d, kv, variant=v) for v in VARIANTS["decode"] for d in HEAD_DIMS
+               for kv in DECODE_KV for b in DECODE_BATCHES]
     return shapes
 
 

@@ -30,6 +30,8 @@ V100_SMEM_ALLOC_UNIT = 256  # bytes
 
 KV_KINDS = {0: "f16", 1: "e4m3", 2: "e5m2"}
 HEAD_DIMS = (64, 128, 256)
+PREFILL_VARIANTS = (0, 1, 2, 3)  # template VARIANT of prefill_kernel (prefill.cuh)
+DECODE_REGS_ROWS = (4, 8)  # row buckets of the register decode variant (decode_regs.cuh)
 
 
 @dataclass(frozen=True)
@@ -44,15 +46,23 @@ class KernelSpec:
 
 def kernel_specs() -> list[KernelSpec]:
     specs: list[KernelSpec] = []
-    for d in HEAD_DIMS:
-        for kv, kv_name in KV_KINDS.items():
-            specs.append(KernelSpec(f"prefill_d{d}_{kv_name}", f"&fa_v100::prefill_kernel<{d}, {kv}>",
-                                    f"fa_v100::PrefillCfg<{d}>::kSmemBytes", 128, True, True))
+    for var in PREFILL_VARIANTS:
+        tag = f"_v{var}" if var else ""
+        for d in HEAD_DIMS:
+            for kv, kv_name in KV_KINDS.items():
+                specs.append(KernelSpec(f"prefill{tag}_d{d}_{kv_name}", f"&fa_v100::prefill_kernel<{d}, {kv}, {var}>",
+                                        f"fa_v100::PrefillCfg<{d}, {var}>::kSmemBytes", 128, True, True))
     for d in HEAD_DIMS:
         for rows in (8, 16 if d == 256 else 32):
             for kv, kv_name in KV_KINDS.items():
                 specs.append(KernelSpec(f"decode_d{d}_{kv_name}_r{rows}", f"&fa_v100::decode_kernel<{d}, {kv}, {rows}>",
                                         f"fa_v100::DecodeCfg<{d}, {rows}>::kSmemBytes", 128, False, True))
+    for d in HEAD_DIMS:
+        for rows in DECODE_REGS_ROWS:
+            for kv, kv_name in KV_KINDS.items():
+                specs.append(KernelSpec(f"decode_regs_d{d}_{kv_name}_r{rows}",
+                                        f"&fa_v100::decode_regs_kernel<{d}, {kv}, {rows}>",
+                                        f"fa_v100::DecodeRegsCfg<{d}, {kv}, {rows}>::kSmemBytes", 128, False, kv == 0))
     for d in HEAD_DIMS:
         specs.append(KernelSpec(f"merge_d{d}", f"&fa_v100::merge_kernel<{d}>", "0", 128, False, False))
     return specs
@@ -98,7 +108,8 @@ def v100_occupancy(regs: int, smem_bytes: int, threads: int) -> tuple[int, float
 
 
 def _source(specs: list[KernelSpec]) -> str:
-    lines = ['#include "flash_attn_v100/prefill.cuh"', '#include "flash_attn_v100/decode.cuh"']
+    lines = ['#include "flash_attn_v100/prefill.cuh"', '#include "flash_attn_v100/decode.cuh"',
+             '#include "flash_attn_v100/decode_regs.cuh"']
     for i, s in enumerate(specs):
         lines.append(f'extern "C" __constant__ int onecat_dyn_smem_{i} = {s.smem_expr};')
     return "\n".join(lines) + "\n"
