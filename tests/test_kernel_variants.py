@@ -72,3 +72,18 @@ def test_fast_div_matches_integer_division():
     for d in list(range(1, 300)) + [384, 1000, 4096, 65536, 1_000_003]:
         for n in keys:
             assert _fast_div(n, d) == n // d, (n, d)
+
+
+def test_variants_contract_gates_correctness_only():
+    """contracts/flash_attn_v100_variants.yaml: old vs new kernels by pinned code, the backend forced,
+    gated on tokens and perplexity; speed is projected in its header, never a gate."""
+    from pathlib import Path
+
+    from onecat.gates.contract import load_contract
+
+    c = load_contract(Path(__file__).resolve().parents[1] / "contracts" / "flash_attn_v100_variants.yaml")
+    base, cand = c.arm("baseline"), c.arm("candidate")
+    assert base.engine.attention_backend == cand.engine.attention_backend == "FLASH_ATTN_V100"
+    refs = (c.arms.baseline.code.ref, c.arms.candidate.code.ref)
+    assert all(refs) and refs[0] != refs[1]
+    assert sorted(g.check for g in c.gates) == ["ppl_delta", "token_hash_equal"]
