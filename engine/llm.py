@@ -21,6 +21,7 @@ from onecat.engine.model_source import resolve_model_source
 from onecat.engine.models.registry import model_class
 from onecat.engine.models.support import effective_settings, num_state_snapshots, unsupported_settings
 from onecat.engine.quant import WeightPacker, check_quantization
+from onecat.engine.quant.w4a16_packer import W4A16_NAMES, W4A16Packer
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
 from onecat.engine.warmup import warm_up
@@ -53,7 +54,9 @@ class LLM:
 
             self.cpu_threads = choose_cpu_threads(self.cfg.cpu_threads)
         check_quantization(self.cfg.quantization, self.source.format, self.device)
-        ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf")
+        self.w4a16 = W4A16Packer(self.cfg.quantization) if self.cfg.quantization in W4A16_NAMES else None
+        ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf",
+                               on_quantized=self.w4a16.keep if self.w4a16 else None)
         self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
         self.dtype = parse_dtype(self.cfg.dtype, self.device, self.model_config.torch_dtype)
         unsupported = unsupported_settings(self.cfg, self.model_config, self.device)
@@ -110,6 +113,8 @@ class LLM:
             self.packing = packer.apply(model)
         else:
             model.load_weights(ckpt.weights)
+        if self.w4a16 is not None:  # 4-bit linears packed for the CUDA W4A16 kernels
+            self.packing = self.w4a16.apply(model)
         if self.tp is not None:  # before the CPU packing below, which reorders the weights
             spec = self.cfg.speculative_config
             self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")

@@ -239,8 +239,8 @@ def w4a16_unsupported_reason(x: torch.Tensor, qweight: torch.Tensor, group: int)
     k = qweight.shape[1] * 8
     if not x.is_contiguous() or x.shape[-1] != k or x.numel() > MAX_ROWS * k:
         return f"contiguous input of {k} features and at most {MAX_ROWS} rows"
-    if k > MAX_K or k % group:
-        return f"in_features a multiple of the group size and at most {MAX_K}"
+    if k > MAX_K or k % group or k % 64:
+        return f"in_features a multiple of 64 and of the group size, at most {MAX_K}"
     return None
 
 

@@ -19,9 +19,11 @@ class Checkpoint:
     stored_as: str | None = None  # a quantized HF checkpoint's format (e.g. "awq w4 g128"), read dequantized
 
 
-def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False) -> Checkpoint:
+def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False, on_quantized=None) -> Checkpoint:
     """keep_quantized: GGUF block-quantized tensors come as `QuantizedWeight` (for quantization='gguf').
-    A quantized HF checkpoint (config.json `quantization_config`) always yields dense weights."""
+    A quantized HF checkpoint (config.json `quantization_config`) always yields dense weights;
+    `on_quantized(fmt, module, stored parts)` sees each quantized linear's stored tensors first (the
+    W4A16 packer keeps them)."""
     if model.format == "gguf":
         from onecat.engine.loader.gguf import gguf_to_hf_config, iter_gguf_weights, open_gguf
         from onecat.engine.loader.gguf_tokenizer import tokenizer_from_gguf
@@ -36,5 +38,5 @@ def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False) -> Check
     raw = read_hf_config(model.path)
     cfg = ModelConfig.from_hf(raw)
     quant = quant_format(raw, model.path)
-    return Checkpoint(cfg, Tokenizer.from_hf_dir(model.path, cfg.eos_token_id), iter_hf_weights(model.path, quant),
+    return Checkpoint(cfg, Tokenizer.from_hf_dir(model.path, cfg.eos_token_id), iter_hf_weights(model.path, quant, on_quantized),
                       quant.describe() if quant else None)

@@ -28,9 +28,11 @@ def _unreadable(f: Path, e: Exception) -> CorruptModelError:
                              "download it again")
 
 
-def iter_hf_weights(path: Path, quant: QuantFormat | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_hf_weights(path: Path, quant: QuantFormat | None = None,
+                    on_quantized=None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of the directory's safetensors files, in file order; with `quant`, the quantized
-    linears dequantized (their parts may sit in different shards, so all files stay open meanwhile)."""
+    linears dequantized (their parts may sit in different shards, so all files stay open meanwhile), each
+    one's stored parts shown to `on_quantized` first (see formats.dense_weights)."""
     files = sorted(path.glob("*.safetensors"))
     if quant is None:
         for f in files:
@@ -60,4 +62,4 @@ def iter_hf_weights(path: Path, quant: QuantFormat | None = None) -> Iterator[tu
             except (SafetensorError, OSError, RuntimeError) as e:
                 raise _unreadable(f, e) from None
 
-        yield from dense_weights(names, get, quant)
+        yield from dense_weights(names, get, quant, on_quantized)

@@ -17,12 +17,16 @@ from torch import nn
 from onecat.engine.errors import ConfigError
 from onecat.engine.quant.int4_blocks import QuantizedWeight
 from onecat.engine.quant.int4_linear import DENSE_FROM_ROWS, Int4PackedLinear
+from onecat.engine.quant.w4a16_packer import W4A16_NAMES, check_w4a16
 
-QUANTIZATIONS = ("gguf",)
+QUANTIZATIONS = ("gguf", *W4A16_NAMES)
 
 
 def check_quantization(quantization: str | None, model_format: str, device: torch.device) -> None:
     if quantization is None:
+        return
+    if quantization in W4A16_NAMES:
+        check_w4a16(quantization, model_format, device)
         return
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization={quantization!r} is not supported; use one of {', '.join(QUANTIZATIONS)} "

@@ -93,10 +93,13 @@ def quant_format(raw: dict, path: Path) -> QuantFormat | None:
     return cls(qc)
 
 
-def dense_weights(names: list[str], get: Callable[[str], torch.Tensor],
-                  fmt: QuantFormat) -> Iterator[tuple[str, torch.Tensor]]:
+def dense_weights(names: list[str], get: Callable[[str], torch.Tensor], fmt: QuantFormat,
+                  on_quantized: Callable[[QuantFormat, str, dict[str, torch.Tensor]], None] | None = None,
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors in stored order, each quantized linear replaced by its dense `.weight`
-    (at its first stored part); dropped scales are left out, everything else passes unchanged."""
+    (at its first stored part); dropped scales are left out, everything else passes unchanged.
+    `on_quantized(fmt, module, stored parts)` sees each quantized linear's stored tensors first (a packer
+    that keeps them packed)."""
     by_module: dict[str, dict[str, str]] = {}
     for n in names:
         module, _, part = n.rpartition(".")
@@ -112,6 +115,8 @@ def dense_weights(names: list[str], get: Callable[[str], torch.Tensor],
             if module not in done:
                 done.add(module)
                 stored = {p: get(name) for p, name in quantized[module].items()}
+                if on_quantized is not None:
+                    on_quantized(fmt, module, stored)
                 yield f"{module}.weight", fmt.dequantize(module, stored)
             continue
         yield n, get(n)

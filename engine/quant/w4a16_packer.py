@@ -1,0 +1,142 @@
+"""quantization='w4a16' (or 'awq', 'gptq', 'compressed-tensors'): a 4-bit checkpoint's linears stay packed
+on the GPU and run through the W4A16 kernels (engine/quant/w4a16_linear.py).
+
+The packer sits beside the loader like the GGUF one (packing.py): the loader shows it each quantized
+linear's stored tensors before dequantizing them (the model still loads dense weights, so loading and its
+shape/completeness checks stay the same), it converts them to the packed layout (w4a16_convert.py, which
+re-packs without changing a value), and after loading each linear whose every source shard was packed
+alike (q/k/v and gate/up are fused) is replaced by a `W4A16Linear`. A fused linear whose shards carry
+different act-order permutations stays dense (one input permutation per layer), and so does anything the
+checkpoint stored dense. With 'w4a16' a dense checkpoint (HF, or a GGUF file's dequantized tensors) is
+quantized at load instead: round to nearest, asymmetric, every decoder linear (not the LM head), groups of
+128 input columns (64 or 32 where 128 does not divide in_features).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from onecat.engine.errors import ConfigError
+from onecat.engine.quant.w4a16_layout import W4A16Weight, quantize_w4
+
+# quantization name -> the checkpoint quant_method it requires (None: any 4-bit one, or a dense checkpoint)
+W4A16_NAMES = {"w4a16": None, "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors"}
+RTN_GROUPS = (128, 64, 32)  # the largest that divides in_features
+
+
+def check_w4a16(quantization: str, model_format: str, device: torch.device) -> None:
+    """Refuses what the W4A16 kernels cannot run, with what to use instead."""
+    if device.type != "cuda":
+        raise ConfigError(f"quantization={quantization!r} keeps 4-bit weights packed for the CUDA W4A16 kernels; "
+                          f"on {device} leave quantization unset (the checkpoint runs dequantized)")
+    if model_format != "hf" and quantization != "w4a16":
+        raise ConfigError(f"quantization={quantization!r} reads a {quantization} HF checkpoint; this model is "
+                          f"{model_format!r}: use quantization='w4a16' (quantized at load), 'gguf' on CPU, or leave "
+                          "it unset")
+
+
+def cat_shards(shards: list[W4A16Weight]) -> W4A16Weight | None:
+    """The shards of a fused projection stacked along N (None when their groups or permutations differ)."""
+    first = shards[0]
+    for w in shards[1:]:
+        same_perm = (w.perm is None and first.perm is None) or (
+            w.perm is not None and first.perm is not None and torch.equal(w.perm, first.perm))
+        if w.group != first.group or w.in_features != first.in_features or not same_perm \
+                or w.scales.dtype != first.scales.dtype:
+            return None
+    return W4A16Weight(torch.cat([w.qweight for w in shards]), torch.cat([w.scales for w in shards]),
+                       torch.cat([w.zeros for w in shards]), first.group, first.perm)
+
+
+class W4A16Packer:
+    """Collects packed linears while the checkpoint streams (`keep`), then swaps them in (`apply`)."""
+
+    def __init__(self, quantization: str) -> None:
+        self.quantization = quantization
+        self.method = None  # the checkpoint's quant_method, once a quantized linear was seen
+        self.packed: dict[str, W4A16Weight] = {}  # "<module>.weight" in checkpoint names
+
+    def keep(self, fmt, module: str, stored: dict[str, torch.Tensor]) -> None:
+        from onecat.engine.quant.w4a16_convert import convert
+
+        want = W4A16_NAMES[self.quantization]
+        if want is not None and fmt.method != want:
+            raise ConfigError(f"quantization={self.quantization!r} but the checkpoint is {fmt.describe()}; use "
+                              "quantization='w4a16' (any 4-bit AWQ / GPTQ / compressed-tensors checkpoint) or "
+                              f"'{fmt.method}'")
+        self.method = fmt.describe()
+        self.packed[f"{module}.weight"] = convert(fmt, module, stored)  # refuses non-4-bit variants by name
+
+    def apply(self, model: nn.Module) -> dict:
+        """Replaces the packed linears of a loaded model; returns what was done (for the engine's info)."""
+        want = W4A16_NAMES[self.quantization]
+        if not self.packed:
+            if want is not None:
+                raise ConfigError(f"quantization={self.quantization!r} needs a {want} checkpoint; this one has no "
+                                  "quantized linears (use quantization='w4a16' to quantize a dense checkpoint at "
+                                  "load, or leave it unset)")
+            return self._quantize_dense(model)
+        fused: dict[str, tuple[str, int]] = getattr(model, "_FUSED", {})
+        need = Counter(target for target, _ in fused.values())
+        groups: dict[str, dict[int, W4A16Weight]] = {}
+        for name, weight in self.packed.items():
+            path = name.removeprefix("model.")[: -len(".weight")]
+            parent, _, leaf = path.rpartition(".")
+            target, shard = (f"{parent}.{fused[leaf][0]}", fused[leaf][1]) if leaf in fused else (path, 0)
+            groups.setdefault(target, {})[shard] = weight
+        replaced, kept_dense = 0, []
+        for target, shards in groups.items():
+            module = _submodule(model, target)
+            n_shards = need.get(target.rpartition(".")[2], 1)
+            weight = None
+            if isinstance(module, nn.Linear) and sorted(shards) == list(range(n_shards)):
+                weight = cat_shards([shards[i] for i in range(n_shards)])
+            if weight is None or weight.out_features != module.out_features:
+                kept_dense.append(target)
+                continue
+            _swap(model, target, module, weight)
+            replaced += 1
+        self.packed.clear()
+        return self._report(model, replaced, kept_dense, f"checkpoint {self.method}")
+
+    def _quantize_dense(self, model: nn.Module) -> dict:
+        replaced, kept_dense, groups = 0, [], set()
+        for name, module in list(model.named_modules()):
+            if not isinstance(module, nn.Linear) or not name.startswith("layers."):
+                continue
+            group = next((g for g in RTN_GROUPS if module.in_features % g == 0), None)
+            if group is None:
+                kept_dense.append(name)
+                continue
+            _swap(model, name, module, quantize_w4(module.weight.detach(), group))
+            groups.add(group)
+            replaced += 1
+        return self._report(model, replaced, kept_dense, "round-to-nearest w4 g" + "/".join(
+            str(g) for g in sorted(groups, reverse=True)) + " at load")
+
+    def _report(self, model: nn.Module, replaced: int, kept_dense: list[str], source: str) -> dict:
+        from onecat.engine.kernels.triton_w4a16 import MAX_ROWS
+
+        dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        return {"method": "w4a16", "source": source, "packed_linears": replaced,
+                "kernel": f"Triton W4A16 GEMV up to {MAX_ROWS} rows", "large_batch_path":
+                f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
+                "dense_linears": dense}
+
+
+def _submodule(model: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _swap(model: nn.Module, path: str, module: nn.Linear, weight: W4A16Weight) -> None:
+    from onecat.engine.quant.w4a16_linear import W4A16Linear
+
+    weight = weight.to(module.weight.device)
+    bias = None if module.bias is None else module.bias.detach()
+    parent, _, leaf = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, W4A16Linear(weight, bias))
