@@ -22,12 +22,15 @@ def check(
     keep: Path | None = typer.Option(None, "--keep", help="Keep the PTX, cubin and SASS in this folder."),
 ) -> None:
     """Compile every Volta attention kernel for sm_70 and report registers, spills, shared
-    memory, HMMA.884 and LDG.E.128 counts and V100 occupancy; exit 1 on a regression."""
+    memory, HMMA.884 and LDG.E.128 counts and V100 occupancy; exit 1 on a regression. The Triton
+    W4A16 GEMV is checked the same way where Triton is importable."""
     from onecat.engine.kernel_tools.sm70_check import run_check
 
     toolchain = _sm70_toolchain(arch, "the offline check")
-    reports = run_check(toolchain, keep)
-    table = Table(title=f"Volta attention kernels, {arch} (V100 limits: 64K regs, 96 KB smem, 2048 threads, 32 CTAs per SM)")
+    cuda_reports = run_check(toolchain, keep)
+    triton_reports = _triton_reports(toolchain, keep)
+    reports = cuda_reports + triton_reports
+    table = Table(title=f"Volta kernels, {arch} (V100 limits: 64K regs, 96 KB smem, 2048 threads, 32 CTAs per SM)")
     for col in ("kernel", "regs", "spill st/ld B", "smem B", "HMMA.884", "LDG.E.128", "CTAs/SM", "occupancy",
                 "limited by", "status"):
         table.add_column(col, justify="left" if col in ("kernel", "limited by", "status") else "right",
@@ -42,12 +45,24 @@ def check(
     if json_out is not None:
         from onecat.engine.kernel_tools.sm70_check import reports_as_dicts
 
-        json_out.write_text(json.dumps({"arch": arch, "kernels": reports_as_dicts(reports)}, indent=2))
+        json_out.write_text(json.dumps({"arch": arch, "kernels": reports_as_dicts(cuda_reports),
+                                        "triton_kernels": reports_as_dicts(triton_reports)}, indent=2))
     failed = [r for r in reports if r.problems]
     if failed:
         console.print(f"[red]{len(failed)} kernel(s) regressed: {', '.join(r.label for r in failed)}[/red]")
         raise typer.Exit(1)
     console.print(f"[green]all {len(reports)} kernels pass the {arch} check[/green]")
+
+
+def _triton_reports(toolchain, keep: Path | None) -> list:
+    """The Triton kernels' sm_70 reports, or none (with the reason printed) where Triton is missing."""
+    from onecat.engine.kernel_tools.triton_sm70 import run_triton_check, triton_unavailable_reason
+
+    reason = triton_unavailable_reason()
+    if reason is not None:
+        console.print(f"[yellow]Triton W4A16 GEMV not checked: {reason}[/yellow]")
+        return []
+    return run_triton_check(toolchain, keep)
 
 
 def _sm70_toolchain(arch: str, what: str):

@@ -221,14 +221,24 @@ def _words_per_tile(kw: int, want: int) -> int:
     return b
 
 
-def default_config(n: int, k: int, m: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_KW, num_warps) for an [n, k] weight and m rows: 128-word tiles along K, each thread 8
-    words of a row; one row: 16 rows of 2 warps (each thread 4 rows, so the activations it converts serve 4
-    rows); more rows: 8 rows of 2 warps (each thread 2 rows). Measured on an H200 over the 8B projections
-    (benchmarks/results/quant_h200.json): at one row 8 rows of 1 warp was within 0.3 us and 32 rows of 2
-    warps 3x slower; at 8 rows, 8 rows of 2 warps was 1.3-1.5x faster than 4."""
+def default_config(n: int, k: int, m: int, sm: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_KW, num_warps) for an [n, k] weight, m rows and compute capability sm (e.g. 90): 128-word
+    tiles along K, each thread 8 words of a row; one row: 16 rows of 2 warps (each thread 4 rows, so the
+    activations it converts serve 4 rows); more rows: 8 rows of 2 warps (each thread 2 rows), 4 rows below
+    SM80. Measured on an H200 over the 8B projections (benchmarks/results/quant_h200.json): at one row 8 rows
+    of 1 warp was within 0.3 us and 32 rows of 2 warps 3x slower; at 8 rows, 8 rows of 2 warps was 1.3-1.5x
+    faster than 4. For sm_70 (offline ptxas 12.9, `onecat kernels check`), 8 rows of 8 spill 164 bytes and
+    4 rows do not."""
     bkw = _words_per_tile(k // 8, 128)
-    return (16, bkw, 2) if m == 1 else (8, bkw, 2)
+    if m == 1:
+        return 16, bkw, 2
+    return (4, bkw, 2) if sm is not None and sm < 80 else (8, bkw, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return 10 * major + minor
 
 
 def w4a16_unsupported_reason(x: torch.Tensor, qweight: torch.Tensor, group: int) -> str | None:
@@ -257,7 +267,8 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
     n, kw = qweight.shape
     k = kw * 8
     m = x.numel() // k
-    block_n, block_kw, warps = config or default_config(n, k, m)
+    block_n, block_kw, warps = config or default_config(
+        n, k, m, _capability(x.device.index if x.device.index is not None else torch.cuda.current_device()))
     if kw % block_kw or block_kw % 8:
         raise ValueError(f"BLOCK_KW {block_kw} must be a multiple of 8 dividing the row's {kw} words")
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)

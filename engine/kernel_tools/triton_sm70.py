@@ -1,0 +1,85 @@
+"""Offline sm_70 (V100) build check of the Triton W4A16 GEMV, runnable without a GPU.
+
+Triton lowers the kernel to PTX for an sm_70 target (no device needed), the project's ptxas 12.x assembles
+it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check.py. Checked: the
+instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
+and eight rows, group 128): registers, spills and 128-bit loads, occupancy at V100 limits. Needs Triton
+importable (the engine's CUDA extra); without it the check says so and reports nothing.
+"""
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+from onecat.engine.kernel_tools.sm70_check import KernelReport, _parse_ptxas, _parse_sass, v100_occupancy
+from onecat.engine.kernel_tools.toolchain import Sm70Toolchain
+
+CASES = ((4096, 1), (14336, 1), (4096, 8), (14336, 8))  # (in_features, rows); out_features do not matter
+GROUP = 128
+SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "sz_ptr": "*fp16", "y_ptr": "*fp16", "N": "i32", "magic": "i32",
+             "K": "constexpr", "G": "constexpr", "M": "constexpr", "BLOCK_N": "constexpr", "BLOCK_KW": "constexpr"}
+
+
+def triton_unavailable_reason() -> str | None:
+    try:
+        import triton  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except Exception as e:  # ImportError, or a Triton without these entry points
+        return f"Triton is not importable here ({type(e).__name__}: {e}); install triton to check its kernels"
+    return None
+
+
+def _ptx(k: int, m: int) -> tuple[str, str, int]:
+    """(kernel name, sm_70 PTX, threads per CTA) of the W4A16 GEMV as the engine launches it on SM70."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from onecat.engine.kernels import triton_w4a16 as kw
+
+    block_n, block_kw, warps = kw.default_config(4096, k, m, sm=70)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(SIGNATURE.values()) if t.startswith("*")}
+    src = ASTSource(kw._kernels()[0], dict(SIGNATURE),
+                    {"K": k, "G": GROUP, "M": m, "BLOCK_N": block_n, "BLOCK_KW": block_kw}, attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 70, 32), options={"num_warps": warps})
+    return compiled.metadata.name, compiled.asm["ptx"], warps * 32
+
+
+def run_triton_check(tc: Sm70Toolchain, keep_dir: Path | None = None) -> list[KernelReport]:
+    reports = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(keep_dir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for k, m in CASES:
+            label = f"w4a16_gemv K={k} rows={m} g{GROUP} (Triton)"
+            name, ptx, threads = _ptx(k, m)
+            stem = work / f"w4a16_gemv_k{k}_m{m}_sm70"
+            stem.with_suffix(".ptx").write_text(ptx)
+            res = subprocess.run([str(tc.ptxas), "-arch=sm_70", "-v", "-O3", str(stem.with_suffix(".ptx")), "-o",
+                                  str(stem.with_suffix(".cubin"))], capture_output=True, text=True)
+            if res.returncode != 0:
+                reports.append(KernelReport(label, problems=[f"ptxas failed: {res.stderr.strip()[:300]}"]))
+                continue
+            info = _parse_ptxas(res.stderr).get(name, {})
+            dis = subprocess.run([str(tc.nvdisasm), "-c", str(stem.with_suffix(".cubin"))], capture_output=True,
+                                 text=True)
+            counts = _parse_sass(dis.stdout).get(name, {}) if dis.returncode == 0 else {}
+            rep = KernelReport(label, registers=info.get("regs", 0), spill_stores=info.get("spill_st", 0),
+                               spill_loads=info.get("spill_ld", 0), stack_bytes=info.get("stack", 0),
+                               static_smem=info.get("smem", 0), ldg128=counts.get("ldg128", 0),
+                               ldg64=counts.get("ldg64", 0))
+            if not info:
+                rep.problems.append("no ptxas resource report")
+            if not counts:
+                rep.problems.append("kernel missing from the sm_70 SASS")
+            rep.blocks_per_sm, rep.occupancy, rep.limiter = v100_occupancy(rep.registers, rep.smem, threads)
+            if rep.spill_stores or rep.spill_loads:
+                rep.problems.append(f"register spills ({rep.spill_stores} B stored, {rep.spill_loads} B loaded)")
+            if counts and rep.ldg128 == 0:
+                rep.problems.append("no 128-bit global loads (LDG.E.128)")
+            if rep.blocks_per_sm < 1:
+                rep.problems.append("cannot be resident on a V100 SM")
+            reports.append(rep)
+    return reports

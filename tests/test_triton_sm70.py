@@ -1,0 +1,24 @@
+"""The offline sm_70 check of the Triton W4A16 GEMV (`onecat kernels check`): where Triton and the sm_70
+toolchain are installed, every instantiation the engine launches on a V100 for the 8B projections builds
+for sm_70 without spills and with 128-bit loads."""
+from __future__ import annotations
+
+import pytest
+
+
+def test_w4a16_gemv_builds_for_sm70_without_spills():
+    from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
+    from onecat.engine.kernel_tools.triton_sm70 import CASES, run_triton_check, triton_unavailable_reason
+
+    reason = triton_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        toolchain = find_toolchain()
+    except ToolchainMissing as e:
+        pytest.skip(str(e))
+    reports = run_triton_check(toolchain)
+    assert len(reports) == len(CASES)
+    for r in reports:
+        assert r.problems == [], (r.label, r.problems)
+        assert 0 < r.registers <= 255 and r.ldg128 > 0 and r.blocks_per_sm >= 1
