@@ -10,7 +10,7 @@ import torch
 from onecat.engine.errors import ConfigError
 from onecat.engine.quant.w4a16_layout import dequantize, quantize_w4
 from onecat.engine.quant.w4a16_packer import W4A16Packer, check_w4a16
-from tests.quant_checkpoints import PROMPTS, dense_dir, linear_modules, quantized_dir, tiny_llama
+from tests.quant_checkpoints import LINEARS, PROMPTS, dense_dir, linear_modules, quantized_dir, tiny_llama
 
 pytest.importorskip("transformers")  # the tiny checkpoints are written by transformers
 
@@ -76,8 +76,8 @@ def test_format_name_must_match_the_checkpoint(tmp_path, on_cpu):
 
 def test_dense_checkpoint_is_quantized_at_load(tmp_path, on_cpu):
     src, state = tiny_llama(tmp_path / "src", hidden_size=128, intermediate_size=256)
-    rtn = {m: dequantize(quantize_w4(state[f"{m}.weight"], 128)) for m in linear_modules(state)}
-    rtn["model.layers.1.mlp.down_proj"] = dequantize(quantize_w4(state["model.layers.1.mlp.down_proj.weight"], 128))
+    rtn = {f"model.layers.{i}.{n}": dequantize(quantize_w4(state[f"model.layers.{i}.{n}.weight"], 128))
+           for i in range(2) for n in LINEARS}  # every decoder linear, KEPT_DENSE too
     packed, info = prompt_logprobs(src, quantization="w4a16")
     reference, _ = prompt_logprobs(dense_dir(src, tmp_path / "rtn", rtn))
     for a, b in zip(packed, reference):
@@ -96,18 +96,16 @@ def test_packed_engine_on_cuda_runs_the_w4a16_kernels(tmp_path):
     from onecat.engine import LLM, SamplingParams
     from onecat.engine.quant.w4a16_linear import W4A16Linear
 
+    from safetensors.torch import load_file
+
     src, _ = tiny_llama(tmp_path / "src", hidden_size=128, intermediate_size=256)
     params = SamplingParams(temperature=0.0, max_tokens=8, prompt_logprobs=0)
     with LLM(str(src), dtype="float16", quantization="w4a16", max_model_len=64) as llm:
         assert sum(isinstance(m, W4A16Linear) for m in llm.model.modules()) == 8
         packed = llm.generate(PROMPTS, params)
-    rtn = {f"model.layers.{i}.{n}": None for i in range(2) for n in
-           ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-            "mlp.up_proj", "mlp.down_proj")}
-    from safetensors.torch import load_file
-
     state = load_file(str(src / "model.safetensors"))
-    rtn = {m: dequantize(quantize_w4(state[f"{m}.weight"], 128)) for m in rtn}
+    rtn = {f"model.layers.{i}.{n}": dequantize(quantize_w4(state[f"model.layers.{i}.{n}.weight"], 128))
+           for i in range(2) for n in LINEARS}
     with LLM(str(dense_dir(src, tmp_path / "rtn", rtn)), dtype="float16", max_model_len=64) as llm:
         dense = llm.generate(PROMPTS, params)
     for a, b in zip(packed, dense):  # fp16 activations: GEMV (fp32 sums) vs cuBLAS on the same weights
