@@ -106,6 +106,8 @@ class BlockManager:
         self.cached.clear()
         self.block_hash = [None] * self.num_blocks
         self.prefix_queries = self.prefix_hits = 0
+        if self.snapshots is not None:
+            self.snapshots.forget_snapshots()
 
     def ensure_capacity(self, seq: Sequence, num_tokens: int) -> bool:
         """Give `seq` enough blocks for `num_tokens` tokens (and a state slot, for a hybrid model); False (nothing

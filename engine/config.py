@@ -17,7 +17,9 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 # HF `architectures` entries -> the architecture name the model registry runs.
 HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
                     "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
-                    "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe"}
+                    "Qwen3_5ForCausalLM": "qwen3_5", "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+                    # the published Qwen3.5 checkpoints: their language model runs, the vision tower is not read
+                    "Qwen3_5ForConditionalGeneration": "qwen3_5", "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")  # layers mix full attention with linear attention
 LAYER_TYPES = ("full_attention", "linear_attention")
 
@@ -68,6 +70,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "ModelConfig":
         arch = architecture_of(cfg)
+        if arch in HYBRID_ARCHITECTURES and isinstance(cfg.get("text_config"), dict):
+            cfg = _text_config(cfg)
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         eos_list = [eos] if isinstance(eos, int) else list(eos or [])
@@ -92,6 +96,17 @@ class ModelConfig:
             raw=cfg,
             layer_types=_hybrid_layer_types(cfg) if arch in HYBRID_ARCHITECTURES else [],
         )
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal checkpoint's language-model config: its `text_config`, with the outer architecture and the
+    outer settings the text config leaves out (dtype, tied embeddings)."""
+    text = dict(cfg["text_config"])
+    for key in ("tie_word_embeddings", "torch_dtype", "dtype", "eos_token_id", "bos_token_id"):
+        if key in cfg and (key == "tie_word_embeddings" or text.get(key) is None):
+            text[key] = cfg[key]
+    text["architectures"] = cfg["architectures"]
+    return text
 
 
 def _hybrid_layer_types(cfg: dict[str, Any]) -> list[str]:

@@ -72,6 +72,12 @@ class RecurrentStateCache:
         self.snapshots[key] = index
         self.saved += 1
 
+    def forget_snapshots(self) -> None:
+        """Drop every snapshot (the prefix cache was reset; no request holds a pin then)."""
+        self.snapshots.clear()
+        self.pins.clear()
+        self.free_snapshots = list(range(self.num_snapshots))
+
     def pin(self, key: int) -> None:
         self.pins[key] += 1
 

@@ -1,7 +1,13 @@
 """Small random-init MoE and hybrid (Gated DeltaNet + gated attention) checkpoints written by transformers
-(test-only): Qwen3-MoE, Qwen3.5, Qwen3.5-MoE, saved as HF directories with a word-level tokenizer."""
+(test-only): Qwen3-MoE, Qwen3.5, Qwen3.5-MoE, and Qwen3.5 as published (qwen3_5_vl: the multimodal
+class with a tiny vision tower, text config nested), saved as HF directories with a word-level tokenizer (words
+t0..t319) and a chat template that keeps the message words.
+
+    python -m tests.tiny_moe_hybrid ARCH OUT_DIR   # e.g. for contracts/hybrid_prefix_cpu.yaml
+"""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +31,11 @@ def make_tiny_moe_hybrid(arch: str, out_dir: Path, **overrides) -> Path:
     elif arch == "qwen3_5":
         kw = {**BASE, **HYBRID, "intermediate_size": 96, **overrides}
         model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**kw))
+    elif arch == "qwen3_5_vl":
+        kw = {**BASE, **HYBRID, "intermediate_size": 96, **overrides}
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=BASE["hidden_size"])
+        model = transformers.Qwen3_5ForConditionalGeneration(
+            transformers.Qwen3_5Config(text_config=kw, vision_config=vision))
     elif arch == "qwen3_5_moe":
         kw = {**BASE, **HYBRID, "moe_intermediate_size": 48, "shared_expert_intermediate_size": 40, "num_experts": 8,
               "num_experts_per_tok": 2, **overrides}
@@ -40,4 +51,14 @@ def make_tiny_moe_hybrid(arch: str, out_dir: Path, **overrides) -> Path:
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return out_dir
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}"
+                 "{% if add_generation_prompt %}t3{% endif %}")
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m tests.tiny_moe_hybrid qwen3_moe|qwen3_5|qwen3_5_moe|qwen3_5_vl OUT_DIR")
+    print(make_tiny_moe_hybrid(sys.argv[1], Path(sys.argv[2])))

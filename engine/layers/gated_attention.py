@@ -10,6 +10,7 @@ from onecat.engine.config import ModelConfig
 from onecat.engine.forward_context import get_forward_context
 from onecat.engine.kv_cache import write_kv
 from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
 
@@ -48,4 +49,4 @@ class GatedAttention(nn.Module):
         k = self._rope(positions, self.k_norm(k.view(T, self.num_kv_heads, d)))
         write_kv(cache, k, v.view(T, self.num_kv_heads, d), ctx.meta.slot_mapping)
         out = ctx.attention(q.contiguous(), cache, ctx.meta, self.scale)
-        return self.o_proj(out.reshape(T, self.q_size) * torch.sigmoid(gate))
+        return self.o_proj(out.reshape(T, self.q_size) * pointwise(torch.sigmoid, gate))

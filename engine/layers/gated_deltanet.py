@@ -16,6 +16,7 @@ from onecat.engine.config import ModelConfig
 from onecat.engine.errors import UnsupportedModelError
 from onecat.engine.layers import gated_deltanet_ops as ops
 from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
 from onecat.engine.state_cache import StatePlan
 
@@ -65,8 +66,8 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
         q, k = ops.prepare_qk(q.view(T, self.k_heads, self.k_dim), k.view(T, self.k_heads, self.k_dim), self.v_heads)
         v = v.reshape(T, self.v_heads, self.v_dim).float()
-        beta = b.sigmoid().float()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        beta = pointwise(torch.sigmoid, b).float()
+        g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
         core = torch.empty(T, self.v_heads, self.v_dim, dtype=torch.float32, device=x.device)
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots

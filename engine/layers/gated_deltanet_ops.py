@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from onecat.engine.layers.pointwise import pointwise
+
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
@@ -30,7 +32,7 @@ def causal_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor)
     """A batch of one-token steps: x [B, C], state [B, C, K-1], weight [C, K] -> (SiLU(conv) [B, C], state)."""
     full = torch.cat([state.to(weight.dtype), x.to(weight.dtype).unsqueeze(-1)], dim=-1)
     out = (full * weight).sum(dim=-1)
-    return F.silu(out).to(x.dtype), full[..., 1:]
+    return pointwise(F.silu, out).to(x.dtype), full[..., 1:]
 
 
 def prepare_qk(q: torch.Tensor, k: torch.Tensor, value_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +81,7 @@ def recurrent_gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of one-token steps, float32: q, k [B, H, Dk] (from prepare_qk), v [B, H, Dv], g and beta [B, H],
     state [B, H, Dk, Dv]. Returns (outputs [B, H, Dv], the new states)."""
-    s = state.float() * g.exp()[..., None, None]
+    s = state.float() * pointwise(torch.exp, g)[..., None, None]
     predicted = (s * k.unsqueeze(-1)).sum(dim=-2)
     delta = (v.float() - predicted) * beta.unsqueeze(-1)
     s = s + k.unsqueeze(-1) * delta.unsqueeze(-2)

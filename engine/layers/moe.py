@@ -6,7 +6,10 @@ The expert weights are expert-indexed 3D tensors, `experts.gate_up_proj` [E, 2I,
 `experts.down_proj` [E, H, I] (the layout of transformers' fused checkpoints and of a fused MoE kernel),
 so an expert-parallel rank can keep a slice of E. On CPU the experts run in a plain loop over the
 experts that got tokens this step: the step's (token, expert) pairs are sorted by expert, each expert
-multiplies its own rows, and the results are added back per token in expert order.
+multiplies its own rows, and the results are added back per token in expert order. Float32 on CPU
+multiplies through the batch-invariant matmul (batch_invariant_linear.py; each expert's weights are
+reordered once, a second copy), so a token's result does not depend on how many other tokens chose the
+same expert this step (and the activations go through pointwise.py for the same reason).
 """
 from __future__ import annotations
 
@@ -14,8 +17,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
+from onecat.engine.layers.pointwise import pointwise
+
+
+class _ExpertLinear:
+    """What batch_invariant_linear reads of a Linear, for one expert's weight (a view of a 3D tensor); it
+    keeps the expert's reordered copy."""
+
+    __slots__ = ("weight", "bias", "out_features", "_batch_invariant_weight")
+
+    def __init__(self):
+        self.bias, self._batch_invariant_weight = None, None
 
 
 class Experts(nn.Module):
@@ -26,6 +41,17 @@ class Experts(nn.Module):
         self.num_experts, self.intermediate = num_experts, intermediate
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
+        self._views: dict[tuple[str, int], _ExpertLinear] = {}
+
+    def _linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
+        weight = getattr(self, name)[e]
+        if not batch_invariant_linear.supported(x, weight):
+            return F.linear(x, weight)
+        view = self._views.get((name, e))
+        if view is None:
+            view = self._views[(name, e)] = _ExpertLinear()
+        view.weight, view.out_features = weight, weight.shape[0]
+        return batch_invariant_linear.batch_invariant_linear(view, x)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids."""
@@ -41,8 +67,8 @@ class Experts(nn.Module):
             if n == 0:
                 continue
             rows = tokens[start:start + n]
-            gate, up = F.linear(x[rows], self.gate_up_proj[e]).split(self.intermediate, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down_proj[e])
+            gate, up = self._linear(x[rows], "gate_up_proj", e).split(self.intermediate, dim=-1)
+            y = self._linear(pointwise(F.silu, gate) * up, "down_proj", e)
             out.index_add_(0, rows, (y * scales[start:start + n]).to(out.dtype))
             start += n
         return out
@@ -76,7 +102,7 @@ class SparseMoE(nn.Module):
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + pointwise(torch.sigmoid, self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
     def after_norm(self, norm, x: torch.Tensor, residual: torch.Tensor):

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.layers.pointwise import pointwise
+
 
 class ZeroCenteredRMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -37,4 +39,4 @@ class GatedRMSNorm(nn.Module):
         """weight * RMSNorm(x) * SiLU(gate), over the last dim, in x's dtype."""
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf.to(x.dtype) * F.silu(gate.float())).to(x.dtype)
+        return (self.weight * xf.to(x.dtype) * pointwise(F.silu, gate.float())).to(x.dtype)

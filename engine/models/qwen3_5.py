@@ -93,10 +93,6 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.states = RecurrentStateCache(self.num_linear_layers, num_slots, s["conv_dim"], s["conv_kernel"],
                                           s["v_heads"], s["k_dim"], s["v_dim"], dtype, device, num_snapshots)
 
-    @property
-    def num_state_slots(self) -> int:
-        return self.states.num_slots if self.states is not None else 0
-
     # ---- forward ------------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.states is None:
