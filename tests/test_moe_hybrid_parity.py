@@ -120,3 +120,55 @@ def test_a_request_does_not_depend_on_its_batch(tmp_path, arch):
     for i, p in enumerate(RAGGED):
         [alone] = run_onecat(d, [p])
         assert alone.token_ids == batched[i].token_ids and alone.logprobs == batched[i].logprobs
+
+
+def _qwen3moe_gguf(hf_dir, path):
+    """The tiny Qwen3-MoE checkpoint as llama.cpp lays it out (float32): experts stacked per projection."""
+    import json
+
+    import gguf
+    from safetensors.torch import load_file
+    from tokenizers import pre_tokenizers
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    sd = load_file(str(hf_dir / "model.safetensors"))
+    tokens = ["<eos>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    tokens += [f"<x{i}>" for i in range(cfg["vocab_size"] - len(tokens))]
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    for add, value in ((w.add_block_count, cfg["num_hidden_layers"]), (w.add_context_length, 512),
+                       (w.add_embedding_length, cfg["hidden_size"]), (w.add_head_count, cfg["num_attention_heads"]),
+                       (w.add_head_count_kv, cfg["num_key_value_heads"]), (w.add_key_length, cfg["head_dim"]),
+                       (w.add_value_length, cfg["head_dim"]), (w.add_rope_freq_base, cfg["rope_parameters"]["rope_theta"]),
+                       (w.add_layer_norm_rms_eps, cfg["rms_norm_eps"]), (w.add_expert_count, cfg["num_local_experts"]),
+                       (w.add_expert_used_count, cfg["num_experts_per_tok"]),
+                       (w.add_expert_feed_forward_length, cfg["moe_intermediate_size"]),
+                       (w.add_tokenizer_model, "gpt2"), (w.add_token_list, tokens),
+                       (w.add_token_types, [3] + [1] * (len(tokens) - 1)), (w.add_eos_token_id, 0)):
+        add(value)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"].numpy())
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"].numpy())
+    w.add_tensor("output.weight", sd["lm_head.weight"].numpy())
+    for i in range(cfg["num_hidden_layers"]):
+        for hf, gg in names.items():
+            w.add_tensor(f"blk.{i}.{gg}.weight", sd[f"model.layers.{i}.{hf}.weight"].numpy())
+        for proj, gg in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+            stacked = torch.stack([sd[f"model.layers.{i}.mlp.experts.{e}.{proj}.weight"]
+                                   for e in range(cfg["num_local_experts"])])
+            w.add_tensor(f"blk.{i}.{gg}.weight", stacked.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_qwen3moe_gguf_runs_like_its_hf_checkpoint(tmp_path):
+    pytest.importorskip("gguf")
+    d = make_tiny_moe_hybrid("qwen3_moe", tmp_path / "hf", mlp_only_layers=[])  # GGUF MoE: every layer sparse
+    f = _qwen3moe_gguf(d, tmp_path / "tiny-qwen3moe.gguf")
+    hf, from_gguf = run_onecat(d, RAGGED[:2]), run_onecat(f, RAGGED[:2])
+    assert [o.prompt_logprobs for o in hf] == [o.prompt_logprobs for o in from_gguf]
+    assert [o.logprobs for o in hf] == [o.logprobs for o in from_gguf]

@@ -16,7 +16,8 @@ import torch
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
 from onecat.engine.quant.int4_blocks import PACKABLE_GGUF_TYPES, QuantizedWeight
 
-GGUF_ARCH_TO_HF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GGUF_ARCH_TO_HF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                   "qwen3moe": "Qwen3MoeForCausalLM"}
 SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
 
 _LAYER_MAP = {
@@ -24,6 +25,9 @@ _LAYER_MAP = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    # MoE: the router, and every expert's projection stacked in one [experts, rows, cols] tensor
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 _TOP_MAP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
             "output.weight": "lm_head.weight"}
@@ -69,7 +73,7 @@ def gguf_to_hf_config(reader, path: Path) -> dict:
         "model_type": arch,
         "vocab_size": int(g("vocab_size", len(tokens))),
         "hidden_size": hidden,
-        "intermediate_size": int(g("feed_forward_length")),
+        "intermediate_size": int(g("feed_forward_length", 0)),
         "num_hidden_layers": int(g("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(g("attention.head_count_kv", heads)),
@@ -82,6 +86,10 @@ def gguf_to_hf_config(reader, path: Path) -> dict:
         "eos_token_id": field_value(reader, "tokenizer.ggml.eos_token_id"),
         "attention_bias": any(t.name.endswith("attn_q.bias") for t in reader.tensors),
     }
+    if g("expert_count"):  # every layer is MoE in the GGUF MoE architectures
+        cfg.update(num_experts=int(g("expert_count")), num_experts_per_tok=int(g("expert_used_count")),
+                   moe_intermediate_size=int(g("expert_feed_forward_length")), decoder_sparse_step=1,
+                   mlp_only_layers=[], norm_topk_prob=bool(g("expert_weights_norm", True)))
     scaling_type = g("rope.scaling.type")
     if scaling_type and scaling_type != "none":
         cfg["rope_scaling"] = {"rope_type": scaling_type, "factor": float(g("rope.scaling.factor", 1.0))}

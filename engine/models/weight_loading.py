@@ -23,6 +23,7 @@ Select = Callable[[torch.Tensor], torch.Tensor]  # the part of a parameter's dat
 Route = Callable[[str], "tuple[str, Select | None] | None"]  # None: the tensor is not used (said by the route)
 
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_STACKED = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")  # all experts in one (GGUF)
 
 
 def load_by_name(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], route: Route) -> None:
@@ -77,6 +78,13 @@ def fused_route(model: nn.Module, prefixes: tuple[str, ...] = ("model.",),
             if leaf == "down_proj":
                 return f"{parent}.down_proj", (lambda d: d[e])
             return f"{parent}.gate_up_proj", _rows(0 if leaf == "gate_proj" else i, i, e)
+        stacked = _STACKED.match(name)
+        if stacked is not None:
+            parent, leaf = stacked.group(1), stacked.group(2)
+            if leaf == "down_proj":
+                return f"{parent}.down_proj", None
+            i = model.get_submodule(parent).intermediate
+            return f"{parent}.gate_up_proj", (lambda d: d.narrow(1, 0 if leaf == "gate_proj" else i, i))
         parent, _, rest = name.rpartition(".")
         owner, _, leaf = parent.rpartition(".")
         parts = _fused_parts(model, owner)
