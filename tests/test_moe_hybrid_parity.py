@@ -136,7 +136,8 @@ def _qwen3moe_gguf(hf_dir, path):
     tokens += [f"<x{i}>" for i in range(cfg["vocab_size"] - len(tokens))]
     w = gguf.GGUFWriter(str(path), "qwen3moe")
     for add, value in ((w.add_block_count, cfg["num_hidden_layers"]), (w.add_context_length, 512),
-                       (w.add_embedding_length, cfg["hidden_size"]), (w.add_head_count, cfg["num_attention_heads"]),
+                       (w.add_embedding_length, cfg["hidden_size"]), (w.add_feed_forward_length, cfg["intermediate_size"]),
+                       (w.add_head_count, cfg["num_attention_heads"]),
                        (w.add_head_count_kv, cfg["num_key_value_heads"]), (w.add_key_length, cfg["head_dim"]),
                        (w.add_value_length, cfg["head_dim"]), (w.add_rope_freq_base, cfg["rope_parameters"]["rope_theta"]),
                        (w.add_layer_norm_rms_eps, cfg["rms_norm_eps"]), (w.add_expert_count, cfg["num_local_experts"]),
