@@ -186,3 +186,19 @@ def test_align_is_refused_for_models_without_recurrent_state():
                                "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2})
     [problem] = unsupported_settings(EngineArgs(model="x", mamba_cache_mode="align"), cfg, torch.device("cpu"))
     assert "qwen3 has none" in problem and "use mamba_cache_mode none" in problem
+
+
+def test_bfloat16_runs_with_a_float32_recurrent_state(hybrid_dir):
+    """bfloat16 weights and activations; the DeltaNet state stays float32, the convolution inputs bfloat16."""
+    from onecat.engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3)
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96) as fp32:
+        ref = fp32.generate(PROMPTS[:3], params)
+    with LLM(str(hybrid_dir), dtype="bfloat16", max_model_len=96, max_num_batched_tokens=24) as bf16:
+        states = bf16.model.states
+        assert states.ssm.dtype == torch.float32 and states.conv.dtype == torch.bfloat16
+        outs = bf16.generate(PROMPTS[:3], params)
+    for o, r in zip(outs, ref):
+        shared = set(o.logprobs[0]) & set(r.logprobs[0])
+        assert shared and all(abs(o.logprobs[0][t] - r.logprobs[0][t]) < 0.05 for t in shared)
