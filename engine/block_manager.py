@@ -120,7 +120,7 @@ class BlockManager:
             seq.state_slot = self.free_state_slots.pop()
             key = self.pending_restore.pop(seq.request_id, None)
             if key is not None:
-                self.states.restore(key, seq.state_slot)
+                self.states.restore(key, seq.state_slot, seq.num_computed_tokens)
         if need > 0:
             seq.block_table.extend(self._take_free() for _ in range(need))
         return True

@@ -17,6 +17,7 @@ class ForwardContext:
     attention: "AttentionDispatcher"
     gemv_rows: int = 1  # inputs of up to this many rows take the batch-1 GEMV (engine/layers/linear.py)
     state_slots: list[int | None] | None = None  # hybrid models: each sequence's recurrent-state slot
+    lookaheads: list[int] | None = None  # each sequence's draft tokens under verification (speculative decoding)
 
 
 _current: ForwardContext | None = None

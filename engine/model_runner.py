@@ -55,6 +55,7 @@ class StepInputs:
     logit_rows: list[int]  # hidden rows whose logits the step needs, in the order _outputs reads them
     gemv_rows: int  # rows that may take the batch-1 GEMV (ForwardContext.gemv_rows)
     state_slots: list[int | None] | None = None  # hybrid models: each sequence's recurrent-state slot
+    lookaheads: list[int] | None = None  # each sequence's draft tokens under verification (their last rows)
 
 
 @dataclass(slots=True)
@@ -101,7 +102,8 @@ class ModelRunner:
         tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in sched]
         batch1_verify = len(sched) == 1 and sched[0].num_new_tokens == 1  # one sequence's decode/verify rows
         return StepInputs(ids, pos, slots, qsl, seq_lens, qlens, tables, rows,
-                          self.verify_gemv_rows if batch1_verify else 1, [s.seq.state_slot for s in sched])
+                          self.verify_gemv_rows if batch1_verify else 1, [s.seq.state_slot for s in sched],
+                          [s.num_lookahead for s in sched])
 
     def _metadata(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
@@ -119,7 +121,8 @@ class ModelRunner:
         """(hidden [T, H], float32 logits of x.logit_rows [R, V]): the forward every tensor-parallel rank
         runs in step (the other ranks get `x` from the first)."""
         input_ids, positions, meta = self._metadata(x)
-        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, x.gemv_rows, x.state_slots))
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, x.gemv_rows, x.state_slots,
+                                           x.lookaheads))
         try:
             hidden = self.model(input_ids, positions)
             if not x.logit_rows:

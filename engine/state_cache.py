@@ -13,6 +13,11 @@ hit may then end only at a block with a snapshot, which is copied into the reque
 Snapshots are kept least-recently-saved first out; one that a waiting request has matched is pinned until it
 is restored or the request leaves. With mamba_cache_mode `none` there are no snapshots and prefix caching
 is off for hybrid models.
+
+Speculative decoding verifies 1 + k tokens of a request in one step, but only the accepted ones stay. For
+such a chunk the layers run token by token (the decode step's ops) and keep every intermediate state (a
+`Trail`); the next step starts where the engine says the request is, and the cache rolls the slot back to
+the state after exactly those tokens first.
 """
 from __future__ import annotations
 
@@ -23,15 +28,26 @@ import torch
 
 
 @dataclass(slots=True)
+class Trail:
+    """The states inside a verified chunk that starts at position `first`: every layer's convolution inputs
+    (the carried-over K-1 then the chunk's q) and the DeltaNet state after each of its q tokens."""
+
+    first: int
+    conv: torch.Tensor  # [layers, C, K-1+q]
+    ssm: torch.Tensor  # [layers, q, H, Dk, Dv]
+
+
+@dataclass(slots=True)
 class StatePlan:
     """Where one step's requests keep their state: the one-token requests as a batch (rows of the step's
-    tokens, and their slots), the longer chunks (prefill) one by one as (first row, end row, slot)."""
+    tokens, and their slots), the longer chunks one by one as (first row, end row, slot, Trail or None:
+    a speculative verify chunk, run token by token and keeping its intermediate states)."""
 
     conv: torch.Tensor  # [layers, slots, C, K-1]
     ssm: torch.Tensor  # [layers, slots, H, Dk, Dv]
     decode_rows: torch.Tensor | None
     decode_slots: torch.Tensor | None
-    chunks: list[tuple[int, int, int]]
+    chunks: list[tuple[int, int, int, Trail | None]]
 
 
 class RecurrentStateCache:
@@ -46,6 +62,9 @@ class RecurrentStateCache:
         self.free_snapshots = list(range(num_snapshots))
         self.pins: Counter[int] = Counter()  # prefix hash -> waiting requests that matched it
         self.saved = self.restored = 0  # counts, for reports and tests
+        self.position = [0] * num_slots  # tokens each slot's state has consumed
+        self.trails: dict[int, Trail] = {}  # slot -> its last verify chunk's states
+        self.rollbacks = 0
 
     @property
     def nbytes(self) -> int:
@@ -86,16 +105,32 @@ class RecurrentStateCache:
         if self.pins[key] <= 0:
             del self.pins[key]
 
-    def restore(self, key: int, slot: int) -> None:
-        """Copy the (pinned) snapshot of `key` into `slot`, and unpin it."""
+    def restore(self, key: int, slot: int, position: int) -> None:
+        """Copy the (pinned) snapshot of `key`, the state after `position` tokens, into `slot`, and unpin it."""
         index = self.snapshots[key]
         self.conv[:, slot] = self.snap_conv[:, index]
         self.ssm[:, slot] = self.snap_ssm[:, index]
+        self.position[slot] = position
+        self.trails.pop(slot, None)
         self.unpin(key)
         self.restored += 1
 
-    def step_plan(self, query_lens: list[int], seq_lens: list[int], slots: list[int | None] | None) -> StatePlan:
-        """The step's plan; the slots of requests that start at position 0 are zeroed first."""
+    def _roll_back(self, slot: int, start: int) -> None:
+        """Set `slot` to the state after `start` tokens, from its last verify chunk (drafts were rejected)."""
+        trail = self.trails.get(slot)
+        q = trail.ssm.shape[1] if trail is not None else 0
+        if trail is None or not trail.first < start <= trail.first + q:
+            raise RuntimeError(f"state slot {slot} holds the state after {self.position[slot]} tokens and keeps "
+                               f"none after {start}: the engine and the recurrent state disagree")
+        used = start - trail.first
+        self.conv[:, slot] = trail.conv[:, :, used:used + self.conv.shape[-1]]
+        self.ssm[:, slot] = trail.ssm[:, used - 1]
+        self.rollbacks += 1
+
+    def step_plan(self, query_lens: list[int], seq_lens: list[int], slots: list[int | None] | None,
+                  lookaheads: list[int] | None = None) -> StatePlan:
+        """The step's plan; the slots of requests that start at position 0 are zeroed first, those that start
+        inside their last verify chunk rolled back to that position."""
         if slots is None or any(s is None for s in slots):
             raise RuntimeError("a hybrid model's step needs a state slot for every request (the engine hands "
                                "them out with the KV blocks)")
@@ -106,12 +141,22 @@ class RecurrentStateCache:
             self.conv[:, idx] = 0
             self.ssm[:, idx] = 0
         decode_rows, decode_slots, chunks, row = [], [], [], 0
-        for slot, q in zip(slots, query_lens):
+        for i, (slot, q, n) in enumerate(zip(slots, query_lens, seq_lens)):
+            start = n - q
+            if start and self.position[slot] != start:
+                self._roll_back(slot, start)
+            self.trails.pop(slot, None)
+            self.position[slot] = n
             if q == 1:
                 decode_rows.append(row)
                 decode_slots.append(slot)
             else:
-                chunks.append((row, row + q, slot))
+                trail = None
+                if lookaheads is not None and lookaheads[i]:
+                    trail = self.trails[slot] = Trail(
+                        start, self.conv.new_empty(self.conv.shape[0], self.conv.shape[2], self.conv.shape[3] + q),
+                        self.ssm.new_empty(self.ssm.shape[0], q, *self.ssm.shape[2:]))
+                chunks.append((row, row + q, slot, trail))
             row += q
         as_tensor = (lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev) if xs else None)
         return StatePlan(self.conv, self.ssm, as_tensor(decode_rows), as_tensor(decode_slots), chunks)

@@ -122,6 +122,24 @@ def test_align_chunks_end_at_block_boundaries():
     assert BlockManager(8, 16, False, states).aligned_chunk(0, 70) == 70  # prefix caching off: no snapshots
 
 
+@pytest.mark.parametrize("k", [2, 5])
+def test_speculation_rolls_the_state_back_to_the_accepted_tokens(hybrid_dir, k):
+    """Greedy n-gram speculation gives the tokens of plain decoding: a verify chunk runs token by token with the
+    decode step's ops and keeps each state; the next step starts from the state after the accepted tokens."""
+    from onecat.engine import LLM
+
+    prompts = [[5, 6, 7, 8] * 6, PROMPTS[0], [9, 10, 11] * 5 + [9]]
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96) as base:
+        ref = [o.token_ids for o in base.generate(prompts, greedy(24))]
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96, max_num_batched_tokens=16,
+             speculative_config={"method": "ngram", "num_speculative_tokens": k}) as llm:
+        outs = llm.generate(prompts, greedy(24))
+        states = llm.model.states
+        assert states.rollbacks > 0
+    assert [o.token_ids for o in outs] == ref
+    assert sum(o.spec.num_accepted_tokens for o in outs) > 0  # some drafts were kept, some rolled back
+
+
 def test_each_prompt_alone_equals_batched(hybrid_dir):
     """The batched one-token step (recurrent form) and the per-request chunks see only their own state."""
     from onecat.engine import LLM
@@ -150,7 +168,10 @@ def test_prefix_caching_is_off_for_hybrid_models_and_said_once(hybrid_dir, caplo
 @pytest.mark.parametrize("settings,needle", [
     ({"mamba_cache_mode": "all"}, "mamba_cache_mode='all'"),
     ({"mamba_cache_mode": "align", "enable_prefix_caching": False}, "enable_prefix_caching true"),
-    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative decoding on hybrid"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}, "mamba_cache_mode": "align"},
+     "speculative decoding with mamba_cache_mode align"),
+    ({"speculative_config": {"method": "dflash", "model": "drafter", "num_speculative_tokens": 2}},
+     "dflash on hybrid models"),
 ])
 def test_unimplemented_hybrid_settings_are_refused(hybrid_dir, settings, needle):
     from onecat.engine import LLM

@@ -4,7 +4,9 @@ the gated delta rule mixes tokens through a per-request state; a gated RMSNorm a
 
 The state lives in the engine's RecurrentStateCache (engine/state_cache.py); the step's StatePlan says which
 rows are one-token steps (run as a batch by the recurrent form) and which are prefill chunks (one request at
-a time by the chunked form). The ops are the torch reference (gated_deltanet_ops.py).
+a time by the chunked form); a speculative verify chunk runs token by token with the one-token ops and keeps
+every intermediate state in its Trail (the cache rolls back to the accepted tokens' state). The ops are the
+torch reference (gated_deltanet_ops.py).
 """
 from __future__ import annotations
 
@@ -72,10 +74,18 @@ class GatedDeltaNet(nn.Module):
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots
             core[r], ssm_state[slots] = ops.recurrent_gated_delta_step(q[r], k[r], v[r], g[r], beta[r], ssm_state[slots])
-        for start, end, slot in plan.chunks:
-            heads_first = [t[start:end].transpose(0, 1) for t in (q, k, v, g, beta)]
-            out, ssm_state[slot] = ops.chunk_gated_delta_rule(*heads_first, ssm_state[slot])
-            core[start:end] = out.transpose(0, 1)
+        for start, end, slot, trail in plan.chunks:
+            if trail is None:
+                heads_first = [t[start:end].transpose(0, 1) for t in (q, k, v, g, beta)]
+                out, ssm_state[slot] = ops.chunk_gated_delta_rule(*heads_first, ssm_state[slot])
+                core[start:end] = out.transpose(0, 1)
+                continue
+            s = ssm_state[slot].unsqueeze(0)
+            for t in range(start, end):
+                o, s = ops.recurrent_gated_delta_step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
+                core[t] = o[0]
+                trail.ssm[self.state_index, t - start] = s[0]
+            ssm_state[slot] = s[0]
         out = self.norm(core.to(x.dtype), z.reshape(T, self.v_heads, self.v_dim))
         return self.out_proj(out.reshape(T, self.value_size))
 
@@ -86,7 +96,15 @@ class GatedDeltaNet(nn.Module):
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots
             out[r], conv_state[slots] = ops.causal_conv_step(mixed[r], conv_state[slots], weight)
-        for start, end, slot in plan.chunks:
-            y, conv_state[slot] = ops.causal_conv(mixed[start:end].T, conv_state[slot], weight)
-            out[start:end] = y.T
+        for start, end, slot, trail in plan.chunks:
+            if trail is None:
+                y, conv_state[slot] = ops.causal_conv(mixed[start:end].T, conv_state[slot], weight)
+                out[start:end] = y.T
+                continue
+            trail.conv[self.state_index] = torch.cat([conv_state[slot], mixed[start:end].T.to(conv_state.dtype)], -1)
+            state = conv_state[slot].unsqueeze(0)
+            for t in range(start, end):
+                y, state = ops.causal_conv_step(mixed[t:t + 1], state, weight)
+                out[t] = y[0]
+            conv_state[slot] = state[0]
         return out

@@ -98,7 +98,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         if self.states is None:
             raise RuntimeError("allocate_recurrent_state before running a hybrid model")
         ctx = get_forward_context()
-        plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots)
+        plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots, ctx.lookaheads)
         h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, plan)

@@ -31,9 +31,14 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
     if cfg.quantization is not None:
         out.append(f"quantization {cfg.quantization!r} is not implemented for {kind} models ({arch}); run the "
                    "checkpoint unquantized")
-    if arch in HYBRID_ARCHITECTURES and cfg.speculative_config is not None:
-        out.append(f"speculative decoding on hybrid models ({arch}) is not implemented: rejected draft tokens would "
-                   "need the recurrent state rolled back; remove speculative_config")
+    spec = cfg.speculative_config
+    if arch in HYBRID_ARCHITECTURES and spec is not None and spec.method == "dflash":
+        out.append(f"speculative method dflash on hybrid models ({arch}) is not implemented: the DFlash drafter "
+                   "reads hidden states of the target's layers that hybrid models do not tap; use ngram or "
+                   "draft_model")
+    if arch in HYBRID_ARCHITECTURES and spec is not None and cfg.mamba_cache_mode == "align":
+        out.append("speculative decoding with mamba_cache_mode align is not implemented: a state would be saved "
+                   "at a block boundary before the rejected drafts are rolled back; use mamba_cache_mode none")
     if cfg.mamba_cache_mode == "align" and arch not in HYBRID_ARCHITECTURES:
         out.append(f"mamba_cache_mode='align' saves the recurrent state of hybrid models; {arch} has none: use "
                    "mamba_cache_mode none")
