@@ -122,20 +122,23 @@ def test_align_chunks_end_at_block_boundaries():
     assert BlockManager(8, 16, False, states).aligned_chunk(0, 70) == 70  # prefix caching off: no snapshots
 
 
-@pytest.mark.parametrize("k", [2, 5])
-def test_speculation_rolls_the_state_back_to_the_accepted_tokens(hybrid_dir, k):
+@pytest.mark.parametrize("k,small_kv", [(2, False), (5, False), (3, True)])
+def test_speculation_rolls_the_state_back_to_the_accepted_tokens(hybrid_dir, k, small_kv):
     """Greedy n-gram speculation gives the tokens of plain decoding: a verify chunk runs token by token with the
-    decode step's ops and keeps each state; the next step starts from the state after the accepted tokens."""
+    decode step's ops and keeps each state; the next step starts from the state after the accepted tokens
+    (small_kv: some requests are also preempted and recomputed)."""
     from onecat.engine import LLM
 
     prompts = [[5, 6, 7, 8] * 6, PROMPTS[0], [9, 10, 11] * 5 + [9]]
     with LLM(str(hybrid_dir), dtype="float32", max_model_len=96) as base:
         ref = [o.token_ids for o in base.generate(prompts, greedy(24))]
-    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96, max_num_batched_tokens=16,
+    memory = dict(max_num_batched_tokens=8, block_size=4, num_kv_blocks=26, max_num_seqs=3) if small_kv else \
+        dict(max_num_batched_tokens=16)
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96, **memory,
              speculative_config={"method": "ngram", "num_speculative_tokens": k}) as llm:
         outs = llm.generate(prompts, greedy(24))
         states = llm.model.states
-        assert states.rollbacks > 0
+        assert states.rollbacks > 0 and (llm.engine.scheduler.num_preemptions > 0) == small_kv
     assert [o.token_ids for o in outs] == ref
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0  # some drafts were kept, some rolled back
 
