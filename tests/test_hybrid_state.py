@@ -143,6 +143,16 @@ def test_speculation_rolls_the_state_back_to_the_accepted_tokens(hybrid_dir, k, 
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0  # some drafts were kept, some rolled back
 
 
+def test_a_hybrid_drafter_drafting_for_itself_is_always_accepted(hybrid_dir, reference_tokens):
+    from onecat.engine import LLM
+
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96,
+             speculative_config={"method": "draft_model", "model": str(hybrid_dir), "num_speculative_tokens": 3}) as llm:
+        outs = llm.generate(PROMPTS, greedy())
+    assert [o.token_ids for o in outs] == reference_tokens
+    assert all(o.spec.num_draft_tokens > 0 and o.spec.num_accepted_tokens == o.spec.num_draft_tokens for o in outs)
+
+
 def test_each_prompt_alone_equals_batched(hybrid_dir):
     """The batched one-token step (recurrent form) and the per-request chunks see only their own state."""
     from onecat.engine import LLM
