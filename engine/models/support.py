@@ -16,12 +16,14 @@ MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
 
 def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.device) -> list[str]:
     arch = model.architecture
-    if arch not in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES:
-        return [] if cfg.mamba_cache_mode == "none" else [
-            f"mamba_cache_mode={cfg.mamba_cache_mode!r} saves the recurrent state of hybrid models; {arch} has none: "
-            "use mamba_cache_mode none"]
-    kind = "hybrid (linear + full attention)" if arch in HYBRID_ARCHITECTURES else "MoE"
+    hybrid = arch in HYBRID_ARCHITECTURES
     out = []
+    if cfg.mamba_cache_mode != "none" and not hybrid:
+        out.append(f"mamba_cache_mode={cfg.mamba_cache_mode!r} saves the recurrent state of hybrid models; {arch} "
+                   "has none: use mamba_cache_mode none")
+    if arch not in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES:
+        return out
+    kind = "hybrid (linear + full attention)" if hybrid else "MoE"
     if cfg.tensor_parallel_size > 1:
         out.append(f"tensor_parallel_size={cfg.tensor_parallel_size} is not implemented for {kind} models "
                    f"({arch}): their experts and linear-attention layers are not sharded; use tensor_parallel_size 1")
@@ -32,17 +34,14 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
         out.append(f"quantization {cfg.quantization!r} is not implemented for {kind} models ({arch}); run the "
                    "checkpoint unquantized")
     spec = cfg.speculative_config
-    if arch in HYBRID_ARCHITECTURES and spec is not None and spec.method == "dflash":
+    if hybrid and spec is not None and spec.method == "dflash":
         out.append(f"speculative method dflash on hybrid models ({arch}) is not implemented: the DFlash drafter "
                    "reads hidden states of the target's layers that hybrid models do not tap; use ngram or "
                    "draft_model")
-    if arch in HYBRID_ARCHITECTURES and spec is not None and cfg.mamba_cache_mode == "align":
+    if hybrid and spec is not None and cfg.mamba_cache_mode == "align":
         out.append("speculative decoding with mamba_cache_mode align is not implemented: a state would be saved "
                    "at a block boundary before the rejected drafts are rolled back; use mamba_cache_mode none")
-    if cfg.mamba_cache_mode == "align" and arch not in HYBRID_ARCHITECTURES:
-        out.append(f"mamba_cache_mode='align' saves the recurrent state of hybrid models; {arch} has none: use "
-                   "mamba_cache_mode none")
-    if cfg.mamba_cache_mode == "align" and arch in HYBRID_ARCHITECTURES and not cfg.enable_prefix_caching:
+    if cfg.mamba_cache_mode == "align" and hybrid and not cfg.enable_prefix_caching:
         out.append("mamba_cache_mode='align' saves recurrent states for prefix caching, which is off: set "
                    "enable_prefix_caching true, or use mamba_cache_mode none")
     return out
