@@ -1,16 +1,19 @@
-"""Fused row-wise CPU ops of the float32 decoder layer (csrc/cpu/), built on first use.
+"""The C++ CPU ops (csrc/cpu/): fused row-wise ops of the float32 decoder layer, the paged attention
+(engine/attention/cpu_paged.py) and the one-call decode step; built on first use.
 
 In eager torch a decode step's small ops (residual add + RMSNorm, RoPE, the K/V cache write, SiLU * up)
 are ~25 calls per layer whose fixed cost, not their arithmetic, dominates a CPU step at small batches.
 The extension does each group in one call with the same per-row arithmetic for any number of rows, so a
 token's result still does not depend on its batch; and it runs a whole batch-1 decode step of a packed
 model in one call (engine/models/llama_cpu_decode.py). It is compiled with torch's C++ extension builder
-(needs a C++ compiler; ~10 s once) into the onecat cache folder, keyed by the source and torch version;
-without a compiler the engine keeps the torch ops and reports why.
+(needs a C++ compiler; ~20 s once) into the onecat cache folder, keyed by the sources' content, flags and
+torch version (any checkout of the same sources reuses it); without a compiler the engine keeps the torch
+ops and the reference attention and reports why.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from pathlib import Path
 
@@ -62,6 +65,21 @@ def _build_directory() -> Path:
     return cache_root() / "torch_extensions" / f"cpu_fused_ops-{key}"
 
 
+def _staged_sources(folder: Path) -> list[Path]:
+    """The sources copied into the build folder (named by their content), so that every checkout of the same
+    sources (git worktrees, other clones) builds from the same paths and reuses the built library instead of
+    rebuilding it; a file is written only when missing or different (its time stamp is what ninja checks)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in sorted(SOURCE_DIR.glob("*")):
+        target = folder / f.name
+        data = f.read_bytes()
+        if not target.exists() or target.read_bytes() != data:
+            partial = folder / f".{f.name}.{os.getpid()}.partial"
+            partial.write_bytes(data)
+            os.replace(partial, target)
+    return [folder / s.name for s in SOURCES]
+
+
 def load():
     """torch.ops.onecat_cpu, building the extension on first use; RuntimeError saying why if it cannot."""
     with _lock:
@@ -72,10 +90,10 @@ def load():
                 from torch.utils import cpp_extension
 
                 build_dir = _build_directory()
-                build_dir.mkdir(parents=True, exist_ok=True)
+                sources = _staged_sources(build_dir / "src")
                 omp_compile, omp_link = _openmp_flags()
-                cpp_extension.load(name="onecat_cpu_fused_ops", sources=[str(s) for s in SOURCES],
-                                   extra_include_paths=[str(SOURCE_DIR)], is_python_module=False,
+                cpp_extension.load(name="onecat_cpu_fused_ops", sources=[str(s) for s in sources],
+                                   extra_include_paths=[str(build_dir / "src")], is_python_module=False,
                                    extra_cflags=_FLAGS + _vector_flags() + omp_compile, extra_ldflags=omp_link,
                                    build_directory=str(build_dir), verbose=False)
                 _state["ops"] = torch.ops.onecat_cpu
