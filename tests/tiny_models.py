@@ -11,7 +11,6 @@ COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_
 
 def make_tiny_model(arch: str, out_dir: Path, **overrides) -> Path:
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(1234)
     kw = {**COMMON, **overrides}
@@ -30,9 +29,15 @@ def make_tiny_model(arch: str, out_dir: Path, **overrides) -> Path:
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+    return save_with_word_tokenizer(model, out_dir, kw["vocab_size"])
+
+
+def save_with_word_tokenizer(model, out_dir: Path, vocab_size: int) -> Path:
+    """The model as an HF directory with a word-level tokenizer: token i is the word t{i}."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     model.save_pretrained(out_dir, safe_serialization=True)
-    vocab = {f"t{i}": i for i in range(kw["vocab_size"])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(out_dir / "tokenizer.json"))
     return out_dir

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from tests.tiny_models import save_with_word_tokenizer
+
 BASE = dict(vocab_size=320, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             head_dim=32, max_position_embeddings=512)
 HYBRID = dict(linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
@@ -21,7 +23,6 @@ HYBRID = dict(linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_h
 
 def make_tiny_moe_hybrid(arch: str, out_dir: Path, **overrides) -> Path:
     import transformers
-    from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(1234)
     if arch == "qwen3_moe":
@@ -46,11 +47,7 @@ def make_tiny_moe_hybrid(arch: str, out_dir: Path, **overrides) -> Path:
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name or name.endswith(("A_log", "dt_bias")):
                 p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    vocab = {f"t{i}": i for i in range(kw["vocab_size"])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(out_dir / "tokenizer.json"))
+    save_with_word_tokenizer(model, out_dir, kw["vocab_size"])
     (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return out_dir
 
