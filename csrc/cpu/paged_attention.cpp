@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -31,12 +32,30 @@ constexpr int64_t kChunk = 16;  // keys per softmax step; a multiple of Vec::siz
 constexpr int64_t kMaxRow = 4096;  // G * D of one job's query rows (floats kept on the stack)
 constexpr int kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2;  // engine/attention/cpu_paged.py FP8_KINDS
 
+// The float value of every byte of an fp8 format (exact: the same as converting each one), looked up per
+// stored value instead of decoding its bits.
+const float* fp8_table(int kind) {
+  using E4M3 = c10::Float8_e4m3fn;
+  using E5M2 = c10::Float8_e5m2;
+  static const std::array<float, 256> e4m3 = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = static_cast<float>(E4M3(static_cast<uint8_t>(i), E4M3::from_bits()));
+    return t;
+  }();
+  static const std::array<float, 256> e5m2 = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = static_cast<float>(E5M2(static_cast<uint8_t>(i), E5M2::from_bits()));
+    return t;
+  }();
+  return kind == kFp8E4M3 ? e4m3.data() : kind == kFp8E5M2 ? e5m2.data() : nullptr;
+}
+
 // One layer's K or V cache: [blocks, block_size, kv_heads, dim] in float32, bfloat16 or fp8 bytes with a
 // float32 scale per stored token and head (value = fp8 * scale, as engine/kv_cache.py dequantize_fp8).
 struct CacheView {
   const void* data;
   at::ScalarType dtype;
-  int fp8_kind;
+  const float* fp8_values;  // the float of each fp8 byte (fp8 caches)
   const float* scale;
   int64_t block_size, kv_heads, dim;
 
@@ -52,11 +71,7 @@ struct CacheView {
     }
     const uint8_t* src = static_cast<const uint8_t*>(data) + index * dim;
     const float s = scale[index];
-    for (int64_t d = 0; d < dim; ++d) {
-      const float x = fp8_kind == kFp8E4M3 ? static_cast<float>(c10::Float8_e4m3fn(src[d], c10::Float8_e4m3fn::from_bits()))
-                                          : static_cast<float>(c10::Float8_e5m2(src[d], c10::Float8_e5m2::from_bits()));
-      scratch[d] = x * s;
-    }
+    for (int64_t d = 0; d < dim; ++d) scratch[d] = fp8_values[src[d]] * s;
     return scratch;
   }
 };
@@ -186,6 +201,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
               Vec::size(), " and at most 256");
   TORCH_CHECK(q_heads % kv_heads == 0 && q_heads / kv_heads <= 16 && q_heads / kv_heads * dim <= kMaxRow,
               "at most 16 query heads per KV head and ", kMaxRow, " values per group are supported");
+  TORCH_CHECK(fp8_kind == kFp8None || fp8_kind == kFp8E4M3 || fp8_kind == kFp8E5M2, "fp8_kind must be 0, 1 or 2");
   TORCH_CHECK((fp8_kind == kFp8None) == (k_cache.scalar_type() != at::kByte), "fp8 caches are uint8 bytes with scales");
   if (fp8_kind != kFp8None) {
     TORCH_CHECK(k_scale.has_value() && v_scale.has_value() && k_scale->is_contiguous() && v_scale->is_contiguous() &&
@@ -208,8 +224,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   }
   const float* ks = fp8_kind != kFp8None ? k_scale->data_ptr<float>() : nullptr;
   const float* vs = fp8_kind != kFp8None ? v_scale->data_ptr<float>() : nullptr;
-  const CacheView kv[2] = {{k_cache.data_ptr(), k_cache.scalar_type(), static_cast<int>(fp8_kind), ks, block_size, kv_heads, dim},
-                           {v_cache.data_ptr(), v_cache.scalar_type(), static_cast<int>(fp8_kind), vs, block_size, kv_heads, dim}};
+  const float* fp8_values = fp8_table(static_cast<int>(fp8_kind));
+  const CacheView kv[2] = {{k_cache.data_ptr(), k_cache.scalar_type(), fp8_values, ks, block_size, kv_heads, dim},
+                           {v_cache.data_ptr(), v_cache.scalar_type(), fp8_values, vs, block_size, kv_heads, dim}};
   const int64_t group = q_heads / kv_heads;
   at::Tensor out = at::empty({tokens, q_heads, dim}, q.options());
   int64_t work = 0;  // key rows visited, for the grain: small steps stay on the calling thread
