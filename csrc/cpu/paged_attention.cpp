@@ -58,11 +58,12 @@ struct CacheView {
   const float* fp8_values;  // the float of each fp8 byte (fp8 caches)
   const float* scale;
   int64_t block_size, kv_heads, dim;
+  int64_t head = 0;  // the KV head this view reads
 
-  // The key at `offset` of cache block `block`, KV head h, as float32: a pointer into the cache when it
-  // holds float32, else the row converted into `scratch`.
-  const float* row(int64_t block, int64_t offset, int64_t h, float* scratch) const {
-    const int64_t index = (block * block_size + offset) * kv_heads + h;
+  // The row at `offset` of cache block `block` as float32: a pointer into the cache when it holds float32,
+  // else the row converted into `scratch`.
+  const float* row(int64_t block, int64_t offset, float* scratch) const {
+    const int64_t index = (block * block_size + offset) * kv_heads + head;
     if (dtype == at::kFloat) return static_cast<const float*>(data) + index * dim;
     if (dtype == at::kBFloat16) {
       const at::BFloat16* src = static_cast<const at::BFloat16*>(data) + index * dim;
@@ -140,7 +141,7 @@ void attend_one(const T* q, int64_t q_head_stride, T* out, int64_t out_head_stri
       block_of[j] = table[b], offset_of[j] = o;
       if (++o == k.block_size) o = 0, ++b;
     }
-    for (int64_t j = 0; j < n; ++j) rows[j] = k.row(block_of[j], offset_of[j], 0, kbuf[j]);
+    for (int64_t j = 0; j < n; ++j) rows[j] = k.row(block_of[j], offset_of[j], kbuf[j]);
     for (int64_t j = n; j < kChunk; ++j) rows[j] = zeros;  // scored, then masked to -inf
     for (int64_t g = 0; g < group; ++g) {
       chunk_scores(qf + g * dim, rows, dim, scale, scores[g]);
@@ -155,7 +156,7 @@ void attend_one(const T* q, int64_t q_head_stride, T* out, int64_t out_head_stri
       m[g] = top;
       factor[g] = correction;
     }
-    for (int64_t j = 0; j < n; ++j) rows[j] = v.row(block_of[j], offset_of[j], 0, vbuf[j]);
+    for (int64_t j = 0; j < n; ++j) rows[j] = v.row(block_of[j], offset_of[j], vbuf[j]);
     for (int64_t g = 0; g < group; ++g) {
       float* a = acc + g * dim;
       for (int64_t d = 0; d < dim; d += Vec::size()) {
@@ -240,11 +241,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       for (int64_t job = begin; job < end; ++job) {
         const int64_t t = job / kv_heads, h = job % kv_heads;
         CacheView k = kv[0], v = kv[1];
-        // the head offset goes into the data pointer: row() then indexes head 0 of the token's slot
-        const int64_t elem = k_cache.element_size();
-        k.data = static_cast<const char*>(k.data) + h * dim * elem;
-        v.data = static_cast<const char*>(v.data) + h * dim * elem;
-        if (ks != nullptr) k.scale = ks + h, v.scale = vs + h;
+        k.head = v.head = h;
         attend_one<scalar_t>(qp + t * q.stride(0) + h * group * q.stride(1), q.stride(1),
                              op + (t * q_heads + h * group) * dim, dim, k, v, table0 + seq_of[t] * tables.size(1),
                              position[t], group, static_cast<float>(scale));
