@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ONE_ROW_KERNEL_ABOVE_K = 1024
+from onecat.engine.kernels.onednn import onednn_blocked, onednn_matmul
 
-_matmul = torch.ops.mkldnn._linear_pointwise.default
+ONE_ROW_KERNEL_ABOVE_K = 1024
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -32,7 +32,7 @@ class _PackedWeight:
     (a meta tensor once the dense copy is dropped: then this is the only copy)."""
 
     def __init__(self, weight: torch.Tensor):
-        self.blocked = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self.blocked = onednn_blocked(weight)
         self.source = self._key(weight)
 
     @staticmethod
@@ -54,7 +54,7 @@ def batch_invariant_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] == 0:
         return x.new_empty(*lead, module.out_features)
     one = rows.shape[0] == 1 and k > ONE_ROW_KERNEL_ABOVE_K
-    out = _matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked, None, "none", [None], "")
+    out = onednn_matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked)
     if one:
         out = out[:1]
     if module.bias is not None:

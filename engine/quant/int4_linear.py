@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.kernels import onednn
 from onecat.engine.quant.int4_blocks import GROUP, Int4Blocks
 
 _KERNEL_DTYPE = torch.bfloat16
@@ -30,12 +31,11 @@ _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default if hasattr(torch.o
 
 
 def _onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
-    """The weight reordered into oneDNN's blocked layout for the linear op (blocking chosen for
-    DENSE_FROM_ROWS-row inputs; any row count runs), or None where torch has no oneDNN linear."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+    """The weight in oneDNN's blocked layout, or None where torch has no oneDNN linear."""
+    if not onednn.available():
         return None
     try:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, DENSE_FROM_ROWS)
+        return onednn.onednn_blocked(weight)
     except RuntimeError:  # a oneDNN build without bfloat16 linear support
         return None
 
@@ -82,7 +82,7 @@ class Int4PackedLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
         if x2.shape[0] >= DENSE_FROM_ROWS and self.dense_blocked is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.dense_blocked, None, "none", [], "")
+            y = onednn.onednn_matmul(x2, self.dense_blocked)
         elif x2.shape[0] >= DENSE_FROM_ROWS:
             y = F.linear(x2, self.dense)
         else:
