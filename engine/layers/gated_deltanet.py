@@ -5,8 +5,10 @@ the gated delta rule mixes tokens through a per-request state; a gated RMSNorm a
 The state lives in the engine's RecurrentStateCache (engine/state_cache.py); the step's StatePlan says which
 rows are one-token steps (run as a batch by the recurrent form) and which are prefill chunks (one request at
 a time by the chunked form); a speculative verify chunk runs token by token with the one-token ops and keeps
-every intermediate state in its Trail (the cache rolls back to the accepted tokens' state). The ops are the
-torch reference (gated_deltanet_ops.py).
+every intermediate state in its Trail (the cache rolls back to the accepted tokens' state). On CUDA the gated
+delta rule runs through flash-linear-attention where it is installed (engine/kernels/fla_gated_delta.py);
+elsewhere, and when `use_fla` is False, through the torch reference (gated_deltanet_ops.py). `path` says
+which ran last.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from torch import nn
 
 from onecat.engine.config import ModelConfig
 from onecat.engine.errors import UnsupportedModelError
+from onecat.engine.kernels import fla_gated_delta as fla
 from onecat.engine.layers import gated_deltanet_ops as ops
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
@@ -59,6 +62,21 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.v_heads))
         self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
         self.out_proj = Linear(self.value_size, cfg.hidden_size, bias=False)
+        self.use_fla: bool | None = None  # None: where it can run; True: required; False: the torch reference
+        self.path = "none"  # "fla" or "torch": what ran last
+
+    def _rule(self, x: torch.Tensor):
+        """(chunk fn, one-token step fn) of the gated delta rule for this call, and whether q/k go in as
+        projected (fla normalizes them in its kernels) or prepared by ops.prepare_qk (the reference)."""
+        if self.use_fla is not False:
+            reason = fla.unavailable_reason(x)
+            if reason is None:
+                self.path = "fla"
+                return fla.chunk, fla.recurrent_step, False
+            if self.use_fla:
+                raise RuntimeError(f"Gated DeltaNet through flash-linear-attention cannot run: {reason}")
+        self.path = "torch"
+        return _reference_chunk, ops.recurrent_gated_delta_step, True
 
     def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
         T = x.shape[0]
@@ -66,23 +84,25 @@ class GatedDeltaNet(nn.Module):
         conv_state, ssm_state = plan.conv[self.state_index], plan.ssm[self.state_index]
         mixed = self._convolve(mixed, plan, conv_state)
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
-        q, k = ops.prepare_qk(q.view(T, self.k_heads, self.k_dim), k.view(T, self.k_heads, self.k_dim), self.v_heads)
-        v = v.reshape(T, self.v_heads, self.v_dim).float()
+        chunk_rule, step, prepare = self._rule(x)
+        q, k = q.view(T, self.k_heads, self.k_dim), k.view(T, self.k_heads, self.k_dim)
+        v = v.reshape(T, self.v_heads, self.v_dim)
+        if prepare:
+            (q, k), v = ops.prepare_qk(q, k, self.v_heads), v.float()
         beta = pointwise(torch.sigmoid, b).float()
         g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
         core = torch.empty(T, self.v_heads, self.v_dim, dtype=torch.float32, device=x.device)
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots
-            core[r], ssm_state[slots] = ops.recurrent_gated_delta_step(q[r], k[r], v[r], g[r], beta[r], ssm_state[slots])
+            core[r], ssm_state[slots] = step(q[r], k[r], v[r], g[r], beta[r], ssm_state[slots])
         for start, end, slot, trail in plan.chunks:
             if trail is None:
-                heads_first = [t[start:end].transpose(0, 1) for t in (q, k, v, g, beta)]
-                out, ssm_state[slot] = ops.chunk_gated_delta_rule(*heads_first, ssm_state[slot])
-                core[start:end] = out.transpose(0, 1)
+                part = slice(start, end)
+                core[part], ssm_state[slot] = chunk_rule(q[part], k[part], v[part], g[part], beta[part], ssm_state[slot])
                 continue
             s = ssm_state[slot].unsqueeze(0)
             for t in range(start, end):
-                o, s = ops.recurrent_gated_delta_step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
+                o, s = step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
                 core[t] = o[0]
                 trail.ssm[self.state_index, t - start] = s[0]
             ssm_state[slot] = s[0]
@@ -108,3 +128,9 @@ class GatedDeltaNet(nn.Module):
                 out[t] = y[0]
             conv_state[slot] = state[0]
         return out
+
+
+def _reference_chunk(q, k, v, g, beta, state):
+    """ops.chunk_gated_delta_rule on tokens-first tensors: q, k [n, H, Dk], v [n, H, Dv], g, beta [n, H]."""
+    out, state = ops.chunk_gated_delta_rule(*(t.transpose(0, 1) for t in (q, k, v, g, beta)), state)
+    return out.transpose(0, 1), state

@@ -10,6 +10,10 @@ multiplies its own rows, and the results are added back per token in expert orde
 multiplies through the batch-invariant matmul (batch_invariant_linear.py; each expert's weights are
 reordered once, a second copy), so a token's result does not depend on how many other tokens chose the
 same expert this step (and the activations go through pointwise.py for the same reason).
+
+On CUDA the experts run as the fused Triton grouped GEMMs of engine/kernels/triton_moe.py (tensor-core
+`dot` variant on SM80+, `fma` on SM70); `Experts.variant` forces one ("loop": the per-expert loop) and
+`Experts.path` says which ran last.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.kernels import triton_moe
 from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
@@ -42,6 +47,8 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
         self._views: dict[tuple[str, int], _ExpertLinear] = {}
+        self.variant: str | None = None  # None: fused on CUDA where it can run; "dot" / "fma" / "loop" force one
+        self.path = "none"  # what ran last: "loop", "triton_dot", "triton_fma"
 
     def _linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
         weight = getattr(self, name)[e]
@@ -55,6 +62,19 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids."""
+        if self.variant != "loop" and x.is_cuda:
+            reason = triton_moe.unavailable_reason(x)
+            if reason is None:
+                variant = self.variant or triton_moe.default_variant(x.device)
+                self.path = f"triton_{variant}"
+                return triton_moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, experts, variant)
+            if self.variant is not None:
+                raise RuntimeError(f"fused MoE variant {self.variant!r} cannot run: {reason}")
+        self.path = "loop"
+        return self._loop(x, weights, experts)
+
+    def _loop(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """The reference: one expert at a time over the tokens sorted by expert."""
         top_k = experts.shape[1]
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens ascending in each

@@ -1,0 +1,205 @@
+"""Fused MoE experts on CUDA (Triton): a step's experts as two grouped GEMMs over its (token, expert) pairs
+sorted by expert, the scheme of vLLM's fused_moe.
+
+`align` sorts the T*k pairs by expert and pads each expert's run to a multiple of the row block, so every
+row block of the sorted list belongs to one expert (`block_experts`); padding rows hold the sentinel T*k.
+It runs on the device with no host sync (the launch size is an upper bound; blocks past the real total
+exit at once), so the step stays capturable in a CUDA graph.
+
+  gate_up  each program: one row block x a column block of the intermediate size; it multiplies the
+           block's token rows by its expert's gate rows and up rows (two accumulators) and writes
+           SiLU(gate) * up per pair, each product rounded to the model dtype first as the unfused layer does.
+  down     the same over down_proj, scaled by each pair's router weight, one output row per pair;
+           the k rows of a token are then summed (in float32, rounded once).
+
+Two variants of the inner product: `dot` (tl.dot: tensor cores on SM80+) and `fma` (broadcast multiply and
+sum in float32: no matrix instructions, so it also runs on SM70, where Triton has no tensor-core dot).
+The tile sizes are a fixed function of the pair count and variant (no autotuning).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+VARIANTS = ("dot", "fma")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def unavailable_reason(x: torch.Tensor) -> str | None:
+    """Why the fused path cannot run on x (None: it can)."""
+    if x.device.type != "cuda":
+        return f"input is on {x.device}, not a CUDA device"
+    if x.dtype not in _DTYPES:
+        return f"dtype {x.dtype} unsupported (float16, bfloat16 or float32)"
+    from onecat.engine.kernels.triton_support import triton_unavailable_reason
+
+    return triton_unavailable_reason()
+
+
+def default_variant(device: torch.device) -> str:
+    return "dot" if torch.cuda.get_device_capability(device)[0] >= 8 else "fma"
+
+
+def max_padded_rows(pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows of the sorted, padded pair list in the worst case: at most min(E, pairs) experts get pairs, and
+    each pads fewer than block_m rows."""
+    rows = pairs + min(num_experts, pairs) * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [T, k] expert per (token, slot) -> (sorted pair indices [P] (token * k + slot; T*k = padding),
+    block_experts [P // block_m] (the expert of each row block; num_experts = past the end)). On the device,
+    no host sync; pairs of one expert keep ascending pair order."""
+    flat = ids.reshape(-1).to(torch.int64)
+    n = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded_end = ((counts + block_m - 1) // block_m * block_m).cumsum(0)
+    padded_start = padded_end - (counts + block_m - 1) // block_m * block_m
+    order = flat.argsort(stable=True)
+    expert_of = flat[order]
+    rank = torch.arange(n, device=flat.device) - (counts.cumsum(0) - counts)[expert_of]
+    rows = max_padded_rows(n, num_experts, block_m)
+    sorted_pairs = torch.full((rows,), n, dtype=torch.int32, device=flat.device)
+    sorted_pairs[padded_start[expert_of] + rank] = order.to(torch.int32)
+    block_starts = torch.arange(0, rows, block_m, device=flat.device)
+    block_experts = torch.searchsorted(padded_end, block_starts, right=True).to(torch.int32)
+    return sorted_pairs, block_experts
+
+
+@functools.lru_cache(maxsize=1)
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gate_up_kernel(x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, n_pairs, top_k, num_experts, N,
+                       stride_x, stride_we, stride_wn, stride_o,
+                       K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                       PRECISION: tl.constexpr):
+        pid = tl.program_id(0)
+        n_blocks = tl.cdiv(N, BN)
+        pid_m, pid_n = pid // n_blocks, pid % n_blocks
+        e = tl.load(experts_ptr + pid_m).to(tl.int64)
+        if e >= num_experts:
+            return
+        pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+        row_ok = pair < n_pairs
+        tok = tl.where(row_ok, pair // top_k, 0)
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < N
+        ks = tl.arange(0, BK)
+        a_ptrs = x_ptr + tok[:, None] * stride_x + ks[None, :]
+        g_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
+        u_ptrs = g_ptrs + N * stride_wn
+        acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            k_ok = ks < K - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
+            if USE_DOT:
+                acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+                acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+            else:  # no matrix instructions (SM70): float32 multiply-adds
+                af = a.to(tl.float32)[:, :, None]
+                acc_g += tl.sum(af * g.to(tl.float32)[None, :, :], axis=1)
+                acc_u += tl.sum(af * u.to(tl.float32)[None, :, :], axis=1)
+            a_ptrs += BK
+            g_ptrs += BK
+            u_ptrs += BK
+        dt = out_ptr.dtype.element_ty
+        gate = acc_g.to(dt).to(tl.float32)  # the projection's output rounding, as the unfused layer
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt)
+        h = act * acc_u.to(dt)
+        tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], h, mask=row_ok[:, None] & col_ok[None, :])
+
+    @triton.jit
+    def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, n_pairs, num_experts, N,
+                    stride_h, stride_we, stride_wn, stride_o,
+                    K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                    PRECISION: tl.constexpr):
+        pid = tl.program_id(0)
+        n_blocks = tl.cdiv(N, BN)
+        pid_m, pid_n = pid // n_blocks, pid % n_blocks
+        e = tl.load(experts_ptr + pid_m).to(tl.int64)
+        if e >= num_experts:
+            return
+        pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+        row_ok = pair < n_pairs
+        safe = tl.where(row_ok, pair, 0)
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < N
+        ks = tl.arange(0, BK)
+        a_ptrs = h_ptr + safe[:, None] * stride_h + ks[None, :]
+        b_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            k_ok = ks < K - k0
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+            if USE_DOT:
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            else:
+                acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+            a_ptrs += BK
+            b_ptrs += BK
+        scale = tl.load(route_ptr + safe, mask=row_ok, other=0.0).to(tl.float32)
+        y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
+        tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+
+    return gate_up_kernel, down_kernel
+
+
+def tiles(pairs: int, variant: str) -> dict:
+    """Tile sizes: small row blocks for decode (few pairs per expert), larger for prefill."""
+    if variant == "fma":
+        return dict(BM=16, BN=64, BK=8, num_warps=4, num_stages=2)
+    if pairs <= 256:
+        return dict(BM=16, BN=32, BK=128, num_warps=4, num_stages=4)
+    if pairs <= 4096:
+        return dict(BM=32, BN=64, BK=64, num_warps=4, num_stages=3)
+    return dict(BM=64, BN=128, BK=64, num_warps=8, num_stages=3)
+
+
+def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                  ids: torch.Tensor, variant: str | None = None) -> torch.Tensor:
+    """x [T, H]; gate_up [E, 2I, H] ([gate | up] rows); down [E, H, I]; weights, ids [T, k] (router weights and
+    experts) -> [T, H]: sum over k of weight * down(SiLU(gate x) * up x)."""
+    variant = variant or default_variant(x.device)
+    if variant not in VARIANTS:
+        raise ValueError(f"fused MoE variant {variant!r}: choose one of {', '.join(VARIANTS)}")
+    E, two_i, H = gate_up.shape
+    inter = two_i // 2
+    if x.dim() != 2 or x.shape[1] != H or down.shape != (E, H, inter) or ids.shape != weights.shape \
+            or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"fused MoE shapes do not match: x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)}, "
+                         f"down {tuple(down.shape)}, weights {tuple(weights.shape)}, ids {tuple(ids.shape)}")
+    if gate_up.dtype != x.dtype or down.dtype != x.dtype:
+        raise ValueError(f"fused MoE needs one dtype: x {x.dtype}, gate_up {gate_up.dtype}, down {down.dtype}")
+    T, top_k = ids.shape
+    if T == 0:
+        return torch.empty_like(x)
+    x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
+    n = T * top_k
+    t = tiles(n, variant)
+    bm, bn, bk = t["BM"], t["BN"], t["BK"]
+    pairs, block_experts = align(ids, E, bm)
+    h = torch.empty(n, inter, dtype=x.dtype, device=x.device)
+    y = torch.empty(n, H, dtype=x.dtype, device=x.device)
+    route = weights.reshape(-1).to(torch.float32).contiguous()
+    gate_up_kernel, down_kernel = _kernels()
+    common = dict(BM=bm, BK=bk, USE_DOT=variant == "dot", PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                  num_warps=t["num_warps"], num_stages=t["num_stages"])
+    m_blocks = block_experts.numel()
+    gate_up_kernel[(m_blocks * -(-inter // bn),)](
+        x, gate_up, h, pairs, block_experts, n, top_k, E, inter, x.stride(0), gate_up.stride(0),
+        gate_up.stride(1), h.stride(0), K=H, BN=bn, **common)
+    down_kernel[(m_blocks * -(-H // bn),)](
+        h, down, y, pairs, block_experts, route, n, E, H, h.stride(0), down.stride(0), down.stride(1),
+        y.stride(0), K=inter, BN=bn, **common)
+    return y.view(T, top_k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
