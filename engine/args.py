@@ -154,6 +154,9 @@ class EngineArgs(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-tp"),
                                       description="ranks one model is split over (one process per rank: GPUs "
                                                   "of one host over NCCL, or CPU processes over gloo)")
+    disable_custom_all_reduce: bool = Field(
+        default=False, description="tensor parallel on GPUs: sum every tensor with NCCL, not small ones with the "
+                                   "one-shot kernel over peer-mapped GPU buffers")
     pipeline_parallel_size: int = Field(default=1, ge=1, json_schema_extra=_flags("-pp"),
                                         description="pipeline stages (not implemented: 1)")
     mamba_cache_mode: Literal["none", "all", "align"] = Field(

@@ -13,13 +13,30 @@ sized from shapes; for verify steps it also takes its per-token work items from 
 buffers); otherwise graphs stay off (or verify steps stay eager) and the reason is reported.
 When a block drafter taps hidden states (`aux_layer_ids`), the graph keeps them as an output too and
 each replay hands a copy to the model's `aux_hidden`, as an eager forward would.
+Under tensor parallelism every rank holds the same graphs: rank 0 describes each replay as a
+`GraphStep` (plain lists) and sends it to the other ranks, which capture (on first use) and replay
+the same graph with it; the layers' collectives are inside the graphs.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.forward_context import ForwardContext, set_forward_context
+
+@dataclass(slots=True)
+class GraphStep:
+    """One replay as plain lists: what every tensor-parallel rank needs to replay it."""
+
+    size: int  # the captured batch size replayed
+    q: int  # query tokens per row (1: decode)
+    ids: list[int] | None  # per row its token then its q - 1 drafts; None: row tokens come from the device
+    starts: list[int]  # per row, the position of its first query token
+    tables: list[list[int]]  # per row, its block table
+    gemv_rows: int  # rows that take the batch-1 GEMV (fixed at capture; rank 0's value)
+
 
 _SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -157,15 +174,18 @@ class DecodeGraphs:
                 return None
         return next(size for size in self.sizes if size >= len(sched)), q
 
-    def run(self, sched) -> tuple[torch.Tensor, int] | None:
+    def run(self, sched, announce=None) -> tuple[torch.Tensor, int] | None:
         """(logits [B * q, V] float32, q) for a pure decode (q = 1) or uniform verify step, or None to
-        run it eagerly. Row i * q + j is sequence i's j-th query token."""
+        run it eagerly. Row i * q + j is sequence i's j-th query token. `announce(step)` is called with
+        the GraphStep before the replay (tensor parallel: rank 0 sends it to the other ranks)."""
         shape = self.eligible(sched)
         if shape is None:
             return None
         size, q = shape
-        rows = [(s.seq, s.seq.num_computed_tokens) for s in sched]
-        logits = self.replay(rows, size, None, q)
+        step = self.graph_step([(s.seq, s.seq.num_computed_tokens) for s in sched], size, q)
+        if announce is not None:
+            announce(step)
+        logits = self.replay_step(step)
         return None if logits is None else (logits.float(), q)
 
     # Every graph buffer is made and written in inference mode, whoever calls (the step runs in it, the
@@ -182,12 +202,31 @@ class DecodeGraphs:
                 torch.cuda.synchronize(self.device)
         return self._key(size, q) in self.graphs
 
-    @torch.inference_mode()
+    def graph_step(self, rows: list, size: int, q: int = 1, with_ids: bool = True) -> GraphStep:
+        """The replay of `rows` = [(seq, position)] at graph size `size`: the token at `position` (unless
+        `with_ids` is False: the caller passes them on the device), then, when q > 1, the sequence's
+        q - 1 draft tokens."""
+        ids = None
+        if with_ids:
+            ids = []
+            for seq, p in rows:
+                ids.append(seq.token_ids[p])
+                ids.extend(seq.draft_tokens[:q - 1])
+        return GraphStep(size, q, ids, [p for _, p in rows], [list(seq.block_table) for seq, _ in rows],
+                         self.verify_gemv_rows)
+
     def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
-        """One step for `rows` = [(seq, position)]: the token at `position` goes in (from the sequence, or
-        row i of `ids_dev` when given: a previous step's output still on the device), followed, when
-        q > 1, by the sequence's q - 1 draft tokens. Returns the [len(rows) * q, V] logits (a view of the
-        graph's output buffer), or None; a tapping model's `aux_hidden` gets a copy of the tapped rows."""
+        """One step for `rows` = [(seq, position)]; row tokens from the sequences, or row i of `ids_dev`
+        when given (a previous step's output still on the device). See replay_step."""
+        return self.replay_step(self.graph_step(rows, size, q, with_ids=ids_dev is None), ids_dev)
+
+    @torch.inference_mode()
+    def replay_step(self, step: GraphStep, ids_dev: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Replay (capturing first if needed) the graph for `step`. Returns the [rows * q, V] logits (a
+        view of the graph's output buffer), or None; a tapping model's `aux_hidden` gets a copy of the
+        tapped rows."""
+        size, q = step.size, step.q
+        self.verify_gemv_rows = step.gemv_rows  # a worker rank captures with rank 0's value
         if not self.ensure_captured(size, q):
             return None
         host, dev, ready = self._buffers(q)
@@ -204,13 +243,11 @@ class DecodeGraphs:
         slots[:size * q] = [j % bs for j in range(q)] * size
         lens[:size] = q
         tables[:size] = 0
-        for i, (seq, p) in enumerate(rows):
-            table = seq.block_table
+        rows = len(step.starts)
+        if step.ids is not None:
+            ids[:rows * q] = step.ids
+        for i, (p, table) in enumerate(zip(step.starts, step.tables)):
             at = i * q
-            if ids_dev is None:
-                ids[at] = seq.token_ids[p]
-            if q > 1:
-                ids[at + 1:at + q] = seq.draft_tokens[:q - 1]
             for j in range(q):
                 pos[at + j] = p + j
                 slots[at + j] = table[(p + j) // bs] * bs + (p + j) % bs
@@ -220,7 +257,7 @@ class DecodeGraphs:
         dev[3 * T + n:3 * T + n + size * w].copy_(host[3 * T + n:3 * T + n + size * w], non_blocking=True)
         ready.record()
         if ids_dev is not None:
-            dev[:len(rows)].copy_(ids_dev[:len(rows)])
+            dev[:rows].copy_(ids_dev[:rows])
         graph, logits, aux = self.graphs[self._key(size, q)]
         graph.replay()
         if q == 1:
@@ -228,8 +265,8 @@ class DecodeGraphs:
         else:
             self.verify_replays += 1
         if aux is not None:  # a copy: the drafter may read these rows after a later replay reuses the pool
-            self.model.aux_hidden = aux[:len(rows) * q].clone()
-        return logits[:len(rows) * q]
+            self.model.aux_hidden = aux[:rows * q].clone()
+        return logits[:rows * q]
 
     def report(self) -> dict:
         return {"used": self.replays + self.verify_replays > 0, "replays": self.replays,

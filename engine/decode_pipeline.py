@@ -59,6 +59,8 @@ class DecodePipeline:
         graphs = c.runner.graphs
         if graphs is None or graphs.disabled_reason is not None or c.proposer is not None:
             return False
+        if c.runner.peers is not None:  # tensor parallel: every replay is described to the other ranks first
+            return False
         if c.scheduler.waiting or not c.scheduler.running or len(c.scheduler.running) > graphs.sizes[-1]:
             return False
         for seq in c.scheduler.running:

@@ -42,7 +42,8 @@ class LLM:
         if self.cfg.tensor_parallel_size > 1:
             from onecat.engine.parallel.tensor_parallel import TensorParallel
 
-            self.tp = TensorParallel(self.cfg.tensor_parallel_size, self.device)
+            self.tp = TensorParallel(self.cfg.tensor_parallel_size, self.device,
+                                     peer_collectives=not self.cfg.disable_custom_all_reduce)
             self.device = self.tp.device
         self.cpu_threads = None  # CPU, one rank: how many intra-op threads, and why (engine/cpu_threads.py)
         if self.cfg.cpu_threads is not None and (self.device.type != "cpu" or self.tp is not None):
@@ -78,12 +79,12 @@ class LLM:
         torch.manual_seed(self.cfg.seed)
         self.engine = EngineCore(self.model, kv_config, self.tokenizer, self.cfg, self.max_model_len,
                                  num_blocks, self.dtype, fp8, self.device)
+        self.engine.runner.setup_cuda_graphs(self.cfg.cuda_graph == "full", self.max_model_len, self.cfg.max_num_seqs)
         if self.tp is not None:
+            self.engine.runner.collectives = self.tp.collectives
             if self.tp.is_worker:
                 return  # a worker rank runs the steps rank 0 sends it (engine/parallel/runtime.py)
             self.engine.runner.peers = self.tp.start_workers(type(self), model, settings, num_blocks)
-        self.engine.runner.setup_cuda_graphs(self.cfg.cuda_graph == "full" and self.tp is None, self.max_model_len,
-                                             self.cfg.max_num_seqs)
         spec = self.cfg.speculative_config
         speculative_config = spec.model_dump(exclude_none=True) if spec is not None else None
         if speculative_config:

@@ -75,6 +75,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.peers = None  # tensor parallel: the other ranks, sent each step's inputs (engine/parallel)
+        self.collectives = None  # tensor parallel: the layers' collectives (their failure marks)
 
     def step_inputs(self, sched: list[ScheduledSeq]) -> StepInputs:
         """The step's flattened batch, and which hidden rows need logits: each verifying sequence's
@@ -131,20 +132,53 @@ class ModelRunner:
         finally:
             set_forward_context(None)
 
+    def run_remote(self, kind: str, payload) -> None:
+        """A tensor-parallel worker rank: run what rank 0 sent (WorkerRanks.send_step)."""
+        if kind == "step":
+            self.run_inputs(payload)
+        elif kind == "capture":
+            if not self.graphs.ensure_captured(*payload):
+                raise RuntimeError(f"could not capture the CUDA graph for batch {payload[0]}, {payload[1]} tokens "
+                                   f"each: {self.graphs.disabled_reason or self.graphs.verify_disabled_reason}")
+        elif kind == "graph":
+            if self.graphs is None or self.graphs.replay_step(payload) is None:
+                raise RuntimeError("rank 0 replayed a CUDA graph this rank could not: "
+                                   f"{self.cuda_graph_report()['disabled_reason']}")
+        else:
+            raise ValueError(f"unknown step kind {kind!r}")
+
+    def ensure_graph(self, size: int, q: int = 1) -> bool:
+        """Capture the graph for (size, q) now (start-up warm-up), on every tensor-parallel rank alike."""
+        if self.peers is not None:
+            self.peers.send_step((size, q), "capture")
+        return self.graphs.ensure_captured(size, q)
+
+    def _check_peers(self) -> None:
+        """Tensor parallel: fail if a GPU collective of an earlier step gave up waiting on a rank."""
+        reason = self.collectives.failure() if self.collectives is not None else None
+        if reason:
+            raise self.peers.collective_failed(RuntimeError(reason))
+
     @torch.inference_mode()
     def execute(self, sched: list[ScheduledSeq]) -> StepResult:
+        if self.peers is not None:
+            self._check_peers()
+            try:
+                return self._execute(sched)
+            except RuntimeError as e:  # a collective fails when another rank died or raised mid-step
+                raise self.peers.collective_failed(e) from e
+            finally:
+                self.collectives.after_step()
+        return self._execute(sched)
+
+    def _execute(self, sched: list[ScheduledSeq]) -> StepResult:
         graphed = self._execute_graph(sched)
         if graphed is not None:
             return graphed
         x = self.step_inputs(sched)
-        if self.peers is None:
-            return self._outputs(sched, self.run_inputs(x)[1])
-        self.peers.send_step(x)
-        try:
-            _, logits = self.run_inputs(x)
-        except RuntimeError as e:  # a collective fails when another rank died or raised mid-step
-            raise self.peers.collective_failed(e) from e
-        return self._outputs(sched, logits)
+        if self.peers is not None:
+            self.peers.send_step(x)
+        return self._outputs(sched, self.run_inputs(x)[1])
 
     def _outputs(self, sched: list[ScheduledSeq], logits: torch.Tensor) -> StepResult:
         """Split the step's logits rows (in step_inputs' order) into samples, verifies and prompt logprobs."""
@@ -208,13 +242,14 @@ class ModelRunner:
 
     def cuda_graph_report(self) -> dict:
         if self.graphs is None:
-            reason = ("tensor parallel: every rank runs its steps eagerly (graphs replayed on all ranks in step are "
-                      "not built)" if self.peers is not None else "not enabled (or not CUDA)")
-            return {"used": False, "replays": 0, "captured_sizes": [], "disabled_reason": reason}
+            return {"used": False, "replays": 0, "captured_sizes": [], "disabled_reason": "not enabled (or not CUDA)"}
         return self.graphs.report()
 
     def _execute_graph(self, sched: list[ScheduledSeq]) -> StepResult | None:
-        out = self.graphs.run(sched) if self.graphs is not None else None
+        if self.graphs is None:
+            return None
+        announce = (lambda step: self.peers.send_step(step, "graph")) if self.peers is not None else None
+        out = self.graphs.run(sched, announce)
         if out is None:
             return None
         logits, q = out

@@ -58,12 +58,12 @@ def warm_up(llm) -> dict:
     captured = []
     if graphs is not None and graphs.disabled_reason is None:
         for size in sorted(graphs.sizes, reverse=True):
-            if graphs.ensure_captured(size):
+            if core.runner.ensure_graph(size):
                 captured.append(size)
         q = graphs.verify_query_len
         if q and q > 1 and graphs.verify_disabled_reason is None:  # speculative verify steps replay too;
             for size in sorted(s for s in graphs.sizes if s <= VERIFY_WARM_SIZES):  # larger ones on first use
-                graphs.ensure_captured(size, q)
+                core.runner.ensure_graph(size, q)
     core.reset_counters()
     seconds = round(time.perf_counter() - t0, 3)
     result = {"seconds": seconds, "graph_sizes": sorted(captured), "triton_cache_dir": triton_cache_dir()}

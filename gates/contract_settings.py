@@ -33,7 +33,8 @@ ENGINE_ARGS_IN_CONTRACT: dict[str, str] = {
         "cuda_graph", "enable_prefix_caching", "mamba_cache_mode", "max_model_len", "max_num_seqs",
         "max_num_batched_tokens")},
     **{name: f"engine.options.{name}" for name in (
-        "block_size", "kv_cache_memory_gb", "num_kv_blocks", "fused_kernels", "async_scheduling", "cpu_threads")},
+        "block_size", "kv_cache_memory_gb", "num_kv_blocks", "fused_kernels", "async_scheduling", "cpu_threads",
+        "disable_custom_all_reduce")},
 }
 ENGINE_OPTIONS = tuple(name for name, where in ENGINE_ARGS_IN_CONTRACT.items() if where.startswith("engine.options."))
 

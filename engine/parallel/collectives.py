@@ -7,7 +7,8 @@ every rank has written (a counter per rank), then reads all slots and sums them 
 every rank ends with the same bits. Slots are double-buffered by call parity: a rank can be at most
 one call ahead of the slowest (it cannot pass the next barrier alone), so it never overwrites a slot
 another rank is still reading (x86 only: its stores are seen in order, so a counter is never seen
-before the data it publishes; elsewhere gloo is used). A tensor larger than a slot, and every collective on GPUs, goes through
+before the data it publishes; elsewhere gloo is used). GPU ranks that can map each other's memory
+meet the same way in GPU memory (peer_collectives.py). A tensor larger than a slot goes through
 torch.distributed (NCCL / gloo) on the default group; the choice depends only on the shape, which is
 the same on every rank, so all ranks always take the same path.
 """
@@ -104,22 +105,51 @@ class SharedMemoryRanks:
 
 
 class Collectives:
-    """What the sharded layers call. Shared memory once attached (CPU ranks), else torch.distributed."""
+    """What the sharded layers call: shared memory once attached (CPU ranks), the one-shot kernel over
+    peer-mapped buffers for small GPU tensors once set up (peer_collectives.py), else torch.distributed
+    (NCCL / gloo)."""
 
     def __init__(self) -> None:
         self.shm: SharedMemoryRanks | None = None
+        self.peer = None  # PeerBuffers on GPU ranks that can map each other's memory
 
     def _shared(self, t: torch.Tensor) -> bool:
         """Whether t goes through shared memory (decided by device and size alone: the same on every rank)."""
         return self.shm is not None and not t.is_cuda and self.shm.fits(t.numel() * t.element_size())
 
     def all_reduce(self, t: torch.Tensor) -> None:
-        self.shm.all_reduce(t) if self._shared(t) else dist.all_reduce(t)
+        if self.peer is not None and self.peer.fits(t):
+            self.peer.all_reduce(t)
+        elif self._shared(t):
+            self.shm.all_reduce(t)
+        else:
+            dist.all_reduce(t)
 
     def all_gather(self, pieces: list[torch.Tensor], t: torch.Tensor) -> None:
-        self.shm.all_gather(pieces, t) if self._shared(t) else dist.all_gather(pieces, t)
+        if self.peer is not None and self.peer.fits(t):
+            for piece, gathered in zip(pieces, self.peer.all_gather(t)):
+                piece.copy_(gathered)
+        elif self._shared(t):
+            self.shm.all_gather(pieces, t)
+        else:
+            dist.all_gather(pieces, t)
+
+    def after_step(self) -> None:
+        """Rank 0, after launching a step: queue the read-back of the GPU collectives' timeout mark."""
+        if self.peer is not None:
+            self.peer.note_step()
+
+    def failure(self) -> str | None:
+        """Why an earlier step's results cannot be trusted (a GPU collective gave up on a rank), or None."""
+        if self.peer is not None and self.peer.timed_out_seen():
+            return ("a GPU all-reduce waited more than its timeout for another rank (it died or stopped "
+                    "stepping); that step's sums are wrong")
+        return None
 
     def close(self) -> None:
         if self.shm is not None:
             self.shm.close()
             self.shm = None
+        if self.peer is not None:
+            self.peer.close()
+            self.peer = None

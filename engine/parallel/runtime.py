@@ -51,8 +51,19 @@ def worker_rank() -> RankInfo | None:
     return _worker_rank
 
 
+# Testing only: every rank on the first GPU, for checking the GPU paths of tensor parallelism (graphs with
+# collectives inside, the peer-buffer kernel) on a one-GPU host. NCCL refuses two ranks on one GPU, so
+# the group is gloo; collectives inside CUDA graphs must then all take the peer-buffer path. Slow (the
+# ranks' kernels time-share one GPU) and never a way to run a model.
+SHARE_DEVICE_ENV = "ONECAT_TP_SHARE_DEVICE"
+
+
+def ranks_share_device() -> bool:
+    return os.environ.get(SHARE_DEVICE_ENV, "") == "1"
+
+
 def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    return "nccl" if device.type == "cuda" and not ranks_share_device() else "gloo"
 
 
 def init_group(info: RankInfo, device: torch.device) -> None:
@@ -65,8 +76,8 @@ def init_group(info: RankInfo, device: torch.device) -> None:
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
     """Rank r's device: GPU r of the host (after the first one the user chose), the CPU for every CPU rank."""
-    if device.type != "cuda":
-        return device
+    if device.type != "cuda" or ranks_share_device():
+        return torch.device("cuda", device.index or 0) if device.type == "cuda" else device
     return torch.device("cuda", (device.index or 0) + rank)
 
 
@@ -100,7 +111,7 @@ def _worker_main(info: RankInfo, engine_cls, model: str, settings: dict, conn) -
             if kind == "stop":
                 break
             with torch.inference_mode():
-                runner.run_inputs(payload)
+                runner.run_remote(kind, payload)
     except BaseException as e:  # noqa: BLE001 - every failure goes back to rank 0 as text
         try:
             conn.send(("error", f"rank {info.rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -138,7 +149,9 @@ class WorkerRanks:
             if kind != "ready":
                 raise self._failure(payload)
 
-    def send_step(self, inputs) -> None:
+    def send_step(self, inputs, kind: str = "step") -> None:
+        """Send a step to every worker: "step" (StepInputs, run eagerly), "graph" (a GraphStep to replay) or
+        "capture" ((batch size, query length) of a graph to capture)."""
         dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
         if dead or self.closed:
             raise self._failure(f"rank {dead[0]} is not running" if dead else "the worker ranks were stopped")
@@ -146,7 +159,7 @@ class WorkerRanks:
             if conn.poll():  # a worker only speaks to report an error
                 raise self._failure(self._recv(rank, conn)[1])
             try:
-                conn.send(("step", inputs))
+                conn.send((kind, inputs))
             except (BrokenPipeError, OSError):
                 raise self._failure(f"rank {rank} closed its pipe") from None
 

@@ -3,8 +3,10 @@
 Every rank builds the whole model from the checkpoint and keeps its shard (sharding.py) before any
 CPU weight packing; the KV cache holds the rank's own KV heads. Rank 0 (the user's process) then
 starts ranks 1..N-1 (runtime.py) with its block count, so every rank's cache has the same blocks and
-one block table serves all. Steps run eagerly: CUDA graphs would have to be captured and replayed on
-every rank in step, which is not built, so they are off under TP and the runner's report says so.
+one block table serves all. With CUDA graphs on, rank 0 tells every rank which graph to capture or
+replay, with the step's inputs, so all ranks capture and replay the same graphs in step (their
+collectives are inside). GPU ranks whose memory can be mapped by each other sum small tensors with the
+one-shot kernel of peer_collectives.py, NCCL the rest.
 """
 from __future__ import annotations
 
@@ -17,18 +19,35 @@ import torch.distributed as dist
 from onecat.engine.errors import ConfigError
 from onecat.engine.parallel.collectives import Collectives, SharedMemoryRanks, shared_memory_usable, shm_name
 from onecat.engine.parallel.runtime import (RankInfo, WorkerRanks, backend_for, init_group, rank_device,
-                                            threads_per_rank, worker_rank)
+                                            ranks_share_device, threads_per_rank, worker_rank)
 from onecat.engine.parallel.sharding import attention_heads, shard_model, split_range
 
 
+def peer_collectives_unavailable(world: int, device: torch.device) -> str | None:
+    """Why this rank cannot take part in the peer-buffer collectives, or None (checked on every rank;
+    they are used only when no rank has a reason)."""
+    if device.type != "cuda":
+        return "not on CUDA"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed"
+    if ranks_share_device():
+        return None
+    own = device.index or 0
+    first = own - (dist.get_rank() if dist.is_initialized() else 0)
+    blocked = [g for g in range(first, first + world) if g != own and not torch.cuda.can_device_access_peer(own, g)]
+    return f"GPU {own} cannot access GPUs {blocked} directly (no NVLink / PCIe peer access)" if blocked else None
+
+
 class TensorParallel:
-    def __init__(self, world: int, device: torch.device):
+    def __init__(self, world: int, device: torch.device, peer_collectives: bool = True):
         info = worker_rank()
         self.world, self.rank = world, info.rank if info is not None else 0
         self.is_worker = info is not None
         if device.type == "cuda":
             first = device.index or 0
-            if first + world > torch.cuda.device_count():
+            if first + world > torch.cuda.device_count() and not ranks_share_device():
                 raise ConfigError(f"tensor_parallel_size={world} from {device} needs GPUs {first}..{first + world - 1}"
                                   f" but this host has {torch.cuda.device_count()}; lower tensor_parallel_size")
         elif device.type != "cpu":
@@ -41,14 +60,38 @@ class TensorParallel:
         self.full_vocab: tuple | None = None  # (embedding, LM head) unsharded, for a DFlash drafter on rank 0
         self.collectives = Collectives()  # what the sharded layers sum and gather through
         self.shared_memory = device.type == "cpu" and shared_memory_usable()
+        self.want_peer = peer_collectives and device.type == "cuda"
+        self.peer_reason: str | None = None if self.want_peer else "off (disable_custom_all_reduce) or not CUDA"
         if device.type == "cpu":
             torch.set_num_threads(threads_per_rank(world))
         if self.is_worker:
             init_group(info, self.device)  # rank 0 made the shared-memory segment before it joined
+            self._setup_peer_collectives()
             if self.shared_memory:
                 self.collectives.shm = SharedMemoryRanks(shm_name(info.port), self.rank, world, create=False)
                 parent = os.getppid()
                 self.collectives.shm.peers_gone = lambda: None if os.getppid() == parent else "rank 0 exited"
+
+    def _setup_peer_collectives(self) -> None:
+        """Right after joining the group, on every rank alike (it is a collective): map each other's
+        buffers when every rank can; otherwise every collective stays on NCCL."""
+        if not self.want_peer:
+            return
+        from onecat.engine.parallel.peer_collectives import PeerBuffers
+
+        reasons = [None] * self.world
+        dist.all_gather_object(reasons, peer_collectives_unavailable(self.world, self.device))
+        blocked = [f"rank {r}: {why}" for r, why in enumerate(reasons) if why]
+        if blocked:
+            self.peer_reason = "; ".join(blocked)
+            return
+
+        def exchange(obj):
+            out = [None] * self.world
+            dist.all_gather_object(out, obj)
+            return out
+
+        self.collectives.peer = PeerBuffers(self.rank, self.world, self.device, exchange)
 
     def shard(self, model: torch.nn.Module, keep_full_vocab: bool = False) -> None:
         """Keep this rank's shard. `keep_full_vocab` (rank 0 with a DFlash drafter): first copy the whole
@@ -80,6 +123,7 @@ class TensorParallel:
                 self.collectives.shm.peers_gone = lambda: next(
                     (f"rank {r} exited" for r, alive in enumerate(workers.alive(), start=1) if not alive), None)
             init_group(RankInfo(0, self.world, self.workers.port), self.device)
+            self._setup_peer_collectives()
             self.workers.wait_ready()
         except BaseException:
             self.close()
@@ -89,7 +133,10 @@ class TensorParallel:
     def describe(self, model_config) -> dict:
         heads = [attention_heads(model_config.num_attention_heads, model_config.num_key_value_heads, r, self.world)
                  for r in range(self.world)]
+        peer = ("one-shot kernel for tensors up to "
+                f"{self.collectives.peer.capacity_bytes >> 10} KiB" if self.collectives.peer else self.peer_reason)
         return {"size": self.world, "backend": backend_for(self.device), "shared_memory": self.shared_memory,
+                "gpu_peer_collectives": peer, "ranks_share_device": ranks_share_device() or None,
                 "threads_per_rank": torch.get_num_threads(),
                 "query_heads": [len(q) for q, _ in heads], "kv_heads": [kv for _, kv in heads],
                 "intermediate": [split_range(model_config.intermediate_size, r, self.world) for r in range(self.world)],
