@@ -126,6 +126,9 @@ class EngineArgs(BaseModel):
                                                     "w4a16 | awq | gptq | compressed-tensors: keep a 4-bit "
                                                     "checkpoint packed for the W4A16 kernels (CUDA; w4a16 "
                                                     "quantizes a dense one at load); unset: dequantized")
+    load_format: Literal["auto", "dummy"] = Field(
+        default="auto", description="auto: the checkpoint's weights | dummy: random weights of the checkpoint's "
+                                    "shapes (its config and tokenizer only), for speed measurements")
     kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="auto: the model dtype; fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")
     max_model_len: Optional[int] = Field(default=None, ge=1, description="context length; default: the model's")
@@ -186,6 +189,9 @@ class EngineArgs(BaseModel):
             out.append(f"quantization {self.quantization!r} with tensor_parallel_size {self.tensor_parallel_size} "
                        "is not implemented: packed weights are not sharded; drop quantization (the checkpoint is "
                        "dequantized) or use tensor_parallel_size 1")
+        if self.load_format == "dummy" and self.quantization is not None:
+            out.append(f"quantization {self.quantization!r} with load_format dummy is not implemented: random "
+                       "weights are dense; drop one of them")
         if self.mamba_cache_mode == "all":
             out.append("mamba_cache_mode='all' (recurrent state saved at every block boundary inside a chunk) is not "
                        "implemented; use mamba_cache_mode align (state saved where chunks end, at block boundaries) "

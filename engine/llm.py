@@ -17,6 +17,7 @@ from onecat.engine.kv_cache import bytes_per_block
 from onecat.engine.layers.linear import pack_weights
 from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.loader import open_checkpoint
+from onecat.engine.loader.dummy import fill_random_weights
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.models.registry import model_class
 from onecat.engine.models.support import effective_settings, num_state_snapshots, unsupported_settings
@@ -36,7 +37,7 @@ class LLM:
         unsupported = self.cfg.unsupported()
         if unsupported:
             raise ConfigError("; ".join(unsupported))
-        self.source = resolve_model_source(model, self.cfg.revision)
+        self.source = resolve_model_source(model, self.cfg.revision, weights_required=self.cfg.load_format != "dummy")
         self.device = resolve_device(self.cfg.device)
         self.tp = None  # tensor parallel: this process's rank (engine/parallel)
         if self.cfg.tensor_parallel_size > 1:
@@ -112,6 +113,8 @@ class LLM:
             packer = WeightPacker()
             model.load_weights(packer.intercept(ckpt.weights))
             self.packing = packer.apply(model)
+        elif self.cfg.load_format == "dummy":
+            fill_random_weights(model, self.cfg.seed)
         else:
             model.load_weights(ckpt.weights)
         if self.w4a16 is not None:  # 4-bit linears packed for the CUDA W4A16 kernels

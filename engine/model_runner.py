@@ -137,7 +137,8 @@ class ModelRunner:
         if kind == "step":
             self.run_inputs(payload)
         elif kind == "capture":
-            if not self.graphs.ensure_captured(*payload):
+            size, q, self.graphs.verify_gemv_rows = payload  # captured with rank 0's GEMV rows
+            if not self.graphs.ensure_captured(size, q):
                 raise RuntimeError(f"could not capture the CUDA graph for batch {payload[0]}, {payload[1]} tokens "
                                    f"each: {self.graphs.disabled_reason or self.graphs.verify_disabled_reason}")
         elif kind == "graph":
@@ -150,7 +151,7 @@ class ModelRunner:
     def ensure_graph(self, size: int, q: int = 1) -> bool:
         """Capture the graph for (size, q) now (start-up warm-up), on every tensor-parallel rank alike."""
         if self.peers is not None:
-            self.peers.send_step((size, q), "capture")
+            self.peers.send_step((size, q, self.graphs.verify_gemv_rows), "capture")
         return self.graphs.ensure_captured(size, q)
 
     def _check_peers(self) -> None:

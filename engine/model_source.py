@@ -77,7 +77,7 @@ def _embedded_drafter(name: str) -> ResolvedModel:
     return ResolvedModel(EMBEDDED_PREFIX + name, folder, "hf")
 
 
-def _local(path: Path, source: str) -> ResolvedModel:
+def _local(path: Path, source: str, weights_required: bool = True) -> ResolvedModel:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelNotFoundError(f"{path} is a file but not a .gguf file; pass a GGUF file or "
@@ -86,7 +86,7 @@ def _local(path: Path, source: str) -> ResolvedModel:
     if not (path / "config.json").is_file():
         raise ModelNotFoundError(f"{path} has no config.json; an HF model directory needs "
                                  "config.json, *.safetensors and tokenizer.json")
-    if not any(path.glob("*.safetensors")):
+    if weights_required and not any(path.glob("*.safetensors")):
         raise ModelNotFoundError(f"{path} has no *.safetensors weights (only safetensors are loaded)")
     return ResolvedModel(source, path, "hf")
 
@@ -101,13 +101,14 @@ def _hf_cache_dirs() -> list[Path]:
     return dirs
 
 
-def resolve_model_source(source: str, revision: str | None = None) -> ResolvedModel:
-    """Find the model's files or raise ModelNotFoundError naming every place that was searched."""
+def resolve_model_source(source: str, revision: str | None = None, weights_required: bool = True) -> ResolvedModel:
+    """Find the model's files or raise ModelNotFoundError naming every place that was searched
+    (`weights_required` False: an HF directory's config and tokenizer suffice, for random weights)."""
     if source.startswith(EMBEDDED_PREFIX):
         return _embedded(source[len(EMBEDDED_PREFIX):])
     path = Path(source).expanduser()
     if path.exists():
-        return _local(path, source)
+        return _local(path, source, weights_required)
     looked = [f"local path {path.resolve()}"]
     if source.count("/") == 1 and not source.startswith((".", "/", "~")):
         repo_dir = "models--" + source.replace("/", "--")
@@ -124,7 +125,7 @@ def resolve_model_source(source: str, revision: str | None = None) -> ResolvedMo
                 candidates = sorted(snaps.iterdir())
             for cand in candidates:
                 if (cand / "config.json").is_file():
-                    return _local(cand, source)
+                    return _local(cand, source, weights_required)
     hint = ("download it first, e.g. `huggingface-cli download " + source +
             (f" --revision {revision}" if revision else "") + "`, or pass a local path")
     raise ModelNotFoundError(f"model {source!r} not found; looked in: " + "; ".join(looked) + f". To fix: {hint}")
