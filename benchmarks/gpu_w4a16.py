@@ -29,10 +29,52 @@ from gpu_gemv import graph_time, log  # same timing method as the fp16 GEMV benc
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
 L2_FLUSH_BYTES = 400 << 20
-# rows: [(BLOCK_N, BLOCK_KW, num_warps)]. The one-row configs after the first three (more warps per CTA along
-# K: 128-167 registers, 16 warps per SM at sm_90 by ptxas) were not yet timed when this grid was written.
-SWEEP = {1: [(16, 128, 2), (8, 128, 1), (32, 128, 2), (16, 512, 8), (16, 256, 4), (8, 256, 2)],
-         8: [(4, 128, 2), (8, 128, 2)]}
+# rows: [(BLOCK_N, BLOCK_KW, num_warps, SPLIT) FMA tiles | ("dot", BLOCK_N, num_warps, num_stages, SPLIT) tensor
+# cores]; configs whose BLOCK_KW * SPLIT does not divide the row's words are skipped.
+SWEEP = {1: [(16, 128, 2, 1), (16, 512, 8, 1), (16, 256, 4, 2), (16, 128, 2, 2), (16, 128, 2, 4), (8, 128, 2, 4),
+             (16, 256, 4, 7), (16, 128, 2, 7), (16, 128, 2, 14), (8, 128, 2, 14)],
+         8: [(8, 128, 2, 1), ("dot", 16, 4, 3, 1), ("dot", 32, 4, 3, 1), ("dot", 16, 4, 3, 4), ("dot", 32, 4, 3, 4),
+             ("dot", 64, 4, 3, 2), ("dot", 32, 4, 4, 2)]}
+
+
+def fits(cfg: tuple, k: int, group: int = 128) -> bool:
+    if cfg[0] == "dot":
+        return (k // group) % cfg[-1] == 0
+    return (k // 8) % (cfg[1] * cfg[3]) == 0
+
+
+def _compile_one(task) -> str:
+    """Compile (by running once, small N) one W4A16 config; runs in a worker process."""
+    k, m, cfg = task
+    from onecat.engine.kernels import triton_w4a16 as kw
+
+    q = torch.zeros(256, k // 8, dtype=torch.int32, device="cuda")
+    sz = torch.ones(256, k // 128, 2, dtype=torch.float16, device="cuda")
+    kw.w4a16_gemv(torch.ones(m, k, dtype=torch.float16, device="cuda"), q, sz, 128, config=cfg)
+    torch.cuda.synchronize()
+    return f"{k} {m} {cfg}"
+
+
+def precompile(tasks: list, workers: int = 14) -> None:
+    """Triton compiles each config once into its disk cache, many at a time (the timed runs then load them)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        for done in ex.map(_compile_one, tasks):
+            log("compiled", done)
+
+
+def w4a16_tasks(shapes: list[str], sweep: bool) -> list:
+    tasks = []
+    for name in shapes:
+        n, k = SHAPES[name]
+        from onecat.engine.kernels.triton_w4a16 import default_config
+
+        for m in (1, 8):
+            cfgs = [default_config(n, k, m, 90)] + (SWEEP[m] if sweep else [])
+            tasks += [(k, m, c) for c in dict.fromkeys(cfgs) if fits(c, k)]
+    return sorted(set(tasks), key=str)
 
 
 def copy_limit_gbps(nbytes: int = 4 << 30) -> float:
@@ -101,7 +143,7 @@ def bench_shape(name: str, n: int, k: int, sweep: bool, copy_gbps: float, group:
         if sweep:
             grid = {}
             for cfg in SWEEP[m]:
-                if (k // 8) % cfg[1]:
+                if not fits(cfg, k):
                     continue
                 yc = kw.w4a16_gemv(x, ps[0][0], ps[0][3], group, config=cfg)
                 assert float((yc.double() - ref).abs().max() / ref.abs().max()) < 1e-2, (name, m, cfg)
@@ -149,11 +191,14 @@ def main() -> None:
     ap.add_argument("--out", default=".onecat/quant_h200.json")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of W4A16 tile configs per shape")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--precompile", type=int, default=0, help="compile the configs first in this many processes")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_w4a16.py needs a CUDA GPU (none visible to torch)")
     import triton
 
+    if args.precompile:
+        precompile(w4a16_tasks(args.shapes.split(","), args.sweep), args.precompile)
     copy_gbps = copy_limit_gbps()
     log(f"copy limit {copy_gbps:.0f} GB/s")
     record = {"machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node(),

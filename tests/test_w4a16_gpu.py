@@ -48,6 +48,26 @@ def test_gemv_matches_the_float64_reference(dtype, n, k, group):
         check_bound(layer(x), x, dense)
 
 
+@pytest.mark.parametrize("config", [(16, 128, 2, 2), (16, 128, 2, 4), (16, 512, 8, 1), ("dot", 16, 4, 3, 1),
+                                    ("dot", 32, 4, 3, 4), ("dot", 64, 4, 3, 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_split_k_and_tensor_core_tiles_match_the_reference(config, dtype):
+    """Split-K (fp32 partials summed in a fixed order) and the tl.dot path (SM80+) keep the GEMV's bound,
+    and give the same bits on every call."""
+    from onecat.engine.kernels.triton_w4a16 import w4a16_gemv
+
+    if config[0] == "dot" and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("tl.dot path needs SM80+")
+    gen = torch.Generator().manual_seed(3)
+    packed = quantize_w4(torch.randn(384, 4096, generator=gen) * 0.02, 128).to("cuda")
+    layer = W4A16Linear(packed)
+    for m in ((1, 3) if config[0] != "dot" else (2, 8)):
+        x = torch.randn(m, 4096, generator=gen).to("cuda", dtype)
+        y = w4a16_gemv(x, packed.qweight, layer.scale_zero, 128, config=config)
+        check_bound(y, x, dequantize(packed))
+        assert torch.equal(y, w4a16_gemv(x, packed.qweight, layer.scale_zero, 128, config=config))
+
+
 @pytest.mark.parametrize("tile", [0, 96])
 def test_more_rows_take_the_dense_gemm(tile):
     weight = torch.randn(300, 512, generator=torch.Generator().manual_seed(5)) * 0.05

@@ -144,8 +144,12 @@ def _kernels():
 
     @triton.jit
     def w4a16_gemv_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, magic, K: tl.constexpr,
-                          G: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
-        KW: tl.constexpr = K // 8
+                          G: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+                          SPLIT: tl.constexpr = 1):
+        """SPLIT > 1: program (i, s) sums the s-th of SPLIT equal runs of K into fp32 partials at y_ptr
+        ([SPLIT, M, N]); split_sum_kernel adds them in a fixed order."""
+        KWS: tl.constexpr = K // 8 // SPLIT  # words of one split
+        kbase = tl.program_id(1) * KWS
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
@@ -164,17 +168,18 @@ def _kernels():
         # one row: the K loop is unrolled (loads of later tiles issue early); more rows: a loop, since the
         # unrolled many-row body takes ptxas minutes at K = 14336
         if M == 1:
-            for k0 in tl.static_range(0, KW, BLOCK_KW):  # BLOCK_KW divides K/8: no masks
+            for k0 in tl.static_range(0, KWS, BLOCK_KW):  # BLOCK_KW divides K/8/SPLIT: no masks
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
-                    x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
+                    x_ptr, q_ptr, sz_ptr, rows, c, kbase + k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
                     acc6, acc7, K, G, M)
         else:
-            for k0 in tl.range(0, KW, BLOCK_KW):
+            for k0 in tl.range(0, KWS, BLOCK_KW):
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
-                    x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
+                    x_ptr, q_ptr, sz_ptr, rows, c, kbase + k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
                     acc6, acc7, K, G, M)
         rows = rows.reshape(BLOCK_N)
         out_ty = y_ptr.dtype.element_ty
+        y_ptr += tl.program_id(1) * M * N  # this split's partials (SPLIT 1: the output itself)
         tl.store(y_ptr + rows, tl.sum(acc0, axis=1).to(out_ty), mask=row_ok)
         if M > 1:
             tl.store(y_ptr + N + rows, tl.sum(acc1, axis=1).to(out_ty), mask=row_ok)
@@ -190,6 +195,16 @@ def _kernels():
             tl.store(y_ptr + 6 * N + rows, tl.sum(acc6, axis=1).to(out_ty), mask=row_ok)
         if M > 7:
             tl.store(y_ptr + 7 * N + rows, tl.sum(acc7, axis=1).to(out_ty), mask=row_ok)
+
+    @triton.jit
+    def split_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+        """y = the SPLIT fp32 partials [SPLIT, M*N] summed in split order (the same order on every call)."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
+        acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
+        for s in tl.static_range(1, SPLIT):
+            acc += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
     def w4a16_dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K: tl.constexpr, G: tl.constexpr,
@@ -210,7 +225,7 @@ def _kernels():
             qf = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zc
             tl.store(out + j * GW, (qf * s).to(w_ptr.dtype.element_ty), mask=ok)
 
-    return w4a16_gemv_kernel, w4a16_dequant_kernel
+    return w4a16_gemv_kernel, w4a16_dequant_kernel, split_sum_kernel
 
 
 def _words_per_tile(kw: int, want: int) -> int:
@@ -261,20 +276,38 @@ def scale_zero_pairs(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
 
 
 def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group: int,
-               config: tuple[int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, ...] | None = None) -> torch.Tensor:
     """y = x @ dequant(W)^T for a contiguous x of at most MAX_ROWS rows, keeping x's leading shape and dtype;
-    scale_zero from `scale_zero_pairs`."""
+    scale_zero from `scale_zero_pairs`; config (BLOCK_N, BLOCK_KW, num_warps[, SPLIT]) overrides the default."""
     n, kw = qweight.shape
     k = kw * 8
     m = x.numel() // k
-    block_n, block_kw, warps = config or default_config(
+    config = config or default_config(
         n, k, m, _capability(x.device.index if x.device.index is not None else torch.cuda.current_device()))
-    if kw % block_kw or block_kw % 8:
-        raise ValueError(f"BLOCK_KW {block_kw} must be a multiple of 8 dividing the row's {kw} words")
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
-    _kernels()[0][(-(-n // block_n),)](
-        x, qweight, scale_zero, y, n, MAGIC, K=k, G=group, M=m, BLOCK_N=block_n, BLOCK_KW=block_kw,
-        num_warps=warps)
+    if config[0] == "dot":  # ("dot", BLOCK_N, num_warps, num_stages, SPLIT): tensor cores, SM80+
+        from onecat.engine.kernels import triton_w4a16_dot as dot
+
+        _, block_n, warps, stages, split = config
+        if (k // group) % split or block_n < 16:
+            raise ValueError(f"SPLIT {split} must divide the {k // group} groups and BLOCK_N {block_n} be >= 16")
+        out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        dot.launch(x, qweight, scale_zero, out, group, block_n, split, warps, stages)
+        return y if split == 1 else _split_sum(out, y, m * n, split)
+    block_n, block_kw, warps, *rest = config
+    split = rest[0] if rest else 1
+    if kw % (block_kw * split) or block_kw % 8:
+        raise ValueError(f"BLOCK_KW {block_kw} times SPLIT {split} must divide the row's {kw} words "
+                         "(BLOCK_KW a multiple of 8)")
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _kernels()[0][(-(-n // block_n), split)](
+        x, qweight, scale_zero, out, n, MAGIC, K=k, G=group, M=m, BLOCK_N=block_n, BLOCK_KW=block_kw,
+        SPLIT=split, num_warps=warps)
+    return y if split == 1 else _split_sum(out, y, m * n, split)
+
+
+def _split_sum(part: torch.Tensor, y: torch.Tensor, mn: int, split: int) -> torch.Tensor:
+    _kernels()[2][(-(-mn // 1024),)](part, y, mn, SPLIT=split, BLOCK=1024, num_warps=4)
     return y
 
 

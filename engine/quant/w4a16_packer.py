@@ -1,5 +1,6 @@
 """quantization='w4a16' (or 'awq', 'gptq', 'compressed-tensors'): a 4-bit checkpoint's linears stay packed
-on the GPU and run through the W4A16 kernels (engine/quant/w4a16_linear.py).
+on the GPU and run through the W4A16 kernels (engine/quant/w4a16_linear.py); 'nvfp4' / 'mxfp4' likewise
+keep an NVFP4 (ModelOpt) or MXFP4 checkpoint's linears packed for the FP4 GEMV (engine/quant/fp4_linear.py).
 
 The packer sits beside the loader like the GGUF one (packing.py): the loader shows it each quantized
 linear's stored tensors before dequantizing them (the model still loads dense weights, so loading and its
@@ -19,10 +20,14 @@ import torch
 from torch import nn
 
 from onecat.engine.errors import ConfigError
+from onecat.engine.quant.fp4_layout import cat_fp4
+from onecat.engine.quant.fp4_packing import FP4_NAMES, fp4_convert, fp4_unsupported_reason
 from onecat.engine.quant.w4a16_layout import W4A16Weight, quantize_w4
 
-# quantization name -> the checkpoint quant_method it requires (None: any 4-bit one, or a dense checkpoint)
-W4A16_NAMES = {"w4a16": None, "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors"}
+# quantization name -> the checkpoint quant_method it requires (None: any 4-bit one, or a dense checkpoint);
+# nvfp4 / mxfp4 keep FP4 checkpoints packed for the FP4 GEMV (engine/quant/fp4_packing.py)
+W4A16_NAMES = {"w4a16": None, "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
+               "nvfp4": "modelopt", "mxfp4": "mxfp4"}
 RTN_GROUPS = (128, 64, 32)  # the largest that divides in_features
 
 
@@ -67,6 +72,9 @@ class W4A16Packer:
                               "quantization='w4a16' (any 4-bit AWQ / GPTQ / compressed-tensors checkpoint) or "
                               f"'{fmt.method}'")
         self.method = fmt.describe()
+        if self.quantization in FP4_NAMES:
+            self.packed[f"{module}.weight"] = fp4_convert(fmt, module, stored)  # refuses FP8 ModelOpt by name
+            return
         self.packed[f"{module}.weight"] = convert(fmt, module, stored)  # refuses non-4-bit variants by name
 
     def apply(self, model: nn.Module) -> dict:
@@ -92,8 +100,9 @@ class W4A16Packer:
             n_shards = need.get(target.rpartition(".")[2], 1)
             weight = None
             if isinstance(module, nn.Linear) and sorted(shards) == list(range(n_shards)):
-                weight = cat_shards([shards[i] for i in range(n_shards)])
-            if weight is None or weight.out_features != module.out_features:
+                cat = cat_fp4 if self.quantization in FP4_NAMES else cat_shards
+                weight = cat([shards[i] for i in range(n_shards)])
+            if weight is None or weight.out_features != module.out_features or fp4_unsupported_reason(weight):
                 kept_dense.append(target)
                 continue
             _swap(model, target, module, weight)
@@ -120,6 +129,11 @@ class W4A16Packer:
         from onecat.engine.kernels.triton_w4a16 import MAX_ROWS
 
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        if self.quantization in FP4_NAMES:
+            return {"method": self.quantization, "source": source, "packed_linears": replaced,
+                    "kernel": f"Triton FP4 GEMV up to {MAX_ROWS} rows", "large_batch_path":
+                    f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
+                    "dense_linears": dense}
         return {"method": "w4a16", "source": source, "packed_linears": replaced,
                 "kernel": f"Triton W4A16 GEMV up to {MAX_ROWS} rows", "large_batch_path":
                 f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
@@ -133,10 +147,13 @@ def _submodule(model: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _swap(model: nn.Module, path: str, module: nn.Linear, weight: W4A16Weight) -> None:
+def _swap(model: nn.Module, path: str, module: nn.Linear, weight) -> None:
+    from onecat.engine.quant.fp4_layout import FP4Weight
+    from onecat.engine.quant.fp4_linear import FP4Linear
     from onecat.engine.quant.w4a16_linear import W4A16Linear
 
     weight = weight.to(module.weight.device)
     bias = None if module.bias is None else module.bias.detach()
     parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, W4A16Linear(weight, bias))
+    layer = FP4Linear(weight, bias) if isinstance(weight, FP4Weight) else W4A16Linear(weight, bias)
+    setattr(model.get_submodule(parent) if parent else model, leaf, layer)

@@ -1,0 +1,94 @@
+"""A linear layer whose NVFP4 / MXFP4 weight stays packed in GPU memory (engine/quant/fp4_layout.py).
+
+Up to MAX_ROWS rows (decode steps) run the FP4 GEMV of engine/kernels/triton_fp4.py, which decodes the
+codes and block scales in registers (plain FMAs: it runs on SM70 too). More rows (prefill) dequantize
+the weight into the activation dtype per call and take the library GEMM (rounding each weight once, as
+loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.quant.fp4_layout import FP4Weight, block_scales, dequantize
+from onecat.engine.quant.formats.bits import E2M1_VALUES
+
+MAX_ROWS = 8
+FMT_IDS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
+
+
+def default_config(n: int, k: int, m: int, block: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_KW, num_warps, SPLIT): 128-word tiles of 16 rows over 2 warps at one row (each
+    thread 8 words of 4 rows), 4 rows at 2-8 rows; K split in two where 16-row tiles give fewer than 512
+    programs (the 4096-row projections of an 8B model)."""
+    kw = k // 8
+    bkw = 128
+    while kw % bkw or bkw % (block // 8):
+        bkw //= 2
+    if m > 1:
+        return 4, bkw, 2, 1
+    split = 2 if -(-n // 16) < 512 and kw % (2 * bkw) == 0 else 1
+    return 16, bkw, 2, split
+
+
+class FP4Linear(nn.Module):
+    """y = x @ W^T + b with W packed FP4 (codes, block-scale bytes, NVFP4's per-row global scale)."""
+
+    def __init__(self, weight: FP4Weight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.fmt = weight.in_features, weight.out_features, weight.fmt
+        self.register_buffer("qweight", weight.qweight)
+        self.register_buffer("scales", weight.scales)
+        self.register_buffer("gscale", weight.gscale if weight.gscale is not None
+                             else torch.ones(weight.out_features, device=weight.qweight.device))
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def packed(self) -> FP4Weight:
+        return FP4Weight(self.qweight, self.scales, self.gscale if self.fmt == "nvfp4" else None, self.fmt)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"FP4Linear takes {self.in_features} input features, got a {tuple(x.shape)} input")
+        if not x.is_cuda:
+            return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
+        x = x.contiguous()
+        m = x.numel() // self.in_features
+        if m <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
+            y = fp4_gemv(x, self.packed())
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, dense_on_device(self.packed(), x.dtype), self.bias)
+
+
+def fp4_gemv(x: torch.Tensor, w: FP4Weight, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """y = x @ dequant(W)^T for a contiguous fp16/bf16 CUDA x of at most MAX_ROWS rows."""
+    from onecat.engine.kernels import triton_fp4 as kf
+    from onecat.engine.kernels.triton_w4a16 import _split_sum
+
+    n, k = w.out_features, w.in_features
+    m = x.numel() // k
+    if m > MAX_ROWS or x.shape[-1] != k or not x.is_contiguous():
+        raise ValueError(f"fp4_gemv takes a contiguous input of {k} features and at most {MAX_ROWS} rows, "
+                         f"got {tuple(x.shape)}")
+    block_n, block_kw, warps, split = config or default_config(n, k, m, w.block)
+    if (k // 8) % (block_kw * split) or block_kw % (w.block // 8):
+        raise ValueError(f"BLOCK_KW {block_kw} times SPLIT {split} must divide the row's {k // 8} words and hold "
+                         f"whole blocks of {w.block // 8}")
+    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    g = w.gscale if w.gscale is not None else w.scales  # MXFP4 ignores it
+    kf.launch(x, w.qweight, w.scales, g, out, FMT_IDS[w.fmt], block_n, block_kw, warps, split)
+    return y if split == 1 else _split_sum(out, y, m * n, split)
+
+
+def dense_on_device(w: FP4Weight, dtype: torch.dtype) -> torch.Tensor:
+    """The dense [N, K] weight in `dtype`, computed where the weight lives (each weight rounded once)."""
+    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32, device=w.qweight.device)
+    n, kw = w.qweight.shape
+    gw = w.block // 8
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=w.qweight.device)
+    codes = ((w.qweight.reshape(n, kw // gw, gw, 1) >> shifts) & 0xF).transpose(2, 3).reshape(n, kw * 8)
+    return (table[codes.long()] * block_scales(w).repeat_interleave(w.block, dim=1)).to(dtype)
