@@ -1,5 +1,5 @@
 """Gated DeltaNet on CUDA through flash-linear-attention (engine/kernels/fla_gated_delta.py; skipped without
-CUDA or fla): the chunked and recurrent forms against the torch reference ops in float64 (Qwen3.5-27B's head
+CUDA or fla): the chunked and recurrent forms against the torch reference ops (Qwen3.5-27B's head
 layout: 16 key heads, 48 value heads, 128 dims), and tiny Qwen3.5 / Qwen3.5-MoE models through the engine on
 CUDA against transformers."""
 from __future__ import annotations
@@ -48,9 +48,9 @@ def test_chunk_matches_reference(dtype, n):
     q, k, v, decay, beta = _inputs(n, dtype, n)
     state = torch.randn(HV, D, D, device="cuda") * 0.1
     out, new_state = fla.chunk(q, k, v, decay, beta, state)
-    qr, kr = ops.prepare_qk(q.double(), k.double(), HV)
-    ref_out, ref_state = ops.chunk_gated_delta_rule(qr.transpose(0, 1), kr.transpose(0, 1), v.double().transpose(0, 1),
-                                                    decay.double().T, beta.double().T, state.double())
+    qr, kr = ops.prepare_qk(q.float(), k.float(), HV)  # the chunked reference works in float32
+    ref_out, ref_state = ops.chunk_gated_delta_rule(qr.transpose(0, 1), kr.transpose(0, 1), v.float().transpose(0, 1),
+                                                    decay.T, beta.T, state)
     assert out.shape == (n, HV, D) and new_state.shape == (HV, D, D) and new_state.dtype == torch.float32
     assert _rel(out, ref_out.transpose(0, 1)) < TOL[dtype]
     assert _rel(new_state, ref_state) < TOL[dtype]

@@ -12,8 +12,11 @@ exit at once), so the step stays capturable in a CUDA graph.
   down     the same over down_proj, scaled by each pair's router weight, one output row per pair;
            the k rows of a token are then summed (in float32, rounded once).
 
-Two variants of the inner product: `dot` (tl.dot: tensor cores on SM80+) and `fma` (broadcast multiply and
-sum in float32: no matrix instructions, so it also runs on SM70, where Triton has no tensor-core dot).
+Two variants of the inner product: `dot` (tl.dot: tensor cores on SM80+) and `fma` (float32 multiply-adds, no
+matrix instructions, so it also runs on SM70, where Triton has no tensor-core dot). The fma variant keeps a
+[BM, BK, BN] accumulator of partial products and reduces over BK once after the K loop: Triton rewrites
+sum(a[:, :, None] * b[None, :, :], axis=1) into a dot (tf32 tensor cores for float32 on SM80+), so reducing
+inside the loop would not be FMA-only.
 The tile sizes are a fixed function of the pair count and variant (no autotuning).
 """
 from __future__ import annotations
@@ -94,8 +97,12 @@ def _kernels():
         a_ptrs = x_ptr + tok[:, None] * stride_x + ks[None, :]
         g_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
         u_ptrs = g_ptrs + N * stride_wn
-        acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        if USE_DOT:
+            acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+            acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+        else:  # per-k partial products, reduced once after the loop (see the module docstring)
+            acc_g = tl.zeros([BM, BK, BN], dtype=tl.float32)
+            acc_u = tl.zeros([BM, BK, BN], dtype=tl.float32)
         for k0 in range(0, K, BK):
             k_ok = ks < K - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -106,11 +113,14 @@ def _kernels():
                 acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
             else:  # no matrix instructions (SM70): float32 multiply-adds
                 af = a.to(tl.float32)[:, :, None]
-                acc_g += tl.sum(af * g.to(tl.float32)[None, :, :], axis=1)
-                acc_u += tl.sum(af * u.to(tl.float32)[None, :, :], axis=1)
+                acc_g += af * g.to(tl.float32)[None, :, :]
+                acc_u += af * u.to(tl.float32)[None, :, :]
             a_ptrs += BK
             g_ptrs += BK
             u_ptrs += BK
+        if not USE_DOT:
+            acc_g = tl.sum(acc_g, axis=1)
+            acc_u = tl.sum(acc_u, axis=1)
         dt = out_ptr.dtype.element_ty
         gate = acc_g.to(dt).to(tl.float32)  # the projection's output rounding, as the unfused layer
         act = (gate / (1.0 + tl.exp(-gate))).to(dt)
@@ -136,7 +146,10 @@ def _kernels():
         ks = tl.arange(0, BK)
         a_ptrs = h_ptr + safe[:, None] * stride_h + ks[None, :]
         b_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        if USE_DOT:
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BM, BK, BN], dtype=tl.float32)
         for k0 in range(0, K, BK):
             k_ok = ks < K - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -144,9 +157,11 @@ def _kernels():
             if USE_DOT:
                 acc = tl.dot(a, b, acc, input_precision=PRECISION)
             else:
-                acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+                acc += a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
             a_ptrs += BK
             b_ptrs += BK
+        if not USE_DOT:
+            acc = tl.sum(acc, axis=1)
         scale = tl.load(route_ptr + safe, mask=row_ok, other=0.0).to(tl.float32)
         y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
         tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty),
@@ -158,7 +173,7 @@ def _kernels():
 def tiles(pairs: int, variant: str) -> dict:
     """Tile sizes: small row blocks for decode (few pairs per expert), larger for prefill."""
     if variant == "fma":
-        return dict(BM=16, BN=64, BK=8, num_warps=4, num_stages=2)
+        return dict(BM=16, BN=32, BK=8, num_warps=4, num_stages=2)
     if pairs <= 256:
         return dict(BM=16, BN=32, BK=128, num_warps=4, num_stages=4)
     if pairs <= 4096:
