@@ -20,10 +20,13 @@ from gpu_w4a16 import L2_FLUSH_BYTES, SHAPES, copy_limit_gbps
 FORMATS = ("nvfp4", "mxfp4")
 SWEEP = {1: [(16, 128, 2, 1), (16, 128, 2, 2), (16, 128, 2, 4), (8, 128, 2, 2), (16, 256, 4, 1), (32, 128, 4, 2),
              (16, 128, 2, 7)],
-         8: [(4, 128, 2, 1), (8, 128, 4, 1), (4, 128, 2, 2)]}
+         8: [(8, 128, 4, 1), ("dot", 16, 4, 3, 1), ("dot", 32, 4, 3, 1), ("dot", 32, 4, 3, 2), ("dot", 64, 4, 3, 1),
+             ("dot", 64, 8, 3, 1), ("dot", 16, 4, 3, 2)]}
 
 
 def fits(cfg, k: int) -> bool:
+    if cfg[0] == "dot":
+        return k % (128 * cfg[-1]) == 0
     return (k // 8) % (cfg[1] * cfg[3]) == 0
 
 
@@ -57,7 +60,7 @@ def tasks(shapes, sweep: bool) -> list:
         for name in shapes:
             n, k = SHAPES[name]
             for m in (1, 8):
-                for c in [default_config(n, k, m, FP4_BLOCKS[fmt])] + (SWEEP[m] if sweep else []):
+                for c in [default_config(n, k, m, FP4_BLOCKS[fmt], 90)] + (SWEEP[m] if sweep else []):
                     if fits(c, k):
                         out.add((fmt, k, m, c))
     return sorted(out, key=str)
@@ -87,7 +90,7 @@ def bench(fmt: str, name: str, n: int, k: int, sweep: bool, copy_gbps: float) ->
         assert rel < 1e-2, f"{fmt} {name} M={m}: relative error {rel}"
         r = res[f"M{m}"] = {"cublas_fp16": arm(graph_time([lambda w=w: F.linear(x, w) for w in w16]), n * k * 2 + m * k * 2)}
         r["fp4"] = arm(graph_time([lambda w=w: fp4_gemv(x, w) for w in copies]), nbytes + m * k * 2)
-        r["fp4"].update(config=list(default_config(n, k, m, FP4_BLOCKS[fmt])), rel_err=rel)
+        r["fp4"].update(config=list(default_config(n, k, m, FP4_BLOCKS[fmt], 90)), rel_err=rel)
         if sweep:
             grid = {str(c): round(graph_time([lambda w=w, c=c: fp4_gemv(x, w, c) for w in copies]) * 1e6, 2)
                     for c in SWEEP[m] if fits(c, k)}

@@ -40,7 +40,7 @@ SWEEP = {1: [(16, 128, 2, 1), (16, 512, 8, 1), (16, 256, 4, 2), (16, 128, 2, 2),
 def fits(cfg: tuple, k: int, group: int = 128) -> bool:
     if cfg[0] == "dot":
         return (k // group) % cfg[-1] == 0
-    return (k // 8) % (cfg[1] * cfg[3]) == 0
+    return (k // 8) % (cfg[1] * (cfg[3] if len(cfg) > 3 else 1)) == 0
 
 
 def _compile_one(task) -> str:

@@ -40,11 +40,20 @@ def test_fp4_gemv_matches_the_float64_reference(fmt, dtype, n, k):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_split_and_narrow_tiles_agree_with_the_bound(fmt):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_split_and_tensor_core_tiles_agree_with_the_bound(fmt, dtype):
+    """FMA tiles with split K at 1 and 3 rows; the tensor-core path (SM80+) at 2 and 8 rows; same bits on
+    every call."""
     w = packed(fmt, 384, 4096, 9).to("cuda")
-    x = (torch.randn(1, 4096) * 0.05).to("cuda", torch.float16)
-    for config in [(16, 128, 2, 1), (16, 128, 2, 4), (8, 256, 2, 2), (16, 512, 8, 1)]:
-        check_bound(fp4_gemv(x, w, config), x, dequantize(w))
+    gen = torch.Generator().manual_seed(9)
+    configs = [(1, (16, 128, 2, 1)), (1, (16, 128, 2, 4)), (3, (8, 256, 2, 2)), (1, (16, 512, 8, 1))]
+    if torch.cuda.get_device_capability()[0] >= 8:
+        configs += [(2, ("dot", 16, 4, 3, 1)), (8, ("dot", 32, 4, 3, 2)), (8, ("dot", 64, 4, 3, 1))]
+    for m, config in configs:
+        x = (torch.randn(m, 4096, generator=gen) * 0.05).to("cuda", dtype)
+        y = fp4_gemv(x, w, config)
+        check_bound(y, x, dequantize(w))
+        assert torch.equal(y, fp4_gemv(x, w, config))
 
 
 def test_more_rows_take_the_dense_gemm_and_graphs_replay():

@@ -1,12 +1,13 @@
 """FP4 (E2M1) GEMV for decode, NVFP4 and MXFP4 weights kept packed in GPU memory; plain FMAs (runs on SM70).
 
 Layout (engine/quant/fp4_layout.py): int32 codes [N, K/8], within each block of B columns (16 for NVFP4,
-32 for MXFP4) word w holds columns w + j*B/8 in nibble j (bit 3 the sign), so for one nibble the
-activations are a contiguous run; the block scales stay the checkpoint's bytes [N, K/B] (E4M3 for NVFP4,
+32 for MXFP4) word w holds columns w + j*B/8 as code j (its bits placed in fp4_layout.SLOTS), so for one j
+the activations are a contiguous run; the block scales stay the checkpoint's bytes [N, K/B] (E4M3 for NVFP4,
 E8M0 for MXFP4), and NVFP4 has a float32 global scale per output row (fused q/k/v keep each shard's).
 
 Decode without a table: a code's sign moved to bit 31 and its three magnitude bits to bits 22-24 of a
-float32 give exactly e2m1 * 2^-126 (E2M1's subnormal 0.5 becomes a float32 subnormal; Triton's plain
+float32 (one rotate and one mask for six of the eight codes of a word, two of each for the others) give
+exactly e2m1 * 2^-126 (E2M1's subnormal 0.5 becomes a float32 subnormal; Triton's plain
 multiplies keep subnormals). The activations are pre-scaled by 2^100 and the block scale by 2^26, so every
 product is a normal float32, exact (2 significant bits times 11), summed in fp32. A block scale is decoded
 the same way (E4M3: its bits at 20-30 give the value * 2^-120; E8M0: (e + 26) << 23 is 2^(e-127) * 2^26)
@@ -17,9 +18,12 @@ This module imports Triton at load; engine/quant/fp4_linear.py imports it only o
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
+USE_ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
 NVFP4, MXFP4 = 0, 1
 BLOCK = {NVFP4: 16, MXFP4: 32}
 MAX_ROWS = 8
@@ -27,13 +31,42 @@ X_PRESCALE = tl.constexpr(2.0 ** 100)  # activations * 2^100 keep the products o
 
 
 @triton.jit
+def rotl(w, r: tl.constexpr):
+    """w rotated left by r: one funnel shift (SHF.L.W; LLVM does not form it from two shifts and an OR)."""
+    if r == 0:
+        return w
+    elif USE_ASM:
+        return tl.inline_asm_elementwise(f"shf.l.wrap.b32 $0, $1, $1, {r};", "=r,r", [w], dtype=tl.uint32,
+                                         is_pure=True, pack=1)
+    else:  # the Triton interpreter runs no PTX
+        return (w << r) | (w >> (32 - r))
+
+
+@triton.jit
+def take(w, r: tl.constexpr, mask: tl.constexpr):
+    return rotl(w, r) & mask
+
+
+@triton.jit
 def e2m1_times_2m126(w, j: tl.constexpr):
-    """Nibble j of the uint32 words as float32 e2m1 * 2^-126: sign to bit 31, magnitude to bits 22-24."""
-    if j < 7:
-        p = w << (28 - 4 * j)
+    """Code j of the uint32 words (fp4_layout.SLOTS) as float32 e2m1 * 2^-126: rotations and masks move its
+    sign to bit 31 and its magnitude bits to 22-24."""
+    if j == 0:
+        bits = take(w, 22, 0x81C00000)
+    elif j == 1:
+        bits = take(w, 19, 0x81C00000)
+    elif j == 2:
+        bits = take(w, 16, 0x81C00000)
+    elif j == 3:
+        bits = take(w, 12, 0x80C00000) | take(w, 0, 0x01000000)
+    elif j == 4:
+        bits = take(w, 9, 0x00C00000) | take(w, 1, 0x81000000)
+    elif j == 5:
+        bits = take(w, 6, 0x81C00000)
+    elif j == 6:
+        bits = take(w, 2, 0x81C00000)
     else:
-        p = w
-    bits = (p & 0x80000000) | ((p >> 6) & 0x01C00000)
+        bits = take(w, 28, 0x01C00000) | take(w, 0, 0x80000000)
     return bits.to(tl.float32, bitcast=True)
 
 
@@ -69,10 +102,16 @@ def fp4_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M: tl.constexpr, MP: t
         acc = tl.zeros([MP, BLOCK_N, BLOCK_KW], tl.float32)
         mr = tl.arange(0, MP)[:, None, None]
         m_ok = mr < M
-    for k0 in tl.range(0, KWS, BLOCK_KW):  # a loop: unrolled (K = 4096) it spills at 255 registers on sm_90
+    # the next tile's words and scale bytes load while this one computes (the last step re-reads its own)
+    w_next = tl.load(q_ptr + rows * KW + kbase + c, eviction_policy="evict_first")
+    sb_next = tl.load(s_ptr + rows * NB + (kbase + c) // GW)
+    for k0 in tl.range(0, KWS, BLOCK_KW):
         cols = kbase + k0 + c
-        w = tl.load(q_ptr + rows * KW + cols, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
-        s = block_scale(tl.load(s_ptr + rows * NB + cols // GW), gscale, FMT)
+        w = w_next.to(tl.uint32, bitcast=True)
+        s = block_scale(sb_next, gscale, FMT)
+        nxt = kbase + tl.minimum(k0 + BLOCK_KW, KWS - BLOCK_KW) + c
+        w_next = tl.load(q_ptr + rows * KW + nxt, eviction_policy="evict_first")
+        sb_next = tl.load(s_ptr + rows * NB + nxt // GW)
         xo = (cols // GW) * B + cols % GW + (rows * 0).to(tl.int32)  # the words' 2-D shape: same layout, no shuffle
         if M == 1:
             t = e2m1_times_2m126(w, 0) * (tl.load(x_ptr + xo).to(tl.float32) * X_PRESCALE)

@@ -1,7 +1,8 @@
 """A linear layer whose NVFP4 / MXFP4 weight stays packed in GPU memory (engine/quant/fp4_layout.py).
 
 Up to MAX_ROWS rows (decode steps) run the FP4 GEMV of engine/kernels/triton_fp4.py, which decodes the
-codes and block scales in registers (plain FMAs: it runs on SM70 too). More rows (prefill) dequantize
+codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
+decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). More rows (prefill) dequantize
 the weight into the activation dtype per call and take the library GEMM (rounding each weight once, as
 loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
 """
@@ -11,18 +12,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.quant.fp4_layout import FP4Weight, block_scales, dequantize
+from onecat.engine.quant.fp4_layout import FP4Weight, block_scales, dequantize, unpack_fp4
 from onecat.engine.quant.formats.bits import E2M1_VALUES
 
 MAX_ROWS = 8
 FMT_IDS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
 
 
-def default_config(n: int, k: int, m: int, block: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_KW, num_warps, SPLIT): 128-word tiles of 16 rows over 2 warps at one row (each
-    thread 8 words of 4 rows), 4 rows at 2-8 rows; K split in two where 16-row tiles give fewer than 512
+def default_config(n: int, k: int, m: int, block: int, sm: int | None = None) -> tuple:
+    """(BLOCK_N, BLOCK_KW, num_warps, SPLIT) for the FMA GEMV, or ("dot", BLOCK_N, num_warps, num_stages,
+    SPLIT) for the tensor-core path (2-8 rows, SM80+, K a multiple of 128). FMA: 128-word tiles of 16 rows
+    over 2 warps at one row, 4 rows at 2-8 rows; K split in two where 16-row tiles give fewer than 512
     programs (the 4096-row projections of an 8B model)."""
     kw = k // 8
+    if m > 1 and sm is not None and sm >= 80 and k % 128 == 0:
+        return ("dot", 32, 4, 3, 2 if -(-n // 32) < 264 and k % 256 == 0 else 1)
     bkw = 128
     while kw % bkw or bkw % (block // 8):
         bkw //= 2
@@ -63,7 +67,7 @@ class FP4Linear(nn.Module):
         return F.linear(x, dense_on_device(self.packed(), x.dtype), self.bias)
 
 
-def fp4_gemv(x: torch.Tensor, w: FP4Weight, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+def fp4_gemv(x: torch.Tensor, w: FP4Weight, config: tuple | None = None) -> torch.Tensor:
     """y = x @ dequant(W)^T for a contiguous fp16/bf16 CUDA x of at most MAX_ROWS rows."""
     from onecat.engine.kernels import triton_fp4 as kf
     from onecat.engine.kernels.triton_w4a16 import _split_sum
@@ -73,13 +77,27 @@ def fp4_gemv(x: torch.Tensor, w: FP4Weight, config: tuple[int, int, int, int] | 
     if m > MAX_ROWS or x.shape[-1] != k or not x.is_contiguous():
         raise ValueError(f"fp4_gemv takes a contiguous input of {k} features and at most {MAX_ROWS} rows, "
                          f"got {tuple(x.shape)}")
-    block_n, block_kw, warps, split = config or default_config(n, k, m, w.block)
+    from onecat.engine.kernels.triton_w4a16 import _capability
+
+    config = config or default_config(n, k, m, w.block, _capability(x.device.index if x.device.index is not None
+                                                                    else torch.cuda.current_device()))
+    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    g = w.gscale if w.gscale is not None else w.scales  # MXFP4 ignores it
+    if config[0] == "dot":
+        from onecat.engine.kernels import triton_fp4_dot as kd
+
+        _, block_n, warps, stages, split = config
+        if k % (128 * split) or block_n < 16:
+            raise ValueError(f"the FP4 tensor-core path needs K ({k}) a multiple of 128 * SPLIT ({split}) and "
+                             f"BLOCK_N ({block_n}) >= 16")
+        out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        kd.launch(x, w.qweight, w.scales, g, out, FMT_IDS[w.fmt], block_n, warps, stages, split)
+        return y if split == 1 else _split_sum(out, y, m * n, split)
+    block_n, block_kw, warps, split = config
     if (k // 8) % (block_kw * split) or block_kw % (w.block // 8):
         raise ValueError(f"BLOCK_KW {block_kw} times SPLIT {split} must divide the row's {k // 8} words and hold "
                          f"whole blocks of {w.block // 8}")
-    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    g = w.gscale if w.gscale is not None else w.scales  # MXFP4 ignores it
     kf.launch(x, w.qweight, w.scales, g, out, FMT_IDS[w.fmt], block_n, block_kw, warps, split)
     return y if split == 1 else _split_sum(out, y, m * n, split)
 
@@ -87,8 +105,5 @@ def fp4_gemv(x: torch.Tensor, w: FP4Weight, config: tuple[int, int, int, int] | 
 def dense_on_device(w: FP4Weight, dtype: torch.dtype) -> torch.Tensor:
     """The dense [N, K] weight in `dtype`, computed where the weight lives (each weight rounded once)."""
     table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32, device=w.qweight.device)
-    n, kw = w.qweight.shape
-    gw = w.block // 8
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=w.qweight.device)
-    codes = ((w.qweight.reshape(n, kw // gw, gw, 1) >> shifts) & 0xF).transpose(2, 3).reshape(n, kw * 8)
+    codes = unpack_fp4(w.qweight, w.block)
     return (table[codes.long()] * block_scales(w).repeat_interleave(w.block, dim=1)).to(dtype)

@@ -1,0 +1,76 @@
+"""Whole-model decode on a CUDA GPU: the Llama-3-8B shape with random fp16 weights, dense vs W4A16 (the same
+weights quantized at load: round to nearest, g128), batch 1 and 8 at 1K context, in one process.
+
+    python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json
+
+Random weights say nothing about quality (the contract w4a16_gpu.yaml covers that on a real model); the
+speed of the model that holds them is what is measured. The bandwidth fraction counts the bytes a decode step
+must read (every weight but the embedding once, as stored: fp16, or packed codes + scales + zeros, plus the
+KV cache at the mean context) over the copy limit measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from gpu_decode import SHAPES, build_onecat, make_model_dir, run_decode
+from gpu_gemv import log
+from gpu_w4a16 import copy_limit_gbps
+
+CTX, GEN = 1024, 128
+
+
+def step_bytes(llm, cfg: dict, ctx: float) -> int:
+    weights = sum(t.numel() * t.element_size() for n, t in list(llm.model.named_parameters()) +
+                  list(llm.model.named_buffers()) if not n.startswith("embed_tokens") and "rotary" not in n
+                  and not n.endswith(".scales") and not n.endswith(".zeros"))  # the GEMV reads scale_zero
+    kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2 * ctx
+    return weights + int(kv)
+
+
+def arm(name: str, cfg: dict, root: Path, bw: float, **kw) -> dict:
+    llm = build_onecat(make_model_dir(root / name, cfg), cfg, max_model_len=2048, max_num_seqs=8,
+                       cuda_graph=True, kv_cache_memory_gb=8.0, enable_prefix_caching=False, **kw)
+    res = {"quantization": llm.info().get("quantization")}
+    nbytes = step_bytes(llm, cfg, CTX + GEN / 2)
+    res["bytes_per_step"] = nbytes
+    for batch in (1, 8):
+        run_decode(llm, batch, 64, 8, cfg["vocab_size"], seed=9)  # warm: graphs and kernels of this batch
+        r, _ = run_decode(llm, batch, CTX, GEN, cfg["vocab_size"])
+        if batch == 1:
+            r["frac_copy_limit"] = round(nbytes / (r["step_ms"] / 1e3) / 1e9 / bw, 3)
+        res[f"bs{batch}"] = {k: round(v, 4) for k, v in r.items()}
+        log(name, f"bs={batch}", res[f"bs{batch}"])
+    llm.close() if hasattr(llm, "close") else None
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".onecat/w4a16_e2e.json")
+    args = ap.parse_args()
+    bw = copy_limit_gbps()
+    cfg = SHAPES["llama3-8b"]
+    record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "label": "measured",
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "copy_limit_GBps": round(bw, 1), "model": "llama3-8b shape, random fp16 weights",
+              "ctx": CTX, "gen": GEN}
+    with tempfile.TemporaryDirectory() as tmp:
+        record["fp16"] = arm("fp16", cfg, Path(tmp), bw)
+        record["w4a16"] = arm("w4a16", cfg, Path(tmp), bw, quantization="w4a16")
+    record["speedup_bs1"] = round(record["w4a16"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
+    record["speedup_bs8"] = round(record["w4a16"]["bs8"]["tok_s"] / record["fp16"]["bs8"]["tok_s"], 3)
+    log("w4a16 / fp16 tok/s: bs1", record["speedup_bs1"], "bs8", record["speedup_bs8"])
+    Path(args.out).write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
