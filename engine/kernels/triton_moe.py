@@ -59,14 +59,13 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     n = flat.numel()
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded_end = ((counts + block_m - 1) // block_m * block_m).cumsum(0)
-    padded_start = padded_end - (counts + block_m - 1) // block_m * block_m
+    pad = (block_m - counts % block_m) % block_m  # rows each expert's run is padded by
+    shift = pad.cumsum(0) - pad  # padding rows before each expert's run
     order = flat.argsort(stable=True)
-    expert_of = flat[order]
-    rank = torch.arange(n, device=flat.device) - (counts.cumsum(0) - counts)[expert_of]
     rows = max_padded_rows(n, num_experts, block_m)
     sorted_pairs = torch.full((rows,), n, dtype=torch.int32, device=flat.device)
-    sorted_pairs[padded_start[expert_of] + rank] = order.to(torch.int32)
+    sorted_pairs[torch.arange(n, device=flat.device) + shift[flat[order]]] = order.to(torch.int32)
+    padded_end = (counts + pad).cumsum(0)
     block_starts = torch.arange(0, rows, block_m, device=flat.device)
     block_experts = torch.searchsorted(padded_end, block_starts, right=True).to(torch.int32)
     return sorted_pairs, block_experts
