@@ -9,6 +9,7 @@ without it the check says so and reports nothing.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -78,6 +79,12 @@ def _cases():
                    lambda f=fmt, b=block, k=k, m=m: _fp4_ptx(f, b, k, m))
 
 
+def _kernel_sass(sass: str, name: str) -> str:
+    """The lines of one kernel's function in nvdisasm output."""
+    start = sass.find(f".text.{name}:")
+    return sass[start:] if start >= 0 else ""
+
+
 def run_triton_check(tc: Sm70Toolchain, keep_dir: Path | None = None) -> list[KernelReport]:
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,8 +114,10 @@ def run_triton_check(tc: Sm70Toolchain, keep_dir: Path | None = None) -> list[Ke
             rep.blocks_per_sm, rep.occupancy, rep.limiter = v100_occupancy(rep.registers, rep.smem, threads)
             if rep.spill_stores or rep.spill_loads:
                 rep.problems.append(f"register spills ({rep.spill_stores} B stored, {rep.spill_loads} B loaded)")
-            if counts and rep.ldg128 == 0 and stem_name.startswith("w4a16"):  # the FP4 GEMV's loads are
-                # narrower (its 16/32-column blocks give the activations 2-4-element runs): reported, not required
+            # 128-bit loads with a cache hint too (LDG.E.EF.128: the evict-first weight stream), which
+            # sm70_check's count of plain LDG.E.128 leaves out
+            rep.ldg128 = max(rep.ldg128, len(re.findall(r"\bLDG\.E(?:\.[A-Z]+)*\.128\b", _kernel_sass(dis.stdout, name))))
+            if counts and rep.ldg128 == 0:
                 rep.problems.append("no 128-bit global loads (LDG.E.128)")
             if rep.blocks_per_sm < 1:
                 rep.problems.append("cannot be resident on a V100 SM")
