@@ -176,15 +176,21 @@ class DecodeGraphs:
 
     def run(self, sched, announce=None) -> tuple[torch.Tensor, int] | None:
         """(logits [B * q, V] float32, q) for a pure decode (q = 1) or uniform verify step, or None to
-        run it eagerly. Row i * q + j is sequence i's j-th query token. `announce(step)` is called with
-        the GraphStep before the replay (tensor parallel: rank 0 sends it to the other ranks)."""
+        run it eagerly. Row i * q + j is sequence i's j-th query token. `announce(kind, payload)` tells
+        the other tensor-parallel ranks first: "capture" (size, q, GEMV rows) before a graph's first use,
+        so every rank captures at once and, when capture fails (on all alike), all run the step eagerly;
+        then "graph" with the GraphStep to replay."""
         shape = self.eligible(sched)
         if shape is None:
             return None
         size, q = shape
         step = self.graph_step([(s.seq, s.seq.num_computed_tokens) for s in sched], size, q)
         if announce is not None:
-            announce(step)
+            if self._key(size, q) not in self.graphs:
+                announce("capture", (size, q, self.verify_gemv_rows))
+                if not self.ensure_captured(size, q):
+                    return None
+            announce("graph", step)
         logits = self.replay_step(step)
         return None if logits is None else (logits.float(), q)
 

@@ -40,13 +40,7 @@ def _rank_main(rank: int, port: int, out) -> None:
     try:
         device = rank_device(torch.device("cuda", 0), rank)
         init_group(RankInfo(rank, WORLD, port), device)
-
-        def exchange(obj):
-            got = [None] * WORLD
-            dist.all_gather_object(got, obj)
-            return got
-
-        peer = PeerBuffers(rank, WORLD, device, exchange)
+        peer = PeerBuffers.over_group(rank, WORLD, device)
         results = {}
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             for n in SIZES:

@@ -139,6 +139,18 @@ class PeerBuffers:
         self._timed_out_host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         exchange(None)  # every rank has mapped every buffer before any kernel runs
 
+    @classmethod
+    def over_group(cls, rank: int, world: int, device: torch.device) -> "PeerBuffers":
+        """Set up on every rank of the default torch.distributed group (a collective: all ranks call it)."""
+        import torch.distributed as dist
+
+        def exchange(obj):
+            got = [None] * world
+            dist.all_gather_object(got, obj)
+            return got
+
+        return cls(rank, world, device, exchange)
+
     def fits(self, t: torch.Tensor) -> bool:
         """Whether t takes this path: decided by shape and dtype alone, the same on every rank."""
         return t.is_cuda and t.dtype in self.DTYPES and 0 < t.numel() * t.element_size() <= CAPACITY_BYTES

@@ -86,12 +86,7 @@ class TensorParallel:
             self.peer_reason = "; ".join(blocked)
             return
 
-        def exchange(obj):
-            out = [None] * self.world
-            dist.all_gather_object(out, obj)
-            return out
-
-        self.collectives.peer = PeerBuffers(self.rank, self.world, self.device, exchange)
+        self.collectives.peer = PeerBuffers.over_group(self.rank, self.world, self.device)
 
     def shard(self, model: torch.nn.Module, keep_full_vocab: bool = False) -> None:
         """Keep this rank's shard. `keep_full_vocab` (rank 0 with a DFlash drafter): first copy the whole
