@@ -236,18 +236,31 @@ def _words_per_tile(kw: int, want: int) -> int:
     return b
 
 
-def default_config(n: int, k: int, m: int, sm: int | None = None) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_KW, num_warps) for an [n, k] weight, m rows and compute capability sm (e.g. 90): 128-word
-    tiles along K, each thread 8 words of a row; one row: 16 rows of 2 warps (each thread 4 rows, so the
-    activations it converts serve 4 rows); more rows: 8 rows of 2 warps (each thread 2 rows), 4 rows below
-    SM80. Measured on an H200 over the 8B projections (benchmarks/results/quant_h200.json): at one row 8 rows
-    of 1 warp was within 0.3 us and 32 rows of 2 warps 3x slower; at 8 rows, 8 rows of 2 warps was 1.3-1.5x
-    faster than 4. For sm_70 (offline ptxas 12.9, `onecat kernels check`), 8 rows of 8 spill 164 bytes and
-    4 rows do not."""
-    bkw = _words_per_tile(k // 8, 128)
+def default_config(n: int, k: int, m: int, sm: int | None = None) -> tuple:
+    """The tile config for an [n, k] weight, m rows and compute capability sm (e.g. 90): FMA tiles
+    (BLOCK_N, BLOCK_KW, num_warps, SPLIT), or ("dot", BLOCK_N, num_warps, num_stages, SPLIT) for the
+    tensor-core path. Chosen from the H200 sweep of the 8B projections (benchmarks/results/quant_h200.json):
+    one row: 16 rows of 2 warps and 128-word tiles where that gives at least 384 programs (qkv 8.8 us,
+    gate_up 25.6 us); fewer output rows (4096) leave SMs idle, so the whole K = 4096 row in one 8-warp tile
+    (o: 6.2 us, was 8.2) or K split into 256-word runs (down, K = 14336: 7 splits, 17.4 us, was 38.4).
+    2-8 rows on SM80+: the tensor-core path, 64-row tiles with K split in two for 6144+ rows, else 32-row
+    tiles split in four. Below SM80, 2-8 rows: FMA tiles of 4 rows (8 spill on sm_70, offline ptxas)."""
+    kw = k // 8
+    bkw = _words_per_tile(kw, 128)
     if m == 1:
-        return 16, bkw, 2
-    return (4, bkw, 2) if sm is not None and sm < 80 else (8, bkw, 2)
+        if -(-n // 16) >= 384:
+            return 16, bkw, 2, 1
+        if kw in (256, 512):
+            return 16, kw, kw // 64, 1
+        if kw % 256 == 0 and kw // 256 <= 16:
+            return 16, 256, 4, kw // 256
+        return 16, bkw, 2, 1
+    if sm is not None and sm < 80:
+        return 4, bkw, 2, 1
+    groups = k // 128 if k % 128 == 0 else 0  # the group size is not known here: split only where any divides
+    if n >= 6144:
+        return ("dot", 64, 4, 3, 2 if groups and groups % 2 == 0 else 1)
+    return ("dot", 32, 4, 3, 4 if groups and groups % 4 == 0 else 1)
 
 
 @functools.lru_cache(maxsize=None)

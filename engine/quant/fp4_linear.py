@@ -21,19 +21,19 @@ FMT_IDS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
 
 def default_config(n: int, k: int, m: int, block: int, sm: int | None = None) -> tuple:
     """(BLOCK_N, BLOCK_KW, num_warps, SPLIT) for the FMA GEMV, or ("dot", BLOCK_N, num_warps, num_stages,
-    SPLIT) for the tensor-core path (2-8 rows, SM80+, K a multiple of 128). FMA: 128-word tiles of 16 rows
-    over 2 warps at one row, 4 rows at 2-8 rows; K split in two where 16-row tiles give fewer than 512
-    programs (the 4096-row projections of an 8B model)."""
+    SPLIT) for the tensor-core path (2-8 rows, SM80+, K a multiple of 128). From the H200 sweep of the 8B
+    projections (benchmarks/results/quant_h200.json, "fp4"): one row, 8 rows of 2 warps with K split in two
+    was the best or within 10% of it on 7 of the 8 shape/format pairs; 2-8 rows, 32-row tensor-core tiles
+    with K split in two were the best on 5 of 8 (FMA 4-row tiles below SM80)."""
     kw = k // 8
     if m > 1 and sm is not None and sm >= 80 and k % 128 == 0:
-        return ("dot", 32, 4, 3, 2 if -(-n // 32) < 264 and k % 256 == 0 else 1)
+        return ("dot", 32, 4, 3, 2 if k % 256 == 0 else 1)
     bkw = 128
     while kw % bkw or bkw % (block // 8):
         bkw //= 2
     if m > 1:
         return 4, bkw, 2, 1
-    split = 2 if -(-n // 16) < 512 and kw % (2 * bkw) == 0 else 1
-    return 16, bkw, 2, split
+    return 8, bkw, 2, 2 if kw % (2 * bkw) == 0 else 1
 
 
 class FP4Linear(nn.Module):
