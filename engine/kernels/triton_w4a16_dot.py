@@ -3,8 +3,7 @@
 The FMA GEMV (triton_w4a16.py) spends one FFMA per weight and row, so at 8 rows it is bound by arithmetic,
 2-3x slower than cuBLAS on fp16 weights (measured on an H200). Here each group of G input columns of a
 [BLOCK_N, G] weight tile becomes (q - z) in the activation dtype (whole numbers -16..15, exact in fp16 and
-bf16: on the GPU two codes at a time, ORed into the mantissas of a half2 1024.0 (bf16x2 128.0) and an FMA
-subtracting 1024 + z (128 + z), in inline PTX; in Triton's interpreter through fp32), is multiplied by the
+bf16: the code ORed into the mantissa of 2^23, minus 2^23 + z in fp32, then converted), is multiplied by the
 activations padded to 16 rows with tl.dot (products exact, fp32 sums), and the fp32 group sum is scaled by
 the group's scale. So a row's result is held to the same bound as the FMA GEMV's (fp32 sums of exact
 products, each group scaled once). SPLIT > 1 splits the groups over a second grid axis (fp32 partials
@@ -15,30 +14,10 @@ This module imports Triton at load; triton_w4a16.w4a16_gemv imports it only when
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-MIN_CAPABILITY = 80
-USE_ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")  # the interpreter runs no PTX
-
-
-def _dequant_asm(kind: str, magic: int, one: int) -> str:
-    """PTX: one int32 word -> its eight codes as (q - z) in f16 / bf16, two codes per LOP3 and FMA: a half-word
-    pair of nibbles ORed into the mantissas of `magic` (1024.0 / 128.0), then * 1 - (magic + z), exact."""
-    lines = ["{", ".reg .b32 t0, t1, t2, t3, s, nz, one;", "mov.b32 nz, {$9, $9};", f"mov.b32 one, {one * 0x10001};"]
-    for i in range(4):
-        if i:
-            lines.append(f"shr.u32 s, $8, {4 * i};")
-        lines.append(f"lop3.b32 t{i}, {'s' if i else '$8'}, 983055, {magic * 0x10001}, 234;")  # (x & 0x000F000F) | m
-        lines.append(f"fma.rn.{kind}x2 t{i}, t{i}, one, nz;")
-        lines.append(f"mov.b32 {{${i}, ${i + 4}}}, t{i};")  # nibble i (low half-word), nibble i + 4 (high)
-    return "\n".join(lines + ["}"])
-
-
-DEQUANT_F16 = tl.constexpr(_dequant_asm("f16", 0x6400, 0x3C00))
-DEQUANT_BF16 = tl.constexpr(_dequant_asm("bf16", 0x4300, 0x3F80))  # tensor-core tl.dot on 16-bit inputs
+MIN_CAPABILITY = 80  # tensor-core tl.dot on 16-bit inputs
 ROWS_PAD = 16  # tl.dot's smallest N: activations are padded to 16 rows (masked loads, never stored)
 MAGIC = 0x4B000000  # the bits of 2^23 as a float
 
@@ -67,23 +46,11 @@ def w4a16_dot_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, M, magic, K: tl.constexpr,
         words = tl.load(q_ptr + rows[:, None] * KW + g * GW + w[None, :], eviction_policy="evict_first")
         s = tl.load(sz_ptr + rows * (2 * NG) + 2 * g).to(tl.float32)
         zc = tl.load(sz_ptr + rows * (2 * NG) + 2 * g + 1).to(tl.float32) + 8388608.0
-        if USE_ASM:
-            nz = tl.broadcast_to(-(zc - 8388608.0 + (1024.0 if dt == tl.float16 else 128.0)).to(dt)[:, None],
-                                 [BLOCK_N, GW])
-            q0, q1, q2, q3, q4, q5, q6, q7 = tl.inline_asm_elementwise(
-                DEQUANT_F16 if dt == tl.float16 else DEQUANT_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, nz],
-                dtype=(dt, dt, dt, dt, dt, dt, dt, dt), is_pure=True, pack=1)
-            # [BLOCK_N, GW, 8]: column w*8 + j holds nibble j of word w, input column j*GW + w (w4a16_layout)
-            a = tl.join(tl.join(tl.join(q0, q1), tl.join(q2, q3)), tl.join(tl.join(q4, q5), tl.join(q6, q7)))
-            a = tl.reshape(a, [BLOCK_N, G])
-            xcol = (xk % 8) * GW + xk // 8
-        else:
-            codes = ((words[:, None, :] >> shifts[None, :, None]) & 0xF) | magic  # [BLOCK_N, 8, GW]
-            d = codes.to(tl.float32, bitcast=True) - zc[:, None, None]  # 2^23 + q - (2^23 + z), exact
-            # column j*GW + w of the group is nibble j of word w (w4a16_layout), i.e. this reshape's order
-            a = tl.reshape(d.to(dt), [BLOCK_N, G])
-            xcol = xk
-        xt = tl.load(x_ptr + xr[None, :] * K + g * G + xcol[:, None], mask=x_ok, other=0.0)  # [G, 16]
+        codes = ((words[:, None, :] >> shifts[None, :, None]) & 0xF) | magic  # [BLOCK_N, 8, GW]
+        d = codes.to(tl.float32, bitcast=True) - zc[:, None, None]  # 2^23 + q - (2^23 + z), exact
+        # column j*GW + w of the group is nibble j of word w (w4a16_layout), i.e. this reshape's order
+        a = tl.reshape(d.to(dt), [BLOCK_N, G])
+        xt = tl.load(x_ptr + xr[None, :] * K + g * G + xk[:, None], mask=x_ok, other=0.0)  # [G, 16]
         acc += tl.dot(a, xt) * s[:, None]
     out = y_ptr + tl.program_id(1) * M * N + xr[None, :] * N + rows[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & x_ok)
