@@ -125,7 +125,9 @@ class EngineArgs(BaseModel):
                                         description="gguf: keep a GGUF's Q4_0/Q4_1/Q8_0 tensors packed (CPU); "
                                                     "w4a16 | awq | gptq | compressed-tensors: keep a 4-bit "
                                                     "checkpoint packed for the W4A16 kernels (CUDA; w4a16 "
-                                                    "quantizes a dense one at load); unset: dequantized")
+                                                    "quantizes a dense one at load); nvfp4 | mxfp4: keep an "
+                                                    "NVFP4 (ModelOpt) / MXFP4 checkpoint packed for the FP4 "
+                                                    "kernels (CUDA); unset: dequantized")
     load_format: Literal["auto", "dummy"] = Field(
         default="auto", description="auto: the checkpoint's weights | dummy: random weights of the checkpoint's "
                                     "shapes (its config and tokenizer only), for speed measurements")
