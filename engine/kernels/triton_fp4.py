@@ -14,6 +14,11 @@ the same way (E4M3: its bits at 20-30 give the value * 2^-120; E8M0: (e + 26) <<
 and, for NVFP4, multiplied by the global scale in float32 first, as the reference dequantizer forms it.
 So the result obeys the W4A16 GEMV's bound (exact products, fp32 sums, one rounding of the output).
 
+Measured on an H200 (benchmarks/results/quant_h200.json, "fp4"), one row over the four 8B projections with
+the default tiles: NVFP4 127.6 us (23% of the copy bandwidth on the packed bytes; cuBLAS on fp16 weights
+120.8 us), MXFP4 93.6 us (29%). Short of the 70% target, and not explained by measurement: cutting the
+decode from 32 to 20 integer ops per word (SLOTS) and loading one tile ahead changed the times by under 10%.
+
 This module imports Triton at load; engine/quant/fp4_linear.py imports it only on CUDA.
 """
 from __future__ import annotations

@@ -22,12 +22,13 @@ are a fixed function of the shape and the row count (no autotuning), so a row's 
 on every call.
 
 Measured on an H200 (Triton 3.6, CUDA-graph timing over rotating weights, benchmarks/results/quant_h200.json),
-one row: qkv 8.4 us (38% of the copy bandwidth on the packed bytes), o 8.3 us (26%), gate_up 25.3 us (58%),
-down 38.5 us (19%); the four together 80.5 us against 109 us for the fp16 GEMV (1.35x). Short of the
-bandwidth (not yet explained by measurement): the small-N shapes run few warps per SM (o: about 4), and
-down (K = 14336, unrolled) sits at 255 registers. Eight rows (8 rows of 2 warps): 27-166 us, 2-3x slower than cuBLAS on fp16 weights (the fp32 conversions of the
-activations and FMAs per weight and row, with no tensor cores, bound it); it is still as fast as or
-faster than dequantizing the weight for cuBLAS.
+one row with the default tiles: qkv 8.8 us, o 6.2 us, gate_up 25.6 us, down 17.4 us; the four together
+57.9 us, 47% of the copy bandwidth on the packed bytes, 1.86x faster than the fp16 GEMV on fp16 weights
+(107.8 us). The shapes with 4096 output rows ran few warps per SM with 16-row tiles: o takes its whole
+row in one 8-warp tile, down (K = 14336) splits K over 7 programs per tile (SPLIT: fp32 partials, summed
+in a fixed order by split_sum_kernel, so a row's sum runs in the same order on every call). 2-8 rows on
+SM80+ take the tensor-core path (triton_w4a16_dot.py): 24-107 us at 8 rows, still 1.8x slower than cuBLAS
+on fp16 weights over a layer; below SM80 the FMA GEMV here (4-row tiles).
 
 `w4a16_dequant` writes the dense weight (for calls of more rows, which then take the library GEMM).
 """
