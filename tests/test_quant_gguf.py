@@ -46,7 +46,7 @@ def test_packed_linear_equals_dense_matmul_of_the_same_weights(qtype, rows):
 def test_unknown_or_misplaced_quantization_is_refused():
     cpu = torch.device("cpu")
     with pytest.raises(ConfigError, match="not supported; use one of gguf"):
-        check_quantization("nvfp4", "gguf", cpu)
+        check_quantization("int3", "gguf", cpu)
     with pytest.raises(ConfigError, match="needs a .gguf checkpoint"):
         check_quantization("gguf", "hf", cpu)
     with pytest.raises(ConfigError, match="CPU only"):
@@ -99,6 +99,6 @@ def test_harness_preflight_names_an_unsupported_quantization():
         return ArmSettings(name="candidate", model=ModelSpec(source=EMBEDDED, quantization=quant),
                            engine=EngineSpec(device="cpu"))
 
-    problems = OnecatEngine.check(arm("nvfp4"))
-    assert any("quantization 'nvfp4'" in p and "gguf" in p for p in problems), problems
+    problems = OnecatEngine.check(arm("int3"))
+    assert any("quantization 'int3'" in p and "gguf" in p for p in problems), problems
     assert OnecatEngine.check(arm("gguf")) == []

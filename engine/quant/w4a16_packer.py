@@ -34,7 +34,7 @@ RTN_GROUPS = (128, 64, 32)  # the largest that divides in_features
 def check_w4a16(quantization: str, model_format: str, device: torch.device) -> None:
     """Refuses what the W4A16 kernels cannot run, with what to use instead."""
     if device.type != "cuda":
-        raise ConfigError(f"quantization={quantization!r} keeps 4-bit weights packed for the CUDA W4A16 kernels; "
+        raise ConfigError(f"quantization={quantization!r} keeps 4-bit weights packed for the CUDA 4-bit GEMV kernels; "
                           f"on {device} leave quantization unset (the checkpoint runs dequantized)")
     if model_format != "hf" and quantization != "w4a16":
         raise ConfigError(f"quantization={quantization!r} reads a {quantization} HF checkpoint; this model is "
