@@ -27,7 +27,10 @@ NUM_BLOCKS = 32  # CTAs per call: every one joins every call (fixed grid, equal 
 MAX_WORLD = 8
 BLOCK = 1024  # elements per CTA iteration
 HEADER_BYTES = 4096  # flags: int32 [NUM_BLOCKS, MAX_WORLD]
-CAPACITY_BYTES = 4 << 20  # per parity half: the largest tensor (or, gathered, piece) this path takes
+# per parity half: the largest tensor (or gathered piece) this path takes. One-shot reads every peer's whole
+# tensor with ~2 KB per block in flight, so past a few hundred KB NCCL's ring should win; where exactly was
+# not measured (no two-GPU host), 512 KiB is an estimate from NVLink latency (~2 us per round trip).
+CAPACITY_BYTES = 512 << 10
 WAIT_TIMEOUT_S = 30
 
 
@@ -52,7 +55,7 @@ def _kernel():
         start = pid * chunk
         end = tl.minimum(start + chunk, n)
         own = tl.load(bases + RANK)
-        mine = (own + half).to(tl.pointer_type(dtype))
+        mine = tl.multiple_of((own + half).to(tl.pointer_type(dtype)), 16)  # buffers are 16-byte aligned
         for off in range(start, end, BLOCK):
             idx = off + tl.arange(0, BLOCK)
             m = idx < end
@@ -77,12 +80,12 @@ def _kernel():
             m = idx < end
             if GATHER:
                 for r in tl.static_range(WORLD):
-                    src = (tl.load(bases + r) + half).to(tl.pointer_type(dtype))
+                    src = tl.multiple_of((tl.load(bases + r) + half).to(tl.pointer_type(dtype)), 16)
                     tl.store(out + r * n + idx, tl.load(src + idx, mask=m, cache_modifier=".cv"), mask=m)
             else:
                 acc = tl.zeros([BLOCK], dtype=tl.float32)
                 for r in tl.static_range(WORLD):  # rank order: the same sum, bit for bit, on every rank
-                    src = (tl.load(bases + r) + half).to(tl.pointer_type(dtype))
+                    src = tl.multiple_of((tl.load(bases + r) + half).to(tl.pointer_type(dtype)), 16)
                     acc += tl.load(src + idx, mask=m, other=0.0, cache_modifier=".cv").to(tl.float32)
                 tl.store(out + idx, acc.to(dtype), mask=m)
         tl.store(epochs + pid, e)
