@@ -103,7 +103,7 @@ def test_fp4_names_refuse_other_checkpoints(tmp_path):
     from onecat.engine import LLM
 
     qdir = fp4_dir(tmp_path, "mxfp4")
-    with pytest.raises(ConfigError, match="CUDA W4A16 kernels"):
+    with pytest.raises(ConfigError, match="CUDA 4-bit GEMV kernels"):
         LLM(str(qdir), quantization="mxfp4", dtype="float32")
     mp = pytest.MonkeyPatch()
     mp.setattr(packing, "check_w4a16", lambda *a: None)

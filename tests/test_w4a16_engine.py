@@ -42,7 +42,7 @@ def on_cpu(monkeypatch):
 
 
 def test_refused_off_cuda_and_format_names_need_hf():
-    with pytest.raises(ConfigError, match="CUDA W4A16 kernels"):
+    with pytest.raises(ConfigError, match="CUDA 4-bit GEMV kernels"):
         check_w4a16("w4a16", "hf", torch.device("cpu"))
     with pytest.raises(ConfigError, match="reads a awq HF checkpoint"):
         check_w4a16("awq", "gguf", torch.device("cuda"))
