@@ -1,76 +1,76 @@
-"""The W4A16 packed layout on CPU: the nibble layout, each checkpoint converter re-packing without changing a
-value (its dequantization equals the formats' dense weight exactly), the round-to-nearest quantizer's error
-bound, the CPU path of the linear layer, and the variants refused by name."""
+"""W4A16 checkpoints on CPU: their 4-bit codes run in the GGUF path's packed int4 layer, scales rounded to
+bfloat16 (engine/quant/w4a16_cpu.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from onecat.engine.errors import UnsupportedModelError
-from onecat.engine.quant.formats.gptq import GPTQ
-from onecat.engine.quant.w4a16_convert import convert, from_codes
-from onecat.engine.quant.w4a16_layout import dequantize, pack_codes, quantize_w4, unpack_codes
-from onecat.engine.quant.w4a16_linear import W4A16Linear
-from tests.w4a16_checkpoints import CASES, MODULE, stored_linear
+from onecat.engine.quant.int4_linear import Int4PackedLinear
+from onecat.engine.quant.w4a16_cpu import int4_blocks
+from onecat.engine.quant.w4a16_layout import dequantize, from_codes, quantize_w4
 
-pytest.importorskip("transformers")  # the AWQ / GPTQ writers live in test modules that need it
+pytestmark = pytest.mark.skipif(not Int4PackedLinear.supported(torch.device("cpu")),
+                                reason="this torch has no CPU int4 kernel")
 
 
-def test_layout_interleaves_each_group_by_nibble():
-    # group 32 = 4 words: word w holds columns w, w+4, ..., w+28 in nibbles 0..7
-    q = (torch.arange(64) % 16).view(1, 64)
-    words = pack_codes(q, 32)
-    assert words.shape == (1, 8)
-    assert [(int(words[0, 1]) >> (4 * j)) & 0xF for j in range(8)] == [(1 + 4 * j) % 16 for j in range(8)]
-    for group in (32, 64, 128):
-        codes = torch.randint(0, 16, (6, 256), dtype=torch.int32)
-        assert torch.equal(unpack_codes(pack_codes(codes, group), group), codes)
+def test_blocks_hold_the_checkpoint_codes_exactly_where_bf16_holds_the_scales():
+    """Power-of-two scales and whole zeros survive bf16: the int4 layer's weights equal the checkpoint's."""
+    g = torch.Generator().manual_seed(0)
+    n, k, group = 48, 256, 128
+    q = torch.randint(0, 16, (n, k), generator=g)
+    scales = 2.0 ** -torch.randint(4, 9, (n, k // group), generator=g).float()
+    zeros = torch.randint(0, 16, (n, k // group), generator=g).float()
+    w = from_codes(q, scales.half(), zeros)
+    blocks = int4_blocks(w)
+    assert blocks.codes.shape == (n, k) and blocks.scale.shape == (n, k // 32)
+    assert torch.equal(Int4PackedLinear._dequantized([blocks]), dequantize(w))
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_converted_weight_dequantizes_to_the_formats_weight_exactly(case):
-    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(1)) * 0.05
-    fmt, stored = stored_linear(case, weight, seed=3)
-    packed = convert(fmt, MODULE, stored)
-    assert packed.group in (32, 128) and packed.qweight.shape == (64, 32)
-    assert (packed.perm is not None) == (case in ("gptq-act-order", "ct-g_idx"))
-    assert torch.equal(dequantize(packed), fmt.dequantize(MODULE, dict(stored)))
+def test_other_scales_lose_only_bf16_rounding_and_act_order_has_no_blocks():
+    weight = torch.randn(64, 512, generator=torch.Generator().manual_seed(1))
+    w = quantize_w4(weight, 128)
+    ref = dequantize(w)
+    got = Int4PackedLinear._dequantized([int4_blocks(w)])
+    step = w.scales.float().abs().repeat_interleave(128, dim=1)  # one code step of each weight's group
+    assert ((got - ref).abs() <= 2 ** -7 * 16 * step).all()  # bf16 keeps 8 bits of scale and offset
+    perm = torch.randperm(512, generator=torch.Generator().manual_seed(2)).int()
+    assert int4_blocks(from_codes(torch.zeros(64, 512, dtype=torch.int64), w.scales, w.zeros.float(), perm)) is None
 
 
-def test_cpu_linear_runs_on_the_exact_dense_weight():
-    weight = torch.randn(48, 128, generator=torch.Generator().manual_seed(2))
-    packed = quantize_w4(weight, 64)
-    x = torch.randn(3, 128)
-    bias = torch.randn(48)
-    assert torch.equal(W4A16Linear(packed, bias)(x), F.linear(x, dequantize(packed), bias))
+def _prompt_logprobs(path, **settings):
+    from onecat.engine import LLM, SamplingParams
+    from tests.quant_checkpoints import PROMPTS
+
+    with LLM(str(path), dtype="float32", enable_prefix_caching=False, max_model_len=64, **settings) as llm:
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0))
+        info = llm.info()["quantization"]
+    return [torch.tensor(o.prompt_logprobs[1:]) for o in outs], info
 
 
-@pytest.mark.parametrize("group", [32, 64, 128])
-def test_round_to_nearest_error_is_at_most_half_a_step(group):
-    weight = torch.randn(40, 512, generator=torch.Generator().manual_seed(group)) * 0.02
-    packed = quantize_w4(weight, group)
-    assert packed.scales.dtype == torch.float16 and packed.zeros.dtype == torch.float16
-    step = packed.scales.float().repeat_interleave(group, 1)
-    # half a step, plus what rounding the scale to fp16 moves the group's ends (15 steps times 2^-11)
-    err = (dequantize(packed) - weight).abs()
-    assert bool((err <= step * (0.5 + 15 * 2**-11) + 1e-7).all()), float((err / step).max())
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_checkpoint_runs_packed_on_cpu(tmp_path, act_order):
+    """The packed engine tracks the checkpoint run dequantized (bf16 activations and scales in the int4
+    layer); act-order layers, which have no blocks in input order, stay dense and are listed."""
+    pytest.importorskip("transformers")
+    from tests.test_w4a16_engine import gptq_dir
+
+    qdir = gptq_dir(tmp_path, act_order)
+    packed, info = _prompt_logprobs(qdir, quantization="gptq")
+    dense, _ = _prompt_logprobs(qdir)
+    a, b = torch.cat(packed), torch.cat(dense)
+    assert a.numel() > 0 and (a - b).abs().max() < 0.05
+    assert info["kernel"].startswith(Int4PackedLinear.kernel)
+    assert info["packed_linears"] == (0 if act_order else 7)
+    assert len(info["kept_dense"]) == (7 if act_order else 0)
 
 
-def test_larger_groups_are_stored_as_groups_of_128():
-    q = torch.randint(0, 16, (8, 512), dtype=torch.int32)
-    s = torch.rand(8, 2, dtype=torch.float16) + 0.1
-    z = torch.randint(0, 16, (8, 2)).half()
-    packed = from_codes(q, s, z)
-    assert packed.group == 128 and packed.scales.shape == (8, 4)
-    dense = (q.float() - z.float().repeat_interleave(256, 1)) * s.float().repeat_interleave(256, 1)
-    assert torch.equal(dequantize(packed), dense)
+def test_rtn_at_load_runs_packed_on_cpu(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.quant_checkpoints import tiny_llama
 
-
-def test_unsupported_variants_are_refused_with_the_way_out():
-    q = torch.randint(0, 16, (8, 96), dtype=torch.int32)
-    with pytest.raises(ValueError, match="group size 48 .* not supported by the W4A16 kernels"):
-        from_codes(q, torch.ones(8, 2).half(), torch.zeros(8, 2).half())
-    fmt = GPTQ({"quant_method": "gptq", "bits": 8, "group_size": 32})
-    with pytest.raises(UnsupportedModelError, match="without the w4a16 quantization"):
-        convert(fmt, MODULE, {})
+    src, _ = tiny_llama(tmp_path / "src", hidden_size=128, intermediate_size=256)
+    packed, info = _prompt_logprobs(src, quantization="w4a16")
+    dense, _ = _prompt_logprobs(src)
+    assert info["packed_linears"] == 8 and info["source"] == "round-to-nearest w4 g128 at load"
+    a, b = torch.cat(packed), torch.cat(dense)  # 4-bit round to nearest of random weights: close, not equal
+    assert a.numel() > 0 and (a - b).abs().max() < 1.0 and not torch.equal(a, b)

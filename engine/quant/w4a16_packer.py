@@ -29,13 +29,22 @@ from onecat.engine.quant.w4a16_layout import W4A16Weight, quantize_w4
 W4A16_NAMES = {"w4a16": None, "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
                "nvfp4": "modelopt", "mxfp4": "mxfp4"}
 RTN_GROUPS = (128, 64, 32)  # the largest that divides in_features
+# CPU: W4A16 weights run in the GGUF path's int4 layer (bf16 scales). Tests of the loading logic turn it off
+# to get W4A16Linear, which computes on the exactly dequantized weight on any device.
+CPU_INT4_KERNEL = True
 
 
 def check_w4a16(quantization: str, model_format: str, device: torch.device) -> None:
-    """Refuses what the W4A16 kernels cannot run, with what to use instead."""
-    if device.type != "cuda":
+    """Refuses what the W4A16 kernels cannot run, with what to use instead. On CPU the 4-bit W4A16 formats
+    run in the packed int4 layer of the GGUF path (w4a16_cpu.py); FP4 has no CPU kernel."""
+    from onecat.engine.quant.int4_linear import Int4PackedLinear
+
+    cpu_int4 = quantization not in FP4_NAMES and Int4PackedLinear.supported(device)
+    if device.type != "cuda" and not cpu_int4:
         raise ConfigError(f"quantization={quantization!r} keeps 4-bit weights packed for the CUDA 4-bit GEMV kernels; "
-                          f"on {device} leave quantization unset (the checkpoint runs dequantized)")
+                          f"on {device} leave quantization unset (the checkpoint runs dequantized)"
+                          + (" or use a 4-bit W4A16 format (w4a16, awq, gptq, compressed-tensors), which runs packed "
+                             "on CPU" if quantization in FP4_NAMES and device.type == "cpu" else ""))
     if model_format != "hf" and quantization != "w4a16":
         raise ConfigError(f"quantization={quantization!r} reads a {quantization} HF checkpoint; this model is "
                           f"{model_format!r}: use quantization='w4a16' (quantized at load), 'gguf' on CPU, or leave "
@@ -102,10 +111,10 @@ class W4A16Packer:
             if isinstance(module, nn.Linear) and sorted(shards) == list(range(n_shards)):
                 cat = cat_fp4 if self.quantization in FP4_NAMES else cat_shards
                 weight = cat([shards[i] for i in range(n_shards)])
-            if weight is None or weight.out_features != module.out_features or fp4_unsupported_reason(weight):
+            if weight is None or weight.out_features != module.out_features or fp4_unsupported_reason(weight) \
+                    or not _swap(model, target, module, weight):
                 kept_dense.append(target)
                 continue
-            _swap(model, target, module, weight)
             replaced += 1
         self.packed.clear()
         return self._report(model, replaced, kept_dense, f"checkpoint {self.method}")
@@ -119,7 +128,9 @@ class W4A16Packer:
             if group is None:
                 kept_dense.append(name)
                 continue
-            _swap(model, name, module, quantize_w4(module.weight.detach(), group))
+            if not _swap(model, name, module, quantize_w4(module.weight.detach(), group)):
+                kept_dense.append(name)
+                continue
             groups.add(group)
             replaced += 1
         return self._report(model, replaced, kept_dense, "round-to-nearest w4 g" + "/".join(
@@ -134,6 +145,13 @@ class W4A16Packer:
                     "kernel": f"Triton FP4 GEMV up to {MAX_ROWS} rows", "large_batch_path":
                     f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
                     "dense_linears": dense}
+        if next(model.parameters()).device.type == "cpu" and CPU_INT4_KERNEL:
+            from onecat.engine.quant.int4_linear import DENSE_FROM_ROWS, Int4PackedLinear
+
+            return {"method": "w4a16", "source": source, "packed_linears": replaced, "kernel":
+                    Int4PackedLinear.kernel + "; scales rounded to bfloat16", "large_batch_path":
+                    f"bf16 GEMM on a dequantized copy from {DENSE_FROM_ROWS} rows on", "kept_dense": kept_dense,
+                    "dense_linears": dense}
         return {"method": "w4a16", "source": source, "packed_linears": replaced,
                 "kernel": f"Triton W4A16 GEMV up to {MAX_ROWS} rows", "large_batch_path":
                 f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
@@ -147,13 +165,25 @@ def _submodule(model: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _swap(model: nn.Module, path: str, module: nn.Linear, weight) -> None:
+def _swap(model: nn.Module, path: str, module: nn.Linear, weight) -> bool:
+    """Replace the linear at `path` by its packed form on the model's device; False (left dense) where that
+    device has no packed form of it (CPU: act-order W4A16 layers)."""
     from onecat.engine.quant.fp4_layout import FP4Weight
     from onecat.engine.quant.fp4_linear import FP4Linear
+    from onecat.engine.quant.int4_linear import Int4PackedLinear
+    from onecat.engine.quant.w4a16_cpu import int4_blocks
     from onecat.engine.quant.w4a16_linear import W4A16Linear
 
-    weight = weight.to(module.weight.device)
+    device = module.weight.device
     bias = None if module.bias is None else module.bias.detach()
+    if device.type == "cpu" and CPU_INT4_KERNEL and isinstance(weight, W4A16Weight):
+        blocks = int4_blocks(weight)
+        if blocks is None:
+            return False
+        layer = Int4PackedLinear([blocks], bias, module.weight.dtype)
+    else:
+        weight = weight.to(device)
+        layer = FP4Linear(weight, bias) if isinstance(weight, FP4Weight) else W4A16Linear(weight, bias)
     parent, _, leaf = path.rpartition(".")
-    layer = FP4Linear(weight, bias) if isinstance(weight, FP4Weight) else W4A16Linear(weight, bias)
     setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+    return True
