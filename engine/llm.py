@@ -103,6 +103,10 @@ class LLM:
         cls = model_class(self.model_config.architecture)
         with torch.device("meta"):
             model = cls(self.model_config, self.max_model_len)
+        loader = None
+        if self.tp is not None:  # sharded on meta: a rank allocates and loads only its share
+            spec = self.cfg.speculative_config
+            loader = self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")
         model = model.to_empty(device=self.device).to(self.dtype)
         for m in model.modules():
             if isinstance(m, RotaryEmbedding):
@@ -116,12 +120,11 @@ class LLM:
         elif self.cfg.load_format == "dummy":
             fill_random_weights(model, self.cfg.seed)
         else:
-            model.load_weights(ckpt.weights)
+            model.load_weights(loader.weights(ckpt.weights) if loader is not None else ckpt.weights)
+        if loader is not None:
+            self.tp.full_vocab = loader.full_vocab_layers(self.model_config.tie_word_embeddings)
         if self.w4a16 is not None:  # 4-bit linears packed for the CUDA W4A16 kernels
             self.packing = self.w4a16.apply(model)
-        if self.tp is not None:  # before the CPU packing below, which reorders the weights
-            spec = self.cfg.speculative_config
-            self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
             pack_weights(model)
         if hasattr(model, "allocate_recurrent_state"):  # hybrid: one state slot per request that may run at once

@@ -40,3 +40,8 @@ def test_dummy_weights_need_no_weight_files_and_follow_the_seed(config_only):
 def test_dummy_weights_with_quantization_are_refused(config_only):
     with pytest.raises(ConfigError, match="load_format dummy"):
         LLM(str(config_only), load_format="dummy", quantization="gguf")
+
+
+def test_tensor_parallel_ranks_hold_slices_of_the_same_random_model(config_only):
+    """Each rank draws the full matrices and keeps its share: TP=2 scores as TP=1 with the same seed."""
+    assert _run(config_only, seed=0, tensor_parallel_size=2)[0] == _run(config_only, seed=0)[0]

@@ -129,3 +129,27 @@ def test_shared_memory_collectives_sum_in_rank_order_on_every_rank():
             y, pieces = got[r][step]
             assert torch.equal(y, want)
             assert all(torch.equal(p, torch.full((2, 3), float(q + step))) for q, p in enumerate(pieces))
+
+
+@pytest.mark.parametrize("arch, world, extra", [
+    ("llama", 2, {}),
+    ("qwen2", 2, {}),  # q/k/v biases sliced with their heads
+    ("qwen3", 3, dict(num_attention_heads=2, num_key_value_heads=1)),  # q/k norms; rank 2 has no query head
+])
+def test_shards_load_straight_from_an_untied_checkpoint(tmp_path, arch, world, extra):
+    """Each rank slices the checkpoint's tensors to its share while loading (the model is sharded on the meta
+    device first): untied LM head, biases, q/k norms and a rank without query heads all score as TP=1."""
+    import torch
+
+    from tests.tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model(arch, tmp_path / arch, tie_word_embeddings=False, **extra)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
+    scores = {}
+    for tp in (1, world):
+        with LLM(str(model_dir), max_model_len=96, tensor_parallel_size=tp) as llm:
+            outs = llm.generate(["t1 t5 t9 t33 t70 t2", "t4 t4 t8 t100"], params)
+            scores[tp] = (torch.tensor([lp for o in outs for lp in o.prompt_logprobs[1:]]),
+                          [o.token_ids for o in outs])
+    assert torch.allclose(scores[1][0], scores[world][0], rtol=0, atol=1e-4)
+    assert scores[1][1] == scores[world][1]

@@ -17,11 +17,21 @@ STD = 0.02
 
 @torch.no_grad()
 def fill_random_weights(model: torch.nn.Module, seed: int) -> None:
+    """A tensor-parallel shard (its layers record their share of the full weight, engine/parallel/sharding.py)
+    draws the full matrix and keeps its share, so every rank holds a slice of the same model."""
     for name, p in model.named_parameters():
         if not p.is_floating_point():
             continue
         if p.dim() == 1:
             p.fill_(0.0 if name.endswith("bias") else 1.0)
             continue
+        owner = model.get_submodule(name.rpartition(".")[0])
+        full = getattr(owner, "_tp_full", None) or tuple(p.shape)
         g = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-        p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(STD))
+        w = torch.randn(full, generator=g, device=p.device, dtype=torch.float32).mul_(STD)
+        rows, cols = getattr(owner, "_tp_rows", None), getattr(owner, "_tp_cols", None)
+        if rows is not None:
+            w = w.index_select(0, rows.to(p.device))
+        if cols is not None:
+            w = w.index_select(1, cols.to(p.device))
+        p.copy_(w)

@@ -7,8 +7,11 @@ additions are the collectives: a sum over the ranks after each row-parallel proj
 down_proj) and after the embedding lookup, and a gather of the LM head's vocabulary slices, so every
 rank ends each layer, and the step, with the full hidden state and the full logits.
 
-Sharding works on the dense weights as loaded: before `pack_weights` (which keeps only a oneDNN-blocked
-copy of CPU float32 weights) and never on quantized layers.
+The engine shards the model while it is still on the meta device (shapes only), so a rank allocates only
+its share; every sliced layer records which rows / columns of the full weight it keeps (`_tp_rows`,
+`_tp_cols`, `_tp_full`), and shard_loading.py slices the checkpoint's full tensors by them as they stream
+in. Sharding also works on dense weights already loaded (tests), before `pack_weights` (which keeps only a
+oneDNN-blocked copy of CPU float32 weights), and never on quantized layers.
 """
 from __future__ import annotations
 
@@ -101,9 +104,11 @@ class VocabParallelEmbedding(nn.Embedding):
     """Rows [start, start + num_embeddings) of the vocabulary. An id outside them looks up zeros here;
     the sum over the ranks brings in the row from the rank that holds it."""
 
-    def __init__(self, weight: torch.Tensor, start: int, group):
+    def __init__(self, weight: torch.Tensor, start: int, group, full_rows: int):
         super().__init__(weight.shape[0], weight.shape[1], _weight=weight, _freeze=True)
         self.start, self.group = start, group
+        self._tp_full, self._tp_cols = (full_rows, weight.shape[1]), None
+        self._tp_rows = torch.arange(start, start + weight.shape[0])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
@@ -134,9 +139,10 @@ class IdleAttention(nn.Module):
 
 # ---- sharding ------------------------------------------------------------------------------------
 def _keep(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> None:
-    """Keep these output rows (and bias entries) / input columns of a dense Linear. index_select copies,
-    so the full weight is freed."""
+    """Keep these output rows (and bias entries) / input columns of a dense Linear (on meta: their shape),
+    and record them for loading. index_select copies, so the full weight is freed."""
     w = linear.weight.detach()
+    linear._tp_full, linear._tp_rows, linear._tp_cols = tuple(w.shape), rows, cols
     if rows is not None:
         w = w.index_select(0, rows.to(w.device))
         if linear.bias is not None:
@@ -188,23 +194,25 @@ def _shard_vocab(model: nn.Module, rank: int, world: int, group) -> None:
     emb, head = model.embed_tokens, model.lm_head
     tied, vocab = head.weight is emb.weight, head.out_features
     start, end = split_range(emb.num_embeddings, rank, world)
-    model.embed_tokens = VocabParallelEmbedding(emb.weight.detach()[start:end].clone(), start, group)
+    model.embed_tokens = VocabParallelEmbedding(emb.weight.detach()[start:end].clone(), start, group,
+                                                emb.num_embeddings)
     if tied:
         head.weight = model.embed_tokens.weight
         head.out_features = end - start
         head.__dict__.pop("_batch_invariant_weight", None)
+        head._tp_full, head._tp_rows, head._tp_cols = model.embed_tokens._tp_full, model.embed_tokens._tp_rows, None
     else:
         _keep(head, rows=torch.arange(*split_range(vocab, rank, world)))
     sizes = [b - a for a, b in (split_range(vocab, r, world) for r in range(world))]
     head.register_forward_hook(_gather_hook(sizes, group))
 
 
-def _check_dense(model: nn.Module, world: int) -> None:
+def _check_dense(model: nn.Module, world: int, on_meta: bool) -> None:
     """Refuse what cannot be sliced by rows/columns: packed, quantized or missing projections, and
     dimensions too small to give every rank a share."""
     def check(name: str, module, kind=Linear):
         w = getattr(module, "weight", None)
-        if isinstance(module, kind) and w is not None and not w.is_meta and w.is_floating_point():
+        if isinstance(module, kind) and w is not None and w.is_meta == on_meta and w.is_floating_point():
             return
         what = ("packed by pack_weights (only a oneDNN-blocked copy is left)" if w is not None and w.is_meta
                 else f"a {type(module).__name__}" + (f" of {w.dtype}" if isinstance(w, torch.Tensor) else "")
@@ -228,13 +236,14 @@ def _check_dense(model: nn.Module, world: int) -> None:
 
 
 def shard_model(model: nn.Module, rank: int, world: int, group=None) -> None:
-    """Keep rank's share of the loaded model's weights, in place, and hook in the collectives over
-    `group` (None: the default process group; a Collectives: its own paths), whose size must be `world`."""
+    """Keep rank's share of the model's weights (loaded, or all on the meta device: then only the shapes), in
+    place, and hook in the collectives over `group` (None: the default process group; a Collectives: its
+    own paths), whose size must be `world`."""
     if world == 1:
         return
     if dist.is_initialized() and not isinstance(group, Collectives) and dist.get_world_size(group) != world:
         raise ValueError(f"the process group has {dist.get_world_size(group)} ranks, not {world}")
-    _check_dense(model, world)
+    _check_dense(model, world, on_meta=model.embed_tokens.weight.is_meta)
     for name, m in list(model.named_modules()):
         if isinstance(m, SelfAttention):
             parent, _, leaf = name.rpartition(".")

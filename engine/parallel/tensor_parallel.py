@@ -1,7 +1,8 @@
 """What an `LLM` does differently as one of N tensor-parallel ranks (tensor_parallel_size = N > 1).
 
-Every rank builds the whole model from the checkpoint and keeps its shard (sharding.py) before any
-CPU weight packing; the KV cache holds the rank's own KV heads. Rank 0 (the user's process) then
+Every rank builds the model on the meta device, shards it there (sharding.py) and loads only its share
+from the checkpoint (shard_loading.py), before any CPU weight packing; the KV cache holds the rank's own
+KV heads. Rank 0 (the user's process) then
 starts ranks 1..N-1 (runtime.py) with its block count, so every rank's cache has the same blocks and
 one block table serves all. With CUDA graphs on, rank 0 tells every rank which graph to capture or
 replay, with the step's inputs, so all ranks capture and replay the same graphs in step (their
@@ -20,6 +21,7 @@ from onecat.engine.errors import ConfigError
 from onecat.engine.parallel.collectives import Collectives, SharedMemoryRanks, shared_memory_usable, shm_name
 from onecat.engine.parallel.runtime import (RankInfo, WorkerRanks, backend_for, init_group, rank_device,
                                             ranks_share_device, threads_per_rank, worker_rank)
+from onecat.engine.parallel.shard_loading import ShardLoader
 from onecat.engine.parallel.sharding import attention_heads, shard_model, split_range
 
 
@@ -88,16 +90,12 @@ class TensorParallel:
 
         self.collectives.peer = PeerBuffers.over_group(self.rank, self.world, self.device)
 
-    def shard(self, model: torch.nn.Module, keep_full_vocab: bool = False) -> None:
-        """Keep this rank's shard. `keep_full_vocab` (rank 0 with a DFlash drafter): first copy the whole
-        embedding and LM head, which the drafter calls outside the ranks' steps."""
-        if keep_full_vocab and not self.is_worker:
-            embed = torch.nn.Embedding.from_pretrained(model.embed_tokens.weight.detach().clone(), freeze=True)
-            head = type(model.lm_head)(model.lm_head.in_features, model.lm_head.out_features, bias=False,
-                                       device=model.lm_head.weight.device, dtype=model.lm_head.weight.dtype)
-            head.weight.data.copy_(model.lm_head.weight.detach())
-            self.full_vocab = (embed.requires_grad_(False), head.requires_grad_(False))
+    def shard(self, model: torch.nn.Module, keep_full_vocab: bool = False):
+        """Keep this rank's share of a model built on the meta device (shapes only) and return the loader
+        that slices the checkpoint to it (shard_loading.py). `keep_full_vocab` (rank 0 with a DFlash
+        drafter): the loader also keeps whole copies of the embedding and LM head (see `full_vocab`)."""
         shard_model(model, self.rank, self.world, self.collectives)
+        return ShardLoader(model, keep_full_vocab=keep_full_vocab and not self.is_worker)
 
     def kv_config(self, model_config):
         """The model config as this rank's KV cache sees it: only the rank's KV heads."""

@@ -1,0 +1,103 @@
+"""A tensor-parallel rank loads its shard straight from the checkpoint: no rank ever holds the whole model.
+
+The engine builds the model on the meta device and shards it there (sharding.py): each sliced layer keeps
+only its share's shape and records which rows and columns of the full weight it holds. After the shard is
+allocated, the checkpoint's full tensors are sliced by those records as they stream in, so a rank needs
+memory for its share only (a 70B fp16 model over two GPUs: ~70 GB each, not 140 GB). Each tensor is read
+whole from the file before slicing (safetensors reads tensors, not slices, here), one at a time.
+
+The model's own loader (`load_weights`) then places the slices: q/k/v and gate/up are fused, and the
+offsets of each part inside the rank's fused projection are this rank's (`local_fused_offsets`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+
+def _sliced(module: nn.Module) -> bool:
+    return getattr(module, "_tp_full", None) is not None
+
+
+def _within(rows: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """The recorded full rows that fall in one fused part [start, start + length), as rows of that part."""
+    return rows[(rows >= start) & (rows < start + length)] - start
+
+
+def local_fused_offsets(model: nn.Module):
+    """`model._shard_offset` for this rank's fused projections: (offset, rows) of each part (q, k, v; gate,
+    up) inside the rank's fused weight, from the full offsets and the recorded rows (the same in every
+    layer)."""
+    full_offset = type(model)._shard_offset.__get__(model)
+    fused_rows = {}
+    for m_name, module in model.named_modules():
+        leaf = m_name.rpartition(".")[2]
+        if leaf in ("qkv_proj", "gate_up_proj") and _sliced(module) and leaf not in fused_rows:
+            fused_rows[leaf] = module._tp_rows
+
+    def offsets(fused: str, shard: int) -> tuple[int, int]:
+        start, length = full_offset(fused, shard)
+        rows = fused_rows[fused]
+        return int((rows < start).sum()), int(((rows >= start) & (rows < start + length)).sum())
+
+    return offsets
+
+
+class ShardLoader:
+    """Slices a checkpoint's weight stream to a meta-sharded model's share (see the module docstring).
+    `keep_full_vocab` (rank 0 with a DFlash drafter): also keep whole copies of the embedding and LM head,
+    which the drafter calls outside the ranks' steps."""
+
+    def __init__(self, model: nn.Module, keep_full_vocab: bool = False):
+        self.model = model
+        self.fused: dict[str, tuple[str, int]] = getattr(model, "_FUSED", {})
+        self.full_offset = type(model)._shard_offset.__get__(model)
+        self.keep_full_vocab = keep_full_vocab
+        self.full_vocab: dict[str, torch.Tensor] = {}
+        model._shard_offset = local_fused_offsets(model)  # where load_weights puts each fused part
+
+    def _module(self, path: str) -> nn.Module | None:
+        try:
+            return self.model.get_submodule(path)
+        except AttributeError:  # e.g. an attention this rank does not run (no query head here)
+            return None
+
+    def weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            short = name.removeprefix("model.")
+            if self.keep_full_vocab and short in ("embed_tokens.weight", "lm_head.weight"):
+                self.full_vocab[short] = tensor.clone()
+            parent, _, rest = short.rpartition(".")  # rest: "weight" / "bias"
+            owner, _, leaf = parent.rpartition(".")
+            part = None
+            if leaf in self.fused:
+                fused, shard = self.fused[leaf]
+                parent, part = f"{owner}.{fused}" if owner else fused, self.full_offset(fused, shard)
+            module = self._module(parent)
+            if module is None or not _sliced(module):
+                idle = module is None or next(module.parameters(), None) is None
+                if not (idle and "self_attn" in parent):  # else: an attention this rank does not run
+                    yield name, tensor  # unsliced (norms, q/k norms): every rank loads it whole
+                continue
+            if rest == "bias" and module.bias is None:
+                continue  # a row-parallel bias is added once, by rank 0
+            rows, cols = module._tp_rows, module._tp_cols
+            if rows is not None:
+                tensor = tensor.index_select(0, _within(rows, *part) if part else rows)
+            if cols is not None and rest == "weight":
+                tensor = tensor.index_select(1, cols)
+            yield name, tensor
+
+    def full_vocab_layers(self, tied: bool) -> tuple[nn.Module, nn.Module] | None:
+        """Whole embedding and LM head (from the copies taken while loading), or None if not kept."""
+        if not self.keep_full_vocab:
+            return None
+        emb = self.full_vocab["embed_tokens.weight"]
+        head_w = emb if tied else self.full_vocab["lm_head.weight"]
+        device, dtype = self.model.embed_tokens.weight.device, self.model.embed_tokens.weight.dtype
+        embed = nn.Embedding.from_pretrained(emb.to(device, dtype), freeze=True)
+        head = type(self.model.lm_head)(head_w.shape[1], head_w.shape[0], bias=False, device=device, dtype=dtype)
+        head.weight.data.copy_(head_w)
+        return embed.requires_grad_(False), head.requires_grad_(False)
