@@ -11,6 +11,9 @@
    tok/s, the fraction of the combined copy-bandwidth limit ((weight + KV bytes read per step, over all
    ranks) / summed bandwidth), and the all-reduces' share of a step from part 2.
 
+`--shape llama3-70b` is the moonshot: ~140 GB of fp16 weights, loaded as one share per rank (the TP=1 arm
+does not fit one H200 and records its error).
+
 With ONECAT_TP_SHARE_DEVICE=1 on a one-GPU host the ranks share that GPU: the script then only checks
 that every part runs (the ranks' kernels time-share one GPU; its figures mean nothing and say so).
 """
