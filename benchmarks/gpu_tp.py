@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from gpu_decode import GEN, SHAPES, ceilings, log, make_model_dir, prompts
+from gpu_gemv import graph_time
 
 ALLREDUCE_BYTES = (8 << 10, 256 << 10, 1 << 20)
 
@@ -42,23 +43,9 @@ def _share_device() -> bool:
 
 
 # ---- all-reduce cost ------------------------------------------------------------------------------
-def _graph_us(fn, calls: int = 50, replays: int = 20) -> float:
+def _graph_us(fn, calls: int = 50) -> float:
     """Median microseconds per call of `fn` captured `calls` times in one graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+    return graph_time([fn] * calls) * 1e6
 
 
 def _allreduce_rank(rank: int, world: int, port: int, out) -> None:
