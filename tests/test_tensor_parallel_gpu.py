@@ -196,3 +196,27 @@ def test_tp2_dead_rank_between_graph_steps_fails_cleanly(tmp_path, monkeypatch):
         assert not any(llm.engine.runner.peers.alive())
     finally:
         llm.close()
+
+
+@pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA GPUs (NCCL refuses two ranks on one)")
+def test_tp2_nccl_only_graphs_match_peer_kernel_graphs(tmp_path):
+    """disable_custom_all_reduce: every sum is an NCCL call captured in the graphs; greedy tokens equal the
+    peer-kernel run's (both sum two ranks' fp16 partials in float32 or better, then round once)."""
+    from onecat.engine import SamplingParams
+    from tests.test_speculative import PROMPTS
+    from tests.tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=144, num_attention_heads=9,
+                                num_key_value_heads=3)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    runs = {}
+    for nccl_only in (False, True):
+        llm = _llm(model_dir, tensor_parallel_size=2, cuda_graph="full", disable_custom_all_reduce=nccl_only)
+        try:
+            runs[nccl_only] = [llm.generate(p, greedy)[0].token_ids for p in PROMPTS[1:3]]
+            assert llm.engine.runner.cuda_graph_report()["replays"] > 0
+            peer = llm.info()["tensor_parallel"]["gpu_peer_collectives"]
+            assert peer.startswith("off") if nccl_only else peer.startswith("one-shot"), peer
+        finally:
+            llm.close()
+    assert runs[True] == runs[False]
