@@ -1,6 +1,8 @@
 """Tensor-parallel decode on the GPUs of one host: onecat TP=N against TP=1, and the all-reduce cost.
 
     python benchmarks/gpu_tp.py --tensor-parallel-size 2 --out benchmarks/results/gpu_h200x2_tp.json
+    python benchmarks/gpu_tp.py --tensor-parallel-size 4 --sizes 1,2,4 --contexts 1024,16384 \
+        --out benchmarks/results/gpu_h200x4_tp.json
 
 1. Ceilings: every GPU's device-to-device copy bandwidth; TP=N's limit is their sum.
 2. One all-reduce, N ranks (one process each): NCCL eager, NCCL inside a CUDA graph, and onecat's one-shot
@@ -101,13 +103,15 @@ def decode(llm, batch: int, ctx: int, gen: int, vocab: int) -> tuple[dict, list]
     return {"tok_s": batch * (gen - 1) / decode_s, "step_ms": 1e3 * decode_s / (gen - 1)}, [o.token_ids for o in outs]
 
 
-def bench_arm(model_dir: Path, cfg: dict, tp: int, peer: bool, bw: float) -> dict:
-    """One engine: `bw` is the copy bandwidth of the GPUs it runs on, summed (bytes/s)."""
+def bench_arm(model_dir: Path, cfg: dict, tp: int, peer: bool, bw: float, contexts: list[int]) -> dict:
+    """One engine: `bw` is the copy bandwidth of the GPUs it runs on, summed (bytes/s); batch-1 decode at
+    each context length, then batch 32 at 512."""
     from onecat.engine import LLM
 
     llm = LLM(str(model_dir), load_format="dummy", dtype="float16", device="cuda", tensor_parallel_size=tp,
-              disable_custom_all_reduce=not peer, cuda_graph="full", max_model_len=2048, max_num_seqs=32,
-              max_num_batched_tokens=32 * 512 + 256, kv_cache_memory_gb=16.0, enable_prefix_caching=False)
+              disable_custom_all_reduce=not peer, cuda_graph="full", max_model_len=max(contexts) + GEN + 64,
+              max_num_seqs=32, max_num_batched_tokens=32 * 512 + 256, kv_cache_memory_gb=16.0,
+              enable_prefix_caching=False)
     try:
         per_rank = sum(p.numel() * p.element_size() for n, p in llm.model.named_parameters()
                        if not n.startswith("embed_tokens"))
@@ -116,11 +120,14 @@ def bench_arm(model_dir: Path, cfg: dict, tp: int, peer: bool, bw: float) -> dic
         V = cfg["vocab_size"]
         res = {"tensor_parallel_size": tp, "peer_kernel": peer, "weight_bytes_read_per_step": weight_bytes,
                "tensor_parallel": llm.info()["tensor_parallel"]}
-        r, toks = decode(llm, 1, 1024, GEN, V)
-        limit_s = (weight_bytes + kv_per_token * (1024 + GEN / 2)) / bw
-        r["fraction_of_bandwidth_limit"] = r["tok_s"] * limit_s
-        res["b1_ctx1024"], res["b1_tokens"] = r, toks
-        log(f"TP={tp} peer={peer} batch 1: {r['tok_s']:.1f} tok/s, {r['fraction_of_bandwidth_limit']:.1%} of limit")
+        for ctx in contexts:
+            r, toks = decode(llm, 1, ctx, GEN, V)
+            limit_s = (weight_bytes + kv_per_token * (ctx + GEN / 2)) / bw
+            r["fraction_of_bandwidth_limit"] = r["tok_s"] * limit_s
+            res[f"b1_ctx{ctx}"] = r
+            res.setdefault("b1_tokens", toks)
+            log(f"TP={tp} peer={peer} batch 1 at {ctx}: {r['tok_s']:.1f} tok/s, "
+                f"{r['fraction_of_bandwidth_limit']:.1%} of limit")
         r, _ = decode(llm, 32, 512, 64, V)
         res["b32_ctx512"] = r
         log(f"TP={tp} peer={peer} batch 32: {r['tok_s']:.0f} tok/s")
@@ -135,7 +142,9 @@ def bench_arm(model_dir: Path, cfg: dict, tp: int, peer: bool, bw: float) -> dic
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tensor-parallel-size", type=int, default=2)
+    ap.add_argument("--tensor-parallel-size", type=int, default=2, help="the largest TP size (GPUs used)")
+    ap.add_argument("--sizes", default=None, help="TP sizes to compare, e.g. 1,2,4 (default: 1 and the largest)")
+    ap.add_argument("--contexts", default="1024", help="batch-1 context lengths, e.g. 1024,16384")
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check run)")
     ap.add_argument("--out", default=".onecat/gpu_tp.json")
@@ -163,38 +172,47 @@ def main() -> None:
         with torch.cuda.device(g):
             bws.append(ceilings()["copy_bandwidth_GBps"])
     rec["copy_bandwidth_GBps_per_gpu"] = bws
-    bw_sum = sum(bws) * 1e9 * (world if share else 1)
     save()
-    rec["allreduce_us_per_call"] = allreduce_costs(world)
-    log("all-reduce", rec["allreduce_us_per_call"])
-    save()
+    sizes = sorted({int(x) for x in (args.sizes or f"1,{world}").split(",")})
+    contexts = [int(x) for x in args.contexts.split(",")]
+    if max(sizes) > world:
+        sys.exit(f"--sizes {args.sizes} goes past --tensor-parallel-size {world}")
+    rec["allreduce_us_per_call"] = {}
+    for size in (s for s in sizes if s > 1):
+        rec["allreduce_us_per_call"][f"tp{size}"] = allreduce_costs(size)
+        log(f"all-reduce tp{size}", rec["allreduce_us_per_call"][f"tp{size}"])
+        save()
     cfg = dict(SHAPES[args.shape])
     if args.layers:
         cfg["num_hidden_layers"] = args.layers
     arms = rec.setdefault("arms", {})
+    plan = [(f"tp{t}_{kind}", t, kind == "peer") for t in sizes for kind in (("peer", "nccl") if t > 1 else ("",))]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp), cfg)
-        for name, tp, peer in (("tp1", 1, False), (f"tp{world}_peer", world, True), (f"tp{world}_nccl", world, False)):
+        for name, tp, peer in plan:
+            name = name.rstrip("_")
+            bw = (sum(bws[:tp]) * 1e9) if not share else bws[0] * 1e9 * tp
             try:
-                arms[name] = bench_arm(model_dir, cfg, tp, peer, bw_sum if tp > 1 else bws[0] * 1e9)
-            except Exception as e:  # one failed arm must not lose the others
+                arms[name] = bench_arm(model_dir, cfg, tp, peer, bw, contexts)
+            except Exception as e:  # one failed arm (e.g. 70B on one GPU) must not lose the others
                 arms[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
             save()
     base = arms.get("tp1", {})
+    keys = [f"b1_ctx{c}" for c in contexts] + ["b32_ctx512"]
     for name, arm in arms.items():
-        if name != "tp1" and "b1_ctx1024" in arm and "b1_ctx1024" in base:
-            arm["speedup_vs_tp1"] = {k: arm[k]["tok_s"] / base[k]["tok_s"] for k in ("b1_ctx1024", "b32_ctx512")}
+        if name != "tp1" and all(k in arm and k in base for k in keys):
+            arm["speedup_vs_tp1"] = {k: arm[k]["tok_s"] / base[k]["tok_s"] for k in keys}
             arm["greedy_tokens_equal_tp1"] = arm.pop("b1_tokens") == base["b1_tokens"]
-            row = rec["allreduce_us_per_call"][str(8 << 10)]
+            row = rec["allreduce_us_per_call"][f"tp{arm['tensor_parallel_size']}"][str(8 << 10)]
             per_call = row["peer_kernel_graph_us"] if arm["peer_kernel"] else row.get("nccl_graph_us")
+            first = keys[0]
             if per_call is not None:
                 calls = 2 * cfg["num_hidden_layers"] + 1  # o_proj and down_proj per layer, the embedding
-                arm["allreduce_share_of_b1_step"] = calls * per_call / 1e3 / arm["b1_ctx1024"]["step_ms"]
+                arm["allreduce_share_of_b1_step"] = calls * per_call / 1e3 / arm[first]["step_ms"]
     base.pop("b1_tokens", None)
     save()
     log("wrote", out)
-    print(json.dumps({k: {m: arm.get(m) for m in ("b1_ctx1024", "b32_ctx512", "speedup_vs_tp1",
-                                                 "allreduce_share_of_b1_step", "error")}
+    print(json.dumps({k: {m: arm.get(m) for m in (*keys, "speedup_vs_tp1", "allreduce_share_of_b1_step", "error")}
                       for k, arm in arms.items()}, indent=1, default=str))
 
 
