@@ -131,11 +131,16 @@ def _llm(model_dir, **kw):
     return LLM(str(model_dir), **args)
 
 
+# TP=4 (3 KV heads over 4 ranks: replicated KV heads, query heads 2/1/3/3) where 4 GPUs are present
+WORLDS = [2, 4] if torch.cuda.is_available() and torch.cuda.device_count() >= 4 else [2]
+
+
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e5m2"])
-def test_tp2_with_cuda_graphs_matches_tp1(tmp_path, monkeypatch, kv_cache_dtype):
+def test_tp_with_cuda_graphs_matches_tp1(tmp_path, monkeypatch, kv_cache_dtype, world):
     """TP=2 (uneven heads: 9 query / 3 KV) with CUDA graphs holding the collectives, and a sharded fp8 KV
     cache: the prompt scores track TP=1 to fp16 rounding of the row-parallel sums, decode steps replay
-    graphs on both ranks, greedy tokens are generated and the small sums took the peer-buffer kernel."""
+    graphs on every rank, greedy tokens are generated and the small sums took the peer-buffer kernel."""
     from onecat.engine import SamplingParams
     from onecat.engine.parallel.runtime import SHARE_DEVICE_ENV
     from tests.test_speculative import PROMPTS
@@ -147,7 +152,7 @@ def test_tp2_with_cuda_graphs_matches_tp1(tmp_path, monkeypatch, kv_cache_dtype)
                                 num_key_value_heads=3)
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
     runs = {}
-    for tp in (1, 2):
+    for tp in (1, world):
         llm = _llm(model_dir, kv_cache_dtype=kv_cache_dtype, tensor_parallel_size=tp, cuda_graph="full")
         try:
             scores = [s.logprobs for s in llm.score(PROMPTS[1:3])]
@@ -157,9 +162,9 @@ def test_tp2_with_cuda_graphs_matches_tp1(tmp_path, monkeypatch, kv_cache_dtype)
             runs[tp] = (scores, outs, report, info)
         finally:
             llm.close()
-    for a, b in zip(runs[1][0], runs[2][0]):
+    for a, b in zip(runs[1][0], runs[world][0]):
         assert max(abs(x - y) for x, y in zip(a, b)) < 2e-2
-    _, outs, report, info = runs[2]
+    _, outs, report, info = runs[world]
     assert report["replays"] > 0 and report["disabled_reason"] is None
     assert info["gpu_peer_collectives"].startswith("one-shot kernel"), info
     assert info["backend"] == ("nccl" if _two_gpus() else "gloo")
