@@ -44,6 +44,7 @@ def cross_checks(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
         if wl is not None and wl not in ids:
             issues.append(ContractIssue(path=f"gates[{i}].workload", line=lines.get(("gates", i, "workload")),
                                         message=f"no workload with id {wl!r}; workload ids: {', '.join(ids)}"))
+    issues += _near_tie_issues(c, lines)
     for scope, eng in [("engine", c.engine)] + [(f"arms.{a}.engine", c.arm(a).engine) for a in ARM_NAMES]:
         if eng.backend not in registry.ENGINES:
             key = tuple(scope.split(".")) + ("backend",)
@@ -53,6 +54,25 @@ def cross_checks(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
     issues += _engine_args_issues(c, lines)
     issues += code_issues(c, lines)
     return dedupe(issues)
+
+
+def _near_tie_issues(c: Contract, lines: dict[tuple, int]) -> list[ContractIssue]:
+    """token_hash_equal's near_tie reads each step's top-2 logprobs of a greedy determinism workload."""
+    issues = []
+    by_id = {w.id: w for w in c.workloads}
+    for i, g in enumerate(c.gates):
+        if getattr(g, "check", "") != "token_hash_equal" or getattr(g, "near_tie", None) is None:
+            continue
+        w = by_id.get(g.workload) if g.workload else None
+        where = dict(path=f"gates[{i}].near_tie", line=lines.get(("gates", i, "near_tie")) or lines.get(("gates", i)))
+        if g.compare != "arms":
+            issues.append(ContractIssue(**where, message="near_tie applies to compare: arms only"))
+        elif c.sampling.temperature > 0:
+            issues.append(ContractIssue(**where, message="near_tie compares greedy choices; set sampling.temperature 0"))
+        elif w is None or getattr(w, "top_logprobs", 0) < 2:
+            issues.append(ContractIssue(**where, message="near_tie needs the steps' top-2 logprobs: point `workload` "
+                                                         "at a determinism workload with `top_logprobs: 2`"))
+    return issues
 
 
 def code_issues(c: Contract, lines: dict[tuple, int] | None = None) -> list[ContractIssue]:

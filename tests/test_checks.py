@@ -72,6 +72,33 @@ def test_token_hash_equal_within_arm_and_inconclusive(store):
     assert res.status == FAIL and res.statistic["candidate"] == {"groups": 2, "inconsistent": 1}
 
 
+def _generation(key, tokens, steps):
+    """A request row whose generation is `tokens`, with each step's logprobs {token: logprob}."""
+    return RequestRecord(request_key=key, token_sha256=str(tokens),
+                         extra={"token_ids": tokens, "step_logprobs": [[[t, lp] for t, lp in s.items()] for s in steps]})
+
+
+def test_token_hash_equal_near_tie_rule(store):
+    """A pair that parts where both arms had the two choices within `near_tie` nats passes; one whose
+    choices were far apart, or without recorded logprobs, fails."""
+    same = {5: -0.1, 6: -2.5}
+    store.add_request(RUN, "baseline", "det", _generation("k0", [5, 7], [same, {7: -0.2, 8: -3.0}]))
+    store.add_request(RUN, "candidate", "det", _generation("k0", [5, 8], [same, {8: -0.60, 7: -0.61}]))
+    store.add_request(RUN, "baseline", "det", _generation("k1", [1], [{1: -0.3, 2: -0.31}]))
+    store.add_request(RUN, "candidate", "det", _generation("k1", [2], [{2: -0.30, 1: -0.305}]))
+    plain = TokenHashEqual().evaluate(ev(store), cfg(TokenHashEqual))
+    assert plain.status == FAIL and plain.statistic["different"] == 2
+    # k0: baseline led by 2.8 nats at the parting token; k1: 0.01 / 0.005
+    res = TokenHashEqual().evaluate(ev(store), cfg(TokenHashEqual, near_tie=0.05))
+    assert res.status == FAIL and res.evidence["different"] == ["det/k0"]
+    assert res.statistic["near_ties"] == 1 and res.evidence["gaps"]["det/k1"] == pytest.approx(0.01)
+    store.add_request(RUN, "candidate", "det", _generation("k0", [5, 7], [same, {7: -0.2, 8: -3.0}]))
+    res = TokenHashEqual().evaluate(ev(store), cfg(TokenHashEqual, near_tie=0.05))
+    assert res.status == PASS and res.statistic == {**res.statistic, "different": 1, "near_ties": 1}
+    store.add_request(RUN, "candidate", "det", RequestRecord(request_key="k1", token_sha256="[2]"))  # no logprobs
+    assert TokenHashEqual().evaluate(ev(store), cfg(TokenHashEqual, near_tie=0.05)).status == FAIL
+
+
 # ------------------------------------------------------------------ ppl_delta
 def test_ppl_delta_pass_fail_inconclusive(store):
     rng = np.random.default_rng(0)

@@ -106,6 +106,20 @@ def test_unknown_kind_check_dataset_and_dangling_gate(tmp_path):
     assert issues[0].path == "gates[0].workload" and "perplexity" in msg
 
 
+def test_near_tie_needs_greedy_top2_logprobs_of_its_workload(tmp_path):
+    text = (MINIMAL.replace("  - {kind: ppl, dataset: wikitext2, segments: 2, segment_len: 64}",
+                            "  - {kind: determinism, num_prompts: 2, top_logprobs: 1}")
+            .replace("{check: ppl_delta, workload: ppl, max_relative: 0.01}",
+                     "{check: token_hash_equal, workload: determinism, near_tie: 0.02}"))
+    issues, msg = issues_of(tmp_path, text)
+    assert issues[0].path == "gates[0].near_tie" and "top_logprobs: 2" in msg
+    issues, msg = issues_of(tmp_path, text.replace("top_logprobs: 1", "top_logprobs: 2").replace(
+        "arms:", "sampling: {temperature: 0.7}\narms:"))
+    assert issues[0].path == "gates[0].near_tie" and "temperature 0" in msg
+    ok = load_contract(write(tmp_path, text.replace("top_logprobs: 1", "top_logprobs: 2")))
+    assert ok.gates[0].near_tie == 0.02
+
+
 def test_duplicate_keys_and_bad_yaml(tmp_path):
     issues, _ = issues_of(tmp_path, MINIMAL + "name: again\n")
     assert issues[0].path == "name" and issues[0].line == 10 and "duplicate" in issues[0].message

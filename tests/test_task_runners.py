@@ -323,3 +323,22 @@ def test_quality_workloads_through_gate_run(tmp_path, gsm_items, candidate_garba
     contract.write_text(GATE_CONTRACT)
     outcome = run_gate(contract, tmp_path / "r.duckdb", report_dir=tmp_path, open_engine=opener)
     assert outcome.verdict.decision == decision, [(g, r) for g, r in outcome.results]
+
+
+# ----------------------------------------------------------------------------- determinism
+def test_determinism_records_each_steps_top_logprobs_when_asked():
+    """top_logprobs: 2 asks the engine for logprobs and stores the tokens and each step's logprobs, likeliest
+    first (token_hash_equal's near-tie rule reads them); without it nothing extra is stored."""
+    from onecat.engine import LLM
+
+    with LLM("embedded:smollm2-135m-instruct", max_model_len=256) as llm:
+        sink = _run("determinism", llm, SamplingSpec(max_tokens=6), num_prompts=1, reruns=1,
+                    batch_invariance=False, top_logprobs=2)
+        plain = _run("determinism", llm, SamplingSpec(max_tokens=6), num_prompts=1, reruns=1,
+                     batch_invariance=False)
+    (rec,), (bare,) = sink.requests, plain.requests
+    steps = rec.extra["step_logprobs"]
+    assert rec.extra["token_ids"] and len(steps) == len(rec.extra["token_ids"])
+    for tok, step in zip(rec.extra["token_ids"], steps):
+        assert len(step) >= 2 and step[0][0] == tok and step[0][1] >= step[1][1]  # greedy: the choice leads
+    assert "step_logprobs" not in bare.extra and bare.token_sha256 == rec.token_sha256

@@ -168,10 +168,16 @@ def prompt_sha256(prompt: Any) -> str:
 
 def request_record(key: str, output: Any, tokenizer: Any = None, *, prompt: Any = None,
                    natural_stop_eligible: bool = True, **fields: Any) -> RequestRecord:
-    """A RequestRecord from an engine RequestOutput, with natural-stop health filled in."""
+    """A RequestRecord from an engine RequestOutput, with natural-stop health filled in; when the request
+    asked for logprobs, its tokens and each step's logprobs (likeliest first) go into `extra` too, for
+    token_hash_equal's near-tie rule."""
     t = output.timings
     health = generation_health(output, tokenizer)
     n = len(output.token_ids)
+    if getattr(output, "logprobs", None):
+        steps = [sorted(step.items(), key=lambda kv: -kv[1]) for step in output.logprobs]
+        fields["extra"] = {**fields.get("extra", {}), "token_ids": list(output.token_ids),
+                           "step_logprobs": [[[int(tok), float(lp)] for tok, lp in step] for step in steps]}
     rec = RequestRecord(
         request_key=key,
         prompt_sha256=prompt_sha256(prompt if prompt is not None else (output.prompt or output.prompt_token_ids)),

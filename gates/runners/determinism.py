@@ -39,6 +39,8 @@ class Determinism(Runner):
         batch_invariance: bool = True
         max_tokens: Optional[int] = Field(default=None, ge=1)  # default: sampling.max_tokens
         seeds: Optional[list[int]] = None  # default: the contract's seeds
+        # record the N likeliest tokens' logprobs at every generated token (token_hash_equal's near_tie needs 2)
+        top_logprobs: int = Field(default=0, ge=0, le=20)
 
     def _prompts(self, w: Workload) -> list[str]:
         pool = list(w.prompts or DEFAULT_PROMPTS)
@@ -59,7 +61,8 @@ class Determinism(Runner):
         p = dict(unit.params)
         idx = list(range(len(prompts))) if p["mode"] == "batch" else [p["index"]]
         max_tokens = workload.max_tokens or sampling.max_tokens
-        params = [to_sampling_params(sampling, seed=unit.seed + i, max_tokens=max_tokens) for i in idx]
+        extra = {"logprobs": workload.top_logprobs} if workload.top_logprobs else {}
+        params = [to_sampling_params(sampling, seed=unit.seed + i, max_tokens=max_tokens, **extra) for i in idx]
         outs = engine.chat([[{"role": "user", "content": prompts[i]}] for i in idx], params)
         for i, out in zip(idx, outs):
             key = f"{unit.key}/p={i}" if p["mode"] == "batch" else unit.key
