@@ -157,6 +157,7 @@ def test_changed_numerics_roll_back(in_repo, tmp_path):
     assert "candidate engine code" in out.report_path.read_text()
 
 
+@pytest.mark.slow  # ~30 s of timed runs; the speed checks themselves are tested on synthetic rows (test_checks)
 @model_run
 def test_a_sleep_in_every_step_rolls_back_on_speed(in_repo, tmp_path):
     out, status = gate(in_repo, tmp_path, baseline="main", candidate="slow")
