@@ -1,9 +1,10 @@
-"""Offline sm_70 (V100) build check of the Triton W4A16 GEMV, runnable without a GPU.
+"""Offline sm_70 (V100) build check of the Triton kernels, runnable without a GPU.
 
 Triton lowers the kernel to PTX for an sm_70 target (no device needed), the project's ptxas 12.x assembles
 it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check.py. Checked: the
 instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
-and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py): registers,
+and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); and the
+tensor-parallel one-shot all-reduce / all-gather at TP=4 (engine/parallel/peer_collectives.py): registers,
 spills and 128-bit loads, occupancy at V100 limits. Needs Triton importable (the engine's CUDA extra);
 without it the check says so and reports nothing.
 """
@@ -26,6 +27,10 @@ FP4_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "s_ptr": "*u8", "g_ptr": "*f
                  "M": "constexpr", "MP": "constexpr", "K": "constexpr", "FMT": "constexpr", "BLOCK_N": "constexpr",
                  "BLOCK_KW": "constexpr", "SPLIT": "constexpr"}
 FP4_FORMATS = (("nvfp4", 16), ("mxfp4", 32))
+PEER_SIGNATURE = {"inp": "*fp16", "out": "*fp16", "n": "i32", "bases": "*i64", "epochs": "*i32", "timed_out": "*i32",
+                  "RANK": "constexpr", "WORLD": "constexpr", "GATHER": "constexpr", "HEADER": "constexpr",
+                  "CAP": "constexpr", "MAXW": "constexpr", "BLOCK": "constexpr", "TIMEOUT_NS": "constexpr"}
+PEER_WORLD = 4  # the seed's 4x V100 tensor parallel
 
 
 def triton_unavailable_reason() -> str | None:
@@ -38,12 +43,15 @@ def triton_unavailable_reason() -> str | None:
     return None
 
 
-def _compile(fn, signature: dict, constexprs: dict, warps: int) -> tuple[str, str, int]:
+def _compile(fn, signature: dict, constexprs: dict, warps: int, divisible: tuple[str, ...] = ()) -> tuple[str, str, int]:
+    """`divisible`: integer arguments Triton specializes as multiples of 16 at launch (as it does for any
+    such value: e.g. a hidden size), besides the pointers (16-byte aligned)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (a, t) in enumerate(signature.items())
+             if t.startswith("*") or a in divisible}
     src = ASTSource(fn, dict(signature), constexprs, attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 70, 32), options={"num_warps": warps})
     return compiled.metadata.name, compiled.asm["ptx"], warps * 32
@@ -70,6 +78,16 @@ def _fp4_ptx(fmt: str, block: int, k: int, m: int) -> tuple[str, str, int]:
                                               "BLOCK_N": block_n, "BLOCK_KW": block_kw, "SPLIT": split}, warps)
 
 
+def _peer_ptx(gather: bool) -> tuple[str, str, int]:
+    """The tensor-parallel one-shot all-reduce / all-gather kernel at TP=4, fp16, as the engine launches it."""
+    from onecat.engine.parallel import peer_collectives as pc
+
+    return _compile(pc.peer_kernel(), PEER_SIGNATURE, {
+        "RANK": 1, "WORLD": PEER_WORLD, "GATHER": gather, "HEADER": pc.HEADER_BYTES, "CAP": pc.CAPACITY_BYTES,
+        "MAXW": pc.MAX_WORLD, "BLOCK": pc.BLOCK, "TIMEOUT_NS": pc.WAIT_TIMEOUT_S * 1_000_000_000}, 4,
+        divisible=("n",))  # a hidden row (4096, 8192) or its multiples
+
+
 def _cases():
     for k, m in CASES:
         yield f"w4a16_gemv K={k} rows={m} g{GROUP} (Triton)", f"w4a16_gemv_k{k}_m{m}", lambda k=k, m=m: _ptx(k, m)
@@ -77,6 +95,9 @@ def _cases():
         for k, m in CASES:
             yield (f"{fmt}_gemv K={k} rows={m} (Triton)", f"{fmt}_gemv_k{k}_m{m}",
                    lambda f=fmt, b=block, k=k, m=m: _fp4_ptx(f, b, k, m))
+    for gather in (False, True):
+        what = "all_gather" if gather else "all_reduce"
+        yield f"tp_peer_{what} world={PEER_WORLD} fp16 (Triton)", f"tp_peer_{what}", lambda g=gather: _peer_ptx(g)
 
 
 def _kernel_sass(sass: str, name: str) -> str:
