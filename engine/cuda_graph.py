@@ -218,8 +218,8 @@ class DecodeGraphs:
             for seq, p in rows:
                 ids.append(seq.token_ids[p])
                 ids.extend(seq.draft_tokens[:q - 1])
-        return GraphStep(size, q, ids, [p for _, p in rows], [list(seq.block_table) for seq, _ in rows],
-                         self.verify_gemv_rows)
+        return GraphStep(size, q, ids, [p for _, p in rows], [seq.block_table for seq, _ in rows],
+                         self.verify_gemv_rows)  # the tables by reference: read at once (or pickled for TP)
 
     def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
         """One step for `rows` = [(seq, position)]; row tokens from the sequences, or row i of `ids_dev`

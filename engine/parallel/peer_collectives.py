@@ -21,6 +21,8 @@ mark after the step (a pinned copy, no extra sync) and fails with an error.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 NUM_BLOCKS = 32  # CTAs per call: every one joins every call (fixed grid, equal call counters)
@@ -34,7 +36,8 @@ CAPACITY_BYTES = 512 << 10
 WAIT_TIMEOUT_S = 30
 
 
-def _kernel():
+@functools.lru_cache(maxsize=1)
+def peer_kernel():
     import triton
     import triton.language as tl
 
@@ -91,16 +94,6 @@ def _kernel():
         tl.store(epochs + pid, e)
 
     return peer_collective
-
-
-_KERNEL = None
-
-
-def peer_kernel():
-    global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _kernel()
-    return _KERNEL
 
 
 def _share(t: torch.Tensor) -> tuple:

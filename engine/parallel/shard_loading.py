@@ -26,11 +26,10 @@ def _within(rows: torch.Tensor, start: int, length: int) -> torch.Tensor:
     return rows[(rows >= start) & (rows < start + length)] - start
 
 
-def local_fused_offsets(model: nn.Module):
+def local_fused_offsets(model: nn.Module, full_offset):
     """`model._shard_offset` for this rank's fused projections: (offset, rows) of each part (q, k, v; gate,
-    up) inside the rank's fused weight, from the full offsets and the recorded rows (the same in every
-    layer)."""
-    full_offset = type(model)._shard_offset.__get__(model)
+    up) inside the rank's fused weight, from the full offsets (`full_offset`, the model's own) and the
+    recorded rows (the same in every layer)."""
     fused_rows = {}
     for m_name, module in model.named_modules():
         leaf = m_name.rpartition(".")[2]
@@ -56,7 +55,7 @@ class ShardLoader:
         self.full_offset = type(model)._shard_offset.__get__(model)
         self.keep_full_vocab = keep_full_vocab
         self.full_vocab: dict[str, torch.Tensor] = {}
-        model._shard_offset = local_fused_offsets(model)  # where load_weights puts each fused part
+        model._shard_offset = local_fused_offsets(model, self.full_offset)  # where load_weights puts each part
 
     def _module(self, path: str) -> nn.Module | None:
         try:
@@ -68,7 +67,7 @@ class ShardLoader:
         for name, tensor in weights:
             short = name.removeprefix("model.")
             if self.keep_full_vocab and short in ("embed_tokens.weight", "lm_head.weight"):
-                self.full_vocab[short] = tensor.clone()
+                self.full_vocab[short] = tensor  # the checkpoint's own tensor; the shard gets a slice of it
             parent, _, rest = short.rpartition(".")  # rest: "weight" / "bias"
             owner, _, leaf = parent.rpartition(".")
             part = None

@@ -26,10 +26,8 @@ from onecat.engine.parallel.sharding import attention_heads, shard_model, split_
 
 
 def peer_collectives_unavailable(world: int, device: torch.device) -> str | None:
-    """Why this rank cannot take part in the peer-buffer collectives, or None (checked on every rank;
+    """Why this GPU rank cannot take part in the peer-buffer collectives, or None (checked on every rank;
     they are used only when no rank has a reason)."""
-    if device.type != "cuda":
-        return "not on CUDA"
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -87,7 +85,6 @@ class TensorParallel:
         if blocked:
             self.peer_reason = "; ".join(blocked)
             return
-
         self.collectives.peer = PeerBuffers.over_group(self.rank, self.world, self.device)
 
     def shard(self, model: torch.nn.Module, keep_full_vocab: bool = False):
