@@ -123,7 +123,7 @@ class LLM:
             model.load_weights(loader.weights(ckpt.weights) if loader is not None else ckpt.weights)
         if loader is not None:
             self.tp.full_vocab = loader.full_vocab_layers(self.model_config.tie_word_embeddings)
-        if self.w4a16 is not None:  # 4-bit linears packed for the CUDA W4A16 kernels
+        if self.w4a16 is not None:  # 4-bit linears kept packed (CUDA GEMV kernels; CPU: the int4 layer)
             self.packing = self.w4a16.apply(model)
         if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
             pack_weights(model)

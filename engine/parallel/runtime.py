@@ -76,9 +76,10 @@ def init_group(info: RankInfo, device: torch.device) -> None:
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
     """Rank r's device: GPU r of the host (after the first one the user chose), the CPU for every CPU rank."""
-    if device.type != "cuda" or ranks_share_device():
-        return torch.device("cuda", device.index or 0) if device.type == "cuda" else device
-    return torch.device("cuda", (device.index or 0) + rank)
+    if device.type != "cuda":
+        return device
+    first = device.index or 0
+    return torch.device("cuda", first if ranks_share_device() else first + rank)
 
 
 def threads_per_rank(world: int) -> int:
@@ -151,7 +152,7 @@ class WorkerRanks:
 
     def send_step(self, inputs, kind: str = "step") -> None:
         """Send a step to every worker: "step" (StepInputs, run eagerly), "graph" (a GraphStep to replay) or
-        "capture" ((batch size, query length) of a graph to capture)."""
+        "capture" ((batch size, query length, GEMV rows) of a graph to capture)."""
         dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
         if dead or self.closed:
             raise self._failure(f"rank {dead[0]} is not running" if dead else "the worker ranks were stopped")
