@@ -1,7 +1,7 @@
 """A linear layer whose NVFP4 / MXFP4 weight stays packed in GPU memory (engine/quant/fp4_layout.py).
 
-Up to MAX_ROWS rows (decode steps) run the FP4 GEMV of engine/kernels/triton_fp4.py, which decodes the
-codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
+Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py), or where it
+cannot be built the FP4 GEMV of engine/kernels/triton_fp4.py; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
 decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). More rows (prefill) dequantize
 the weight into the activation dtype per call and take the library GEMM (rounding each weight once, as
 loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
@@ -62,7 +62,13 @@ class FP4Linear(nn.Module):
         x = x.contiguous()
         m = x.numel() // self.in_features
         if m <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
-            y = fp4_gemv(x, self.packed())
+            from onecat.engine.kernels import quant_gemv
+
+            if quant_gemv.use_cuda() and self.in_features % 32 == 0:
+                y = quant_gemv.packed_gemv(x, self.fmt, self.qweight, self.scales,
+                                           self.gscale if self.fmt == "nvfp4" else None)
+            else:
+                y = fp4_gemv(x, self.packed())
             return y if self.bias is None else y + self.bias
         return F.linear(x, dense_on_device(self.packed(), x.dtype), self.bias)
 

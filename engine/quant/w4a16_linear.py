@@ -1,7 +1,7 @@
 """A linear layer whose weight stays packed 4-bit in GPU memory (the W4A16 layout of w4a16_layout.py).
 
-Up to MAX_ROWS rows (decode steps) run the W4A16 GEMV of engine/kernels/triton_w4a16.py, which
-dequantizes in registers. More rows (prefill chunks, large batches) are compute-bound: the weight is
+Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py), or where it
+cannot be built the W4A16 GEMV of engine/kernels/triton_w4a16.py; both dequantize in registers. More rows (prefill chunks, large batches) are compute-bound: the weight is
 dequantized into a dense scratch copy in the activation dtype and the library GEMM runs on it, either the
 whole weight at once or DENSE_TILE_ROWS output rows at a time (a smaller scratch). Measured on an H200 at
 32 rows (benchmarks/results/gpu_h200_w4a16.json): the whole weight at once is as fast as 4096-row tiles
@@ -54,10 +54,23 @@ class W4A16Linear(nn.Module):
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         x = x.contiguous()
+        if self._cuda_gemv_takes(x):
+            from onecat.engine.kernels.quant_gemv import packed_gemv
+
+            y = packed_gemv(x, "int4", self.qweight, self.scale_zero, group=self.group)
+            return y if self.bias is None else y + self.bias
         if kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
             y = kw.w4a16_gemv(x, self.qweight, self.scale_zero, self.group)
             return y if self.bias is None else y + self.bias
         return self._dense(x)
+
+    def _cuda_gemv_takes(self, x: torch.Tensor) -> bool:
+        """The CUDA packed GEMV (engine/kernels/quant_gemv.py) takes 1-8 fp16/bf16 rows with fp16/bf16 scales."""
+        from onecat.engine.kernels import quant_gemv
+
+        return (x.numel() <= quant_gemv.MAX_ROWS * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
+                and self.scale_zero.dtype in (torch.float16, torch.bfloat16) and self.in_features % 32 == 0
+                and quant_gemv.use_cuda())
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         """More rows than the GEMV takes: the library GEMM on a dequantized copy (whole or per row tile)."""

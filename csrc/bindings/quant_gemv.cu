@@ -1,0 +1,151 @@
+// Torch binding of the packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): argument checks, the split of K
+// and the launch. Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template), weight rows per
+// warp R = 2 for one or two activation rows, else 4 (more rows share each staged activation).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "quant_gemv/quant_gemv.cuh"
+
+namespace {
+
+using namespace onecat_qgemv;
+
+constexpr int kSmemBudget = 64 * 1024;  // fits a V100 (96 KB) and leaves an H200 SM room for three blocks
+
+int codes_per_word(int fmt) { return fmt == kFp8 ? 4 : 8; }
+
+template <int FMT, int M, int R, typename T>
+void launch(const Params& p, int smem, cudaStream_t stream) {
+  auto kernel = quant_gemv_kernel<FMT, M, R, T>;
+  static int configured = 0;  // the largest dynamic shared memory this instantiation was allowed so far
+  if (smem > 48 * 1024 && smem > configured) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = smem;
+  }
+  const dim3 grid((p.n + kWarps * R - 1) / (kWarps * R), p.splits);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <int FMT, typename T>
+void dispatch_rows(const Params& p, int smem_of_m, cudaStream_t stream, int m_tmpl) {
+  switch (m_tmpl) {
+    case 1: return launch<FMT, 1, 2, T>(p, smem_of_m, stream);
+    case 2: return launch<FMT, 2, 2, T>(p, smem_of_m, stream);
+    case 4: return launch<FMT, 4, 4, T>(p, smem_of_m, stream);
+    default: return launch<FMT, 8, 4, T>(p, smem_of_m, stream);
+  }
+}
+
+template <typename T>
+void dispatch(int fmt, const Params& p, int smem, cudaStream_t stream, int m_tmpl) {
+  switch (fmt) {
+    case kInt4H: return dispatch_rows<kInt4H, T>(p, smem, stream, m_tmpl);
+    case kInt4B: return dispatch_rows<kInt4B, T>(p, smem, stream, m_tmpl);
+    case kNvfp4: return dispatch_rows<kNvfp4, T>(p, smem, stream, m_tmpl);
+    case kMxfp4: return dispatch_rows<kMxfp4, T>(p, smem, stream, m_tmpl);
+    default: return dispatch_rows<kFp8, T>(p, smem, stream, m_tmpl);
+  }
+}
+
+int smem_for(int fmt, int m_tmpl, int chunks) {
+  const bool int4 = fmt == kInt4H || fmt == kInt4B;
+  return m_tmpl * codes_per_word(fmt) * chunks * 16 + (int4 ? m_tmpl * chunks * 4 : 0);
+}
+
+// The fewest splits of K (dividing the row's chunks) whose staged activations fit kSmemBudget and that give
+// at least one block per SM, where the runs stay at least one chunk per lane.
+int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms) {
+  int fallback = 0;
+  for (int s = 1; s <= chunks; ++s) {
+    if (chunks % s || smem_for(fmt, m_tmpl, chunks / s) > kSmemBudget) continue;
+    if (!fallback) fallback = s;
+    if (tiles * s >= sms || chunks / s < 64) return s;
+  }
+  return fallback;
+}
+
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
+                int64_t splits) {
+  TORCH_CHECK(fmt >= kInt4H && fmt <= kFp8, "fmt must be 0..4 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8)");
+  TORCH_CHECK(x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
+              "x must be a contiguous CUDA float16 or bfloat16 tensor");
+  TORCH_CHECK(qweight.is_cuda() && qweight.scalar_type() == at::kInt && qweight.dim() == 2 && qweight.is_contiguous(),
+              "qweight must be a contiguous CUDA int32 [N, K / codes-per-word] tensor");
+  const int J = codes_per_word(static_cast<int>(fmt));
+  const int64_t n = qweight.size(0), k = qweight.size(1) * J;
+  TORCH_CHECK(x.size(-1) == k, "x has ", x.size(-1), " features; the packed weight takes ", k);
+  const int64_t m = x.numel() / k;
+  TORCH_CHECK(m >= 1 && m <= 8, "the GEMV takes 1 to 8 rows, got ", m);
+  TORCH_CHECK(k % (4 * J) == 0, "in_features must be a multiple of ", 4 * J);
+  TORCH_CHECK(scales.is_cuda() && scales.is_contiguous(), "scales must be a contiguous CUDA tensor");
+  if (fmt == kInt4H || fmt == kInt4B) {
+    TORCH_CHECK(group >= 32 && (group & (group - 1)) == 0 && k % group == 0,
+                "W4A16 group must be 32, 64, 128 ... (a power of two) dividing K");
+    TORCH_CHECK(scales.scalar_type() == (fmt == kInt4H ? at::kHalf : at::kBFloat16) && scales.numel() == n * (k / group) * 2,
+                "W4A16 scales must be (scale, zero) pairs [N, K/G, 2] in float16 (fmt 0) or bfloat16 (fmt 1)");
+  } else {
+    const int64_t block = fmt == kMxfp4 ? 32 : 16;
+    TORCH_CHECK(fmt == kFp8 || (scales.scalar_type() == at::kByte && scales.numel() == n * (k / block)),
+                "FP4 block scales must be uint8 [N, K/", block, "]");
+  }
+  if (fmt == kNvfp4 || fmt == kFp8) {
+    TORCH_CHECK(row_scale.has_value() && row_scale->is_cuda() && row_scale->scalar_type() == at::kFloat &&
+                    row_scale->numel() == n && row_scale->is_contiguous(),
+                "NVFP4 and FP8 need a contiguous CUDA float32 scale per output row");
+  }
+  const int m_tmpl = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));
+  const int R = m_tmpl <= 2 ? 2 : 4;
+  const int chunks = static_cast<int>(k / (4 * J));
+  const int tiles = static_cast<int>((n + kWarps * R - 1) / (kWarps * R));
+  TORCH_CHECK(tickets.is_cuda() && tickets.scalar_type() == at::kInt && tickets.numel() >= tiles,
+              "tickets must be a zeroed CUDA int32 tensor of at least ", tiles, " elements");
+  const c10::cuda::CUDAGuard guard(x.device());
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+  const int s = splits > 0 ? static_cast<int>(splits) : auto_splits(static_cast<int>(fmt), m_tmpl, chunks, tiles, sms);
+  TORCH_CHECK(s >= 1 && chunks % s == 0, "splits must divide the row's ", chunks, " chunks of ", 4 * J, " columns");
+  const int smem = smem_for(static_cast<int>(fmt), m_tmpl, chunks / s);
+  TORCH_CHECK(smem <= kSmemBudget, "splits ", s, " leave ", smem, " bytes of staged activations; at most ", kSmemBudget);
+
+  auto out_sizes = x.sizes().vec();
+  out_sizes.back() = n;
+  at::Tensor y = at::empty(out_sizes, x.options());
+  at::Tensor partial;
+  Params p{};
+  p.x = x.data_ptr();
+  p.w = reinterpret_cast<const uint32_t*>(qweight.data_ptr());
+  p.scales = scales.data_ptr();
+  p.row_scale = row_scale.has_value() ? row_scale->data_ptr<float>() : nullptr;
+  p.y = y.data_ptr();
+  if (s > 1) {
+    partial = at::empty({s, m, n}, x.options().dtype(at::kFloat));
+    p.partial = partial.data_ptr<float>();
+  }
+  p.tickets = tickets.data_ptr<int>();
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.group = static_cast<int>(group);
+  p.gshift = 0;
+  while ((32 << p.gshift) < group) ++p.gshift;
+  p.m_rows = static_cast<int>(m);
+  p.splits = s;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (x.scalar_type() == at::kHalf) {
+    dispatch<__half>(static_cast<int>(fmt), p, smem, stream, m_tmpl);
+  } else {
+    dispatch<__nv_bfloat16>(static_cast<int>(fmt), p, smem, stream, m_tmpl);
+  }
+  return y;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemv", &gemv, "packed-weight GEMV for 1-8 rows (W4A16, NVFP4, MXFP4, FP8)", py::arg("x"), py::arg("qweight"),
+        py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"), py::arg("group"),
+        py::arg("splits") = 0);
+}

@@ -1,0 +1,362 @@
+// Packed-weight GEMV for decode (1-8 activation rows): y = x @ dequant(W)^T, W kept packed in GPU memory.
+//
+// Formats (the layouts of engine/quant/*_layout.py, read without change):
+//   kInt4H / kInt4B  W4A16: int32 words [N, K/8], within a group of G columns word w holds columns
+//                    w + j*G/8 in nibble j; (scale, zero) pairs [N, K/G, 2] in fp16 (kInt4H) or bf16 (kInt4B).
+//   kNvfp4           E2M1 codes in pack_fp4's rotated slots, blocks of 16; E4M3 block scales [N, K/16] and a
+//                    float32 global scale per row.
+//   kMxfp4           as kNvfp4 with blocks of 32 and E8M0 block scales [N, K/32].
+//   kFp8             E4M3 bytes, words [N, K/4], within a block of 16 columns word w holds columns w + 4j in
+//                    byte j; a float32 scale per row.
+//
+// Why it is fast: at 4 bits a weight an H200 SM must retire ~33 weights per clock to keep up with memory, so
+// the instructions per weight decide the speed. Every format decodes a code into a float32 whose bits are the
+// code's value times a fixed power of two, with one mask (and for FP4/FP8 a rotate), never an int->float
+// conversion: a 4-bit integer q masked in place at bit 4j IS the float q * 2^(4j-149) (a denormal; GPUs
+// multiply denormals at full rate), an E2M1 code rotated into bits 22-24 and 31 is e2m1 * 2^-126, an E4M3
+// byte moved to bits 20-26 and 31 is e4m3 * 2^-120. The activations are staged once per block in shared
+// memory as float32 pre-multiplied by the matching power of two (2^(100 - 4j) for W4A16, 2^100 otherwise),
+// so every product lands at one known scale and the decode-and-multiply is one LOP3 + one FFMA per weight.
+// W4A16's zero point is applied per 32-column chunk from the chunk's activation sum:
+// sum((q - z) x) = sum(q x) - z sum(x). Products are exact, sums float32, no tensor-core instruction:
+// the same code runs on SM70 (V100) and newer.
+//
+// Work split: a block of 8 warps owns 8*R output rows and one of `splits` equal runs of K; a lane reads
+// 4 consecutive words (one 128-bit load) of each of its R rows per step, so a warp streams 512 contiguous
+// bytes per row. With splits > 1 each block writes float32 partials and the last block of a row tile (an
+// atomic ticket) adds them in split order: the same order on every call.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace onecat_qgemv {
+
+enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+struct Params {
+  const void* x;          // [m_rows, K] activations (T)
+  const uint32_t* w;      // [N, K / codes-per-word] packed words
+  const void* scales;     // format's scales (see above)
+  const float* row_scale; // kNvfp4: global scale per row; kFp8: scale per row; else unused
+  void* y;                // [m_rows, N] output (T)
+  float* partial;         // [splits, m_rows, N] when splits > 1
+  int* tickets;           // one per row tile, zero between calls (the last block resets its own)
+  int n, k, group, m_rows, splits;
+  int gshift;  // W4A16: group = 32 << gshift
+};
+
+template <int FMT> struct Traits;
+template <> struct Traits<kInt4H> { static constexpr int kCodes = 8; };
+template <> struct Traits<kInt4B> { static constexpr int kCodes = 8; };
+template <> struct Traits<kNvfp4> { static constexpr int kCodes = 8; static constexpr int kBlock = 16; };
+template <> struct Traits<kMxfp4> { static constexpr int kCodes = 8; static constexpr int kBlock = 32; };
+template <> struct Traits<kFp8> { static constexpr int kCodes = 4; static constexpr int kBlock = 16; };
+
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ uint32_t rotl(uint32_t w, int r) { return __funnelshift_l(w, w, r); }
+__device__ __forceinline__ float bits(uint32_t v) { return __uint_as_float(v); }
+
+// Bit position of nibble j's value after decode (W4A16): j < 6 in place, 6 and 7 from the word shifted by 8.
+__host__ __device__ constexpr int int4_pos(int j) { return j < 6 ? 4 * j : 4 * j - 8; }
+
+// An E4M3 byte as float32 times 2^-120 (sign to bit 31, exponent and mantissa to bits 20-26).
+__device__ __forceinline__ float e4m3(uint32_t b) { return bits(((b & 0x7Fu) << 20) | ((b & 0x80u) << 24)); }
+
+// Code j of word w as float32 (see the header for the power of two each format carries).
+template <int FMT>
+__device__ __forceinline__ float decode(uint32_t w, uint32_t hi, int j) {
+  if constexpr (FMT == kInt4H || FMT == kInt4B) {
+    return j < 6 ? bits(w & (0xFu << (4 * j))) : bits(hi & (0xFu << (4 * j - 8)));
+  } else if constexpr (FMT == kFp8) {
+    // byte j: sign (bit 8j+7) to 31, magnitude (bits 8j..8j+6) to 20..26
+    const uint32_t t = rotl(w, 24 - 8 * j);
+    return bits((t & 0x80000000u) | ((t >> 4) & 0x07F00000u));
+  } else {
+    // engine/quant/fp4_layout.py SLOTS: rotate left and mask to sign bit 31, magnitude bits 22-24
+    switch (j) {
+      case 0: return bits(rotl(w, 22) & 0x81C00000u);
+      case 1: return bits(rotl(w, 19) & 0x81C00000u);
+      case 2: return bits(rotl(w, 16) & 0x81C00000u);
+      case 3: return bits((rotl(w, 12) & 0x80C00000u) | (w & 0x01000000u));
+      case 4: return bits((rotl(w, 9) & 0x00C00000u) | (rotl(w, 1) & 0x81000000u));
+      case 5: return bits(rotl(w, 6) & 0x81C00000u);
+      case 6: return bits(rotl(w, 2) & 0x81C00000u);
+      default: return bits((rotl(w, 28) & 0x01C00000u) | (w & 0x80000000u));
+    }
+  }
+}
+
+// Power of two the staged activation of code j carries.
+template <int FMT>
+__device__ __forceinline__ float x_prescale(int j) {
+  if constexpr (FMT == kInt4H || FMT == kInt4B) {
+    return __uint_as_float(static_cast<uint32_t>(127 + 100 - int4_pos(j)) << 23);
+  } else {
+    return 1.2676506002282294e30f;  // 2^100
+  }
+}
+
+// Columns per scale block.
+template <int FMT>
+__device__ __forceinline__ int block_cols(const Params& p) {
+  if constexpr (FMT == kInt4H || FMT == kInt4B) {
+    return p.group;
+  } else {
+    return Traits<FMT>::kBlock;
+  }
+}
+
+// Shared memory of one block: float4 xs[M][codes][chunks] (+ float xsum[M][chunks] for W4A16).
+template <int FMT, int M>
+__host__ __device__ constexpr int smem_bytes(int chunks) {
+  return M * Traits<FMT>::kCodes * chunks * 16 + ((FMT == kInt4H || FMT == kInt4B) ? M * chunks * 4 : 0);
+}
+
+// One block's run of K: the activations of chunks [c0, c0 + chunks) staged as described above.
+template <int FMT, int M, typename T>
+__device__ __forceinline__ void stage_x(const Params& p, int c0, int chunks, float4* xs, float* xsum) {
+  constexpr int J = Traits<FMT>::kCodes;
+  const int bcols = block_cols<FMT>(p);
+  const int gw = bcols / J;  // words per scale block
+  const T* x = static_cast<const T*>(p.x);
+  for (int item = threadIdx.x; item < M * chunks; item += kThreads) {
+    const int m = item / chunks;
+    const int c = item - m * chunks;
+    float sum = 0.f;
+    const bool live = m < p.m_rows;
+    const T* xm = x + static_cast<int64_t>(m) * p.k;
+    int base[4];  // column of code 0 of each of the chunk's words
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int word = 4 * (c0 + c) + e;
+      base[e] = (word / gw) * bcols + word % gw;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[e] = live ? to_float(xm[base[e] + j * gw]) : 0.f;
+        sum += v[e];
+      }
+      const float s = x_prescale<FMT>(j);
+      xs[(m * J + j) * chunks + c] = make_float4(v[0] * s, v[1] * s, v[2] * s, v[3] * s);
+    }
+    if constexpr (FMT == kInt4H || FMT == kInt4B) xsum[m * chunks + c] = sum;
+  }
+}
+
+// A row's scales, located once per row: the row's first scale element, and NVFP4's global scale * 2^26.
+struct RowScales {
+  const void* base;
+  float global;
+};
+
+template <int FMT>
+__device__ __forceinline__ RowScales row_scales(const Params& p, int64_t row) {
+  if constexpr (FMT == kInt4H || FMT == kInt4B) {
+    return {static_cast<const uint32_t*>(p.scales) + row * (p.k / p.group), 0.f};  // one (s, z) pair a group
+  } else if constexpr (FMT == kNvfp4) {
+    return {static_cast<const uint16_t*>(p.scales) + row * (p.k / 32), p.row_scale[row] * 67108864.f};
+  } else if constexpr (FMT == kMxfp4) {
+    return {static_cast<const uint8_t*>(p.scales) + row * (p.k / 32), 0.f};
+  } else {
+    return {nullptr, 0.f};
+  }
+}
+
+// The scale factors of one chunk (32 columns) of one row: W4A16 (s * 2^49, z); NVFP4 (first block, second
+// block) with the decode's 2^26 folded in; MXFP4 (2^(e-127), -); FP8 none (the row scale comes at the end).
+// W4A16 groups are 32 << gshift columns.
+template <int FMT>
+__device__ __forceinline__ float2 chunk_scales(const RowScales& rs, int chunk, int gshift) {
+  if constexpr (FMT == kInt4H) {
+    const uint32_t v = __ldg(static_cast<const uint32_t*>(rs.base) + (chunk >> gshift));
+    const __half2 sz = *reinterpret_cast<const __half2*>(&v);
+    return make_float2(__low2float(sz) * 562949953421312.f, __high2float(sz));  // s * 2^49, z
+  } else if constexpr (FMT == kInt4B) {
+    const uint32_t v = __ldg(static_cast<const uint32_t*>(rs.base) + (chunk >> gshift));
+    const __nv_bfloat162 sz = *reinterpret_cast<const __nv_bfloat162*>(&v);
+    return make_float2(__low2float(sz) * 562949953421312.f, __high2float(sz));
+  } else if constexpr (FMT == kNvfp4) {
+    // two blocks of 16 per chunk; the E4M3 value formed exactly (times 2^120 back), then times the global
+    const uint32_t b2 = __ldg(static_cast<const uint16_t*>(rs.base) + chunk);
+    const float s0 = e4m3(b2 & 0xFF) * 1.329227995784916e36f;
+    const float s1 = e4m3(b2 >> 8) * 1.329227995784916e36f;
+    return make_float2(s0 * rs.global, s1 * rs.global);
+  } else if constexpr (FMT == kMxfp4) {
+    const uint32_t e = __ldg(static_cast<const uint8_t*>(rs.base) + chunk);
+    const float s = e == 0 ? 5.877471754111438e-39f : (e == 255 ? __uint_as_float(0x7FC00000u) : bits(e << 23));
+    return make_float2(s, 0.f);
+  } else {
+    return make_float2(1.f, 0.f);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_out(const Params& p, int m, int64_t row, float v) {
+  static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + row] = from_float<T>(v);
+}
+
+// R rows per warp; M activation rows (p.m_rows <= M are live).
+template <int FMT, int M, int R, typename T>
+__global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const Params p) {
+  constexpr int J = Traits<FMT>::kCodes;
+  extern __shared__ float4 smem[];
+  const int chunks = (p.k / (4 * J)) / p.splits;  // chunks of 4 words in this block's run of K
+  const int c0 = blockIdx.y * chunks;
+  float4* xs = smem;
+  float* xsum = reinterpret_cast<float*>(smem + M * J * chunks);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = blockIdx.x * (kWarps * R) + warp * R;
+  const int kw4 = p.k / (4 * J);  // chunks per row
+  const uint4* wrow[R];
+  RowScales rs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = min(row0 + r, p.n - 1);  // rows past N re-read the last one and are not stored
+    wrow[r] = reinterpret_cast<const uint4*>(p.w) + row * kw4 + c0;
+    rs[r] = row_scales<FMT>(p, row);
+  }
+  // the first weights are in flight while the activations are staged
+  uint4 wn[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wn[r] = lane < chunks ? __ldcs(wrow[r] + lane) : make_uint4(0, 0, 0, 0);
+  stage_x<FMT, M, T>(p, c0, chunks, xs, xsum);
+  __syncthreads();
+
+  float acc[M][R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
+
+  for (int c = lane; c < chunks; c += 32) {
+    uint4 wc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wc[r] = wn[r];
+      if (c + 32 < chunks) wn[r] = __ldcs(wrow[r] + c + 32);
+    }
+    const float4* xc = xs + c;
+    float2 sc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) sc[r] = chunk_scales<FMT>(rs[r], c0 + c, p.gshift);
+    // part[m][r][h]: h = 0 the chunk's (first block's) sum, h = 1 the second block's (NVFP4)
+    float part[M][R][2];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) part[m][r][0] = part[m][r][1] = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      float f[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t wv[4] = {wc[r].x, wc[r].y, wc[r].z, wc[r].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[r][e] = decode<FMT>(wv[e], wv[e] >> 8, j);
+      }
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float4 xv = xc[(m * J + j) * chunks];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          part[m][r][0] = fmaf(f[r][0], xv.x, part[m][r][0]);
+          part[m][r][0] = fmaf(f[r][1], xv.y, part[m][r][0]);
+          if constexpr (FMT == kNvfp4) {
+            part[m][r][1] = fmaf(f[r][2], xv.z, part[m][r][1]);
+            part[m][r][1] = fmaf(f[r][3], xv.w, part[m][r][1]);
+          } else {
+            part[m][r][0] = fmaf(f[r][2], xv.z, part[m][r][0]);
+            part[m][r][0] = fmaf(f[r][3], xv.w, part[m][r][0]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if constexpr (FMT == kInt4H || FMT == kInt4B) {
+          acc[m][r] = fmaf(sc[r].x, part[m][r][0] - sc[r].y * (xsum[m * chunks + c] * 1.7763568394002505e-15f),
+                           acc[m][r]);  // s 2^49 (sum q x 2^-49 - z sum x 2^-49)
+        } else if constexpr (FMT == kNvfp4) {
+          acc[m][r] = fmaf(sc[r].x, part[m][r][0], fmaf(sc[r].y, part[m][r][1], acc[m][r]));
+        } else if constexpr (FMT == kMxfp4) {
+          acc[m][r] = fmaf(part[m][r][0] * 67108864.f, sc[r].x, acc[m][r]);  // 2^26 then the E8M0 scale
+        } else {
+          acc[m][r] += part[m][r][0];
+        }
+      }
+    }
+  }
+
+  // lanes' sums: a fixed butterfly, the same order on every call
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], o);
+  if constexpr (FMT == kFp8) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s = p.row_scale[min(row0 + r, p.n - 1)] * 1048576.f;  // * 2^20
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[m][r] *= s;
+    }
+  }
+
+  if (p.splits == 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (row0 + r < p.n)
+#pragma unroll
+          for (int m = 0; m < M; ++m)
+            if (m < p.m_rows) store_out<T>(p, m, row0 + r, acc[m][r]);
+    }
+    return;
+  }
+  // split K: partials, then the last block of this row tile sums them in split order
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < p.n)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+          if (m < p.m_rows) p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + m) * p.n + row0 + r] = acc[m][r];
+  }
+  __threadfence();
+  __syncthreads();
+  __shared__ int last;
+  if (threadIdx.x == 0) last = atomicAdd(p.tickets + blockIdx.x, 1) == p.splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int rows = kWarps * R;
+  for (int item = threadIdx.x; item < rows * p.m_rows; item += kThreads) {
+    const int m = item / rows;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * rows + item % rows;
+    if (row >= p.n) continue;
+    float s = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) s += __ldcg(p.partial + (static_cast<int64_t>(sp) * p.m_rows + m) * p.n + row);
+    store_out<T>(p, m, row, s);
+  }
+  if (threadIdx.x == 0) p.tickets[blockIdx.x] = 0;
+}
+
+}  // namespace onecat_qgemv

@@ -1,0 +1,121 @@
+"""The CUDA packed-weight GEMV (csrc/quant_gemv) against a float64 reference on the exactly dequantized weight,
+held to the W4A16 GEMV's bound (tests/test_w4a16_gpu.py): W4A16 (fp16 and bf16 scale pairs, groups 32-128),
+NVFP4, MXFP4, FP8; 1-8 rows; ragged row counts and a K shorter than one warp's sweep; every split of K
+equal to the reference and the same bits on every call; CUDA-graph replay."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onecat.engine.quant import fp4_layout, fp8_layout
+from onecat.engine.quant.w4a16_layout import dequantize as w4_dequantize
+from onecat.engine.quant.w4a16_layout import quantize_w4
+from tests.test_fp4_gpu import packed as fp4_packed
+from tests.test_w4a16_gpu import check_bound
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _extension():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from onecat.engine.kernels.quant_gemv import EXTENSION
+
+    reason = EXTENSION.prerequisites_missing()
+    if reason:
+        pytest.skip(reason)
+    EXTENSION.load()  # a failing build fails the test
+
+
+def make(fmt: str, n: int, k: int, seed: int, group: int = 128, scale_dtype=torch.float16):
+    """(kernel arguments, dense float32 weight) of a random weight in `fmt`."""
+    from onecat.engine.kernels.triton_w4a16 import scale_zero_pairs
+
+    gen = torch.Generator().manual_seed(seed)
+    if fmt == "int4":
+        w = quantize_w4(torch.randn(n, k, generator=gen), group)
+        w.scales = w.scales.to(scale_dtype)
+        w = w.to("cuda")
+        return dict(qweight=w.qweight, scales=scale_zero_pairs(w.scales, w.zeros), group=group), w4_dequantize(w)
+    if fmt == "fp8":
+        raw = (torch.randn(n, k, generator=gen) * 40).to(torch.float8_e4m3fn)
+        raw.view(torch.uint8)[0, :4] = torch.tensor([1, 0x81, 7, 0x7E], dtype=torch.uint8)  # subnormals, 448
+        w = fp8_layout.pack_fp8(raw, torch.rand(n, generator=gen) * 0.01 + 1e-3).to("cuda")
+        return dict(qweight=w.qweight, scales=w.scale, row_scale=w.scale), fp8_layout.dequantize(w)
+    w = fp4_packed(fmt, n, k, seed).to("cuda")
+    return dict(qweight=w.qweight, scales=w.scales, row_scale=w.gscale), fp4_layout.dequantize(w)
+
+
+def run(x, fmt, args, splits=0):
+    from onecat.engine.kernels.quant_gemv import packed_gemv
+
+    return packed_gemv(x, fmt, args["qweight"], args["scales"], args.get("row_scale"), args.get("group", 0), splits)
+
+
+FORMATS = ["int4", "nvfp4", "mxfp4", "fp8"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+@pytest.mark.parametrize("n,k", [(300, 4096), (77, 576), (40, 14336)])
+def test_gemv_matches_the_float64_reference(fmt, dtype, rows, n, k):
+    args, dense = make(fmt, n, k, seed=n + k + rows)
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
+    y = run(x, fmt, args)
+    assert y.shape == (rows, n) and y.dtype == dtype
+    check_bound(y, x, dense)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+def test_w4a16_groups_and_scale_dtypes(group, scale_dtype):
+    args, dense = make("int4", 130, 2048, seed=group, group=group, scale_dtype=scale_dtype)
+    for dtype in (torch.float16, torch.bfloat16):
+        x = torch.randn(2, 3, 2048, device="cuda", dtype=dtype)  # leading shape kept
+        y = run(x, "int4", args)
+        assert y.shape == (2, 3, 130)
+        check_bound(y, x, dense)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_split_matches_and_repeats_bit_for_bit(fmt):
+    k = 4096
+    args, dense = make(fmt, 1000, k, seed=5)
+    chunks = k // (32 if fmt != "fp8" else 16)
+    for rows in (1, 5):
+        x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+        for splits in (1, 2, 4, 8):
+            if chunks % splits:
+                continue
+            y = run(x, fmt, args, splits)
+            check_bound(y, x, dense)
+            for _ in range(3):
+                assert torch.equal(run(x, fmt, args, splits), y)
+
+
+def test_bad_arguments_are_refused_with_reasons():
+    args, _ = make("int4", 64, 1024, seed=1)
+    x = torch.randn(9, 1024, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        run(x, "int4", args)
+    with pytest.raises(RuntimeError, match="splits must divide"):
+        run(x[:1], "int4", args, splits=3)
+    with pytest.raises(RuntimeError, match="features"):
+        run(torch.randn(1, 512, device="cuda", dtype=torch.float16), "int4", args)
+
+
+def test_graph_replay_matches_eager():
+    args, dense = make("nvfp4", 512, 14336, seed=3)
+    x = torch.randn(1, 14336, device="cuda", dtype=torch.float16)
+    eager = run(x, "nvfp4", args, splits=4)
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g):
+        out = run(x, "nvfp4", args, splits=4)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    check_bound(out, x, dense)
