@@ -12,8 +12,10 @@ Figures: MoE batch-1 decode at 1K context as a fraction of the bandwidth limit o
 (attention, norms, router and the 8 ACTIVE experts per layer, the LM head, the KV cache) over the measured copy
 bandwidth; MoE batch-32 decode tok/s; hybrid batch-1 decode at 16K context, prefill tok/s of a 16K prompt, and
 the Gated DeltaNet state update's share of a decode step (its kernel's time from torch.profiler, over the step).
-For both, the GPU kernel time of a decode step (profiler: the sum of kernel durations), which is what a step
-replayed from a CUDA graph would approach: the engine refuses CUDA graphs for these models and runs eager.
+For both, the GPU kernel time of a decode step (profiler: the sum of kernel durations). The MoE decode figures
+are taken eager and again with CUDA graphs (`*_graphs`: the same engine with decode-step capture switched on);
+the hybrid runs eager (graphs are refused for hybrid models). The hybrid's greedy tokens are checked teacher
+forced against transformers (moe_hybrid_checks.py says why).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import torch
 from gpu_decode import ceilings, log, make_model_dir, prompts, timed
+from moe_hybrid_checks import onecat_top_logprobs, targets, teacher_forced
 
 MOE = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
            num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
@@ -185,16 +188,16 @@ def onecat_moe(cfg: dict, shapes, root: Path, bw: float, res: dict) -> None:
     llm = build_onecat(make_model_dir(root, cfg), cfg, shapes, max_model_len=2048, max_num_seqs=64,
                        max_num_batched_tokens=32 * 512 + 256, kv_cache_memory_gb=8.0)
     try:
-        ctx, gen = 1024, 128
+        ctx, gen = 1024, 64
         warm_up(llm, [1, 32], 512, V)
-        r, toks = decode(llm, 1, ctx, gen, V)
-        b = active_bytes(llm, "moe", ctx + gen // 2)
+        r, toks = decode(llm, 1, ctx, 32, V)
+        b = active_bytes(llm, "moe", ctx + 16)  # mean context of the 32-token decode
         r["bytes_per_step"] = b
         r["bandwidth_limit_tok_s"] = bw / b["total"]
         r["fraction_of_bandwidth_limit"] = r["tok_s"] / r["bandwidth_limit_tok_s"]
         res["b1_ctx1024"], res["b1_tokens"] = r, toks[0][:16]
         log("moe onecat b1", {k: v for k, v in r.items() if k != "bytes_per_step"})
-        k = step_kernels(llm, ctx, 32, V)
+        k = step_kernels(llm, ctx, 8, V)
         k["fraction_of_bandwidth_limit_on_kernel_time"] = b["total"] / bw / (k["gpu_kernel_ms_per_step"] / 1e3)
         res["b1_ctx1024_kernels"] = k
         log("moe onecat b1 kernels", k["gpu_kernel_ms_per_step"], k["fraction_of_bandwidth_limit_on_kernel_time"])
@@ -202,6 +205,19 @@ def onecat_moe(cfg: dict, shapes, root: Path, bw: float, res: dict) -> None:
         res["b32_ctx512"] = r
         log("moe onecat b32", r)
         res.update(paths(llm))
+        llm.engine.runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)  # as cuda_graph full
+        warm_up(llm, [1, 32], 512, V)  # captures the batch-1 and batch-32 graphs
+        report = llm.engine.runner.cuda_graph_report()
+        res["cuda_graph_report"] = {k: report.get(k) for k in ("used", "replays", "captured_sizes", "disabled_reason")}
+        log("moe onecat graphs", res["cuda_graph_report"])
+        if report.get("used"):
+            r, _ = decode(llm, 1, ctx, 128, V)
+            r["fraction_of_bandwidth_limit"] = r["tok_s"] / res["b1_ctx1024"]["bandwidth_limit_tok_s"]
+            res["b1_ctx1024_graphs"] = r
+            log("moe onecat b1 graphs", r)
+            r, _ = decode(llm, 32, 512, gen, V, seed=32)
+            res["b32_ctx512_graphs"] = r
+            log("moe onecat b32 graphs", r)
     finally:
         close(llm)
 
@@ -218,10 +234,11 @@ def onecat_hybrid(cfg: dict, shapes, root: Path, bw: float, res: dict) -> None:
         r["fraction_of_bandwidth_limit"] = r["tok_s"] * b["total"] / bw
         res["b1_ctx16k"], res["b1_tokens"] = r, toks[0][:16]
         log("hybrid onecat b1 16K", {k: v for k, v in r.items() if k != "bytes_per_step"})
+        res["teacher_forced_onecat"] = onecat_top_logprobs(llm, prompts(1, ctx, V, 0)[0])
         best = min(decode(llm, 1, ctx, 1, V, seed=s)[0]["prefill_s"] for s in (11, 12))
         res["prefill_16k"] = {"tok_s": ctx / best, "prefill_s": best}
         log("hybrid onecat prefill 16K", res["prefill_16k"])
-        k = step_kernels(llm, ctx, 16, V)
+        k = step_kernels(llm, ctx, 8, V)
         k["deltanet_state_update_share_of_step"] = k["deltanet_state_update_ms_per_step"] / r["step_ms"]
         k["deltanet_state_update_share_of_kernel_time"] = (k["deltanet_state_update_ms_per_step"]
                                                           / k["gpu_kernel_ms_per_step"])
@@ -287,7 +304,7 @@ def hf_moe(hf_cls, conf, shapes, res: dict) -> None:
         torch.cuda.empty_cache()
 
 
-def hf_hybrid(hf_cls, conf, shapes, res: dict) -> None:
+def hf_hybrid(hf_cls, conf, shapes, res: dict, mine: dict | None) -> None:
     model = build_hf(hf_cls, conf, shapes)
     V, ctx = conf.vocab_size, 16384
     try:
@@ -301,6 +318,12 @@ def hf_hybrid(hf_cls, conf, shapes, res: dict) -> None:
         res["deltanet_path"] = "fla kernels (seen in the profile)" if fla else "torch (no fla kernel in the profile)"
         res["prefill_16k"] = {"tok_s": ctx / t, "prefill_s": t}
         log("hybrid HF prefill 16K", res["prefill_16k"])
+        if mine:
+            try:
+                res["teacher_forced"] = teacher_forced(model, prompts(1, ctx, V, 0)[0], mine)
+                log("hybrid teacher forced", {k: v for k, v in res["teacher_forced"].items() if k != "steps"})
+            except Exception as e:  # the check must not lose the timings above
+                res["teacher_forced_error"] = f"{type(e).__name__}: {str(e)[:400]}"
     finally:
         del model
         gc.collect()
@@ -359,8 +382,8 @@ def main() -> None:
                         "transformers": ver("transformers"), "fla-core": ver("fla-core")},
            "layers_run": {"moe": f"{args.moe_layers} of {MOE['num_hidden_layers']}",
                           "hybrid": f"{args.hybrid_layers} of {HYBRID['num_hidden_layers']}"},
-           "method": {"onecat_decode": "engine timings: decode time / (tokens - 1), eager (CUDA graphs are refused "
-                                       "for MoE and hybrid models), after one warm-up generate per batch size",
+           "method": {"onecat_decode": "engine timings: decode time / (tokens - 1), after one warm-up generate per "
+                                       "batch size; eager, and for the MoE also with CUDA graphs (*_graphs)",
                       "peer_decode": "HF generate (t(n new) - t(1 new)) / (n - 1); static cache for the MoE, the "
                                      "model's own hybrid cache for Qwen3.5; compile off",
                       "bandwidth_limit": "bytes one batch-1 step must read (bytes_per_step) / measured copy bandwidth",
@@ -378,7 +401,7 @@ def main() -> None:
     log("ceilings", rec["ceilings"])
     save()
     with tempfile.TemporaryDirectory() as tmp:
-        for kind, layers in (("moe", args.moe_layers), ("hybrid", args.hybrid_layers)):
+        for kind, layers in (("hybrid", args.hybrid_layers), ("moe", args.moe_layers)):
             if args.only and kind != args.only:
                 continue
             entry = rec.setdefault("models", {}).setdefault(kind, {})
@@ -393,9 +416,17 @@ def main() -> None:
             run = onecat_moe if kind == "moe" else onecat_hybrid
             guarded(entry, "onecat", lambda r: run(cfg, shapes, Path(tmp), bw, r), save)
             if not args.no_peer:
-                peer = hf_moe if kind == "moe" else hf_hybrid
-                guarded(entry, "transformers", lambda r: peer(hf_cls, conf, shapes, r), save)
+                if kind == "moe":
+                    guarded(entry, "transformers", lambda r: hf_moe(hf_cls, conf, shapes, r), save)
+                else:
+                    mine = entry.get("onecat", {}).get("teacher_forced_onecat")
+                    guarded(entry, "transformers", lambda r: hf_hybrid(hf_cls, conf, shapes, r, mine), save)
             ratios(entry, ["b1_ctx1024", "b32_ctx512"] if kind == "moe" else ["b1_ctx16k", "prefill_16k"])
+            if kind == "moe":
+                o, h = entry.get("onecat", {}), entry.get("transformers", {})
+                for key in ("b1_ctx1024", "b32_ctx512"):
+                    if f"{key}_graphs" in o and h.get(key, {}).get("tok_s"):
+                        entry["ratios_vs_transformers"][f"{key}_graphs"] = o[f"{key}_graphs"]["tok_s"] / h[key]["tok_s"]
             o, h = entry.get("onecat", {}), entry.get("transformers", {})
             if o.get("b1_tokens") and h.get("b1_tokens"):
                 same = 0
@@ -404,6 +435,7 @@ def main() -> None:
                         break
                     same += 1
                 entry["greedy_prefix_agreement"] = f"{same} of {min(len(o['b1_tokens']), len(h['b1_tokens']))}"
+            rec["targets"] = targets(rec)
             save()
     log("wrote", out, "in", round(time.time() - t0), "s")
     for kind, entry in rec.get("models", {}).items():

@@ -11,23 +11,27 @@ from tests.test_moe_hybrid_parity import RAGGED
 STEPS = 6
 
 
-def compare_with_transformers(model_dir, configure, atol: float) -> set[str]:
-    """Runs the engine with `configure(module)` applied to every module, checks every prompt logprob and every
-    decode step's top-5 logprobs within atol of transformers (the greedy token within atol of the top one), and
-    returns the paths the MoE / Gated DeltaNet layers took."""
+def compare_with_transformers(model_dir, configure, atol: float, dtype: str = "float32", report: dict | None = None,
+                              device: str = "cuda") -> set[str]:
+    """Runs the engine in `dtype` with `configure(module)` applied to every module, checks every prompt logprob and
+    every decode step's top-5 logprobs within atol of transformers' float32 logprobs on the same tokens (teacher
+    forced: the greedy token need only be within atol of transformers' top one, so a near-tie may flip it), and
+    returns the paths the MoE / Gated DeltaNet layers took (report, if given, gets the worst error and the attention
+    backends' call counts)."""
     from onecat.engine import LLM, SamplingParams
     from onecat.engine.layers.gated_deltanet import GatedDeltaNet
     from onecat.engine.layers.moe import Experts
 
     params = SamplingParams(temperature=0.0, max_tokens=STEPS, ignore_eos=True, prompt_logprobs=0, logprobs=5)
-    with LLM(str(model_dir), dtype="float32", device="cuda", enable_prefix_caching=False,
+    with LLM(str(model_dir), dtype=dtype, device=device, enable_prefix_caching=False,
              max_num_batched_tokens=24) as llm:
         layers = [m for m in llm.model.modules() if isinstance(m, (Experts, GatedDeltaNet))]
         for m in layers:
             configure(m)
         outs = llm.generate(RAGGED, params)
         paths = {m.path for m in layers}
-    ref = _hf_logprobs(model_dir, [p + o.token_ids for p, o in zip(RAGGED, outs)])
+        attention_calls = dict(llm.engine.runner.attention.calls)
+    ref = _hf_logprobs(model_dir, [p + o.token_ids for p, o in zip(RAGGED, outs)], device)
     worst = 0.0
     for p, o, r in zip(RAGGED, outs, ref):
         assert len(o.token_ids) == STEPS
@@ -38,11 +42,14 @@ def compare_with_transformers(model_dir, configure, atol: float) -> set[str]:
             row = r[len(p) - 1 + step]
             assert row[tok] >= row.max() - atol, "the greedy token is not transformers' argmax"
             worst = max(worst, max(abs(lp - row[t].item()) for t, lp in top.items()))
+    if report is not None:
+        report.update(worst=worst, attention_calls=attention_calls)
+    print(f"{model_dir.name} {dtype}: worst logprob error {worst:.3g} (atol {atol}), attention {attention_calls}")
     assert worst <= atol, worst
     return paths
 
 
-def _hf_logprobs(model_dir, sequences):
+def _hf_logprobs(model_dir, sequences, device: str = "cuda"):
     import json
 
     import pytest
@@ -51,6 +58,6 @@ def _hf_logprobs(model_dir, sequences):
     [arch] = json.loads((model_dir / "config.json").read_text())["architectures"]
     if not hasattr(transformers, arch):
         pytest.skip(f"transformers {transformers.__version__} has no {arch}")
-    model = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).to("cuda").eval()
+    model = getattr(transformers, arch).from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     with torch.no_grad():
-        return [model(torch.tensor([s], device="cuda")).logits[0].log_softmax(-1).cpu() for s in sequences]
+        return [model(torch.tensor([s], device=device)).logits[0].log_softmax(-1).cpu() for s in sequences]

@@ -196,7 +196,7 @@ def test_unimplemented_hybrid_settings_are_refused(hybrid_dir, settings, needle)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5", "qwen3_5_moe"])
-def test_tensor_parallel_and_cuda_graphs_are_refused_for_moe_and_hybrid(arch):
+def test_tensor_parallel_and_hybrid_cuda_graphs_are_refused(arch):
     from onecat.engine.args import EngineArgs
     from onecat.engine.config import ModelConfig
     from onecat.engine.models.support import unsupported_settings
@@ -207,7 +207,8 @@ def test_tensor_parallel_and_cuda_graphs_are_refused_for_moe_and_hybrid(arch):
     args = EngineArgs(model="x", tensor_parallel_size=2, cuda_graph="full")
     problems = unsupported_settings(args, cfg, torch.device("cuda"))
     assert any("tensor_parallel_size=2 is not implemented" in p for p in problems)
-    assert any("cuda_graph='full' is not implemented" in p for p in problems)
+    graphs_refused = any("cuda_graph='full' is not implemented" in p for p in problems)
+    assert graphs_refused == (arch != "qwen3_moe")  # MoE steps capture; hybrid state plans do not yet
     assert unsupported_settings(EngineArgs(model="x", cuda_graph="full"), cfg, torch.device("cpu")) == []
 
 

@@ -21,7 +21,12 @@ HYBRID = dict(linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_h
                                                      "full_attention"])
 
 
-def make_tiny_moe_hybrid(arch: str, out_dir: Path, **overrides) -> Path:
+def make_tiny_moe_hybrid(arch: str, out_dir: Path, mixer_gain: float = 1.0, slow_decay: bool = False,
+                         **overrides) -> Path:
+    """mixer_gain scales the token mixers' output projections (Gated DeltaNet out_proj, attention o_proj) and
+    slow_decay makes the DeltaNet state remember tens of tokens (transformers' init forgets most of it each
+    step), so the logits lean on the recurrent state and the KV cache and a defect in either shows at bf16
+    tolerances."""
     import transformers
 
     torch.manual_seed(1234)
@@ -47,6 +52,12 @@ def make_tiny_moe_hybrid(arch: str, out_dir: Path, **overrides) -> Path:
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name or name.endswith(("A_log", "dt_bias")):
                 p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith(("linear_attn.out_proj.weight", "self_attn.o_proj.weight")):
+                p.mul_(mixer_gain)
+            if slow_decay and name.endswith("A_log"):  # decay per step exp(-A softplus(a + dt_bias)) near 1
+                p.copy_(torch.empty_like(p).uniform_(0.02, 0.5).log())
+            if slow_decay and name.endswith("dt_bias"):
+                p.copy_(torch.randn_like(p) * 0.1 - 2.0)
     save_with_word_tokenizer(model, out_dir, kw["vocab_size"])
     (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return out_dir

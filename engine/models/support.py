@@ -27,10 +27,9 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
     if cfg.tensor_parallel_size > 1:
         out.append(f"tensor_parallel_size={cfg.tensor_parallel_size} is not implemented for {kind} models "
                    f"({arch}): their experts and linear-attention layers are not sharded; use tensor_parallel_size 1")
-    if cfg.cuda_graph == "full" and device.type == "cuda":
-        why = ("the engine's decode-graph capture does not cover the fused MoE layers yet (their kernels sort the "
-               "tokens by expert on the device, with no host sync, so they could be captured)") if not hybrid else (
-               "each step's recurrent-state plan (which rows are one-token steps and their state slots) is built "
+    if cfg.cuda_graph == "full" and device.type == "cuda" and hybrid:
+        # MoE decode steps capture: routing, the expert sort and both fused kernels run from device tensors
+        why = ("each step's recurrent-state plan (which rows are one-token steps and their state slots) is built "
                "on the host, and a captured step would need it in static device tensors")
         out.append(f"cuda_graph='full' is not implemented for {kind} models ({arch}): {why}; use cuda_graph off")
     if cfg.quantization is not None:
