@@ -15,6 +15,7 @@ import argparse
 import datetime
 import json
 import platform
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -88,31 +89,39 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, copy_gb
         xb = m * k * 2
         r = res[f"M{m}"] = {"cublas_fp16": arm(graph_time([lambda w=w: F.linear(x, w) for w in ws]), fp16_bytes + xb)}
         for fmt, ps in packs.items():
-            moved = ps[0]["nbytes"] + xb
-            y = cuda_call(x, ps[0], fmt)()
-            tc = triton_call(x, ps[0], fmt)
-            if tc is not None:  # the two kernels agree (each is tested against float64 in tests/)
-                yt = tc()
-                rel = float((y.float() - yt.float()).abs().max() / yt.float().abs().max().clamp_min(1e-30))
-                assert rel < 2e-2, f"{name} M={m} {fmt}: CUDA vs Triton GEMV relative difference {rel}"
-            r[f"cuda_{fmt}"] = arm(graph_time([cuda_call(x, p, fmt) for p in ps]), moved)
-            if tc is not None:
-                r[f"triton_{fmt}"] = arm(graph_time([triton_call(x, p, fmt) for p in ps]), moved)
-            if sweep:
-                chunks = k // (16 if fmt == "fp8" else 32)
-                grid = {}
-                for s in (1, 2, 4, 8):
-                    if chunks % s == 0:
-                        try:
-                            grid[s] = round(graph_time([cuda_call(x, p, fmt, s) for p in ps]) * 1e6, 2)
-                        except RuntimeError as exc:  # a split whose staged activations do not fit
-                            grid[s] = str(exc).splitlines()[0][:80]
-                r[f"cuda_{fmt}_splits_us"] = grid
+            try:
+                bench_format(r, name, m, x, fmt, ps, ps[0]["nbytes"] + xb, k, sweep, arm)
+            except Exception as exc:  # one format's failure is recorded, the others still run
+                traceback.print_exc()
+                r[f"cuda_{fmt}_error"] = f"{type(exc).__name__}: {exc}"[:300]
         log(f"  {name} M={m}: " + "  ".join(f"{a} {v['us']}us {v['frac_copy_limit']:.0%}"
                                             for a, v in r.items() if isinstance(v, dict) and "us" in v))
     del ws, packs
     torch.cuda.empty_cache()
     return res
+
+
+def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, k: int, sweep: bool, arm) -> None:
+    """The CUDA GEMV (and the Triton one where it exists) on one format's rotating weights, into r."""
+    y = cuda_call(x, ps[0], fmt)()
+    tc = triton_call(x, ps[0], fmt)
+    if tc is not None:  # the two kernels agree (each is tested against float64 in tests/)
+        yt = tc()
+        rel = float((y.float() - yt.float()).abs().max() / yt.float().abs().max().clamp_min(1e-30))
+        assert rel < 2e-2, f"{name} M={m} {fmt}: CUDA vs Triton GEMV relative difference {rel}"
+    r[f"cuda_{fmt}"] = arm(graph_time([cuda_call(x, p, fmt) for p in ps]), moved)
+    if tc is not None:
+        r[f"triton_{fmt}"] = arm(graph_time([triton_call(x, p, fmt) for p in ps]), moved)
+    if sweep:
+        chunks = k // (16 if fmt == "fp8" else 32)
+        grid = {}
+        for s in (1, 2, 4, 8):
+            if chunks % s == 0:
+                try:
+                    grid[s] = round(graph_time([cuda_call(x, p, fmt, s) for p in ps]) * 1e6, 2)
+                except RuntimeError as exc:  # a split whose staged activations do not fit
+                    grid[s] = str(exc).splitlines()[0][:80]
+        r[f"cuda_{fmt}_splits_us"] = grid
 
 
 def layer_sum(shapes: dict, rows: list[int], copy_gbps: float) -> dict:
@@ -121,7 +130,7 @@ def layer_sum(shapes: dict, rows: list[int], copy_gbps: float) -> dict:
     for m in rows:
         arms = {}
         for a in shapes["qkv"][f"M{m}"]:
-            if not isinstance(shapes["qkv"][f"M{m}"][a], dict) or "us" not in shapes["qkv"][f"M{m}"][a]:
+            if not all(isinstance(shapes[s][f"M{m}"].get(a), dict) and "us" in shapes[s][f"M{m}"][a] for s in LAYER):
                 continue
             t = sum(shapes[s][f"M{m}"][a]["us"] for s in LAYER) / 1e6
             b = sum(shapes[s][f"M{m}"][a]["GBps"] * shapes[s][f"M{m}"][a]["us"] / 1e6 for s in LAYER) * 1e9

@@ -1,6 +1,7 @@
 // Torch binding of the packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): argument checks, the split of K
-// and the launch. Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template), weight rows per
-// warp R = 2 for one or two activation rows, else 4 (more rows share each staged activation).
+// and the launch. Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template); weight rows per
+// warp R = 2 for one or two activation rows, else 4 (more rows share each staged activation); chunks per
+// lane and step U = 4, 2, 1, 1 (loads in flight where the registers allow).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,9 +17,9 @@ constexpr int kSmemBudget = 64 * 1024;  // fits a V100 (96 KB) and leaves an H20
 
 int codes_per_word(int fmt) { return fmt == kFp8 ? 4 : 8; }
 
-template <int FMT, int M, int R, typename T>
+template <int FMT, int M, int R, int U, typename T>
 void launch(const Params& p, int smem, cudaStream_t stream) {
-  auto kernel = quant_gemv_kernel<FMT, M, R, T>;
+  auto kernel = quant_gemv_kernel<FMT, M, R, U, T>;
   static int configured = 0;  // the largest dynamic shared memory this instantiation was allowed so far
   if (smem > 48 * 1024 && smem > configured) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -32,10 +33,10 @@ void launch(const Params& p, int smem, cudaStream_t stream) {
 template <int FMT, typename T>
 void dispatch_rows(const Params& p, int smem_of_m, cudaStream_t stream, int m_tmpl) {
   switch (m_tmpl) {
-    case 1: return launch<FMT, 1, 2, T>(p, smem_of_m, stream);
-    case 2: return launch<FMT, 2, 2, T>(p, smem_of_m, stream);
-    case 4: return launch<FMT, 4, 4, T>(p, smem_of_m, stream);
-    default: return launch<FMT, 8, 4, T>(p, smem_of_m, stream);
+    case 1: return launch<FMT, 1, 2, 4, T>(p, smem_of_m, stream);
+    case 2: return launch<FMT, 2, 2, 2, T>(p, smem_of_m, stream);
+    case 4: return launch<FMT, 4, 4, 1, T>(p, smem_of_m, stream);
+    default: return launch<FMT, 8, 4, 1, T>(p, smem_of_m, stream);
   }
 }
 
@@ -77,6 +78,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor
               "qweight must be a contiguous CUDA int32 [N, K / codes-per-word] tensor");
   const int J = codes_per_word(static_cast<int>(fmt));
   const int64_t n = qweight.size(0), k = qweight.size(1) * J;
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0, "x must be 8-byte aligned (a copy is)");
   TORCH_CHECK(x.size(-1) == k, "x has ", x.size(-1), " features; the packed weight takes ", k);
   const int64_t m = x.numel() / k;
   TORCH_CHECK(m >= 1 && m <= 8, "the GEMV takes 1 to 8 rows, got ", m);

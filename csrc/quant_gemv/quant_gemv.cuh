@@ -22,8 +22,9 @@
 // the same code runs on SM70 (V100) and newer.
 //
 // Work split: a block of 8 warps owns 8*R output rows and one of `splits` equal runs of K; a lane reads
-// 4 consecutive words (one 128-bit load) of each of its R rows per step, so a warp streams 512 contiguous
-// bytes per row. With splits > 1 each block writes float32 partials and the last block of a row tile (an
+// 4 consecutive words (one 128-bit load, a "chunk") of each of its R rows for U chunks per step, so a warp
+// streams 512 contiguous bytes per row and load, with U * R loads in flight per lane (the first step's issued
+// before the activations are staged). With splits > 1 each block writes float32 partials and the last block of a row tile (an
 // atomic ticket) adds them in split order: the same order on every call.
 #pragma once
 
@@ -68,9 +69,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 __device__ __forceinline__ uint32_t rotl(uint32_t w, int r) { return __funnelshift_l(w, w, r); }
 __device__ __forceinline__ float bits(uint32_t v) { return __uint_as_float(v); }
 
-// Bit position of nibble j's value after decode (W4A16): j < 6 in place, 6 and 7 from the word shifted by 8.
-__host__ __device__ constexpr int int4_pos(int j) { return j < 6 ? 4 * j : 4 * j - 8; }
-
 // An E4M3 byte as float32 times 2^-120 (sign to bit 31, exponent and mantissa to bits 20-26).
 __device__ __forceinline__ float e4m3(uint32_t b) { return bits(((b & 0x7Fu) << 20) | ((b & 0x80u) << 24)); }
 
@@ -98,16 +96,6 @@ __device__ __forceinline__ float decode(uint32_t w, uint32_t hi, int j) {
   }
 }
 
-// Power of two the staged activation of code j carries.
-template <int FMT>
-__device__ __forceinline__ float x_prescale(int j) {
-  if constexpr (FMT == kInt4H || FMT == kInt4B) {
-    return __uint_as_float(static_cast<uint32_t>(127 + 100 - int4_pos(j)) << 23);
-  } else {
-    return 1.2676506002282294e30f;  // 2^100
-  }
-}
-
 // Columns per scale block.
 template <int FMT>
 __device__ __forceinline__ int block_cols(const Params& p) {
@@ -124,37 +112,57 @@ __host__ __device__ constexpr int smem_bytes(int chunks) {
   return M * Traits<FMT>::kCodes * chunks * 16 + ((FMT == kInt4H || FMT == kInt4B) ? M * chunks * 4 : 0);
 }
 
-// One block's run of K: the activations of chunks [c0, c0 + chunks) staged as described above.
+// Four activations of one row as float32: columns col..col+3 (gw >= 4), or col, col+1 and the next block's
+// col+bcols, col+bcols+1 (NVFP4: two words a block). Columns of a pair are 4-byte aligned, of a run 8-byte.
+template <typename T>
+__device__ __forceinline__ void load_four(const T* xm, int col, int gw, int bcols, float* v) {
+  if (gw >= 4) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xm + col));
+    const T* h = reinterpret_cast<const T*>(&raw);
+    v[0] = to_float(h[0]); v[1] = to_float(h[1]); v[2] = to_float(h[2]); v[3] = to_float(h[3]);
+  } else {
+    const uint32_t a = __ldg(reinterpret_cast<const uint32_t*>(xm + col));
+    const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(xm + col + bcols));
+    const T* ha = reinterpret_cast<const T*>(&a);
+    const T* hb = reinterpret_cast<const T*>(&b);
+    v[0] = to_float(ha[0]); v[1] = to_float(ha[1]); v[2] = to_float(hb[0]); v[3] = to_float(hb[1]);
+  }
+}
+
+// One block's run of K: the activations of chunks [c0, c0 + chunks) staged as described above, one
+// (row, chunk, code) per thread and step; W4A16 also sums each chunk's 32 activations (over the 8 threads
+// of one chunk, a fixed butterfly).
 template <int FMT, int M, typename T>
 __device__ __forceinline__ void stage_x(const Params& p, int c0, int chunks, float4* xs, float* xsum) {
   constexpr int J = Traits<FMT>::kCodes;
   const int bcols = block_cols<FMT>(p);
   const int gw = bcols / J;  // words per scale block
   const T* x = static_cast<const T*>(p.x);
-  for (int item = threadIdx.x; item < M * chunks; item += kThreads) {
-    const int m = item / chunks;
-    const int c = item - m * chunks;
-    float sum = 0.f;
-    const bool live = m < p.m_rows;
-    const T* xm = x + static_cast<int64_t>(m) * p.k;
-    int base[4];  // column of code 0 of each of the chunk's words
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int word = 4 * (c0 + c) + e;
-      base[e] = (word / gw) * bcols + word % gw;
+  const int total = M * chunks * J;  // a multiple of 8 (J = 8) or 4: code groups never straddle a step
+#pragma unroll 4
+  for (int item = threadIdx.x; item < total; item += kThreads) {
+    const int j = item % J;
+    const int mc = item / J;
+    const int m = mc / chunks;
+    const int c = mc - m * chunks;
+    const int word = 4 * (c0 + c);
+    const int col = (word / gw) * bcols + word % gw + j * gw;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (m < p.m_rows) load_four<T>(x + static_cast<int64_t>(m) * p.k, col, gw, bcols, v);
+    float s;
+    if constexpr (FMT == kInt4H || FMT == kInt4B) {
+      s = __uint_as_float(static_cast<uint32_t>(227 - (j < 6 ? 4 * j : 4 * j - 8)) << 23);  // 2^(100 - pos)
+    } else {
+      s = 1.2676506002282294e30f;  // 2^100
     }
+    xs[(m * J + j) * chunks + c] = make_float4(v[0] * s, v[1] * s, v[2] * s, v[3] * s);
+    if constexpr (FMT == kInt4H || FMT == kInt4B) {
+      float sum = (v[0] + v[1]) + (v[2] + v[3]);
+      const unsigned mask = __activemask();
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      float v[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[e] = live ? to_float(xm[base[e] + j * gw]) : 0.f;
-        sum += v[e];
-      }
-      const float s = x_prescale<FMT>(j);
-      xs[(m * J + j) * chunks + c] = make_float4(v[0] * s, v[1] * s, v[2] * s, v[3] * s);
+      for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(mask, sum, o, 8);
+      if (j == 0) xsum[m * chunks + c] = sum;
     }
-    if constexpr (FMT == kInt4H || FMT == kInt4B) xsum[m * chunks + c] = sum;
   }
 }
 
@@ -210,8 +218,8 @@ __device__ __forceinline__ void store_out(const Params& p, int m, int64_t row, f
   static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + row] = from_float<T>(v);
 }
 
-// R rows per warp; M activation rows (p.m_rows <= M are live).
-template <int FMT, int M, int R, typename T>
+// R rows per warp, U chunks per lane and step; M activation rows (p.m_rows <= M are live).
+template <int FMT, int M, int R, int U, typename T>
 __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const Params p) {
   constexpr int J = Traits<FMT>::kCodes;
   extern __shared__ float4 smem[];
@@ -230,10 +238,17 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const Params p) {
     wrow[r] = reinterpret_cast<const uint4*>(p.w) + row * kw4 + c0;
     rs[r] = row_scales<FMT>(p, row);
   }
-  // the first weights are in flight while the activations are staged
-  uint4 wn[R];
+  // each lane takes U of its chunks per step, R rows each: U * R 128-bit loads in flight; the first step's
+  // are issued before the activations are staged
+  uint4 wb[U][R];
+  auto load_batch = [&](int cb) {
 #pragma unroll
-  for (int r = 0; r < R; ++r) wn[r] = lane < chunks ? __ldcs(wrow[r] + lane) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        wb[u][r] = cb + 32 * u < chunks ? __ldcs(wrow[r] + cb + 32 * u) : make_uint4(0, 0, 0, 0);
+  };
+  load_batch(lane);
   stage_x<FMT, M, T>(p, c0, chunks, xs, xsum);
   __syncthreads();
 
@@ -243,62 +258,66 @@ __global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const Params p) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[m][r] = 0.f;
 
-  for (int c = lane; c < chunks; c += 32) {
-    uint4 wc[R];
+  for (int cb = lane; cb < chunks; cb += 32 * U) {
+    if (cb != lane) load_batch(cb);
+    float2 sc[U][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      wc[r] = wn[r];
-      if (c + 32 < chunks) wn[r] = __ldcs(wrow[r] + c + 32);
-    }
-    const float4* xc = xs + c;
-    float2 sc[R];
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-    for (int r = 0; r < R; ++r) sc[r] = chunk_scales<FMT>(rs[r], c0 + c, p.gshift);
-    // part[m][r][h]: h = 0 the chunk's (first block's) sum, h = 1 the second block's (NVFP4)
-    float part[M][R][2];
+      for (int r = 0; r < R; ++r)
+        sc[u][r] = cb + 32 * u < chunks ? chunk_scales<FMT>(rs[r], c0 + cb + 32 * u, p.gshift) : make_float2(0.f, 0.f);
 #pragma unroll
-    for (int m = 0; m < M; ++m)
+    for (int u = 0; u < U; ++u) {
+      const int c = cb + 32 * u;
+      if (c >= chunks) break;
+      const float4* xc = xs + c;
+      // part[m][r][h]: h = 0 the chunk's (first block's) sum, h = 1 the second block's (NVFP4)
+      float part[M][R][2];
 #pragma unroll
-      for (int r = 0; r < R; ++r) part[m][r][0] = part[m][r][1] = 0.f;
+      for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-      float f[R][4];
+        for (int r = 0; r < R; ++r) part[m][r][0] = part[m][r][1] = 0.f;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint32_t wv[4] = {wc[r].x, wc[r].y, wc[r].z, wc[r].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) f[r][e] = decode<FMT>(wv[e], wv[e] >> 8, j);
-      }
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const float4 xv = xc[(m * J + j) * chunks];
+      for (int j = 0; j < J; ++j) {
+        float f[R][4];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          part[m][r][0] = fmaf(f[r][0], xv.x, part[m][r][0]);
-          part[m][r][0] = fmaf(f[r][1], xv.y, part[m][r][0]);
-          if constexpr (FMT == kNvfp4) {
-            part[m][r][1] = fmaf(f[r][2], xv.z, part[m][r][1]);
-            part[m][r][1] = fmaf(f[r][3], xv.w, part[m][r][1]);
-          } else {
-            part[m][r][0] = fmaf(f[r][2], xv.z, part[m][r][0]);
-            part[m][r][0] = fmaf(f[r][3], xv.w, part[m][r][0]);
+          const uint32_t wv[4] = {wb[u][r].x, wb[u][r].y, wb[u][r].z, wb[u][r].w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) f[r][e] = decode<FMT>(wv[e], wv[e] >> 8, j);
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float4 xv = xc[(m * J + j) * chunks];
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            part[m][r][0] = fmaf(f[r][0], xv.x, part[m][r][0]);
+            part[m][r][0] = fmaf(f[r][1], xv.y, part[m][r][0]);
+            if constexpr (FMT == kNvfp4) {
+              part[m][r][1] = fmaf(f[r][2], xv.z, part[m][r][1]);
+              part[m][r][1] = fmaf(f[r][3], xv.w, part[m][r][1]);
+            } else {
+              part[m][r][0] = fmaf(f[r][2], xv.z, part[m][r][0]);
+              part[m][r][0] = fmaf(f[r][3], xv.w, part[m][r][0]);
+            }
           }
         }
       }
-    }
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
+      for (int m = 0; m < M; ++m) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if constexpr (FMT == kInt4H || FMT == kInt4B) {
-          acc[m][r] = fmaf(sc[r].x, part[m][r][0] - sc[r].y * (xsum[m * chunks + c] * 1.7763568394002505e-15f),
-                           acc[m][r]);  // s 2^49 (sum q x 2^-49 - z sum x 2^-49)
-        } else if constexpr (FMT == kNvfp4) {
-          acc[m][r] = fmaf(sc[r].x, part[m][r][0], fmaf(sc[r].y, part[m][r][1], acc[m][r]));
-        } else if constexpr (FMT == kMxfp4) {
-          acc[m][r] = fmaf(part[m][r][0] * 67108864.f, sc[r].x, acc[m][r]);  // 2^26 then the E8M0 scale
-        } else {
-          acc[m][r] += part[m][r][0];
+        for (int r = 0; r < R; ++r) {
+          const float2 s = sc[u][r];
+          if constexpr (FMT == kInt4H || FMT == kInt4B) {
+            acc[m][r] = fmaf(s.x, part[m][r][0] - s.y * (xsum[m * chunks + c] * 1.7763568394002505e-15f),
+                             acc[m][r]);  // s 2^49 (sum q x 2^-49 - z sum x 2^-49)
+          } else if constexpr (FMT == kNvfp4) {
+            acc[m][r] = fmaf(s.x, part[m][r][0], fmaf(s.y, part[m][r][1], acc[m][r]));
+          } else if constexpr (FMT == kMxfp4) {
+            acc[m][r] = fmaf(part[m][r][0] * 67108864.f, s.x, acc[m][r]);  // 2^26 then the E8M0 scale
+          } else {
+            acc[m][r] += part[m][r][0];
+          }
         }
       }
     }
