@@ -7,13 +7,21 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
+
 #include "quant_gemv/quant_gemv.cuh"
 
 namespace {
 
 using namespace onecat_qgemv;
 
-constexpr int kSmemBudget = 64 * 1024;  // fits a V100 (96 KB) and leaves an H200 SM room for three blocks
+// Staged activations per block: at most a third of an SM's shared memory (three blocks resident: 32 KB on a
+// V100, whose SM has 96 KB) and at most 64 KB (an H200 SM, 228 KB).
+int smem_budget(int device) {
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  return std::min(64 * 1024, per_sm / 3 / 1024 * 1024);
+}
 
 int codes_per_word(int fmt) { return fmt == kFp8 ? 4 : 8; }
 
@@ -56,12 +64,12 @@ int smem_for(int fmt, int m_tmpl, int chunks) {
   return m_tmpl * codes_per_word(fmt) * chunks * 16 + (int4 ? m_tmpl * chunks * 4 : 0);
 }
 
-// The fewest splits of K (dividing the row's chunks) whose staged activations fit kSmemBudget and that give
+// The fewest splits of K (dividing the row's chunks) whose staged activations fit the budget and that give
 // at least one block per SM, where the runs stay at least one chunk per lane.
-int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms) {
+int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms, int budget) {
   int fallback = 0;
   for (int s = 1; s <= chunks; ++s) {
-    if (chunks % s || smem_for(fmt, m_tmpl, chunks / s) > kSmemBudget) continue;
+    if (chunks % s || smem_for(fmt, m_tmpl, chunks / s) > budget) continue;
     if (!fallback) fallback = s;
     if (tiles * s >= sms || chunks / s < 64) return s;
   }
@@ -108,10 +116,12 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor
   const c10::cuda::CUDAGuard guard(x.device());
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
-  const int s = splits > 0 ? static_cast<int>(splits) : auto_splits(static_cast<int>(fmt), m_tmpl, chunks, tiles, sms);
+  const int budget = smem_budget(x.device().index());
+  const int s = splits > 0 ? static_cast<int>(splits)
+                           : auto_splits(static_cast<int>(fmt), m_tmpl, chunks, tiles, sms, budget);
   TORCH_CHECK(s >= 1 && chunks % s == 0, "splits must divide the row's ", chunks, " chunks of ", 4 * J, " columns");
   const int smem = smem_for(static_cast<int>(fmt), m_tmpl, chunks / s);
-  TORCH_CHECK(smem <= kSmemBudget, "splits ", s, " leave ", smem, " bytes of staged activations; at most ", kSmemBudget);
+  TORCH_CHECK(smem <= budget, "splits ", s, " leave ", smem, " bytes of staged activations; at most ", budget);
 
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = n;

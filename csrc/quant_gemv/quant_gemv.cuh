@@ -30,9 +30,18 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifndef __CUDACC_RTC__
 #include <stdint.h>
+#endif
 
 namespace onecat_qgemv {
+
+#ifdef __CUDACC_RTC__  // NVRTC (the offline sm_70 check) has no <stdint.h>
+using uint8_t = unsigned char;
+using uint16_t = unsigned short;
+using uint32_t = unsigned int;
+using int64_t = long long;
+#endif
 
 enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
 
@@ -220,7 +229,7 @@ __device__ __forceinline__ void store_out(const Params& p, int m, int64_t row, f
 
 // R rows per warp, U chunks per lane and step; M activation rows (p.m_rows <= M are live).
 template <int FMT, int M, int R, int U, typename T>
-__global__ void __launch_bounds__(kThreads) quant_gemv_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, 1) quant_gemv_kernel(const Params p) {
   constexpr int J = Traits<FMT>::kCodes;
   extern __shared__ float4 smem[];
   const int chunks = (p.k / (4 * J)) / p.splits;  // chunks of 4 words in this block's run of K

@@ -1,4 +1,4 @@
-"""Offline sm_70 (V100) build check of the Volta attention kernels, runnable without a GPU.
+"""Offline sm_70 (V100) build check of the Volta attention kernels and the packed-weight GEMV, runnable without a GPU.
 
 Compiles every kernel instantiation with NVRTC 12.x for compute_70, assembles with ptxas 12.x
 for sm_70 and disassembles with nvdisasm 12.x, then reports per kernel: registers, spills,
@@ -65,6 +65,29 @@ def kernel_specs() -> list[KernelSpec]:
                                         f"fa_v100::DecodeRegsCfg<{d}, {kv}, {rows}>::kSmemBytes", 128, False, kv == 0))
     for d in HEAD_DIMS:
         specs.append(KernelSpec(f"merge_d{d}", f"&fa_v100::merge_kernel<{d}>", "0", 128, False, False))
+    return specs + quant_gemv_specs()
+
+
+QGEMV_FORMATS = {"int4": "kInt4H", "nvfp4": "kNvfp4", "mxfp4": "kMxfp4", "fp8": "kFp8"}
+QGEMV_TILES = {1: (2, 4), 2: (2, 2), 4: (4, 1), 8: (4, 1)}  # rows M -> (R, U), as csrc/bindings/quant_gemv.cu launches
+QGEMV_K = 14336  # the 8B down projection: the most activations a block stages
+QGEMV_SMEM_BUDGET = 32 * 1024  # a third of a V100 SM's 96 KB, as the launcher gives it there
+
+
+def quant_gemv_specs() -> list[KernelSpec]:
+    """The packed-weight GEMV (csrc/quant_gemv) at fp16, each format and row template, with the shared memory
+    its launcher gives the K = 14336 projection on a V100 (the fewest splits of K within 32 KB)."""
+    specs = []
+    for fmt, enum in QGEMV_FORMATS.items():
+        codes = 4 if fmt == "fp8" else 8
+        for m, (r, u) in QGEMV_TILES.items():
+            chunks = QGEMV_K // (4 * codes)
+            per_chunk = m * codes * 16 + (m * 4 if fmt == "int4" else 0)
+            run = next(chunks // s for s in range(1, chunks + 1) if chunks % s == 0
+                       and chunks // s * per_chunk <= QGEMV_SMEM_BUDGET)
+            specs.append(KernelSpec(f"quant_gemv_{fmt}_m{m}",
+                                    f"&onecat_qgemv::quant_gemv_kernel<onecat_qgemv::{enum}, {m}, {r}, {u}, __half>",
+                                    f"onecat_qgemv::smem_bytes<onecat_qgemv::{enum}, {m}>({run})", 256, False, True))
     return specs
 
 
@@ -109,7 +132,7 @@ def v100_occupancy(regs: int, smem_bytes: int, threads: int) -> tuple[int, float
 
 def _source(specs: list[KernelSpec]) -> str:
     lines = ['#include "flash_attn_v100/prefill.cuh"', '#include "flash_attn_v100/decode.cuh"',
-             '#include "flash_attn_v100/decode_regs.cuh"']
+             '#include "flash_attn_v100/decode_regs.cuh"', '#include "quant_gemv/quant_gemv.cuh"']
     for i, s in enumerate(specs):
         lines.append(f'extern "C" __constant__ int onecat_dyn_smem_{i} = {s.smem_expr};')
     return "\n".join(lines) + "\n"
@@ -145,7 +168,7 @@ def _parse_sass(sass: str) -> dict[str, dict[str, int]]:
         elif current is not None:
             if "HMMA.884" in line:
                 current["hmma"] += 1
-            if re.search(r"\bLDG\.E\.128\b", line):
+            if re.search(r"\bLDG\.E(\.(?:EF|EL|LU|NA|CONSTANT|SYS|GPU))*\.128\b", line):
                 current["ldg128"] += 1
             if re.search(r"\bLDG\.E\.64\b", line):
                 current["ldg64"] += 1
