@@ -1,6 +1,7 @@
 """quantization='w4a16' (or 'awq', 'gptq', 'compressed-tensors'): a 4-bit checkpoint's linears stay packed
 on the GPU and run through the W4A16 kernels (engine/quant/w4a16_linear.py); 'nvfp4' / 'mxfp4' likewise
-keep an NVFP4 (ModelOpt) or MXFP4 checkpoint's linears packed for the FP4 GEMV (engine/quant/fp4_linear.py).
+keep an NVFP4 (ModelOpt) or MXFP4 checkpoint's linears packed for the FP4 GEMV (engine/quant/fp4_linear.py),
+and 'fp8' an FP8 E4M3 checkpoint's for the packed GEMV's FP8 path (engine/quant/fp8_linear.py).
 
 The packer sits beside the loader like the GGUF one (packing.py): the loader shows it each quantized
 linear's stored tensors before dequantizing them (the model still loads dense weights, so loading and its
@@ -22,12 +23,14 @@ from torch import nn
 from onecat.engine.errors import ConfigError
 from onecat.engine.quant.fp4_layout import cat_fp4
 from onecat.engine.quant.fp4_packing import FP4_NAMES, fp4_convert, fp4_unsupported_reason
+from onecat.engine.quant.fp8_packing import FP8_METHODS, cat_fp8, fp8_convert
 from onecat.engine.quant.w4a16_layout import W4A16Weight, quantize_w4
 
 # quantization name -> the checkpoint quant_method it requires (None: any 4-bit one, or a dense checkpoint);
 # nvfp4 / mxfp4 keep FP4 checkpoints packed for the FP4 GEMV (engine/quant/fp4_packing.py)
 W4A16_NAMES = {"w4a16": None, "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
-               "nvfp4": "modelopt", "mxfp4": "mxfp4"}
+               "nvfp4": "modelopt", "mxfp4": "mxfp4", "fp8": FP8_METHODS}
+NO_CPU_KERNEL = (*FP4_NAMES, "fp8")  # packed formats with no CPU kernel (refused on CPU)
 RTN_GROUPS = (128, 64, 32)  # the largest that divides in_features
 # CPU: W4A16 weights run in the GGUF path's int4 layer (bf16 scales). Tests of the loading logic turn it off
 # to get W4A16Linear, which computes on the exactly dequantized weight on any device.
@@ -39,12 +42,12 @@ def check_w4a16(quantization: str, model_format: str, device: torch.device) -> N
     run in the packed int4 layer of the GGUF path (w4a16_cpu.py); FP4 has no CPU kernel."""
     from onecat.engine.quant.int4_linear import Int4PackedLinear
 
-    cpu_int4 = quantization not in FP4_NAMES and Int4PackedLinear.supported(device)
+    cpu_int4 = quantization not in NO_CPU_KERNEL and Int4PackedLinear.supported(device)
     if device.type != "cuda" and not cpu_int4:
         raise ConfigError(f"quantization={quantization!r} keeps 4-bit weights packed for the CUDA 4-bit GEMV kernels; "
                           f"on {device} leave quantization unset (the checkpoint runs dequantized)"
                           + (" or use a 4-bit W4A16 format (w4a16, awq, gptq, compressed-tensors), which runs packed "
-                             "on CPU" if quantization in FP4_NAMES and device.type == "cpu" else ""))
+                             "on CPU" if quantization in NO_CPU_KERNEL and device.type == "cpu" else ""))
     if model_format != "hf" and quantization != "w4a16":
         raise ConfigError(f"quantization={quantization!r} reads a {quantization} HF checkpoint; this model is "
                           f"{model_format!r}: use quantization='w4a16' (quantized at load), 'gguf' on CPU, or leave "
@@ -76,6 +79,12 @@ class W4A16Packer:
         from onecat.engine.quant.w4a16_convert import convert
 
         want = W4A16_NAMES[self.quantization]
+        if self.quantization == "fp8":
+            self.method = fmt.describe()
+            weight = fp8_convert(fmt, module, stored)  # refuses non-FP8 checkpoints by name
+            if weight is not None:  # block-scaled layers load dense
+                self.packed[f"{module}.weight"] = weight
+            return
         if want is not None and fmt.method != want:
             raise ConfigError(f"quantization={self.quantization!r} but the checkpoint is {fmt.describe()}; use "
                               "quantization='w4a16' (any 4-bit AWQ / GPTQ / compressed-tensors checkpoint) or "
@@ -90,6 +99,10 @@ class W4A16Packer:
         """Replaces the packed linears of a loaded model; returns what was done (for the engine's info)."""
         want = W4A16_NAMES[self.quantization]
         if not self.packed:
+            if self.quantization == "fp8":
+                raise ConfigError("quantization='fp8' needs an FP8 checkpoint with per-tensor or per-channel scales "
+                                  f"(compressed-tensors float-quantized or ModelOpt FP8); {self.method or 'this one'} "
+                                  "has none to pack: leave quantization unset")
             if want is not None:
                 raise ConfigError(f"quantization={self.quantization!r} needs a {want} checkpoint; this one has no "
                                   "quantized linears (use quantization='w4a16' to quantize a dense checkpoint at "
@@ -109,7 +122,8 @@ class W4A16Packer:
             n_shards = need.get(target.rpartition(".")[2], 1)
             weight = None
             if isinstance(module, nn.Linear) and sorted(shards) == list(range(n_shards)):
-                cat = cat_fp4 if self.quantization in FP4_NAMES else cat_shards
+                cat = cat_fp4 if self.quantization in FP4_NAMES else cat_fp8 if self.quantization == "fp8" \
+                    else cat_shards
                 weight = cat([shards[i] for i in range(n_shards)])
             if weight is None or weight.out_features != module.out_features or fp4_unsupported_reason(weight) \
                     or not _swap(model, target, module, weight):
@@ -140,9 +154,19 @@ class W4A16Packer:
         from onecat.engine.kernels.triton_w4a16 import MAX_ROWS
 
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        from onecat.engine.kernels.quant_gemv import backend
+
+        kind, why = backend() if next(model.parameters()).is_cuda else ("", "")
+        gemv = (f"CUDA packed GEMV up to {MAX_ROWS} rows" if kind == "cuda"
+                else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
+        if self.quantization == "fp8":
+            return {"method": "fp8", "source": source, "packed_linears": replaced,
+                    "kernel": gemv if kind == "cuda" else f"weight dequantized per call, cuBLAS ({why})",
+                    "large_batch_path": f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows",
+                    "kept_dense": kept_dense, "dense_linears": dense}
         if self.quantization in FP4_NAMES:
             return {"method": self.quantization, "source": source, "packed_linears": replaced,
-                    "kernel": f"Triton FP4 GEMV up to {MAX_ROWS} rows", "large_batch_path":
+                    "kernel": gemv, "large_batch_path":
                     f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
                     "dense_linears": dense}
         if next(model.parameters()).device.type == "cpu" and CPU_INT4_KERNEL:
@@ -153,7 +177,7 @@ class W4A16Packer:
                     f"bf16 GEMM on a dequantized copy from {DENSE_FROM_ROWS} rows on", "kept_dense": kept_dense,
                     "dense_linears": dense}
         return {"method": "w4a16", "source": source, "packed_linears": replaced,
-                "kernel": f"Triton W4A16 GEMV up to {MAX_ROWS} rows", "large_batch_path":
+                "kernel": gemv, "large_batch_path":
                 f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
                 "dense_linears": dense}
 
@@ -170,6 +194,8 @@ def _swap(model: nn.Module, path: str, module: nn.Linear, weight) -> bool:
     device has no packed form of it (CPU: act-order W4A16 layers)."""
     from onecat.engine.quant.fp4_layout import FP4Weight
     from onecat.engine.quant.fp4_linear import FP4Linear
+    from onecat.engine.quant.fp8_layout import FP8Weight
+    from onecat.engine.quant.fp8_linear import FP8Linear
     from onecat.engine.quant.int4_linear import Int4PackedLinear
     from onecat.engine.quant.w4a16_cpu import int4_blocks
     from onecat.engine.quant.w4a16_linear import W4A16Linear
@@ -183,7 +209,8 @@ def _swap(model: nn.Module, path: str, module: nn.Linear, weight) -> bool:
         layer = Int4PackedLinear([blocks], bias, module.weight.dtype)
     else:
         weight = weight.to(device)
-        layer = FP4Linear(weight, bias) if isinstance(weight, FP4Weight) else W4A16Linear(weight, bias)
+        kind = FP4Linear if isinstance(weight, FP4Weight) else FP8Linear if isinstance(weight, FP8Weight) else W4A16Linear
+        layer = kind(weight, bias)
     parent, _, leaf = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, leaf, layer)
     return True

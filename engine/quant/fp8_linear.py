@@ -1,0 +1,43 @@
+"""A linear layer whose FP8 (E4M3) weight stays packed in GPU memory (engine/quant/fp8_layout.py).
+
+Up to 8 rows (decode steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py), which decodes each byte
+into float32 in registers; more rows, or a machine where that GEMV cannot be built, dequantize the weight into
+the activation dtype per call and take the library GEMM (rounding each weight once, as loading the
+checkpoint dense would). On CPU the layer runs on the exactly dequantized weight (a reference path).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.quant.fp8_layout import FP8Weight, dequantize
+
+
+class FP8Linear(nn.Module):
+    """y = x @ W^T + b with W packed E4M3 bytes and a float32 scale per output row."""
+
+    def __init__(self, weight: FP8Weight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.in_features, weight.out_features
+        self.register_buffer("qweight", weight.qweight)
+        self.register_buffer("scale", weight.scale)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def packed(self) -> FP8Weight:
+        return FP8Weight(self.qweight, self.scale)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"FP8Linear takes {self.in_features} input features, got a {tuple(x.shape)} input")
+        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+            from onecat.engine.kernels import quant_gemv
+
+            x = x.contiguous()
+            if x.numel() <= quant_gemv.MAX_ROWS * self.in_features and quant_gemv.use_cuda():
+                y = quant_gemv.packed_gemv(x, "fp8", self.qweight, self.scale, self.scale)
+                return y if self.bias is None else y + self.bias
+        return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
