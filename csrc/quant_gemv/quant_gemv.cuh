@@ -144,33 +144,45 @@ __device__ __forceinline__ void load_four(const T* xm, int col, int gw, int bcol
 template <int FMT, int M, typename T>
 __device__ __forceinline__ void stage_x(const Params& p, int c0, int chunks, float4* xs, float* xsum) {
   constexpr int J = Traits<FMT>::kCodes;
+  constexpr int P = 4;  // items per thread and pass: their loads are issued together
   const int bcols = block_cols<FMT>(p);
   const int gw = bcols / J;  // words per scale block
   const T* x = static_cast<const T*>(p.x);
-  const int total = M * chunks * J;  // a multiple of 8 (J = 8) or 4: code groups never straddle a step
-#pragma unroll 4
-  for (int item = threadIdx.x; item < total; item += kThreads) {
-    const int j = item % J;
-    const int mc = item / J;
-    const int m = mc / chunks;
-    const int c = mc - m * chunks;
-    const int word = 4 * (c0 + c);
-    const int col = (word / gw) * bcols + word % gw + j * gw;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (m < p.m_rows) load_four<T>(x + static_cast<int64_t>(m) * p.k, col, gw, bcols, v);
-    float s;
-    if constexpr (FMT == kInt4H || FMT == kInt4B) {
-      s = __uint_as_float(static_cast<uint32_t>(227 - (j < 6 ? 4 * j : 4 * j - 8)) << 23);  // 2^(100 - pos)
-    } else {
-      s = 1.2676506002282294e30f;  // 2^100
-    }
-    xs[(m * J + j) * chunks + c] = make_float4(v[0] * s, v[1] * s, v[2] * s, v[3] * s);
-    if constexpr (FMT == kInt4H || FMT == kInt4B) {
-      float sum = (v[0] + v[1]) + (v[2] + v[3]);
-      const unsigned mask = __activemask();
+  const int total = M * chunks * J;  // a multiple of 8 (J = 8) or 4: code groups never straddle a pass
+  for (int base = 0; base < total; base += kThreads * P) {  // every thread takes every pass (shuffles below)
+    float v[P][4];
+    int dst[P];
 #pragma unroll
-      for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(mask, sum, o, 8);
-      if (j == 0) xsum[m * chunks + c] = sum;
+    for (int i = 0; i < P; ++i) {
+      const int item = base + i * kThreads + threadIdx.x;
+      const int j = item % J;
+      const int mc = item / J;
+      const int m = mc / chunks;
+      const int c = mc - m * chunks;
+      const int word = 4 * (c0 + c);
+      const int col = (word / gw) * bcols + word % gw + j * gw;
+      v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
+      dst[i] = item < total ? (m * J + j) * chunks + c : -1;
+      if (item < total && m < p.m_rows) load_four<T>(x + static_cast<int64_t>(m) * p.k, col, gw, bcols, v[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int item = base + i * kThreads + threadIdx.x;
+      const int j = item % J;
+      float s;
+      if constexpr (FMT == kInt4H || FMT == kInt4B) {
+        s = __uint_as_float(static_cast<uint32_t>(227 - (j < 6 ? 4 * j : 4 * j - 8)) << 23);  // 2^(100 - pos)
+      } else {
+        s = 1.2676506002282294e30f;  // 2^100
+      }
+      if (dst[i] >= 0) xs[dst[i]] = make_float4(v[i][0] * s, v[i][1] * s, v[i][2] * s, v[i][3] * s);
+      if constexpr (FMT == kInt4H || FMT == kInt4B) {
+        // the chunk's 8 codes are 8 neighbouring threads of one warp
+        float sum = (v[i][0] + v[i][1]) + (v[i][2] + v[i][3]);
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o, 8);
+        if (j == 0 && dst[i] >= 0) xsum[item / J] = sum;  // row m, chunk c: m * chunks + c
+      }
     }
   }
 }
