@@ -30,35 +30,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#ifndef __CUDACC_RTC__
-#include <stdint.h>
-#endif
+
+#include "params.h"
 
 namespace onecat_qgemv {
 
-#ifdef __CUDACC_RTC__  // NVRTC (the offline sm_70 check) has no <stdint.h>
-using uint8_t = unsigned char;
-using uint16_t = unsigned short;
-using uint32_t = unsigned int;
-using int64_t = long long;
-#endif
-
-enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
-
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-
-struct Params {
-  const void* x;          // [m_rows, K] activations (T)
-  const uint32_t* w;      // [N, K / codes-per-word] packed words
-  const void* scales;     // format's scales (see above)
-  const float* row_scale; // kNvfp4: global scale per row; kFp8: scale per row; else unused
-  void* y;                // [m_rows, N] output (T)
-  float* partial;         // [splits, m_rows, N] when splits > 1
-  int* tickets;           // one per row tile, zero between calls (the last block resets its own)
-  int n, k, group, m_rows, splits;
-  int gshift;  // W4A16: group = 32 << gshift
-};
 
 template <int FMT> struct Traits;
 template <> struct Traits<kInt4H> { static constexpr int kCodes = 8; };
@@ -239,9 +215,13 @@ __device__ __forceinline__ void store_out(const Params& p, int m, int64_t row, f
   static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + row] = from_float<T>(v);
 }
 
+// Blocks an SM should hold at once (the registers each thread may use follow): a block's work is short, so
+// its latencies (staging, the first loads) are hidden by the other blocks of the SM.
+template <int M> struct MinBlocks { static constexpr int value = M == 1 ? 4 : (M == 2 ? 3 : (M == 4 ? 2 : 1)); };
+
 // R rows per warp, U chunks per lane and step; M activation rows (p.m_rows <= M are live).
 template <int FMT, int M, int R, int U, typename T>
-__global__ void __launch_bounds__(kThreads, 1) quant_gemv_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, MinBlocks<M>::value) quant_gemv_kernel(const Params p) {
   constexpr int J = Traits<FMT>::kCodes;
   extern __shared__ float4 smem[];
   const int chunks = (p.k / (4 * J)) / p.splits;  // chunks of 4 words in this block's run of K

@@ -69,7 +69,7 @@ def kernel_specs() -> list[KernelSpec]:
 
 
 QGEMV_FORMATS = {"int4": "kInt4H", "nvfp4": "kNvfp4", "mxfp4": "kMxfp4", "fp8": "kFp8"}
-QGEMV_TILES = {1: (2, 4), 2: (2, 2), 4: (4, 1), 8: (4, 1)}  # rows M -> (R, U), as csrc/bindings/quant_gemv.cu launches
+QGEMV_TILES = {1: (2, 2), 2: (2, 2), 4: (4, 1), 8: (4, 1)}  # rows M -> (R, U), as csrc/bindings/quant_gemv_launch.cu launches
 QGEMV_K = 14336  # the 8B down projection: the most activations a block stages
 QGEMV_SMEM_BUDGET = 32 * 1024  # a third of a V100 SM's 96 KB, as the launcher gives it there
 

@@ -20,7 +20,7 @@ MAX_ROWS = 8
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
-EXTENSION = CudaExtension("onecat_quant_gemv", (CSRC / "bindings" / "quant_gemv.cu",), ("quant_gemv",),
+EXTENSION = CudaExtension("onecat_quant_gemv", (CSRC / "bindings" / "quant_gemv.cpp", CSRC / "bindings" / "quant_gemv_launch.cu"), ("quant_gemv", "bindings"),
                           cuda_flags=("--ftz=false",))
 
 

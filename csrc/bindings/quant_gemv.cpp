@@ -1,7 +1,5 @@
 // Torch binding of the packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): argument checks, the split of K
-// and the launch. Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template); weight rows per
-// warp R = 2 for one or two activation rows, else 4 (more rows share each staged activation); chunks per
-// lane and step U = 4, 2, 1, 1 (loads in flight where the registers allow).
+// and the launch (quant_gemv_launch.cu). Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -9,7 +7,7 @@
 
 #include <algorithm>
 
-#include "quant_gemv/quant_gemv.cuh"
+#include "quant_gemv_launch.h"
 
 namespace {
 
@@ -24,40 +22,6 @@ int smem_budget(int device) {
 }
 
 int codes_per_word(int fmt) { return fmt == kFp8 ? 4 : 8; }
-
-template <int FMT, int M, int R, int U, typename T>
-void launch(const Params& p, int smem, cudaStream_t stream) {
-  auto kernel = quant_gemv_kernel<FMT, M, R, U, T>;
-  static int configured = 0;  // the largest dynamic shared memory this instantiation was allowed so far
-  if (smem > 48 * 1024 && smem > configured) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    configured = smem;
-  }
-  const dim3 grid((p.n + kWarps * R - 1) / (kWarps * R), p.splits);
-  kernel<<<grid, kThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-template <int FMT, typename T>
-void dispatch_rows(const Params& p, int smem_of_m, cudaStream_t stream, int m_tmpl) {
-  switch (m_tmpl) {
-    case 1: return launch<FMT, 1, 2, 4, T>(p, smem_of_m, stream);
-    case 2: return launch<FMT, 2, 2, 2, T>(p, smem_of_m, stream);
-    case 4: return launch<FMT, 4, 4, 1, T>(p, smem_of_m, stream);
-    default: return launch<FMT, 8, 4, 1, T>(p, smem_of_m, stream);
-  }
-}
-
-template <typename T>
-void dispatch(int fmt, const Params& p, int smem, cudaStream_t stream, int m_tmpl) {
-  switch (fmt) {
-    case kInt4H: return dispatch_rows<kInt4H, T>(p, smem, stream, m_tmpl);
-    case kInt4B: return dispatch_rows<kInt4B, T>(p, smem, stream, m_tmpl);
-    case kNvfp4: return dispatch_rows<kNvfp4, T>(p, smem, stream, m_tmpl);
-    case kMxfp4: return dispatch_rows<kMxfp4, T>(p, smem, stream, m_tmpl);
-    default: return dispatch_rows<kFp8, T>(p, smem, stream, m_tmpl);
-  }
-}
 
 int smem_for(int fmt, int m_tmpl, int chunks) {
   const bool int4 = fmt == kInt4H || fmt == kInt4B;
@@ -108,7 +72,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor
                 "NVFP4 and FP8 need a contiguous CUDA float32 scale per output row");
   }
   const int m_tmpl = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));
-  const int R = m_tmpl <= 2 ? 2 : 4;
+  const int R = rows_per_warp(m_tmpl);
   const int chunks = static_cast<int>(k / (4 * J));
   const int tiles = static_cast<int>((n + kWarps * R - 1) / (kWarps * R));
   TORCH_CHECK(tickets.is_cuda() && tickets.scalar_type() == at::kInt && tickets.numel() >= tiles,
@@ -146,11 +110,7 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor
   p.m_rows = static_cast<int>(m);
   p.splits = s;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (x.scalar_type() == at::kHalf) {
-    dispatch<__half>(static_cast<int>(fmt), p, smem, stream, m_tmpl);
-  } else {
-    dispatch<__nv_bfloat16>(static_cast<int>(fmt), p, smem, stream, m_tmpl);
-  }
+  C10_CUDA_CHECK(launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
   return y;
 }
 

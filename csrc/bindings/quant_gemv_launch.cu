@@ -1,0 +1,54 @@
+// Launchers of the packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): one instantiation per format,
+// activation-row template (1, 2, 4, 8) and activation dtype. Weight rows per warp R = 2 for one or two
+// activation rows, else 4 (more rows share each staged activation); chunks per lane and step U = 2, 2, 1, 1
+// (loads in flight within the registers that let MinBlocks blocks share an SM).
+#include "quant_gemv_launch.h"
+
+#include "quant_gemv/quant_gemv.cuh"
+
+namespace onecat_qgemv {
+namespace {
+
+template <int FMT, int M, int R, int U, typename T>
+cudaError_t launch(const Params& p, int smem, cudaStream_t stream) {
+  auto kernel = quant_gemv_kernel<FMT, M, R, U, T>;
+  static int configured = 48 * 1024;  // the dynamic shared memory this instantiation may use so far
+  if (smem > configured) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    configured = smem;
+  }
+  const dim3 grid((p.n + kWarps * R - 1) / (kWarps * R), p.splits);
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int FMT, typename T>
+cudaError_t by_rows(int m_tmpl, const Params& p, int smem, cudaStream_t stream) {
+  switch (m_tmpl) {
+    case 1: return launch<FMT, 1, 2, 2, T>(p, smem, stream);
+    case 2: return launch<FMT, 2, 2, 2, T>(p, smem, stream);
+    case 4: return launch<FMT, 4, 4, 1, T>(p, smem, stream);
+    default: return launch<FMT, 8, 4, 1, T>(p, smem, stream);
+  }
+}
+
+template <typename T>
+cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream_t stream) {
+  switch (fmt) {
+    case kInt4H: return by_rows<kInt4H, T>(m_tmpl, p, smem, stream);
+    case kInt4B: return by_rows<kInt4B, T>(m_tmpl, p, smem, stream);
+    case kNvfp4: return by_rows<kNvfp4, T>(m_tmpl, p, smem, stream);
+    case kMxfp4: return by_rows<kMxfp4, T>(m_tmpl, p, smem, stream);
+    default: return by_rows<kFp8, T>(m_tmpl, p, smem, stream);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_gemv(int fmt, int m_tmpl, bool is_bf16, const Params& p, int smem, cudaStream_t stream) {
+  return is_bf16 ? by_format<__nv_bfloat16>(fmt, m_tmpl, p, smem, stream)
+                 : by_format<__half>(fmt, m_tmpl, p, smem, stream);
+}
+
+}  // namespace onecat_qgemv

@@ -1,0 +1,17 @@
+// Launch of the packed-weight GEMV kernels (quant_gemv_launch.cu), called by the torch binding
+// (quant_gemv.cpp). No torch headers here: errors come back as cudaError_t, so the binding raises them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "quant_gemv/params.h"
+
+namespace onecat_qgemv {
+
+// Weight rows per warp R and chunks per lane and step U for the kernel template of m_tmpl activation rows.
+inline int rows_per_warp(int m_tmpl) { return m_tmpl <= 2 ? 2 : 4; }
+
+// Launches the kernel for format fmt, activation rows m_tmpl (1, 2, 4 or 8), half (is_bf16 false) or bfloat16.
+cudaError_t launch_gemv(int fmt, int m_tmpl, bool is_bf16, const Params& p, int smem, cudaStream_t stream);
+
+}  // namespace onecat_qgemv

@@ -1,0 +1,35 @@
+// The packed-weight GEMV's formats and arguments, shared by the kernels (quant_gemv.cuh) and the host code
+// that launches them (csrc/bindings/quant_gemv.cpp, compiled without nvcc).
+#pragma once
+
+#ifndef __CUDACC_RTC__
+#include <stdint.h>
+#endif
+
+namespace onecat_qgemv {
+
+#ifdef __CUDACC_RTC__  // NVRTC (the offline sm_70 check) has no <stdint.h>
+using uint8_t = unsigned char;
+using uint16_t = unsigned short;
+using uint32_t = unsigned int;
+using int64_t = long long;
+#endif
+
+enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+struct Params {
+  const void* x;          // [m_rows, K] activations (T)
+  const uint32_t* w;      // [N, K / codes-per-word] packed words
+  const void* scales;     // format's scales (see above)
+  const float* row_scale; // kNvfp4: global scale per row; kFp8: scale per row; else unused
+  void* y;                // [m_rows, N] output (T)
+  float* partial;         // [splits, m_rows, N] when splits > 1
+  int* tickets;           // one per row tile, zero between calls (the last block resets its own)
+  int n, k, group, m_rows, splits;
+  int gshift;  // W4A16: group = 32 << gshift
+};
+
+}  // namespace onecat_qgemv
