@@ -40,7 +40,7 @@ int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms, int budget)
   return fallback;
 }
 
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+at::Tensor gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
                 int64_t splits) {
   TORCH_CHECK(fmt >= kInt4H && fmt <= kFp8, "fmt must be 0..4 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8)");
@@ -114,10 +114,23 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor
   return y;
 }
 
+// (y, "") or (undefined, what went wrong): errors come back as text, never as a C++ exception into Python.
+std::tuple<at::Tensor, std::string> gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                                         const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt,
+                                         int64_t group, int64_t splits) {
+  try {
+    return {gemv_checked(x, qweight, scales, row_scale, tickets, fmt, group, splits), std::string()};
+  } catch (const c10::Error& e) {
+    return {at::Tensor(), e.what_without_backtrace()};
+  } catch (const std::exception& e) {
+    return {at::Tensor(), e.what()};
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemv", &gemv, "packed-weight GEMV for 1-8 rows (W4A16, NVFP4, MXFP4, FP8)", py::arg("x"), py::arg("qweight"),
+  m.def("gemv", &gemv, "packed-weight GEMV for 1-8 rows (W4A16, NVFP4, MXFP4, FP8): (y, error text)", py::arg("x"), py::arg("qweight"),
         py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"), py::arg("group"),
         py::arg("splits") = 0);
 }

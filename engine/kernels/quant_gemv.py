@@ -1,9 +1,11 @@
 """The CUDA packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): W4A16, NVFP4, MXFP4 and FP8 weights read
-packed, 1-8 activation rows, plain FMAs (SM70 and newer). Built on first use; where it cannot be built the
-layers fall back to the Triton GEMVs (engine/kernels/triton_w4a16.py, triton_fp4.py), and `backend()` says
-which runs and why.
+packed, 1-8 activation rows, plain FMAs (SM70 and newer). Built on first use.
 
-ONECAT_QUANT_GEMV=triton keeps the Triton GEMVs (for comparison); unset or "cuda" prefers this one.
+Which GEMV a packed layer calls is measured, not assumed (benchmarks/results/quant_gemv_h200.json, H200, the
+Llama-3-8B layer): the CUDA GEMV is the faster at one row for NVFP4 (99.7 vs 127.8 us a layer) and MXFP4
+(85.7 vs 93.5 us); the Triton GEMVs are faster for W4A16 (58.0 vs 72.7 us) and at 2-8 rows for every format;
+FP8 has only this GEMV. `prefer_cuda` encodes that; ONECAT_QUANT_GEMV=cuda or =triton forces one (for
+comparison), and where the extension cannot be built the Triton GEMVs run (FP8: dequantize + cuBLAS).
 """
 from __future__ import annotations
 
@@ -15,29 +17,55 @@ import torch
 from onecat.engine.kernels.cuda_extension import CSRC, CudaExtension
 
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
-BACKENDS = ("cuda", "triton")
+BACKENDS = ("auto", "cuda", "triton")
 MAX_ROWS = 8
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
+SMEM_BUDGET_MAX = 64 * 1024  # staged activations per block (csrc/bindings/quant_gemv.cpp: also <= a third of an SM)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
-EXTENSION = CudaExtension("onecat_quant_gemv", (CSRC / "bindings" / "quant_gemv.cpp", CSRC / "bindings" / "quant_gemv_launch.cu"), ("quant_gemv", "bindings"),
-                          cuda_flags=("--ftz=false",))
+EXTENSION = CudaExtension("onecat_quant_gemv", (CSRC / "bindings" / "quant_gemv.cpp",
+                                                CSRC / "bindings" / "quant_gemv_launch.cu"),
+                          ("quant_gemv", "bindings"), cuda_flags=("--ftz=false",))
+
+
+def _wanted() -> str:
+    want = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
+    if want not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={want!r}: expected one of {', '.join(BACKENDS)}")
+    return want
 
 
 def backend() -> tuple[str, str]:
-    """("cuda" or "triton", why): the GEMV the packed layers call on this machine."""
-    want = os.environ.get(BACKEND_ENV, "cuda").strip().lower() or "cuda"
-    if want not in BACKENDS:
-        raise ValueError(f"{BACKEND_ENV}={want!r}: expected one of {', '.join(BACKENDS)}")
+    """("cuda", "auto" or "triton", why): which GEMVs the packed layers may call on this machine."""
+    want = _wanted()
     if want == "triton":
         return "triton", f"{BACKEND_ENV}=triton"
     reason = EXTENSION.unavailable_reason()
-    return ("cuda", "CUDA packed GEMV built") if reason is None else ("triton", f"CUDA packed GEMV unavailable: {reason}")
+    if reason is not None:
+        return "triton", f"CUDA packed GEMV unavailable: {reason}"
+    if want == "cuda":
+        return "cuda", f"{BACKEND_ENV}=cuda: the CUDA packed GEMV for every format and row count"
+    return "auto", "CUDA packed GEMV for FP8, and for NVFP4 / MXFP4 at one row; Triton otherwise (measured)"
 
 
 @functools.lru_cache(maxsize=None)
+def _backend_kind() -> str:
+    return backend()[0]
+
+
+def prefer_cuda(fmt: str, rows: int) -> bool:
+    """Whether a layer of `fmt` ("int4", "nvfp4", "mxfp4", "fp8") should call the CUDA GEMV for `rows` rows."""
+    kind = _backend_kind()
+    if kind == "triton":
+        return False
+    if kind == "cuda" or fmt == "fp8":
+        return True
+    return fmt in ("nvfp4", "mxfp4") and rows == 1
+
+
 def use_cuda() -> bool:
-    return backend()[0] == "cuda"
+    """Whether the CUDA GEMV can run here at all (built, and not turned off)."""
+    return _backend_kind() != "triton"
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,15 +74,44 @@ def _tickets(device_index: int) -> torch.Tensor:
     return torch.zeros(TICKETS, dtype=torch.int32, device=torch.device("cuda", device_index))
 
 
+def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int) -> None:
+    """The argument checks the binding makes, raised here as ValueError with what to change (a C++
+    exception must not cross into Python: on some builds that takes the process down)."""
+    codes = 4 if fmt == "fp8" else 8
+    k = qweight.shape[1] * codes
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} features; the packed weight takes {k}")
+    m = x.numel() // k
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"the packed GEMV takes 1 to {MAX_ROWS} rows, got {m}: call it per row block")
+    if k % (4 * codes):
+        raise ValueError(f"in_features {k} must be a multiple of {4 * codes}")
+    if not x.is_contiguous() or x.data_ptr() % 8:
+        raise ValueError("x must be contiguous and 8-byte aligned (pass x.contiguous().clone())")
+    chunks = k // (4 * codes)
+    if splits:
+        m_tmpl = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
+        smem = m_tmpl * codes * (chunks // splits) * 16 + (m_tmpl * (chunks // splits) * 4 if codes == 8 else 0)
+        if chunks % splits:
+            raise ValueError(f"splits {splits} must divide the row's {chunks} chunks of {4 * codes} columns")
+        if smem > SMEM_BUDGET_MAX:
+            raise ValueError(f"splits {splits} leave {smem} bytes of staged activations per block; at most "
+                             f"{SMEM_BUDGET_MAX}: use more splits (or 0, the kernel's choice)")
+
+
 def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
                 row_scale: torch.Tensor | None = None, group: int = 0, splits: int = 0) -> torch.Tensor:
     """y = x @ dequant(W)^T for a contiguous fp16/bf16 x of 1-8 rows (leading shape kept). fmt: "int4" (scales
     = W4A16 (scale, zero) pairs [N, K/G, 2] in fp16 or bf16, group G), "nvfp4" (scales = E4M3 bytes, row_scale
     = global scale per row), "mxfp4" (E8M0 bytes), "fp8" (row_scale = scale per row; scales unused).
     splits: runs of K per row tile (0: the kernel's choice)."""
+    check_call(x, fmt, qweight, splits)
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(device), FMT_IDS[fmt],
-                    group, splits)
+    y, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(device),
+                        FMT_IDS[fmt], group, splits)
+    if error:
+        raise RuntimeError(f"packed GEMV: {error}")
+    return y
