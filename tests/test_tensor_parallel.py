@@ -153,3 +153,67 @@ def test_shards_load_straight_from_an_untied_checkpoint(tmp_path, arch, world, e
                           [o.token_ids for o in outs])
     assert torch.allclose(scores[1][0], scores[world][0], rtol=0, atol=1e-4)
     assert scores[1][1] == scores[world][1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_moe_experts_shard_by_units_and_score_as_tp1(tmp_path, world):
+    """Qwen3-MoE under TP: every expert keeps a share of its intermediate units (48 over 3 ranks: 16 each; over
+    2: 24), the router stays whole, the dense MLP layer (mlp_only_layers) shards as usual; each rank loads its
+    share of the checkpoint's expert tensors. Prompt logprobs equal TP=1's to float32 summation order, tokens
+    equal."""
+    import torch
+
+    from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
+
+    model_dir = make_tiny_moe_hybrid("qwen3_moe", tmp_path / "moe")
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
+    scores = {}
+    for tp in (1, world):
+        with LLM(str(model_dir), max_model_len=96, tensor_parallel_size=tp) as llm:
+            outs = llm.generate(["t1 t5 t9 t33 t70 t2", "t4 t4 t8 t100 t200 t3 t7"], params)
+            scores[tp] = (torch.tensor([lp for o in outs for lp in o.prompt_logprobs[1:]]),
+                          [o.token_ids for o in outs])
+            if tp > 1:
+                experts = llm.model.layers[0].mlp.experts
+                assert experts.intermediate == 48 // world and experts.gate_up_proj.shape == (8, 2 * 48 // world, 64)
+    assert torch.allclose(scores[1][0], scores[world][0], rtol=0, atol=1e-4)
+    assert scores[1][1] == scores[world][1]
+
+
+def test_expert_tensors_are_cut_alike_in_every_checkpoint_layout():
+    """Per-expert, stacked (GGUF) and fused expert tensors give a rank the same share of each expert."""
+    import torch
+    from torch import nn
+
+    from onecat.engine.layers.moe import Experts
+    from onecat.engine.parallel.shard_loading import ShardLoader
+    from onecat.engine.parallel.sharding import _shard_experts
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Module()])
+            self.layers[0].mlp = nn.Module()
+            self.layers[0].mlp.experts = Experts(3, 4, 6)
+
+        def _shard_offset(self, fused, shard):
+            return 0, 0
+
+    model = Tiny()
+    _shard_experts(model.layers[0].mlp.experts, rank=1, world=2, group=None)  # units 3..5
+    loader = ShardLoader(model)
+    gate, up, down = torch.randn(3, 6, 4), torch.randn(3, 6, 4), torch.randn(3, 4, 6)
+    p = "model.layers.0.mlp.experts"
+    per_expert = dict(loader.weights(
+        [(f"{p}.{e}.{n}.weight", t[e]) for e in range(3) for n, t in (("gate_proj", gate), ("up_proj", up),
+                                                                       ("down_proj", down))]))
+    stacked = dict(loader.weights([(f"{p}.gate_proj.weight", gate), (f"{p}.up_proj.weight", up),
+                                   (f"{p}.down_proj.weight", down)]))
+    fused = dict(loader.weights([(f"{p}.gate_up_proj", torch.cat([gate, up], 1)), (f"{p}.down_proj", down)]))
+    for e in range(3):
+        assert torch.equal(per_expert[f"{p}.{e}.gate_proj.weight"], gate[e, 3:])
+        assert torch.equal(per_expert[f"{p}.{e}.down_proj.weight"], down[e, :, 3:])
+    assert torch.equal(stacked[f"{p}.up_proj.weight"], up[:, 3:])
+    assert torch.equal(stacked[f"{p}.down_proj.weight"], down[:, :, 3:])
+    assert torch.equal(fused[f"{p}.gate_up_proj"], torch.cat([gate[:, 3:], up[:, 3:]], 1))
+    assert torch.equal(fused[f"{p}.down_proj"], down[:, :, 3:])

@@ -24,9 +24,10 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
     if arch not in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES:
         return out
     kind = "hybrid (linear + full attention)" if hybrid else "MoE"
-    if cfg.tensor_parallel_size > 1:
+    if cfg.tensor_parallel_size > 1 and hybrid:  # MoE experts are sharded by intermediate units (sharding.py)
         out.append(f"tensor_parallel_size={cfg.tensor_parallel_size} is not implemented for {kind} models "
-                   f"({arch}): their experts and linear-attention layers are not sharded; use tensor_parallel_size 1")
+                   f"({arch}): their linear-attention layers and recurrent state are not sharded; use "
+                   "tensor_parallel_size 1")
     if cfg.cuda_graph == "full" and device.type == "cuda" and hybrid:
         # MoE decode steps capture: routing, the expert sort and both fused kernels run from device tensors
         why = ("each step's recurrent-state plan (which rows are one-token steps and their state slots) is built "

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import re
+
 import torch
 from torch import nn
+
+from onecat.engine.layers.moe import Experts
+
+_EXPERT = re.compile(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")  # one expert's [I, H] / [H, I]
+_STACKED = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")  # all experts: [E, I, H] / [E, H, I]
+_FUSED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")  # the model's own layout: [E, 2I, H] / [E, H, I]
 
 
 def _sliced(module: nn.Module) -> bool:
@@ -63,9 +71,33 @@ class ShardLoader:
         except AttributeError:  # e.g. an attention this rank does not run (no query head here)
             return None
 
+    def _expert_share(self, short: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        """An MoE expert tensor cut to this rank's intermediate units (sharding._shard_experts), in any of the
+        three layouts checkpoints store experts in; None if `short` names no expert tensor."""
+        for pattern, unit_dim in ((_EXPERT, {"down_proj": 1}), (_STACKED, {"down_proj": 2}),
+                                  (_FUSED, {"down_proj": 2})):
+            m = pattern.match(short)
+            if m is None:
+                continue
+            experts = self._module(m.group(1))
+            units = getattr(experts, "_tp_units", None)
+            if not isinstance(experts, Experts) or units is None:
+                return tensor
+            leaf = m.group(2)
+            if leaf in unit_dim:
+                return tensor.index_select(unit_dim[leaf], units)
+            if leaf == "gate_up_proj":
+                return tensor.index_select(1, torch.cat([units, experts._tp_intermediate + units]))
+            return tensor.index_select(0 if pattern is _EXPERT else 1, units)  # gate_proj / up_proj rows
+        return None
+
     def weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
             short = name.removeprefix("model.")
+            expert = self._expert_share(short, tensor)
+            if expert is not None:
+                yield name, expert
+                continue
             if self.keep_full_vocab and short in ("embed_tokens.weight", "lm_head.weight"):
                 self.full_vocab[short] = tensor  # the checkpoint's own tensor; the shard gets a slice of it
             parent, _, rest = short.rpartition(".")  # rest: "weight" / "bias"

@@ -1,10 +1,10 @@
 """Tensor-parallel sharding of a loaded Llama-family model (Megatron-style), in place.
 
 Each rank keeps a slice of every projection: the attention's heads (q/k/v rows, o_proj columns), the
-MLP's intermediate units (gate/up rows, down_proj columns) and the vocabulary (embedding and LM-head
-rows). The layer code runs unchanged on the slices, with smaller head and unit counts; the only
+MLP's intermediate units (gate/up rows, down_proj columns), every MoE expert's intermediate units likewise
+(the router whole) and the vocabulary (embedding and LM-head rows). The layer code runs unchanged on the slices, with smaller head and unit counts; the only
 additions are the collectives: a sum over the ranks after each row-parallel projection (o_proj,
-down_proj) and after the embedding lookup, and a gather of the LM head's vocabulary slices, so every
+down_proj, a layer's experts) and after the embedding lookup, and a gather of the LM head's vocabulary slices, so every
 rank ends each layer, and the step, with the full hidden state and the full logits.
 
 The engine shards the model while it is still on the meta device (shapes only), so a rank allocates only
@@ -24,6 +24,7 @@ from onecat.engine.errors import ConfigError
 from onecat.engine.layers.attention import SelfAttention
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
+from onecat.engine.layers.moe import Experts
 from onecat.engine.parallel.collectives import Collectives
 
 
@@ -188,6 +189,24 @@ def _shard_mlp(mlp: GatedMLP, rank: int, world: int, group) -> None:
     mlp.intermediate = end - start
 
 
+def _shard_experts(experts: Experts, rank: int, world: int, group) -> None:
+    """Every expert keeps the same share of its intermediate units (gate/up rows, down columns), as a dense MLP
+    does; the router stays whole on every rank, so each routes alike, and the experts' partial outputs are
+    summed over the ranks (one sum for all experts of the layer). Expert parallelism (a share of the experts
+    per rank) is not built: the [E, ...] layout would let a rank keep a slice of E instead."""
+    full = experts.intermediate
+    start, end = split_range(full, rank, world)
+    units = torch.arange(start, end)
+    gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+    experts.gate_up_proj = nn.Parameter(gate_up.index_select(1, torch.cat([units, full + units]).to(gate_up.device)),
+                                        requires_grad=False)
+    experts.down_proj = nn.Parameter(down.index_select(2, units.to(down.device)), requires_grad=False)
+    experts._tp_units, experts._tp_intermediate = units, full  # what shard_loading.py slices by
+    experts.intermediate = end - start
+    experts._views.clear()
+    experts.register_forward_hook(_sum_hook(group))
+
+
 def _shard_vocab(model: nn.Module, rank: int, world: int, group) -> None:
     """Vocabulary-parallel embedding and LM head (one shared slice when they are tied); the head's
     forward returns the full logits on every rank."""
@@ -231,6 +250,14 @@ def _check_dense(model: nn.Module, world: int, on_meta: bool) -> None:
             check(f"{name}.down_proj", m.down_proj)
             if m.intermediate < world:
                 raise ConfigError(f"{name} has {m.intermediate} intermediate units, fewer than {world} ranks")
+        elif isinstance(m, Experts):
+            w = m.gate_up_proj
+            if w.is_meta != on_meta or not w.is_floating_point():
+                raise ConfigError(f"tensor parallelism shards dense expert weights only, and {name} holds {w.dtype} "
+                                  "weights: run the model unquantized")
+            if m.intermediate < world:
+                raise ConfigError(f"{name} has {m.intermediate} intermediate units per expert, fewer than {world} "
+                                  "ranks")
     if model.embed_tokens.num_embeddings < world:
         raise ConfigError(f"a vocabulary of {model.embed_tokens.num_embeddings} cannot be split over {world} ranks")
 
@@ -250,4 +277,6 @@ def shard_model(model: nn.Module, rank: int, world: int, group=None) -> None:
             setattr(model.get_submodule(parent), leaf, _shard_attention(m, rank, world, group))
         elif isinstance(m, GatedMLP):
             _shard_mlp(m, rank, world, group)
+        elif isinstance(m, Experts):
+            _shard_experts(m, rank, world, group)
     _shard_vocab(model, rank, world, group)
