@@ -95,6 +95,26 @@ def _int_list(text: str, option: str) -> list[int]:
         raise typer.BadParameter(f"{option} takes comma-separated integers, e.g. 64,128; got {text!r}")
 
 
+def _gemv_projection_table(wide: Console) -> list[dict]:
+    """The packed-weight GEMV's V100 roofline projection (the 8B layer's projections, 1 and 8 rows), printed
+    and returned as records. Its GPU timings are benchmarks/gpu_quant_gemv.py's (H200 there, never V100)."""
+    from dataclasses import asdict
+
+    from onecat.engine.kernel_tools.projection import quant_gemv_table
+
+    rows = quant_gemv_table()
+    table = Table(title="Packed-weight GEMV (csrc/quant_gemv): V100 projection only")
+    for col in ("kernel", "shape", "V100 proj us", "proj GB/s", "bound"):
+        table.add_column(col, justify="left" if col in ("kernel", "shape", "bound") else "right", no_wrap=True)
+    for p in rows:
+        table.add_row(p.kernel, p.shape, f"{p.projected_ms * 1e3:.1f}", f"{p.bytes_gb / p.projected_ms * 1e3:.0f}",
+                      p.bound)
+    wide.print(table)
+    console.print("the GEMV rows are roofline bounds (codes + scales + activations at 900 GB/s, or 2 FLOP a weight "
+                  "and row at 15.7 TFLOP/s FP32), projected, not measured; GPU timings: benchmarks/gpu_quant_gemv.py")
+    return [asdict(p) for p in rows]
+
+
 @app.command()
 def bench(
     out: Path = typer.Option(Path(".onecat/kernels_bench.json"), "--out", help="JSON file for every record."),
@@ -169,12 +189,13 @@ def bench(
         console.print(f"[yellow]{device_name} is not compute capability 7.0: m8n8k4 HMMA is emulated there, so "
                       f"these timings are not V100 numbers ({kind}).[/yellow]")
 
+    gemv = _gemv_projection_table(wide)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "device": device_name or "none", "capability": list(capability) if capability else None,
         "gpu_present": torch.cuda.is_available(), "measured_kind": kind if ext is not None else None,
         "note": gpu_note, "torch": torch.__version__, "cuda": torch.version.cuda, "repeats": repeats,
-        "projection_model": MODEL, "records": kb.as_dicts(records)}, indent=2))
+        "projection_model": MODEL, "records": kb.as_dicts(records), "gemv_projections": gemv}, indent=2))
     console.print(f"wrote {len(records)} records to {out}")
     if ext is None and torch.cuda.is_available():
         raise typer.Exit(1)

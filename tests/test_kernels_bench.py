@@ -28,6 +28,21 @@ def test_bench_without_cuda_writes_only_projected_rows(tmp_path, monkeypatch):
     decode = [r for r in records if r["kernel"] == "decode"]
     assert {r["kv_dtype"] for r in decode} == {"fp16", "fp8_e4m3"}
     assert all(0 < r["kv_gbps"] <= 900.0 for r in decode)  # never above the modelled HBM2 peak
+    gemv = data["gemv_projections"]  # the packed GEMV: 4 formats x 2 row counts x 4 projections, all projected
+    assert len(gemv) == 32 and {g["label"] for g in gemv} == {"projected"}
+    assert "Packed-weight GEMV" in result.output and "projected, not measured" in result.output
+
+
+def test_gemv_projection_counts_packed_bytes():
+    from onecat.engine.kernel_tools.projection import quant_gemv
+
+    one = quant_gemv("int4", 4096, 4096, 1)  # 8 MiB of codes + 0.5 MiB of scale/zero pairs + x and y
+    assert one.bound == "memory"
+    assert abs(one.bytes_gb * 1e9 - (4096 * 4096 * (0.5 + 4 / 128) + 2 * (4096 + 4096))) < 1
+    assert abs(one.projected_ms - one.bytes_gb / 900.0 * 1e3) < 1e-9
+    assert quant_gemv("fp8", 4096, 4096, 1).bytes_gb > 1.8 * one.bytes_gb  # a byte a weight
+    eight = quant_gemv("int4", 4096, 4096, 8)
+    assert eight.bound == "compute" and eight.useful_tflop == 8 * one.useful_tflop  # 16 FLOP/weight > the ridge
 
 
 def test_bench_rejects_unknown_head_dim(tmp_path):

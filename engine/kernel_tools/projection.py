@@ -1,4 +1,5 @@
-"""PROJECTED (not measured) V100 speed of the FLASH_ATTN_V100 kernels from a roofline model.
+"""PROJECTED (not measured) V100 speed of the FLASH_ATTN_V100 kernels and the packed-weight GEMV from a
+roofline model.
 
 Model: time >= max(useful FLOPs / compute peak, bytes moved / peak HBM2 bandwidth), with
 V100-SXM2 peaks of 900 GB/s and, as compute peak, 125 TFLOP/s FP16 HMMA for prefill (tensor
@@ -6,7 +7,8 @@ cores) but 15.7 TFLOP/s FP32 FMA for decode/verify (that kernel computes on the 
 projection is the roofline *bound* (an upper bound on speed); real kernels reach a fraction of it.
 Useful FLOPs count only the causal QK^T and PV work (4 * q * k * d per head, halved on the causal
 triangle); decode bytes count each sequence's K/V (and FP8 scales) once per kv head plus Q and
-output. Nothing here runs on a GPU, and no figure it gives is a V100 measurement.
+output; the packed GEMV counts its codes and scales once, on the FP32 pipes (quant_gemv). Nothing here runs on
+a GPU, and no figure it gives is a V100 measurement.
 """
 from __future__ import annotations
 
@@ -71,6 +73,27 @@ def decode(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int, kv_by
     name = "decode" if q_len == 1 else f"verify(q_len={q_len})"
     return _project(name, f"B={batch} ctx={ctx} H={heads}/{kv_heads} D={head_dim} KV={kind}", flops, kv + qo,
                     V100_FP32_TFLOPS)
+
+
+# packed-weight GEMV (csrc/quant_gemv): bytes per weight of codes, and of scales (W4A16: an fp16 scale and zero
+# per group of 128; NVFP4: an E4M3 byte per 16; MXFP4: an E8M0 byte per 32; FP8: codes only, a float32 row scale)
+GEMV_BYTES_PER_WEIGHT = {"int4": (0.5, 4 / 128), "nvfp4": (0.5, 1 / 16), "mxfp4": (0.5, 1 / 32), "fp8": (1.0, 0.0)}
+GEMV_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # 8B layer
+
+
+def quant_gemv(fmt: str, n: int, k: int, rows: int) -> Projection:
+    """The packed GEMV y[rows, n] = x[rows, k] @ W^T: the weight's codes and scales read once, x and y in fp16,
+    2 * rows FLOPs a weight on the FP32 pipes (it decodes to float32 and uses no tensor cores)."""
+    codes, scales = GEMV_BYTES_PER_WEIGHT[fmt]
+    row_scales = 4.0 * n if fmt in ("nvfp4", "fp8") else 0.0
+    nbytes = n * k * (codes + scales) + row_scales + 2.0 * rows * (k + n)
+    return _project(f"gemv_{fmt}", f"N={n} K={k} rows={rows}", 2.0 * rows * n * k, nbytes, V100_FP32_TFLOPS)
+
+
+def quant_gemv_table(rows: tuple[int, ...] = (1, 8)) -> list[Projection]:
+    """Each format on the four projections of a Llama-3-8B layer, at each row count."""
+    return [quant_gemv(fmt, n, k, m) for fmt in GEMV_BYTES_PER_WEIGHT for m in rows
+            for n, k in GEMV_SHAPES.values()]
 
 
 def default_table() -> list[Projection]:

@@ -27,6 +27,12 @@ from onecat.engine.quant.int4_blocks import GROUP, Int4Blocks
 _KERNEL_DTYPE = torch.bfloat16
 _ROW_MULTIPLE = 16
 DENSE_FROM_ROWS = 16
+# Rows of one oneDNN bf16 GEMM call. oneDNN picks its bf16 kernel by the row count (on an AMX CPU, 16-32 rows
+# of a [1536, 576] weight and 33-72 rows of [576, 1536] took other kernels than larger counts, with other
+# summation orders), so a token's result depended on how many rows came with it. Every call gets exactly this
+# many rows (the last block zero-padded): a row's result no longer depends on the others (checked bitwise for
+# 1-200 rows at any offset, same CPU).
+DENSE_BLOCK_ROWS = 64
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") else None
 
 
@@ -82,7 +88,7 @@ class Int4PackedLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
         if x2.shape[0] >= DENSE_FROM_ROWS and self.dense_blocked is not None:
-            y = onednn.onednn_matmul(x2, self.dense_blocked)
+            y = self._dense_blocks(x2)
         elif x2.shape[0] >= DENSE_FROM_ROWS:
             y = F.linear(x2, self.dense)
         else:
@@ -96,6 +102,16 @@ class Int4PackedLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+    def _dense_blocks(self, x2: torch.Tensor) -> torch.Tensor:
+        """The bf16 GEMM on the blocked dense copy, DENSE_BLOCK_ROWS rows a call (see DENSE_BLOCK_ROWS)."""
+        rows = x2.shape[0]
+        pad = -rows % DENSE_BLOCK_ROWS
+        if pad:
+            x2 = torch.cat([x2, x2.new_zeros(pad, x2.shape[1])])
+        blocks = [onednn.onednn_matmul(x2[r:r + DENSE_BLOCK_ROWS], self.dense_blocked)
+                  for r in range(0, rows + pad, DENSE_BLOCK_ROWS)]
+        return (blocks[0] if len(blocks) == 1 else torch.cat(blocks))[:rows]
 
     def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
         return _int4_mm(x2, self._buffers[f"packed{i}"], GROUP, self._buffers[f"scale_zero{i}"])
