@@ -139,18 +139,26 @@ def test_shards_load_straight_from_an_untied_checkpoint(tmp_path, arch, world, e
     """Each rank slices the checkpoint's tensors to its share while loading (the model is sharded on the meta
     device first): untied LM head, biases, q/k norms and a rank without query heads all score as TP=1 (the
     tied embedded Llama is the other TP tests' model)."""
-    import torch
-
     from tests.tiny_models import make_tiny_model
 
     model_dir = make_tiny_model(arch, tmp_path / arch, tie_word_embeddings=False, **extra)
+    assert_tp_scores_as_tp1(model_dir, world, ["t1 t5 t9 t33 t70 t2", "t4 t4 t8 t100"])
+
+
+def assert_tp_scores_as_tp1(model_dir, world: int, prompts: list[str], check_sharded=None) -> None:
+    """Prompt logprobs at TP=world equal TP=1's to float32 summation order, greedy tokens equal;
+    check_sharded(llm) inspects the TP engine."""
+    import torch
+
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
     scores = {}
     for tp in (1, world):
         with LLM(str(model_dir), max_model_len=96, tensor_parallel_size=tp) as llm:
-            outs = llm.generate(["t1 t5 t9 t33 t70 t2", "t4 t4 t8 t100"], params)
+            outs = llm.generate(prompts, params)
             scores[tp] = (torch.tensor([lp for o in outs for lp in o.prompt_logprobs[1:]]),
                           [o.token_ids for o in outs])
+            if tp > 1 and check_sharded is not None:
+                check_sharded(llm)
     assert torch.allclose(scores[1][0], scores[world][0], rtol=0, atol=1e-4)
     assert scores[1][1] == scores[world][1]
 
@@ -161,23 +169,15 @@ def test_moe_experts_shard_by_units_and_score_as_tp1(tmp_path, world):
     2: 24), the router stays whole, the dense MLP layer (mlp_only_layers) shards as usual; each rank loads its
     share of the checkpoint's expert tensors. Prompt logprobs equal TP=1's to float32 summation order, tokens
     equal."""
-    import torch
-
     from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
 
     model_dir = make_tiny_moe_hybrid("qwen3_moe", tmp_path / "moe")
-    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
-    scores = {}
-    for tp in (1, world):
-        with LLM(str(model_dir), max_model_len=96, tensor_parallel_size=tp) as llm:
-            outs = llm.generate(["t1 t5 t9 t33 t70 t2", "t4 t4 t8 t100 t200 t3 t7"], params)
-            scores[tp] = (torch.tensor([lp for o in outs for lp in o.prompt_logprobs[1:]]),
-                          [o.token_ids for o in outs])
-            if tp > 1:
-                experts = llm.model.layers[0].mlp.experts
-                assert experts.intermediate == 48 // world and experts.gate_up_proj.shape == (8, 2 * 48 // world, 64)
-    assert torch.allclose(scores[1][0], scores[world][0], rtol=0, atol=1e-4)
-    assert scores[1][1] == scores[world][1]
+
+    def check(llm):
+        experts = llm.model.layers[0].mlp.experts
+        assert experts.intermediate == 48 // world and experts.gate_up_proj.shape == (8, 2 * 48 // world, 64)
+
+    assert_tp_scores_as_tp1(model_dir, world, ["t1 t5 t9 t33 t70 t2", "t4 t4 t8 t100 t200 t3 t7"], check)
 
 
 def test_expert_tensors_are_cut_alike_in_every_checkpoint_layout():

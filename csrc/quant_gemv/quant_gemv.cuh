@@ -210,6 +210,17 @@ __device__ __forceinline__ float2 chunk_scales(const RowScales& rs, int chunk, i
   }
 }
 
+// f(m, r) for each activation row m < m_rows and each of the warp's rows row0 + r < N.
+template <int M, int R, typename F>
+__device__ __forceinline__ void each_live_output(const Params& p, int row0, F f) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (row0 + r < p.n)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        if (m < p.m_rows) f(m, r);
+}
+
 template <typename T>
 __device__ __forceinline__ void store_out(const Params& p, int m, int64_t row, float v) {
   static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + row] = from_float<T>(v);
@@ -341,24 +352,14 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<M>::value) quant_gemv_kern
   }
 
   if (p.splits == 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        if (row0 + r < p.n)
-#pragma unroll
-          for (int m = 0; m < M; ++m)
-            if (m < p.m_rows) store_out<T>(p, m, row0 + r, acc[m][r]);
-    }
+    if (lane == 0) each_live_output<M, R>(p, row0, [&](int m, int r) { store_out<T>(p, m, row0 + r, acc[m][r]); });
     return;
   }
   // split K: partials, then the last block of this row tile sums them in split order
   if (lane == 0) {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (row0 + r < p.n)
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-          if (m < p.m_rows) p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + m) * p.n + row0 + r] = acc[m][r];
+    each_live_output<M, R>(p, row0, [&](int m, int r) {
+      p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + m) * p.n + row0 + r] = acc[m][r];
+    });
   }
   __threadfence();
   __syncthreads();
