@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -175,32 +176,47 @@ def _parse_sass(sass: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def run_check(toolchain: Sm70Toolchain | None = None, keep_dir: Path | None = None) -> list[KernelReport]:
-    tc = toolchain or find_toolchain()
-    specs = kernel_specs()
-    src = _source(specs)
+PARTS = 2  # the instantiations are built in this many NVRTC programs at once (one per core of a CI box)
+
+
+def _build(tc: Sm70Toolchain, specs: list[KernelSpec], work: Path, tag: str) -> tuple[dict, dict, dict, str, dict]:
+    """One NVRTC program of `specs` through ptxas and nvdisasm: (mangled names by expression, ptxas info and
+    SASS counts by mangled name, the SASS text, dynamic shared memory by spec index)."""
     nvrtc = Nvrtc(tc.nvrtc_lib)
     opts = ["--gpu-architecture=compute_70", "--std=c++17", f"-I{CSRC}", f"-I{tc.cuda_include}"]
-    ptx, lowered = nvrtc.compile(src, "flash_attn_v100_sm70.cu", opts, [s.expr for s in specs])
+    ptx, lowered = nvrtc.compile(_source(specs), f"kernels_sm70{tag}.cu", opts, [s.expr for s in specs])
     # A zero constant is emitted without an initializer.
     dyn = {int(m.group(1)): int(m.group(2) or 0)
            for m in re.finditer(r"onecat_dyn_smem_(\d+)\s*(?:=\s*(\d+))?\s*;", ptx)}
+    ptx_path, cubin_path = work / f"kernels_sm70{tag}.ptx", work / f"kernels_sm70{tag}.cubin"
+    ptx_path.write_text(ptx)
+    res = subprocess.run([str(tc.ptxas), "-arch=sm_70", "-v", "-O3", str(ptx_path), "-o", str(cubin_path)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"ptxas failed for sm_70:\n{res.stderr}")
+    dis = subprocess.run([str(tc.nvdisasm), "-c", str(cubin_path)], capture_output=True, text=True)
+    if dis.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed:\n{dis.stderr}")
+    return lowered, _parse_ptxas(res.stderr), _parse_sass(dis.stdout), dis.stdout, dyn
+
+
+def run_check(toolchain: Sm70Toolchain | None = None, keep_dir: Path | None = None) -> list[KernelReport]:
+    tc = toolchain or find_toolchain()
+    specs = kernel_specs()
+    parts = [specs[i::PARTS] for i in range(PARTS)]  # interleaved: each part gets a share of the heavy ones
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(keep_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        ptx_path, cubin_path = work / "kernels_sm70.ptx", work / "kernels_sm70.cubin"
-        ptx_path.write_text(ptx)
-        res = subprocess.run([str(tc.ptxas), "-arch=sm_70", "-v", "-O3", str(ptx_path), "-o", str(cubin_path)],
-                             capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"ptxas failed for sm_70:\n{res.stderr}")
-        ptxas = _parse_ptxas(res.stderr)
-        dis = subprocess.run([str(tc.nvdisasm), "-c", str(cubin_path)], capture_output=True, text=True)
-        if dis.returncode != 0:
-            raise RuntimeError(f"nvdisasm failed:\n{dis.stderr}")
-        sass = _parse_sass(dis.stdout)
+        with ThreadPoolExecutor(PARTS) as pool:  # NVRTC releases the GIL; ptxas runs as its own process
+            built = list(pool.map(lambda i: _build(tc, parts[i], work, f"_{i}"), range(PARTS)))
         if keep_dir is not None:
-            (work / "kernels_sm70.sass").write_text(dis.stdout)
+            (work / "kernels_sm70.sass").write_text("\n".join(b[3] for b in built))
+    lowered, ptxas, sass, dyn = {}, {}, {}, {}
+    for part, (low, info, counts, _, dyn_part) in zip(parts, built):
+        lowered.update(low)
+        ptxas.update(info)
+        sass.update(counts)
+        dyn.update({specs.index(part[i]): v for i, v in dyn_part.items()})
     reports = []
     for i, spec in enumerate(specs):
         name = lowered[spec.expr]
