@@ -43,12 +43,21 @@ def test_tp2_with_chunked_prefill_preemption_and_speculation(reference):
     with LLM(EMBEDDED, tensor_parallel_size=2, **SMALL) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["small"]
         assert llm.engine.scheduler.num_preemptions > 0
-    for spec in ({"method": "ngram", "num_speculative_tokens": 4},  # DFlash: rank 0 keeps a whole vocabulary
-                 {"method": "dflash", "model": "embedded:smollm2-135m-dflash", "num_speculative_tokens": 3}):
-        with LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=2, speculative_config=spec) as llm:
-            outs = llm.generate(PROMPTS, GREEDY)
-            assert [o.token_ids for o in outs] == reference["plain"]
-            assert sum(o.spec.num_accepted_tokens for o in outs) > 0, spec["method"]
+    check_speculation_under_tp({"method": "ngram", "num_speculative_tokens": 4}, reference)
+
+
+@pytest.mark.slow
+def test_tp2_with_a_dflash_drafter_on_rank_0(reference):
+    """DFlash under TP: rank 0 keeps a whole vocabulary for the drafter (slow: a third TP engine)."""
+    check_speculation_under_tp({"method": "dflash", "model": "embedded:smollm2-135m-dflash",
+                                "num_speculative_tokens": 3}, reference)
+
+
+def check_speculation_under_tp(spec: dict, reference) -> None:
+    with LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=2, speculative_config=spec) as llm:
+        outs = llm.generate(PROMPTS, GREEDY)
+        assert [o.token_ids for o in outs] == reference["plain"]
+        assert sum(o.spec.num_accepted_tokens for o in outs) > 0, spec["method"]
 
 
 @pytest.mark.slow
@@ -163,7 +172,7 @@ def assert_tp_scores_as_tp1(model_dir, world: int, prompts: list[str], check_sha
     assert scores[1][1] == scores[world][1]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_moe_experts_shard_by_units_and_score_as_tp1(tmp_path, world):
     """Qwen3-MoE under TP: every expert keeps a share of its intermediate units (48 over 3 ranks: 16 each; over
     2: 24), the router stays whole, the dense MLP layer (mlp_only_layers) shards as usual; each rank loads its
