@@ -212,11 +212,11 @@ def run_check(toolchain: Sm70Toolchain | None = None, keep_dir: Path | None = No
         if keep_dir is not None:
             (work / "kernels_sm70.sass").write_text("\n".join(b[3] for b in built))
     lowered, ptxas, sass, dyn = {}, {}, {}, {}
-    for part, (low, info, counts, _, dyn_part) in zip(parts, built):
+    for first, (low, info, counts, _, dyn_part) in enumerate(built):
         lowered.update(low)
         ptxas.update(info)
         sass.update(counts)
-        dyn.update({specs.index(part[i]): v for i, v in dyn_part.items()})
+        dyn.update({first + j * PARTS: v for j, v in dyn_part.items()})  # part `first` holds specs[first::PARTS]
     reports = []
     for i, spec in enumerate(specs):
         name = lowered[spec.expr]

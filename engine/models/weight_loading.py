@@ -22,8 +22,8 @@ from onecat.engine.layers.moe import Experts
 Select = Callable[[torch.Tensor], torch.Tensor]  # the part of a parameter's data a checkpoint tensor fills
 Route = Callable[[str], "tuple[str, Select | None] | None"]  # None: the tensor is not used (said by the route)
 
-_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_STACKED = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")  # all experts in one (GGUF)
+EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")  # one expert
+STACKED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")  # all experts in one (GGUF)
 
 
 def load_by_name(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], route: Route) -> None:
@@ -68,7 +68,7 @@ def fused_route(model: nn.Module, prefixes: tuple[str, ...] = ("model.",),
                 break
         if any(s in name for s in skip) or (tied and name == "lm_head.weight"):
             return None
-        expert = _EXPERT.match(name)
+        expert = EXPERT_TENSOR.match(name)
         if expert is not None:
             parent, e, leaf = expert.group(1), int(expert.group(2)), expert.group(3)
             experts = model.get_submodule(parent)
@@ -78,7 +78,7 @@ def fused_route(model: nn.Module, prefixes: tuple[str, ...] = ("model.",),
             if leaf == "down_proj":
                 return f"{parent}.down_proj", (lambda d: d[e])
             return f"{parent}.gate_up_proj", _rows(0 if leaf == "gate_proj" else i, i, e)
-        stacked = _STACKED.match(name)
+        stacked = STACKED_EXPERTS.match(name)
         if stacked is not None:
             parent, leaf = stacked.group(1), stacked.group(2)
             if leaf == "down_proj":

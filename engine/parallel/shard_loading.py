@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from onecat.engine.layers.moe import Experts
+from onecat.engine.models.weight_loading import EXPERT_TENSOR, STACKED_EXPERTS
 
-_EXPERT = re.compile(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")  # one expert's [I, H] / [H, I]
-_STACKED = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")  # all experts: [E, I, H] / [E, H, I]
-_FUSED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")  # the model's own layout: [E, 2I, H] / [E, H, I]
+FUSED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")  # the model's own layout: [E, 2I, H] / [E, H, I]
 
 
 def _sliced(module: nn.Module) -> bool:
@@ -74,8 +73,9 @@ class ShardLoader:
     def _expert_share(self, short: str, tensor: torch.Tensor) -> torch.Tensor | None:
         """An MoE expert tensor cut to this rank's intermediate units (sharding._shard_experts), in any of the
         three layouts checkpoints store experts in; None if `short` names no expert tensor."""
-        for pattern, unit_dim in ((_EXPERT, {"down_proj": 1}), (_STACKED, {"down_proj": 2}),
-                                  (_FUSED, {"down_proj": 2})):
+        # one expert's [I, H] / [H, I]; all experts stacked [E, I, H] / [E, H, I]; fused [E, 2I, H] / [E, H, I]
+        for pattern, unit_dim in ((EXPERT_TENSOR, {"down_proj": 1}), (STACKED_EXPERTS, {"down_proj": 2}),
+                                  (FUSED_EXPERTS, {"down_proj": 2})):
             m = pattern.match(short)
             if m is None:
                 continue
@@ -83,12 +83,12 @@ class ShardLoader:
             units = getattr(experts, "_tp_units", None)
             if not isinstance(experts, Experts) or units is None:
                 return tensor
-            leaf = m.group(2)
+            leaf = m.group(m.lastindex)
             if leaf in unit_dim:
                 return tensor.index_select(unit_dim[leaf], units)
             if leaf == "gate_up_proj":
                 return tensor.index_select(1, torch.cat([units, experts._tp_intermediate + units]))
-            return tensor.index_select(0 if pattern is _EXPERT else 1, units)  # gate_proj / up_proj rows
+            return tensor.index_select(0 if pattern is EXPERT_TENSOR else 1, units)  # gate_proj / up_proj rows
         return None
 
     def weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
