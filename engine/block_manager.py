@@ -143,7 +143,7 @@ class BlockManager:
         done = seq.num_computed_tokens
         if self.snapshots is not None and seq.state_slot is not None and done and done % bs == 0 \
                 and len(seq.block_hashes) == done // bs:  # the state is the one after exactly these blocks
-            self.snapshots.save(seq.state_slot, seq.block_hashes[-1])
+            self.snapshots.save(seq.state_slot, seq.block_hashes[-1], done)
 
     def aligned_chunk(self, start: int, n: int) -> int:
         """How many of `n` tokens from `start` to compute this step: with state snapshots, up to the last block

@@ -13,6 +13,12 @@ sized from shapes; for verify steps it also takes its per-token work items from 
 buffers); otherwise graphs stay off (or verify steps stay eager) and the reason is reported.
 When a block drafter taps hidden states (`aux_layer_ids`), the graph keeps them as an output too and
 each replay hands a copy to the model's `aux_hidden`, as an eager forward would.
+A hybrid model (a recurrent-state cache, engine/state_cache.py) replays its pure decode steps too: each row's
+state slot travels in the same buffer (padded rows: the cache's scratch slot), the model takes its step's
+plan from that device tensor, and the layers update the state rows of those slots inside the cache's tensors.
+The host-side part of such a step (zeroing the slot of a request at position 0, rolling a slot back after
+rejected drafts) runs before the replay. Its speculative verify steps stay eager: they run the drafts token by
+token and keep every intermediate state for the rollback (`verify_disabled_reason` says so).
 Under tensor parallelism every rank holds the same graphs: rank 0 describes each replay as a
 `GraphStep` (plain lists) and sends it to the other ranks, which capture (on first use) and replay
 the same graph with it; the layers' collectives are inside the graphs.
@@ -36,6 +42,7 @@ class GraphStep:
     starts: list[int]  # per row, the position of its first query token
     tables: list[list[int]]  # per row, its block table
     gemv_rows: int  # rows that take the batch-1 GEMV (fixed at capture; rank 0's value)
+    state_slots: list[int] | None = None  # hybrid models: per row, its recurrent-state slot
 
 
 _SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -55,10 +62,14 @@ class DecodeGraphs:
         self.verify_disabled_reason: str | None = None
         self.verify_query_len: int | None = None  # 1 + drafts per round, set by the engine that verifies
         self.verify_gemv_rows = 1  # rows of a verify step that take the batch-1 GEMV (ModelRunner.setup_verify)
+        self.states = getattr(model, "states", None)  # a hybrid model's recurrent-state cache
         if not getattr(attention.primary, "graph_safe", False):
             self.disabled_reason = f"attention backend {attention.primary.name} is not graph-safe"
         elif not getattr(attention.primary, "graph_safe_verify", False):
             self.verify_disabled_reason = f"attention backend {attention.primary.name} has no graph-safe verify path"
+        elif self.states is not None:
+            self.verify_disabled_reason = ("hybrid model: a verify step runs the drafts token by token and keeps "
+                                           "every intermediate recurrent state for the rollback; it runs eagerly")
         self.replays = 0
         self.verify_replays = 0
         self._bufs: dict[int, tuple] = {}
@@ -68,8 +79,9 @@ class DecodeGraphs:
     def _buffers(self, q: int):
         if q not in self._bufs:
             n, w = self.sizes[-1], self.max_blocks
-            # int64 host fields: ids, positions, slots (n * q each), seq_lens (n), then the block table
-            host = torch.zeros(3 * n * q + n + n * w, dtype=torch.int64, pin_memory=True)
+            # int64 host fields: ids, positions, slots (n * q each), seq_lens (n), recurrent-state slots (n),
+            # then the block table
+            host = torch.zeros(3 * n * q + 2 * n + n * w, dtype=torch.int64, pin_memory=True)
             dev = torch.zeros_like(host, device=self.device)
             ready = torch.cuda.Event()
             ready.record()
@@ -81,8 +93,9 @@ class DecodeGraphs:
         t, T = size * q, n * q
         ids, pos, slots = dev[:t], dev[T:T + t], dev[2 * T:2 * T + t]
         lens = dev[3 * T:3 * T + size]
-        tables = dev[3 * T + n:].view(n, w)[:size]
-        return ids, pos, slots, lens, tables
+        states = dev[3 * T + n:3 * T + n + size]
+        tables = dev[3 * T + 2 * n:].view(n, w)[:size]
+        return ids, pos, slots, lens, states, tables
 
     def _int32_views(self, q: int) -> dict:
         """int32 copies the attention metadata wants, refreshed from the int64 buffer inside the graph;
@@ -103,7 +116,7 @@ class DecodeGraphs:
     def _step(self, size: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         _, dev, _ = self._buffers(q)
         i32 = self._int32_views(q)
-        ids, pos, slots, lens, tables = self._views(dev, q, size)
+        ids, pos, slots, lens, states, tables = self._views(dev, q, size)
         i32["lens"][:size].copy_(lens)
         i32["tables"][:size].copy_(tables)
         meta = AttentionMetadata(
@@ -116,7 +129,8 @@ class DecodeGraphs:
             self.attention.primary.verify_layout(meta, i32["tok"][:t], i32["row"][:t], i32["ctx"][:t],
                                                  self.max_model_len)
         gemv_rows = self.verify_gemv_rows if size == 1 else 1  # a batch-1 verify step: rows as in batch-1 decode
-        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, gemv_rows))
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, gemv_rows,
+                                           states if self.states is not None else None))
         try:
             hidden = self.model(ids, pos)
             return self.model.compute_logits(hidden), getattr(self.model, "aux_hidden", None)
@@ -134,6 +148,8 @@ class DecodeGraphs:
         host[T:2 * T] = torch.arange(q).repeat(n)  # every row: q tokens at positions 0..q-1 of the null block
         host[2 * T:3 * T] = torch.arange(q).repeat(n) % self.block_size
         host[3 * T:3 * T + n] = q
+        if self.states is not None:  # capture never touches a request's recurrent state
+            host[3 * T + n:3 * T + 2 * n] = self.states.scratch_slot
         dev.copy_(host)
         calls_before = dict(self.attention.calls)
         side = torch.cuda.Stream(self.device)
@@ -218,8 +234,9 @@ class DecodeGraphs:
             for seq, p in rows:
                 ids.append(seq.token_ids[p])
                 ids.extend(seq.draft_tokens[:q - 1])
+        state_slots = [seq.state_slot for seq, _ in rows] if self.states is not None else None
         return GraphStep(size, q, ids, [p for _, p in rows], [seq.block_table for seq, _ in rows],
-                         self.verify_gemv_rows)  # the tables by reference: read at once (or pickled for TP)
+                         self.verify_gemv_rows, state_slots)  # the tables by reference: read at once (or pickled for TP)
 
     def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
         """One step for `rows` = [(seq, position)]; row tokens from the sequences, or row i of `ids_dev`
@@ -233,7 +250,7 @@ class DecodeGraphs:
         tapped rows."""
         size, q = step.size, step.q
         self.verify_gemv_rows = step.gemv_rows  # a worker rank captures with rank 0's value
-        if not self.ensure_captured(size, q):
+        if (self.states is not None and q > 1) or not self.ensure_captured(size, q):
             return None
         host, dev, ready = self._buffers(q)
         ready.synchronize()  # the previous step's copy has left the pinned buffer
@@ -242,7 +259,8 @@ class DecodeGraphs:
         arr = host.numpy()
         ids, pos, slots = arr[:T], arr[T:2 * T], arr[2 * T:3 * T]
         lens = arr[3 * T:3 * T + n]
-        tables = arr[3 * T + n:].reshape(n, w)
+        states = arr[3 * T + n:3 * T + 2 * n]
+        tables = arr[3 * T + 2 * n:].reshape(n, w)
         for f in (ids, pos, slots):
             f[:size * q] = 0
         pos[:size * q] = list(range(q)) * size  # padded rows: the null block, as at capture
@@ -250,6 +268,11 @@ class DecodeGraphs:
         lens[:size] = q
         tables[:size] = 0
         rows = len(step.starts)
+        if self.states is not None:  # padded rows: the scratch slot, as at capture
+            # the step's host side first (zero / roll back slots, count positions), queued before the replay
+            self.states.prepare_decode(step.state_slots, [p + 1 for p in step.starts])
+            states[:size] = self.states.scratch_slot
+            states[:rows] = step.state_slots
         if step.ids is not None:
             ids[:rows * q] = step.ids
         for i, (p, table) in enumerate(zip(step.starts, step.tables)):
@@ -259,8 +282,9 @@ class DecodeGraphs:
                 slots[at + j] = table[(p + j) // bs] * bs + (p + j) % bs
             lens[i] = p + q
             tables[i, :len(table)] = table
-        dev[:3 * T + n].copy_(host[:3 * T + n], non_blocking=True)
-        dev[3 * T + n:3 * T + n + size * w].copy_(host[3 * T + n:3 * T + n + size * w], non_blocking=True)
+        head = 3 * T + 2 * n
+        dev[:head].copy_(host[:head], non_blocking=True)
+        dev[head:head + size * w].copy_(host[head:head + size * w], non_blocking=True)
         ready.record()
         if ids_dev is not None:
             dev[:rows].copy_(ids_dev[:rows])

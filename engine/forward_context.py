@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from onecat.engine.attention.metadata import AttentionMetadata
     from onecat.engine.attention.selector import AttentionDispatcher
     from onecat.engine.kv_cache import LayerKVCache
@@ -16,7 +18,8 @@ class ForwardContext:
     kv_caches: list["LayerKVCache"]
     attention: "AttentionDispatcher"
     gemv_rows: int = 1  # inputs of up to this many rows take the batch-1 GEMV (engine/layers/linear.py)
-    state_slots: list[int | None] | None = None  # hybrid models: each sequence's recurrent-state slot
+    # hybrid models: each sequence's recurrent-state slot (a CUDA graph's decode step: an int64 device tensor)
+    state_slots: "list[int | None] | torch.Tensor | None" = None
     lookaheads: list[int] | None = None  # each sequence's draft tokens under verification (speculative decoding)
 
 

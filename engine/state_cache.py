@@ -18,6 +18,14 @@ Speculative decoding verifies 1 + k tokens of a request in one step, but only th
 such a chunk the layers run token by token (the decode step's ops) and keep every intermediate state (a
 `Trail`); the next step starts where the engine says the request is, and the cache rolls the slot back to
 the state after exactly those tokens first.
+
+CUDA graphs (engine/cuda_graph.py) replay pure decode steps. Such a step takes its plan from `decode_plan`:
+the rows' slots in a static device tensor that the graph runner fills before each replay, every row a
+one-token step, and the layers gather, update and scatter the state rows of those slots inside the cache's
+own tensors. One slot beyond `num_slots` (`scratch_slot`) is never handed out: the padded rows of a graph
+step read and write it, so they never touch a request's state. The host-side work of a step (zeroing the
+slot of a request at position 0, rolling a slot back after rejected drafts, counting positions) stays out
+of the graph: `prepare_decode` does it before the replay.
 """
 from __future__ import annotations
 
@@ -48,21 +56,23 @@ class StatePlan:
     decode_rows: torch.Tensor | None
     decode_slots: torch.Tensor | None
     chunks: list[tuple[int, int, int, Trail | None]]
+    all_decode: bool = False  # every row is a one-token step, row i with slot decode_slots[i] (decode_rows unused)
 
 
 class RecurrentStateCache:
     def __init__(self, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int, heads: int, k_dim: int,
                  v_dim: int, dtype: torch.dtype, device: torch.device, num_snapshots: int = 0):
         self.num_slots, self.num_snapshots = num_slots, num_snapshots
-        self.conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
-        self.ssm = torch.zeros(num_layers, num_slots, heads, k_dim, v_dim, dtype=torch.float32, device=device)
+        self.scratch_slot = num_slots  # written by the padded rows of a CUDA graph step, never handed out
+        self.conv = torch.zeros(num_layers, num_slots + 1, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
+        self.ssm = torch.zeros(num_layers, num_slots + 1, heads, k_dim, v_dim, dtype=torch.float32, device=device)
         self.snap_conv = torch.zeros(num_layers, num_snapshots, *self.conv.shape[2:], dtype=dtype, device=device)
         self.snap_ssm = torch.zeros(num_layers, num_snapshots, *self.ssm.shape[2:], dtype=torch.float32, device=device)
         self.snapshots: OrderedDict[int, int] = OrderedDict()  # prefix hash -> snapshot index, oldest first
         self.free_snapshots = list(range(num_snapshots))
         self.pins: Counter[int] = Counter()  # prefix hash -> waiting requests that matched it
         self.saved = self.restored = 0  # counts, for reports and tests
-        self.position = [0] * num_slots  # tokens each slot's state has consumed
+        self.position = [0] * (num_slots + 1)  # tokens each slot's state has consumed
         self.trails: dict[int, Trail] = {}  # slot -> its last verify chunk's states
         self.rollbacks = 0
 
@@ -74,10 +84,12 @@ class RecurrentStateCache:
     def has(self, key: int) -> bool:
         return key in self.snapshots
 
-    def save(self, slot: int, key: int) -> None:
+    def save(self, slot: int, key: int, position: int | None = None) -> None:
         """Keep slot's state as the state after the prefix whose last block hashes to `key` (a copy already kept
-        for that prefix stays: the same tokens give the same state). No room and every snapshot pinned: not kept."""
-        if key in self.snapshots:
+        for that prefix stays: the same tokens give the same state). No room and every snapshot pinned: not kept.
+        `position`, the prefix's length: not kept either when the slot has moved past it (the one-step-ahead
+        decode has already launched the next token's step for this request)."""
+        if key in self.snapshots or (position is not None and self.position[slot] != position):
             return
         if self.free_snapshots:
             index = self.free_snapshots.pop()
@@ -127,26 +139,37 @@ class RecurrentStateCache:
         self.ssm[:, slot] = trail.ssm[:, used - 1]
         self.rollbacks += 1
 
-    def step_plan(self, query_lens: list[int], seq_lens: list[int], slots: list[int | None] | None,
-                  lookaheads: list[int] | None = None) -> StatePlan:
-        """The step's plan; the slots of requests that start at position 0 are zeroed first, those that start
-        inside their last verify chunk rolled back to that position."""
+    def _zero(self, slot: int) -> None:
+        self.conv[:, slot].zero_()
+        self.ssm[:, slot].zero_()
+
+    def _enter(self, slot: int, q: int, n: int) -> None:
+        """Host bookkeeping of a step that runs q tokens of `slot`'s request up to position n: a request at
+        position 0 starts from a zeroed slot, one inside its last verify chunk from the state rolled back to
+        its position."""
+        start = n - q
+        if start == 0:
+            self._zero(slot)
+        elif self.position[slot] != start:
+            self._roll_back(slot, start)
+        self.trails.pop(slot, None)
+        self.position[slot] = n
+
+    @staticmethod
+    def _check(slots) -> None:
         if slots is None or any(s is None for s in slots):
             raise RuntimeError("a hybrid model's step needs a state slot for every request (the engine hands "
                                "them out with the KV blocks)")
+
+    def step_plan(self, query_lens: list[int], seq_lens: list[int], slots: list[int | None] | None,
+                  lookaheads: list[int] | None = None) -> StatePlan:
+        """The plan of an eager step; the slots of requests that start at position 0 are zeroed first, those that
+        start inside their last verify chunk rolled back to that position."""
+        self._check(slots)
         dev = self.conv.device
-        fresh = [slot for slot, q, n in zip(slots, query_lens, seq_lens) if n == q]
-        if fresh:
-            idx = torch.tensor(fresh, device=dev)
-            self.conv[:, idx] = 0
-            self.ssm[:, idx] = 0
         decode_rows, decode_slots, chunks, row = [], [], [], 0
         for i, (slot, q, n) in enumerate(zip(slots, query_lens, seq_lens)):
-            start = n - q
-            if start and self.position[slot] != start:
-                self._roll_back(slot, start)
-            self.trails.pop(slot, None)
-            self.position[slot] = n
+            self._enter(slot, q, n)
             if q == 1:
                 decode_rows.append(row)
                 decode_slots.append(slot)
@@ -154,9 +177,23 @@ class RecurrentStateCache:
                 trail = None
                 if lookaheads is not None and lookaheads[i]:
                     trail = self.trails[slot] = Trail(
-                        start, self.conv.new_empty(self.conv.shape[0], self.conv.shape[2], self.conv.shape[3] + q),
+                        n - q, self.conv.new_empty(self.conv.shape[0], self.conv.shape[2], self.conv.shape[3] + q),
                         self.ssm.new_empty(self.ssm.shape[0], q, *self.ssm.shape[2:]))
                 chunks.append((row, row + q, slot, trail))
             row += q
         as_tensor = (lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev) if xs else None)
-        return StatePlan(self.conv, self.ssm, as_tensor(decode_rows), as_tensor(decode_slots), chunks)
+        return StatePlan(self.conv, self.ssm, as_tensor(decode_rows), as_tensor(decode_slots), chunks,
+                         all_decode=not chunks)
+
+    # ---- pure decode steps replayed from CUDA graphs -----------------------------------------------------
+    def prepare_decode(self, slots: list[int | None], seq_lens: list[int]) -> None:
+        """The host side of a pure decode step (one token per request, request i ending at seq_lens[i]),
+        before the graph that runs it is replayed."""
+        self._check(slots)
+        for slot, n in zip(slots, seq_lens):
+            self._enter(slot, 1, n)
+
+    def decode_plan(self, slots: torch.Tensor) -> StatePlan:
+        """The plan of a pure decode step whose rows' slots are in the device tensor `slots` (one per row; the
+        padded rows of a graph step hold `scratch_slot`). Builds nothing on the host: graph-safe."""
+        return StatePlan(self.conv, self.ssm, None, slots, [], all_decode=True)

@@ -1,7 +1,8 @@
 """Gated DeltaNet on CUDA through flash-linear-attention (engine/kernels/fla_gated_delta.py; skipped without
-CUDA or fla): the chunked and recurrent forms against the torch reference ops (Qwen3.5-27B's head
-layout: 16 key heads, 48 value heads, 128 dims), and tiny Qwen3.5 / Qwen3.5-MoE models through the engine on
-CUDA against transformers."""
+CUDA or fla): CUDA graphs of hybrid decode steps against the eager engine (first: they are the quickest to
+reach), the chunked and recurrent forms against the torch reference ops (Qwen3.5-27B's head layout: 16 key
+heads, 48 value heads, 128 dims), and tiny Qwen3.5 / Qwen3.5-MoE models through the engine on CUDA against
+transformers."""
 from __future__ import annotations
 
 import pytest
@@ -39,6 +40,116 @@ def _inputs(n: int, dtype, seed: int):
 
 def _rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# ---- CUDA graphs of hybrid decode steps (engine/cuda_graph.py) against the eager engine ------------------------
+# Qwen3.5-27B's DeltaNet and attention heads (the benchmark's kernels), mixers scaled up and decays slowed so the
+# logits lean on the recurrent state (tests/tiny_moe_hybrid.py); bf16, where the Triton paged decode runs and
+# the step is graph-safe
+GRAPH_MODEL = dict(mixer_gain=10.0, slow_decay=True, linear_num_key_heads=HK, linear_num_value_heads=HV,
+                   linear_key_head_dim=D, linear_value_head_dim=D, num_attention_heads=24, num_key_value_heads=4,
+                   head_dim=256)
+GRAPH_PROMPTS = [[5, 17, 99, 3], list(range(10, 47)), [200, 7], list(range(300, 319))]
+# two bf16 runs whose schedules differ (preemption points, recomputed prefixes) differ by bf16 rounding as a bf16
+# run does from float32 (test_engine_bf16_on_cuda_matches_transformers' tolerance)
+SCHEDULE_TOL = 5e-2
+
+
+def _params(n: int = 12, logprobs: int | None = 5):
+    from onecat.engine import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, logprobs=logprobs)
+
+
+def _agree(a, b, tol: float, strict: bool = False) -> float:
+    """The largest logprob difference of two runs' outputs (top-5 tokens both have) up to where their texts part;
+    they may part only at a near-tie (each pick within tol of the other's in both runs), never if `strict`."""
+    worst = 0.0
+    for x, y in zip(a, b):
+        assert len(x.token_ids) == len(y.token_ids)
+        for i, (tx, ty) in enumerate(zip(x.token_ids, y.token_ids)):
+            if x.logprobs is not None:
+                shared = set(x.logprobs[i]) & set(y.logprobs[i])
+                assert tx in shared and ty in shared, (i, x.logprobs[i], y.logprobs[i])
+                worst = max([worst] + [abs(x.logprobs[i][t] - y.logprobs[i][t]) for t in shared])
+            if tx != ty:
+                assert not strict, f"tokens part at step {i}: {x.token_ids} vs {y.token_ids}"
+                assert x.logprobs is not None, f"greedy tokens part at step {i}: {x.token_ids} vs {y.token_ids}"
+                assert abs(x.logprobs[i][tx] - x.logprobs[i][ty]) <= tol
+                assert abs(y.logprobs[i][tx] - y.logprobs[i][ty]) <= tol
+                break
+    assert worst <= tol, worst
+    return worst
+
+
+def _graph_runs(model_dir, runs, **settings) -> dict:
+    """{mode: (outputs of each run, cuda graph report, engine)} with cuda_graph off and full, the same settings."""
+    from onecat.engine import LLM
+
+    out = {}
+    for mode in ("off", "full"):
+        with LLM(str(model_dir), dtype="bfloat16", device="cuda", cuda_graph=mode, max_num_seqs=4, **settings) as llm:
+            results = [llm.generate(prompts, params) for prompts, params in runs]
+            report = llm.engine.runner.cuda_graph_report()
+            facts = {"info_graph": llm.info()["cuda_graph"], "pipeline_launches": llm.engine.pipeline.launches
+                     if llm.engine.pipeline is not None else 0, "states": llm.model.states,
+                     "preemptions": llm.engine.scheduler.num_preemptions,
+                     "paths": {m.path for m in llm.model.modules() if hasattr(m, "use_fla")}}
+            out[mode] = (results, report, facts)
+    print({mode: out[mode][1] for mode in out})
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_cuda_graphs_replay_hybrid_decode_steps(tmp_path, arch):
+    """Decode steps replay captured graphs (DeltaNet state rows gathered and scattered by the slot indices of the
+    graph's static buffer, fla's recurrent kernel inside) and give the eager engine's tokens and logprobs: a
+    batch of 4 (captured size 4, logprobs: each step through the runner), 3 (size 4 with one padded row on the
+    scratch slot), two one-token prompts (their first step is a decode step from zeroed slots) and greedy
+    without logprobs (the one-step-ahead pipeline replays)."""
+    _fla()
+    from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
+
+    d = make_tiny_moe_hybrid(arch, tmp_path / arch, **GRAPH_MODEL)
+    runs = [(GRAPH_PROMPTS, _params()), (GRAPH_PROMPTS[:3], _params()), ([[42], [7]], _params()),
+            (GRAPH_PROMPTS, _params(logprobs=None))]
+    got = _graph_runs(d, runs, enable_prefix_caching=False)
+    (eager, _, _), (graphs, report, facts) = got["off"], got["full"]
+    assert facts["info_graph"] is True and report["used"] and report["disabled_reason"] is None, report
+    assert {1, 2, 4} <= set(report["captured_sizes"]) and report["replays"] >= 3 * 11, report
+    assert "hybrid model" in report["verify_disabled_reason"] and facts["pipeline_launches"] > 0, (report, facts)
+    assert facts["paths"] == {"fla"}
+    worst = [_agree(graphs[0], eager[0], TOL[torch.bfloat16], strict=True)]  # no padding: the same kernels
+    worst += [_agree(g, e, TOL[torch.bfloat16]) for g, e in zip(graphs[1:3], eager[1:3])]
+    assert [o.token_ids for o in graphs[3]] == [o.token_ids for o in graphs[0]]  # pipeline == runner replays
+    assert [o.token_ids for o in eager[3]] == [o.token_ids for o in eager[0]]
+    print(f"{arch}: graphs vs eager, worst logprob difference per run {worst}")
+
+
+def test_cuda_graphs_keep_prefix_hits_preemption_and_rollback(tmp_path):
+    """With graphs on: mamba_cache_mode align with too little KV for the batch (requests preempted, resumed from
+    saved states) and a repeat of the prompts (prefix hits restore saved states, then decode steps replay), and
+    n-gram speculation (verify steps eager, the decode step after rejected drafts rolls the slot back first);
+    each against the eager engine with the same settings."""
+    _fla()
+    from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
+
+    d = make_tiny_moe_hybrid("qwen3_5", tmp_path / "qwen3_5", **GRAPH_MODEL)
+    prompts = [list(range(10, 47)), [5, 17, 99, 3], list(range(100, 160)), list(range(300, 319))]
+    got = _graph_runs(d, [(prompts, _params(16)), (prompts[:2], _params(16))], enable_prefix_caching=True,
+                      mamba_cache_mode="align", block_size=16, num_kv_blocks=9, max_num_batched_tokens=32,
+                      max_model_len=96)
+    (eager, _, _), (graphs, report, facts) = got["off"], got["full"]
+    assert report["replays"] > 0 and facts["preemptions"] > 0 and facts["states"].restored > 0, (report, facts)
+    for g, e in zip(graphs, eager):
+        _agree(g, e, SCHEDULE_TOL)
+    spec = [[5, 6, 7, 8] * 6, list(range(10, 47)), [9, 10, 11] * 5 + [9]]
+    got = _graph_runs(d, [([p], _params(24)) for p in spec], enable_prefix_caching=False,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    (eager, _, _), (graphs, report, facts) = got["off"], got["full"]
+    assert report["replays"] > 0 and report["verify_replays"] == 0 and facts["states"].rollbacks > 0, (report, facts)
+    for g, e in zip(graphs, eager):
+        _agree(g, e, SCHEDULE_TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

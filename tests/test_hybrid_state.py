@@ -196,7 +196,7 @@ def test_unimplemented_hybrid_settings_are_refused(hybrid_dir, settings, needle)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5", "qwen3_5_moe"])
-def test_hybrid_tensor_parallel_and_hybrid_cuda_graphs_are_refused(arch):
+def test_hybrid_tensor_parallel_is_refused_and_cuda_graphs_are_not(arch):
     from onecat.engine.args import EngineArgs
     from onecat.engine.config import ModelConfig
     from onecat.engine.models.support import unsupported_settings
@@ -208,8 +208,7 @@ def test_hybrid_tensor_parallel_and_hybrid_cuda_graphs_are_refused(arch):
     problems = unsupported_settings(args, cfg, torch.device("cuda"))
     tp_refused = any("tensor_parallel_size=2 is not implemented" in p for p in problems)
     assert tp_refused == (arch != "qwen3_moe")  # MoE experts shard by units (test_tensor_parallel.py)
-    graphs_refused = any("cuda_graph='full' is not implemented" in p for p in problems)
-    assert graphs_refused == (arch != "qwen3_moe")  # MoE steps capture; hybrid state plans do not yet
+    assert not any("cuda_graph" in p for p in problems)  # decode steps of all three capture (cuda_graph.py)
     assert unsupported_settings(EngineArgs(model="x", cuda_graph="full"), cfg, torch.device("cpu")) == []
 
 
@@ -238,3 +237,78 @@ def test_bfloat16_runs_with_a_float32_recurrent_state(hybrid_dir):
     for o, r in zip(outs, ref):
         shared = set(o.logprobs[0]) & set(r.logprobs[0])
         assert shared and all(abs(o.logprobs[0][t] - r.logprobs[0][t]) < 0.05 for t in shared)
+
+
+# ---- the decode steps CUDA graphs replay, on CPU ------------------------------------------------------------------
+@pytest.fixture
+def graph_like_decode(monkeypatch):
+    """Every pure decode step runs as a CUDA graph's replay runs it (engine/cuda_graph.py): the host side through
+    `prepare_decode`, the model given its rows' state slots as a tensor (decode_plan). Yields the steps' sizes."""
+    from onecat.engine.forward_context import get_forward_context
+    from onecat.engine.models.qwen3_5 import Qwen3_5ForCausalLM
+
+    original, steps = Qwen3_5ForCausalLM.forward, []
+
+    def forward(self, input_ids, positions):
+        ctx = get_forward_context()
+        if all(q == 1 for q in ctx.meta.query_lens_cpu) and not any(ctx.lookaheads or []):
+            self.states.prepare_decode(ctx.state_slots, ctx.meta.seq_lens_cpu)
+            ctx.state_slots = torch.tensor(ctx.state_slots, dtype=torch.int64)
+            steps.append(len(ctx.state_slots))
+        return original(self, input_ids, positions)
+
+    monkeypatch.setattr(Qwen3_5ForCausalLM, "forward", forward)
+    return steps
+
+
+def test_graph_decode_plan_gives_the_eager_tokens(hybrid_dir, reference_tokens, graph_like_decode, monkeypatch):
+    """Plain decoding, and one-token prompts (their first step is a decode step from a zeroed slot), batched."""
+    from onecat.engine import LLM
+
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96) as llm:
+        outs = llm.generate(PROMPTS, greedy())
+        one = llm.generate([[42], [7]], greedy())
+    assert [o.token_ids for o in outs] == reference_tokens and 5 in graph_like_decode and 2 in graph_like_decode
+    monkeypatch.undo()
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96) as llm:
+        assert [o.token_ids for o in one] == [o.token_ids for o in llm.generate([[42], [7]], greedy())]
+
+
+def test_graph_decode_plan_keeps_align_preemption_and_rollback(hybrid_dir, reference_tokens, graph_like_decode):
+    """Decode steps through prepare_decode / decode_plan with mamba_cache_mode align and preemption (states
+    restored from snapshots), and with n-gram speculation (a decode step after rejected drafts rolls the slot
+    back first): plain decoding's tokens."""
+    from onecat.engine import LLM
+
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96, max_num_batched_tokens=8, block_size=4,
+             num_kv_blocks=26, max_num_seqs=4, mamba_cache_mode="align") as llm:
+        outs = llm.generate(PROMPTS, greedy())
+        assert llm.engine.scheduler.num_preemptions > 0 and llm.model.states.restored > 0
+    assert [o.token_ids for o in outs] == reference_tokens
+    prompts = [[5, 6, 7, 8] * 6, PROMPTS[0], [9, 10, 11] * 5 + [9]]
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96) as base:
+        ref = [o.token_ids for o in base.generate(prompts, greedy(24))]
+    graph_like_decode.clear()
+    with LLM(str(hybrid_dir), dtype="float32", max_model_len=96, max_num_batched_tokens=16,
+             speculative_config={"method": "ngram", "num_speculative_tokens": 3}) as llm:
+        outs = [llm.generate([p], greedy(24))[0] for p in prompts]
+        assert llm.model.states.rollbacks > 0
+    assert [o.token_ids for o in outs] == ref and graph_like_decode
+
+
+def test_snapshot_not_saved_once_the_slot_moved_past_it():
+    """The one-step-ahead decode launches a request's next step before the block manager sees the last: a save
+    keyed at that position then finds the slot one token further and keeps nothing."""
+    from onecat.engine.state_cache import RecurrentStateCache
+
+    states = RecurrentStateCache(1, 2, 4, 4, 1, 2, 2, torch.float32, torch.device("cpu"), num_snapshots=2)
+    assert states.conv.shape[1] == 3 and states.scratch_slot == 2  # two slots and the graphs' scratch slot
+    states.position[0] = 15
+    states.prepare_decode([0], [16])  # slot 0 holds the state after 16 tokens
+    states.ssm[:, 0] = 1.0
+    states.save(0, key=111, position=16)
+    states.prepare_decode([0], [17])
+    states.save(0, key=222, position=16)
+    assert states.has(111) and not states.has(222) and states.saved == 1
+    states.prepare_decode([1], [1])  # a request at position 0 starts from a zeroed slot
+    assert states.position[:2] == [17, 1] and float(states.ssm[:, 1].abs().sum()) == 0.0

@@ -3,8 +3,9 @@ causal depthwise convolution), the output gate z, and per value head beta (write
 the gated delta rule mixes tokens through a per-request state; a gated RMSNorm and out_proj finish.
 
 The state lives in the engine's RecurrentStateCache (engine/state_cache.py); the step's StatePlan says which
-rows are one-token steps (run as a batch by the recurrent form) and which are prefill chunks (one request at
-a time by the chunked form); a speculative verify chunk runs token by token with the one-token ops and keeps
+rows are one-token steps (run as a batch by the recurrent form: the rows' states gathered from their slots,
+updated, scattered back into the cache) and which are prefill chunks (one request at a time by the chunked
+form); a step of one-token rows only (`all_decode`, which CUDA graphs replay) needs no row indexing; a speculative verify chunk runs token by token with the one-token ops and keeps
 every intermediate state in its Trail (the cache rolls back to the accepted tokens' state). On CUDA the gated
 delta rule runs through flash-linear-attention where it is installed (engine/kernels/fla_gated_delta.py);
 elsewhere, and when `use_fla` is False, through the torch reference (gated_deltanet_ops.py). `path` says
@@ -91,6 +92,10 @@ class GatedDeltaNet(nn.Module):
             (q, k), v = ops.prepare_qk(q, k, self.v_heads), v.float()
         beta = pointwise(torch.sigmoid, b).float()
         g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
+        if plan.all_decode:  # one token per row: no row indexing (a CUDA graph step is one of these)
+            slots = plan.decode_slots
+            core, ssm_state[slots] = step(q, k, v, g, beta, ssm_state[slots])
+            return self._finish(core, z, x)
         core = torch.empty(T, self.v_heads, self.v_dim, dtype=torch.float32, device=x.device)
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots
@@ -106,12 +111,21 @@ class GatedDeltaNet(nn.Module):
                 core[t] = o[0]
                 trail.ssm[self.state_index, t - start] = s[0]
             ssm_state[slot] = s[0]
+        return self._finish(core, z, x)
+
+    def _finish(self, core: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The gated RMSNorm of the rule's outputs [T, Hv, Dv] and out_proj."""
+        T = x.shape[0]
         out = self.norm(core.to(x.dtype), z.reshape(T, self.v_heads, self.v_dim))
         return self.out_proj(out.reshape(T, self.value_size))
 
     def _convolve(self, mixed: torch.Tensor, plan: StatePlan, conv_state: torch.Tensor) -> torch.Tensor:
         """The causal convolution of every row, continuing each request's carried-over inputs."""
         weight = self.conv1d.weight.squeeze(1)
+        if plan.all_decode:
+            slots = plan.decode_slots
+            out, conv_state[slots] = ops.causal_conv_step(mixed, conv_state[slots], weight)
+            return out
         out = torch.empty_like(mixed)
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots

@@ -4,7 +4,9 @@ by a dense SwiGLU MLP (Qwen3.5) or a sparse MoE with a gated shared expert (Qwen
 zero-centered RMSNorms.
 
 The engine gives a hybrid model one recurrent-state slot per running request (`allocate_recurrent_state`,
-`Sequence.state_slot`); only the full-attention layers have KV caches (ModelConfig.kv_layer_ids).
+`Sequence.state_slot`); only the full-attention layers have KV caches (ModelConfig.kv_layer_ids). A step's
+slots come as a list (eager steps: the state cache plans the step on the host) or, in a pure decode step
+replayed from a CUDA graph, as a device tensor the graph runner fills before each replay (engine/cuda_graph.py).
 """
 from __future__ import annotations
 
@@ -98,7 +100,11 @@ class Qwen3_5ForCausalLM(nn.Module):
         if self.states is None:
             raise RuntimeError("allocate_recurrent_state before running a hybrid model")
         ctx = get_forward_context()
-        plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots, ctx.lookaheads)
+        if isinstance(ctx.state_slots, torch.Tensor):  # a CUDA graph's decode step: the rows' slots on the device
+            plan = self.states.decode_plan(ctx.state_slots)
+        else:
+            plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots,
+                                         ctx.lookaheads)
         h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             h, residual = layer(positions, h, residual, plan)

@@ -28,11 +28,8 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
         out.append(f"tensor_parallel_size={cfg.tensor_parallel_size} is not implemented for {kind} models "
                    f"({arch}): their linear-attention layers and recurrent state are not sharded; use "
                    "tensor_parallel_size 1")
-    if cfg.cuda_graph == "full" and device.type == "cuda" and hybrid:
-        # MoE decode steps capture: routing, the expert sort and both fused kernels run from device tensors
-        why = ("each step's recurrent-state plan (which rows are one-token steps and their state slots) is built "
-               "on the host, and a captured step would need it in static device tensors")
-        out.append(f"cuda_graph='full' is not implemented for {kind} models ({arch}): {why}; use cuda_graph off")
+    # cuda_graph full runs on both kinds: MoE routing, the expert sort and the fused kernels run from device
+    # tensors, and a hybrid decode step takes its state slots from the graph's static buffer (cuda_graph.py)
     if cfg.quantization is not None:
         out.append(f"quantization {cfg.quantization!r} is not implemented for {kind} models ({arch}); run the "
                    "checkpoint unquantized")
