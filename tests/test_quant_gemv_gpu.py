@@ -1,7 +1,8 @@
 """The CUDA packed-weight GEMV (csrc/quant_gemv) against a float64 reference on the exactly dequantized weight,
 held to the W4A16 GEMV's bound (tests/test_w4a16_gpu.py): W4A16 (fp16 and bf16 scale pairs, groups 32-128),
 NVFP4, MXFP4, FP8; 1-8 rows; ragged row counts and a K shorter than one warp's sweep; every split of K
-equal to the reference and the same bits on every call; CUDA-graph replay."""
+equal to the reference and the same bits on every call; CUDA-graph replay; one row with the residual add +
+RMSNorm folded in (against float64) and SiLU(gate) * up (against the same kernel's gate and up rows)."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ from onecat.engine.quant import fp4_layout, fp8_layout
 from onecat.engine.quant.w4a16_layout import dequantize as w4_dequantize
 from onecat.engine.quant.w4a16_layout import quantize_w4
 from tests.test_fp4_gpu import packed as fp4_packed
-from tests.test_w4a16_gpu import check_bound
+from tests.test_w4a16_gpu import UNIT, check_bound
 
 pytestmark = pytest.mark.gpu
 
@@ -111,9 +112,13 @@ def test_bad_arguments_are_refused_with_reasons():
     from onecat.engine.kernels.quant_gemv import EXTENSION, FMT_IDS, _tickets
 
     # what Python does not check comes back from the binding as text, not as a crash
-    y, error = EXTENSION.load().gemv(x[:1], args["qweight"], args["scales"].float(), None, _tickets(0),
-                                     FMT_IDS["int4_fp16"], 128, 0)
+    y, h, error = EXTENSION.load().gemv(x[:1], args["qweight"], args["scales"].float(), None, _tickets(0),
+                                        FMT_IDS["int4_fp16"], 128, 0)
     assert error and "pairs" in error
+    with pytest.raises(ValueError, match="one row"):
+        run_folded(x[:2], "int4", args, torch.zeros_like(x[:2]), torch.ones(1024, device="cuda", dtype=x.dtype))
+    with pytest.raises(ValueError, match="norm_weight"):
+        run_folded(x[:1], "int4", args, torch.zeros_like(x[:1]), torch.ones(512, device="cuda", dtype=x.dtype))
 
 
 def test_graph_replay_matches_eager():
@@ -129,3 +134,54 @@ def test_graph_replay_matches_eager():
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
     check_bound(out, x, dense)
+
+
+def run_folded(x, fmt, args, residual, norm_weight, glu=False, splits=0, eps=1e-6):
+    from onecat.engine.kernels.quant_gemv import packed_gemv
+
+    return packed_gemv(x, fmt, args["qweight"], args["scales"], args.get("row_scale"), args.get("group", 0), splits,
+                       residual=residual, norm_weight=norm_weight, eps=eps, glu=glu)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("splits", [0, 1, 4])
+def test_folded_norm_matches_the_float64_reference(fmt, dtype, splits):
+    k, eps = 4096, 1e-6
+    args, dense = make(fmt, 300, k, seed=11)
+    gen = torch.Generator().manual_seed(7)
+    x, r = (torch.randn(1, k, generator=gen).to("cuda", dtype) for _ in range(2))
+    nw = (torch.rand(k, generator=gen) + 0.5).to("cuda", dtype)
+    y, h = run_folded(x, fmt, args, r, nw, splits=splits, eps=eps)
+    assert torch.equal(h, x + r)  # the new residual stream, rounded as the add would
+    hd = h.double()
+    rstd = (hd.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    xd, wd = hd * nw.double(), dense.double().to("cuda")
+    ref, mag = (xd @ wd.t()) * rstd, (xd.abs() @ wd.abs().t()) * rstd
+    # staged products exact, fp32 sums; the RMS statistic's fp32 sum and rsqrt
+    bound = UNIT[dtype] * ref.abs() + (k * 2**-23 + 2**-20) * (mag + ref.abs()) + 1e-6
+    err = (y.double() - ref).abs()
+    assert bool((err <= bound).all()), f"max err {float(err.max())}, worst err/bound {float((err / bound).max())}"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_folded_glu_is_silu_gate_times_up(fmt, dtype):
+    k, inter = 4096, 150
+    args, _ = make(fmt, 2 * inter, k, seed=13)  # [gate | up]
+    x, r = (torch.randn(1, k, device="cuda", dtype=dtype) for _ in range(2))
+    nw = torch.rand(k, device="cuda").add(0.5).to(dtype)
+    both, h = run_folded(x, fmt, args, r, nw)  # gate and up rows, normed, as the projection outputs
+    act, h2 = run_folded(x, fmt, args, r, nw, glu=True)
+    assert act.shape == (1, inter) and torch.equal(h, h2)
+    gate, up = both.float().split(inter, dim=-1)
+    want = (torch.nn.functional.silu(gate).to(dtype).float() * up).to(dtype)
+    torch.testing.assert_close(act, want, rtol=2 * UNIT[dtype], atol=1e-6)
+    graph = torch.cuda.CUDAGraph()  # the folded kernel replays in a graph too
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out, _ = run_folded(x, fmt, args, r, nw, glu=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, act)
+

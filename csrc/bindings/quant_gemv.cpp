@@ -40,9 +40,11 @@ int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms, int budget)
   return fallback;
 }
 
-at::Tensor gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+// With residual (and norm_weight): the folded RMSNorm; returns (y, x + residual), else (y, undefined).
+std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
-                int64_t splits) {
+                int64_t splits, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,
+                double eps, bool glu) {
   TORCH_CHECK(fmt >= kInt4H && fmt <= kFp8, "fmt must be 0..4 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8)");
   TORCH_CHECK(x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
               "x must be a contiguous CUDA float16 or bfloat16 tensor");
@@ -71,10 +73,22 @@ at::Tensor gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at
                     row_scale->numel() == n && row_scale->is_contiguous(),
                 "NVFP4 and FP8 need a contiguous CUDA float32 scale per output row");
   }
+  TORCH_CHECK(residual.has_value() == norm_weight.has_value(), "the folded norm needs both residual and norm_weight");
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type() && residual->is_contiguous() &&
+                    reinterpret_cast<uintptr_t>(residual->data_ptr()) % 8 == 0,
+                "residual must be a contiguous, 8-byte aligned tensor of x's shape and dtype");
+    TORCH_CHECK(norm_weight->numel() == k && norm_weight->scalar_type() == x.scalar_type() && norm_weight->is_contiguous() &&
+                    reinterpret_cast<uintptr_t>(norm_weight->data_ptr()) % 8 == 0,
+                "norm_weight must be a contiguous, 8-byte aligned [K] tensor of x's dtype");
+  }
+  TORCH_CHECK(!glu || n % 2 == 0, "glu needs a [gate | up] weight of an even number of rows");
+  TORCH_CHECK(m == 1 || !(glu || residual.has_value()), "the folded norm and glu take one activation row, got ", m);
+  const int64_t n_out = glu ? n / 2 : n;
   const int m_tmpl = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));
-  const int R = rows_per_warp(m_tmpl);
+  const int outs = rows_per_warp(m_tmpl) / (glu ? 2 : 1);
   const int chunks = static_cast<int>(k / (4 * J));
-  const int tiles = static_cast<int>((n + kWarps * R - 1) / (kWarps * R));
+  const int tiles = static_cast<int>((n_out + kWarps * outs - 1) / (kWarps * outs));
   TORCH_CHECK(tickets.is_cuda() && tickets.scalar_type() == at::kInt && tickets.numel() >= tiles,
               "tickets must be a zeroed CUDA int32 tensor of at least ", tiles, " elements");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -88,8 +102,10 @@ at::Tensor gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at
   TORCH_CHECK(smem <= budget, "splits ", s, " leave ", smem, " bytes of staged activations; at most ", budget);
 
   auto out_sizes = x.sizes().vec();
-  out_sizes.back() = n;
+  out_sizes.back() = n_out;
   at::Tensor y = at::empty(out_sizes, x.options());
+  at::Tensor rout;
+  if (residual.has_value()) rout = at::empty_like(x);
   at::Tensor partial;
   Params p{};
   p.x = x.data_ptr();
@@ -102,7 +118,13 @@ at::Tensor gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at
     p.partial = partial.data_ptr<float>();
   }
   p.tickets = tickets.data_ptr<int>();
+  p.residual = residual.has_value() ? residual->data_ptr() : nullptr;
+  p.norm_w = norm_weight.has_value() ? norm_weight->data_ptr() : nullptr;
+  p.rout = residual.has_value() ? rout.data_ptr() : nullptr;
+  p.eps = static_cast<float>(eps);
+  p.glu = glu ? 1 : 0;
   p.n = static_cast<int>(n);
+  p.n_out = static_cast<int>(n_out);
   p.k = static_cast<int>(k);
   p.group = static_cast<int>(group);
   p.gshift = 0;
@@ -111,26 +133,33 @@ at::Tensor gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at
   p.splits = s;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
-  return y;
+  return {y, rout};
 }
 
-// (y, "") or (undefined, what went wrong): errors come back as text, never as a C++ exception into Python.
-std::tuple<at::Tensor, std::string> gemv(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                                         const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt,
-                                         int64_t group, int64_t splits) {
+// (y, x + residual or undefined, "") or (undefined, undefined, what went wrong): errors come back as text,
+// never as a C++ exception into Python.
+std::tuple<at::Tensor, at::Tensor, std::string> gemv(
+    const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& row_scale,
+    at::Tensor& tickets, int64_t fmt, int64_t group, int64_t splits, const c10::optional<at::Tensor>& residual,
+    const c10::optional<at::Tensor>& norm_weight, double eps, bool glu) {
   try {
-    return {gemv_checked(x, qweight, scales, row_scale, tickets, fmt, group, splits), std::string()};
+    auto [y, rout] = gemv_checked(x, qweight, scales, row_scale, tickets, fmt, group, splits, residual, norm_weight,
+                                  eps, glu);
+    return {y, rout, std::string()};
   } catch (const c10::Error& e) {
-    return {at::Tensor(), e.what_without_backtrace()};
+    return {at::Tensor(), at::Tensor(), e.what_without_backtrace()};
   } catch (const std::exception& e) {
-    return {at::Tensor(), e.what()};
+    return {at::Tensor(), at::Tensor(), e.what()};
   }
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemv", &gemv, "packed-weight GEMV for 1-8 rows (W4A16, NVFP4, MXFP4, FP8): (y, error text)", py::arg("x"), py::arg("qweight"),
-        py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"), py::arg("group"),
-        py::arg("splits") = 0);
+  m.def("gemv", &gemv,
+        "packed-weight GEMV for 1-8 rows (W4A16, NVFP4, MXFP4, FP8), optionally with the residual add + RMSNorm "
+        "before it and SiLU(gate) * up after it: (y, x + residual, error text)",
+        py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"),
+        py::arg("group"), py::arg("splits") = 0, py::arg("residual") = py::none(), py::arg("norm_weight") = py::none(),
+        py::arg("eps") = 0.0, py::arg("glu") = false);
 }

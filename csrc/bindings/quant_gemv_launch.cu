@@ -1,7 +1,8 @@
 // Launchers of the packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): one instantiation per format,
 // activation-row template (1, 2, 4, 8) and activation dtype. Weight rows per warp R = 2 for one or two
 // activation rows, else 4 (more rows share each staged activation); chunks per lane and step U = 2, 2, 1, 1
-// (loads in flight within the registers that let MinBlocks blocks share an SM).
+// (loads in flight within the registers that let MinBlocks blocks share an SM). One activation row also has
+// the variant with the residual add + RMSNorm and SiLU * mul folded in.
 #include "quant_gemv_launch.h"
 
 #include "quant_gemv/quant_gemv.cuh"
@@ -9,9 +10,9 @@
 namespace onecat_qgemv {
 namespace {
 
-template <int FMT, int M, int R, int U, typename T>
+template <int FMT, int M, int R, int U, typename T, bool FOLD = false>
 cudaError_t launch(const Params& p, int smem, cudaStream_t stream) {
-  auto kernel = quant_gemv_kernel<FMT, M, R, U, T>;
+  auto kernel = quant_gemv_kernel<FMT, M, R, U, T, FOLD>;
   static int configured = 48 * 1024;  // the dynamic shared memory this instantiation may use so far
   if (smem > configured) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -23,10 +24,13 @@ cudaError_t launch(const Params& p, int smem, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The folded norm / glu (p.residual, p.glu) are compiled into the one-row kernels only.
 template <int FMT, typename T>
 cudaError_t by_rows(int m_tmpl, const Params& p, int smem, cudaStream_t stream) {
+  const bool fold = p.residual != nullptr || p.glu;
+  if (fold && m_tmpl != 1) return cudaErrorInvalidValue;
   switch (m_tmpl) {
-    case 1: return launch<FMT, 1, 2, 2, T>(p, smem, stream);
+    case 1: return fold ? launch<FMT, 1, 2, 2, T, true>(p, smem, stream) : launch<FMT, 1, 2, 2, T>(p, smem, stream);
     case 2: return launch<FMT, 2, 2, 2, T>(p, smem, stream);
     case 4: return launch<FMT, 4, 4, 1, T>(p, smem, stream);
     default: return launch<FMT, 8, 4, 1, T>(p, smem, stream);

@@ -28,7 +28,14 @@ struct Params {
   void* y;                // [m_rows, N] output (T)
   float* partial;         // [splits, m_rows, N] when splits > 1
   int* tickets;           // one per row tile, zero between calls (the last block resets its own)
-  int n, k, group, m_rows, splits;
+  // folded norm (residual != nullptr): the input is RMSNorm(x + residual) * norm_w, and x + residual is
+  // written to rout [m_rows, K] (the new residual stream)
+  const void* residual;   // [m_rows, K] (T) or nullptr
+  const void* norm_w;     // [K] (T)
+  void* rout;             // [m_rows, K] (T)
+  float eps;
+  int glu;                // weight rows are [gate | up] (N = 2 * n_out): y = SiLU(gate) * up
+  int n, n_out, k, group, m_rows, splits;  // n: weight rows; n_out: output features (n, or n / 2 with glu)
   int gshift;  // W4A16: group = 32 << gshift
 };
 

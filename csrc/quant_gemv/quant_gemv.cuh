@@ -26,6 +26,12 @@
 // streams 512 contiguous bytes per row and load, with U * R loads in flight per lane (the first step's issued
 // before the activations are staged). With splits > 1 each block writes float32 partials and the last block of a row tile (an
 // atomic ticket) adds them in split order: the same order on every call.
+//
+// Folded ops (as the fp16 GEMV of engine/kernels/triton_gemv.py): with a residual, the input is RMSNorm(x +
+// residual) * norm_w: staging forms h = x + residual (rounded to T; the first row tile's blocks also store it,
+// the new residual stream) and h * norm_w, and 1/RMS(h), a scalar per row, multiplies the row sums at the end.
+// With glu the weight is [gate | up]: a warp takes gate and up rows of the same outputs and stores
+// SiLU(gate) * up.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -97,33 +103,71 @@ __host__ __device__ constexpr int smem_bytes(int chunks) {
   return M * Traits<FMT>::kCodes * chunks * 16 + ((FMT == kInt4H || FMT == kInt4B) ? M * chunks * 4 : 0);
 }
 
-// Four activations of one row as float32: columns col..col+3 (gw >= 4), or col, col+1 and the next block's
-// col+bcols, col+bcols+1 (NVFP4: two words a block). Columns of a pair are 4-byte aligned, of a run 8-byte.
+// Four values of one row: columns col..col+3 (gw >= 4), or col, col+1 and the next block's col+bcols,
+// col+bcols+1 (NVFP4: two words a block). Columns of a pair are 4-byte aligned, of a run 8-byte.
 template <typename T>
-__device__ __forceinline__ void load_four(const T* xm, int col, int gw, int bcols, float* v) {
+__device__ __forceinline__ void load_four(const T* xm, int col, int gw, int bcols, T* v) {
   if (gw >= 4) {
     const uint2 raw = __ldg(reinterpret_cast<const uint2*>(xm + col));
     const T* h = reinterpret_cast<const T*>(&raw);
-    v[0] = to_float(h[0]); v[1] = to_float(h[1]); v[2] = to_float(h[2]); v[3] = to_float(h[3]);
+    v[0] = h[0]; v[1] = h[1]; v[2] = h[2]; v[3] = h[3];
   } else {
     const uint32_t a = __ldg(reinterpret_cast<const uint32_t*>(xm + col));
     const uint32_t b = __ldg(reinterpret_cast<const uint32_t*>(xm + col + bcols));
     const T* ha = reinterpret_cast<const T*>(&a);
     const T* hb = reinterpret_cast<const T*>(&b);
-    v[0] = to_float(ha[0]); v[1] = to_float(ha[1]); v[2] = to_float(hb[0]); v[3] = to_float(hb[1]);
+    v[0] = ha[0]; v[1] = ha[1]; v[2] = hb[0]; v[3] = hb[1];
   }
 }
 
-// One block's run of K: the activations of chunks [c0, c0 + chunks) staged as described above, one
-// (row, chunk, code) per thread and step; W4A16 also sums each chunk's 32 activations (over the 8 threads
-// of one chunk, a fixed butterfly).
-template <int FMT, int M, typename T>
-__device__ __forceinline__ void stage_x(const Params& p, int c0, int chunks, float4* xs, float* xsum) {
+template <typename T>
+__device__ __forceinline__ void store_four(T* xm, int col, int gw, int bcols, const T* v) {
+  if (gw >= 4) {
+    uint2 raw;
+    T* h = reinterpret_cast<T*>(&raw);
+    h[0] = v[0]; h[1] = v[1]; h[2] = v[2]; h[3] = v[3];
+    *reinterpret_cast<uint2*>(xm + col) = raw;
+  } else {
+    uint32_t a, b;
+    T* ha = reinterpret_cast<T*>(&a);
+    T* hb = reinterpret_cast<T*>(&b);
+    ha[0] = v[0]; ha[1] = v[1]; hb[0] = v[2]; hb[1] = v[3];
+    *reinterpret_cast<uint32_t*>(xm + col) = a;
+    *reinterpret_cast<uint32_t*>(xm + col + bcols) = b;
+  }
+}
+
+// The four inputs of row m at those columns as float32: x, or with the folded norm h * norm_w where
+// h = x + residual rounded to T (the RMS statistic is applied to the row sums at the end, see block_rstd);
+// write_h: this block also stores h, the new residual stream.
+template <typename T, bool FOLD>
+__device__ __forceinline__ void load_input(const Params& p, int m, int col, int gw, int bcols, bool write_h,
+                                           float* v) {
+  const int64_t base = static_cast<int64_t>(m) * p.k;
+  T xv[4];
+  load_four<T>(static_cast<const T*>(p.x) + base, col, gw, bcols, xv);
+  if (!FOLD || p.residual == nullptr) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = to_float(xv[e]);
+    return;
+  }
+  T rv[4], wv[4], h[4];
+  load_four<T>(static_cast<const T*>(p.residual) + base, col, gw, bcols, rv);
+  load_four<T>(static_cast<const T*>(p.norm_w), col, gw, bcols, wv);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    h[e] = __hadd(xv[e], rv[e]);
+    v[e] = to_float(h[e]) * to_float(wv[e]);
+  }
+  if (write_h) store_four<T>(static_cast<T*>(p.rout) + base, col, gw, bcols, h);
+}
+
+// P items per thread and pass: their loads are issued together.
+template <int FMT, int M, int P, typename T, bool FOLD>
+__device__ __forceinline__ void stage_items(const Params& p, int c0, int chunks, float4* xs, float* xsum) {
   constexpr int J = Traits<FMT>::kCodes;
-  constexpr int P = 4;  // items per thread and pass: their loads are issued together
   const int bcols = block_cols<FMT>(p);
   const int gw = bcols / J;  // words per scale block
-  const T* x = static_cast<const T*>(p.x);
   const int total = M * chunks * J;  // a multiple of 8 (J = 8) or 4: code groups never straddle a pass
   for (int base = 0; base < total; base += kThreads * P) {  // every thread takes every pass (shuffles below)
     float v[P][4];
@@ -139,7 +183,7 @@ __device__ __forceinline__ void stage_x(const Params& p, int c0, int chunks, flo
       const int col = (word / gw) * bcols + word % gw + j * gw;
       v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
       dst[i] = item < total ? (m * J + j) * chunks + c : -1;
-      if (item < total && m < p.m_rows) load_four<T>(x + static_cast<int64_t>(m) * p.k, col, gw, bcols, v[i]);
+      if (item < total && m < p.m_rows) load_input<T, FOLD>(p, m, col, gw, bcols, blockIdx.x == 0, v[i]);
     }
 #pragma unroll
     for (int i = 0; i < P; ++i) {
@@ -160,6 +204,20 @@ __device__ __forceinline__ void stage_x(const Params& p, int c0, int chunks, flo
         if (j == 0 && dst[i] >= 0) xsum[item / J] = sum;  // row m, chunk c: m * chunks + c
       }
     }
+  }
+}
+
+// One block's run of K: the activations of chunks [c0, c0 + chunks) staged as described above, one
+// (row, chunk, code) per thread and step; W4A16 also sums each chunk's 32 activations (over the 8 threads
+// of one chunk, a fixed butterfly).
+// The folded norm loads three values per input (x, residual, norm weight): one item a pass keeps the
+// registers within the one-row kernels' budget.
+template <int FMT, int M, typename T, bool FOLD>
+__device__ __forceinline__ void stage_x(const Params& p, int c0, int chunks, float4* xs, float* xsum) {
+  if (!FOLD || p.residual == nullptr) {
+    stage_items<FMT, M, 4, T, FOLD>(p, c0, chunks, xs, xsum);
+  } else {
+    stage_items<FMT, M, 1, T, FOLD>(p, c0, chunks, xs, xsum);
   }
 }
 
@@ -210,20 +268,77 @@ __device__ __forceinline__ float2 chunk_scales(const RowScales& rs, int chunk, i
   }
 }
 
-// f(m, r) for each activation row m < m_rows and each of the warp's rows row0 + r < N.
-template <int M, int R, typename F>
-__device__ __forceinline__ void each_live_output(const Params& p, int row0, F f) {
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (row0 + r < p.n)
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-        if (m < p.m_rows) f(m, r);
+// Output rows: a warp owns R weight rows; with glu, R / 2 gate rows and the matching R / 2 up rows (the
+// weight's second half), i.e. R / 2 outputs. The output of the warp's r-th weight row, and that weight row
+// (rows past the end re-read the last one and are not stored).
+template <int R, bool FOLD>
+__device__ __forceinline__ int out_of(const Params& p, int out0, int r) {
+  return out0 + (FOLD && p.glu && r >= R / 2 ? r - R / 2 : r);
 }
 
-template <typename T>
-__device__ __forceinline__ void store_out(const Params& p, int m, int64_t row, float v) {
-  static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n + row] = from_float<T>(v);
+template <int R, bool FOLD>
+__device__ __forceinline__ int64_t weight_row(const Params& p, int out0, int r) {
+  const int o = min(out_of<R, FOLD>(p, out0, r), p.n_out - 1);
+  return FOLD && p.glu && r >= R / 2 ? static_cast<int64_t>(o) + p.n_out : o;
+}
+
+// 1 / RMS(x + residual) of each activation row into rstd[m] (1 without the folded norm), from the whole row
+// (a block stages only its run of K): h rounded to T as staged, squares summed per thread, then over the
+// warps in a fixed order. Every thread of the block must call it.
+template <int M, typename T, bool FOLD>
+__device__ void block_rstd(const Params& p, float* rstd) {
+  if (!FOLD || p.residual == nullptr) {
+    if (threadIdx.x < M) rstd[threadIdx.x] = 1.f;
+    __syncthreads();
+    return;
+  }
+  __shared__ float red[M][kWarps];
+  float ss[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    ss[m] = 0.f;
+    if (m >= p.m_rows) continue;
+    const T* x = static_cast<const T*>(p.x) + static_cast<int64_t>(m) * p.k;
+    const T* r = static_cast<const T*>(p.residual) + static_cast<int64_t>(m) * p.k;
+    for (int c = 4 * threadIdx.x; c < p.k; c += 4 * kThreads) {
+      T xv[4], rv[4];
+      load_four<T>(x, c, 4, 0, xv);
+      load_four<T>(r, c, 4, 0, rv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float h = to_float(__hadd(xv[e], rv[e]));
+        ss[m] = fmaf(h, h, ss[m]);
+      }
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss[m] += __shfl_xor_sync(0xffffffffu, ss[m], o);
+    if (lane == 0) red[m][warp] = ss[m];
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float t = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t += red[threadIdx.x][w];
+    rstd[threadIdx.x] = rsqrtf(t / p.k + p.eps);
+  }
+  __syncthreads();
+}
+
+// y[m, out] from the row sum g (and with glu the up row's sum u), each times rstd; glu rounds as the separate
+// kernels would: the projection outputs to T, SiLU(gate) to T, then the product.
+template <typename T, bool FOLD>
+__device__ __forceinline__ void store_out(const Params& p, int m, int out, float g, float u, float rstd) {
+  float v = g * rstd;
+  if (FOLD && p.glu) {
+    const float gate = to_float(from_float<T>(v));
+    const float act = to_float(from_float<T>(gate / (1.f + expf(-gate))));
+    v = act * to_float(from_float<T>(u * rstd));
+  }
+  static_cast<T*>(p.y)[static_cast<int64_t>(m) * p.n_out + out] = from_float<T>(v);
 }
 
 // Blocks an SM should hold at once (the registers each thread may use follow): a block's work is short, so
@@ -231,8 +346,10 @@ __device__ __forceinline__ void store_out(const Params& p, int m, int64_t row, f
 template <int M> struct MinBlocks { static constexpr int value = M == 1 ? 4 : (M == 2 ? 3 : (M == 4 ? 2 : 1)); };
 
 // R rows per warp, U chunks per lane and step; M activation rows (p.m_rows <= M are live).
-template <int FMT, int M, int R, int U, typename T>
-__global__ void __launch_bounds__(kThreads, MinBlocks<M>::value) quant_gemv_kernel(const Params p) {
+// FOLD: the folded norm and glu are compiled in (p.residual, p.glu honoured; else they must be unset); it
+// holds three blocks an SM (the shared memory already limits a V100 SM to three) for their registers.
+template <int FMT, int M, int R, int U, typename T, bool FOLD>
+__global__ void __launch_bounds__(kThreads, FOLD ? 3 : MinBlocks<M>::value) quant_gemv_kernel(const Params p) {
   constexpr int J = Traits<FMT>::kCodes;
   extern __shared__ float4 smem[];
   const int chunks = (p.k / (4 * J)) / p.splits;  // chunks of 4 words in this block's run of K
@@ -240,13 +357,14 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<M>::value) quant_gemv_kern
   float4* xs = smem;
   float* xsum = reinterpret_cast<float*>(smem + M * J * chunks);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = blockIdx.x * (kWarps * R) + warp * R;
+  const int outs = FOLD && p.glu ? R / 2 : R;  // outputs per warp
+  int out0 = blockIdx.x * (kWarps * outs) + warp * outs;
   const int kw4 = p.k / (4 * J);  // chunks per row
   const uint4* wrow[R];
   RowScales rs[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int64_t row = min(row0 + r, p.n - 1);  // rows past N re-read the last one and are not stored
+    const int64_t row = weight_row<R, FOLD>(p, out0, r);
     wrow[r] = reinterpret_cast<const uint4*>(p.w) + row * kw4 + c0;
     rs[r] = row_scales<FMT>(p, row);
   }
@@ -261,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<M>::value) quant_gemv_kern
         wb[u][r] = cb + 32 * u < chunks ? __ldcs(wrow[r] + cb + 32 * u) : make_uint4(0, 0, 0, 0);
   };
   load_batch(lane);
-  stage_x<FMT, M, T>(p, c0, chunks, xs, xsum);
+  stage_x<FMT, M, T, FOLD>(p, c0, chunks, xs, xsum);
   __syncthreads();
 
   float acc[M][R];
@@ -342,24 +460,45 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<M>::value) quant_gemv_kern
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], o);
+  {
+    // the first output again, read afresh rather than kept live through the loop (registers of the one-row
+    // kernels: see MinBlocks)
+    unsigned bx, tx;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tx));
+    out0 = (bx * kWarps + (tx >> 5)) * (FOLD && p.glu ? R / 2 : R);
+  }
   if constexpr (FMT == kFp8) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float s = p.row_scale[min(row0 + r, p.n - 1)] * 1048576.f;  // * 2^20
+      const float s = p.row_scale[weight_row<R, FOLD>(p, out0, r)] * 1048576.f;  // * 2^20
 #pragma unroll
       for (int m = 0; m < M; ++m) acc[m][r] *= s;
     }
   }
+  __shared__ float rstd[M];
 
   if (p.splits == 1) {
-    if (lane == 0) each_live_output<M, R>(p, row0, [&](int m, int r) { store_out<T>(p, m, row0 + r, acc[m][r]); });
+    if constexpr (FOLD) block_rstd<M, T, FOLD>(p, rstd);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (r < outs && out0 + r < p.n_out)
+#pragma unroll
+          for (int m = 0; m < M; ++m)
+            if (m < p.m_rows) store_out<T, FOLD>(p, m, out0 + r, acc[m][r], FOLD && p.glu ? acc[m][(r + R / 2) % R] : 0.f, FOLD ? rstd[m] : 1.f);
+    }
     return;
   }
-  // split K: partials, then the last block of this row tile sums them in split order
+  // split K: partials by weight row, then the last block of this row tile sums them in split order
   if (lane == 0) {
-    each_live_output<M, R>(p, row0, [&](int m, int r) {
-      p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + m) * p.n + row0 + r] = acc[m][r];
-    });
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (out_of<R, FOLD>(p, out0, r) < p.n_out)
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+          if (m < p.m_rows)
+            p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + m) * p.n + weight_row<R, FOLD>(p, out0, r)] = acc[m][r];
   }
   __threadfence();
   __syncthreads();
@@ -368,14 +507,19 @@ __global__ void __launch_bounds__(kThreads, MinBlocks<M>::value) quant_gemv_kern
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const int rows = kWarps * R;
-  for (int item = threadIdx.x; item < rows * p.m_rows; item += kThreads) {
-    const int m = item / rows;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * rows + item % rows;
-    if (row >= p.n) continue;
-    float s = 0.f;
-    for (int sp = 0; sp < p.splits; ++sp) s += __ldcg(p.partial + (static_cast<int64_t>(sp) * p.m_rows + m) * p.n + row);
-    store_out<T>(p, m, row, s);
+  if constexpr (FOLD) block_rstd<M, T, FOLD>(p, rstd);
+  const int tile = kWarps * outs;
+  for (int item = threadIdx.x; item < tile * p.m_rows; item += kThreads) {
+    const int m = item / tile;
+    const int out = blockIdx.x * tile + item % tile;
+    if (out >= p.n_out) continue;
+    float g = 0.f, u = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) {
+      const float* part = p.partial + (static_cast<int64_t>(sp) * p.m_rows + m) * p.n;
+      g += __ldcg(part + out);
+      if (FOLD && p.glu) u += __ldcg(part + p.n_out + out);
+    }
+    store_out<T, FOLD>(p, m, out, g, u, FOLD ? rstd[m] : 1.f);
   }
   if (threadIdx.x == 0) p.tickets[blockIdx.x] = 0;
 }

@@ -76,7 +76,8 @@ QGEMV_SMEM_BUDGET = 32 * 1024  # a third of a V100 SM's 96 KB, as the launcher g
 
 
 def quant_gemv_specs() -> list[KernelSpec]:
-    """The packed-weight GEMV (csrc/quant_gemv) at fp16, each format and row template, with the shared memory
+    """The packed-weight GEMV (csrc/quant_gemv) at fp16, each format and row template (one row also with the
+    residual add + RMSNorm and SiLU * mul folded in), with the shared memory
     its launcher gives the K = 14336 projection on a V100 (the fewest splits of K within 32 KB)."""
     specs = []
     for fmt, enum in QGEMV_FORMATS.items():
@@ -86,9 +87,11 @@ def quant_gemv_specs() -> list[KernelSpec]:
             per_chunk = m * codes * 16 + (m * 4 if fmt == "int4" else 0)
             run = next(chunks // s for s in range(1, chunks + 1) if chunks % s == 0
                        and chunks // s * per_chunk <= QGEMV_SMEM_BUDGET)
-            specs.append(KernelSpec(f"quant_gemv_{fmt}_m{m}",
-                                    f"&onecat_qgemv::quant_gemv_kernel<onecat_qgemv::{enum}, {m}, {r}, {u}, __half>",
-                                    f"onecat_qgemv::smem_bytes<onecat_qgemv::{enum}, {m}>({run})", 256, False, True))
+            for fold in (False, True) if m == 1 else (False,):  # the folded norm / glu: one row only
+                specs.append(KernelSpec(f"quant_gemv_{fmt}_m{m}" + ("_fold" if fold else ""),
+                                        f"&onecat_qgemv::quant_gemv_kernel<onecat_qgemv::{enum}, {m}, {r}, {u}, __half, "
+                                        f"{'true' if fold else 'false'}>",
+                                        f"onecat_qgemv::smem_bytes<onecat_qgemv::{enum}, {m}>({run})", 256, False, True))
     return specs
 
 

@@ -20,6 +20,8 @@ BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "cuda", "triton")
 MAX_ROWS = 8
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
+# formats whose one-row layers take the folded kernel in "auto" (measured: benchmarks/gpu_quant_gemv.py, "decoder")
+FOLDED_FORMATS = ("int4", "nvfp4", "mxfp4", "fp8")
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
 SMEM_BUDGET_MAX = 64 * 1024  # staged activations per block (csrc/bindings/quant_gemv.cpp: also <= a third of an SM)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
@@ -63,6 +65,15 @@ def prefer_cuda(fmt: str, rows: int) -> bool:
     return fmt in ("nvfp4", "mxfp4") and rows == 1
 
 
+def prefer_folded(fmt: str) -> bool:
+    """Whether a one-row layer of `fmt` should take the CUDA GEMV with the norm (and SiLU * mul) folded in rather
+    than the norm kernel, its usual GEMV and the SiLU * mul kernel one after the other."""
+    kind = _backend_kind()
+    if kind == "triton":
+        return False
+    return kind == "cuda" or fmt in FOLDED_FORMATS
+
+
 def use_cuda() -> bool:
     """Whether the CUDA GEMV can run here at all (built, and not turned off)."""
     return _backend_kind() != "triton"
@@ -74,7 +85,8 @@ def _tickets(device_index: int) -> torch.Tensor:
     return torch.zeros(TICKETS, dtype=torch.int32, device=torch.device("cuda", device_index))
 
 
-def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int) -> None:
+def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
+               residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, glu: bool = False) -> None:
     """The argument checks the binding makes, raised here as ValueError with what to change (a C++
     exception must not cross into Python: on some builds that takes the process down)."""
     codes = 4 if fmt == "fp8" else 8
@@ -88,6 +100,19 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int) ->
         raise ValueError(f"in_features {k} must be a multiple of {4 * codes}")
     if not x.is_contiguous() or x.data_ptr() % 8:
         raise ValueError("x must be contiguous and 8-byte aligned (pass x.contiguous().clone())")
+    if (residual is None) != (norm_weight is None):
+        raise ValueError("the folded norm needs both residual and norm_weight")
+    if (residual is not None or glu) and m != 1:
+        raise ValueError(f"the folded norm and glu take one row, got {m}: run the norm and the GEMV apart")
+    if residual is not None:
+        if residual.shape != x.shape or residual.dtype != x.dtype or not residual.is_contiguous():
+            raise ValueError(f"residual must be contiguous with x's shape {tuple(x.shape)} and dtype {x.dtype}")
+        if norm_weight.numel() != k or norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
+            raise ValueError(f"norm_weight must be a contiguous [{k}] tensor of dtype {x.dtype}")
+        if residual.data_ptr() % 8 or norm_weight.data_ptr() % 8:
+            raise ValueError("residual and norm_weight must be 8-byte aligned (pass a .clone())")
+    if glu and qweight.shape[0] % 2:
+        raise ValueError(f"glu needs a [gate | up] weight of an even number of rows, got {qweight.shape[0]}")
     chunks = k // (4 * codes)
     if splits:
         m_tmpl = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
@@ -100,18 +125,44 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int) ->
 
 
 def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
-                row_scale: torch.Tensor | None = None, group: int = 0, splits: int = 0) -> torch.Tensor:
+                row_scale: torch.Tensor | None = None, group: int = 0, splits: int = 0, *,
+                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                glu: bool = False):
     """y = x @ dequant(W)^T for a contiguous fp16/bf16 x of 1-8 rows (leading shape kept). fmt: "int4" (scales
     = W4A16 (scale, zero) pairs [N, K/G, 2] in fp16 or bf16, group G), "nvfp4" (scales = E4M3 bytes, row_scale
     = global scale per row), "mxfp4" (E8M0 bytes), "fp8" (row_scale = scale per row; scales unused).
-    splits: runs of K per row tile (0: the kernel's choice)."""
-    check_call(x, fmt, qweight, splits)
+    splits: runs of K per row tile (0: the kernel's choice).
+    One row can fold in the ops around a projection, as the fp16 GEMV does (engine/kernels/triton_gemv.py): with
+    residual and norm_weight, x is replaced by RMSNorm(x + residual) * norm_weight and the call returns
+    (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows)."""
+    check_call(x, fmt, qweight, splits, residual, norm_weight, glu)
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
     device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    y, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(device),
-                        FMT_IDS[fmt], group, splits)
+    y, h, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(device),
+                           FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu)
     if error:
         raise RuntimeError(f"packed GEMV: {error}")
-    return y
+    return y if residual is None else (y, h)
+
+
+def fold_takes(x: torch.Tensor, residual: torch.Tensor, norm, fmt: str, in_features: int) -> bool:
+    """Whether the one-row CUDA GEMV with the residual add + RMSNorm (and SiLU * mul) folded in should take a
+    packed layer's call: fused ops on, one contiguous fp16/bf16 row of a CUDA input, and the folded kernel is
+    the faster choice for the format here (prefer_folded)."""
+    return (getattr(norm, "use_fused", False) and x.is_cuda and x.numel() == in_features and in_features % 32 == 0
+            and x.dtype in (torch.float16, torch.bfloat16) and residual is not None and residual.dtype == x.dtype
+            and residual.numel() == x.numel() and norm.weight.dtype == x.dtype and prefer_folded(fmt))
+
+
+def folded_call(linear, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool, fmt: str, qweight: torch.Tensor,
+                scales: torch.Tensor, row_scale: torch.Tensor | None = None, group: int = 0):
+    """(linear(norm(x + residual)) or, with glu, SiLU(gate) * up of it, x + residual) in one kernel, or None
+    where fold_takes says no (the caller then runs the steps apart). A bias is added after the GEMV (glu: not
+    folded, None)."""
+    if not fold_takes(x, residual, norm, fmt, linear.in_features) or (glu and linear.bias is not None):
+        return None
+    y, h = packed_gemv(x.contiguous(), fmt, qweight, scales, row_scale, group, residual=residual.contiguous(),
+                       norm_weight=norm.weight.contiguous(), eps=norm.eps, glu=glu)
+    return (y if linear.bias is None else y + linear.bias), h

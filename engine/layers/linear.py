@@ -5,8 +5,8 @@ step's rows equal batch-1 decode bit for bit); float32 on CPU
 goes through the batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
-gate/up projection, the SiLU*mul after it) into that GEMV; for any other module or input it runs
-the steps one after the other. `pack_weights` prepares a CPU model's float32 layers for the
+gate/up projection, the SiLU*mul after it) into that GEMV, or into the packed layers' CUDA GEMV
+(their `fused_norm_gemv`); for any other module or input it runs the steps one after the other. `pack_weights` prepares a CPU model's float32 layers for the
 batch-invariant matmul.
 """
 from __future__ import annotations
@@ -50,6 +50,11 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 
         return gemv(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
                     glu=silu_mul is not None)
+    folded = getattr(linear, "fused_norm_gemv", None)  # a packed layer (engine/quant/*_linear.py)
+    if folded is not None and residual is not None:
+        out = folded(x, residual, norm, silu_mul is not None)
+        if out is not None:
+            return out
     fused = norm.cpu_fused(x, residual, bf16_out=getattr(linear, "input_dtype", None) == torch.bfloat16)
     x, residual = fused if fused is not None else norm(x, residual)
     y = linear(x)

@@ -74,6 +74,17 @@ class FP4Linear(nn.Module):
         return F.linear(x, dense_on_device(self.packed(), x.dtype), self.bias)
 
 
+    def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
+        """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
+        that kernel does not take the call (engine/kernels/quant_gemv.py folded_call)."""
+        if x.shape[-1] != self.in_features:
+            return None
+        from onecat.engine.kernels import quant_gemv
+
+        return quant_gemv.folded_call(self, x, residual, norm, glu, self.fmt, self.qweight, self.scales,
+                                      self.gscale if self.fmt == "nvfp4" else None)
+
+
 def fp4_gemv(x: torch.Tensor, w: FP4Weight, config: tuple | None = None) -> torch.Tensor:
     """y = x @ dequant(W)^T for a contiguous fp16/bf16 CUDA x of at most MAX_ROWS rows."""
     from onecat.engine.kernels import triton_fp4 as kf

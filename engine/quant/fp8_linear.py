@@ -41,3 +41,12 @@ class FP8Linear(nn.Module):
                 y = quant_gemv.packed_gemv(x, "fp8", self.qweight, self.scale, self.scale)
                 return y if self.bias is None else y + self.bias
         return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
+
+    def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
+        """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
+        that kernel does not take the call (engine/kernels/quant_gemv.py folded_call)."""
+        if x.shape[-1] != self.in_features:
+            return None
+        from onecat.engine.kernels import quant_gemv
+
+        return quant_gemv.folded_call(self, x, residual, norm, glu, "fp8", self.qweight, self.scale, self.scale)

@@ -65,6 +65,16 @@ class W4A16Linear(nn.Module):
             return y if self.bias is None else y + self.bias
         return self._dense(x)
 
+    def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
+        """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
+        that kernel does not take the call (engine/kernels/quant_gemv.py folded_call; act-order layers: never)."""
+        if self.perm is not None or x.shape[-1] != self.in_features:
+            return None
+        from onecat.engine.kernels import quant_gemv
+
+        return quant_gemv.folded_call(self, x, residual, norm, glu, "int4", self.qweight, self.scale_zero,
+                                      group=self.group)
+
     def _cuda_gemv_takes(self, x: torch.Tensor) -> bool:
         """The CUDA packed GEMV (engine/kernels/quant_gemv.py) takes 1-8 fp16/bf16 rows with fp16/bf16 scales,
         where it is the faster (quant_gemv.prefer_cuda)."""
