@@ -8,6 +8,8 @@ L2 cache holds none between calls) inside one CUDA graph, median of 20 replays, 
 call must read: codes + scales (+ zeros) + x; fp16 weights 2 B each. The copy limit is a large
 device-to-device copy timed in the same run. "layer" sums the four projections (bytes over time), as a
 decode step sees them. --sweep also times the CUDA GEMV at fixed splits of K (1, 2, 4, 8) beside its default.
+W4A16 with fp16 scales and groups of 128 runs the tensor-core GEMV on SM80+ ("cuda_int4"); "cuda_fma_int4" is
+the FMA GEMV on the same weights.
 """
 from __future__ import annotations
 
@@ -49,10 +51,11 @@ def random_weight(fmt: str, n: int, k: int, gen) -> dict:
                 nbytes=w.qweight.numel() * 4 + w.scales.numel() + extra)
 
 
-def cuda_call(x, a: dict, fmt: str, splits: int = 0):
+def cuda_call(x, a: dict, fmt: str, splits: int = 0, kernel: str = "auto"):
     from onecat.engine.kernels.quant_gemv import packed_gemv
 
-    return lambda: packed_gemv(x, fmt, a["qweight"], a["scales"], a.get("row_scale"), a.get("group", 0), splits)
+    return lambda: packed_gemv(x, fmt, a["qweight"], a["scales"], a.get("row_scale"), a.get("group", 0), splits,
+                               kernel=kernel)
 
 
 def triton_call(x, a: dict, fmt: str):
@@ -110,6 +113,13 @@ def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, 
         rel = float((y.float() - yt.float()).abs().max() / yt.float().abs().max().clamp_min(1e-30))
         assert rel < 2e-2, f"{name} M={m} {fmt}: CUDA vs Triton GEMV relative difference {rel}"
     r[f"cuda_{fmt}"] = arm(graph_time([cuda_call(x, p, fmt) for p in ps]), moved)
+    from onecat.engine.kernels.quant_gemv import tensor_cores_apply
+
+    if tensor_cores_apply(x, fmt, ps[0]["scales"], ps[0].get("group", 0), False):  # cuda_int4 ran them: FMA too
+        yf = cuda_call(x, ps[0], fmt, kernel="fma")()
+        rel = float((y.float() - yf.float()).abs().max() / yf.float().abs().max().clamp_min(1e-30))
+        assert rel < 2e-2, f"{name} M={m} {fmt}: tensor-core vs FMA GEMV relative difference {rel}"
+        r[f"cuda_fma_{fmt}"] = arm(graph_time([cuda_call(x, p, fmt, kernel="fma") for p in ps]), moved)
     if tc is not None:
         r[f"triton_{fmt}"] = arm(graph_time([triton_call(x, p, fmt) for p in ps]), moved)
     if sweep:

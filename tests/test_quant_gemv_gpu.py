@@ -48,10 +48,11 @@ def make(fmt: str, n: int, k: int, seed: int, group: int = 128, scale_dtype=torc
     return dict(qweight=w.qweight, scales=w.scales, row_scale=w.gscale), fp4_layout.dequantize(w)
 
 
-def run(x, fmt, args, splits=0):
+def run(x, fmt, args, splits=0, kernel="auto"):
     from onecat.engine.kernels.quant_gemv import packed_gemv
 
-    return packed_gemv(x, fmt, args["qweight"], args["scales"], args.get("row_scale"), args.get("group", 0), splits)
+    return packed_gemv(x, fmt, args["qweight"], args["scales"], args.get("row_scale"), args.get("group", 0), splits,
+                       kernel=kernel)
 
 
 FORMATS = ["int4", "nvfp4", "mxfp4", "fp8"]
@@ -121,19 +122,47 @@ def test_bad_arguments_are_refused_with_reasons():
         run_folded(x[:1], "int4", args, torch.zeros_like(x[:1]), torch.ones(512, device="cuda", dtype=x.dtype))
 
 
-def test_graph_replay_matches_eager():
-    args, dense = make("nvfp4", 512, 14336, seed=3)
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4"])  # int4 with fp16 scales, g128: the tensor-core GEMV on SM80+
+def test_graph_replay_matches_eager(fmt):
+    args, dense = make(fmt, 512, 14336, seed=3)
     x = torch.randn(1, 14336, device="cuda", dtype=torch.float16)
-    eager = run(x, "nvfp4", args, splits=4)
+    eager = run(x, fmt, args, splits=4)
     g = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
     with torch.cuda.graph(g):
-        out = run(x, "nvfp4", args, splits=4)
+        out = run(x, fmt, args, splits=4)
     for _ in range(3):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, eager)
     check_bound(out, x, dense)
+
+
+@pytest.mark.parametrize("kernel", ["fma", "mma"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("n,k", [(300, 4096), (40, 14336), (4101, 1024)])
+def test_w4a16_fma_and_tensor_core_gemvs_match_the_reference(kernel, rows, n, k):
+    from onecat.engine.kernels.quant_gemv import _capability
+
+    if kernel == "mma" and _capability(0) < 80:
+        pytest.skip("the tensor-core W4A16 GEMV needs SM80+")
+    args, dense = make("int4", n, k, seed=n + rows)  # fp16 scale pairs, groups of 128
+    x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+    y = run(x, "int4", args, kernel=kernel)
+    check_bound(y, x, dense)
+    for splits in (2, 8):
+        ys = run(x, "int4", args, splits, kernel)
+        check_bound(ys, x, dense)
+        assert torch.equal(run(x, "int4", args, splits, kernel), ys)
+
+
+def test_tensor_core_gemv_refuses_what_it_cannot_take():
+    args, _ = make("int4", 64, 1024, seed=2, group=64)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="groups of 128"):
+        run(x, "int4", args, kernel="mma")
+    with pytest.raises(ValueError, match="kernel 'tc'"):
+        run(x, "int4", args, kernel="tc")
 
 
 def run_folded(x, fmt, args, residual, norm_weight, glu=False, splits=0, eps=1e-6):

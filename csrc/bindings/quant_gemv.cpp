@@ -1,5 +1,6 @@
-// Torch binding of the packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): argument checks, the split of K
-// and the launch (quant_gemv_launch.cu). Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template).
+// Torch binding of the packed-weight GEMVs (csrc/quant_gemv/quant_gemv.cuh, and w4_mma.cuh for fp16 W4A16 with
+// groups of 128 on SM80+): argument checks, the choice of kernel, the split of K and the launch
+// (quant_gemv_launch.cu). Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -40,11 +41,26 @@ int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms, int budget)
   return fallback;
 }
 
+// The tensor-core W4A16 GEMV's splits: as auto_splits, over 128-column runs, each warp of a block keeping
+// at least two runs.
+int auto_splits_mma(int runs, int m_rows, int tiles, int sms, int budget) {
+  int fallback = 0;
+  for (int s = 1; s <= runs; ++s) {
+    if (runs % s || w4_mma_smem_bytes(runs / s, m_rows) > budget) continue;
+    if (!fallback) fallback = s;
+    if (tiles * s >= sms || runs / s < 16) return s;
+  }
+  return fallback;
+}
+
+enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
+
 // With residual (and norm_weight): the folded RMSNorm; returns (y, x + residual), else (y, undefined).
+// kernel: kAuto (the tensor-core W4A16 GEMV where it applies), kFma (quant_gemv.cuh), kMma (w4_mma.cuh).
 std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
                 int64_t splits, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,
-                double eps, bool glu) {
+                double eps, bool glu, int64_t kernel) {
   TORCH_CHECK(fmt >= kInt4H && fmt <= kFp8, "fmt must be 0..4 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8)");
   TORCH_CHECK(x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
               "x must be a contiguous CUDA float16 or bfloat16 tensor");
@@ -85,20 +101,31 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   TORCH_CHECK(!glu || n % 2 == 0, "glu needs a [gate | up] weight of an even number of rows");
   TORCH_CHECK(m == 1 || !(glu || residual.has_value()), "the folded norm and glu take one activation row, got ", m);
   const int64_t n_out = glu ? n / 2 : n;
+  TORCH_CHECK(kernel >= kAuto && kernel <= kMma, "kernel must be 0 (auto), 1 (FMA) or 2 (tensor cores)");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int dev = x.device().index();
+  int sms = 0, major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  const bool mma_fits = fmt == kInt4H && x.scalar_type() == at::kHalf && group == 128 && !glu && !residual.has_value() &&
+                        major >= 8;
+  TORCH_CHECK(kernel != kMma || mma_fits, "the tensor-core W4A16 GEMV takes fp16 activations with fp16 scale pairs, "
+              "groups of 128, no folded norm or glu, on SM80 or newer");
+  const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
+  const int budget = smem_budget(dev);
   const int m_tmpl = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));
   const int outs = rows_per_warp(m_tmpl) / (glu ? 2 : 1);
-  const int chunks = static_cast<int>(k / (4 * J));
-  const int tiles = static_cast<int>((n_out + kWarps * outs - 1) / (kWarps * outs));
+  const int units = static_cast<int>(mma ? k / kMmaRun : k / (4 * J));  // runs of 128 columns, or chunks
+  const int tiles = static_cast<int>(mma ? (n + kMmaRows - 1) / kMmaRows : (n_out + kWarps * outs - 1) / (kWarps * outs));
   TORCH_CHECK(tickets.is_cuda() && tickets.scalar_type() == at::kInt && tickets.numel() >= tiles,
               "tickets must be a zeroed CUDA int32 tensor of at least ", tiles, " elements");
-  const c10::cuda::CUDAGuard guard(x.device());
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
-  const int budget = smem_budget(x.device().index());
   const int s = splits > 0 ? static_cast<int>(splits)
-                           : auto_splits(static_cast<int>(fmt), m_tmpl, chunks, tiles, sms, budget);
-  TORCH_CHECK(s >= 1 && chunks % s == 0, "splits must divide the row's ", chunks, " chunks of ", 4 * J, " columns");
-  const int smem = smem_for(static_cast<int>(fmt), m_tmpl, chunks / s);
+                : mma ? auto_splits_mma(units, static_cast<int>(m), tiles, sms, budget)
+                      : auto_splits(static_cast<int>(fmt), m_tmpl, units, tiles, sms, budget);
+  TORCH_CHECK(s >= 1 && units % s == 0, "splits must divide the row's ", units, mma ? " runs of " : " chunks of ",
+              mma ? kMmaRun : 4 * J, " columns");
+  const int smem = mma ? w4_mma_smem_bytes(units / s, static_cast<int>(m))
+                       : smem_for(static_cast<int>(fmt), m_tmpl, units / s);
   TORCH_CHECK(smem <= budget, "splits ", s, " leave ", smem, " bytes of staged activations; at most ", budget);
 
   auto out_sizes = x.sizes().vec();
@@ -132,7 +159,8 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   p.m_rows = static_cast<int>(m);
   p.splits = s;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
+  C10_CUDA_CHECK(mma ? launch_w4_mma(p, smem, stream)
+                     : launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
   return {y, rout};
 }
 
@@ -141,10 +169,10 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
 std::tuple<at::Tensor, at::Tensor, std::string> gemv(
     const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& row_scale,
     at::Tensor& tickets, int64_t fmt, int64_t group, int64_t splits, const c10::optional<at::Tensor>& residual,
-    const c10::optional<at::Tensor>& norm_weight, double eps, bool glu) {
+    const c10::optional<at::Tensor>& norm_weight, double eps, bool glu, int64_t kernel) {
   try {
     auto [y, rout] = gemv_checked(x, qweight, scales, row_scale, tickets, fmt, group, splits, residual, norm_weight,
-                                  eps, glu);
+                                  eps, glu, kernel);
     return {y, rout, std::string()};
   } catch (const c10::Error& e) {
     return {at::Tensor(), at::Tensor(), e.what_without_backtrace()};
@@ -161,5 +189,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "before it and SiLU(gate) * up after it: (y, x + residual, error text)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"),
         py::arg("group"), py::arg("splits") = 0, py::arg("residual") = py::none(), py::arg("norm_weight") = py::none(),
-        py::arg("eps") = 0.0, py::arg("glu") = false);
+        py::arg("eps") = 0.0, py::arg("glu") = false, py::arg("kernel") = 0);
 }

@@ -6,6 +6,7 @@
 #include "quant_gemv_launch.h"
 
 #include "quant_gemv/quant_gemv.cuh"
+#include "quant_gemv/w4_mma.cuh"
 
 namespace onecat_qgemv {
 namespace {
@@ -49,6 +50,19 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
 }
 
 }  // namespace
+
+cudaError_t launch_w4_mma(const Params& p, int smem, cudaStream_t stream) {
+  auto kernel = w4_mma_kernel<4>;  // 4 runs a step: 8 128-bit weight loads in flight per lane
+  static int configured = 48 * 1024;
+  if (smem > configured) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+    configured = smem;
+  }
+  const dim3 grid((p.n + 15) / 16, p.splits);
+  kernel<<<grid, kMmaThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_gemv(int fmt, int m_tmpl, bool is_bf16, const Params& p, int smem, cudaStream_t stream) {
   return is_bf16 ? by_format<__nv_bfloat16>(fmt, m_tmpl, p, smem, stream)

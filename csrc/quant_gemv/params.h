@@ -19,6 +19,8 @@ enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+constexpr int kMmaRows = 16;  // w4_mma.cuh: output rows of a block (one mma's M)
+constexpr int kMmaRun = 128;  // w4_mma.cuh: columns of K a warp takes at once
 
 struct Params {
   const void* x;          // [m_rows, K] activations (T)

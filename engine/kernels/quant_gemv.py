@@ -22,6 +22,8 @@ MAX_ROWS = 8
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 # formats whose one-row layers take the folded kernel in "auto" (measured: benchmarks/gpu_quant_gemv.py, "decoder")
 FOLDED_FORMATS = ("int4", "nvfp4", "mxfp4", "fp8")
+KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
+MMA_RUN = 128  # the tensor-core W4A16 GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun) and its group size
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
 SMEM_BUDGET_MAX = 64 * 1024  # staged activations per block (csrc/bindings/quant_gemv.cpp: also <= a third of an SM)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
@@ -86,7 +88,8 @@ def _tickets(device_index: int) -> torch.Tensor:
 
 
 def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
-               residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, glu: bool = False) -> None:
+               residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, glu: bool = False,
+               mma: bool = False) -> None:
     """The argument checks the binding makes, raised here as ValueError with what to change (a C++
     exception must not cross into Python: on some builds that takes the process down)."""
     codes = 4 if fmt == "fp8" else 8
@@ -113,35 +116,64 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
             raise ValueError("residual and norm_weight must be 8-byte aligned (pass a .clone())")
     if glu and qweight.shape[0] % 2:
         raise ValueError(f"glu needs a [gate | up] weight of an even number of rows, got {qweight.shape[0]}")
-    chunks = k // (4 * codes)
+    width = MMA_RUN if mma else 4 * codes  # columns of the unit K is split in: a run of 128, or a chunk
+    chunks = k // width
     if splits:
         m_tmpl = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
         smem = m_tmpl * codes * (chunks // splits) * 16 + (m_tmpl * (chunks // splits) * 4 if codes == 8 else 0)
+        if mma:  # csrc/bindings/quant_gemv_launch.h w4_mma_smem_bytes
+            smem = max(2048, (chunks // splits) * m * MMA_RUN * 2)
         if chunks % splits:
-            raise ValueError(f"splits {splits} must divide the row's {chunks} chunks of {4 * codes} columns")
+            raise ValueError(f"splits {splits} must divide the row's {chunks} {'runs' if mma else 'chunks'} of "
+                             f"{width} columns")
         if smem > SMEM_BUDGET_MAX:
             raise ValueError(f"splits {splits} leave {smem} bytes of staged activations per block; at most "
                              f"{SMEM_BUDGET_MAX}: use more splits (or 0, the kernel's choice)")
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return 10 * major + minor
+
+
+def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool) -> bool:
+    """Whether the tensor-core W4A16 GEMV (csrc/quant_gemv/w4_mma.cuh) can take the call: fp16 activations and
+    scale pairs, groups of 128, no folded norm or glu, SM80 or newer."""
+    return (fmt == "int4" and x.dtype == torch.float16 and scales.dtype == torch.float16 and group == MMA_RUN
+            and not folded and _capability(_device_index(x)) >= 80)
+
+
+def _device_index(x: torch.Tensor) -> int:
+    return x.device.index if x.device.index is not None else torch.cuda.current_device()
+
+
 def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
                 row_scale: torch.Tensor | None = None, group: int = 0, splits: int = 0, *,
                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                glu: bool = False):
+                glu: bool = False, kernel: str = "auto"):
     """y = x @ dequant(W)^T for a contiguous fp16/bf16 x of 1-8 rows (leading shape kept). fmt: "int4" (scales
     = W4A16 (scale, zero) pairs [N, K/G, 2] in fp16 or bf16, group G), "nvfp4" (scales = E4M3 bytes, row_scale
     = global scale per row), "mxfp4" (E8M0 bytes), "fp8" (row_scale = scale per row; scales unused).
     splits: runs of K per row tile (0: the kernel's choice).
     One row can fold in the ops around a projection, as the fp16 GEMV does (engine/kernels/triton_gemv.py): with
     residual and norm_weight, x is replaced by RMSNorm(x + residual) * norm_weight and the call returns
-    (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows)."""
-    check_call(x, fmt, qweight, splits, residual, norm_weight, glu)
+    (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows).
+    kernel: "auto" (the tensor-core W4A16 GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
+    (forced, for comparison)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
+    applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
+    if kernel == "mma" and not applies:
+        raise ValueError("the tensor-core W4A16 GEMV takes fp16 activations with fp16 scale pairs, groups of 128, "
+                         "no folded norm or glu, on SM80 or newer")
+    mma = applies and kernel != "fma"
+    check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
-    device = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    y, h, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(device),
-                           FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu)
+    y, h, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(_device_index(x)),
+                           FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu, 2 if mma else 1)
     if error:
         raise RuntimeError(f"packed GEMV: {error}")
     return y if residual is None else (y, h)
