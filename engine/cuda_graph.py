@@ -235,8 +235,9 @@ class DecodeGraphs:
                 ids.append(seq.token_ids[p])
                 ids.extend(seq.draft_tokens[:q - 1])
         state_slots = [seq.state_slot for seq, _ in rows] if self.states is not None else None
+        # the tables by reference: read at once (or pickled for TP)
         return GraphStep(size, q, ids, [p for _, p in rows], [seq.block_table for seq, _ in rows],
-                         self.verify_gemv_rows, state_slots)  # the tables by reference: read at once (or pickled for TP)
+                         self.verify_gemv_rows, state_slots)
 
     def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
         """One step for `rows` = [(seq, position)]; row tokens from the sequences, or row i of `ids_dev`

@@ -5,8 +5,9 @@ the gated delta rule mixes tokens through a per-request state; a gated RMSNorm a
 The state lives in the engine's RecurrentStateCache (engine/state_cache.py); the step's StatePlan says which
 rows are one-token steps (run as a batch by the recurrent form: the rows' states gathered from their slots,
 updated, scattered back into the cache) and which are prefill chunks (one request at a time by the chunked
-form); a step of one-token rows only (`all_decode`, which CUDA graphs replay) needs no row indexing; a speculative verify chunk runs token by token with the one-token ops and keeps
-every intermediate state in its Trail (the cache rolls back to the accepted tokens' state). On CUDA the gated
+form); a step of one-token rows only (`all_decode`, which CUDA graphs replay) needs no row indexing; a
+speculative verify chunk runs token by token with the one-token ops and keeps every intermediate state in its
+Trail (the cache rolls back to the accepted tokens' state). On CUDA the gated
 delta rule runs through flash-linear-attention where it is installed (engine/kernels/fla_gated_delta.py);
 elsewhere, and when `use_fla` is False, through the torch reference (gated_deltanet_ops.py). `path` says
 which ran last.
