@@ -6,8 +6,8 @@ Triton or CUDA GEMV, and the fp16 model's folded Triton GEMV (engine/kernels/tri
 
 One call = norm + qkv, o, norm + gate_up + SiLU * mul, down on the Llama-3-8B shapes (attention left out: it is
 the same in every arm). Timing as in gpu_quant_gemv.py: one call per rotating copy of the weights (more copies
-than the L2 cache holds) inside one CUDA graph, median of 20 replays. The result decides
-engine/kernels/quant_gemv.py FOLDED_FORMATS (which formats take the folded kernel at one row).
+than the L2 cache holds) inside one CUDA graph, median of 20 replays. The result decides whether the engine
+folds by default (engine/kernels/quant_gemv.py: it does not; ONECAT_QUANT_GEMV=folded turns it on).
 """
 from __future__ import annotations
 

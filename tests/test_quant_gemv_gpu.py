@@ -150,10 +150,30 @@ def test_w4a16_fma_and_tensor_core_gemvs_match_the_reference(kernel, rows, n, k)
     x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
     y = run(x, "int4", args, kernel=kernel)
     check_bound(y, x, dense)
+    from onecat.engine.kernels.quant_gemv import check_call
+
     for splits in (2, 8):
+        try:
+            check_call(x, "int4", args["qweight"], splits, mma=kernel == "mma")
+        except ValueError as exc:  # the FMA GEMV cannot stage 8 rows of half a 4096-wide K
+            assert kernel == "fma" and "staged activations" in str(exc)
+            continue
         ys = run(x, "int4", args, splits, kernel)
         check_bound(ys, x, dense)
         assert torch.equal(run(x, "int4", args, splits, kernel), ys)
+
+
+@pytest.mark.parametrize("fmt,group,dtype", [("int4", 128, torch.float16), ("int4", 64, torch.float16),
+                                             ("int4", 128, torch.bfloat16), ("nvfp4", 0, torch.float16),
+                                             ("mxfp4", 0, torch.bfloat16), ("fp8", 0, torch.float16)])
+def test_a_row_gives_the_same_bits_alone_or_in_a_batch(fmt, group, dtype):
+    """The engine calls one kernel for every decode batch of 1-8 rows, with a split of K that does not depend
+    on the row count: a request's tokens then do not depend on what it is batched with."""
+    args, _ = make(fmt, 1000, 4096, seed=21, group=group or 128)
+    x = torch.randn(8, 4096, device="cuda", dtype=dtype)
+    batch = run(x, fmt, args)
+    for rows in (1, 2, 3, 5):
+        assert torch.equal(run(x[:rows].clone(), fmt, args), batch[:rows]), f"{rows} rows differ from the batch"
 
 
 def test_tensor_core_gemv_refuses_what_it_cannot_take():

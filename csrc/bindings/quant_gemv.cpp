@@ -41,16 +41,12 @@ int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms, int budget)
   return fallback;
 }
 
-// The tensor-core W4A16 GEMV's splits: as auto_splits, over 128-column runs, each warp of a block keeping
-// at least two runs.
-int auto_splits_mma(int runs, int m_rows, int tiles, int sms, int budget) {
-  int fallback = 0;
-  for (int s = 1; s <= runs; ++s) {
-    if (runs % s || w4_mma_smem_bytes(runs / s, m_rows) > budget) continue;
-    if (!fallback) fallback = s;
-    if (tiles * s >= sms || runs / s < 16) return s;
-  }
-  return fallback;
+// The tensor-core W4A16 GEMV's splits (it stages nothing): the fewest dividing the row's 128-column runs that
+// give at least one block per SM, where each warp of a block keeps at least four runs.
+int auto_splits_mma(int runs, int tiles, int sms) {
+  for (int s = 1; s <= runs; ++s)
+    if (runs % s == 0 && (tiles * s >= sms || runs / s < 16)) return s;
+  return 1;
 }
 
 enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
@@ -119,13 +115,15 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   const int tiles = static_cast<int>(mma ? (n + kMmaRows - 1) / kMmaRows : (n_out + kWarps * outs - 1) / (kWarps * outs));
   TORCH_CHECK(tickets.is_cuda() && tickets.scalar_type() == at::kInt && tickets.numel() >= tiles,
               "tickets must be a zeroed CUDA int32 tensor of at least ", tiles, " elements");
+  // the FMA kernel's split is the 8-row template's at every row count (it fits the fewer rows' staging too):
+  // a row's sums then run in the same order alone or in a batch
+  const int tiles8 = static_cast<int>((n_out + kWarps * rows_per_warp(8) - 1) / (kWarps * rows_per_warp(8)));
   const int s = splits > 0 ? static_cast<int>(splits)
-                : mma ? auto_splits_mma(units, static_cast<int>(m), tiles, sms, budget)
-                      : auto_splits(static_cast<int>(fmt), m_tmpl, units, tiles, sms, budget);
+                : mma ? auto_splits_mma(units, tiles, sms)
+                      : auto_splits(static_cast<int>(fmt), 8, units, tiles8, sms, budget);
   TORCH_CHECK(s >= 1 && units % s == 0, "splits must divide the row's ", units, mma ? " runs of " : " chunks of ",
               mma ? kMmaRun : 4 * J, " columns");
-  const int smem = mma ? w4_mma_smem_bytes(units / s, static_cast<int>(m))
-                       : smem_for(static_cast<int>(fmt), m_tmpl, units / s);
+  const int smem = mma ? 0 : smem_for(static_cast<int>(fmt), m_tmpl, units / s);
   TORCH_CHECK(smem <= budget, "splits ", s, " leave ", smem, " bytes of staged activations; at most ", budget);
 
   auto out_sizes = x.sizes().vec();
@@ -159,7 +157,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   p.m_rows = static_cast<int>(m);
   p.splits = s;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(mma ? launch_w4_mma(p, smem, stream)
+  C10_CUDA_CHECK(mma ? launch_w4_mma(p, stream)
                      : launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
   return {y, rout};
 }

@@ -51,16 +51,9 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
 
 }  // namespace
 
-cudaError_t launch_w4_mma(const Params& p, int smem, cudaStream_t stream) {
-  auto kernel = w4_mma_kernel<4>;  // 4 runs a step: 8 128-bit weight loads in flight per lane
-  static int configured = 48 * 1024;
-  if (smem > configured) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    configured = smem;
-  }
-  const dim3 grid((p.n + 15) / 16, p.splits);
-  kernel<<<grid, kMmaThreads, smem, stream>>>(p);
+cudaError_t launch_w4_mma(const Params& p, cudaStream_t stream) {
+  const dim3 grid((p.n + kMmaRows - 1) / kMmaRows, p.splits);
+  w4_mma_kernel<2><<<grid, kMmaThreads, 0, stream>>>(p);  // batches of 2 runs: 4 to 8 128-bit loads in flight a lane
   return cudaGetLastError();
 }
 

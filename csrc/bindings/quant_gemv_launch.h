@@ -12,14 +12,7 @@ namespace onecat_qgemv {
 inline int rows_per_warp(int m_tmpl) { return m_tmpl <= 2 ? 2 : 4; }
 
 // The W4A16 tensor-core GEMV (w4_mma.cuh): fp16 activations and scale pairs, groups of 128, SM80 and newer.
-cudaError_t launch_w4_mma(const Params& p, int smem, cudaStream_t stream);
-
-// Its shared memory: the staged activations (runs x live rows x 128 fp16, as pairs), at least the 2 KB its
-// warps add their sums through.
-inline int w4_mma_smem_bytes(int runs, int m_rows) {
-  const int staged = runs * m_rows * kMmaRun * 2;
-  return staged > 2048 ? staged : 2048;
-}
+cudaError_t launch_w4_mma(const Params& p, cudaStream_t stream);
 
 // Launches the kernel for format fmt, activation rows m_tmpl (1, 2, 4 or 8), half (is_bf16 false) or bfloat16.
 cudaError_t launch_gemv(int fmt, int m_tmpl, bool is_bf16, const Params& p, int smem, cudaStream_t stream);

@@ -17,10 +17,12 @@
 // 4c .. 4c + 3 of a 16-word run for rows g = l / 4 and g + 8, i.e. 16 pairs per row; pair p = 4 i + h (word
 // 4c + i, nibbles h and h + 4) is the A operand's k pair 2c, 2c + 1 at k-step p / 2 for even p, and 2c + 8,
 // 2c + 9 for odd p. The sum over k does not care which physical column a k is, as long as B holds the same
-// one: the activations are staged in shared memory in exactly that order, per run, quad position and row.
+// one: lane (g, c) loads row g's activations at exactly those columns (load_b), from global memory (the
+// activations are a few KB, read through L1), with no staging or block barrier before the weight loads.
 //
 // Work split: a block of kMmaWarps warps owns 16 output rows and one of `splits` runs of K; its warps take
-// the block's 128-column runs in turn (U runs a step, their loads issued together), then add their
+// the block's 128-column runs in turn (U runs a batch, their loads issued together while the previous batch
+// is computed), then add their
 // accumulators in warp order through shared memory. With splits > 1 the blocks write fp32 partials and the
 // last block of a row tile adds them in split order (as quant_gemv.cuh): the same order on every call.
 #pragma once
@@ -33,8 +35,7 @@ namespace onecat_qgemv {
 
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = kMmaWarps * 32;
-// kMmaRun (params.h): columns a warp takes at once, 16 words of each of its 16 rows. The block stages, per run
-// and live activation row, 4 quad positions x 16 fp16 pairs (quant_gemv_launch.h w4_mma_smem_bytes).
+// kMmaRun (params.h): columns a warp takes at once, 16 words of each of its 16 rows (one group of 128).
 
 __device__ __forceinline__ uint32_t h2_bits(__half2 v) { return *reinterpret_cast<uint32_t*>(&v); }
 __device__ __forceinline__ __half2 bits_h2(uint32_t v) { return *reinterpret_cast<__half2*>(&v); }
@@ -65,31 +66,28 @@ __device__ __forceinline__ void decode_word(uint32_t w, __half2 z1024, __half2 z
   }
 }
 
-// Column (within the group's first column) of pair p's first element for quad position c of a run starting
-// at word `word0` of its group (gw words a group): word 4c + p / 4, nibble p % 4; the second is gw * 4 further.
-__device__ __forceinline__ int pair_col(int word0, int c, int p, int gw) { return word0 + 4 * c + p / 4 + (p % 4) * gw; }
-
-// Stage the block's runs [r0, r0 + runs) of x (fp16) in the B-operand order: entry ((r * m_rows + m) * 4 + c)
-// * 16 + p is the fp16 pair of row m at quad position c's pair p.
-__device__ __forceinline__ void w4_stage_x(const Params& p, int r0, int runs, uint32_t* xs) {
-  const __half* x = static_cast<const __half*>(p.x);
-  const int gw = p.group / 8;
-  const int total = runs * p.m_rows * 64;
-  for (int e = threadIdx.x; e < total; e += kMmaThreads) {
-    const int pr = e & 15, c = (e >> 4) & 3, rm = e >> 6;
-    const int m = rm % p.m_rows, r = r0 + rm / p.m_rows;
-    const int col0 = r * kMmaRun;                // the run's first column
-    const int g0 = col0 / p.group * p.group;     // its group's first column
-    const int word0 = (col0 - g0) / 8;           // the run's first word within the group
-    const int col = g0 + pair_col(word0, c, pr, gw);
-    const __half* xm = x + static_cast<int64_t>(m) * p.k;
-    xs[e] = h2_bits(__halves2half2(xm[col], xm[col + 4 * gw]));
-  }
+// The B operand of one run for this lane, straight from x (no staging): lane (g, c) supplies activation row
+// g's pairs 0..15. Pair p = 4 i + h holds the columns of nibbles h and h + 4 of word 4c + i, i.e. (groups of
+// 128: a run is a group, word w holds columns w + 16 j) columns 16 h + 4c + i and 16 (h + 4) + 4c + i: eight
+// 8-byte loads of 4 neighbouring columns (16 j + 4c .. + 3, j = 0..7) give all of them.
+__device__ __forceinline__ void load_b(const __half* xm, int col0, int c, uint32_t* pairs) {
+  uint2 q[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) q[j] = __ldg(reinterpret_cast<const uint2*>(xm + col0 + 16 * j + 4 * c));
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      // element i of chunk h (low half) and of chunk h + 4 (high half)
+      const uint32_t lo = (i < 2 ? q[h].x : q[h].y) >> (16 * (i & 1));
+      const uint32_t hi = (i < 2 ? q[h + 4].x : q[h + 4].y) >> (16 * (i & 1));
+      pairs[4 * i + h] = __byte_perm(lo, hi, 0x5410);
+    }
 }
 
 template <int U>
 __global__ void __launch_bounds__(kMmaThreads) w4_mma_kernel(const Params p) {
-  extern __shared__ uint32_t xs[];
+  __shared__ float red[kMmaWarps * 4 * 32];
   const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K
   const int r0 = blockIdx.y * runs;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -101,30 +99,29 @@ __global__ void __launch_bounds__(kMmaThreads) w4_mma_kernel(const Params p) {
                         reinterpret_cast<const uint4*>(p.w + rows[1] * kw) + c};
   const uint32_t* sz[2] = {static_cast<const uint32_t*>(p.scales) + rows[0] * (p.k / p.group),
                            static_cast<const uint32_t*>(p.scales) + rows[1] * (p.k / p.group)};
-  const int m = min(g, p.m_rows - 1);  // this lane's B-operand row (rows past m_rows read a live one)
+  const bool b_live = g < p.m_rows;  // this lane's B-operand row: rows past m_rows are zero
+  const __half* xm = static_cast<const __half*>(p.x) + static_cast<int64_t>(b_live ? g : 0) * p.k;
   const int runs_per_group = p.group / kMmaRun;
 
-  uint4 wb[U][2];
-  uint32_t sb[U][2];
-  auto load = [&](int rb) {  // runs rb, rb + kMmaWarps, ... of this block
+  // U runs of both rows a batch; two batches alternate, so one is in flight while the other is computed
+  struct Batch {
+    uint4 w[U][2];
+    uint32_t sz[U][2];
+  };
+  auto load = [&](Batch& bt, int rb) {  // runs rb, rb + kMmaWarps, ... of this block
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int r = rb + u * kMmaWarps;
       const bool live = r < runs;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        wb[u][h] = live ? __ldcs(wr[h] + 4 * (r0 + r)) : make_uint4(0, 0, 0, 0);
-        sb[u][h] = live ? __ldg(sz[h] + (r0 + r) / runs_per_group) : 0u;
+        bt.w[u][h] = live ? __ldcs(wr[h] + 4 * (r0 + r)) : make_uint4(0, 0, 0, 0);
+        bt.sz[u][h] = live ? __ldg(sz[h] + (r0 + r) / runs_per_group) : 0u;
       }
     }
   };
-  load(warp);
-  w4_stage_x(p, r0, runs, xs);
-  __syncthreads();
-
   float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g, g (cols 2c, 2c+1), g + 8, g + 8
-  for (int rb = warp; rb < runs; rb += U * kMmaWarps) {
-    if (rb != warp) load(rb);
+  auto compute = [&](const Batch& bt, int rb) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int r = rb + u * kMmaWarps;
@@ -133,37 +130,51 @@ __global__ void __launch_bounds__(kMmaThreads) w4_mma_kernel(const Params p) {
       float s[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const __half2 pair = bits_h2(sb[u][h]);  // (scale, zero)
+        const __half2 pair = bits_h2(bt.sz[u][h]);  // (scale, zero)
         const __half z = __high2half(pair);
         s[h] = __low2float(pair);
         z1024[h] = __half2half2(__hadd(z, __float2half(1024.f)));
         z64[h] = __half2half2(__hadd(z, __float2half(64.f)));
       }
-      const uint32_t* xr = xs + ((r * p.m_rows + m) * 4 + c) * 16;
+      uint32_t xb[16];
+      if (b_live) {
+        load_b(xm, (r0 + r) * kMmaRun, c, xb);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) xb[e] = 0u;
+      }
       float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // word 4c + i: pairs 4i .. 4i + 3, k-steps 2i and 2i + 1
-        const uint32_t w0 = i == 0 ? wb[u][0].x : i == 1 ? wb[u][0].y : i == 2 ? wb[u][0].z : wb[u][0].w;
-        const uint32_t w1 = i == 0 ? wb[u][1].x : i == 1 ? wb[u][1].y : i == 2 ? wb[u][1].z : wb[u][1].w;
+        const uint4& w0v = bt.w[u][0];
+        const uint4& w1v = bt.w[u][1];
+        const uint32_t w0 = i == 0 ? w0v.x : i == 1 ? w0v.y : i == 2 ? w0v.z : w0v.w;
+        const uint32_t w1 = i == 0 ? w1v.x : i == 1 ? w1v.y : i == 2 ? w1v.z : w1v.w;
         uint32_t a0[4], a1[4];
         decode_word(w0, z1024[0], z64[0], a0);
         decode_word(w1, z1024[1], z64[1], a1);
-        const uint4 xv = *reinterpret_cast<const uint4*>(xr + 4 * i);
         const uint32_t s0[4] = {a0[0], a1[0], a0[1], a1[1]};  // k-step 2i: pairs 4i (k 2c..) and 4i + 1 (k 2c+8..)
         const uint32_t s1[4] = {a0[2], a1[2], a0[3], a1[3]};
-        mma_16816(part, s0, xv.x, xv.y);
-        mma_16816(part, s1, xv.z, xv.w);
+        mma_16816(part, s0, xb[4 * i], xb[4 * i + 1]);
+        mma_16816(part, s1, xb[4 * i + 2], xb[4 * i + 3]);
       }
       acc[0] = fmaf(s[0], part[0], acc[0]);
       acc[1] = fmaf(s[0], part[1], acc[1]);
       acc[2] = fmaf(s[1], part[2], acc[2]);
       acc[3] = fmaf(s[1], part[3], acc[3]);
     }
+  };
+  Batch even, odd;
+  constexpr int kStep = U * kMmaWarps;
+  load(even, warp);
+  for (int rb = warp; rb < runs; rb += 2 * kStep) {
+    load(odd, rb + kStep);
+    compute(even, rb);
+    load(even, rb + 2 * kStep);
+    compute(odd, rb + kStep);
   }
 
-  // the warps' sums, in warp order, through the (no longer needed) staging buffer
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(xs);
+  // the warps' sums, in warp order, through shared memory
 #pragma unroll
   for (int e = 0; e < 4; ++e) red[(warp * 4 + e) * 32 + lane] = acc[e];
   __syncthreads();

@@ -1,11 +1,16 @@
-"""The CUDA packed-weight GEMV (csrc/quant_gemv/quant_gemv.cuh): W4A16, NVFP4, MXFP4 and FP8 weights read
-packed, 1-8 activation rows, plain FMAs (SM70 and newer). Built on first use.
+"""The CUDA packed-weight GEMVs: W4A16, NVFP4, MXFP4 and FP8 weights read packed, 1-8 activation rows. Plain
+FMAs on SM70 and newer (csrc/quant_gemv/quant_gemv.cuh); fp16 W4A16 with groups of 128 on the tensor cores on
+SM80 and newer (w4_mma.cuh). Built on first use.
 
-Which GEMV a packed layer calls is measured, not assumed (benchmarks/results/quant_gemv_h200.json, H200, the
-Llama-3-8B layer): the CUDA GEMV is the faster at one row for NVFP4 (99.7 vs 127.8 us a layer) and MXFP4
-(85.7 vs 93.5 us); the Triton GEMVs are faster for W4A16 (58.0 vs 72.7 us) and at 2-8 rows for every format;
-FP8 has only this GEMV. `prefer_cuda` encodes that; ONECAT_QUANT_GEMV=cuda or =triton forces one (for
-comparison), and where the extension cannot be built the Triton GEMVs run (FP8: dequantize + cuBLAS).
+Packed layers call these for every decode call of 1-8 rows (ONECAT_QUANT_GEMV=auto): one kernel per layer and
+a split of K that does not depend on the row count, so a row's result is the same alone or in a batch, as the
+fp16 GEMV's is (the harness's determinism workload checks exactly that). Measured on an H200, the Llama-3-8B
+layer (benchmarks/results/quant_gemv_h200.json): W4A16 on the tensor cores is 1.46x cuBLAS fp16 at 8 rows, where
+the Triton GEMVs were 0.55x, and slower than the Triton W4A16 GEMV at one row. ONECAT_QUANT_GEMV=triton runs
+the Triton GEMVs instead (each the fastest for its row count, not batch-invariant); =folded also folds the
+residual add + RMSNorm and SiLU * mul into one-row calls (measured slower than the separate kernels:
+benchmarks/results/quant_decoder_h200.json). Where the extension cannot be built the Triton GEMVs run (FP8:
+dequantize + cuBLAS).
 """
 from __future__ import annotations
 
@@ -17,11 +22,9 @@ import torch
 from onecat.engine.kernels.cuda_extension import CSRC, CudaExtension
 
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
-BACKENDS = ("auto", "cuda", "triton")
+BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
-# formats whose one-row layers take the folded kernel in "auto" (measured: benchmarks/gpu_quant_gemv.py, "decoder")
-FOLDED_FORMATS = ("int4", "nvfp4", "mxfp4", "fp8")
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core W4A16 GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun) and its group size
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
@@ -40,16 +43,17 @@ def _wanted() -> str:
 
 
 def backend() -> tuple[str, str]:
-    """("cuda", "auto" or "triton", why): which GEMVs the packed layers may call on this machine."""
+    """("auto", "folded" or "triton", why): which GEMVs the packed layers call on this machine."""
     want = _wanted()
     if want == "triton":
-        return "triton", f"{BACKEND_ENV}=triton"
+        return "triton", f"{BACKEND_ENV}=triton: the Triton GEMVs (not batch-invariant)"
     reason = EXTENSION.unavailable_reason()
     if reason is not None:
         return "triton", f"CUDA packed GEMV unavailable: {reason}"
-    if want == "cuda":
-        return "cuda", f"{BACKEND_ENV}=cuda: the CUDA packed GEMV for every format and row count"
-    return "auto", "CUDA packed GEMV for FP8, and for NVFP4 / MXFP4 at one row; Triton otherwise (measured)"
+    if want == "folded":
+        return "folded", (f"{BACKEND_ENV}=folded: the CUDA packed GEMVs, the norm and SiLU * mul folded into "
+                          "one-row calls")
+    return "auto", "the CUDA packed GEMVs for every decode call (batch-invariant)"
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,28 +61,14 @@ def _backend_kind() -> str:
     return backend()[0]
 
 
-def prefer_cuda(fmt: str, rows: int) -> bool:
-    """Whether a layer of `fmt` ("int4", "nvfp4", "mxfp4", "fp8") should call the CUDA GEMV for `rows` rows."""
-    kind = _backend_kind()
-    if kind == "triton":
-        return False
-    if kind == "cuda" or fmt == "fp8":
-        return True
-    return fmt in ("nvfp4", "mxfp4") and rows == 1
-
-
-def prefer_folded(fmt: str) -> bool:
-    """Whether a one-row layer of `fmt` should take the CUDA GEMV with the norm (and SiLU * mul) folded in rather
-    than the norm kernel, its usual GEMV and the SiLU * mul kernel one after the other."""
-    kind = _backend_kind()
-    if kind == "triton":
-        return False
-    return kind == "cuda" or fmt in FOLDED_FORMATS
-
-
 def use_cuda() -> bool:
-    """Whether the CUDA GEMV can run here at all (built, and not turned off)."""
+    """Whether packed layers call the CUDA GEMVs (built, and not turned off) for their 1-8-row calls."""
     return _backend_kind() != "triton"
+
+
+def use_folded() -> bool:
+    """Whether one-row calls after an RMSNorm take the CUDA GEMV with the norm (and SiLU * mul) folded in."""
+    return _backend_kind() == "folded"
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,8 +111,8 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
     if splits:
         m_tmpl = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
         smem = m_tmpl * codes * (chunks // splits) * 16 + (m_tmpl * (chunks // splits) * 4 if codes == 8 else 0)
-        if mma:  # csrc/bindings/quant_gemv_launch.h w4_mma_smem_bytes
-            smem = max(2048, (chunks // splits) * m * MMA_RUN * 2)
+        if mma:  # the tensor-core GEMV stages nothing
+            smem = 0
         if chunks % splits:
             raise ValueError(f"splits {splits} must divide the row's {chunks} {'runs' if mma else 'chunks'} of "
                              f"{width} columns")
@@ -179,13 +169,12 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     return y if residual is None else (y, h)
 
 
-def fold_takes(x: torch.Tensor, residual: torch.Tensor, norm, fmt: str, in_features: int) -> bool:
-    """Whether the one-row CUDA GEMV with the residual add + RMSNorm (and SiLU * mul) folded in should take a
-    packed layer's call: fused ops on, one contiguous fp16/bf16 row of a CUDA input, and the folded kernel is
-    the faster choice for the format here (prefer_folded)."""
-    return (getattr(norm, "use_fused", False) and x.is_cuda and x.numel() == in_features and in_features % 32 == 0
-            and x.dtype in (torch.float16, torch.bfloat16) and residual is not None and residual.dtype == x.dtype
-            and residual.numel() == x.numel() and norm.weight.dtype == x.dtype and prefer_folded(fmt))
+def fold_takes(x: torch.Tensor, residual: torch.Tensor, norm, in_features: int) -> bool:
+    """Whether the one-row CUDA GEMV with the residual add + RMSNorm (and SiLU * mul) folded in takes a packed
+    layer's call: asked for (use_folded), fused ops on, one fp16/bf16 row of a CUDA input."""
+    return (use_folded() and getattr(norm, "use_fused", False) and x.is_cuda and x.numel() == in_features
+            and in_features % 32 == 0 and x.dtype in (torch.float16, torch.bfloat16) and residual is not None
+            and residual.dtype == x.dtype and residual.numel() == x.numel() and norm.weight.dtype == x.dtype)
 
 
 def folded_call(linear, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool, fmt: str, qweight: torch.Tensor,
@@ -193,7 +182,7 @@ def folded_call(linear, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool
     """(linear(norm(x + residual)) or, with glu, SiLU(gate) * up of it, x + residual) in one kernel, or None
     where fold_takes says no (the caller then runs the steps apart). A bias is added after the GEMV (glu: not
     folded, None)."""
-    if not fold_takes(x, residual, norm, fmt, linear.in_features) or (glu and linear.bias is not None):
+    if not fold_takes(x, residual, norm, linear.in_features) or (glu and linear.bias is not None):
         return None
     y, h = packed_gemv(x.contiguous(), fmt, qweight, scales, row_scale, group, residual=residual.contiguous(),
                        norm_weight=norm.weight.contiguous(), eps=norm.eps, glu=glu)

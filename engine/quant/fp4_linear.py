@@ -1,8 +1,8 @@
 """A linear layer whose NVFP4 / MXFP4 weight stays packed in GPU memory (engine/quant/fp4_layout.py).
 
-Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py) at one row, the FP4
-GEMV of engine/kernels/triton_fp4.py at 2-8 rows (each the faster there, quant_gemv.prefer_cuda) or where the
-CUDA one cannot be built; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
+Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py; one kernel at every
+row count, so batch-invariant), or the FP4 GEMV of engine/kernels/triton_fp4.py where the CUDA one cannot be
+built or ONECAT_QUANT_GEMV=triton; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
 decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). More rows (prefill) dequantize
 the weight into the activation dtype per call and take the library GEMM (rounding each weight once, as
 loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
@@ -65,14 +65,13 @@ class FP4Linear(nn.Module):
         if m <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
             from onecat.engine.kernels import quant_gemv
 
-            if quant_gemv.prefer_cuda(self.fmt, m) and self.in_features % 32 == 0:
+            if quant_gemv.use_cuda() and self.in_features % 32 == 0:
                 y = quant_gemv.packed_gemv(x, self.fmt, self.qweight, self.scales,
                                            self.gscale if self.fmt == "nvfp4" else None)
             else:
                 y = fp4_gemv(x, self.packed())
             return y if self.bias is None else y + self.bias
         return F.linear(x, dense_on_device(self.packed(), x.dtype), self.bias)
-
 
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where

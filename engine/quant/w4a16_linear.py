@@ -1,7 +1,8 @@
 """A linear layer whose weight stays packed 4-bit in GPU memory (the W4A16 layout of w4a16_layout.py).
 
-Up to MAX_ROWS rows (decode steps) run the W4A16 GEMV of engine/kernels/triton_w4a16.py, or the CUDA
-packed GEMV (engine/kernels/quant_gemv.py) where that is measured faster or asked for; both dequantize in
+Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMVs (engine/kernels/quant_gemv.py: the tensor-core
+one for fp16 with groups of 128 on SM80+, else the FMA one; batch-invariant), or the W4A16 GEMV of
+engine/kernels/triton_w4a16.py where those are not built or ONECAT_QUANT_GEMV=triton; all dequantize in
 registers. More rows (prefill chunks, large batches) are compute-bound: the weight is
 dequantized into a dense scratch copy in the activation dtype and the library GEMM runs on it, either the
 whole weight at once or DENSE_TILE_ROWS output rows at a time (a smaller scratch). Measured on an H200 at
@@ -76,13 +77,13 @@ class W4A16Linear(nn.Module):
                                       group=self.group)
 
     def _cuda_gemv_takes(self, x: torch.Tensor) -> bool:
-        """The CUDA packed GEMV (engine/kernels/quant_gemv.py) takes 1-8 fp16/bf16 rows with fp16/bf16 scales,
-        where it is the faster (quant_gemv.prefer_cuda)."""
+        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-8 fp16/bf16 rows with fp16/bf16 scales,
+        wherever they are built and on (quant_gemv.use_cuda): the same kernel at every row count."""
         from onecat.engine.kernels import quant_gemv
 
         return (x.numel() <= quant_gemv.MAX_ROWS * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
                 and self.scale_zero.dtype in (torch.float16, torch.bfloat16) and self.in_features % 32 == 0
-                and quant_gemv.prefer_cuda("int4", x.numel() // self.in_features))
+                and quant_gemv.use_cuda())
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         """More rows than the GEMV takes: the library GEMM on a dequantized copy (whole or per row tile)."""
