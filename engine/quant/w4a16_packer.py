@@ -157,11 +157,11 @@ class W4A16Packer:
         from onecat.engine.kernels.quant_gemv import backend
 
         kind, why = backend() if next(model.parameters()).is_cuda else ("", "")
-        gemv = (f"packed GEMV up to {MAX_ROWS} rows: {why}" if kind in ("cuda", "auto")
+        gemv = (f"packed GEMV up to {MAX_ROWS} rows: {why}" if kind in ("auto", "folded")
                 else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
         if self.quantization == "fp8":
             return {"method": "fp8", "source": source, "packed_linears": replaced,
-                    "kernel": gemv if kind in ("cuda", "auto") else f"weight dequantized per call, cuBLAS ({why})",
+                    "kernel": gemv if kind in ("auto", "folded") else f"weight dequantized per call, cuBLAS ({why})",
                     "large_batch_path": f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows",
                     "kept_dense": kept_dense, "dense_linears": dense}
         if self.quantization in FP4_NAMES:
