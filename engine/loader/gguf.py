@@ -1,7 +1,8 @@
 """Loads a GGUF file: metadata -> HF-style config, tensors dequantized to HF names and layout.
 
 llama.cpp stores Llama's q/k projections permuted for its interleaved RoPE; they are permuted
-back so that every architecture runs through the same HF-layout model code.
+back so that every architecture runs through the same HF-layout model code. Qwen3.5 and Qwen3.5-MoE
+(`qwen35`, `qwen35moe`) have their own metadata and reverse transforms (loader/gguf_qwen35.py).
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import numpy as np
 import torch
 
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
+from onecat.engine.loader.gguf_qwen35 import QWEN35_ARCHS, iter_qwen35_weights, qwen35_config
 from onecat.engine.quant.int4_blocks import PACKABLE_GGUF_TYPES, QuantizedWeight
 
 GGUF_ARCH_TO_HF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                   "qwen3moe": "Qwen3MoeForCausalLM"}
+                   "qwen3moe": "Qwen3MoeForCausalLM", **QWEN35_ARCHS}
 SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
 
 _LAYER_MAP = {
@@ -68,25 +70,29 @@ def gguf_to_hf_config(reader, path: Path) -> dict:
     heads = int(g("attention.head_count"))
     hidden = int(g("embedding_length"))
     tokens = field_value(reader, "tokenizer.ggml.tokens") or []
+    names = {t.name for t in reader.tensors}
+    hybrid = arch in QWEN35_ARCHS  # its own keys (per-layer sizes may be arrays), see gguf_qwen35
     cfg = {
         "architectures": [GGUF_ARCH_TO_HF[arch]],
         "model_type": arch,
         "vocab_size": int(g("vocab_size", len(tokens))),
         "hidden_size": hidden,
-        "intermediate_size": int(g("feed_forward_length", 0)),
+        "intermediate_size": 0 if hybrid else int(g("feed_forward_length", 0)),
         "num_hidden_layers": int(g("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(g("attention.head_count_kv", heads)),
+        "num_key_value_heads": heads if hybrid else int(g("attention.head_count_kv", heads)),
         "head_dim": int(g("attention.key_length", hidden // heads)),
         "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(g("context_length", 4096)),
-        "tie_word_embeddings": "output.weight" not in {t.name for t in reader.tensors},
+        "tie_word_embeddings": "output.weight" not in names,
         "bos_token_id": field_value(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": field_value(reader, "tokenizer.ggml.eos_token_id"),
-        "attention_bias": any(t.name.endswith("attn_q.bias") for t in reader.tensors),
+        "attention_bias": any(n.endswith(("attn_q.bias", "attn_qkv.bias")) for n in names),
     }
-    if g("expert_count"):  # every layer is MoE in the GGUF MoE architectures
+    if hybrid:
+        cfg.update(qwen35_config(reader, arch, path, field_value, names))
+    elif g("expert_count"):  # every layer is MoE in the GGUF MoE architectures
         cfg.update(num_experts=int(g("expert_count")), num_experts_per_tok=int(g("expert_used_count")),
                    moe_intermediate_size=int(g("expert_feed_forward_length")), decoder_sparse_step=1,
                    mlp_only_layers=[], norm_topk_prob=bool(g("expert_weights_norm", True)))
@@ -131,6 +137,12 @@ def iter_gguf_weights(reader, cfg: dict, keep_quantized: bool = False
                       ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
     """HF-named weights; with keep_quantized, Q4_0/Q4_1/Q8_0 tensors come as `QuantizedWeight`."""
     arch = cfg["model_type"]
+    if arch in QWEN35_ARCHS:
+        if keep_quantized:
+            raise UnsupportedModelError(f"quantization='gguf' (packed 4-bit linears) is not supported for {arch} "
+                                        "GGUF files; leave quantization unset to run the file dequantized")
+        yield from iter_qwen35_weights(reader, cfg, dequantize_tensor)
+        return
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
             continue
