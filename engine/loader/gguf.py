@@ -20,7 +20,9 @@ from onecat.engine.quant.int4_blocks import PACKABLE_GGUF_TYPES, QuantizedWeight
 
 GGUF_ARCH_TO_HF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                    "qwen3moe": "Qwen3MoeForCausalLM", **QWEN35_ARCHS}
-SUPPORTED_QUANTS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+# Tensor types are decoded by the gguf package (llama.cpp's own Python reference): every type it implements
+# loads, dequantized to float32 (K-quants, Q5_0/Q5_1, the IQ types, MXFP4 ...); `quantization="gguf"` keeps
+# only Q4_0/Q4_1/Q8_0 packed (engine/quant/int4_blocks.py PACKABLE_GGUF_TYPES).
 
 _LAYER_MAP = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -111,18 +113,30 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def dequantize_tensor(t) -> np.ndarray:
+    import gguf
     from gguf import quants
 
-    qtype = t.tensor_type.name
-    if qtype not in SUPPORTED_QUANTS:
-        raise UnsupportedModelError(
-            f"tensor {t.name} uses GGUF type {qtype}; supported: {', '.join(SUPPORTED_QUANTS)}")
     shape = tuple(int(x) for x in reversed(t.shape.tolist()))
     try:
         arr = quants.dequantize(t.data, t.tensor_type)
         return np.asarray(arr, dtype=np.float32).reshape(shape)
+    except NotImplementedError:
+        version = getattr(gguf, "__version__", None) or _dist_version("gguf")
+        raise UnsupportedModelError(
+            f"tensor {t.name} uses GGUF type {t.tensor_type.name}, which the installed gguf package ({version}) "
+            "cannot decode; a newer gguf may (pip install -U gguf), or requantize the file to a common type "
+            "(Q8_0, Q4_K, ...)") from None
     except ValueError as e:
         raise CorruptModelError(f"tensor {t.name} cannot be decoded ({e}); the file is corrupt") from None
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown version"
 
 
 def _quantized(t) -> QuantizedWeight:
