@@ -12,7 +12,9 @@ block boundary copies its state into a snapshot keyed by that block's prefix has
 hit may then end only at a block with a snapshot, which is copied into the request's slot (`restore`).
 Snapshots are kept least-recently-saved first out; one that a waiting request has matched is pinned until it
 is restored or the request leaves. With mamba_cache_mode `none` there are no snapshots and prefix caching
-is off for hybrid models.
+is off for hybrid models. Under tensor parallelism every rank keeps its heads' share of every state and
+snapshot; rank 0's block manager decides the snapshots, and the other ranks repeat its copies (`replay`) before
+the next step.
 
 Speculative decoding verifies 1 + k tokens of a request in one step, but only the accepted ones stay. For
 such a chunk the layers run token by token (the decode step's ops) and keep every intermediate state (a
@@ -75,6 +77,7 @@ class RecurrentStateCache:
         self.position = [0] * (num_slots + 1)  # tokens each slot's state has consumed
         self.trails: dict[int, Trail] = {}  # slot -> its last verify chunk's states
         self.rollbacks = 0
+        self.journal: list[tuple] | None = None  # tensor parallel, rank 0: the snapshot copies the workers repeat
 
     @property
     def nbytes(self) -> int:
@@ -98,10 +101,40 @@ class RecurrentStateCache:
             if victim is None:
                 return
             index = self.snapshots.pop(victim)
-        self.snap_conv[:, index] = self.conv[:, slot]
-        self.snap_ssm[:, index] = self.ssm[:, slot]
+        self._copy_to_snapshot(slot, index)
         self.snapshots[key] = index
         self.saved += 1
+
+    def _copy_to_snapshot(self, slot: int, index: int) -> None:
+        self.snap_conv[:, index] = self.conv[:, slot]
+        self.snap_ssm[:, index] = self.ssm[:, slot]
+        if self.journal is not None:
+            self.journal.append(("save", slot, index))
+
+    def _copy_from_snapshot(self, index: int, slot: int, position: int) -> None:
+        self.conv[:, slot] = self.snap_conv[:, index]
+        self.ssm[:, slot] = self.snap_ssm[:, index]
+        self.position[slot] = position
+        self.trails.pop(slot, None)
+        if self.journal is not None:
+            self.journal.append(("restore", index, slot, position))
+
+    # ---- tensor parallel: every rank holds its heads' share of each state --------------------------------
+    def take_journal(self) -> list[tuple]:
+        """Rank 0: the snapshot copies made since the last call, for the worker ranks to `replay` before the next
+        step (which snapshot is kept where is decided once, on rank 0, by its block manager)."""
+        if not self.journal:
+            return []
+        ops, self.journal = self.journal, []
+        return ops
+
+    def replay(self, ops: list[tuple]) -> None:
+        """A worker rank: make rank 0's snapshot copies on this rank's share of the states, in order."""
+        for op in ops:
+            if op[0] == "save":
+                self._copy_to_snapshot(*op[1:])
+            else:
+                self._copy_from_snapshot(*op[1:])
 
     def forget_snapshots(self) -> None:
         """Drop every snapshot (the prefix cache was reset; no request holds a pin then)."""
@@ -119,11 +152,7 @@ class RecurrentStateCache:
 
     def restore(self, key: int, slot: int, position: int) -> None:
         """Copy the (pinned) snapshot of `key`, the state after `position` tokens, into `slot`, and unpin it."""
-        index = self.snapshots[key]
-        self.conv[:, slot] = self.snap_conv[:, index]
-        self.ssm[:, slot] = self.snap_ssm[:, index]
-        self.position[slot] = position
-        self.trails.pop(slot, None)
+        self._copy_from_snapshot(self.snapshots[key], slot, position)
         self.unpin(key)
         self.restored += 1
 

@@ -196,20 +196,25 @@ def test_unimplemented_hybrid_settings_are_refused(hybrid_dir, settings, needle)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5", "qwen3_5_moe"])
-def test_hybrid_tensor_parallel_is_refused_and_cuda_graphs_are_not(arch):
+def test_tensor_parallel_and_cuda_graphs_are_not_refused(arch):
+    """TP shards MoE experts by units and Gated DeltaNet by heads (tests/test_hybrid_tp.py); only more ranks than
+    DeltaNet value heads are refused."""
     from onecat.engine.args import EngineArgs
     from onecat.engine.config import ModelConfig
     from onecat.engine.models.support import unsupported_settings
 
     cfg = ModelConfig.from_hf({"architectures": [{"qwen3_moe": "Qwen3MoeForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM",
                                                   "qwen3_5_moe": "Qwen3_5MoeForCausalLM"}[arch]],
-                               "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 4, "num_attention_heads": 2})
+                               "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 4, "num_attention_heads": 2,
+                               "linear_num_key_heads": 2, "linear_num_value_heads": 4})
     args = EngineArgs(model="x", tensor_parallel_size=2, cuda_graph="full")
     problems = unsupported_settings(args, cfg, torch.device("cuda"))
-    tp_refused = any("tensor_parallel_size=2 is not implemented" in p for p in problems)
-    assert tp_refused == (arch != "qwen3_moe")  # MoE experts shard by units (test_tensor_parallel.py)
+    assert not any("tensor_parallel_size" in p for p in problems)
     assert not any("cuda_graph" in p for p in problems)  # decode steps of all three capture (cuda_graph.py)
     assert unsupported_settings(EngineArgs(model="x", cuda_graph="full"), cfg, torch.device("cpu")) == []
+    too_many = unsupported_settings(EngineArgs(model="x", tensor_parallel_size=5), cfg, torch.device("cpu"))
+    refused = any("tensor_parallel_size=5 exceeds the 4 Gated DeltaNet value heads" in p for p in too_many)
+    assert refused == (arch != "qwen3_moe")
 
 
 def test_align_is_refused_for_models_without_recurrent_state():

@@ -90,8 +90,11 @@ class Qwen3_5ForCausalLM(nn.Module):
     def allocate_recurrent_state(self, num_slots: int, dtype: torch.dtype, device: torch.device,
                                  num_snapshots: int = 0) -> None:
         """One state slot per request that may run at once (the engine's max_num_seqs), and `num_snapshots` saved
-        states for prefix caching (mamba_cache_mode align)."""
+        states for prefix caching (mamba_cache_mode align); sized by the layers' (local) heads."""
         s = linear_attention_sizes(self.cfg)
+        mixer = next((m for m in self.modules() if isinstance(m, GatedDeltaNet)), None)
+        if mixer is not None:  # this rank's heads under tensor parallel (engine/parallel/hybrid_sharding.py)
+            s.update(conv_dim=mixer.conv_dim, v_heads=mixer.v_heads)
         self.states = RecurrentStateCache(self.num_linear_layers, num_slots, s["conv_dim"], s["conv_kernel"],
                                           s["v_heads"], s["k_dim"], s["v_dim"], dtype, device, num_snapshots)
 

@@ -24,10 +24,12 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
     if arch not in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES:
         return out
     kind = "hybrid (linear + full attention)" if hybrid else "MoE"
-    if cfg.tensor_parallel_size > 1 and hybrid:  # MoE experts are sharded by intermediate units (sharding.py)
-        out.append(f"tensor_parallel_size={cfg.tensor_parallel_size} is not implemented for {kind} models "
-                   f"({arch}): their linear-attention layers and recurrent state are not sharded; use "
-                   "tensor_parallel_size 1")
+    # tensor parallel: MoE experts shard by intermediate units, Gated DeltaNet by heads (engine/parallel); a rank
+    # needs at least one DeltaNet value head (a key head serving several is replicated and its value heads split)
+    world, v_heads = cfg.tensor_parallel_size, model.raw.get("linear_num_value_heads")
+    if hybrid and world > 1 and v_heads and world > v_heads:
+        out.append(f"tensor_parallel_size={world} exceeds the {v_heads} Gated DeltaNet value heads of {arch} "
+                   f"(linear_num_value_heads): every rank needs at least one; use tensor_parallel_size <= {v_heads}")
     # cuda_graph full runs on both kinds: MoE routing, the expert sort and the fused kernels run from device
     # tensors, and a hybrid decode step takes its state slots from the graph's static buffer (cuda_graph.py)
     if cfg.quantization is not None:

@@ -111,6 +111,9 @@ def _worker_main(info: RankInfo, engine_cls, model: str, settings: dict, conn) -
                 break
             if kind == "stop":
                 break
+            if kind == "states":  # rank 0's recurrent-state snapshot copies, before its next step
+                llm.model.states.replay(payload)
+                continue
             with torch.inference_mode():
                 runner.run_remote(kind, payload)
     except BaseException as e:  # noqa: BLE001 - every failure goes back to rank 0 as text
@@ -140,6 +143,7 @@ class WorkerRanks:
             self.conns.append(parent)
             self.procs.append(proc)
         self.closed = False
+        self.state_ops = None  # hybrid models: returns rank 0's snapshot copies since the last step (state_cache.py)
 
     def wait_ready(self) -> None:
         """Block until every worker has built its shard; a worker error or death raises."""
@@ -152,14 +156,18 @@ class WorkerRanks:
 
     def send_step(self, inputs, kind: str = "step") -> None:
         """Send a step to every worker: "step" (StepInputs, run eagerly), "graph" (a GraphStep to replay) or
-        "capture" ((batch size, query length, GEMV rows) of a graph to capture)."""
+        "capture" ((batch size, query length, GEMV rows) of a graph to capture); before it, "states" (a hybrid
+        model's snapshot copies made on rank 0 since the last step) when there are any."""
         dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
         if dead or self.closed:
             raise self._failure(f"rank {dead[0]} is not running" if dead else "the worker ranks were stopped")
+        ops = self.state_ops() if self.state_ops is not None else None
         for rank, conn in enumerate(self.conns, start=1):
             if conn.poll():  # a worker only speaks to report an error
                 raise self._failure(self._recv(rank, conn)[1])
             try:
+                if ops:
+                    conn.send(("states", ops))
                 conn.send((kind, inputs))
             except (BrokenPipeError, OSError):
                 raise self._failure(f"rank {rank} closed its pipe") from None

@@ -7,7 +7,9 @@ memory for its share only (a 70B fp16 model over two GPUs: ~70 GB each, not 140 
 whole from the file before slicing (safetensors reads tensors, not slices, here), one at a time.
 
 The model's own loader (`load_weights`) then places the slices: q/k/v and gate/up are fused, and the
-offsets of each part inside the rank's fused projection are this rank's (`local_fused_offsets`).
+offsets of each part inside the rank's fused projection are this rank's (`local_fused_offsets`; for layers
+that name their fused parts themselves, `checkpoint_parts`, sharding made those local). The text model of a
+multimodal checkpoint (`model.language_model.`) is cut as the plain one.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from torch import nn
 from onecat.engine.layers.moe import Experts
 from onecat.engine.models.weight_loading import EXPERT_TENSOR, STACKED_EXPERTS
 
+PREFIXES = ("model.language_model.", "model.")  # the text model's names (multimodal checkpoints nest it)
 FUSED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")  # the model's own layout: [E, 2I, H] / [E, H, I]
 
 
@@ -59,10 +62,12 @@ class ShardLoader:
     def __init__(self, model: nn.Module, keep_full_vocab: bool = False):
         self.model = model
         self.fused: dict[str, tuple[str, int]] = getattr(model, "_FUSED", {})
-        self.full_offset = type(model)._shard_offset.__get__(model)
+        full_offset = getattr(type(model), "_shard_offset", None)  # models loaded by load_by_name may lack it
+        self.full_offset = full_offset.__get__(model) if full_offset is not None else None
         self.keep_full_vocab = keep_full_vocab
         self.full_vocab: dict[str, torch.Tensor] = {}
-        model._shard_offset = local_fused_offsets(model, self.full_offset)  # where load_weights puts each part
+        if self.full_offset is not None:  # where load_weights puts each part
+            model._shard_offset = local_fused_offsets(model, self.full_offset)
 
     def _module(self, path: str) -> nn.Module | None:
         try:
@@ -91,22 +96,43 @@ class ShardLoader:
             return tensor.index_select(0 if pattern is EXPERT_TENSOR else 1, units)  # gate_proj / up_proj rows
         return None
 
+    def _part(self, owner: str, leaf: str) -> tuple[str, tuple[int, int]] | None:
+        """(fused module, (first row, rows) in the full fused weight) of checkpoint projection `leaf` of the module
+        at `owner`: from the module's own record of its full fused layout (`_tp_full_parts`: the gated attention,
+        Gated DeltaNet, dense MLPs of any size) or the model's `_FUSED` table; None if `leaf` is not fused."""
+        parts = getattr(self._module(owner) if owner else self.model, "_tp_full_parts", None) or {}
+        if leaf in parts:
+            fused, start, length = parts[leaf]
+            return fused, (start, length)
+        if leaf in self.fused and self.full_offset is not None:
+            fused, shard = self.fused[leaf]
+            return fused, self.full_offset(fused, shard)
+        return None
+
     def weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
-            short = name.removeprefix("model.")
+            short = name
+            for prefix in PREFIXES:
+                if short.startswith(prefix):
+                    short = short[len(prefix):]
+                    break
             expert = self._expert_share(short, tensor)
             if expert is not None:
                 yield name, expert
                 continue
             if self.keep_full_vocab and short in ("embed_tokens.weight", "lm_head.weight"):
                 self.full_vocab[short] = tensor  # the checkpoint's own tensor; the shard gets a slice of it
-            parent, _, rest = short.rpartition(".")  # rest: "weight" / "bias"
+            parent, _, rest = short.rpartition(".")  # rest: "weight" / "bias" (or a layer's own parameter)
             owner, _, leaf = parent.rpartition(".")
             part = None
-            if leaf in self.fused:
-                fused, shard = self.fused[leaf]
-                parent, part = f"{owner}.{fused}" if owner else fused, self.full_offset(fused, shard)
+            fused = self._part(owner, leaf)
+            if fused is not None:
+                parent, part = (f"{owner}.{fused[0]}" if owner else fused[0]), fused[1]
             module = self._module(parent)
+            own = getattr(module, "_tp_param_rows", None) or {}
+            if rest in own:  # a per-head parameter of the layer itself (Gated DeltaNet's A_log, dt_bias)
+                yield name, tensor.index_select(0, own[rest])
+                continue
             if module is None or not _sliced(module):
                 idle = module is None or next(module.parameters(), None) is None
                 if not (idle and "self_attn" in parent):  # else: an attention this rank does not run

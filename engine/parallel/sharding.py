@@ -1,11 +1,13 @@
 """Tensor-parallel sharding of a loaded Llama-family model (Megatron-style), in place.
 
-Each rank keeps a slice of every projection: the attention's heads (q/k/v rows, o_proj columns), the
-MLP's intermediate units (gate/up rows, down_proj columns), every MoE expert's intermediate units likewise
-(the router whole) and the vocabulary (embedding and LM-head rows). The layer code runs unchanged on the slices, with smaller head and unit counts; the only
-additions are the collectives: a sum over the ranks after each row-parallel projection (o_proj,
-down_proj, a layer's experts) and after the embedding lookup, and a gather of the LM head's vocabulary slices, so every
-rank ends each layer, and the step, with the full hidden state and the full logits.
+Each rank keeps a slice of every projection: the attention's heads (q/k/v rows, o_proj columns; the hybrid
+models' Gated DeltaNet and gated attention by heads likewise), the MLP's intermediate
+units (gate/up rows, down_proj columns), every MoE expert's intermediate units likewise (the router whole)
+and the vocabulary (embedding and LM-head rows). The layer code runs unchanged on the slices, with smaller
+head and unit counts; the only additions are the collectives: a sum over the ranks after each row-parallel
+projection (o_proj, out_proj, down_proj, a layer's experts) and after the embedding lookup, and a gather of
+the LM head's vocabulary slices, so every rank ends each layer, and the step, with the full hidden state and
+the full logits.
 
 The engine shards the model while it is still on the meta device (shapes only), so a rank allocates only
 its share; every sliced layer records which rows / columns of the full weight it keeps (`_tp_rows`,
@@ -22,6 +24,8 @@ from torch import nn
 
 from onecat.engine.errors import ConfigError
 from onecat.engine.layers.attention import SelfAttention
+from onecat.engine.layers.gated_attention import GatedAttention
+from onecat.engine.layers.gated_deltanet import GatedDeltaNet
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.moe import Experts
@@ -183,6 +187,8 @@ def _shard_attention(attn: SelfAttention, rank: int, world: int, group) -> nn.Mo
 def _shard_mlp(mlp: GatedMLP, rank: int, world: int, group) -> None:
     start, end = split_range(mlp.intermediate, rank, world)
     units = torch.arange(start, end)
+    full = mlp.intermediate  # the checkpoint's gate / up rows in the full fused weight (shard_loading.py)
+    mlp._tp_full_parts = {"gate_proj": ("gate_up_proj", 0, full), "up_proj": ("gate_up_proj", full, full)}
     _keep(mlp.gate_up_proj, rows=torch.cat([units, mlp.intermediate + units]))  # still [gate | up]
     _keep(mlp.down_proj, cols=units)
     _row_parallel(mlp.down_proj, rank, group)
@@ -226,6 +232,95 @@ def _shard_vocab(model: nn.Module, rank: int, world: int, group) -> None:
     head.register_forward_hook(_gather_hook(sizes, group))
 
 
+# ---- hybrid models (Qwen3.5): Gated DeltaNet and gated attention by heads -----------------------------------
+# Value head j of Gated DeltaNet reads key head j // (Hv / Hk), so a rank keeps whole key heads and the value
+# heads grouped under them, as attention_heads splits query heads over KV heads (with more ranks than key heads a
+# key head is replicated and its value heads split). in_proj is column-parallel: of [q | k | v | z | b | a] a
+# rank keeps its key heads' q and k rows, its value heads' v and z rows and their b and a entries; the depthwise
+# conv1d the channels of the q/k/v rows it keeps; A_log and dt_bias its value heads; the gated RMSNorm (one
+# weight per head dimension, applied per head) stays whole; out_proj is row-parallel (its value-head columns).
+# The layer, the gated delta rule (fla kernels or the torch reference) and the recurrent state cache then run
+# on the local head counts unchanged. The gated attention's q_proj holds each head's query and gate side by
+# side (2 * head_dim rows per head): a rank keeps both halves of its heads. Each layer records the full layout
+# of its fused checkpoint parts (`_tp_full_parts`) and its own per-head parameters (`_tp_param_rows`), and gets
+# local `checkpoint_parts`, so shard_loading.py cuts each checkpoint tensor and load_by_name places it.
+def linear_attention_heads(v_heads: int, k_heads: int, rank: int, world: int) -> tuple[list[int], list[int]]:
+    """(value heads, key heads) of rank's Gated DeltaNet share (attention_heads' rule, value heads in the place
+    of query heads)."""
+    return attention_heads(v_heads, k_heads, rank, world)
+
+
+def _localize(parts: dict[str, tuple[str, int, int]], rows: torch.Tensor) -> dict[str, tuple[str, int, int]]:
+    """Full checkpoint parts (fused name, first row, rows) -> the same parts inside the kept rows (sorted)."""
+    out = {}
+    for name, (fused, start, length) in parts.items():
+        out[name] = (fused, int((rows < start).sum()), int(((rows >= start) & (rows < start + length)).sum()))
+    return out
+
+
+def _keep_param(module: nn.Module, name: str, rows: torch.Tensor) -> None:
+    p = getattr(module, name).detach()
+    setattr(module, name, nn.Parameter(p.index_select(0, rows.to(p.device)), requires_grad=False))
+
+
+def _shard_gated_deltanet(m: GatedDeltaNet, rank: int, world: int, group) -> None:
+    vh, kh = linear_attention_heads(m.v_heads, m.k_heads, rank, world)
+    if not vh:
+        raise ConfigError(f"tensor parallel over {world} ranks leaves rank {rank} no Gated DeltaNet value head "
+                          f"({m.v_heads} in all); use tensor_parallel_size <= {m.v_heads}")
+    key, val = _head_rows(kh, m.k_dim), _head_rows(vh, m.v_dim)
+    heads = torch.tensor(vh, dtype=torch.int64)
+    qkv = torch.cat([key, m.key_size + key, 2 * m.key_size + val])  # the convolved channels
+    z0, b0 = m.conv_dim, m.conv_dim + m.value_size
+    rows = torch.cat([qkv, z0 + val, b0 + heads, b0 + m.v_heads + heads])
+    m._tp_full_parts = dict(m.checkpoint_parts)
+    _keep(m.in_proj, rows=rows)
+    m.checkpoint_parts = _localize(m._tp_full_parts, rows)
+    conv = m.conv1d
+    w = conv.weight.detach()
+    conv._tp_full, conv._tp_rows, conv._tp_cols = tuple(w.shape), qkv, None
+    conv.weight = nn.Parameter(w.index_select(0, qkv.to(w.device)), requires_grad=False)
+    conv.in_channels = conv.out_channels = conv.groups = len(qkv)
+    _keep_param(m, "A_log", heads)
+    _keep_param(m, "dt_bias", heads)
+    m._tp_param_rows = {"A_log": heads, "dt_bias": heads}
+    _keep(m.out_proj, cols=val)
+    _row_parallel(m.out_proj, rank, group)
+    m.k_heads, m.v_heads = len(kh), len(vh)
+    m.key_size, m.value_size = m.k_heads * m.k_dim, m.v_heads * m.v_dim
+    m.conv_dim = 2 * m.key_size + m.value_size
+    m.split_sizes = [m.conv_dim, m.value_size, m.v_heads, m.v_heads]
+
+
+def _shard_gated_attention(attn: GatedAttention, rank: int, world: int, group) -> nn.Module:
+    q_heads, kv_heads = attention_heads(attn.num_heads, attn.num_kv_heads, rank, world)
+    if not q_heads:
+        return IdleAttention(group)
+    d = attn.head_dim
+    kv = _head_rows(kv_heads, d)
+    rows = torch.cat([_head_rows(q_heads, 2 * d), 2 * attn.q_size + kv, 2 * attn.q_size + attn.kv_size + kv])
+    attn._tp_full_parts = dict(attn.checkpoint_parts)
+    _keep(attn.qkv_proj, rows=rows)
+    attn.checkpoint_parts = _localize(attn._tp_full_parts, rows)
+    _keep(attn.o_proj, cols=_head_rows(q_heads, d))
+    _row_parallel(attn.o_proj, rank, group)
+    attn.num_heads, attn.num_kv_heads = len(q_heads), len(kv_heads)
+    attn.q_size, attn.kv_size = attn.num_heads * d, attn.num_kv_heads * d
+    return attn
+
+
+def _check_hybrid(name: str, m: nn.Module, world: int, check) -> None:
+    """_check_dense for the hybrid layers: dense projections, and a value head for every rank."""
+    if isinstance(m, GatedDeltaNet):
+        check(f"{name}.in_proj", m.in_proj)
+        check(f"{name}.out_proj", m.out_proj)
+        if m.v_heads < world:
+            raise ConfigError(f"{name} has {m.v_heads} Gated DeltaNet value heads, fewer than {world} ranks")
+    elif isinstance(m, GatedAttention):
+        check(f"{name}.qkv_proj", m.qkv_proj)
+        check(f"{name}.o_proj", m.o_proj)
+
+
 def _check_dense(model: nn.Module, world: int, on_meta: bool) -> None:
     """Refuse what cannot be sliced by rows/columns: packed, quantized or missing projections, and
     dimensions too small to give every rank a share."""
@@ -258,6 +353,8 @@ def _check_dense(model: nn.Module, world: int, on_meta: bool) -> None:
             if m.intermediate < world:
                 raise ConfigError(f"{name} has {m.intermediate} intermediate units per expert, fewer than {world} "
                                   "ranks")
+        else:
+            _check_hybrid(name, m, world, check)
     if model.embed_tokens.num_embeddings < world:
         raise ConfigError(f"a vocabulary of {model.embed_tokens.num_embeddings} cannot be split over {world} ranks")
 
@@ -279,4 +376,9 @@ def shard_model(model: nn.Module, rank: int, world: int, group=None) -> None:
             _shard_mlp(m, rank, world, group)
         elif isinstance(m, Experts):
             _shard_experts(m, rank, world, group)
+        elif isinstance(m, GatedDeltaNet):
+            _shard_gated_deltanet(m, rank, world, group)
+        elif isinstance(m, GatedAttention):
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, _shard_gated_attention(m, rank, world, group))
     _shard_vocab(model, rank, world, group)

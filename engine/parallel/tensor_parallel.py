@@ -22,7 +22,7 @@ from onecat.engine.parallel.collectives import Collectives, SharedMemoryRanks, s
 from onecat.engine.parallel.runtime import (RankInfo, WorkerRanks, backend_for, init_group, rank_device,
                                             ranks_share_device, threads_per_rank, worker_rank)
 from onecat.engine.parallel.shard_loading import ShardLoader
-from onecat.engine.parallel.sharding import attention_heads, shard_model, split_range
+from onecat.engine.parallel.sharding import attention_heads, linear_attention_heads, shard_model, split_range
 
 
 def peer_collectives_unavailable(world: int, device: torch.device) -> str | None:
@@ -58,6 +58,7 @@ class TensorParallel:
         self.device = rank_device(device, self.rank)
         self.workers: WorkerRanks | None = None
         self.full_vocab: tuple | None = None  # (embedding, LM head) unsharded, for a DFlash drafter on rank 0
+        self.model: torch.nn.Module | None = None  # this rank's shard (shard())
         self.collectives = Collectives()  # what the sharded layers sum and gather through
         self.shared_memory = device.type == "cpu" and shared_memory_usable()
         self.want_peer = peer_collectives and device.type == "cuda"
@@ -92,6 +93,7 @@ class TensorParallel:
         that slices the checkpoint to it (shard_loading.py). `keep_full_vocab` (rank 0 with a DFlash
         drafter): the loader also keeps whole copies of the embedding and LM head (see `full_vocab`)."""
         shard_model(model, self.rank, self.world, self.collectives)
+        self.model = model
         return ShardLoader(model, keep_full_vocab=keep_full_vocab and not self.is_worker)
 
     def kv_config(self, model_config):
@@ -106,6 +108,10 @@ class TensorParallel:
         worker_settings = {k: v for k, v in settings.items() if k != "speculative_config"}  # drafting is rank 0's
         worker_settings["num_kv_blocks"] = num_blocks
         self.workers = WorkerRanks(engine_cls, model, worker_settings, self.world)
+        states = getattr(self.model, "states", None)
+        if states is not None:  # a hybrid model: the workers repeat rank 0's recurrent-state snapshot copies
+            states.journal = []
+            self.workers.state_ops = states.take_journal
         try:
             if self.shared_memory:
                 self.collectives.shm = SharedMemoryRanks(shm_name(self.workers.port), 0, self.world, create=True)
@@ -130,7 +136,16 @@ class TensorParallel:
                 "threads_per_rank": torch.get_num_threads(),
                 "query_heads": [len(q) for q, _ in heads], "kv_heads": [kv for _, kv in heads],
                 "intermediate": [split_range(model_config.intermediate_size, r, self.world) for r in range(self.world)],
+                "linear_heads": self._linear_heads(model_config),
                 "workers_alive": self.workers.alive() if self.workers is not None else None}
+
+    def _linear_heads(self, model_config) -> list[dict] | None:
+        """Each rank's Gated DeltaNet value and key heads (hybrid models), else None."""
+        v_heads, k_heads = model_config.raw.get("linear_num_value_heads"), model_config.raw.get("linear_num_key_heads")
+        if not v_heads or not k_heads:
+            return None
+        return [dict(zip(("value", "key"), linear_attention_heads(v_heads, k_heads, r, self.world)))
+                for r in range(self.world)]
 
     def close(self) -> None:
         if self.workers is not None:
