@@ -40,7 +40,7 @@ def _chat_ids(llm: LLM, text: str) -> list[int]:
     return llm.tokenizer.encode(prompt, add_special_tokens=False)
 
 
-@pytest.mark.parametrize("kv", ["fp8_e5m2", "auto"])
+@pytest.mark.parametrize("kv", [pytest.param("fp8_e5m2", marks=pytest.mark.slow), "auto"])
 def test_tokens_do_not_depend_on_batch_or_prefix_cache(kv):
     with LLM(EMBEDDED, dtype="float32", kv_cache_dtype=kv, max_model_len=2048, max_num_seqs=8,
              max_num_batched_tokens=256, kv_cache_memory_gb=0.25) as llm:

@@ -260,7 +260,7 @@ class DraftChecker:
         return out
 
 
-@pytest.mark.parametrize("case", ["window_chunked", "preemption"])
+@pytest.mark.parametrize("case", [pytest.param("window_chunked", marks=pytest.mark.slow), "preemption"])
 def test_batched_cached_drafts_equal_recomputing_each_request(case, tmp_path):
     window = 12 if case == "window_chunked" else None
     drafter = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5, sliding_window=window)

@@ -38,17 +38,19 @@ def _check_tp2(moe: bool):
     return check
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("arch", [pytest.param("qwen3_5", marks=pytest.mark.slow), "qwen3_5_moe"])
 def test_hybrid_tp2_scores_as_tp1(tmp_path, arch):
     model_dir = make_tiny_moe_hybrid(arch, tmp_path / arch, tie_word_embeddings=False)
     assert_tp_scores_as_tp1(model_dir, 2, TEXT, _check_tp2(arch == "qwen3_5_moe"))
 
 
+@pytest.mark.slow
 def test_multimodal_checkpoint_shards_as_the_text_one(tmp_path):
     """The published layout (text model under `model.language_model.`, a vision tower the engine skips)."""
     assert_tp_scores_as_tp1(make_tiny_moe_hybrid("qwen3_5_vl", tmp_path / "vl"), 2, TEXT)
 
 
+@pytest.mark.slow
 def test_gguf_with_fused_qkv_and_stacked_experts_shards_as_tp1():
     """llama.cpp's qwen35moe file (--fuse-qkv --fuse-gate-up-exps, value heads re-tiled on load), read dequantized:
     2 query heads over 1 KV head, so each rank holds one query head and a copy of the KV head."""
@@ -93,6 +95,7 @@ def test_tp2_align_prefix_hits_and_preemption_keep_tp1_tokens(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_tp2_speculation_rolls_every_ranks_state_back(tmp_path):
     """n-gram speculation on a hybrid model under TP=2: each rank keeps its heads' intermediate states of a verify
     chunk and rolls back to the accepted tokens, so the tokens are TP=1's."""

@@ -33,6 +33,7 @@ metric_list:
 """
 
 
+@pytest.mark.slow  # the default run keeps the gate-workload test, which drives the same adapter
 def test_lm_eval_local_completions_agrees_with_the_engine(tmp_path, monkeypatch):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager

@@ -165,6 +165,7 @@ def test_a_sleep_in_every_step_rolls_back_on_speed(in_repo, tmp_path):
     assert status["not_slower"] == "fail" and status["ppl_delta"] == "pass" and status["token_hash_equal"] == "pass"
 
 
+@pytest.mark.slow  # the default run keeps test_changed_numerics_roll_back (a full two-arm gate as well)
 @model_run
 def test_the_same_code_on_both_sides_never_rolls_back(in_repo, tmp_path):
     out, status = gate(in_repo, tmp_path, baseline="main")  # candidate: the (clean) working tree at main

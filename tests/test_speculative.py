@@ -66,7 +66,8 @@ def spec_config(method, tmp_path_factory, embedded_path):
     return {"method": "dflash", "num_speculative_tokens": 4, "model": str(d)}
 
 
-@pytest.mark.parametrize("method", ["ngram", "ngram_adaptive", "draft_model", "dflash"])
+@pytest.mark.parametrize("method", ["ngram", pytest.param("ngram_adaptive", marks=pytest.mark.slow),
+                                    pytest.param("draft_model", marks=pytest.mark.slow), "dflash"])
 def test_greedy_speculation_is_token_identical(method, target_tokens, tmp_path_factory, embedded_path):
     with LLM(EMBEDDED, max_model_len=512,
              speculative_config=spec_config(method, tmp_path_factory, embedded_path)) as llm:

@@ -29,6 +29,7 @@ def reference():
     return {"plain": plain, "small": small}
 
 
+@pytest.mark.slow  # the default run checks uneven head splits in-process (tests/test_tp_sharding.py)
 def test_tp2_uneven_heads_matches_tp1(reference):
     with LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=2) as llm:
         tp = llm.info()["tensor_parallel"]
