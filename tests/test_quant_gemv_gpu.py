@@ -142,7 +142,7 @@ def test_graph_replay_matches_eager(fmt):
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("n,k", [(300, 4096), (40, 14336), (4101, 1024)])
 def test_w4a16_fma_and_tensor_core_gemvs_match_the_reference(kernel, rows, n, k):
-    from onecat.engine.kernels.quant_gemv import _capability
+    from onecat.engine.kernels.triton_w4a16 import _capability
 
     if kernel == "mma" and _capability(0) < 80:
         pytest.skip("the tensor-core W4A16 GEMV needs SM80+")

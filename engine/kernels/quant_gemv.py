@@ -109,27 +109,23 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
     width = MMA_RUN if mma else 4 * codes  # columns of the unit K is split in: a run of 128, or a chunk
     chunks = k // width
     if splits:
-        m_tmpl = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
-        smem = m_tmpl * codes * (chunks // splits) * 16 + (m_tmpl * (chunks // splits) * 4 if codes == 8 else 0)
-        if mma:  # the tensor-core GEMV stages nothing
-            smem = 0
         if chunks % splits:
             raise ValueError(f"splits {splits} must divide the row's {chunks} {'runs' if mma else 'chunks'} of "
                              f"{width} columns")
+        if mma:  # the tensor-core GEMV stages nothing
+            return
+        m_tmpl = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
+        smem = m_tmpl * codes * (chunks // splits) * 16 + (m_tmpl * (chunks // splits) * 4 if codes == 8 else 0)
         if smem > SMEM_BUDGET_MAX:
             raise ValueError(f"splits {splits} leave {smem} bytes of staged activations per block; at most "
                              f"{SMEM_BUDGET_MAX}: use more splits (or 0, the kernel's choice)")
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(device_index: int) -> int:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    return 10 * major + minor
-
-
 def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool) -> bool:
     """Whether the tensor-core W4A16 GEMV (csrc/quant_gemv/w4_mma.cuh) can take the call: fp16 activations and
     scale pairs, groups of 128, no folded norm or glu, SM80 or newer."""
+    from onecat.engine.kernels.triton_w4a16 import _capability
+
     return (fmt == "int4" and x.dtype == torch.float16 and scales.dtype == torch.float16 and group == MMA_RUN
             and not folded and _capability(_device_index(x)) >= 80)
 

@@ -309,18 +309,6 @@ def _shard_gated_attention(attn: GatedAttention, rank: int, world: int, group) -
     return attn
 
 
-def _check_hybrid(name: str, m: nn.Module, world: int, check) -> None:
-    """_check_dense for the hybrid layers: dense projections, and a value head for every rank."""
-    if isinstance(m, GatedDeltaNet):
-        check(f"{name}.in_proj", m.in_proj)
-        check(f"{name}.out_proj", m.out_proj)
-        if m.v_heads < world:
-            raise ConfigError(f"{name} has {m.v_heads} Gated DeltaNet value heads, fewer than {world} ranks")
-    elif isinstance(m, GatedAttention):
-        check(f"{name}.qkv_proj", m.qkv_proj)
-        check(f"{name}.o_proj", m.o_proj)
-
-
 def _check_dense(model: nn.Module, world: int, on_meta: bool) -> None:
     """Refuse what cannot be sliced by rows/columns: packed, quantized or missing projections, and
     dimensions too small to give every rank a share."""
@@ -337,9 +325,14 @@ def _check_dense(model: nn.Module, world: int, on_meta: bool) -> None:
     check("embed_tokens", getattr(model, "embed_tokens", None), nn.Embedding)
     check("lm_head", getattr(model, "lm_head", None))
     for name, m in model.named_modules():
-        if isinstance(m, SelfAttention):
+        if isinstance(m, (SelfAttention, GatedAttention)):
             check(f"{name}.qkv_proj", m.qkv_proj)
             check(f"{name}.o_proj", m.o_proj)
+        elif isinstance(m, GatedDeltaNet):
+            check(f"{name}.in_proj", m.in_proj)
+            check(f"{name}.out_proj", m.out_proj)
+            if m.v_heads < world:
+                raise ConfigError(f"{name} has {m.v_heads} Gated DeltaNet value heads, fewer than {world} ranks")
         elif isinstance(m, GatedMLP):
             check(f"{name}.gate_up_proj", m.gate_up_proj)
             check(f"{name}.down_proj", m.down_proj)
@@ -353,8 +346,6 @@ def _check_dense(model: nn.Module, world: int, on_meta: bool) -> None:
             if m.intermediate < world:
                 raise ConfigError(f"{name} has {m.intermediate} intermediate units per expert, fewer than {world} "
                                   "ranks")
-        else:
-            _check_hybrid(name, m, world, check)
     if model.embed_tokens.num_embeddings < world:
         raise ConfigError(f"a vocabulary of {model.embed_tokens.num_embeddings} cannot be split over {world} ranks")
 
