@@ -42,10 +42,12 @@ int auto_splits(int fmt, int m_tmpl, int chunks, int tiles, int sms, int budget)
 }
 
 // The tensor-core W4A16 GEMV's splits (it stages nothing): the fewest dividing the row's 128-column runs that
-// give at least one block per SM, where each warp of a block keeps at least four runs.
+// leave each warp of a block at most 8 runs and give at least a block per two SMs. Splitting costs a partial
+// write and a second pass, more so at 8 rows, so it is only for long rows or few row tiles (measured on the
+// H200: down_proj of Llama-3-8B at 4 splits, its other projections at 1).
 int auto_splits_mma(int runs, int tiles, int sms) {
   for (int s = 1; s <= runs; ++s)
-    if (runs % s == 0 && (tiles * s >= sms || runs / s < 16)) return s;
+    if (runs % s == 0 && runs / s <= 8 * kMmaWarps && 2 * tiles * s >= sms) return s;
   return 1;
 }
 

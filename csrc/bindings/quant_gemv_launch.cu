@@ -53,7 +53,8 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
 
 cudaError_t launch_w4_mma(const Params& p, cudaStream_t stream) {
   const dim3 grid((p.n + kMmaRows - 1) / kMmaRows, p.splits);
-  w4_mma_kernel<2><<<grid, kMmaThreads, 0, stream>>>(p);  // batches of 2 runs: 4 to 8 128-bit loads in flight a lane
+  // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp
+  w4_mma_kernel<1, kMmaRows / 16, kMmaWarps><<<grid, kMmaWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -19,7 +19,8 @@ enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMmaRows = 16;  // w4_mma.cuh: output rows of a block (one mma's M)
+constexpr int kMmaRows = 32;  // w4_mma.cuh: output rows of a block (two tiles of one mma's M)
+constexpr int kMmaWarps = 4;  // w4_mma.cuh: warps of a block
 constexpr int kMmaRun = 128;  // w4_mma.cuh: columns of K a warp takes at once
 
 struct Params {
