@@ -45,3 +45,13 @@ def test_one_expert_takes_every_token():
 def test_tiles_grow_with_pairs_and_fma_keeps_small_tiles():
     assert tiles(8, "dot")["BM"] < tiles(100_000, "dot")["BM"]
     assert tiles(100_000, "fma")["BM"] == tiles(8, "fma")["BM"]
+
+
+def test_one_token_takes_a_block_per_expert_in_slot_order():
+    """Batch-1 decode skips the sort: pair i alone in block i, whose expert is slot i's."""
+    ids = torch.tensor([[7, 2, 9, 0]])
+    pairs, block_experts = align(ids, 16, 4)
+    assert block_experts.tolist() == [7, 2, 9, 0]
+    assert pairs.view(4, 4)[:, 0].tolist() == [0, 1, 2, 3] and (pairs.view(4, 4)[:, 1:] == 4).all()
+    again, _ = align(torch.tensor([[1, 3, 5, 8]]), 16, 4)
+    assert torch.equal(again, pairs)  # the row pattern depends on the shape only

@@ -51,10 +51,32 @@ def max_padded_rows(pairs: int, num_experts: int, block_m: int) -> int:
     return -(-rows // block_m) * block_m
 
 
+_ONE_TOKEN_ROWS: dict[tuple, torch.Tensor] = {}
+
+
+def _one_token_rows(top_k: int, block_m: int, device: torch.device) -> torch.Tensor:
+    """[top_k * block_m]: pair i at row i * block_m, the sentinel top_k elsewhere. Kept per shape and device,
+    except when first asked for inside a CUDA graph capture (then built in the graph, not kept)."""
+    key = (top_k, block_m, device)
+    rows = _ONE_TOKEN_ROWS.get(key)
+    if rows is None:
+        rows = torch.full((top_k * block_m,), top_k, dtype=torch.int32, device=device)
+        rows[::block_m] = torch.arange(top_k, dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _ONE_TOKEN_ROWS[key] = rows
+    return rows
+
+
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [T, k] expert per (token, slot) -> (sorted pair indices [P] (token * k + slot; T*k = padding),
     block_experts [P // block_m] (the expert of each row block; num_experts = past the end)). On the device,
-    no host sync; pairs of one expert keep ascending pair order."""
+    no host sync; pairs of one expert keep ascending pair order.
+
+    One token (batch-1 decode): its k experts are distinct (top-k), so each pair is its own expert's only row
+    and takes a block alone, in slot order: the same blocks as the sort gives, without the sort, the counts and
+    the search, whose small kernels cost more than the experts' GEMVs at one token."""
+    if ids.shape[0] == 1:
+        return _one_token_rows(ids.shape[1], block_m, ids.device), ids.reshape(-1).to(torch.int32)
     flat = ids.reshape(-1).to(torch.int64)
     n = flat.numel()
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
