@@ -8,8 +8,9 @@ L2 cache holds none between calls) inside one CUDA graph, median of 20 replays, 
 call must read: codes + scales (+ zeros) + x; fp16 weights 2 B each. The copy limit is a large
 device-to-device copy timed in the same run. "layer" sums the four projections (bytes over time), as a
 decode step sees them. --sweep also times the CUDA GEMV at fixed splits of K (1, 2, 4, 8) beside its default.
-W4A16 with fp16 scales and groups of 128 runs the tensor-core GEMV on SM80+ ("cuda_int4"); "cuda_fma_int4" is
-the FMA GEMV on the same weights.
+Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, MXFP4 with bf16 activations:
+"cuda_int4", "cuda_nvfp4", "cuda_nvfp4_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on the same
+weights; NVFP4 and MXFP4 are timed with fp16 and with bf16 activations (*_bf16).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gpu_w4a16 import L2_FLUSH_BYTES, SHAPES, copy_limit_gbps
 
 LAYER = ("qkv", "o", "gate_up", "down")
 FORMATS = ("int4", "nvfp4", "mxfp4", "fp8")
+BF16_TOO = ("nvfp4", "mxfp4")  # also timed with bf16 activations (*_bf16): MXFP4 takes the tensor cores only then
 
 
 def random_weight(fmt: str, n: int, k: int, gen) -> dict:
@@ -91,12 +93,14 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, copy_gb
         x = torch.randn(m, k, device="cuda", dtype=torch.float16, generator=gen)
         xb = m * k * 2
         r = res[f"M{m}"] = {"cublas_fp16": arm(graph_time([lambda w=w: F.linear(x, w) for w in ws]), fp16_bytes + xb)}
-        for fmt, ps in packs.items():
+        runs = [(fmt, ps, x, "") for fmt, ps in packs.items()]
+        runs += [(fmt, packs[fmt], x.bfloat16(), "_bf16") for fmt in BF16_TOO]
+        for fmt, ps, xx, tag in runs:
             try:
-                bench_format(r, name, m, x, fmt, ps, ps[0]["nbytes"] + xb, k, sweep, arm)
+                bench_format(r, name, m, xx, fmt, ps, ps[0]["nbytes"] + xb, k, sweep, arm, tag)
             except Exception as exc:  # one format's failure is recorded, the others still run
                 traceback.print_exc()
-                r[f"cuda_{fmt}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                r[f"cuda_{fmt}{tag}_error"] = f"{type(exc).__name__}: {exc}"[:300]
         log(f"  {name} M={m}: " + "  ".join(f"{a} {v['us']}us {v['frac_copy_limit']:.0%}"
                                             for a, v in r.items() if isinstance(v, dict) and "us" in v))
     del ws, packs
@@ -104,24 +108,26 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, copy_gb
     return res
 
 
-def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, k: int, sweep: bool, arm) -> None:
-    """The CUDA GEMV (and the Triton one where it exists) on one format's rotating weights, into r."""
+def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, k: int, sweep: bool, arm,
+                 tag: str = "") -> None:
+    """The CUDA GEMV (and the Triton one where it exists) on one format's rotating weights, into r (keys end in
+    tag: "_bf16" for bf16 activations)."""
     y = cuda_call(x, ps[0], fmt)()
     tc = triton_call(x, ps[0], fmt)
     if tc is not None:  # the two kernels agree (each is tested against float64 in tests/)
         yt = tc()
         rel = float((y.float() - yt.float()).abs().max() / yt.float().abs().max().clamp_min(1e-30))
         assert rel < 2e-2, f"{name} M={m} {fmt}: CUDA vs Triton GEMV relative difference {rel}"
-    r[f"cuda_{fmt}"] = arm(graph_time([cuda_call(x, p, fmt) for p in ps]), moved)
+    r[f"cuda_{fmt}{tag}"] = arm(graph_time([cuda_call(x, p, fmt) for p in ps]), moved)
     from onecat.engine.kernels.quant_gemv import tensor_cores_apply
 
     if tensor_cores_apply(x, fmt, ps[0]["scales"], ps[0].get("group", 0), False):  # cuda_int4 ran them: FMA too
         yf = cuda_call(x, ps[0], fmt, kernel="fma")()
         rel = float((y.float() - yf.float()).abs().max() / yf.float().abs().max().clamp_min(1e-30))
         assert rel < 2e-2, f"{name} M={m} {fmt}: tensor-core vs FMA GEMV relative difference {rel}"
-        r[f"cuda_fma_{fmt}"] = arm(graph_time([cuda_call(x, p, fmt, kernel="fma") for p in ps]), moved)
+        r[f"cuda_fma_{fmt}{tag}"] = arm(graph_time([cuda_call(x, p, fmt, kernel="fma") for p in ps]), moved)
     if tc is not None:
-        r[f"triton_{fmt}"] = arm(graph_time([triton_call(x, p, fmt) for p in ps]), moved)
+        r[f"triton_{fmt}{tag}"] = arm(graph_time([triton_call(x, p, fmt) for p in ps]), moved)
     if sweep:
         chunks = k // (16 if fmt == "fp8" else 32)
         grid = {}
@@ -131,7 +137,7 @@ def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, 
                     grid[s] = round(graph_time([cuda_call(x, p, fmt, s) for p in ps]) * 1e6, 2)
                 except RuntimeError as exc:  # a split whose staged activations do not fit
                     grid[s] = str(exc).splitlines()[0][:80]
-        r[f"cuda_{fmt}_splits_us"] = grid
+        r[f"cuda_{fmt}{tag}_splits_us"] = grid
 
 
 def layer_sum(shapes: dict, rows: list[int], copy_gbps: float) -> dict:

@@ -176,6 +176,35 @@ def test_a_row_gives_the_same_bits_alone_or_in_a_batch(fmt, group, dtype):
         assert torch.equal(run(x[:rows].clone(), fmt, args), batch[:rows]), f"{rows} rows differ from the batch"
 
 
+@pytest.mark.parametrize("fmt,dtype", [("nvfp4", torch.float16), ("nvfp4", torch.bfloat16),
+                                       ("mxfp4", torch.bfloat16)])
+@pytest.mark.parametrize("kernel", ["fma", "mma"])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("n,k", [(300, 4096), (40, 14336), (4101, 1024)])
+def test_fp4_fma_and_tensor_core_gemvs_match_the_reference(fmt, dtype, kernel, rows, n, k):
+    """The tensor-core FP4 GEMV decodes each code times its block scale into the activation dtype exactly; the
+    FMA GEMV keeps float32: both are held to the float64 reference, at every split, bit-repeatable."""
+    from onecat.engine.kernels.triton_w4a16 import _capability
+
+    if kernel == "mma" and _capability(0) < 80:
+        pytest.skip("the tensor-core GEMV needs SM80+")
+    args, dense = make(fmt, n, k, seed=n + rows + k)
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
+    y = run(x, fmt, args, kernel=kernel)
+    check_bound(y, x, dense)
+    from onecat.engine.kernels.quant_gemv import check_call
+
+    for splits in (2, 8):
+        try:
+            check_call(x, fmt, args["qweight"], splits, mma=kernel == "mma")
+        except ValueError as exc:  # the FMA GEMV cannot stage 8 rows of half a 4096-wide K
+            assert kernel == "fma" and "staged activations" in str(exc)
+            continue
+        ys = run(x, fmt, args, splits, kernel)
+        check_bound(ys, x, dense)
+        assert torch.equal(run(x, fmt, args, splits, kernel), ys)
+
+
 def test_tensor_core_gemv_refuses_what_it_cannot_take():
     args, _ = make("int4", 64, 1024, seed=2, group=64)
     x = torch.randn(1, 1024, device="cuda", dtype=torch.float16)
@@ -183,6 +212,12 @@ def test_tensor_core_gemv_refuses_what_it_cannot_take():
         run(x, "int4", args, kernel="mma")
     with pytest.raises(ValueError, match="kernel 'tc'"):
         run(x, "int4", args, kernel="tc")
+    mx, _ = make("mxfp4", 64, 1024, seed=2)
+    with pytest.raises(ValueError, match="MXFP4 \\(bf16\\)"):  # fp16 cannot hold every scaled MXFP4 code
+        run(x, "mxfp4", mx, kernel="mma")
+    nv, _ = make("nvfp4", 64, 576, seed=2)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        run(torch.randn(1, 576, device="cuda", dtype=torch.float16), "nvfp4", nv, kernel="mma")
 
 
 def run_folded(x, fmt, args, residual, norm_weight, glu=False, splits=0, eps=1e-6):

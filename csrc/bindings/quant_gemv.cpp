@@ -1,5 +1,5 @@
-// Torch binding of the packed-weight GEMVs (csrc/quant_gemv/quant_gemv.cuh, and w4_mma.cuh for fp16 W4A16 with
-// groups of 128 on SM80+): argument checks, the choice of kernel, the split of K and the launch
+// Torch binding of the packed-weight GEMVs (csrc/quant_gemv/quant_gemv.cuh, and mma_gemv.cuh on the tensor cores
+// of SM80+ for W4A16 fp16 g128, NVFP4 and MXFP4 bf16): argument checks, the choice of kernel, the split of K and the launch
 // (quant_gemv_launch.cu). Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
@@ -54,7 +54,7 @@ int auto_splits_mma(int runs, int tiles, int sms) {
 enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
 
 // With residual (and norm_weight): the folded RMSNorm; returns (y, x + residual), else (y, undefined).
-// kernel: kAuto (the tensor-core W4A16 GEMV where it applies), kFma (quant_gemv.cuh), kMma (w4_mma.cuh).
+// kernel: kAuto (the tensor-core GEMV where it applies), kFma (quant_gemv.cuh), kMma (mma_gemv.cuh).
 std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
                 int64_t splits, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,
@@ -105,10 +105,14 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   int sms = 0, major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  const bool mma_fits = fmt == kInt4H && x.scalar_type() == at::kHalf && group == 128 && !glu && !residual.has_value() &&
-                        major >= 8;
-  TORCH_CHECK(kernel != kMma || mma_fits, "the tensor-core W4A16 GEMV takes fp16 activations with fp16 scale pairs, "
-              "groups of 128, no folded norm or glu, on SM80 or newer");
+  // the tensor-core GEMV (mma_gemv.cuh): W4A16 fp16 with fp16 scale pairs and groups of 128, NVFP4 fp16 or bf16,
+  // MXFP4 bf16 (its scaled codes leave fp16's range); K a multiple of 128, no folded norm or glu, SM80 or newer
+  const bool half = x.scalar_type() == at::kHalf;
+  const bool mma_format = (fmt == kInt4H && half && group == 128) || fmt == kNvfp4 || (fmt == kMxfp4 && !half);
+  const bool mma_fits = mma_format && k % kMmaRun == 0 && !glu && !residual.has_value() && major >= 8;
+  TORCH_CHECK(kernel != kMma || mma_fits, "the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups "
+              "of 128), NVFP4 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or "
+              "newer");
   const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
   const int budget = smem_budget(dev);
   const int m_tmpl = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));
@@ -159,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   p.m_rows = static_cast<int>(m);
   p.splits = s;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(mma ? launch_w4_mma(p, stream)
+  C10_CUDA_CHECK(mma ? launch_mma(static_cast<int>(fmt), x.scalar_type() == at::kBFloat16, p, stream)
                      : launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
   return {y, rout};
 }

@@ -6,7 +6,7 @@
 #include "quant_gemv_launch.h"
 
 #include "quant_gemv/quant_gemv.cuh"
-#include "quant_gemv/w4_mma.cuh"
+#include "quant_gemv/mma_gemv.cuh"
 
 namespace onecat_qgemv {
 namespace {
@@ -51,11 +51,21 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
 
 }  // namespace
 
-cudaError_t launch_w4_mma(const Params& p, cudaStream_t stream) {
+namespace {
+template <int FMT, typename T>
+cudaError_t launch_mma_as(const Params& p, cudaStream_t stream) {
   const dim3 grid((p.n + kMmaRows - 1) / kMmaRows, p.splits);
   // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp
-  w4_mma_kernel<1, kMmaRows / 16, kMmaWarps><<<grid, kMmaWarps * 32, 0, stream>>>(p);
+  mma_gemv_kernel<FMT, T, 1, kMmaRows / 16, kMmaWarps><<<grid, kMmaWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream) {
+  if (fmt == kInt4H && !is_bf16) return launch_mma_as<kInt4H, __half>(p, stream);
+  if (fmt == kNvfp4) return is_bf16 ? launch_mma_as<kNvfp4, __nv_bfloat16>(p, stream) : launch_mma_as<kNvfp4, __half>(p, stream);
+  if (fmt == kMxfp4 && is_bf16) return launch_mma_as<kMxfp4, __nv_bfloat16>(p, stream);
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t launch_gemv(int fmt, int m_tmpl, bool is_bf16, const Params& p, int smem, cudaStream_t stream) {

@@ -11,8 +11,9 @@ namespace onecat_qgemv {
 // Weight rows per warp R and chunks per lane and step U for the kernel template of m_tmpl activation rows.
 inline int rows_per_warp(int m_tmpl) { return m_tmpl <= 2 ? 2 : 4; }
 
-// The W4A16 tensor-core GEMV (w4_mma.cuh): fp16 activations and scale pairs, groups of 128, SM80 and newer.
-cudaError_t launch_w4_mma(const Params& p, cudaStream_t stream);
+// The tensor-core GEMV (mma_gemv.cuh), SM80 and newer: W4A16 with fp16 activations and scale pairs and groups of
+// 128, NVFP4 with fp16 or bf16 activations, MXFP4 with bf16; K a multiple of 128. Else cudaErrorInvalidValue.
+cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream);
 
 // Launches the kernel for format fmt, activation rows m_tmpl (1, 2, 4 or 8), half (is_bf16 false) or bfloat16.
 cudaError_t launch_gemv(int fmt, int m_tmpl, bool is_bf16, const Params& p, int smem, cudaStream_t stream);

@@ -122,12 +122,16 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
 
 
 def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool) -> bool:
-    """Whether the tensor-core W4A16 GEMV (csrc/quant_gemv/w4_mma.cuh) can take the call: fp16 activations and
-    scale pairs, groups of 128, no folded norm or glu, SM80 or newer."""
+    """Whether the tensor-core GEMV (csrc/quant_gemv/mma_gemv.cuh) can take the call, on SM80 or newer: W4A16 with
+    fp16 activations and scale pairs and groups of 128, NVFP4 with fp16 or bf16 activations, MXFP4 with bf16
+    (its scaled codes can leave fp16's range); K a multiple of 128; no folded norm or glu."""
     from onecat.engine.kernels.triton_w4a16 import _capability
 
-    return (fmt == "int4" and x.dtype == torch.float16 and scales.dtype == torch.float16 and group == MMA_RUN
-            and not folded and _capability(_device_index(x)) >= 80)
+    if folded or x.shape[-1] % MMA_RUN:
+        return False
+    fits = {"int4": x.dtype == torch.float16 and scales.dtype == torch.float16 and group == MMA_RUN,
+            "nvfp4": x.dtype in (torch.float16, torch.bfloat16), "mxfp4": x.dtype == torch.bfloat16}
+    return fits.get(fmt, False) and _capability(_device_index(x)) >= 80
 
 
 def _device_index(x: torch.Tensor) -> int:
@@ -145,14 +149,14 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     One row can fold in the ops around a projection, as the fp16 GEMV does (engine/kernels/triton_gemv.py): with
     residual and norm_weight, x is replaced by RMSNorm(x + residual) * norm_weight and the call returns
     (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows).
-    kernel: "auto" (the tensor-core W4A16 GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
+    kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
     (forced, for comparison)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
     if kernel == "mma" and not applies:
-        raise ValueError("the tensor-core W4A16 GEMV takes fp16 activations with fp16 scale pairs, groups of 128, "
-                         "no folded norm or glu, on SM80 or newer")
+        raise ValueError("the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups of 128), NVFP4 "
+                         "(fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or newer")
     mma = applies and kernel != "fma"
     check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":

@@ -1,0 +1,97 @@
+// NVFP4 and MXFP4 on the tensor cores: the decode of one run of 128 columns for mma_gemv.cuh, which holds the
+// kernel.
+//
+// Why: the FMA GEMV spends about three instructions per weight and activation row, so at 8 rows it is bound by
+// arithmetic (0.4x cuBLAS fp16 on an H200). Here a weight is decoded once for all 8 rows.
+//
+// The decode: each code is formed in float32 by the FMA GEMV's own decode (formats.cuh: e2m1 * 2^-126) and
+// multiplied by its block's scale, then a pair is rounded to the activation dtype, exactly: NVFP4's
+// e2m1 * e4m3 has at most 6 significant bits, and with the scale taken as e4m3 * 2^119 the product lies in
+// [2^-17, 21], inside fp16's and bf16's range (the remaining 2^7 and the global scale multiply the row's sum
+// at the end); MXFP4's e2m1 * 2^(e - 127) is kept as it is, which bf16 holds for every exponent the layout
+// allows (fp16 does not: MXFP4 takes this kernel with bf16 activations only). Products on the tensor cores are
+// exact, sums fp32.
+//
+// Which columns a register pair holds (engine/quant/fp4_layout.py: word w of a block of B columns holds
+// columns w + j * B / 8 in code j): lane (g, c) loads words 4c .. 4c + 3 of a 16-word run for rows g and
+// g + 8. At k-step j its A pairs are code j of words (4c, 4c + 1) and code j of words (4c + 2, 4c + 3): two
+// neighbouring columns each. NVFP4 (B = 16): words 4c, 4c + 1 are block 2c, the pair is columns 32c + 2j, + 1,
+// and words 4c + 2, 4c + 3 are block 2c + 1, columns 32c + 16 + 2j, + 1. MXFP4 (B = 32): words 4c .. 4c + 3
+// are block c, the pairs are columns 32c + 4j, + 1 and 32c + 4j + 2, + 3. Either way the lane's B pairs are
+// among activation row g's columns 32c .. 32c + 31 of the run, one 64-byte load (fp4_load_b).
+#pragma once
+
+#include "formats.cuh"
+#include "mma_ops.cuh"
+
+namespace onecat_qgemv {
+
+// Activation row g's columns 32c .. 32c + 31 of the run as 16 pairs.
+template <typename T>
+__device__ __forceinline__ void fp4_load_b(const T* xm, int col0, int c, uint32_t* xb) {
+  const uint4* src = reinterpret_cast<const uint4*>(xm + col0 + 32 * c);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = __ldg(src + i);
+    xb[4 * i] = v.x;
+    xb[4 * i + 1] = v.y;
+    xb[4 * i + 2] = v.z;
+    xb[4 * i + 3] = v.w;
+  }
+}
+
+// The lane's scale bits of one run for one row: NVFP4 the E4M3 bytes of blocks 2c and 2c + 1 (one 16-bit
+// load), MXFP4 the E8M0 byte of block c. `base` is the row's first scale byte.
+template <int FMT>
+__device__ __forceinline__ uint32_t fp4_run_scales(const uint8_t* base, int run, int c) {
+  if constexpr (FMT == kNvfp4) return __ldg(reinterpret_cast<const uint16_t*>(base) + 4 * run + c);
+  return __ldg(base + 4 * run + c);
+}
+
+// The multiplier of a code's float32 decode (e2m1 * 2^-126): NVFP4 e4m3 * 2^119 (see above), MXFP4 2^(e - 1)
+// in two factors (2^126, then 2^(e - 127): one constant would overflow float32 for e > 128).
+__device__ __forceinline__ float nvfp4_factor(uint32_t byte) {
+  return e4m3(byte) * 1.329227995784916e36f * 6.646139978924579e35f;  // e4m3 * 2^-120 * 2^120 * 2^119
+}
+__device__ __forceinline__ float mxfp4_factor(uint32_t e) {
+  return e == 0 ? 5.877471754111438e-39f : __uint_as_float(e << 23);  // 2^(e - 127)
+}
+
+// A pair of code j of words lo and hi, times the block's factor, rounded to T.
+template <int FMT, typename T>
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t lo, uint32_t hi, int j, float f) {
+  float a = decode<FMT>(lo, 0u, j), b = decode<FMT>(hi, 0u, j);
+  if constexpr (FMT == kMxfp4) {
+    a *= 8.507059173023462e37f;  // 2^126: the e2m1 value itself
+    b *= 8.507059173023462e37f;
+  }
+  return pack_pair<T>(a * f, b * f);
+}
+
+// One run of one 16-row tile: rows g (w[0], scale bits sc[0]) and g + 8 (w[1], sc[1]) against the B operand
+// xb, accumulated into acc (rows g, g, g + 8, g + 8; activation rows 2c, 2c + 1) with the scales already in A.
+template <int FMT, typename T>
+__device__ __forceinline__ void fp4_run(const uint4* w, const uint32_t* sc, const uint32_t* xb, float* acc) {
+  float fp[2], fq[2];  // the factors of the P pairs (words 4c, 4c + 1) and Q pairs (4c + 2, 4c + 3) of each row
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (FMT == kNvfp4) {
+      fp[h] = nvfp4_factor(sc[h] & 0xFFu);
+      fq[h] = nvfp4_factor(sc[h] >> 8);
+    } else {
+      fp[h] = fq[h] = mxfp4_factor(sc[h]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t a[4] = {fp4_pair<FMT, T>(w[0].x, w[0].y, j, fp[0]), fp4_pair<FMT, T>(w[1].x, w[1].y, j, fp[1]),
+                           fp4_pair<FMT, T>(w[0].z, w[0].w, j, fq[0]), fp4_pair<FMT, T>(w[1].z, w[1].w, j, fq[1])};
+    if constexpr (FMT == kNvfp4) {
+      mma_16816<T>(acc, a, xb[j], xb[8 + j]);
+    } else {
+      mma_16816<T>(acc, a, xb[2 * j], xb[2 * j + 1]);
+    }
+  }
+}
+
+}  // namespace onecat_qgemv

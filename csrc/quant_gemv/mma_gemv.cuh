@@ -1,0 +1,183 @@
+// Packed-weight GEMV for 1-8 activation rows on the tensor cores (SM80 and newer): y = x @ dequant(W)^T for
+// W4A16 with fp16 scale pairs and groups of 128 (w4_mma.cuh: fp16 activations), NVFP4 (fp4_mma.cuh: fp16 or
+// bf16) and MXFP4 (bf16).
+//
+// Why: one mma.sync.m16n8k16 multiplies 16 weight rows by 16 columns of all 8 activation rows (the activations
+// are the 8-wide B operand: rows past m_rows are zero and never stored), so the arithmetic per weight is its
+// decode alone, and 8 rows cost what one does. Each format's header says how a lane's registers map to
+// columns; the sum over k does not care which physical column a k is, as long as A and B agree.
+//
+// Work split: a block of W warps owns T tiles of 16 output rows and one of `splits` runs of K; its warps take
+// the block's 128-column runs in turn (U runs a batch, their loads issued together while the previous batch
+// is computed; a warp's B operand serves all T tiles), then add their accumulators in warp order through
+// shared memory. With splits > 1 the blocks write fp32 partials and the last block of a row tile adds them in
+// split order (as quant_gemv.cuh): the same order on every call. The launcher's choice (U, T, W) = (1, 2, 4)
+// was the fastest over the Llama-3-8B projections at 1 and 8 rows on an H200 (benchmarks/results/
+// quant_gemv_h200.json); fewer instructions a weight mattered more there than more loads in flight (a ring of
+// cp.async stages was slower).
+#pragma once
+
+#include <type_traits>
+
+#include "formats.cuh"
+#include "fp4_mma.cuh"
+#include "mma_ops.cuh"
+#include "w4_mma.cuh"
+
+namespace onecat_qgemv {
+
+// kMmaRun (params.h): columns a warp takes at once, 16 words of each of its rows.
+
+// The end of a block: its W warps' sums of its T tiles added in warp order through shared memory (red: W * T *
+// 4 * 32 floats), then written (splits == 1), or written as fp32 partials of which the last block of the row
+// tile adds all in split order: the same order on every call.
+template <typename X, int T, int W>
+__device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* red, int row0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[((warp * T + t) * 4 + e) * 32 + lane] = acc[t][e];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = red[(t * 4 + e) * 32 + lane];
+#pragma unroll
+      for (int w = 1; w < W; ++w) v += red[((w * T + t) * 4 + e) * 32 + lane];
+      acc[t][e] = v;
+    }
+  // tile t, element e: row row0 + 16 t + g + 8 * (e / 2), activation row 2c + e % 2
+  if (p.splits == 1) {
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + 16 * t + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
+        if (row < p.n && mm < p.m_rows)
+          static_cast<X*>(p.y)[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(acc[t][e]);
+      }
+    return;
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = row0 + 16 * t + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
+      if (row < p.n && mm < p.m_rows)
+        p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + mm) * p.n + row] = acc[t][e];
+    }
+  __threadfence();
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) last = atomicAdd(p.tickets + blockIdx.x, 1) == p.splits - 1;
+  last = __shfl_sync(0xffffffffu, last, 0);
+  if (!last) return;
+  __threadfence();
+  for (int item = lane; item < 16 * T * p.m_rows; item += 32) {
+    const int mm = item / (16 * T), row = row0 + item % (16 * T);
+    if (row >= p.n) continue;
+    float v = 0.f;
+    for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(p.partial + (static_cast<int64_t>(sp) * p.m_rows + mm) * p.n + row);
+    static_cast<X*>(p.y)[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(v);
+  }
+  if (lane == 0) p.tickets[blockIdx.x] = 0;
+}
+
+template <int FMT, typename X, int U, int T, int W>
+__global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
+  static_assert(FMT == kInt4H ? std::is_same_v<X, __half> : FMT == kNvfp4 || FMT == kMxfp4, "formats this kernel takes");
+  __shared__ float red[W * T * 4 * 32];
+  const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K
+  const int r0 = blockIdx.y * runs;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int row0 = blockIdx.x * 16 * T;
+  const int kw = p.k / 8;
+  // tile t, half h: weight row row0 + 16 t + 8 h + g (past N: re-read, not stored)
+  const uint4* wr[T][2];
+  const void* sz[T][2];  // the row's first (scale, zero) pair (W4A16) or scale byte (FP4)
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min(row0 + 16 * t + 8 * h + g, p.n - 1);
+      wr[t][h] = reinterpret_cast<const uint4*>(p.w + row * kw) + c;
+      if constexpr (FMT == kInt4H) {
+        sz[t][h] = static_cast<const uint32_t*>(p.scales) + row * (p.k / kMmaRun);  // a run is a group
+      } else {
+        sz[t][h] = static_cast<const uint8_t*>(p.scales) + row * (p.k / Traits<FMT>::kBlock);
+      }
+    }
+  const bool b_live = g < p.m_rows;  // this lane's B-operand row: rows past m_rows are zero
+  const X* xm = static_cast<const X*>(p.x) + static_cast<int64_t>(b_live ? g : 0) * p.k;
+
+  // U runs of all T tiles a batch; two batches alternate, so one is in flight while the other is computed
+  struct Batch {
+    uint4 w[U][T][2];
+    uint32_t sz[U][T][2];
+  };
+  auto load = [&](Batch& bt, int rb) {  // runs rb, rb + W, ... of this block
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = rb + u * W;
+      const bool live = r < runs;
+#pragma unroll
+      for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          bt.w[u][t][h] = live ? __ldcs(wr[t][h] + 4 * (r0 + r)) : make_uint4(0, 0, 0, 0);
+          if constexpr (FMT == kInt4H) {
+            bt.sz[u][t][h] = live ? __ldg(static_cast<const uint32_t*>(sz[t][h]) + r0 + r) : 0u;
+          } else {
+            bt.sz[u][t][h] = live ? fp4_run_scales<FMT>(static_cast<const uint8_t*>(sz[t][h]), r0 + r, c) : 0u;
+          }
+        }
+    }
+  };
+  float acc[T][4] = {};
+  auto compute = [&](const Batch& bt, int rb) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int r = rb + u * W;
+      if (r >= runs) break;
+      uint32_t xb[16] = {};  // rows past m_rows: zero
+      if (b_live) {
+        if constexpr (FMT == kInt4H) {
+          w4_load_b(xm, (r0 + r) * kMmaRun, c, xb);
+        } else {
+          fp4_load_b(xm, (r0 + r) * kMmaRun, c, xb);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        if constexpr (FMT == kInt4H) {
+          w4_run(bt.w[u][t], bt.sz[u][t], xb, acc[t]);
+        } else {
+          fp4_run<FMT, X>(bt.w[u][t], bt.sz[u][t], xb, acc[t]);
+        }
+      }
+    }
+  };
+  Batch even, odd;
+  constexpr int kStep = U * W;
+  load(even, warp);
+  for (int rb = warp; rb < runs; rb += 2 * kStep) {
+    load(odd, rb + kStep);
+    compute(even, rb);
+    load(even, rb + 2 * kStep);
+    compute(odd, rb + kStep);
+  }
+  if constexpr (FMT == kNvfp4) {  // the global scale per row, and the 2^7 the decode left out
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(row0 + 16 * t + g + 8 * (e >> 1), p.n - 1)] * 128.f;
+  }
+  finish<X, T, W>(p, acc, red, row0);
+}
+
+}  // namespace onecat_qgemv
