@@ -8,9 +8,9 @@ L2 cache holds none between calls) inside one CUDA graph, median of 20 replays, 
 call must read: codes + scales (+ zeros) + x; fp16 weights 2 B each. The copy limit is a large
 device-to-device copy timed in the same run. "layer" sums the four projections (bytes over time), as a
 decode step sees them. --sweep also times the CUDA GEMV at fixed splits of K (1, 2, 4, 8) beside its default.
-Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, MXFP4 with bf16 activations:
-"cuda_int4", "cuda_nvfp4", "cuda_nvfp4_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on the same
-weights; NVFP4 and MXFP4 are timed with fp16 and with bf16 activations (*_bf16).
+Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, FP8, MXFP4 with bf16 activations:
+"cuda_int4", "cuda_nvfp4", "cuda_fp8" and their "_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on
+the same weights; NVFP4, MXFP4 and FP8 are timed with fp16 and with bf16 activations (*_bf16).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from gpu_w4a16 import L2_FLUSH_BYTES, SHAPES, copy_limit_gbps
 
 LAYER = ("qkv", "o", "gate_up", "down")
 FORMATS = ("int4", "nvfp4", "mxfp4", "fp8")
-BF16_TOO = ("nvfp4", "mxfp4")  # also timed with bf16 activations (*_bf16): MXFP4 takes the tensor cores only then
+BF16_TOO = ("nvfp4", "mxfp4", "fp8")  # also timed with bf16 activations (*_bf16): MXFP4 takes the tensor cores only then
 
 
 def random_weight(fmt: str, n: int, k: int, gen) -> dict:

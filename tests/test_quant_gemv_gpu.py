@@ -177,13 +177,14 @@ def test_a_row_gives_the_same_bits_alone_or_in_a_batch(fmt, group, dtype):
 
 
 @pytest.mark.parametrize("fmt,dtype", [("nvfp4", torch.float16), ("nvfp4", torch.bfloat16),
-                                       ("mxfp4", torch.bfloat16)])
+                                       ("mxfp4", torch.bfloat16), ("fp8", torch.float16), ("fp8", torch.bfloat16)])
 @pytest.mark.parametrize("kernel", ["fma", "mma"])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("n,k", [(300, 4096), (40, 14336), (4101, 1024)])
-def test_fp4_fma_and_tensor_core_gemvs_match_the_reference(fmt, dtype, kernel, rows, n, k):
-    """The tensor-core FP4 GEMV decodes each code times its block scale into the activation dtype exactly; the
-    FMA GEMV keeps float32: both are held to the float64 reference, at every split, bit-repeatable."""
+def test_float_formats_fma_and_tensor_core_gemvs_match_the_reference(fmt, dtype, kernel, rows, n, k):
+    """The tensor-core GEMV decodes each FP4 code times its block scale (FP8: each code times 2^-8) into the
+    activation dtype exactly; the FMA GEMV keeps float32: both are held to the float64 reference, at every
+    split, bit-repeatable."""
     from onecat.engine.kernels.triton_w4a16 import _capability
 
     if kernel == "mma" and _capability(0) < 80:

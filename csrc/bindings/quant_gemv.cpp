@@ -1,5 +1,5 @@
 // Torch binding of the packed-weight GEMVs (csrc/quant_gemv/quant_gemv.cuh, and mma_gemv.cuh on the tensor cores
-// of SM80+ for W4A16 fp16 g128, NVFP4 and MXFP4 bf16): argument checks, the choice of kernel, the split of K and the launch
+// of SM80+ for W4A16 fp16 g128, NVFP4, FP8 and MXFP4 bf16): argument checks, the choice of kernel, the split of K and the launch
 // (quant_gemv_launch.cu). Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
@@ -105,13 +105,14 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   int sms = 0, major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  // the tensor-core GEMV (mma_gemv.cuh): W4A16 fp16 with fp16 scale pairs and groups of 128, NVFP4 fp16 or bf16,
-  // MXFP4 bf16 (its scaled codes leave fp16's range); K a multiple of 128, no folded norm or glu, SM80 or newer
+  // the tensor-core GEMV (mma_gemv.cuh): W4A16 fp16 with fp16 scale pairs and groups of 128, NVFP4 and FP8 fp16
+  // or bf16, MXFP4 bf16 (its scaled codes leave fp16's range); K a multiple of 128, no folded norm or glu, SM80 or newer
   const bool half = x.scalar_type() == at::kHalf;
-  const bool mma_format = (fmt == kInt4H && half && group == 128) || fmt == kNvfp4 || (fmt == kMxfp4 && !half);
+  const bool mma_format = (fmt == kInt4H && half && group == 128) || fmt == kNvfp4 || fmt == kFp8 ||
+                          (fmt == kMxfp4 && !half);
   const bool mma_fits = mma_format && k % kMmaRun == 0 && !glu && !residual.has_value() && major >= 8;
   TORCH_CHECK(kernel != kMma || mma_fits, "the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups "
-              "of 128), NVFP4 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or "
+              "of 128), NVFP4 or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or "
               "newer");
   const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
   const int budget = smem_budget(dev);

@@ -65,6 +65,7 @@ cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stre
   if (fmt == kInt4H && !is_bf16) return launch_mma_as<kInt4H, __half>(p, stream);
   if (fmt == kNvfp4) return is_bf16 ? launch_mma_as<kNvfp4, __nv_bfloat16>(p, stream) : launch_mma_as<kNvfp4, __half>(p, stream);
   if (fmt == kMxfp4 && is_bf16) return launch_mma_as<kMxfp4, __nv_bfloat16>(p, stream);
+  if (fmt == kFp8) return is_bf16 ? launch_mma_as<kFp8, __nv_bfloat16>(p, stream) : launch_mma_as<kFp8, __half>(p, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -18,27 +18,13 @@
 // neighbouring columns each. NVFP4 (B = 16): words 4c, 4c + 1 are block 2c, the pair is columns 32c + 2j, + 1,
 // and words 4c + 2, 4c + 3 are block 2c + 1, columns 32c + 16 + 2j, + 1. MXFP4 (B = 32): words 4c .. 4c + 3
 // are block c, the pairs are columns 32c + 4j, + 1 and 32c + 4j + 2, + 3. Either way the lane's B pairs are
-// among activation row g's columns 32c .. 32c + 31 of the run, one 64-byte load (fp4_load_b).
+// among activation row g's columns 32c .. 32c + 31 of the run, one 64-byte load (load_b_32cols, mma_ops.cuh).
 #pragma once
 
 #include "formats.cuh"
 #include "mma_ops.cuh"
 
 namespace onecat_qgemv {
-
-// Activation row g's columns 32c .. 32c + 31 of the run as 16 pairs.
-template <typename T>
-__device__ __forceinline__ void fp4_load_b(const T* xm, int col0, int c, uint32_t* xb) {
-  const uint4* src = reinterpret_cast<const uint4*>(xm + col0 + 32 * c);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 v = __ldg(src + i);
-    xb[4 * i] = v.x;
-    xb[4 * i + 1] = v.y;
-    xb[4 * i + 2] = v.z;
-    xb[4 * i + 3] = v.w;
-  }
-}
 
 // The lane's scale bits of one run for one row: NVFP4 the E4M3 bytes of blocks 2c and 2c + 1 (one 16-bit
 // load), MXFP4 the E8M0 byte of block c. `base` is the row's first scale byte.

@@ -1,6 +1,6 @@
 // Packed-weight GEMV for 1-8 activation rows on the tensor cores (SM80 and newer): y = x @ dequant(W)^T for
 // W4A16 with fp16 scale pairs and groups of 128 (w4_mma.cuh: fp16 activations), NVFP4 (fp4_mma.cuh: fp16 or
-// bf16) and MXFP4 (bf16).
+// bf16), MXFP4 (bf16) and FP8 E4M3 (fp8_mma.cuh: fp16 or bf16).
 //
 // Why: one mma.sync.m16n8k16 multiplies 16 weight rows by 16 columns of all 8 activation rows (the activations
 // are the 8-wide B operand: rows past m_rows are zero and never stored), so the arithmetic per weight is its
@@ -21,6 +21,7 @@
 
 #include "formats.cuh"
 #include "fp4_mma.cuh"
+#include "fp8_mma.cuh"
 #include "mma_ops.cuh"
 #include "w4_mma.cuh"
 
@@ -89,14 +90,15 @@ __device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* 
 
 template <int FMT, typename X, int U, int T, int W>
 __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
-  static_assert(FMT == kInt4H ? std::is_same_v<X, __half> : FMT == kNvfp4 || FMT == kMxfp4, "formats this kernel takes");
+  static_assert(FMT == kInt4H ? std::is_same_v<X, __half> : FMT != kInt4B, "formats this kernel takes");
+  constexpr int kVecs = FMT == kFp8 ? 2 : 1;  // 16-byte loads a lane takes of a row's run (FP8: 32 words a run)
   __shared__ float red[W * T * 4 * 32];
   const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K
   const int r0 = blockIdx.y * runs;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int row0 = blockIdx.x * 16 * T;
-  const int kw = p.k / 8;
+  const int kw = p.k / Traits<FMT>::kCodes;
   // tile t, half h: weight row row0 + 16 t + 8 h + g (past N: re-read, not stored)
   const uint4* wr[T][2];
   const void* sz[T][2];  // the row's first (scale, zero) pair (W4A16) or scale byte (FP4)
@@ -105,7 +107,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = min(row0 + 16 * t + 8 * h + g, p.n - 1);
-      wr[t][h] = reinterpret_cast<const uint4*>(p.w + row * kw) + c;
+      wr[t][h] = reinterpret_cast<const uint4*>(p.w + row * kw) + c * kVecs;
       if constexpr (FMT == kInt4H) {
         sz[t][h] = static_cast<const uint32_t*>(p.scales) + row * (p.k / kMmaRun);  // a run is a group
       } else {
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
 
   // U runs of all T tiles a batch; two batches alternate, so one is in flight while the other is computed
   struct Batch {
-    uint4 w[U][T][2];
+    uint4 w[U][T][2 * kVecs];
     uint32_t sz[U][T][2];
   };
   auto load = [&](Batch& bt, int rb) {  // runs rb, rb + W, ... of this block
@@ -129,9 +131,13 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
       for (int t = 0; t < T; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          bt.w[u][t][h] = live ? __ldcs(wr[t][h] + 4 * (r0 + r)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int v = 0; v < kVecs; ++v)
+            bt.w[u][t][h * kVecs + v] = live ? __ldcs(wr[t][h] + 4 * kVecs * (r0 + r) + v) : make_uint4(0, 0, 0, 0);
           if constexpr (FMT == kInt4H) {
             bt.sz[u][t][h] = live ? __ldg(static_cast<const uint32_t*>(sz[t][h]) + r0 + r) : 0u;
+          } else if constexpr (FMT == kFp8) {
+            bt.sz[u][t][h] = 0u;  // the row's scale comes at the end
           } else {
             bt.sz[u][t][h] = live ? fp4_run_scales<FMT>(static_cast<const uint8_t*>(sz[t][h]), r0 + r, c) : 0u;
           }
@@ -149,13 +155,15 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
         if constexpr (FMT == kInt4H) {
           w4_load_b(xm, (r0 + r) * kMmaRun, c, xb);
         } else {
-          fp4_load_b(xm, (r0 + r) * kMmaRun, c, xb);
+          load_b_32cols(xm, (r0 + r) * kMmaRun, c, xb);
         }
       }
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         if constexpr (FMT == kInt4H) {
           w4_run(bt.w[u][t], bt.sz[u][t], xb, acc[t]);
+        } else if constexpr (FMT == kFp8) {
+          fp8_run<X>(bt.w[u][t], xb, acc[t]);
         } else {
           fp4_run<FMT, X>(bt.w[u][t], bt.sz[u][t], xb, acc[t]);
         }
@@ -171,11 +179,12 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
     load(even, rb + 2 * kStep);
     compute(odd, rb + kStep);
   }
-  if constexpr (FMT == kNvfp4) {  // the global scale per row, and the 2^7 the decode left out
+  if constexpr (FMT == kNvfp4 || FMT == kFp8) {  // the scale per row, and the power of two the decode left out
+    constexpr float kLeft = FMT == kNvfp4 ? 128.f : 256.f;
 #pragma unroll
     for (int t = 0; t < T; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(row0 + 16 * t + g + 8 * (e >> 1), p.n - 1)] * 128.f;
+      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(row0 + 16 * t + g + 8 * (e >> 1), p.n - 1)] * kLeft;
   }
   finish<X, T, W>(p, acc, red, row0);
 }

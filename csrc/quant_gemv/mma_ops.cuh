@@ -45,4 +45,18 @@ __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, uint32_t 
 #endif
 }
 
+// The B operand of the FP4 and FP8 decodes: activation row g's columns 32c .. 32c + 31 of the run as 16 pairs.
+template <typename T>
+__device__ __forceinline__ void load_b_32cols(const T* xm, int col0, int c, uint32_t* xb) {
+  const uint4* src = reinterpret_cast<const uint4*>(xm + col0 + 32 * c);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = __ldg(src + i);
+    xb[4 * i] = v.x;
+    xb[4 * i + 1] = v.y;
+    xb[4 * i + 2] = v.z;
+    xb[4 * i + 3] = v.w;
+  }
+}
+
 }  // namespace onecat_qgemv

@@ -123,14 +123,15 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
 
 def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool) -> bool:
     """Whether the tensor-core GEMV (csrc/quant_gemv/mma_gemv.cuh) can take the call, on SM80 or newer: W4A16 with
-    fp16 activations and scale pairs and groups of 128, NVFP4 with fp16 or bf16 activations, MXFP4 with bf16
+    fp16 activations and scale pairs and groups of 128, NVFP4 and FP8 with fp16 or bf16 activations, MXFP4 with bf16
     (its scaled codes can leave fp16's range); K a multiple of 128; no folded norm or glu."""
     from onecat.engine.kernels.triton_w4a16 import _capability
 
     if folded or x.shape[-1] % MMA_RUN:
         return False
     fits = {"int4": x.dtype == torch.float16 and scales.dtype == torch.float16 and group == MMA_RUN,
-            "nvfp4": x.dtype in (torch.float16, torch.bfloat16), "mxfp4": x.dtype == torch.bfloat16}
+            "nvfp4": x.dtype in (torch.float16, torch.bfloat16), "mxfp4": x.dtype == torch.bfloat16,
+            "fp8": x.dtype in (torch.float16, torch.bfloat16)}
     return fits.get(fmt, False) and _capability(_device_index(x)) >= 80
 
 
@@ -156,7 +157,7 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
     if kernel == "mma" and not applies:
         raise ValueError("the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups of 128), NVFP4 "
-                         "(fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or newer")
+                         "or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or newer")
     mma = applies and kernel != "fma"
     check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":
