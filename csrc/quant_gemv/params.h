@@ -19,9 +19,9 @@ enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kMmaRows = 32;  // w4_mma.cuh: output rows of a block (two tiles of one mma's M)
-constexpr int kMmaWarps = 4;  // w4_mma.cuh: warps of a block
-constexpr int kMmaRun = 128;  // w4_mma.cuh: columns of K a warp takes at once
+constexpr int kMmaRows = 32;  // mma_gemv.cuh: output rows of a block (two tiles of one mma's M)
+constexpr int kMmaWarps = 4;  // mma_gemv.cuh: warps of a block
+constexpr int kMmaRun = 128;  // mma_gemv.cuh: columns of K a warp takes at once (a run)
 
 struct Params {
   const void* x;          // [m_rows, K] activations (T)

@@ -1,14 +1,15 @@
 """The CUDA packed-weight GEMVs: W4A16, NVFP4, MXFP4 and FP8 weights read packed, 1-8 activation rows. Plain
-FMAs on SM70 and newer (csrc/quant_gemv/quant_gemv.cuh); fp16 W4A16 with groups of 128 on the tensor cores on
-SM80 and newer (w4_mma.cuh). Built on first use.
+FMAs on SM70 and newer (csrc/quant_gemv/quant_gemv.cuh); on SM80 and newer the tensor-core GEMV
+(mma_gemv.cuh) for fp16 W4A16 with groups of 128, NVFP4 and FP8 (fp16 or bf16) and MXFP4 (bf16). Built on
+first use.
 
 Packed layers call these for every decode call of 1-8 rows (ONECAT_QUANT_GEMV=auto): one kernel per layer and
 a split of K that does not depend on the row count, so a row's result is the same alone or in a batch, as the
 fp16 GEMV's is (the harness's determinism workload checks exactly that). Measured on an H200, the Llama-3-8B
-layer (benchmarks/results/quant_gemv_h200.json): W4A16 on the tensor cores is 1.46x cuBLAS fp16 at 8 rows, where
-the Triton GEMVs were 0.55x, and slower than the Triton W4A16 GEMV at one row. ONECAT_QUANT_GEMV=triton runs
-the Triton GEMVs instead (each the fastest for its row count, not batch-invariant); =folded also folds the
-residual add + RMSNorm and SiLU * mul into one-row calls (measured slower than the separate kernels:
+layer (benchmarks/results/quant_gemv_h200.json): the tensor-core GEMV is 1.0-1.8x cuBLAS fp16 at 8 rows
+(the FMA and Triton GEMVs 0.25-0.5x) and at one row the fastest of the three for W4A16, NVFP4 and MXFP4.
+ONECAT_QUANT_GEMV=triton runs the Triton GEMVs instead (not batch-invariant); =folded also folds the residual
+add + RMSNorm and SiLU * mul into one-row calls of the FMA GEMV (measured slower than the separate kernels:
 benchmarks/results/quant_decoder_h200.json). Where the extension cannot be built the Triton GEMVs run (FP8:
 dequantize + cuBLAS).
 """
@@ -26,7 +27,7 @@ BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
-MMA_RUN = 128  # the tensor-core W4A16 GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun) and its group size
+MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
 SMEM_BUDGET_MAX = 64 * 1024  # staged activations per block (csrc/bindings/quant_gemv.cpp: also <= a third of an SM)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
