@@ -51,26 +51,21 @@ __device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* 
       for (int w = 1; w < W; ++w) v += red[((w * T + t) * 4 + e) * 32 + lane];
       acc[t][e] = v;
     }
-  // tile t, element e: row row0 + 16 t + g + 8 * (e / 2), activation row 2c + e % 2
-  if (p.splits == 1) {
-#pragma unroll
-    for (int t = 0; t < T; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = row0 + 16 * t + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
-        if (row < p.n && mm < p.m_rows)
-          static_cast<X*>(p.y)[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(acc[t][e]);
-      }
-    return;
-  }
+  // tile t, element e: row row0 + 16 t + g + 8 * (e / 2), activation row 2c + e % 2; the output, or this split's
+  // fp32 partial
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = row0 + 16 * t + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
-      if (row < p.n && mm < p.m_rows)
+      if (row >= p.n || mm >= p.m_rows) continue;
+      if (p.splits == 1) {
+        static_cast<X*>(p.y)[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(acc[t][e]);
+      } else {
         p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + mm) * p.n + row] = acc[t][e];
+      }
     }
+  if (p.splits == 1) return;
   __threadfence();
   __syncwarp();
   int last = 0;
