@@ -72,3 +72,24 @@ def test_sm70_check_cli_passes_with_tensor_cores_and_128bit_loads(tmp_path):
             assert r["hmma"] > 0, label  # tensor cores present in the sm_70 SASS
         if label.startswith("decode"):
             assert r["ldg128"] > 0, label  # paged KV read with 128-bit loads
+
+
+def test_tensor_core_gemv_builds_for_volta_as_a_trap_and_for_ampere_with_mma():
+    """A V100 build of the extension compiles mma_gemv.cuh too (the binding never launches it below SM80): it must
+    compile for compute_70 with no mma.sync (a trap instead), and for compute_80 with the mma of every format."""
+    from onecat.engine.kernel_tools.nvrtc import Nvrtc
+    from onecat.engine.kernel_tools.sm70_check import CSRC
+
+    tc = _toolchain_or_skip()
+    exprs = [f"&onecat_qgemv::mma_gemv_kernel<onecat_qgemv::{fmt}, {t}, 1, 2, 4>"
+             for fmt, t in [("kInt4H", "__half"), ("kNvfp4", "__half"), ("kNvfp4", "__nv_bfloat16"),
+                            ("kMxfp4", "__nv_bfloat16"), ("kFp8", "__half"), ("kFp8", "__nv_bfloat16")]]
+    ptx = {}
+    for arch in ("compute_70", "compute_80"):
+        ptx[arch], lowered = Nvrtc(tc.nvrtc_lib).compile(
+            '#include "quant_gemv/mma_gemv.cuh"\n', "mma_gemv.cu",
+            [f"--gpu-architecture={arch}", "--std=c++17", f"-I{CSRC}", f"-I{tc.cuda_include}"], exprs)
+        assert len(lowered) == len(exprs)
+    assert "mma.sync" not in ptx["compute_70"] and "trap;" in ptx["compute_70"]
+    assert ptx["compute_80"].count("mma.sync.aligned.m16n8k16") >= 6 * 8  # 8 k-steps a run, every instantiation
+    assert "trap;" not in ptx["compute_80"]

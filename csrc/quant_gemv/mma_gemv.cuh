@@ -17,8 +17,6 @@
 // cp.async stages was slower).
 #pragma once
 
-#include <type_traits>
-
 #include "formats.cuh"
 #include "fp4_mma.cuh"
 #include "fp8_mma.cuh"
@@ -85,7 +83,7 @@ __device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* 
 
 template <int FMT, typename X, int U, int T, int W>
 __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
-  static_assert(FMT == kInt4H ? std::is_same_v<X, __half> : FMT != kInt4B, "formats this kernel takes");
+  static_assert(FMT == kInt4H ? Same<X, __half>::value : FMT != kInt4B, "formats this kernel takes");
   constexpr int kVecs = FMT == kFp8 ? 2 : 1;  // 16-byte loads a lane takes of a row's run (FP8: 32 words a run)
   __shared__ float red[W * T * 4 * 32];
   const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K
