@@ -88,7 +88,8 @@ def test_silu_mul_matches_reference(bf16_out):
     assert torch.equal(cpu_ops.load().silu_mul(gate_up[3:4], bf16_out), out[3:4])
 
 
-@pytest.mark.parametrize("quantization,tol", [(None, 1e-4), ("gguf", 0.2)])
+@pytest.mark.parametrize("quantization,tol", [(None, 1e-4),
+                                              pytest.param("gguf", 0.2, marks=pytest.mark.slow)])  # 4 packed loads
 def test_engine_with_fused_cpu_ops_matches_the_torch_ops(quantization, tol):
     """Greedy tokens equal, logprobs within rounding: float32 for dense weights; for packed ones the 4-bit
     kernel rounds every matmul output to bfloat16 (a logit of 16-32 moves in steps of 0.125), and a one-ulp

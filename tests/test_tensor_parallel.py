@@ -40,10 +40,14 @@ def test_tp2_uneven_heads_matches_tp1(reference):
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["plain"]
 
 
-def test_tp2_with_chunked_prefill_preemption_and_speculation(reference):
+def test_tp2_with_chunked_prefill_and_preemption(reference):
     with LLM(EMBEDDED, tensor_parallel_size=2, **SMALL) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == reference["small"]
         assert llm.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.slow  # a second TP engine; speculation's rollback under TP is also in test_hybrid_tp (slow) and the GPU TP tests
+def test_tp2_with_ngram_speculation(reference):
     check_speculation_under_tp({"method": "ngram", "num_speculative_tokens": 4}, reference)
 
 
