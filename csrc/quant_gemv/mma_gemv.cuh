@@ -25,7 +25,7 @@
 
 namespace onecat_qgemv {
 
-// kMmaRun (params.h): columns a warp takes at once, 16 words of each of its rows.
+// kMmaRun (params.h): columns a warp takes at once (a run): 16 words of each of its rows (FP8: 32).
 
 // The end of a block: its W warps' sums of its T tiles added in warp order through shared memory (red: W * T *
 // 4 * 32 floats), then written (splits == 1), or written as fp32 partials of which the last block of the row
