@@ -143,6 +143,51 @@ def test_speculation_rolls_the_state_back_to_the_accepted_tokens(hybrid_dir, k, 
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0  # some drafts were kept, some rolled back
 
 
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 7},
+                                  {"method": "draft_model", "num_speculative_tokens": 7}])
+def test_speculation_with_align_prefix_caching(hybrid_dir, spec, monkeypatch):
+    """Speculation with mamba_cache_mode align: a verify chunk, like a prefill chunk, ends at the last block
+    boundary it crosses (8 tokens on 4-token blocks may cross two), and a state is saved at a boundary only when
+    the slot stands exactly there: never while it holds drafts past the accepted tokens. Every state saved
+    under speculation equals the one plain decoding saves for the same block, and prompts that extend the first
+    round's outputs hit those blocks and give plain decoding's tokens."""
+    from onecat.engine import LLM
+    from onecat.engine.state_cache import RecurrentStateCache
+
+    saved_states = []  # per engine: prefix hash -> the DeltaNet state kept for it
+    original = RecurrentStateCache.save
+
+    def recording_save(self, slot, key, position=None):
+        before = self.saved
+        original(self, slot, key, position)
+        if self.saved > before:
+            saved_states[-1][key] = self.snap_ssm[:, self.snapshots[key]].clone()
+
+    monkeypatch.setattr(RecurrentStateCache, "save", recording_save)
+    if spec["method"] == "draft_model":  # the model drafting for itself: every draft accepted
+        spec = spec | {"model": str(hybrid_dir)}
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 5 + [9]] + PROMPTS[:3]
+    aligned = dict(dtype="float32", max_model_len=160, block_size=4, mamba_cache_mode="align")
+    with LLM(str(hybrid_dir), **aligned) as base:
+        saved_states.append({})
+        first_ref = [o.token_ids for o in base.generate(prompts, greedy(24))]
+        second = [p + t for p, t in zip(prompts, first_ref)]
+        second_ref = [o.token_ids for o in base.generate(second, greedy(8))]
+    with LLM(str(hybrid_dir), **aligned, speculative_config=spec) as llm:
+        saved_states.append({})
+        first = llm.generate(prompts, greedy(24))
+        assert (llm.model.states.rollbacks > 0) == (spec["method"] == "ngram")  # ngram: drafts were rejected
+        again = llm.generate(second, greedy(8))
+        assert llm.model.states.restored > 0
+    assert [o.token_ids for o in first] == first_ref
+    assert [o.token_ids for o in again] == second_ref
+    assert any(o.num_cached_tokens > len(p) for o, p in zip(again, prompts))  # hits into generated blocks
+    plain, speculated = saved_states
+    assert len(speculated) > 20 and set(speculated) <= set(plain)
+    for key, state in speculated.items():
+        torch.testing.assert_close(state, plain[key], atol=1e-5, rtol=1e-5)
+
+
 def test_a_hybrid_drafter_drafting_for_itself_is_always_accepted(hybrid_dir, reference_tokens):
     from onecat.engine import LLM
 
@@ -181,8 +226,6 @@ def test_prefix_caching_is_off_for_hybrid_models_and_said_once(hybrid_dir, caplo
 @pytest.mark.parametrize("settings,needle", [
     ({"mamba_cache_mode": "all"}, "mamba_cache_mode='all'"),
     ({"mamba_cache_mode": "align", "enable_prefix_caching": False}, "enable_prefix_caching true"),
-    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}, "mamba_cache_mode": "align"},
-     "speculative decoding with mamba_cache_mode align"),
     ({"speculative_config": {"method": "dflash", "model": "drafter", "num_speculative_tokens": 2}},
      "dflash on hybrid models"),
 ])

@@ -40,9 +40,6 @@ def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.devi
         out.append(f"speculative method dflash on hybrid models ({arch}) is not implemented: the DFlash drafter "
                    "reads hidden states of the target's layers that hybrid models do not tap; use ngram or "
                    "draft_model")
-    if hybrid and spec is not None and cfg.mamba_cache_mode == "align":
-        out.append("speculative decoding with mamba_cache_mode align is not implemented: a state would be saved "
-                   "at a block boundary before the rejected drafts are rolled back; use mamba_cache_mode none")
     if cfg.mamba_cache_mode == "align" and hybrid and not cfg.enable_prefix_caching:
         out.append("mamba_cache_mode='align' saves recurrent states for prefix caching, which is off: set "
                    "enable_prefix_caching true, or use mamba_cache_mode none")
