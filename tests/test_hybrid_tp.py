@@ -94,6 +94,27 @@ def test_tp2_align_prefix_hits_and_preemption_keep_tp1_tokens(tmp_path):
     assert sum(o.num_cached_tokens for o in again) > 0
 
 
+@pytest.mark.slow
+def test_tp2_speculation_with_align_keeps_tp1_tokens(tmp_path):
+    """n-gram speculation with mamba_cache_mode align under TP=2: every rank saves (repeating rank 0's copies) only
+    states after accepted tokens, so the first round and the prompts extending it (prefix hits into the
+    generated blocks) give TP=1's plain tokens."""
+    model_dir = make_tiny_moe_hybrid("qwen3_5", tmp_path / "h", slow_decay=True)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    with LLM(str(model_dir), dtype="float32", max_model_len=128) as base:
+        reference = [o.token_ids for o in base.generate(PROMPTS, greedy)]
+        second = [p + t for p, t in zip(PROMPTS, reference)]
+        second_ref = [o.token_ids for o in base.generate(second, greedy)]
+    with LLM(str(model_dir), dtype="float32", max_model_len=128, block_size=4, mamba_cache_mode="align",
+             tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 7}) as llm:
+        first = llm.generate(PROMPTS, greedy)
+        again = llm.generate(second, greedy)
+        assert llm.model.states.restored > 0 and llm.model.states.rollbacks > 0
+        assert all(llm.tp.workers.alive())
+    assert [o.token_ids for o in first] == reference
+    assert [o.token_ids for o in again] == second_ref
+    assert any(o.num_cached_tokens > len(p) for o, p in zip(again, PROMPTS))
+
 
 @pytest.mark.slow
 def test_tp2_speculation_rolls_every_ranks_state_back(tmp_path):
