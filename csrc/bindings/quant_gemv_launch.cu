@@ -49,9 +49,6 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
   }
 }
 
-}  // namespace
-
-namespace {
 template <int FMT, typename T>
 cudaError_t launch_mma_as(const Params& p, cudaStream_t stream) {
   const dim3 grid((p.n + kMmaRows - 1) / kMmaRows, p.splits);
@@ -59,6 +56,7 @@ cudaError_t launch_mma_as(const Params& p, cudaStream_t stream) {
   mma_gemv_kernel<FMT, T, 1, kMmaRows / 16, kMmaWarps><<<grid, kMmaWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
+
 }  // namespace
 
 cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream) {

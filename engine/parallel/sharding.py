@@ -265,9 +265,6 @@ def _keep_param(module: nn.Module, name: str, rows: torch.Tensor) -> None:
 
 def _shard_gated_deltanet(m: GatedDeltaNet, rank: int, world: int, group) -> None:
     vh, kh = linear_attention_heads(m.v_heads, m.k_heads, rank, world)
-    if not vh:
-        raise ConfigError(f"tensor parallel over {world} ranks leaves rank {rank} no Gated DeltaNet value head "
-                          f"({m.v_heads} in all); use tensor_parallel_size <= {m.v_heads}")
     key, val = _head_rows(kh, m.k_dim), _head_rows(vh, m.v_dim)
     heads = torch.tensor(vh, dtype=torch.int64)
     qkv = torch.cat([key, m.key_size + key, 2 * m.key_size + val])  # the convolved channels
