@@ -116,3 +116,51 @@ def test_cuda_graphs_replay_the_eager_tokens(tmp_path):
             if mode == "full":
                 assert report["replays"] > 0 and {1, 4} <= set(report["captured_sizes"]), report
     assert tokens["full"] == tokens["off"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("experts,top_k,renorm", [(128, 8, True), (128, 8, False), (60, 4, True), (512, 10, True)])
+def test_fused_router_matches_a_float64_route(dtype, experts, top_k, renorm):
+    """The one-kernel router (engine/kernels/triton_router.py) against the route computed in float64 from the
+    same logits: its k experts are a top k (logits in bf16/fp16 tie often, and either of two equal experts is
+    right), largest first; its weights are those experts' (renormalized) probabilities rounded to the model
+    dtype, within one step of it (fp32: 4e-6 relative, the kernel's exp); the torch route agrees on the weights
+    wherever it chose the same experts; and a token's result is the same alone or in a batch (from the same logits)."""
+    _require()
+    from onecat.engine.layers.moe import SparseMoE
+
+    torch.manual_seed(experts + top_k)
+    moe = SparseMoE(64, 32, experts, top_k, renorm).to("cuda", dtype)
+    x = torch.randn(37, 64, device="cuda", dtype=dtype)
+    torch_w, torch_ids = moe.route(x)  # the torch ops
+    moe.use_fused = True
+    w, ids = moe.route(x)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32
+    assert torch.equal(w.to(dtype).float(), w)  # values of the model dtype
+    probs = torch.softmax(moe.gate(x).double(), dim=-1)
+    chosen = probs.gather(1, ids.long())
+    unchosen = probs.scatter(1, ids.long(), -1.0).max(dim=1).values
+    assert (chosen.min(dim=1).values >= unchosen * (1 - 4e-6)).all()  # a top k
+    assert (chosen[:, :-1] >= chosen[:, 1:] * (1 - 4e-6)).all()  # largest first
+    ref = chosen / chosen.sum(dim=1, keepdim=True) if renorm else chosen
+    step = 4e-6 if dtype == torch.float32 else torch.finfo(dtype).eps
+    assert ((w.double() - ref).abs() <= step * ref + 1e-12).all()
+    same = (ids.long() == torch_ids).all(dim=1)
+    assert same.any()
+    assert ((w[same] - torch_w[same].float()).abs() <= step * torch_w[same].float().abs() + 1e-12).all()
+    from onecat.engine.kernels.triton_router import route  # the kernel alone: the gate GEMM's bits may vary with M
+
+    logits = moe.gate(x)
+    all_w, all_ids = route(logits, top_k, renorm)
+    alone_w, alone_ids = route(logits[5:6], top_k, renorm)
+    assert torch.equal(alone_w, all_w[5:6]) and torch.equal(alone_ids, all_ids[5:6])
+
+
+def test_fused_router_sends_ties_to_the_lower_expert():
+    _require()
+    from onecat.engine.kernels.triton_router import route
+
+    w, ids = route(torch.zeros(2, 16, device="cuda", dtype=torch.bfloat16), 4, True)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 2 and torch.equal(w, torch.full((2, 4), 0.25, device="cuda"))
+    with pytest.raises(ValueError, match="top_k <= num_experts"):
+        route(torch.zeros(1, 4, device="cuda"), 5, True)

@@ -27,6 +27,7 @@ import torch
 
 VARIANTS = ("dot", "fma")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+COMBINE_BLOCK = 1024  # hidden features a program of the k-slot sum takes
 
 
 def unavailable_reason(x: torch.Tensor) -> str | None:
@@ -188,7 +189,19 @@ def _kernels():
         tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
 
-    return gate_up_kernel, down_kernel
+    @triton.jit
+    def combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr):
+        """out[t] = sum over slots j = 0, 1, ... of y[t * TOP_K + j], in float32 in that order (one kernel; the
+        same order at every batch size)."""
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1) * BH + tl.arange(0, BH)
+        ok = h < H
+        acc = tl.zeros([BH], tl.float32)
+        for j in tl.static_range(TOP_K):
+            acc += tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+    return gate_up_kernel, down_kernel, combine_kernel
 
 
 def tiles(pairs: int, variant: str) -> dict:
@@ -228,7 +241,7 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     h = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(n, H, dtype=x.dtype, device=x.device)
     route = weights.reshape(-1).to(torch.float32).contiguous()
-    gate_up_kernel, down_kernel = _kernels()
+    gate_up_kernel, down_kernel, combine_kernel = _kernels()
     common = dict(BM=bm, BK=bk, USE_DOT=variant == "dot", PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                   num_warps=t["num_warps"], num_stages=t["num_stages"])
     m_blocks = block_experts.numel()
@@ -238,4 +251,6 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     down_kernel[(m_blocks * -(-H // bn),)](
         h, down, y, pairs, block_experts, route, n, E, H, h.stride(0), down.stride(0), down.stride(1),
         y.stride(0), K=inter, BN=bn, **common)
-    return y.view(T, top_k, H).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    out = torch.empty_like(x)
+    combine_kernel[(T, -(-H // COMBINE_BLOCK))](y, out, H, TOP_K=top_k, BH=COMBINE_BLOCK, num_warps=4)
+    return out

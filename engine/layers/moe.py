@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.kernels import triton_moe
+from onecat.engine.kernels import triton_moe, triton_router
 from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
@@ -98,6 +98,8 @@ class SparseMoE(nn.Module):
     """Router + experts (+ gated shared expert). `norm_topk_prob`: the k chosen probabilities are renormalized
     to sum to 1 (else they keep their softmax values over all experts), as the checkpoint's config says."""
 
+    use_fused = False  # the engine turns this on per model (CUDA + Triton): the router in one kernel
+
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  shared_intermediate: int = 0):
         super().__init__()
@@ -110,8 +112,12 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = Linear(hidden, 1, bias=False) if shared_intermediate else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [T, k] in x's dtype, expert ids [T, k]): softmax over all experts in float32, top k."""
+        """(weights [T, k], expert ids [T, k]): softmax over all experts in float32, top k, rounded to x's dtype.
+        The fused router (engine/kernels/triton_router.py) hands the rounded weights over in float32 and the ids
+        in int32, as the fused experts read them; the experts' products are the same either way."""
         logits = self.gate(x)
+        if self.use_fused and logits.is_cuda and logits.shape[-1] <= triton_router.MAX_EXPERTS:
+            return triton_router.route(logits, self.top_k, self.norm_topk_prob)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
