@@ -18,11 +18,7 @@ from onecat.engine.kv_cache import LayerKVCache
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
 #                  that a 1K-token decode already spreads over 8 programs per KV head)
 MERGE_BLOCK = 16  # partitions merged per vector step
-# context tokens per inner tile by head_dim: a whole partition up to 128 (one dependent K/V load step per
-# partition: 7.8 against 9.0 us a layer at one token, 1K context, 32/4 and 32/8 heads on an H200,
-# benchmarks/results/gpu_h200_moe_hybrid.json "paged_decode_tiles"), 64 above it (the tile's registers)
-BLOCK_N = {16: 128, 32: 128, 64: 128, 128: 128, 256: 64}
-STAGES = 3  # software pipelining of the tile loop (1 and 3 tied at 1K; 3 for the longer contexts' loops)
+BLOCK_N = 64  # context tokens per inner tile
 FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # 8-bit KV storage dtypes the kernel reads
 
 
@@ -163,7 +159,7 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
         q, k, v, ks, vs, block_tables, ctx_lens, tok, row, po, plse,
         q.stride(0), q.stride(1), block_tables.stride(0), num_kv_heads, max_splits, per_prog,
         float(scale) * 1.4426950408889634,
-        GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page,
-        BLOCK=BLOCK_N[head_dim], PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4, num_stages=STAGES)
+        GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page, BLOCK=BLOCK_N,
+        PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4, num_stages=2)
     merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads, max_splits,
                                  D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK, num_warps=2)
