@@ -127,17 +127,19 @@ def test_fused_router_matches_a_float64_route(dtype, experts, top_k, renorm):
     dtype, within one step of it (fp32: 4e-6 relative, the kernel's exp); the torch route agrees on the weights
     wherever it chose the same experts; and a token's result is the same alone or in a batch (from the same logits)."""
     _require()
+    from onecat.engine.kernels.triton_router import route
     from onecat.engine.layers.moe import SparseMoE
 
     torch.manual_seed(experts + top_k)
     moe = SparseMoE(64, 32, experts, top_k, renorm).to("cuda", dtype)
     x = torch.randn(37, 64, device="cuda", dtype=dtype)
+    logits = moe.gate(x)
     torch_w, torch_ids = moe.route(x)  # the torch ops
     moe.use_fused = True
     w, ids = moe.route(x)
     assert w.dtype == torch.float32 and ids.dtype == torch.int32
     assert torch.equal(w.to(dtype).float(), w)  # values of the model dtype
-    probs = torch.softmax(moe.gate(x).double(), dim=-1)
+    probs = torch.softmax(logits.double(), dim=-1)
     chosen = probs.gather(1, ids.long())
     unchosen = probs.scatter(1, ids.long(), -1.0).max(dim=1).values
     assert (chosen.min(dim=1).values >= unchosen * (1 - 4e-6)).all()  # a top k
@@ -148,10 +150,7 @@ def test_fused_router_matches_a_float64_route(dtype, experts, top_k, renorm):
     same = (ids.long() == torch_ids).all(dim=1)
     assert same.any()
     assert ((w[same] - torch_w[same].float()).abs() <= step * torch_w[same].float().abs() + 1e-12).all()
-    from onecat.engine.kernels.triton_router import route  # the kernel alone: the gate GEMM's bits may vary with M
-
-    logits = moe.gate(x)
-    all_w, all_ids = route(logits, top_k, renorm)
+    all_w, all_ids = route(logits, top_k, renorm)  # the kernel alone: the gate GEMM's bits may vary with M
     alone_w, alone_ids = route(logits[5:6], top_k, renorm)
     assert torch.equal(alone_w, all_w[5:6]) and torch.equal(alone_ids, all_ids[5:6])
 
