@@ -30,6 +30,9 @@ SHAPES = {  # name: (out_features N, in_features K, what the engine fuses into i
     "llama3-8b.gate_up": (28672, 4096, "norm+glu"), "llama3-8b.down": (4096, 14336, None),
     "llama3-8b.lm_head": (128256, 4096, None),
     "qwen3-8b.gate_up": (24576, 4096, "norm+glu"), "qwen3-8b.down": (4096, 12288, None),
+    # the dense projections of the Qwen3-30B-A3B MoE shape (its experts run in triton_moe)
+    "qwen3-30b-a3b.qkv": (5120, 2048, "norm"), "qwen3-30b-a3b.o": (2048, 4096, None),
+    "qwen3-30b-a3b.router": (128, 2048, None), "qwen3-30b-a3b.lm_head": (151936, 2048, None),
 }
 L2_FLUSH_BYTES = 400 << 20
 
@@ -143,15 +146,21 @@ def main() -> None:
     ap.add_argument("--out", default=".onecat/gpu_gemv.json")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of tile configs per shape")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--pdl", choices=("on", "off"), default="on",
+                    help="programmatic dependent launch between the timed calls (SM90+; engine/kernels/pdl.py)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_gemv.py needs a CUDA GPU (none visible to torch)")
     import triton
 
+    from onecat.engine.kernels import pdl
+
+    pdl.ENABLED = args.pdl == "on"
     record = {"machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node(),
                           "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__},
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "note": "random fp16 weights; batch-1 (one row); CUDA-graph timing over rotating weight copies",
+              "pdl": pdl.options(torch.device("cuda"))["PDL"],
               "shapes": {}}
     for name in args.shapes.split(","):
         n, k, fused = SHAPES[name]

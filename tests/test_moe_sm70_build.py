@@ -29,16 +29,17 @@ def _ptx(kernel, dtype: str, cap: int, variant: str, K: int) -> str:
             sig[a] = "*i32"
         elif a == "route_ptr":
             sig[a] = "*fp32"
-        elif a in ("K", "BM", "BN", "BK", "USE_DOT", "PRECISION"):
+        elif a in ("K", "BM", "BN", "BK", "USE_DOT", "PRECISION", "PDL"):
             sig[a] = "constexpr"
         else:
             sig[a] = "i32"
     const = {"K": K, "BM": t["BM"], "BN": t["BN"], "BK": t["BK"], "USE_DOT": variant == "dot",
-             "PRECISION": "ieee" if dtype == "fp32" else "tf32"}
+             "PRECISION": "ieee" if dtype == "fp32" else "tf32", "PDL": cap >= 90}  # as pdl.options launches them
     src = triton.compiler.ASTSource(fn=kernel, signature=sig,
                                     constexprs={(names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", cap, 32),
-                          options={"num_warps": t["num_warps"], "num_stages": t["num_stages"]}).asm["ptx"]
+                          options={"num_warps": t["num_warps"], "num_stages": t["num_stages"],
+                                   "launch_pdl": cap >= 90}).asm["ptx"]
 
 
 def _matrix_ops(ptx: str) -> int:
@@ -51,11 +52,13 @@ def test_fma_variant_has_no_matrix_instructions(dtype, cap):
     for kernel, K in zip(triton_moe._kernels(), (2048, 768)):
         ptx = _ptx(kernel, dtype, cap, "fma", K)
         assert _matrix_ops(ptx) == 0 and "fma.rn.f32" in ptx
+        assert ("griddepcontrol.wait" in ptx) == (cap >= 90)  # no PDL below SM90
 
 
 def test_dot_variant_uses_the_matrix_units_on_sm90():
     for kernel, K in zip(triton_moe._kernels(), (2048, 768)):
-        assert _matrix_ops(_ptx(kernel, "bf16", 90, "dot", K)) > 0
+        ptx = _ptx(kernel, "bf16", 90, "dot", K)
+        assert _matrix_ops(ptx) > 0 and "griddepcontrol.wait" in ptx  # and waits for the kernel before it
 
 
 def test_fma_variant_builds_for_sm70_without_spills():

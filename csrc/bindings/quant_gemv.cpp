@@ -55,10 +55,11 @@ enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
 
 // With residual (and norm_weight): the folded RMSNorm; returns (y, x + residual), else (y, undefined).
 // kernel: kAuto (the tensor-core GEMV where it applies), kFma (quant_gemv.cuh), kMma (mma_gemv.cuh).
+// pdl: the tensor-core GEMV is launched with programmatic dependent launch (SM90+; engine/kernels/pdl.py).
 std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
                 int64_t splits, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,
-                double eps, bool glu, int64_t kernel) {
+                double eps, bool glu, int64_t kernel, bool pdl) {
   TORCH_CHECK(fmt >= kInt4H && fmt <= kFp8, "fmt must be 0..4 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8)");
   TORCH_CHECK(x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
               "x must be a contiguous CUDA float16 or bfloat16 tensor");
@@ -164,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   p.m_rows = static_cast<int>(m);
   p.splits = s;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(mma ? launch_mma(static_cast<int>(fmt), x.scalar_type() == at::kBFloat16, p, stream)
+  C10_CUDA_CHECK(mma ? launch_mma(static_cast<int>(fmt), x.scalar_type() == at::kBFloat16, p, stream, pdl)
                      : launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
   return {y, rout};
 }
@@ -174,10 +175,10 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
 std::tuple<at::Tensor, at::Tensor, std::string> gemv(
     const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& row_scale,
     at::Tensor& tickets, int64_t fmt, int64_t group, int64_t splits, const c10::optional<at::Tensor>& residual,
-    const c10::optional<at::Tensor>& norm_weight, double eps, bool glu, int64_t kernel) {
+    const c10::optional<at::Tensor>& norm_weight, double eps, bool glu, int64_t kernel, bool pdl) {
   try {
     auto [y, rout] = gemv_checked(x, qweight, scales, row_scale, tickets, fmt, group, splits, residual, norm_weight,
-                                  eps, glu, kernel);
+                                  eps, glu, kernel, pdl);
     return {y, rout, std::string()};
   } catch (const c10::Error& e) {
     return {at::Tensor(), at::Tensor(), e.what_without_backtrace()};
@@ -194,5 +195,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "before it and SiLU(gate) * up after it: (y, x + residual, error text)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"),
         py::arg("group"), py::arg("splits") = 0, py::arg("residual") = py::none(), py::arg("norm_weight") = py::none(),
-        py::arg("eps") = 0.0, py::arg("glu") = false, py::arg("kernel") = 0);
+        py::arg("eps") = 0.0, py::arg("glu") = false, py::arg("kernel") = 0,
+        py::arg("pdl") = false);
 }

@@ -50,20 +50,31 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
 }
 
 template <int FMT, typename T>
-cudaError_t launch_mma_as(const Params& p, cudaStream_t stream) {
-  const dim3 grid((p.n + kMmaRows - 1) / kMmaRows, p.splits);
+cudaError_t launch_mma_as(const Params& p, cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((p.n + kMmaRows - 1) / kMmaRows, p.splits);
+  config.blockDim = dim3(kMmaWarps * 32);
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];  // programmatic dependent launch (SM90+): may start while the previous kernel ends
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = overlap;
+  config.numAttrs = pdl ? 1 : 0;
   // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp
-  mma_gemv_kernel<FMT, T, 1, kMmaRows / 16, kMmaWarps><<<grid, kMmaWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kMmaRows / 16, kMmaWarps>, p);
 }
 
 }  // namespace
 
-cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream) {
-  if (fmt == kInt4H && !is_bf16) return launch_mma_as<kInt4H, __half>(p, stream);
-  if (fmt == kNvfp4) return is_bf16 ? launch_mma_as<kNvfp4, __nv_bfloat16>(p, stream) : launch_mma_as<kNvfp4, __half>(p, stream);
-  if (fmt == kMxfp4 && is_bf16) return launch_mma_as<kMxfp4, __nv_bfloat16>(p, stream);
-  if (fmt == kFp8) return is_bf16 ? launch_mma_as<kFp8, __nv_bfloat16>(p, stream) : launch_mma_as<kFp8, __half>(p, stream);
+cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream, bool pdl) {
+  if (fmt == kInt4H && !is_bf16) return launch_mma_as<kInt4H, __half>(p, stream, pdl);
+  if (fmt == kNvfp4) {
+    return is_bf16 ? launch_mma_as<kNvfp4, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kNvfp4, __half>(p, stream, pdl);
+  }
+  if (fmt == kMxfp4 && is_bf16) return launch_mma_as<kMxfp4, __nv_bfloat16>(p, stream, pdl);
+  if (fmt == kFp8) {
+    return is_bf16 ? launch_mma_as<kFp8, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kFp8, __half>(p, stream, pdl);
+  }
   return cudaErrorInvalidValue;
 }
 

@@ -166,6 +166,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   Batch even, odd;
   constexpr int kStep = U * W;
   load(even, warp);
+  wait_previous_kernel_then_release_next();  // the first weights are in flight; x is the previous kernel's output
   for (int rb = warp; rb < runs; rb += 2 * kStep) {
     load(odd, rb + kStep);
     compute(even, rb);

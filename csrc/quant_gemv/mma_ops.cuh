@@ -27,6 +27,16 @@ template <> __device__ __forceinline__ uint32_t pack_pair<__nv_bfloat16>(float l
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Programmatic dependent launch (engine/kernels/pdl.py has the rule): wait until the previous kernel has completed
+// and its writes are visible, then let the next kernel start. Only loads of weights may come before it. A no-op
+// when the kernel was launched without PDL; not compiled below SM90, which has no griddepcontrol.
+__device__ __forceinline__ void wait_previous_kernel_then_release_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // d += a (16 x 16, row-major) * b (16 x 8), T = fp16 or bf16 inputs, fp32 accumulators.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {

@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from onecat.engine.kernels import pdl
 from onecat.engine.kernels.cuda_extension import CSRC, CudaExtension
 
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
@@ -165,7 +166,8 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
     y, h, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(_device_index(x)),
-                           FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu, 2 if mma else 1)
+                           FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu, 2 if mma else 1,
+                           mma and pdl.options(x.device)["PDL"])
     if error:
         raise RuntimeError(f"packed GEMV: {error}")
     return y if residual is None else (y, h)

@@ -20,6 +20,8 @@ import functools
 
 import torch
 
+from onecat.engine.kernels import pdl
+
 
 def fused_unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
@@ -36,7 +38,10 @@ def _kernels():
 
     @triton.jit
     def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_r, n_cols, eps,
-                           HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                           HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -50,7 +55,10 @@ def _kernels():
         tl.store(out_ptr + row * n_cols + cols, (xf * rstd).to(x.dtype) * w, mask=mask)
 
     @triton.jit
-    def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr):
+    def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inter
@@ -62,9 +70,12 @@ def _kernels():
     @triton.jit
     def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr,
                              stride_t, num_q_heads, num_kv_heads, eps,
-                             D: tl.constexpr, QK_NORM: tl.constexpr, WRITE_CACHE: tl.constexpr):
+                             D: tl.constexpr, QK_NORM: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
         """One program per (token, head) over q heads then k heads; q/k are rotated in place inside
         the fused qkv row [q | k | v]; a k head program also stores its k and v head in the cache."""
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         half: tl.constexpr = D // 2
@@ -104,7 +115,10 @@ def _kernels():
                 tl.store(vc_ptr + dst + full, tl.load(vsrc + full))
 
     @triton.jit
-    def argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, stride, n, parts, BLOCK: tl.constexpr):
+    def argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, stride, n, parts, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         p = tl.program_id(1)
         cols = p * BLOCK + tl.arange(0, BLOCK)
@@ -115,7 +129,10 @@ def _kernels():
         tl.store(idx_ptr + row * parts + p, tl.min(tl.where(v == best, cols, n), axis=0))
 
     @triton.jit
-    def argmax_final_kernel(val_ptr, idx_ptr, out_ptr, n, parts, BLOCK_P: tl.constexpr):
+    def argmax_final_kernel(val_ptr, idx_ptr, out_ptr, n, parts, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, BLOCK_P)
         m = j < parts
@@ -145,7 +162,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     if rows:
         _kernels()["add_rmsnorm"][(rows,)](x2, r2, weight, out, rout, x2.stride(0), r2.stride(0), n, eps,
                                            HAS_RES=residual is not None, BLOCK=_pow2(n),
-                                           num_warps=4 if n <= 4096 else 8)
+                                           num_warps=4 if n <= 4096 else 8, **pdl.options(x.device))
     if residual is None:
         return out.view(x.shape)
     return out.view(x.shape), rout.view(x.shape)
@@ -159,7 +176,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     if g2.shape[0]:
-        _kernels()["silu_mul"][(g2.shape[0], -(-inter // block))](g2, out, g2.stride(0), inter, BLOCK=block)
+        _kernels()["silu_mul"][(g2.shape[0], -(-inter // block))](g2, out, g2.stride(0), inter, BLOCK=block,
+                                                                   **pdl.options(g2.device))
     return out.view(*gate_up.shape[:-1], inter)
 
 
@@ -179,7 +197,8 @@ def qk_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
         qkv, positions, cos, sin, slots if write else positions, k_cache if write else dummy,
         v_cache if write else dummy, q_weight if q_weight is not None else dummy,
         k_weight if k_weight is not None else dummy, qkv.stride(0), num_q_heads, num_kv_heads, eps,
-        D=head_dim, QK_NORM=q_weight is not None, WRITE_CACHE=write, num_warps=1 if head_dim <= 128 else 2)
+        D=head_dim, QK_NORM=q_weight is not None, WRITE_CACHE=write, num_warps=1 if head_dim <= 128 else 2,
+        **pdl.options(qkv.device))
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -193,7 +212,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     idx = torch.empty(rows, parts, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
-        k = _kernels()
-        k["argmax_partial"][(rows, parts)](logits, vals, idx, logits.stride(0), n, parts, BLOCK=block, num_warps=8)
-        k["argmax_final"][(rows,)](vals, idx, out, n, parts, BLOCK_P=_pow2(parts), num_warps=1)
+        k, launch = _kernels(), pdl.options(logits.device)
+        k["argmax_partial"][(rows, parts)](logits, vals, idx, logits.stride(0), n, parts, BLOCK=block, num_warps=8,
+                                           **launch)
+        k["argmax_final"][(rows,)](vals, idx, out, n, parts, BLOCK_P=_pow2(parts), num_warps=1, **launch)
     return out

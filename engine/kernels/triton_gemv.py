@@ -23,6 +23,8 @@ import functools
 
 import torch
 
+from onecat.engine.kernels import pdl
+
 MAX_K = 32768  # the K loop is unrolled: larger inputs take the library GEMM
 MAX_ROWS = 16  # rows of one call (each row is its own program column; the weight tiles come from L2 again)
 
@@ -35,7 +37,7 @@ def _kernel():
     @triton.jit
     def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, n_out, eps,
                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                    GLU: tl.constexpr, HAS_BIAS: tl.constexpr):
+                    GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
         m = tl.program_id(1).to(tl.int64)  # the input row: every row runs the same code as a single row
         x_ptr += m * K
@@ -49,14 +51,29 @@ def _kernel():
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # GLU only: the matching up rows
         ss = tl.zeros([BLOCK_K], tl.float32)  # NORM only: sum of squares of x + residual
+        # the first weight tile does not depend on the previous kernel: under PDL (pdl.py) it is in flight
+        # while that kernel finishes
+        w_first = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(cols < K)[None, :], other=0.0,
+                          eviction_policy="evict_first")
+        if GLU:
+            w_up_first = tl.load(w_ptr + (rows + n_out)[:, None] * K + cols[None, :], mask=(cols < K)[None, :],
+                                 other=0.0, eviction_policy="evict_first")
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         for k0 in tl.static_range(0, K, BLOCK_K):
             c = k0 + cols
             m = c < K
-            w = tl.load(w_ptr + rows[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
-                        eviction_policy="evict_first")
-            if GLU:
-                w_up = tl.load(w_ptr + (rows + n_out)[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
-                               eviction_policy="evict_first")
+            if k0 == 0:
+                w = w_first
+                if GLU:
+                    w_up = w_up_first
+            else:
+                w = tl.load(w_ptr + rows[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
+                            eviction_policy="evict_first")
+                if GLU:
+                    w_up = tl.load(w_ptr + (rows + n_out)[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
+                                   eviction_policy="evict_first")
             xv = tl.load(x_ptr + c, mask=m, other=0.0)
             if NORM:
                 h = xv + tl.load(r_ptr + c, mask=m, other=0.0)
@@ -133,5 +150,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _kernel()[(-(-n_out // block_n), rows)](
         x, residual if norm else x, norm_weight if norm else x, weight, bias if bias is not None else weight,
         y, rout, n_out, eps, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, GLU=glu,
-        HAS_BIAS=bias is not None, num_warps=warps)
+        HAS_BIAS=bias is not None, num_warps=warps, **pdl.options(x.device))
     return (y, rout) if norm else y

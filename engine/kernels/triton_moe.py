@@ -25,6 +25,8 @@ import functools
 
 import torch
 
+from onecat.engine.kernels import pdl
+
 VARIANTS = ("dot", "fma")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 COMBINE_BLOCK = 1024  # hidden features a program of the k-slot sum takes
@@ -103,7 +105,10 @@ def _kernels():
     def gate_up_kernel(x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, n_pairs, top_k, num_experts, N,
                        stride_x, stride_we, stride_wn, stride_o,
                        K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                       PRECISION: tl.constexpr):
+                       PRECISION: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         n_blocks = tl.cdiv(N, BN)
         pid_m, pid_n = pid // n_blocks, pid % n_blocks
@@ -153,7 +158,10 @@ def _kernels():
     def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, n_pairs, num_experts, N,
                     stride_h, stride_we, stride_wn, stride_o,
                     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                    PRECISION: tl.constexpr):
+                    PRECISION: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         n_blocks = tl.cdiv(N, BN)
         pid_m, pid_n = pid // n_blocks, pid % n_blocks
@@ -190,9 +198,12 @@ def _kernels():
                  mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
-    def combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr):
+    def combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
         """out[t] = sum over slots j = 0, 1, ... of y[t * TOP_K + j], in float32 in that order (one kernel; the
         same order at every batch size)."""
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1) * BH + tl.arange(0, BH)
         ok = h < H
@@ -242,8 +253,9 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     y = torch.empty(n, H, dtype=x.dtype, device=x.device)
     route = weights.reshape(-1).to(torch.float32).contiguous()
     gate_up_kernel, down_kernel, combine_kernel = _kernels()
+    launch = pdl.options(x.device)
     common = dict(BM=bm, BK=bk, USE_DOT=variant == "dot", PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                  num_warps=t["num_warps"], num_stages=t["num_stages"])
+                  num_warps=t["num_warps"], num_stages=t["num_stages"], **launch)
     m_blocks = block_experts.numel()
     gate_up_kernel[(m_blocks * -(-inter // bn),)](
         x, gate_up, h, pairs, block_experts, n, top_k, E, inter, x.stride(0), gate_up.stride(0),
@@ -252,5 +264,6 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
         h, down, y, pairs, block_experts, route, n, E, H, h.stride(0), down.stride(0), down.stride(1),
         y.stride(0), K=inter, BN=bn, **common)
     out = torch.empty_like(x)
-    combine_kernel[(T, -(-H // COMBINE_BLOCK))](y, out, H, TOP_K=top_k, BH=COMBINE_BLOCK, num_warps=4)
+    combine_kernel[(T, -(-H // COMBINE_BLOCK))](y, out, H, TOP_K=top_k, BH=COMBINE_BLOCK, num_warps=4,
+                                               **launch)
     return out

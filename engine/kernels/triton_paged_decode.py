@@ -13,6 +13,7 @@ import functools
 
 import torch
 
+from onecat.engine.kernels import pdl
 from onecat.engine.kv_cache import LayerKVCache
 
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
@@ -34,7 +35,10 @@ def _kernels():
     def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, row_ptr, po_ptr, plse_ptr,
                      stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
                      GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                     BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr):
+                     BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         i = tl.program_id(0)
         kvh = tl.program_id(1)
         first_split = tl.program_id(2)
@@ -93,7 +97,10 @@ def _kernels():
 
     @triton.jit(do_not_specialize=["max_splits"])
     def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
-                     D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr):
+                     D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         i = tl.program_id(0)
         h = tl.program_id(1)
         if INDIRECT:
@@ -153,6 +160,7 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
     ks = cache.k_scale if kind else ctx_lens  # dummies are never read when kind == 0
     vs = cache.v_scale if kind else ctx_lens
     indirect = tok_idx is not None
+    launch = pdl.options(q.device)
     tok = tok_idx if indirect else ctx_lens
     row = row_idx if indirect else ctx_lens
     split_kernel[(n, num_kv_heads, split_progs)](
@@ -160,6 +168,7 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
         q.stride(0), q.stride(1), block_tables.stride(0), num_kv_heads, max_splits, per_prog,
         float(scale) * 1.4426950408889634,
         GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page, BLOCK=BLOCK_N,
-        PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4, num_stages=2)
+        PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4, num_stages=2, **launch)
     merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads, max_splits,
-                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK, num_warps=2)
+                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK, num_warps=2,
+                                 **launch)

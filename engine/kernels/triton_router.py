@@ -17,6 +17,8 @@ import functools
 
 import torch
 
+from onecat.engine.kernels import pdl
+
 MAX_EXPERTS = 1024  # router widths held in one program's registers
 _ROUND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the model dtype the weights are rounded to
 
@@ -28,7 +30,10 @@ def _kernel():
 
     @triton.jit
     def router_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
-                      K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr):
+                      K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         t = tl.program_id(0)
         e = tl.arange(0, E_PAD)
         x = tl.load(logits_ptr + t * stride_t + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
@@ -67,5 +72,6 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
     if T:
         _kernel()[(T,)](logits, weights, ids, E, logits.stride(0), TOP_K=top_k,
                         K_PAD=max(2, 1 << (top_k - 1).bit_length()), E_PAD=max(16, 1 << (E - 1).bit_length()),
-                        RENORM=renormalize, ROUND=_ROUND[logits.dtype], num_warps=1 if E <= 256 else 4)
+                        RENORM=renormalize, ROUND=_ROUND[logits.dtype], num_warps=1 if E <= 256 else 4,
+                        **pdl.options(logits.device))
     return weights, ids
