@@ -67,6 +67,33 @@ def test_norm_and_glu_match_separate_kernels(dtype, k, glu, bias):
         _close(y, ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k,rows", [(2048, 1), (4096, 3), (896, 2)])
+def test_normed_out_is_the_add_rmsnorm_kernels_output(dtype, k, rows):
+    """normed_out (the MoE router's GEMV hands the normed input to the experts): the same y and x + residual
+    as without it, and the normed input of the add_rmsnorm kernel (the RMS statistic is summed in another
+    order: within one rounding step), each row as it is alone."""
+    from onecat.engine.kernels import triton_fused as tf
+
+    tg = _gemv()
+    w = torch.randn(128, k, device="cuda", dtype=dtype) * k ** -0.5
+    nw = (torch.randn(k, device="cuda") * 0.2 + 1).to(dtype)
+    x, r = torch.randn(rows, k, device="cuda", dtype=dtype), torch.randn(rows, k, device="cuda", dtype=dtype) * 4
+    y, h, normed = tg.gemv(x, w, residual=r, norm_weight=nw, eps=1e-6, normed_out=True)
+    y0, h0 = tg.gemv(x, w, residual=r, norm_weight=nw, eps=1e-6)
+    assert torch.equal(y, y0) and torch.equal(h, h0)
+    ref, ref_h = tf.add_rmsnorm(x, r, nw, 1e-6)
+    assert torch.equal(h, ref_h)
+    step = ref.float().abs() * (2 ** -7 if dtype == torch.bfloat16 else 2 ** -10)
+    assert bool(((normed.float() - ref.float()).abs() <= step).all())
+    assert float((normed.float() - ref.float()).abs().mean()) < float(step.mean()) * 0.1  # mostly equal
+    for m in range(rows):
+        one = tg.gemv(x[m:m + 1], w, residual=r[m:m + 1], norm_weight=nw, eps=1e-6, normed_out=True)
+        assert all(torch.equal(a[m], b[0]) for a, b in zip((y, h, normed), one))
+    with pytest.raises(ValueError, match="normed_out"):
+        tg.gemv(x, w, normed_out=True)
+
+
 @pytest.mark.parametrize("norm,glu", [(False, False), (True, False), (True, True)])
 def test_each_row_of_a_multi_row_call_equals_that_row_alone(norm, glu):
     """Batch invariance: row m of an M-row call is bit for bit the single-row result (what lets a

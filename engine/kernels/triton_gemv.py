@@ -35,14 +35,15 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, n_out, eps,
+    def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                    GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                    NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
         m = tl.program_id(1).to(tl.int64)  # the input row: every row runs the same code as a single row
         x_ptr += m * K
         r_ptr += m * K
         rout_ptr += m * K
+        nout_ptr += m * K
         y_ptr += m * n_out
         rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
         row_ok = rows < n_out
@@ -93,6 +94,14 @@ def _kernel():
             rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
             y = y * rstd
             up = up * rstd
+            if NORM_OUT:  # program 0 also writes the normed input, rounded as the add_rmsnorm kernel rounds it
+                if pid == 0:
+                    for k0 in tl.static_range(0, K, BLOCK_K):
+                        c = k0 + cols
+                        km = c < K
+                        h = tl.load(x_ptr + c, mask=km, other=0.0) + tl.load(r_ptr + c, mask=km, other=0.0)
+                        nw = tl.load(nw_ptr + c, mask=km, other=0.0)
+                        tl.store(nout_ptr + c, (h.to(tl.float32) * rstd).to(h.dtype) * nw, mask=km)
         if HAS_BIAS:
             y += tl.load(b_ptr + rows).to(tl.float32)
             if GLU:
@@ -130,14 +139,17 @@ def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-         glu: bool = False, config: tuple[int, int, int] | None = None):
+         glu: bool = False, normed_out: bool = False, config: tuple[int, int, int] | None = None):
     """y = weight @ x + bias for each row of a contiguous x, keeping x's leading shape. Every row is
     computed exactly as it would be alone (same tiles, same summation order): the result of a row does
-    not depend on how many rows the call has. With norm_weight (and residual): x is replaced by RMSNorm(x + residual) * norm_weight and the
-    call returns (y, x + residual). With glu: weight is [gate | up] (2I rows) and y = SiLU(gate) * up
-    (I entries)."""
+    not depend on how many rows the call has. With norm_weight and residual: x is replaced by
+    RMSNorm(x + residual) * norm_weight and the call returns (y, x + residual); with normed_out also that
+    normed input, as the add_rmsnorm kernel would give it (for a layer that needs it besides this projection:
+    the MoE router's experts). With glu: weight is [gate | up] (2I rows) and y = SiLU(gate) * up (I entries)."""
     n, k = weight.shape
     norm = norm_weight is not None
+    if normed_out and (not norm or glu):
+        raise ValueError("normed_out needs norm_weight and residual, and no glu")
     block_n, block_k, warps = config or default_config(n, k, norm)
     n_out = n // 2 if glu else n
     if glu:
@@ -146,9 +158,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if norm:
         residual = residual.contiguous()
     rout = torch.empty_like(x) if norm else y
+    nout = torch.empty_like(x) if normed_out else rout
     rows = x.numel() // k
     _kernel()[(-(-n_out // block_n), rows)](
         x, residual if norm else x, norm_weight if norm else x, weight, bias if bias is not None else weight,
-        y, rout, n_out, eps, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, GLU=glu,
+        y, rout, nout, n_out, eps, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, NORM_OUT=normed_out, GLU=glu,
         HAS_BIAS=bias is not None, num_warps=warps, **pdl.options(x.device))
+    if normed_out:
+        return y, rout, nout
     return (y, rout) if norm else y

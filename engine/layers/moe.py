@@ -25,6 +25,7 @@ from onecat.engine.kernels import triton_moe, triton_router
 from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
+from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.pointwise import pointwise
 
 
@@ -115,7 +116,9 @@ class SparseMoE(nn.Module):
         """(weights [T, k], expert ids [T, k]): softmax over all experts in float32, top k, rounded to x's dtype.
         The fused router (engine/kernels/triton_router.py) hands the rounded weights over in float32 and the ids
         in int32, as the fused experts read them; the experts' products are the same either way."""
-        logits = self.gate(x)
+        return self._route_logits(self.gate(x))
+
+    def _route_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.use_fused and logits.is_cuda and logits.shape[-1] <= triton_router.MAX_EXPERTS:
             return triton_router.route(logits, self.top_k, self.norm_topk_prob)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -125,13 +128,24 @@ class SparseMoE(nn.Module):
         return top.to(logits.dtype), ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(x)
+        return self._experts(x, *self.route(x))
+
+    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             out = out + pointwise(torch.sigmoid, self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
     def after_norm(self, norm, x: torch.Tensor, residual: torch.Tensor):
-        """(self(norm(x + residual)), x + residual): the decoder layer's call, as GatedMLP.after_norm."""
+        """(self(norm(x + residual)), x + residual): the decoder layer's call, as GatedMLP.after_norm. At one
+        token on CUDA the add and the norm run inside the router's GEMV, which also hands the normed input to
+        the experts: one kernel fewer a layer."""
+        if self.use_fused and type(norm) is RMSNorm and residual is not None and isinstance(self.gate, Linear) \
+                and self.gate.gemv_ok(x):
+            from onecat.engine.kernels.triton_gemv import gemv
+
+            logits, residual, h = gemv(x, self.gate.weight, self.gate.bias, residual=residual,
+                                       norm_weight=norm.weight, eps=norm.eps, normed_out=True)
+            return self._experts(h, *self._route_logits(logits)), residual
         h, residual = norm(x, residual)
         return self(h), residual
