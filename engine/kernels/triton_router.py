@@ -30,7 +30,8 @@ def _kernel():
 
     @triton.jit
     def router_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
-                      K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr, PDL: tl.constexpr):
+                      K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr,
+                      PDL: tl.constexpr):
         if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
