@@ -14,7 +14,7 @@ SM90 = CUDA and torch.cuda.get_device_capability()[0] >= 9
 needs_sm90 = pytest.mark.skipif(not SM90, reason="PDL needs an SM90+ CUDA GPU")
 
 
-def test_no_pdl_off_cuda_or_when_disabled(monkeypatch):
+def test_pdl_is_off_on_cpu_and_when_disabled(monkeypatch):
     assert pdl.options(torch.device("cpu")) == {"PDL": False}
     monkeypatch.setattr(pdl, "ENABLED", False)
     assert pdl.options(torch.device("cuda", 0)) == {"PDL": False}
