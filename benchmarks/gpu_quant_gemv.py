@@ -53,11 +53,12 @@ def random_weight(fmt: str, n: int, k: int, gen) -> dict:
                 nbytes=w.qweight.numel() * 4 + w.scales.numel() + extra)
 
 
-def cuda_call(x, a: dict, fmt: str, splits: int = 0, kernel: str = "auto"):
+def cuda_call(x, a: dict, fmt: str, splits: int = 0, kernel: str = "auto", tiled: bool = False):
     from onecat.engine.kernels.quant_gemv import packed_gemv
 
-    return lambda: packed_gemv(x, fmt, a["qweight"], a["scales"], a.get("row_scale"), a.get("group", 0), splits,
-                               kernel=kernel)
+    w = a["tiles"] if tiled else a["qweight"]
+    return lambda: packed_gemv(x, fmt, w, a["scales"], a.get("row_scale"), a.get("group", 0), splits,
+                               kernel=kernel, tiled=tiled)
 
 
 def triton_call(x, a: dict, fmt: str):
@@ -72,13 +73,14 @@ def triton_call(x, a: dict, fmt: str):
     return None
 
 
-def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, copy_gbps: float) -> dict:
+def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, copy_gbps: float,
+                formats: list[str] = list(FORMATS)) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     fp16_bytes = n * k * 2
     c16 = max(3, -(-L2_FLUSH_BYTES // fp16_bytes))
     ws = [torch.randn(n, k, device="cuda", dtype=torch.float16, generator=gen) * k ** -0.5 for _ in range(c16)]
     packs = {}
-    for fmt in FORMATS:
+    for fmt in formats:
         first = random_weight(fmt, n, k, gen)
         copies = max(3, -(-L2_FLUSH_BYTES // first["nbytes"]))
         packs[fmt] = [first] + [random_weight(fmt, n, k, gen) for _ in range(copies - 1)]
@@ -94,7 +96,7 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, copy_gb
         xb = m * k * 2
         r = res[f"M{m}"] = {"cublas_fp16": arm(graph_time([lambda w=w: F.linear(x, w) for w in ws]), fp16_bytes + xb)}
         runs = [(fmt, ps, x, "") for fmt, ps in packs.items()]
-        runs += [(fmt, packs[fmt], x.bfloat16(), "_bf16") for fmt in BF16_TOO]
+        runs += [(fmt, packs[fmt], x.bfloat16(), "_bf16") for fmt in BF16_TOO if fmt in packs]
         for fmt, ps, xx, tag in runs:
             try:
                 bench_format(r, name, m, xx, fmt, ps, ps[0]["nbytes"] + xb, k, sweep, arm, tag)
@@ -126,6 +128,12 @@ def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, 
         rel = float((y.float() - yf.float()).abs().max() / yf.float().abs().max().clamp_min(1e-30))
         assert rel < 2e-2, f"{name} M={m} {fmt}: tensor-core vs FMA GEMV relative difference {rel}"
         r[f"cuda_fma_{fmt}{tag}"] = arm(graph_time([cuda_call(x, p, fmt, kernel="fma") for p in ps]), moved)
+        from onecat.engine.kernels.quant_gemv import mma_tiles
+
+        for p in ps:  # the same weights in the tensor-core GEMV's tiles: the same bits, read in 512-byte runs
+            p.setdefault("tiles", mma_tiles(p["qweight"], fmt))
+        assert torch.equal(cuda_call(x, ps[0], fmt, tiled=True)(), y), f"{name} M={m} {fmt}: tiled bits differ"
+        r[f"cuda_{fmt}{tag}_tiled"] = arm(graph_time([cuda_call(x, p, fmt, tiled=True) for p in ps]), moved)
     if tc is not None:
         r[f"triton_{fmt}{tag}"] = arm(graph_time([triton_call(x, p, fmt) for p in ps]), moved)
     if sweep:
@@ -166,6 +174,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8")
     ap.add_argument("--shapes", default=",".join(LAYER))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="a subset of " + ",".join(FORMATS))
     args = ap.parse_args()
     from onecat.engine.kernels.quant_gemv import backend
 
@@ -178,7 +187,7 @@ def main() -> None:
     shapes = {}
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        shapes[name] = bench_shape(name, n, k, rows, args.sweep, copy_gbps)
+        shapes[name] = bench_shape(name, n, k, rows, args.sweep, copy_gbps, args.formats.split(","))
     rec = {"machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node(), "torch": torch.__version__,
                        "cuda": torch.version.cuda,
                        "triton": __import__("triton").__version__},

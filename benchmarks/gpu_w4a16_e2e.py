@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -41,10 +42,11 @@ def arm(name: str, cfg: dict, root: Path, bw: float, **kw) -> dict:
     res["bytes_per_step"] = nbytes
     for batch in (1, 8):
         run_decode(llm, batch, 64, 8, cfg["vocab_size"], seed=9)  # warm: graphs and kernels of this batch
-        r, _ = run_decode(llm, batch, CTX, GEN, cfg["vocab_size"])
+        r, toks = run_decode(llm, batch, CTX, GEN, cfg["vocab_size"])
         if batch == 1:
             r["frac_copy_limit"] = round(nbytes / (r["step_ms"] / 1e3) / 1e9 / bw, 3)
         res[f"bs{batch}"] = {k: round(v, 4) for k, v in r.items()}
+        res[f"bs{batch}"]["tokens_sha1"] = hashlib.sha1(repr(toks).encode()).hexdigest()[:12]  # arms compare
         log(name, f"bs={batch}", res[f"bs{batch}"])
     llm.close() if hasattr(llm, "close") else None
     del llm

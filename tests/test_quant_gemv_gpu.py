@@ -221,6 +221,78 @@ def test_tensor_core_gemv_refuses_what_it_cannot_take():
         run(torch.randn(1, 576, device="cuda", dtype=torch.float16), "nvfp4", nv, kernel="mma")
 
 
+@pytest.mark.parametrize("fmt,dtype", [("int4", torch.float16), ("nvfp4", torch.bfloat16), ("mxfp4", torch.bfloat16),
+                                       ("fp8", torch.float16)])
+@pytest.mark.parametrize("n,k", [(48, 4096), (4096, 1024), (160, 14336)])
+def test_tiled_weights_give_the_row_major_bits(fmt, dtype, n, k):
+    """The tensor-core GEMV reading mma_tiles' layout sums the same products in the same order as on the row-major
+    words, so its output is the same bits: at 1, 3 and 8 rows, every split, N an odd number of 16-row tiles."""
+    from onecat.engine.kernels.quant_gemv import mma_tiles, packed_gemv
+    from onecat.engine.kernels.triton_w4a16 import _capability
+
+    if _capability(0) < 80:
+        pytest.skip("the tensor-core GEMV needs SM80+")
+    args, dense = make(fmt, n, k, seed=n + k)
+    tiles = mma_tiles(args["qweight"], fmt)
+    assert not torch.equal(tiles, args["qweight"])
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, k, device="cuda", dtype=dtype)
+        for splits in (0, 1, 2):
+            y = run(x, fmt, args, splits, kernel="mma")
+            yt = packed_gemv(x, fmt, tiles, args["scales"], args.get("row_scale"), args.get("group", 0), splits,
+                             kernel="mma", tiled=True)
+            assert torch.equal(yt, y), f"{fmt} {rows} rows, splits {splits}"
+        check_bound(yt, x, dense)
+    with pytest.raises(ValueError, match="tensor-core GEMV only"):
+        packed_gemv(x, fmt, tiles, args["scales"], args.get("row_scale"), args.get("group", 0), kernel="fma",
+                    tiled=True)
+
+
+@pytest.mark.parametrize("fmt,dtype", [("int4", torch.float16), ("nvfp4", torch.bfloat16), ("mxfp4", torch.bfloat16),
+                                       ("fp8", torch.float16)])
+def test_packed_layers_keep_tiles_where_the_tensor_core_gemv_takes_their_calls(fmt, dtype, monkeypatch):
+    """A packed layer with tiled words gives the row-major layer's bits at 1-8 rows (the tensor-core GEMV) and at
+    more rows (the dense path reads the words untiled); its packed() is the row-major weight; a dtype the
+    tensor-core GEMV does not take keeps the words row-major."""
+    import copy
+
+    from onecat.engine.kernels import quant_gemv
+    from onecat.engine.kernels.triton_w4a16 import _capability
+    from onecat.engine.quant.fp4_linear import FP4Linear
+    from onecat.engine.quant.fp8_linear import FP8Linear
+    from onecat.engine.quant.w4a16_linear import W4A16Linear
+
+    if _capability(0) < 80 or not quant_gemv.use_cuda() or quant_gemv.use_folded():
+        pytest.skip("tiles are kept for the tensor-core GEMV (SM80+, ONECAT_QUANT_GEMV=auto)")
+    n, k = 96, 1024
+    gen = torch.Generator().manual_seed(3)
+    if fmt == "int4":
+        w = quantize_w4(torch.randn(n, k, generator=gen), 128).to("cuda")
+        layer = W4A16Linear(w)
+    elif fmt == "fp8":
+        w = fp8_layout.pack_fp8((torch.randn(n, k, generator=gen) * 40).to(torch.float8_e4m3fn),
+                                torch.rand(n, generator=gen) * 0.01 + 1e-3).to("cuda")
+        layer = FP8Linear(w)
+    else:
+        layer = FP4Linear(fp4_packed(fmt, n, k, 3).to("cuda"))
+    rows_major = copy.deepcopy(layer)
+    other = torch.bfloat16 if dtype == torch.float16 else torch.float16
+    if fmt in ("int4", "mxfp4"):  # the tensor-core GEMV takes only one activation dtype of these
+        kept = copy.deepcopy(layer)
+        kept.use_tiles(other)
+        assert not kept.tiled
+    layer.use_tiles(dtype)
+    assert layer.tiled and not torch.equal(layer.qweight, rows_major.qweight)
+    assert torch.equal(layer.packed().qweight, rows_major.qweight)
+    for rows in (1, 3, 8, 20):
+        x = torch.randn(rows, k, device="cuda", dtype=dtype)
+        assert torch.equal(layer(x), rows_major(x)), f"{rows} rows"
+    monkeypatch.setattr(quant_gemv, "TILES", False)
+    off = copy.deepcopy(rows_major)
+    off.use_tiles(dtype)
+    assert not off.tiled
+
+
 def run_folded(x, fmt, args, residual, norm_weight, glu=False, splits=0, eps=1e-6):
     from onecat.engine.kernels.quant_gemv import packed_gemv
 

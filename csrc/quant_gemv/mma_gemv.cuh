@@ -92,15 +92,21 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   const int g = lane >> 2, c = lane & 3;
   const int row0 = blockIdx.x * 16 * T;
   const int kw = p.k / Traits<FMT>::kCodes;
-  // tile t, half h: weight row row0 + 16 t + 8 h + g (past N: re-read, not stored)
+  // tile t, half h: weight row row0 + 16 t + 8 h + g (past N: re-read, not stored). wr: the lane's first 16 bytes
+  // of the row's run 0; run r is run_step * r further. Row-major: a row's runs follow each other. Tiled
+  // (p.tiled, mma_tiles in engine/kernels/quant_gemv.py): the 16 rows of a tile own one contiguous block per run,
+  // so a warp's load of a run's half tile is 512 contiguous bytes (1 KB for FP8), lane order.
   const uint4* wr[T][2];
   const void* sz[T][2];  // the row's first (scale, zero) pair (W4A16) or scale byte (FP4)
+  const int64_t run_step = p.tiled ? 16 * 4 * kVecs : 4 * kVecs;  // 16-byte units
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = min(row0 + 16 * t + 8 * h + g, p.n - 1);
-      wr[t][h] = reinterpret_cast<const uint4*>(p.w + row * kw) + c * kVecs;
+      const int64_t tile = min(row0 / 16 + t, p.n / 16 - 1);  // tiled: N is a multiple of 16
+      wr[t][h] = reinterpret_cast<const uint4*>(p.w) +
+                 (p.tiled ? tile * (p.k / kMmaRun) * run_step + (h * 32 + lane) * kVecs : row * (kw / 4) + c * kVecs);
       if constexpr (FMT == kInt4H) {
         sz[t][h] = static_cast<const uint32_t*>(p.scales) + row * (p.k / kMmaRun);  // a run is a group
       } else {
@@ -126,7 +132,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
           for (int v = 0; v < kVecs; ++v)
-            bt.w[u][t][h * kVecs + v] = live ? __ldcs(wr[t][h] + 4 * kVecs * (r0 + r) + v) : make_uint4(0, 0, 0, 0);
+            bt.w[u][t][h * kVecs + v] = live ? __ldcs(wr[t][h] + run_step * (r0 + r) + v) : make_uint4(0, 0, 0, 0);
           if constexpr (FMT == kInt4H) {
             bt.sz[u][t][h] = live ? __ldg(static_cast<const uint32_t*>(sz[t][h]) + r0 + r) : 0u;
           } else if constexpr (FMT == kFp8) {

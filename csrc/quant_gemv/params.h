@@ -40,6 +40,7 @@ struct Params {
   int glu;                // weight rows are [gate | up] (N = 2 * n_out): y = SiLU(gate) * up
   int n, n_out, k, group, m_rows, splits;  // n: weight rows; n_out: output features (n, or n / 2 with glu)
   int gshift;  // W4A16: group = 32 << gshift
+  int tiled;   // mma_gemv.cuh only: the words are in tiles of 16 rows a run (mma_tiles in engine/kernels/quant_gemv.py)
 };
 
 }  // namespace onecat_qgemv

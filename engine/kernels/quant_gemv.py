@@ -30,6 +30,9 @@ FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
+# packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply); the
+# benchmarks turn it off for their row-major arm
+TILES = True
 SMEM_BUDGET_MAX = 64 * 1024  # staged activations per block (csrc/bindings/quant_gemv.cpp: also <= a third of an SM)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
 EXTENSION = CudaExtension("onecat_quant_gemv", (CSRC / "bindings" / "quant_gemv.cpp",
@@ -123,28 +126,68 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
                              f"{SMEM_BUDGET_MAX}: use more splits (or 0, the kernel's choice)")
 
 
-def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool) -> bool:
-    """Whether the tensor-core GEMV (csrc/quant_gemv/mma_gemv.cuh) can take the call, on SM80 or newer: W4A16 with
-    fp16 activations and scale pairs and groups of 128, NVFP4 and FP8 with fp16 or bf16 activations, MXFP4 with bf16
-    (its scaled codes can leave fp16's range); K a multiple of 128; no folded norm or glu."""
+def tensor_cores_take(fmt: str, act_dtype: torch.dtype, scales_dtype: torch.dtype, group: int, k: int,
+                      device: torch.device) -> bool:
+    """Whether the tensor-core GEMV (csrc/quant_gemv/mma_gemv.cuh) takes a format's calls on this CUDA device, SM80
+    or newer: W4A16 with fp16 activations and scale pairs and groups of 128, NVFP4 and FP8 with fp16 or bf16
+    activations, MXFP4 with bf16 (its scaled codes can leave fp16's range); K a multiple of 128."""
     from onecat.engine.kernels.triton_w4a16 import _capability
 
-    if folded or x.shape[-1] % MMA_RUN:
+    if k % MMA_RUN:
         return False
-    fits = {"int4": x.dtype == torch.float16 and scales.dtype == torch.float16 and group == MMA_RUN,
-            "nvfp4": x.dtype in (torch.float16, torch.bfloat16), "mxfp4": x.dtype == torch.bfloat16,
-            "fp8": x.dtype in (torch.float16, torch.bfloat16)}
-    return fits.get(fmt, False) and _capability(_device_index(x)) >= 80
+    fits = {"int4": act_dtype == torch.float16 and scales_dtype == torch.float16 and group == MMA_RUN,
+            "nvfp4": act_dtype in (torch.float16, torch.bfloat16), "mxfp4": act_dtype == torch.bfloat16,
+            "fp8": act_dtype in (torch.float16, torch.bfloat16)}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return fits.get(fmt, False) and _capability(index) >= 80
+
+
+def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool) -> bool:
+    """Whether the tensor-core GEMV takes this call (tensor_cores_take; no folded norm or glu)."""
+    return not folded and tensor_cores_take(fmt, x.dtype, scales.dtype, group, x.shape[-1], x.device)
+
+
+def tiles_apply(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor, group: int, n: int, k: int) -> bool:
+    """Whether a packed layer keeps its words in mma_tiles' layout: TILES is on, its 1-8-row calls take the
+    tensor-core GEMV (the CUDA GEMVs without the folded norm, a format and dtype it takes) and N is a multiple
+    of 16. Measured on an H200, the Llama-3-8B layer at one row: 46.0 vs 50.2 us row-major (W4A16), the same
+    bits (benchmarks/results/quant_h200.json "mma_tiles")."""
+    return (TILES and scales.is_cuda and _backend_kind() == "auto" and n % 16 == 0
+            and tensor_cores_take(fmt, act_dtype, scales.dtype, group, k, scales.device))
 
 
 def _device_index(x: torch.Tensor) -> int:
     return x.device.index if x.device.index is not None else torch.cuda.current_device()
 
 
+def _words_per_run(fmt: str) -> int:
+    return MMA_RUN // (4 if fmt == "fp8" else 8)
+
+
+def mma_tiles(qweight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The packed words [N, K / codes-per-word] in the tensor-core GEMV's tiles (same shape): for each 16 output
+    rows and each run of 128 columns, the 16 rows' words of the run in one contiguous block. A warp then reads
+    512 contiguous bytes where it read 64 from each of 8 rows. Only that GEMV reads them (packed_gemv(...,
+    tiled=True)); mma_untile gives the rows back. N must be a multiple of 16 and K of 128."""
+    n, kw = qweight.shape
+    wpr = _words_per_run(fmt)
+    if n % 16 or kw % wpr:
+        raise ValueError(f"mma_tiles takes N a multiple of 16 and K a multiple of {MMA_RUN}, got a {tuple(qweight.shape)} "
+                         f"{fmt} weight")
+    return qweight.view(n // 16, 16, kw // wpr, wpr).transpose(1, 2).contiguous().view(n, kw)
+
+
+def mma_untile(tiles: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The row-major packed words of mma_tiles' output."""
+    n, kw = tiles.shape
+    wpr = _words_per_run(fmt)
+    return tiles.view(n // 16, kw // wpr, 16, wpr).transpose(1, 2).contiguous().view(n, kw)
+
+
 def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
                 row_scale: torch.Tensor | None = None, group: int = 0, splits: int = 0, *,
                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                glu: bool = False, kernel: str = "auto"):
+                glu: bool = False, kernel: str = "auto", tiled: bool = False):
     """y = x @ dequant(W)^T for a contiguous fp16/bf16 x of 1-8 rows (leading shape kept). fmt: "int4" (scales
     = W4A16 (scale, zero) pairs [N, K/G, 2] in fp16 or bf16, group G), "nvfp4" (scales = E4M3 bytes, row_scale
     = global scale per row), "mxfp4" (E8M0 bytes), "fp8" (row_scale = scale per row; scales unused).
@@ -153,7 +196,7 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     residual and norm_weight, x is replaced by RMSNorm(x + residual) * norm_weight and the call returns
     (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows).
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
-    (forced, for comparison)."""
+    (forced, for comparison). tiled: qweight is mma_tiles' layout, which only the tensor-core GEMV reads."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
@@ -161,13 +204,16 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
         raise ValueError("the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups of 128), NVFP4 "
                          "or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or newer")
     mma = applies and kernel != "fma"
+    if tiled and not mma:
+        raise ValueError("tiled weights (mma_tiles) are read by the tensor-core GEMV only, and it does not take this "
+                         "call: pass the row-major words (mma_untile)")
     check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
     y, h, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(_device_index(x)),
                            FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu, 2 if mma else 1,
-                           mma and pdl.options(x.device)["PDL"])
+                           mma and pdl.options(x.device)["PDL"], tiled)
     if error:
         raise RuntimeError(f"packed GEMV: {error}")
     return y if residual is None else (y, h)

@@ -15,6 +15,7 @@ from torch import nn
 
 from onecat.engine.quant.fp4_layout import FP4Weight, block_scales, dequantize, unpack_fp4
 from onecat.engine.quant.formats.bits import E2M1_VALUES
+from onecat.engine.quant.tiled_words import TiledWords
 
 MAX_ROWS = 8
 FMT_IDS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
@@ -37,12 +38,13 @@ def default_config(n: int, k: int, m: int, block: int, sm: int | None = None) ->
     return 8, bkw, 2, 2 if kw % (2 * bkw) == 0 else 1
 
 
-class FP4Linear(nn.Module):
+class FP4Linear(TiledWords, nn.Module):
     """y = x @ W^T + b with W packed FP4 (codes, block-scale bytes, NVFP4's per-row global scale)."""
 
     def __init__(self, weight: FP4Weight, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features, self.fmt = weight.in_features, weight.out_features, weight.fmt
+        self.words_format = weight.fmt
         self.register_buffer("qweight", weight.qweight)
         self.register_buffer("scales", weight.scales)
         self.register_buffer("gscale", weight.gscale if weight.gscale is not None
@@ -50,7 +52,11 @@ class FP4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def packed(self) -> FP4Weight:
-        return FP4Weight(self.qweight, self.scales, self.gscale if self.fmt == "nvfp4" else None, self.fmt)
+        return FP4Weight(self.row_major_words(), self.scales, self.gscale if self.fmt == "nvfp4" else None, self.fmt)
+
+    def use_tiles(self, act_dtype: torch.dtype) -> None:
+        """Keep the words in the tensor-core GEMV's tiles where it takes this layer's calls (tiled_words.py)."""
+        self.tile_words(act_dtype, self.scales)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
@@ -62,12 +68,12 @@ class FP4Linear(nn.Module):
             return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
         x = x.contiguous()
         m = x.numel() // self.in_features
-        if m <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16):
+        if m <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16) and self.tiles_take(x, self.scales):
             from onecat.engine.kernels import quant_gemv
 
             if quant_gemv.use_cuda() and self.in_features % 32 == 0:
                 y = quant_gemv.packed_gemv(x, self.fmt, self.qweight, self.scales,
-                                           self.gscale if self.fmt == "nvfp4" else None)
+                                           self.gscale if self.fmt == "nvfp4" else None, tiled=self.tiled)
             else:
                 y = fp4_gemv(x, self.packed())
             return y if self.bias is None else y + self.bias
@@ -76,7 +82,7 @@ class FP4Linear(nn.Module):
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
         that kernel does not take the call (engine/kernels/quant_gemv.py folded_call)."""
-        if x.shape[-1] != self.in_features:
+        if self.tiled or x.shape[-1] != self.in_features:
             return None
         from onecat.engine.kernels import quant_gemv
 

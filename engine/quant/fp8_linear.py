@@ -12,10 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from onecat.engine.quant.fp8_layout import FP8Weight, dequantize
+from onecat.engine.quant.tiled_words import TiledWords
 
 
-class FP8Linear(nn.Module):
+class FP8Linear(TiledWords, nn.Module):
     """y = x @ W^T + b with W packed E4M3 bytes and a float32 scale per output row."""
+
+    words_format = "fp8"
 
     def __init__(self, weight: FP8Weight, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -25,7 +28,11 @@ class FP8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def packed(self) -> FP8Weight:
-        return FP8Weight(self.qweight, self.scale)
+        return FP8Weight(self.row_major_words(), self.scale)
+
+    def use_tiles(self, act_dtype: torch.dtype) -> None:
+        """Keep the words in the tensor-core GEMV's tiles where it takes this layer's calls (tiled_words.py)."""
+        self.tile_words(act_dtype, self.scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3"
@@ -37,15 +44,16 @@ class FP8Linear(nn.Module):
             from onecat.engine.kernels import quant_gemv
 
             x = x.contiguous()
-            if x.numel() <= quant_gemv.MAX_ROWS * self.in_features and quant_gemv.use_cuda():
-                y = quant_gemv.packed_gemv(x, "fp8", self.qweight, self.scale, self.scale)
+            if (x.numel() <= quant_gemv.MAX_ROWS * self.in_features and quant_gemv.use_cuda()
+                    and self.tiles_take(x, self.scale)):
+                y = quant_gemv.packed_gemv(x, "fp8", self.qweight, self.scale, self.scale, tiled=self.tiled)
                 return y if self.bias is None else y + self.bias
         return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
 
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
         that kernel does not take the call (engine/kernels/quant_gemv.py folded_call)."""
-        if x.shape[-1] != self.in_features:
+        if self.tiled or x.shape[-1] != self.in_features:
             return None
         from onecat.engine.kernels import quant_gemv
 

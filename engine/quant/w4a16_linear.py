@@ -17,13 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.quant.tiled_words import TiledWords
 from onecat.engine.quant.w4a16_layout import W4A16Weight, dequantize
 
 DENSE_TILE_ROWS = 0  # output rows dequantized per GEMM above MAX_ROWS rows; 0: the whole weight at once
 
 
-class W4A16Linear(nn.Module):
+class W4A16Linear(TiledWords, nn.Module):
     """y = x @ W^T + b with W packed 4-bit (codes, per-group scales and zeros, optional input permutation)."""
+
+    words_format = "int4"
 
     def __init__(self, weight: W4A16Weight, bias: torch.Tensor | None = None,
                  dense_tile_rows: int = DENSE_TILE_ROWS) -> None:
@@ -40,7 +43,11 @@ class W4A16Linear(nn.Module):
         self.dense_tile_rows = dense_tile_rows
 
     def packed(self) -> W4A16Weight:
-        return W4A16Weight(self.qweight, self.scales, self.zeros, self.group, self.perm)
+        return W4A16Weight(self.row_major_words(), self.scales, self.zeros, self.group, self.perm)
+
+    def use_tiles(self, act_dtype: torch.dtype) -> None:
+        """Keep the words in the tensor-core GEMV's tiles where it takes this layer's calls (tiled_words.py)."""
+        self.tile_words(act_dtype, self.scale_zero, self.group)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, w4 g{self.group}" + (
@@ -59,9 +66,9 @@ class W4A16Linear(nn.Module):
         if self._cuda_gemv_takes(x):
             from onecat.engine.kernels.quant_gemv import packed_gemv
 
-            y = packed_gemv(x, "int4", self.qweight, self.scale_zero, group=self.group)
+            y = packed_gemv(x, "int4", self.qweight, self.scale_zero, group=self.group, tiled=self.tiled)
             return y if self.bias is None else y + self.bias
-        if kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
+        if not self.tiled and kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
             y = kw.w4a16_gemv(x, self.qweight, self.scale_zero, self.group)
             return y if self.bias is None else y + self.bias
         return self._dense(x)
@@ -69,7 +76,7 @@ class W4A16Linear(nn.Module):
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
         that kernel does not take the call (engine/kernels/quant_gemv.py folded_call; act-order layers: never)."""
-        if self.perm is not None or x.shape[-1] != self.in_features:
+        if self.perm is not None or self.tiled or x.shape[-1] != self.in_features:
             return None
         from onecat.engine.kernels import quant_gemv
 
@@ -83,21 +90,22 @@ class W4A16Linear(nn.Module):
 
         return (x.numel() <= quant_gemv.MAX_ROWS * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
                 and self.scale_zero.dtype in (torch.float16, torch.bfloat16) and self.in_features % 32 == 0
-                and quant_gemv.use_cuda())
+                and quant_gemv.use_cuda() and self.tiles_take(x, self.scale_zero, self.group))
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         """More rows than the GEMV takes: the library GEMM on a dequantized copy (whole or per row tile)."""
         from onecat.engine.kernels.triton_w4a16 import w4a16_dequant
 
         tile = self.dense_tile_rows
+        words = self.row_major_words()
         if tile <= 0 or tile >= self.out_features:
-            w = w4a16_dequant(self.qweight, self.scales, self.zeros, self.group, x.dtype)
+            w = w4a16_dequant(words, self.scales, self.zeros, self.group, x.dtype)
             return F.linear(x, w, self.bias)
         y = torch.empty(*x.shape[:-1], self.out_features, dtype=x.dtype, device=x.device)
         scratch = torch.empty(tile, self.in_features, dtype=x.dtype, device=x.device)
         for r0 in range(0, self.out_features, tile):
             r1 = min(r0 + tile, self.out_features)
-            w = w4a16_dequant(self.qweight[r0:r1], self.scales[r0:r1], self.zeros[r0:r1], self.group, x.dtype,
+            w = w4a16_dequant(words[r0:r1], self.scales[r0:r1], self.zeros[r0:r1], self.group, x.dtype,
                               out=scratch[:r1 - r0])
             y[..., r0:r1] = F.linear(x, w)
         return y if self.bias is None else y + self.bias

@@ -211,6 +211,7 @@ def _swap(model: nn.Module, path: str, module: nn.Linear, weight) -> bool:
         weight = weight.to(device)
         kind = FP4Linear if isinstance(weight, FP4Weight) else FP8Linear if isinstance(weight, FP8Weight) else W4A16Linear
         layer = kind(weight, bias)
+        layer.use_tiles(module.weight.dtype)
     parent, _, leaf = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, leaf, layer)
     return True
