@@ -10,7 +10,9 @@ device-to-device copy timed in the same run. "layer" sums the four projections (
 decode step sees them. --sweep also times the CUDA GEMV at fixed splits of K (1, 2, 4, 8) beside its default.
 Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, FP8, MXFP4 with bf16 activations:
 "cuda_int4", "cuda_nvfp4", "cuda_fp8" and their "_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on
-the same weights; NVFP4, MXFP4 and FP8 are timed with fp16 and with bf16 activations (*_bf16).
+the same weights; NVFP4, MXFP4 and FP8 are timed with fp16 and with bf16 activations (*_bf16). "*_tiled" is
+the tensor-core GEMV on the same weights in its tiles (quant_gemv.mma_tiles: what packed layers hold). --formats
+picks a subset of the formats.
 """
 from __future__ import annotations
 

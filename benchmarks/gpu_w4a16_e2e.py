@@ -1,5 +1,6 @@
 """Whole-model decode on a CUDA GPU: the Llama-3-8B shape with random fp16 weights, dense vs W4A16 (the same
-weights quantized at load: round to nearest, g128), batch 1 and 8 at 1K context, in one process.
+weights quantized at load: round to nearest, g128) vs NVFP4 (random packed codes and scales swapped in for every
+decoder linear after load), batch 1 and 8 at 1K context, in one process.
 
     python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json
 
@@ -27,17 +28,45 @@ CTX, GEN = 1024, 128
 
 
 def step_bytes(llm, cfg: dict, ctx: float) -> int:
+    unread = {f"{n}.{b}" for n, m in llm.model.named_modules() if hasattr(m, "scale_zero")
+              for b in ("scales", "zeros")}  # W4A16's GEMVs read scale_zero
     weights = sum(t.numel() * t.element_size() for n, t in list(llm.model.named_parameters()) +
                   list(llm.model.named_buffers()) if not n.startswith("embed_tokens") and "rotary" not in n
-                  and not n.endswith(".scales") and not n.endswith(".zeros"))  # the GEMV reads scale_zero
+                  and n not in unread)
     kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2 * ctx
     return weights + int(kv)
 
 
-def arm(name: str, cfg: dict, root: Path, bw: float, **kw) -> dict:
+def random_fp4_decoder(llm, fmt: str) -> dict:
+    """Every decoder linear replaced by an FP4Linear of random packed codes and scales of its shape (as a
+    quantization=nvfp4 / mxfp4 checkpoint's are; the LM head stays fp16), then the CUDA graphs captured again.
+    Speed only: random codes, like the random fp16 weights of the other arms."""
+    from gpu_fp4 import random_fp4
+    from onecat.engine.quant.fp4_linear import FP4Linear
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dtype = next(llm.model.parameters()).dtype
+    swapped = tiled = 0
+    for path, module in list(llm.model.named_modules()):
+        if not isinstance(module, torch.nn.Linear) or not path.startswith("layers."):
+            continue
+        layer = FP4Linear(random_fp4(fmt, module.out_features, module.in_features, gen),
+                          None if module.bias is None else module.bias.detach())
+        layer.use_tiles(dtype)
+        parent, _, leaf = path.rpartition(".")
+        setattr(llm.model.get_submodule(parent), leaf, layer)
+        swapped, tiled = swapped + 1, tiled + layer.tiled
+    gc.collect()
+    torch.cuda.empty_cache()
+    llm.engine.runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)
+    return {"method": f"{fmt} (random codes and scales, swapped in after load)", "packed_linears": swapped,
+            "tiled": tiled}
+
+
+def arm(name: str, cfg: dict, root: Path, bw: float, fp4: str | None = None, **kw) -> dict:
     llm = build_onecat(make_model_dir(root / name, cfg), cfg, max_model_len=2048, max_num_seqs=8,
                        cuda_graph=True, kv_cache_memory_gb=8.0, enable_prefix_caching=False, **kw)
-    res = {"quantization": llm.info().get("quantization")}
+    res = {"quantization": random_fp4_decoder(llm, fp4) if fp4 else llm.info().get("quantization")}
     nbytes = step_bytes(llm, cfg, CTX + GEN / 2)
     res["bytes_per_step"] = nbytes
     for batch in (1, 8):
@@ -68,6 +97,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         record["fp16"] = arm("fp16", cfg, Path(tmp), bw)
         record["w4a16"] = arm("w4a16", cfg, Path(tmp), bw, quantization="w4a16")
+        record["nvfp4"] = arm("nvfp4", cfg, Path(tmp), bw, fp4="nvfp4")
+    record["nvfp4_speedup_bs1"] = round(record["nvfp4"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
     record["speedup_bs1"] = round(record["w4a16"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
     record["speedup_bs8"] = round(record["w4a16"]["bs8"]["tok_s"] / record["fp16"]["bs8"]["tok_s"], 3)
     log("w4a16 / fp16 tok/s: bs1", record["speedup_bs1"], "bs8", record["speedup_bs8"])

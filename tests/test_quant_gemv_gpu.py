@@ -226,7 +226,8 @@ def test_tensor_core_gemv_refuses_what_it_cannot_take():
 @pytest.mark.parametrize("n,k", [(48, 4096), (4096, 1024), (160, 14336)])
 def test_tiled_weights_give_the_row_major_bits(fmt, dtype, n, k):
     """The tensor-core GEMV reading mma_tiles' layout sums the same products in the same order as on the row-major
-    words, so its output is the same bits: at 1, 3 and 8 rows, every split, N an odd number of 16-row tiles."""
+    words, so its output is the same bits: at 1, 3 and 8 rows, every split, N an odd number of 16-row tiles, a
+    warp with two runs (K 1024) and with many."""
     from onecat.engine.kernels.quant_gemv import mma_tiles, packed_gemv
     from onecat.engine.kernels.triton_w4a16 import _capability
 

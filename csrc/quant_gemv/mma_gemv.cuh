@@ -81,6 +81,56 @@ __device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* 
   if (lane == 0) p.tickets[blockIdx.x] = 0;
 }
 
+// The scale bits of run r for the row whose first scale element is `base`: W4A16 its (scale, zero) pair, FP4 the
+// lane's block-scale bytes, FP8 none (the row's scale comes at the end).
+template <int FMT>
+__device__ __forceinline__ uint32_t run_scales(const void* base, int r, int c) {
+  if constexpr (FMT == kInt4H) {
+    return __ldg(static_cast<const uint32_t*>(base) + r);  // a run is a group
+  } else if constexpr (FMT == kFp8) {
+    return 0u;
+  } else {
+    return fp4_run_scales<FMT>(static_cast<const uint8_t*>(base), r, c);
+  }
+}
+
+// One run (128 columns starting at col0) of all T tiles: w[t][2 h + v] the lane's 16-byte vectors of row g + 8 h,
+// sz[t][h] its scale bits; the B operand (activation row g, zero past m_rows) is loaded here, through L1.
+template <int FMT, typename X, int T, int kVecs>
+__device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint32_t (*sz)[2], const X* xm, int col0,
+                                        int c, bool b_live, float (*acc)[4]) {
+  uint32_t xb[16] = {};  // rows past m_rows: zero
+  if (b_live) {
+    if constexpr (FMT == kInt4H) {
+      w4_load_b(xm, col0, c, xb);
+    } else {
+      load_b_32cols(xm, col0, c, xb);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    if constexpr (FMT == kInt4H) {
+      w4_run(w[t], sz[t], xb, acc[t]);
+    } else if constexpr (FMT == kFp8) {
+      fp8_run<X>(w[t], xb, acc[t]);
+    } else {
+      fp4_run<FMT, X>(w[t], sz[t], xb, acc[t]);
+    }
+  }
+}
+
+// NVFP4 and FP8: the scale per row, and the power of two the decode left out, on the sums of rows row0 + 16 t + ...
+template <int FMT, int T>
+__device__ __forceinline__ void scale_rows(const Params& p, float (*acc)[4], int row0, int g) {
+  if constexpr (FMT == kNvfp4 || FMT == kFp8) {
+    constexpr float kLeft = FMT == kNvfp4 ? 128.f : 256.f;
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(row0 + 16 * t + g + 8 * (e >> 1), p.n - 1)] * kLeft;
+  }
+}
+
 template <int FMT, typename X, int U, int T, int W>
 __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   static_assert(FMT == kInt4H ? Same<X, __half>::value : FMT != kInt4B, "formats this kernel takes");
@@ -133,13 +183,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
 #pragma unroll
           for (int v = 0; v < kVecs; ++v)
             bt.w[u][t][h * kVecs + v] = live ? __ldcs(wr[t][h] + run_step * (r0 + r) + v) : make_uint4(0, 0, 0, 0);
-          if constexpr (FMT == kInt4H) {
-            bt.sz[u][t][h] = live ? __ldg(static_cast<const uint32_t*>(sz[t][h]) + r0 + r) : 0u;
-          } else if constexpr (FMT == kFp8) {
-            bt.sz[u][t][h] = 0u;  // the row's scale comes at the end
-          } else {
-            bt.sz[u][t][h] = live ? fp4_run_scales<FMT>(static_cast<const uint8_t*>(sz[t][h]), r0 + r, c) : 0u;
-          }
+          bt.sz[u][t][h] = live ? run_scales<FMT>(sz[t][h], r0 + r, c) : 0u;
         }
     }
   };
@@ -149,24 +193,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
     for (int u = 0; u < U; ++u) {
       const int r = rb + u * W;
       if (r >= runs) break;
-      uint32_t xb[16] = {};  // rows past m_rows: zero
-      if (b_live) {
-        if constexpr (FMT == kInt4H) {
-          w4_load_b(xm, (r0 + r) * kMmaRun, c, xb);
-        } else {
-          load_b_32cols(xm, (r0 + r) * kMmaRun, c, xb);
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < T; ++t) {
-        if constexpr (FMT == kInt4H) {
-          w4_run(bt.w[u][t], bt.sz[u][t], xb, acc[t]);
-        } else if constexpr (FMT == kFp8) {
-          fp8_run<X>(bt.w[u][t], xb, acc[t]);
-        } else {
-          fp4_run<FMT, X>(bt.w[u][t], bt.sz[u][t], xb, acc[t]);
-        }
-      }
+      mma_run<FMT, X, T, kVecs>(bt.w[u], bt.sz[u], xm, (r0 + r) * kMmaRun, c, b_live, acc);
     }
   };
   Batch even, odd;
@@ -179,13 +206,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
     load(even, rb + 2 * kStep);
     compute(odd, rb + kStep);
   }
-  if constexpr (FMT == kNvfp4 || FMT == kFp8) {  // the scale per row, and the power of two the decode left out
-    constexpr float kLeft = FMT == kNvfp4 ? 128.f : 256.f;
-#pragma unroll
-    for (int t = 0; t < T; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(row0 + 16 * t + g + 8 * (e >> 1), p.n - 1)] * kLeft;
-  }
+  scale_rows<FMT, T>(p, acc, row0, g);
   finish<X, T, W>(p, acc, red, row0);
 }
 
