@@ -68,3 +68,22 @@ def test_more_rows_take_the_dense_gemm_and_graphs_replay():
         out = layer(x1)
     g.replay()
     assert torch.equal(out, first)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (77, 1536)])
+def test_dequant_kernel_gives_the_reference_bits_and_prefill_uses_it(fmt, n, k):
+    """The Triton dequantizer (what a prefill's GEMM runs on) gives dense_on_device's bits in every dtype; a
+    20-row call of FP4Linear is the library GEMM on that weight."""
+    from onecat.engine.kernels import triton_fp4 as kf
+    from onecat.engine.quant.fp4_linear import FMT_IDS, FP4Linear, dense_on_device
+
+    w = packed(fmt, n, k, n + k).to("cuda")
+    g = w.gscale if w.gscale is not None else w.scales
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        ref = dense_on_device(w, dtype)
+        got = kf.dequantize(w.qweight, w.scales, g, FMT_IDS[fmt], dtype)
+        assert torch.equal(got.nan_to_num(), ref.nan_to_num()) and torch.equal(got.isnan(), ref.isnan()), dtype
+    layer = FP4Linear(w)
+    x = torch.randn(20, k, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, dense_on_device(w, torch.bfloat16)))

@@ -148,3 +148,41 @@ def launch(x, qweight, scales, gscale, out, fmt: int, block_n: int, block_kw: in
     fp4_gemv_kernel[(-(-n // block_n), split)](
         x, qweight, scales, gscale, out, n, M=m, MP=triton.next_power_of_2(m), K=k, FMT=fmt, BLOCK_N=block_n,
         BLOCK_KW=block_kw, SPLIT=split, num_warps=warps)
+
+
+@triton.jit
+def fp4_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_KW: tl.constexpr):
+    """The dense weight [N, K]: each code's e2m1 value times its block's scale in float32 (the scale formed as
+    the reference forms it), rounded once to the output dtype, as fp4_layout.dequantize then .to(dtype) does."""
+    B: tl.constexpr = 16 if FMT == 0 else 32
+    GW: tl.constexpr = B // 8
+    KW: tl.constexpr = K // 8
+    NB: tl.constexpr = K // B
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_KW + tl.arange(0, BLOCK_KW)
+    ok = (rows < N)[:, None] & (cols < KW)[None, :]
+    rows = tl.where(rows < N, rows, 0).to(tl.int64)[:, None]
+    words = tl.load(q_ptr + rows * KW + cols[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
+    sb = tl.load(s_ptr + rows * NB + (cols // GW)[None, :], mask=ok, other=0)
+    gscale = tl.load(g_ptr + rows) if FMT == 0 else 1.0
+    scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
+    if FMT == 1:
+        scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
+    out = w_ptr + rows * K + ((cols // GW) * B + cols % GW)[None, :]
+    for j in tl.static_range(8):
+        value = e2m1_times_2m126(words, j) * (2.0 ** 126)  # exact: the code's e2m1 value
+        tl.store(out + j * GW, (value * scale).to(w_ptr.dtype.element_ty), mask=ok)
+
+
+def dequantize(qweight, scales, gscale, fmt: int, dtype):
+    """The dense [N, K] weight in `dtype` on qweight's device (row-major words; gscale: float32 [N] for NVFP4,
+    any tensor for MXFP4)."""
+    import torch
+
+    n, kw = qweight.shape
+    w = torch.empty(n, kw * 8, dtype=dtype, device=qweight.device)
+    block_n, block_kw = 16, 64
+    fp4_dequant_kernel[(-(-n // block_n), -(-kw // block_kw))](
+        qweight, scales, gscale, w, n, K=kw * 8, FMT=fmt, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=4)
+    return w

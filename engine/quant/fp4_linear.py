@@ -4,8 +4,8 @@ Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMV (engine/kernels/quan
 row count, so batch-invariant), or the FP4 GEMV of engine/kernels/triton_fp4.py where the CUDA one cannot be
 built or ONECAT_QUANT_GEMV=triton; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
 decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). More rows (prefill) dequantize
-the weight into the activation dtype per call and take the library GEMM (rounding each weight once, as
-loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
+the weight into the activation dtype per call (a Triton kernel, engine/kernels/triton_fp4.py) and take the
+library GEMM (rounding each weight once, as loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
 """
 from __future__ import annotations
 
@@ -77,7 +77,14 @@ class FP4Linear(TiledWords, nn.Module):
             else:
                 y = fp4_gemv(x, self.packed())
             return y if self.bias is None else y + self.bias
-        return F.linear(x, dense_on_device(self.packed(), x.dtype), self.bias)
+        return F.linear(x, self.dense_weight(x.dtype), self.bias)
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The dense CUDA weight for the library GEMM of a prefill, from the Triton dequantizer (each weight
+        rounded once, the bits of dense_on_device, about as fast as writing the dense weight)."""
+        from onecat.engine.kernels import triton_fp4 as kf
+
+        return kf.dequantize(self.row_major_words(), self.scales, self.gscale, FMT_IDS[self.fmt], dtype)
 
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
