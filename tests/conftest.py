@@ -17,6 +17,13 @@ EMBEDDED = "embedded:smollm2-135m-instruct"
 # Every CPU engine zero-fills its whole KV budget when it opens; the tests' prompts are short, so a
 # small budget keeps each engine (and each `onecat serve` the tests start) near its weights' size.
 os.environ.setdefault("ONECAT_CPU_KVCACHE_SPACE", "0.25")
+# The CLI's Rich consoles are made at import, and a Console made while COLUMNS is set keeps that width for
+# good, so the `env={"COLUMNS": ...}` the CLI tests give CliRunner would be ignored. pytest's capture
+# plugin imports readline, and GNU readline writes COLUMNS=80 / LINES=24 into the C environment, which a
+# pytest-xdist worker (a child process) then starts with; an exported COLUMNS in the shell does the same.
+# Without them the consoles read the width when they print.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 def pytest_collection_modifyitems(config, items):
