@@ -1,8 +1,11 @@
-"""Shared fixtures: the embedded model, tiny random-init HF checkpoints, and the data folder."""
+"""Shared fixtures (the embedded model, the data folder) and the hooks that spread the run over pytest-xdist
+workers (how many, their threads, the order of the files) and report each worker's peak memory."""
 from __future__ import annotations
 
+import collections
 import ctypes
 import gc
+import math
 import os
 from pathlib import Path
 
@@ -26,12 +29,74 @@ for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """How many pytest-xdist workers `-n auto` (the README's test command) starts: two where no CUDA GPU is
+    present; none (every test in this one process, in order) where one is, so that no test shares a GPU with
+    another worker's. $PYTEST_XDIST_AUTO_NUM_WORKERS overrides; `-n N` sets a count outright."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    if torch.cuda.is_available():
+        return 0
+    workers = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return workers if workers > 1 else 0
+
+
+# xdist's loadfile scheduling hands out whole files, those with the most tests first, so a file of a few long
+# tests (the transformers comparison, the smoke gate) tends to start last and run alone at the end. Once a full
+# default run has recorded how long each file took (in pytest's cache, .pytest_cache/), the controller hands
+# those times to the workers, they collect the files longest first, and xdist keeps that order instead: the
+# run ends with short files on every worker.
+FILE_SECONDS = "onecat/test-file-seconds"
+_file_seconds_now: collections.Counter = collections.Counter()
+
+
+def _recorded_file_seconds(config) -> dict:
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    return (cache.get(FILE_SECONDS, None) if cache is not None else None) or {}
+
+
+def pytest_configure(config):
+    """With xdist workers (started after this, in the controller), each worker's thread pools get its share of
+    the cores through OMP_NUM_THREADS, which the workers and every process they start inherit: OpenMP pools
+    that together ask for more threads than there are cores spin at barriers waiting for descheduled threads
+    (a third slower on two cores). An OMP_NUM_THREADS already set is kept."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    workers = getattr(config.option, "numprocesses", None) or 0  # an int once xdist has resolved `-n auto`
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+    if config.getoption("dist", "no") == "loadfile" and _recorded_file_seconds(config):
+        config.option.loadscopereorder = False  # keep the workers' collection order (below)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Controller side, per worker: the recorded file times when the workers are to collect longest first."""
+    if node.config.getoption("loadscopereorder", True) is False and node.config.getoption("dist") == "loadfile":
+        node.workerinput["onecat_file_seconds"] = _recorded_file_seconds(node.config)
+
+
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU; none is present")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    seconds = getattr(config, "workerinput", {}).get("onecat_file_seconds")  # an xdist worker, longest first
+    if seconds:
+        first = {}
+        for i, item in enumerate(items):
+            first.setdefault(item.nodeid.split("::")[0], i)
+        # longest first, files with no record (new ones) before all; a file's tests keep their order
+        items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], math.inf),
+                                     first[item.nodeid.split("::")[0]]))
+
+
+def pytest_runtest_logreport(report):
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller sees every worker's reports
+        _file_seconds_now[report.nodeid.split("::")[0]] += report.duration
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +134,34 @@ def _peak_rss_gib() -> float | None:
     return None
 
 
+_WORKER_PEAKS: dict[str, float] = {}  # pytest-xdist worker id -> its peak RSS (GiB), gathered by the controller
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    workeroutput = getattr(config, "workeroutput", None)  # set in an xdist worker only
+    if workeroutput is not None:
+        workeroutput["peak_rss_gib"] = _peak_rss_gib()
+        return
+    full_default_run = (config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
+                        and config.option.markexpr == "not slow")  # pyproject's addopts
+    if full_default_run and exitstatus in (0, 1) and _file_seconds_now and getattr(config, "cache", None):
+        config.cache.set(FILE_SECONDS, {f: round(t, 1) for f, t in sorted(_file_seconds_now.items())})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    peak = getattr(node, "workeroutput", {}).get("peak_rss_gib")
+    if peak is not None:
+        _WORKER_PEAKS[node.gateway.id] = peak
+
+
 def pytest_terminal_summary(terminalreporter):
+    if _WORKER_PEAKS:  # the tests ran in xdist workers: their peaks, not this (controller) process's
+        each = ", ".join(f"{name} {peak:.2f} GiB" for name, peak in sorted(_WORKER_PEAKS.items()))
+        terminalreporter.write_line(f"peak RSS of the test workers: {each} "
+                                    f"(at most {sum(_WORKER_PEAKS.values()):.2f} GiB together)")
+        return
     peak = _peak_rss_gib()
     if peak is not None:
         terminalreporter.write_line(f"peak RSS of this test process: {peak:.2f} GiB")
