@@ -125,7 +125,7 @@ def random_weights(cfg: dict):
     yield "lm_head.weight", rnd(cfg["vocab_size"], h)
 
 
-def build_onecat(model_dir: Path, cfg: dict, **kw):
+def build_onecat(model_dir: Path, cfg: dict, dtype: str = "float16", **kw):
     import onecat.engine.llm as llm_mod
     from onecat.engine.config import ModelConfig
     from onecat.engine.loader import Checkpoint
@@ -138,7 +138,7 @@ def build_onecat(model_dir: Path, cfg: dict, **kw):
     original = llm_mod.open_checkpoint
     llm_mod.open_checkpoint = open_random
     try:
-        return llm_mod.LLM(str(model_dir), dtype="float16", device="cuda", **kw)
+        return llm_mod.LLM(str(model_dir), dtype=dtype, device="cuda", **kw)
     finally:
         llm_mod.open_checkpoint = original
 

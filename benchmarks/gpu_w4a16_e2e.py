@@ -1,8 +1,9 @@
 """Whole-model decode on a CUDA GPU: the Llama-3-8B shape with random fp16 weights, dense vs W4A16 (the same
 weights quantized at load: round to nearest, g128) vs NVFP4 (random packed codes and scales swapped in for every
-decoder linear after load), batch 1 and 8 at 1K context, in one process.
+decoder linear after load), batch 1 and 8 at 1K context, in one process. --bf16 adds the model in bf16: dense,
+NVFP4 and MXFP4 (which the tensor-core GEMV takes with bf16 activations only).
 
-    python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json
+    python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json [--bf16]
 
 Random weights say nothing about quality (the contract w4a16_gpu.yaml covers that on a real model); the
 speed of the model that holds them is what is measured. The bandwidth fraction counts the bytes a decode step
@@ -42,11 +43,12 @@ def random_fp4_decoder(llm, fmt: str) -> dict:
     quantization=nvfp4 / mxfp4 checkpoint's are; the LM head stays fp16), then the CUDA graphs captured again.
     Speed only: random codes, like the random fp16 weights of the other arms."""
     from gpu_fp4 import random_fp4
+    from onecat.engine.kernels import quant_gemv
     from onecat.engine.quant.fp4_linear import FP4Linear
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     dtype = next(llm.model.parameters()).dtype
-    swapped = tiled = 0
+    swapped = tiled = slots = 0
     for path, module in list(llm.model.named_modules()):
         if not isinstance(module, torch.nn.Linear) or not path.startswith("layers."):
             continue
@@ -55,18 +57,19 @@ def random_fp4_decoder(llm, fmt: str) -> dict:
         layer.use_tiles(dtype)
         parent, _, leaf = path.rpartition(".")
         setattr(llm.model.get_submodule(parent), leaf, layer)
-        swapped, tiled = swapped + 1, tiled + layer.tiled
+        swapped, tiled = swapped + 1, tiled + bool(layer.tiled)
+        slots += layer.tiled == quant_gemv.TILED_FP16_SLOTS
     gc.collect()
     torch.cuda.empty_cache()
     llm.engine.runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)
     return {"method": f"{fmt} (random codes and scales, swapped in after load)", "packed_linears": swapped,
-            "tiled": tiled}
+            "tiled": tiled, "fp16_code_slots": slots}
 
 
-def arm(name: str, cfg: dict, root: Path, bw: float, fp4: str | None = None, **kw) -> dict:
-    llm = build_onecat(make_model_dir(root / name, cfg), cfg, max_model_len=2048, max_num_seqs=8,
+def arm(name: str, cfg: dict, root: Path, bw: float, fp4: str | None = None, dtype: str = "float16", **kw) -> dict:
+    llm = build_onecat(make_model_dir(root / name, cfg), cfg, dtype=dtype, max_model_len=2048, max_num_seqs=8,
                        cuda_graph=True, kv_cache_memory_gb=8.0, enable_prefix_caching=False, **kw)
-    res = {"quantization": random_fp4_decoder(llm, fp4) if fp4 else llm.info().get("quantization")}
+    res = {"quantization": random_fp4_decoder(llm, fp4) if fp4 else llm.info().get("quantization"), "dtype": dtype}
     nbytes = step_bytes(llm, cfg, CTX + GEN / 2)
     res["bytes_per_step"] = nbytes
     for batch in (1, 8):
@@ -87,6 +90,7 @@ def arm(name: str, cfg: dict, root: Path, bw: float, fp4: str | None = None, **k
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".onecat/w4a16_e2e.json")
+    ap.add_argument("--bf16", action="store_true", help="also the model in bf16: dense, NVFP4 and MXFP4")
     args = ap.parse_args()
     bw = copy_limit_gbps()
     cfg = SHAPES["llama3-8b"]
@@ -98,10 +102,18 @@ def main() -> None:
         record["fp16"] = arm("fp16", cfg, Path(tmp), bw)
         record["w4a16"] = arm("w4a16", cfg, Path(tmp), bw, quantization="w4a16")
         record["nvfp4"] = arm("nvfp4", cfg, Path(tmp), bw, fp4="nvfp4")
+        if args.bf16:
+            record["bf16"] = arm("bf16", cfg, Path(tmp), bw, dtype="bfloat16")
+            for fmt in ("nvfp4", "mxfp4"):
+                record[f"{fmt}_bf16"] = arm(f"{fmt}_bf16", cfg, Path(tmp), bw, fp4=fmt, dtype="bfloat16")
     record["nvfp4_speedup_bs1"] = round(record["nvfp4"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
     record["speedup_bs1"] = round(record["w4a16"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
     record["speedup_bs8"] = round(record["w4a16"]["bs8"]["tok_s"] / record["fp16"]["bs8"]["tok_s"], 3)
     log("w4a16 / fp16 tok/s: bs1", record["speedup_bs1"], "bs8", record["speedup_bs8"])
+    for fmt in ("nvfp4", "mxfp4") if args.bf16 else ():
+        for batch in ("bs1", "bs8"):
+            record[f"{fmt}_bf16_speedup_{batch}"] = round(record[f"{fmt}_bf16"][batch]["tok_s"] /
+                                                         record["bf16"][batch]["tok_s"], 3)
     Path(args.out).write_text(json.dumps(record, indent=1))
 
 

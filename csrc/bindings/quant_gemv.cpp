@@ -56,11 +56,12 @@ enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
 // With residual (and norm_weight): the folded RMSNorm; returns (y, x + residual), else (y, undefined).
 // kernel: kAuto (the tensor-core GEMV where it applies), kFma (quant_gemv.cuh), kMma (mma_gemv.cuh).
 // pdl: the tensor-core GEMV is launched with programmatic dependent launch (SM90+; engine/kernels/pdl.py).
-// tiled: qweight is in the tensor-core GEMV's tiles (mma_tiles in engine/kernels/quant_gemv.py), which only it reads.
+// tiled: a Layout (params.h): qweight in the tensor-core GEMV's tiles (mma_tiles in engine/kernels/quant_gemv.py), which
+// only it reads; kTilesFp16Slots: NVFP4 codes in fp16 slots too (engine/quant/fp4_slots.py), for fp16 activations.
 std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
                 int64_t splits, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,
-                double eps, bool glu, int64_t kernel, bool pdl, bool tiled) {
+                double eps, bool glu, int64_t kernel, bool pdl, int64_t tiled) {
   TORCH_CHECK(fmt >= kInt4H && fmt <= kFp8, "fmt must be 0..4 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8)");
   TORCH_CHECK(x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
               "x must be a contiguous CUDA float16 or bfloat16 tensor");
@@ -117,8 +118,11 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
               "of 128), NVFP4 or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or "
               "newer");
   const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
+  TORCH_CHECK(tiled >= kRowMajor && tiled <= kTilesFp16Slots, "tiled must be 0 (row-major), 1 (tiles) or 2 (tiles, "
+              "NVFP4 codes in fp16 slots)");
   TORCH_CHECK(!tiled || (mma && n % 16 == 0), "tiled weights (mma_tiles) are read by the tensor-core GEMV only, "
               "with N a multiple of 16");
+  TORCH_CHECK(tiled != kTilesFp16Slots || (fmt == kNvfp4 && half), "NVFP4 codes in fp16 slots take fp16 activations");
   const int budget = smem_budget(dev);
   const int m_tmpl = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));
   const int outs = rows_per_warp(m_tmpl) / (glu ? 2 : 1);
@@ -167,7 +171,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   while ((32 << p.gshift) < group) ++p.gshift;
   p.m_rows = static_cast<int>(m);
   p.splits = s;
-  p.tiled = tiled ? 1 : 0;
+  p.tiled = static_cast<int>(tiled);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(mma ? launch_mma(static_cast<int>(fmt), x.scalar_type() == at::kBFloat16, p, stream, pdl)
                      : launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));
@@ -179,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
 std::tuple<at::Tensor, at::Tensor, std::string> gemv(
     const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& row_scale,
     at::Tensor& tickets, int64_t fmt, int64_t group, int64_t splits, const c10::optional<at::Tensor>& residual,
-    const c10::optional<at::Tensor>& norm_weight, double eps, bool glu, int64_t kernel, bool pdl, bool tiled) {
+    const c10::optional<at::Tensor>& norm_weight, double eps, bool glu, int64_t kernel, bool pdl, int64_t tiled) {
   try {
     auto [y, rout] = gemv_checked(x, qweight, scales, row_scale, tickets, fmt, group, splits, residual, norm_weight,
                                   eps, glu, kernel, pdl, tiled);
@@ -200,5 +204,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"),
         py::arg("group"), py::arg("splits") = 0, py::arg("residual") = py::none(), py::arg("norm_weight") = py::none(),
         py::arg("eps") = 0.0, py::arg("glu") = false, py::arg("kernel") = 0,
-        py::arg("pdl") = false, py::arg("tiled") = false);
+        py::arg("pdl") = false, py::arg("tiled") = 0);
 }

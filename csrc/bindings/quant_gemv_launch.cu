@@ -49,7 +49,7 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
   }
 }
 
-template <int FMT, typename T>
+template <int FMT, typename T, bool SLOTS = false>
 cudaError_t launch_mma_as(const Params& p, cudaStream_t stream, bool pdl) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3((p.n + kMmaRows - 1) / kMmaRows, p.splits);
@@ -61,13 +61,14 @@ cudaError_t launch_mma_as(const Params& p, cudaStream_t stream, bool pdl) {
   config.attrs = overlap;
   config.numAttrs = pdl ? 1 : 0;
   // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp
-  return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kMmaRows / 16, kMmaWarps>, p);
+  return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kMmaRows / 16, kMmaWarps, SLOTS>, p);
 }
 
 }  // namespace
 
 cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream, bool pdl) {
   if (fmt == kInt4H && !is_bf16) return launch_mma_as<kInt4H, __half>(p, stream, pdl);
+  if (fmt == kNvfp4 && !is_bf16 && p.tiled == kTilesFp16Slots) return launch_mma_as<kNvfp4, __half, true>(p, stream, pdl);
   if (fmt == kNvfp4) {
     return is_bf16 ? launch_mma_as<kNvfp4, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kNvfp4, __half>(p, stream, pdl);
   }

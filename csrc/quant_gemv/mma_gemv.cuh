@@ -96,7 +96,7 @@ __device__ __forceinline__ uint32_t run_scales(const void* base, int r, int c) {
 
 // One run (128 columns starting at col0) of all T tiles: w[t][2 h + v] the lane's 16-byte vectors of row g + 8 h,
 // sz[t][h] its scale bits; the B operand (activation row g, zero past m_rows) is loaded here, through L1.
-template <int FMT, typename X, int T, int kVecs>
+template <int FMT, typename X, int T, int kVecs, bool SLOTS>
 __device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint32_t (*sz)[2], const X* xm, int col0,
                                         int c, bool b_live, float (*acc)[4]) {
   uint32_t xb[16] = {};  // rows past m_rows: zero
@@ -109,7 +109,9 @@ __device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint3
   }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
-    if constexpr (FMT == kInt4H) {
+    if constexpr (SLOTS) {
+      nvfp4_slots_run(w[t], sz[t], xb, acc[t]);
+    } else if constexpr (FMT == kInt4H) {
       w4_run(w[t], sz[t], xb, acc[t]);
     } else if constexpr (FMT == kFp8) {
       fp8_run<X>(w[t], xb, acc[t]);
@@ -131,9 +133,11 @@ __device__ __forceinline__ void scale_rows(const Params& p, float (*acc)[4], int
   }
 }
 
-template <int FMT, typename X, int U, int T, int W>
+// SLOTS: NVFP4 words in fp16 code slots (fp4_mma.cuh), fp16 activations, tiled (Params.tiled kTilesFp16Slots).
+template <int FMT, typename X, int U, int T, int W, bool SLOTS = false>
 __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   static_assert(FMT == kInt4H ? Same<X, __half>::value : FMT != kInt4B, "formats this kernel takes");
+  static_assert(!SLOTS || (FMT == kNvfp4 && Same<X, __half>::value), "fp16 code slots are NVFP4 with fp16 activations");
   constexpr int kVecs = FMT == kFp8 ? 2 : 1;  // 16-byte loads a lane takes of a row's run (FP8: 32 words a run)
   __shared__ float red[W * T * 4 * 32];
   const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K
@@ -193,7 +197,7 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
     for (int u = 0; u < U; ++u) {
       const int r = rb + u * W;
       if (r >= runs) break;
-      mma_run<FMT, X, T, kVecs>(bt.w[u], bt.sz[u], xm, (r0 + r) * kMmaRun, c, b_live, acc);
+      mma_run<FMT, X, T, kVecs, SLOTS>(bt.w[u], bt.sz[u], xm, (r0 + r) * kMmaRun, c, b_live, acc);
     }
   };
   Batch even, odd;

@@ -30,9 +30,12 @@ FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
-# packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply); the
-# benchmarks turn it off for their row-major arm
+# packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply), NVFP4 with
+# fp16 activations also in fp16 code slots (engine/quant/fp4_slots.py); the benchmarks turn these off for their A/B arms
 TILES = True
+FP16_SLOTS = True
+# how the words lie (csrc/quant_gemv/params.h Layout): packed_gemv's `tiled`
+ROW_MAJOR, TILED, TILED_FP16_SLOTS = 0, 1, 2
 SMEM_BUDGET_MAX = 64 * 1024  # staged activations per block (csrc/bindings/quant_gemv.cpp: also <= a third of an SM)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
 EXTENSION = CudaExtension("onecat_quant_gemv", (CSRC / "bindings" / "quant_gemv.cpp",
@@ -156,6 +159,17 @@ def tiles_apply(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor, group: i
             and tensor_cores_take(fmt, act_dtype, scales.dtype, group, k, scales.device))
 
 
+def mma_layout(fmt: str, act_dtype: torch.dtype) -> int:
+    """The tiled layout a packed layer keeps where tiles_apply: NVFP4 with fp16 activations in fp16 code slots
+    (measured on an H200: benchmarks/results/quant_h200.json "fp16_slots"), the rest TILED."""
+    return TILED_FP16_SLOTS if FP16_SLOTS and fmt == "nvfp4" and act_dtype == torch.float16 else TILED
+
+
+def layout_takes(layout: int, fmt: str, act_dtype: torch.dtype) -> bool:
+    """Whether the tensor-core GEMV decodes words of this layout at this activation dtype."""
+    return layout != TILED_FP16_SLOTS or (fmt == "nvfp4" and act_dtype == torch.float16)
+
+
 def _device_index(x: torch.Tensor) -> int:
     return x.device.index if x.device.index is not None else torch.cuda.current_device()
 
@@ -187,7 +201,7 @@ def mma_untile(tiles: torch.Tensor, fmt: str) -> torch.Tensor:
 def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
                 row_scale: torch.Tensor | None = None, group: int = 0, splits: int = 0, *,
                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                glu: bool = False, kernel: str = "auto", tiled: bool = False):
+                glu: bool = False, kernel: str = "auto", tiled: int = ROW_MAJOR):
     """y = x @ dequant(W)^T for a contiguous fp16/bf16 x of 1-8 rows (leading shape kept). fmt: "int4" (scales
     = W4A16 (scale, zero) pairs [N, K/G, 2] in fp16 or bf16, group G), "nvfp4" (scales = E4M3 bytes, row_scale
     = global scale per row), "mxfp4" (E8M0 bytes), "fp8" (row_scale = scale per row; scales unused).
@@ -196,7 +210,8 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     residual and norm_weight, x is replaced by RMSNorm(x + residual) * norm_weight and the call returns
     (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows).
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
-    (forced, for comparison). tiled: qweight is mma_tiles' layout, which only the tensor-core GEMV reads."""
+    (forced, for comparison). tiled: ROW_MAJOR, or TILED (mma_tiles' layout, which only the tensor-core GEMV reads),
+    or TILED_FP16_SLOTS (NVFP4 with fp16 x: mma_tiles of fp4_slots.to_fp16_slots)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
@@ -207,13 +222,18 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     if tiled and not mma:
         raise ValueError("tiled weights (mma_tiles) are read by the tensor-core GEMV only, and it does not take this "
                          "call: pass the row-major words (mma_untile)")
+    if tiled not in (ROW_MAJOR, TILED, TILED_FP16_SLOTS):
+        raise ValueError(f"tiled {tiled!r}: expected ROW_MAJOR (0), TILED (1) or TILED_FP16_SLOTS (2)")
+    if not layout_takes(tiled, fmt, x.dtype):
+        raise ValueError(f"words in fp16 code slots are NVFP4 with fp16 activations, got {fmt} with {x.dtype} "
+                         "(engine/quant/fp4_slots.py from_fp16_slots gives the plain words)")
     check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
     y, h, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(_device_index(x)),
                            FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu, 2 if mma else 1,
-                           mma and pdl.options(x.device)["PDL"], tiled)
+                           mma and pdl.options(x.device)["PDL"], int(tiled))
     if error:
         raise RuntimeError(f"packed GEMV: {error}")
     return y if residual is None else (y, h)

@@ -84,7 +84,8 @@ class FP4Linear(TiledWords, nn.Module):
         rounded once, the bits of dense_on_device, about as fast as writing the dense weight)."""
         from onecat.engine.kernels import triton_fp4 as kf
 
-        return kf.dequantize(self.row_major_words(), self.scales, self.gscale, FMT_IDS[self.fmt], dtype)
+        words, slots = self.untiled_words()
+        return kf.dequantize(words, self.scales, self.gscale, FMT_IDS[self.fmt], dtype, fp16_slots=slots)
 
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where

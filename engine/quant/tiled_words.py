@@ -2,6 +2,8 @@
 mma_tiles): where that GEMV takes every 1-8-row call of the layer, a warp then reads 512 contiguous bytes a load
 instead of 64 from each of 8 rows (the same bits, measured faster on an H200). Every other reader of the words
 (the dense path of prefill, the Triton and folded GEMVs, `packed()`) takes them row-major (row_major_words).
+NVFP4 with fp16 activations also moves its codes into fp16 slots (fp4_slots.py), which that GEMV decodes in half
+the instructions.
 """
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import torch
 
 
 class TiledWords:
-    """Mixin of W4A16Linear, FP4Linear and FP8Linear: `qweight` row-major, or in tiles when `tiled`."""
+    """Mixin of W4A16Linear, FP4Linear and FP8Linear: `qweight` row-major, or in tiles when `tiled` (the layout,
+    quant_gemv.TILED or TILED_FP16_SLOTS)."""
 
-    tiled = False
+    tiled = 0
     words_format = ""  # the quant_gemv format name of the words ("int4", "nvfp4", "mxfp4", "fp8")
 
     def tile_words(self, act_dtype: torch.dtype, scales: torch.Tensor, group: int = 0) -> None:
@@ -21,20 +24,39 @@ class TiledWords:
         if self.tiled or not quant_gemv.tiles_apply(self.words_format, act_dtype, scales, group,
                                                     self.qweight.shape[0], self.in_features):
             return
-        self.qweight = quant_gemv.mma_tiles(self.qweight, self.words_format)
-        self.tiled = True
+        layout = quant_gemv.mma_layout(self.words_format, act_dtype)
+        words = self.qweight
+        if layout == quant_gemv.TILED_FP16_SLOTS:
+            from onecat.engine.quant.fp4_slots import to_fp16_slots
+
+            words = to_fp16_slots(words)
+        self.qweight = quant_gemv.mma_tiles(words, self.words_format)
+        self.tiled = layout
+
+    def untiled_words(self) -> tuple[torch.Tensor, bool]:
+        """(the words in row order, whether their codes are in fp16 slots): a cheap copy, for readers that
+        decode the slots themselves (the FP4 prefill dequantizer)."""
+        if not self.tiled:
+            return self.qweight, False
+        from onecat.engine.kernels import quant_gemv
+
+        return (quant_gemv.mma_untile(self.qweight, self.words_format),
+                self.tiled == quant_gemv.TILED_FP16_SLOTS)
 
     def row_major_words(self) -> torch.Tensor:
-        if not self.tiled:
-            return self.qweight
-        from onecat.engine.kernels.quant_gemv import mma_untile
+        """The words in the format's own layout (engine/quant/*_layout.py)."""
+        words, slots = self.untiled_words()
+        if slots:
+            from onecat.engine.quant.fp4_slots import from_fp16_slots
 
-        return mma_untile(self.qweight, self.words_format)
+            words = from_fp16_slots(words)
+        return words
 
     def tiles_take(self, x: torch.Tensor, scales: torch.Tensor, group: int = 0) -> bool:
         """Whether a 1-8-row call may run on the words as they are: row-major, or tiles the tensor-core GEMV takes."""
         if not self.tiled:
             return True
-        from onecat.engine.kernels.quant_gemv import tensor_cores_apply
+        from onecat.engine.kernels.quant_gemv import layout_takes, tensor_cores_apply
 
-        return tensor_cores_apply(x, self.words_format, scales, group, False)
+        return (tensor_cores_apply(x, self.words_format, scales, group, False)
+                and layout_takes(self.tiled, self.words_format, x.dtype))
