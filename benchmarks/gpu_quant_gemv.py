@@ -11,9 +11,9 @@ decode step sees them. --sweep also times the CUDA GEMV at fixed splits of K (1,
 Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, FP8, MXFP4 with bf16 activations:
 "cuda_int4", "cuda_nvfp4", "cuda_fp8" and their "_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on
 the same weights; NVFP4, MXFP4 and FP8 are timed with fp16 and with bf16 activations (*_bf16). "*_tiled" is
-the tensor-core GEMV on the same weights in its tiles (quant_gemv.mma_tiles), "cuda_nvfp4_slots" NVFP4 (fp16) in
-tiles with its codes in fp16 slots (engine/quant/fp4_slots.py): what packed layers hold. --formats picks a subset
-of the formats.
+the tensor-core GEMV on the same weights in its tiles (quant_gemv.mma_tiles), "cuda_nvfp4*_slots" NVFP4 in tiles
+with its codes in the activation dtype's slots (engine/quant/fp4_slots.py): what packed layers hold. --formats
+picks a subset of the formats.
 """
 from __future__ import annotations
 
@@ -66,11 +66,12 @@ def cuda_call(x, a: dict, fmt: str, splits: int = 0, kernel: str = "auto", tiled
 
 
 def mma_tiled(a: dict, fmt: str, layout: int) -> torch.Tensor:
-    """a's words in the tensor-core GEMV's tiles, NVFP4's codes also in fp16 slots for TILED_FP16_SLOTS."""
-    from onecat.engine.kernels.quant_gemv import TILED_FP16_SLOTS, mma_tiles
-    from onecat.engine.quant.fp4_slots import to_fp16_slots
+    """a's words in the tensor-core GEMV's tiles, NVFP4's codes also in slots for the slot layouts."""
+    from onecat.engine.kernels.quant_gemv import SLOT_DTYPES, mma_tiles
+    from onecat.engine.quant.fp4_slots import to_slots
 
-    return mma_tiles(to_fp16_slots(a["qweight"]) if layout == TILED_FP16_SLOTS else a["qweight"], fmt)
+    slots = SLOT_DTYPES.get(layout)
+    return mma_tiles(a["qweight"] if slots is None else to_slots(a["qweight"], slots), fmt)
 
 
 def triton_call(x, a: dict, fmt: str):
@@ -140,12 +141,12 @@ def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, 
         rel = float((y.float() - yf.float()).abs().max() / yf.float().abs().max().clamp_min(1e-30))
         assert rel < 2e-2, f"{name} M={m} {fmt}: tensor-core vs FMA GEMV relative difference {rel}"
         r[f"cuda_fma_{fmt}{tag}"] = arm(graph_time([cuda_call(x, p, fmt, kernel="fma") for p in ps]), moved)
-        from onecat.engine.kernels.quant_gemv import TILED, TILED_FP16_SLOTS, mma_layout
+        from onecat.engine.kernels.quant_gemv import TILED, mma_layout
 
-        # the same weights in the tensor-core GEMV's tiles (the same bits, read in 512-byte runs), NVFP4 with fp16
-        # activations also with its codes in fp16 slots (what packed layers hold there)
-        for layout, suffix in ((TILED, "_tiled"), (TILED_FP16_SLOTS, "_slots")):
-            if layout == TILED_FP16_SLOTS and mma_layout(fmt, x.dtype) != layout:
+        # the same weights in the tensor-core GEMV's tiles (the same bits, read in 512-byte runs), NVFP4 also with
+        # its codes in the activation dtype's slots (what packed layers hold)
+        for layout, suffix in ((TILED, "_tiled"), (mma_layout(fmt, x.dtype), "_slots")):
+            if suffix == "_slots" and layout == TILED:
                 continue
             for p in ps:
                 p.setdefault(f"tiles{layout}", mma_tiled(p, fmt, layout))

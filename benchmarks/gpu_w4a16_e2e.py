@@ -58,12 +58,12 @@ def random_fp4_decoder(llm, fmt: str) -> dict:
         parent, _, leaf = path.rpartition(".")
         setattr(llm.model.get_submodule(parent), leaf, layer)
         swapped, tiled = swapped + 1, tiled + bool(layer.tiled)
-        slots += layer.tiled == quant_gemv.TILED_FP16_SLOTS
+        slots += layer.tiled in quant_gemv.SLOT_DTYPES
     gc.collect()
     torch.cuda.empty_cache()
     llm.engine.runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)
     return {"method": f"{fmt} (random codes and scales, swapped in after load)", "packed_linears": swapped,
-            "tiled": tiled, "fp16_code_slots": slots}
+            "tiled": tiled, "code_slots": slots}
 
 
 def arm(name: str, cfg: dict, root: Path, bw: float, fp4: str | None = None, dtype: str = "float16", **kw) -> dict:

@@ -77,7 +77,7 @@ def test_dequant_kernel_gives_the_reference_bits_and_prefill_uses_it(fmt, n, k):
     20-row call of FP4Linear is the library GEMM on that weight."""
     from onecat.engine.kernels import triton_fp4 as kf
     from onecat.engine.quant.fp4_linear import FMT_IDS, FP4Linear, dense_on_device
-    from onecat.engine.quant.fp4_slots import to_fp16_slots
+    from onecat.engine.quant.fp4_slots import to_slots
 
     w = packed(fmt, n, k, n + k).to("cuda")
     g = w.gscale if w.gscale is not None else w.scales
@@ -85,9 +85,9 @@ def test_dequant_kernel_gives_the_reference_bits_and_prefill_uses_it(fmt, n, k):
         ref = dense_on_device(w, dtype)
         got = kf.dequantize(w.qweight, w.scales, g, FMT_IDS[fmt], dtype)
         assert torch.equal(got.nan_to_num(), ref.nan_to_num()) and torch.equal(got.isnan(), ref.isnan()), dtype
-        if fmt == "nvfp4":  # the same weight with its codes in fp16 slots (engine/quant/fp4_slots.py)
-            slots = kf.dequantize(to_fp16_slots(w.qweight), w.scales, g, FMT_IDS[fmt], dtype, fp16_slots=True)
-            assert torch.equal(slots.nan_to_num(), ref.nan_to_num()), dtype
+        for slots in (torch.float16, torch.bfloat16) if fmt == "nvfp4" else ():  # codes in slots (fp4_slots.py)
+            got = kf.dequantize(to_slots(w.qweight, slots), w.scales, g, FMT_IDS[fmt], dtype, slots=slots)
+            assert torch.equal(got.nan_to_num(), ref.nan_to_num()), (dtype, slots)
     layer = FP4Linear(w)
     x = torch.randn(20, k, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(layer(x), torch.nn.functional.linear(x, dense_on_device(w, torch.bfloat16)))

@@ -228,20 +228,20 @@ TILE_CASES = [("int4", torch.float16), ("nvfp4", torch.bfloat16), ("nvfp4", torc
 @pytest.mark.parametrize("fmt,dtype", TILE_CASES)
 @pytest.mark.parametrize("n,k", [(48, 4096), (4096, 1024), (160, 14336)])
 def test_tiled_weights_give_the_row_major_bits(fmt, dtype, n, k):
-    """The tensor-core GEMV reading mma_tiles' layout (NVFP4 with fp16 activations: its codes also in fp16 slots,
+    """The tensor-core GEMV reading mma_tiles' layout (NVFP4: its codes also in the activation dtype's slots,
     fp4_slots.py) sums the same products in the same order as on the row-major words, so its output is the same
     bits: at 1, 3 and 8 rows, every split, N an odd number of 16-row tiles, a warp with two runs (K 1024) and with
     many."""
-    from onecat.engine.kernels.quant_gemv import TILED, TILED_FP16_SLOTS, mma_layout, mma_tiles, packed_gemv
+    from onecat.engine.kernels.quant_gemv import SLOT_DTYPES, TILED, mma_layout, mma_tiles, packed_gemv
     from onecat.engine.kernels.triton_w4a16 import _capability
-    from onecat.engine.quant.fp4_slots import to_fp16_slots
+    from onecat.engine.quant.fp4_slots import to_slots
 
     if _capability(0) < 80:
         pytest.skip("the tensor-core GEMV needs SM80+")
     args, dense = make(fmt, n, k, seed=n + k)
     layout = mma_layout(fmt, dtype)
-    assert layout == (TILED_FP16_SLOTS if (fmt, dtype) == ("nvfp4", torch.float16) else TILED)
-    words = to_fp16_slots(args["qweight"]) if layout == TILED_FP16_SLOTS else args["qweight"]
+    assert (SLOT_DTYPES.get(layout) == dtype) if fmt == "nvfp4" else layout == TILED
+    words = to_slots(args["qweight"], dtype) if layout in SLOT_DTYPES else args["qweight"]
     tiles = mma_tiles(words, fmt)
     assert not torch.equal(tiles, args["qweight"])
     for rows in (1, 3, 8):
@@ -255,17 +255,18 @@ def test_tiled_weights_give_the_row_major_bits(fmt, dtype, n, k):
     with pytest.raises(ValueError, match="tensor-core GEMV only"):
         packed_gemv(x, fmt, tiles, args["scales"], args.get("row_scale"), args.get("group", 0), kernel="fma",
                     tiled=layout)
-    if layout == TILED_FP16_SLOTS:
-        with pytest.raises(ValueError, match="fp16 code slots"):
-            packed_gemv(x.bfloat16(), fmt, tiles, args["scales"], args.get("row_scale"), tiled=layout)
+    if layout in SLOT_DTYPES:
+        other = torch.bfloat16 if dtype == torch.float16 else torch.float16
+        with pytest.raises(ValueError, match="code slots"):
+            packed_gemv(x.to(other), fmt, tiles, args["scales"], args.get("row_scale"), tiled=layout)
 
 
 @pytest.mark.parametrize("fmt,dtype", TILE_CASES)
 def test_packed_layers_keep_tiles_where_the_tensor_core_gemv_takes_their_calls(fmt, dtype, monkeypatch):
     """A packed layer with tiled words gives the row-major layer's bits at 1-8 rows (the tensor-core GEMV) and at
     more rows (the dense path reads the words untiled); its packed() is the row-major weight; a dtype the
-    tensor-core GEMV does not take keeps the words row-major. NVFP4 with fp16 activations keeps fp16 code slots
-    (a bf16 call then takes the dense path), or plain tiles with FP16_SLOTS off."""
+    tensor-core GEMV does not take keeps the words row-major. NVFP4 keeps its codes in the activation dtype's slots
+    (a call in the other dtype then takes the dense path), or plain tiles with CODE_SLOTS off."""
     import copy
 
     from onecat.engine.kernels import quant_gemv
@@ -299,11 +300,11 @@ def test_packed_layers_keep_tiles_where_the_tensor_core_gemv_takes_their_calls(f
     for rows in (1, 3, 8, 20):
         x = torch.randn(rows, k, device="cuda", dtype=dtype)
         assert torch.equal(layer(x), rows_major(x)), f"{rows} rows"
-    if (fmt, dtype) == ("nvfp4", torch.float16):
-        assert layer.tiled == quant_gemv.TILED_FP16_SLOTS
-        x = torch.randn(3, k, device="cuda", dtype=torch.bfloat16)
-        assert torch.equal(layer(x), torch.nn.functional.linear(x, rows_major.dense_weight(torch.bfloat16)))
-        monkeypatch.setattr(quant_gemv, "FP16_SLOTS", False)
+    if fmt == "nvfp4":
+        assert quant_gemv.SLOT_DTYPES[layer.tiled] == dtype
+        x = torch.randn(3, k, device="cuda", dtype=other)
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, rows_major.dense_weight(other)))
+        monkeypatch.setattr(quant_gemv, "CODE_SLOTS", False)
         plain = copy.deepcopy(rows_major)
         plain.use_tiles(dtype)
         assert plain.tiled == quant_gemv.TILED

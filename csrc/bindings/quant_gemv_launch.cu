@@ -69,6 +69,9 @@ cudaError_t launch_mma_as(const Params& p, cudaStream_t stream, bool pdl) {
 cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream, bool pdl) {
   if (fmt == kInt4H && !is_bf16) return launch_mma_as<kInt4H, __half>(p, stream, pdl);
   if (fmt == kNvfp4 && !is_bf16 && p.tiled == kTilesFp16Slots) return launch_mma_as<kNvfp4, __half, true>(p, stream, pdl);
+  if (fmt == kNvfp4 && is_bf16 && p.tiled == kTilesBf16Slots) {
+    return launch_mma_as<kNvfp4, __nv_bfloat16, true>(p, stream, pdl);
+  }
   if (fmt == kNvfp4) {
     return is_bf16 ? launch_mma_as<kNvfp4, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kNvfp4, __half>(p, stream, pdl);
   }

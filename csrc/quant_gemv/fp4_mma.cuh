@@ -20,11 +20,12 @@
 // are block c, the pairs are columns 32c + 4j, + 1 and 32c + 4j + 2, + 3. Either way the lane's B pairs are
 // among activation row g's columns 32c .. 32c + 31 of the run, one 64-byte load (load_b_32cols, mma_ops.cuh).
 //
-// NVFP4 with fp16 activations has a second decode, on words in fp16 code slots (engine/quant/fp4_slots.py; the
-// launcher takes it where Params.tiled is kTilesFp16Slots): a code's magnitude bits and sign sit where one shift
-// and one mask put them at bits 9-11 and 15 of an fp16 (both halves at once), which is then the code times 2^-14
-// exactly, subnormal 0.5 included; one HMUL2 by the block scale times 2^7 (fp16: e4m3 * 2^7 <= 61440) gives the
-// same exact e2m1 * e4m3 * 2^-7 as the float32 decode. About 1.9 instructions a weight against 4.
+// NVFP4 has a second decode, on words in code slots (engine/quant/fp4_slots.py; the launcher takes it where
+// Params.tiled is kTilesFp16Slots or kTilesBf16Slots): a code's magnitude bits and sign sit where one rotation
+// and one mask (two of each for two slots of four) put them into the fp16 of code * 2^-14 (bits 9-11 and 15) or
+// the bf16 of code * 2^-126 (bits 6-8 and 15), both halves at once, exactly, subnormal 0.5 included; one HMUL2
+// by the block scale times 2^7 (fp16: e4m3 * 2^7 <= 61440) or 2^119 (bf16) gives the same exact
+// e2m1 * e4m3 * 2^-7 as the float32 decode, so the same output bits. About 1.9 instructions a weight against 4.
 #pragma once
 
 #include "formats.cuh"
@@ -86,50 +87,73 @@ __device__ __forceinline__ void fp4_run(const uint4* w, const uint32_t* sc, cons
   }
 }
 
-// Slot S of a word in fp16 code slots as the fp16 pair (code, code') * 2^-14 (fp4_slots.py SLOT_SHIFTS: the
-// magnitude bits shifted left by the first amount, the sign by the second; slots 0 and 1 take one shift for both).
-template <int S>
+// Slot S of a word in T's code slots as the pair (code, code') * 2^-14 (fp16) or * 2^-126 (bf16) in T's bits:
+// fp4_slots.py SLOTS[T].rotations, the magnitude bits rotated left by the first amount, the sign by the second.
+template <typename T, int S>
 __device__ __forceinline__ uint32_t slot_pair(uint32_t w) {
-  if constexpr (S == 0) return w & 0x8E008E00u;
-  if constexpr (S == 1) return (w << 3) & 0x8E008E00u;
-  if constexpr (S == 2) return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
-  return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
+  if constexpr (Same<T, __half>::value) {
+    if constexpr (S == 0) return w & 0x8E008E00u;
+    if constexpr (S == 1) return (w << 3) & 0x8E008E00u;
+    if constexpr (S == 2) return ((w << 6) & 0x0E000E00u) | ((w << 1) & 0x80008000u);
+    return ((w << 9) & 0x0E000E00u) | ((w << 2) & 0x80008000u);
+  } else {
+    if constexpr (S == 0) return w & 0x81C081C0u;
+    if constexpr (S == 1) return ((w << 3) & 0x01C001C0u) | ((w << 4) & 0x80008000u);
+    if constexpr (S == 2) return (w << 6) & 0x81C081C0u;
+    return (rotl(w, 10) & 0x01C001C0u) | ((w << 5) & 0x80008000u);
+  }
 }
 
-// The pair of NVFP4 block scales (byte) * 2^7 in fp16, both halves (e4m3 * 2^-120 in float32 times 2^127; exact).
-__device__ __forceinline__ __half2 slot_scale(uint32_t byte) {
-  return __float2half2_rn(e4m3(byte) * 1.7014118346046923e38f);
+// T's pair of the NVFP4 block scale (byte) times 2^7 (fp16) or 2^119 (bf16), both halves; exact.
+template <typename T> __device__ __forceinline__ uint32_t slot_scale(uint32_t byte);
+template <> __device__ __forceinline__ uint32_t slot_scale<__half>(uint32_t byte) {
+  return h2_bits(__float2half2_rn(e4m3(byte) * 1.7014118346046923e38f));  // e4m3 * 2^-120 * 2^127
+}
+template <> __device__ __forceinline__ uint32_t slot_scale<__nv_bfloat16>(uint32_t byte) {
+  __nv_bfloat162 v = __float2bfloat162_rn(nvfp4_factor(byte));
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// a * b in T, pairwise (exact for every value the slot decode forms).
+template <typename T> __device__ __forceinline__ uint32_t mul_pair(uint32_t a, uint32_t b);
+template <> __device__ __forceinline__ uint32_t mul_pair<__half>(uint32_t a, uint32_t b) {
+  return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
+}
+template <> __device__ __forceinline__ uint32_t mul_pair<__nv_bfloat16>(uint32_t a, uint32_t b) {
+  __nv_bfloat162 v = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // k-step 4 V + S of one run: slot S of word V of a lane's P words (w[h].x, .y: columns 32c + 8V ..) and Q words
 // (w[h].z, .w: 32c + 16 + 8V ..) of rows g (h = 0) and g + 8, each pair times its block's scale.
-template <int V, int S>
-__device__ __forceinline__ void nvfp4_slots_step(const uint4* w, const __half2* sp, const __half2* sq,
-                                                 const uint32_t* xb, float* acc) {
-  const uint32_t a[4] = {h2_bits(__hmul2(bits_h2(slot_pair<S>(V ? w[0].y : w[0].x)), sp[0])),
-                         h2_bits(__hmul2(bits_h2(slot_pair<S>(V ? w[1].y : w[1].x)), sp[1])),
-                         h2_bits(__hmul2(bits_h2(slot_pair<S>(V ? w[0].w : w[0].z)), sq[0])),
-                         h2_bits(__hmul2(bits_h2(slot_pair<S>(V ? w[1].w : w[1].z)), sq[1]))};
-  mma_16816<__half>(acc, a, xb[4 * V + S], xb[8 + 4 * V + S]);
+template <typename T, int V, int S>
+__device__ __forceinline__ void slots_step(const uint4* w, const uint32_t* sp, const uint32_t* sq, const uint32_t* xb,
+                                           float* acc) {
+  const uint32_t a[4] = {mul_pair<T>(slot_pair<T, S>(V ? w[0].y : w[0].x), sp[0]),
+                         mul_pair<T>(slot_pair<T, S>(V ? w[1].y : w[1].x), sp[1]),
+                         mul_pair<T>(slot_pair<T, S>(V ? w[0].w : w[0].z), sq[0]),
+                         mul_pair<T>(slot_pair<T, S>(V ? w[1].w : w[1].z), sq[1])};
+  mma_16816<T>(acc, a, xb[4 * V + S], xb[8 + 4 * V + S]);
 }
 
-// One run of one 16-row tile, words in fp16 code slots: as fp4_run<kNvfp4, __half>, the same products in the same
+// One run of one 16-row tile, NVFP4 words in T's code slots: as fp4_run<kNvfp4, T>, the same products in the same
 // order (so the same output bits).
-__device__ __forceinline__ void nvfp4_slots_run(const uint4* w, const uint32_t* sc, const uint32_t* xb, float* acc) {
-  __half2 sp[2], sq[2];
+template <typename T>
+__device__ __forceinline__ void slots_run(const uint4* w, const uint32_t* sc, const uint32_t* xb, float* acc) {
+  uint32_t sp[2], sq[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    sp[h] = slot_scale(sc[h] & 0xFFu);
-    sq[h] = slot_scale(sc[h] >> 8);
+    sp[h] = slot_scale<T>(sc[h] & 0xFFu);
+    sq[h] = slot_scale<T>(sc[h] >> 8);
   }
-  nvfp4_slots_step<0, 0>(w, sp, sq, xb, acc);
-  nvfp4_slots_step<0, 1>(w, sp, sq, xb, acc);
-  nvfp4_slots_step<0, 2>(w, sp, sq, xb, acc);
-  nvfp4_slots_step<0, 3>(w, sp, sq, xb, acc);
-  nvfp4_slots_step<1, 0>(w, sp, sq, xb, acc);
-  nvfp4_slots_step<1, 1>(w, sp, sq, xb, acc);
-  nvfp4_slots_step<1, 2>(w, sp, sq, xb, acc);
-  nvfp4_slots_step<1, 3>(w, sp, sq, xb, acc);
+  slots_step<T, 0, 0>(w, sp, sq, xb, acc);
+  slots_step<T, 0, 1>(w, sp, sq, xb, acc);
+  slots_step<T, 0, 2>(w, sp, sq, xb, acc);
+  slots_step<T, 0, 3>(w, sp, sq, xb, acc);
+  slots_step<T, 1, 0>(w, sp, sq, xb, acc);
+  slots_step<T, 1, 1>(w, sp, sq, xb, acc);
+  slots_step<T, 1, 2>(w, sp, sq, xb, acc);
+  slots_step<T, 1, 3>(w, sp, sq, xb, acc);
 }
 
 }  // namespace onecat_qgemv

@@ -24,7 +24,7 @@ constexpr int kMmaWarps = 4;  // mma_gemv.cuh: warps of a block
 constexpr int kMmaRun = 128;  // mma_gemv.cuh: columns of K a warp takes at once (a run)
 
 // Params.tiled: how mma_gemv.cuh finds the words (engine/kernels/quant_gemv.py LAYOUTS)
-enum Layout : int { kRowMajor = 0, kTiles = 1, kTilesFp16Slots = 2 };
+enum Layout : int { kRowMajor = 0, kTiles = 1, kTilesFp16Slots = 2, kTilesBf16Slots = 3 };
 
 struct Params {
   const void* x;          // [m_rows, K] activations (T)
@@ -44,7 +44,7 @@ struct Params {
   int n, n_out, k, group, m_rows, splits;  // n: weight rows; n_out: output features (n, or n / 2 with glu)
   int gshift;  // W4A16: group = 32 << gshift
   int tiled;   // mma_gemv.cuh only, a Layout: the words in tiles of 16 rows a run (mma_tiles in
-               // engine/kernels/quant_gemv.py), and for NVFP4 with fp16 activations their codes in fp16 slots
+               // engine/kernels/quant_gemv.py), NVFP4's also with its codes in the activation dtype's slots
 };
 
 }  // namespace onecat_qgemv

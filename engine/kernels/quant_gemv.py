@@ -30,12 +30,13 @@ FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
-# packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply), NVFP4 with
-# fp16 activations also in fp16 code slots (engine/quant/fp4_slots.py); the benchmarks turn these off for their A/B arms
+# packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply), NVFP4 also
+# with its codes in the activation dtype's slots (engine/quant/fp4_slots.py); the benchmarks turn these off for A/B arms
 TILES = True
-FP16_SLOTS = True
-# how the words lie (csrc/quant_gemv/params.h Layout): packed_gemv's `tiled`
-ROW_MAJOR, TILED, TILED_FP16_SLOTS = 0, 1, 2
+CODE_SLOTS = True
+# how the words lie (csrc/quant_gemv/params.h Layout): packed_gemv's `tiled`; the slots' activation dtype
+ROW_MAJOR, TILED, TILED_FP16_SLOTS, TILED_BF16_SLOTS = 0, 1, 2, 3
+SLOT_DTYPES = {TILED_FP16_SLOTS: torch.float16, TILED_BF16_SLOTS: torch.bfloat16}
 SMEM_BUDGET_MAX = 64 * 1024  # staged activations per block (csrc/bindings/quant_gemv.cpp: also <= a third of an SM)
 # --ftz=false: the W4A16 decode multiplies float32 denormals (a code masked in place), which must not flush
 EXTENSION = CudaExtension("onecat_quant_gemv", (CSRC / "bindings" / "quant_gemv.cpp",
@@ -160,14 +161,16 @@ def tiles_apply(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor, group: i
 
 
 def mma_layout(fmt: str, act_dtype: torch.dtype) -> int:
-    """The tiled layout a packed layer keeps where tiles_apply: NVFP4 with fp16 activations in fp16 code slots
-    (measured on an H200: benchmarks/results/quant_h200.json "fp16_slots"), the rest TILED."""
-    return TILED_FP16_SLOTS if FP16_SLOTS and fmt == "nvfp4" and act_dtype == torch.float16 else TILED
+    """The tiled layout a packed layer keeps where tiles_apply: NVFP4 with its codes in the activation dtype's
+    slots (measured on an H200: benchmarks/results/quant_h200.json "code_slots"), the rest TILED."""
+    if CODE_SLOTS and fmt == "nvfp4":
+        return next((layout for layout, dtype in SLOT_DTYPES.items() if dtype == act_dtype), TILED)
+    return TILED
 
 
 def layout_takes(layout: int, fmt: str, act_dtype: torch.dtype) -> bool:
     """Whether the tensor-core GEMV decodes words of this layout at this activation dtype."""
-    return layout != TILED_FP16_SLOTS or (fmt == "nvfp4" and act_dtype == torch.float16)
+    return layout not in SLOT_DTYPES or (fmt == "nvfp4" and SLOT_DTYPES[layout] == act_dtype)
 
 
 def _device_index(x: torch.Tensor) -> int:
@@ -211,7 +214,7 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows).
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
     (forced, for comparison). tiled: ROW_MAJOR, or TILED (mma_tiles' layout, which only the tensor-core GEMV reads),
-    or TILED_FP16_SLOTS (NVFP4 with fp16 x: mma_tiles of fp4_slots.to_fp16_slots)."""
+    or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 with fp16 / bf16 x: mma_tiles of fp4_slots.to_slots)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
@@ -222,11 +225,12 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     if tiled and not mma:
         raise ValueError("tiled weights (mma_tiles) are read by the tensor-core GEMV only, and it does not take this "
                          "call: pass the row-major words (mma_untile)")
-    if tiled not in (ROW_MAJOR, TILED, TILED_FP16_SLOTS):
-        raise ValueError(f"tiled {tiled!r}: expected ROW_MAJOR (0), TILED (1) or TILED_FP16_SLOTS (2)")
+    if tiled not in (ROW_MAJOR, TILED, *SLOT_DTYPES):
+        raise ValueError(f"tiled {tiled!r}: expected ROW_MAJOR (0), TILED (1), TILED_FP16_SLOTS (2) or "
+                         "TILED_BF16_SLOTS (3)")
     if not layout_takes(tiled, fmt, x.dtype):
-        raise ValueError(f"words in fp16 code slots are NVFP4 with fp16 activations, got {fmt} with {x.dtype} "
-                         "(engine/quant/fp4_slots.py from_fp16_slots gives the plain words)")
+        raise ValueError(f"words in code slots are NVFP4 laid for {SLOT_DTYPES[tiled]} activations, got {fmt} with "
+                         f"{x.dtype} (engine/quant/fp4_slots.py from_slots gives the plain words)")
     check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"

@@ -151,23 +151,10 @@ def launch(x, qweight, scales, gscale, out, fmt: int, block_n: int, block_kw: in
 
 
 @triton.jit
-def slot_code_times_2m126(w, j: tl.constexpr):
-    """Column j of the uint32 words in fp16 code slots (engine/quant/fp4_slots.py: slot j // 2, half j % 2) as
-    float32 e2m1 * 2^-126, as e2m1_times_2m126 forms it."""
-    s: tl.constexpr = j // 2
-    h: tl.constexpr = 16 * (j % 2)
-    sign_at: tl.constexpr = 15 if s == 0 else 12 if s == 1 else 14 if s == 2 else 13  # fp4_slots.SIGN_AT
-    magnitude = (w >> (9 - 3 * s + h)) & 7  # fp4_slots.MAGNITUDE_AT
-    bits = (((w >> (sign_at + h)) & 1) << 31) | (magnitude << 22)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def fp4_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_KW: tl.constexpr, SLOTS: tl.constexpr = False):
+                       BLOCK_KW: tl.constexpr):
     """The dense weight [N, K]: each code's e2m1 value times its block's scale in float32 (the scale formed as
-    the reference forms it), rounded once to the output dtype, as fp4_layout.dequantize then .to(dtype) does.
-    SLOTS: NVFP4 words in fp16 code slots (word i holds columns 8i .. 8i + 7), else fp4_layout's."""
+    the reference forms it), rounded once to the output dtype, as fp4_layout.dequantize then .to(dtype) does."""
     B: tl.constexpr = 16 if FMT == 0 else 32
     GW: tl.constexpr = B // 8
     KW: tl.constexpr = K // 8
@@ -182,27 +169,53 @@ def fp4_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.c
     scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
     if FMT == 1:
         scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
-    if SLOTS:
-        out = w_ptr + rows * K + (cols * 8)[None, :]
-        for j in tl.static_range(8):
-            value = slot_code_times_2m126(words, j) * (2.0 ** 126)  # exact: the code's e2m1 value
-            tl.store(out + j, (value * scale).to(w_ptr.dtype.element_ty), mask=ok)
-    else:
-        out = w_ptr + rows * K + ((cols // GW) * B + cols % GW)[None, :]
-        for j in tl.static_range(8):
-            value = e2m1_times_2m126(words, j) * (2.0 ** 126)  # exact: the code's e2m1 value
-            tl.store(out + j * GW, (value * scale).to(w_ptr.dtype.element_ty), mask=ok)
+    out = w_ptr + rows * K + ((cols // GW) * B + cols % GW)[None, :]
+    for j in tl.static_range(8):
+        value = e2m1_times_2m126(words, j) * (2.0 ** 126)  # exact: the code's e2m1 value
+        tl.store(out + j * GW, (value * scale).to(w_ptr.dtype.element_ty), mask=ok)
 
 
-def dequantize(qweight, scales, gscale, fmt: int, dtype, fp16_slots: bool = False):
-    """The dense [N, K] weight in `dtype` on qweight's device (row-major words, NVFP4's in fp16 code slots where
-    fp16_slots; gscale: float32 [N] for NVFP4, any tensor for MXFP4)."""
+@triton.jit
+def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr,
+                         M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr):
+    """fp4_dequant_kernel for NVFP4 words in code slots (engine/quant/fp4_slots.py: word i holds columns
+    8i .. 8i + 7, slot j // 2, first or second code by j % 2). One lane per output column, so the stores are
+    contiguous; the eight lanes of a word read it together. M*, S*: each slot's first-code magnitude and sign
+    bit (SlotLayout.magnitude_at / sign_at); the second code's sit 16 bits on."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ok = (rows < N)[:, None] & (cols < K)[None, :]
+    rows = tl.where(rows < N, rows, 0).to(tl.int64)[:, None]
+    words = tl.load(q_ptr + rows * (K // 8) + (cols // 8)[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
+    sb = tl.load(s_ptr + rows * (K // 16) + (cols // 16)[None, :], mask=ok, other=0)
+    scale = block_scale(sb, tl.load(g_ptr + rows), 0) * (2.0 ** -26)  # exact: the block's scale
+    slot, half = (cols % 8) // 2, 16 * (cols % 2)
+    m_at = (tl.where(slot == 0, M0, tl.where(slot == 1, M1, tl.where(slot == 2, M2, M3))) + half) % 32
+    s_at = (tl.where(slot == 0, S0, tl.where(slot == 1, S1, tl.where(slot == 2, S2, S3))) + half) % 32
+    magnitude = (words >> m_at[None, :].to(tl.uint32)) & 7  # three bits in a row, never across bit 31
+    sign = (words >> s_at[None, :].to(tl.uint32)) & 1
+    value = ((sign << 31) | (magnitude << 22)).to(tl.float32, bitcast=True) * (2.0 ** 126)  # exact: e2m1
+    tl.store(w_ptr + rows * K + cols[None, :], (value * scale).to(w_ptr.dtype.element_ty), mask=ok)
+
+
+def dequantize(qweight, scales, gscale, fmt: int, dtype, slots=None):
+    """The dense [N, K] weight in `dtype` on qweight's device (row-major words; NVFP4's in the code slots of the
+    activation dtype `slots` where given; gscale: float32 [N] for NVFP4, any tensor for MXFP4)."""
     import torch
 
     n, kw = qweight.shape
     w = torch.empty(n, kw * 8, dtype=dtype, device=qweight.device)
+    if slots is not None:
+        from onecat.engine.quant.fp4_slots import SLOTS
+
+        layout, block_n, block_k = SLOTS[slots], 16, 256
+        slots_dequant_kernel[(-(-n // block_n), -(-kw * 8 // block_k))](
+            qweight, scales, gscale, w, n, K=kw * 8, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+            **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)},
+            **{f"S{s}": layout.sign_at(s, 0) for s in range(4)})
+        return w
     block_n, block_kw = 16, 64
     fp4_dequant_kernel[(-(-n // block_n), -(-kw // block_kw))](
-        qweight, scales, gscale, w, n, K=kw * 8, FMT=fmt, BLOCK_N=block_n, BLOCK_KW=block_kw, SLOTS=fp16_slots,
-        num_warps=4)
+        qweight, scales, gscale, w, n, K=kw * 8, FMT=fmt, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=4)
     return w

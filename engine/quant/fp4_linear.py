@@ -85,7 +85,7 @@ class FP4Linear(TiledWords, nn.Module):
         from onecat.engine.kernels import triton_fp4 as kf
 
         words, slots = self.untiled_words()
-        return kf.dequantize(words, self.scales, self.gscale, FMT_IDS[self.fmt], dtype, fp16_slots=slots)
+        return kf.dequantize(words, self.scales, self.gscale, FMT_IDS[self.fmt], dtype, slots=slots)
 
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where

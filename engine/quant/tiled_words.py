@@ -2,8 +2,8 @@
 mma_tiles): where that GEMV takes every 1-8-row call of the layer, a warp then reads 512 contiguous bytes a load
 instead of 64 from each of 8 rows (the same bits, measured faster on an H200). Every other reader of the words
 (the dense path of prefill, the Triton and folded GEMVs, `packed()`) takes them row-major (row_major_words).
-NVFP4 with fp16 activations also moves its codes into fp16 slots (fp4_slots.py), which that GEMV decodes in half
-the instructions.
+NVFP4 also moves its codes into the activation dtype's slots (fp4_slots.py), which that GEMV decodes in half the
+instructions.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 class TiledWords:
     """Mixin of W4A16Linear, FP4Linear and FP8Linear: `qweight` row-major, or in tiles when `tiled` (the layout,
-    quant_gemv.TILED or TILED_FP16_SLOTS)."""
+    quant_gemv.TILED, TILED_FP16_SLOTS or TILED_BF16_SLOTS)."""
 
     tiled = 0
     words_format = ""  # the quant_gemv format name of the words ("int4", "nvfp4", "mxfp4", "fp8")
@@ -26,30 +26,29 @@ class TiledWords:
             return
         layout = quant_gemv.mma_layout(self.words_format, act_dtype)
         words = self.qweight
-        if layout == quant_gemv.TILED_FP16_SLOTS:
-            from onecat.engine.quant.fp4_slots import to_fp16_slots
+        if layout in quant_gemv.SLOT_DTYPES:
+            from onecat.engine.quant.fp4_slots import to_slots
 
-            words = to_fp16_slots(words)
+            words = to_slots(words, quant_gemv.SLOT_DTYPES[layout])
         self.qweight = quant_gemv.mma_tiles(words, self.words_format)
         self.tiled = layout
 
-    def untiled_words(self) -> tuple[torch.Tensor, bool]:
-        """(the words in row order, whether their codes are in fp16 slots): a cheap copy, for readers that
-        decode the slots themselves (the FP4 prefill dequantizer)."""
+    def untiled_words(self) -> tuple[torch.Tensor, torch.dtype | None]:
+        """(the words in row order, the activation dtype whose code slots they are in, or None): a cheap copy,
+        for readers that decode the slots themselves (the FP4 prefill dequantizer)."""
         if not self.tiled:
-            return self.qweight, False
+            return self.qweight, None
         from onecat.engine.kernels import quant_gemv
 
-        return (quant_gemv.mma_untile(self.qweight, self.words_format),
-                self.tiled == quant_gemv.TILED_FP16_SLOTS)
+        return quant_gemv.mma_untile(self.qweight, self.words_format), quant_gemv.SLOT_DTYPES.get(self.tiled)
 
     def row_major_words(self) -> torch.Tensor:
         """The words in the format's own layout (engine/quant/*_layout.py)."""
         words, slots = self.untiled_words()
-        if slots:
-            from onecat.engine.quant.fp4_slots import from_fp16_slots
+        if slots is not None:
+            from onecat.engine.quant.fp4_slots import from_slots
 
-            words = from_fp16_slots(words)
+            words = from_slots(words, slots)
         return words
 
     def tiles_take(self, x: torch.Tensor, scales: torch.Tensor, group: int = 0) -> bool:
