@@ -11,7 +11,7 @@ decode step sees them. --sweep also times the CUDA GEMV at fixed splits of K (1,
 Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, FP8, MXFP4 with bf16 activations:
 "cuda_int4", "cuda_nvfp4", "cuda_fp8" and their "_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on
 the same weights; NVFP4, MXFP4 and FP8 are timed with fp16 and with bf16 activations (*_bf16). "*_tiled" is
-the tensor-core GEMV on the same weights in its tiles (quant_gemv.mma_tiles), "cuda_nvfp4*_slots" NVFP4 in tiles
+the tensor-core GEMV on the same weights in its tiles (quant_gemv.mma_tiles), "cuda_*fp4*_slots" FP4 in tiles
 with its codes in the activation dtype's slots (engine/quant/fp4_slots.py): what packed layers hold. --formats
 picks a subset of the formats.
 """
@@ -71,7 +71,7 @@ def mma_tiled(a: dict, fmt: str, layout: int) -> torch.Tensor:
     from onecat.engine.quant.fp4_slots import to_slots
 
     slots = SLOT_DTYPES.get(layout)
-    return mma_tiles(a["qweight"] if slots is None else to_slots(a["qweight"], slots), fmt)
+    return mma_tiles(a["qweight"] if slots is None else to_slots(a["qweight"], slots, fmt), fmt)
 
 
 def triton_call(x, a: dict, fmt: str):
@@ -145,7 +145,7 @@ def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, 
 
         # the same weights in the tensor-core GEMV's tiles (the same bits, read in 512-byte runs), NVFP4 also with
         # its codes in the activation dtype's slots (what packed layers hold)
-        for layout, suffix in ((TILED, "_tiled"), (mma_layout(fmt, x.dtype), "_slots")):
+        for layout, suffix in ((TILED, "_tiled"), (mma_layout(fmt, x.dtype, ps[0]["scales"]), "_slots")):
             if suffix == "_slots" and layout == TILED:
                 continue
             for p in ps:

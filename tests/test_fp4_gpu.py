@@ -85,8 +85,8 @@ def test_dequant_kernel_gives_the_reference_bits_and_prefill_uses_it(fmt, n, k):
         ref = dense_on_device(w, dtype)
         got = kf.dequantize(w.qweight, w.scales, g, FMT_IDS[fmt], dtype)
         assert torch.equal(got.nan_to_num(), ref.nan_to_num()) and torch.equal(got.isnan(), ref.isnan()), dtype
-        for slots in (torch.float16, torch.bfloat16) if fmt == "nvfp4" else ():  # codes in slots (fp4_slots.py)
-            got = kf.dequantize(to_slots(w.qweight, slots), w.scales, g, FMT_IDS[fmt], dtype, slots=slots)
+        for slots in (torch.float16, torch.bfloat16):  # the codes in slots (fp4_slots.py)
+            got = kf.dequantize(to_slots(w.qweight, slots, fmt), w.scales, g, FMT_IDS[fmt], dtype, slots=slots)
             assert torch.equal(got.nan_to_num(), ref.nan_to_num()), (dtype, slots)
     layer = FP4Linear(w)
     x = torch.randn(20, k, device="cuda", dtype=torch.bfloat16)

@@ -10,7 +10,7 @@ import torch
 
 from onecat.engine.quant.formats.bits import E2M1_VALUES
 from onecat.engine.quant.fp4_layout import pack_fp4, unpack_fp4
-from onecat.engine.quant.fp4_slots import SLOTS, from_slots, pack_slots, to_slots, unpack_slots
+from onecat.engine.quant.fp4_slots import SLOTS, from_slots, pack_slots, slots_take, to_slots, unpack_slots
 
 DTYPES = [torch.float16, torch.bfloat16]
 # what the decoded bits are: the fp16 of code * 2^-14 (magnitude to bits 9-11), the bf16 of code * 2^-126 (6-8)
@@ -28,15 +28,23 @@ def rotl(w: np.ndarray, r: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_codes_round_trip_and_match_the_plain_layout(dtype):
+@pytest.mark.parametrize("fmt,block", [("nvfp4", 16), ("mxfp4", 32)])
+def test_codes_round_trip_and_match_the_plain_layout(dtype, fmt, block):
     codes = random_codes(48, 256, 0)
     words = pack_slots(codes, dtype)
     assert words.shape == (48, 32) and words.dtype == torch.int32
     assert torch.equal(unpack_slots(words, dtype), codes)
-    plain = pack_fp4(codes, 16)
-    assert torch.equal(to_slots(plain, dtype), words)
-    assert torch.equal(from_slots(words, dtype), plain)
-    assert torch.equal(unpack_fp4(from_slots(words, dtype), 16), codes)
+    plain = pack_fp4(codes, block)
+    assert torch.equal(to_slots(plain, dtype, fmt), words)
+    assert torch.equal(from_slots(words, dtype, fmt), plain)
+    assert torch.equal(unpack_fp4(from_slots(words, dtype, fmt), block), codes)
+
+
+def test_mxfp4_takes_slots_only_where_bf16_holds_every_scale():
+    scales = torch.full((4, 8), 127, dtype=torch.uint8)
+    assert slots_take("mxfp4", scales) and slots_take("nvfp4", scales)
+    scales[2, 5] = 129
+    assert not slots_take("mxfp4", scales) and not slots_take("fp8", scales)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -239,9 +239,9 @@ def test_tiled_weights_give_the_row_major_bits(fmt, dtype, n, k):
     if _capability(0) < 80:
         pytest.skip("the tensor-core GEMV needs SM80+")
     args, dense = make(fmt, n, k, seed=n + k)
-    layout = mma_layout(fmt, dtype)
-    assert (SLOT_DTYPES.get(layout) == dtype) if fmt == "nvfp4" else layout == TILED
-    words = to_slots(args["qweight"], dtype) if layout in SLOT_DTYPES else args["qweight"]
+    layout = mma_layout(fmt, dtype, args["scales"])
+    assert (SLOT_DTYPES.get(layout) == dtype) if fmt in ("nvfp4", "mxfp4") else layout == TILED
+    words = to_slots(args["qweight"], dtype, fmt) if layout in SLOT_DTYPES else args["qweight"]
     tiles = mma_tiles(words, fmt)
     assert not torch.equal(tiles, args["qweight"])
     for rows in (1, 3, 8):
@@ -265,8 +265,9 @@ def test_tiled_weights_give_the_row_major_bits(fmt, dtype, n, k):
 def test_packed_layers_keep_tiles_where_the_tensor_core_gemv_takes_their_calls(fmt, dtype, monkeypatch):
     """A packed layer with tiled words gives the row-major layer's bits at 1-8 rows (the tensor-core GEMV) and at
     more rows (the dense path reads the words untiled); its packed() is the row-major weight; a dtype the
-    tensor-core GEMV does not take keeps the words row-major. NVFP4 keeps its codes in the activation dtype's slots
-    (a call in the other dtype then takes the dense path), or plain tiles with CODE_SLOTS off."""
+    tensor-core GEMV does not take keeps the words row-major. FP4 keeps its codes in the activation dtype's slots
+    (a call in the other dtype then takes the dense path), or plain tiles with CODE_SLOTS off or an MXFP4 scale
+    the slots cannot hold."""
     import copy
 
     from onecat.engine.kernels import quant_gemv
@@ -300,7 +301,15 @@ def test_packed_layers_keep_tiles_where_the_tensor_core_gemv_takes_their_calls(f
     for rows in (1, 3, 8, 20):
         x = torch.randn(rows, k, device="cuda", dtype=dtype)
         assert torch.equal(layer(x), rows_major(x)), f"{rows} rows"
-    if fmt == "nvfp4":
+    if fmt == "mxfp4":
+        big = copy.deepcopy(rows_major)
+        big.scales[5, 3] = 129  # 2^(e - 1) past bf16's range: plain tiles
+        plain_big = copy.deepcopy(big)
+        big.use_tiles(dtype)
+        assert big.tiled == quant_gemv.TILED
+        x = torch.randn(2, k, device="cuda", dtype=dtype)
+        assert torch.equal(big(x), plain_big(x))
+    if fmt in ("nvfp4", "mxfp4"):
         assert quant_gemv.SLOT_DTYPES[layer.tiled] == dtype
         x = torch.randn(3, k, device="cuda", dtype=other)
         assert torch.equal(layer(x), torch.nn.functional.linear(x, rows_major.dense_weight(other)))

@@ -57,7 +57,7 @@ enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
 // kernel: kAuto (the tensor-core GEMV where it applies), kFma (quant_gemv.cuh), kMma (mma_gemv.cuh).
 // pdl: the tensor-core GEMV is launched with programmatic dependent launch (SM90+; engine/kernels/pdl.py).
 // tiled: a Layout (params.h): qweight in the tensor-core GEMV's tiles (mma_tiles in engine/kernels/quant_gemv.py), which
-// only it reads; kTilesFp16Slots / kTilesBf16Slots: NVFP4 codes in the fp16 / bf16 activations' slots too
+// only it reads; kTilesFp16Slots / kTilesBf16Slots: FP4 codes in the fp16 / bf16 activations' slots too
 // (engine/quant/fp4_slots.py).
 std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
@@ -120,11 +120,11 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
               "newer");
   const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
   TORCH_CHECK(tiled >= kRowMajor && tiled <= kTilesBf16Slots, "tiled must be 0 (row-major), 1 (tiles), 2 or 3 (tiles, "
-              "NVFP4 codes in fp16 or bf16 slots)");
+              "FP4 codes in fp16 or bf16 slots)");
   TORCH_CHECK(!tiled || (mma && n % 16 == 0), "tiled weights (mma_tiles) are read by the tensor-core GEMV only, "
               "with N a multiple of 16");
-  TORCH_CHECK(tiled < kTilesFp16Slots || (fmt == kNvfp4 && half == (tiled == kTilesFp16Slots)),
-              "NVFP4 codes in fp16 (bf16) slots take fp16 (bf16) activations");
+  TORCH_CHECK(tiled < kTilesFp16Slots || ((fmt == kNvfp4 || fmt == kMxfp4) && half == (tiled == kTilesFp16Slots)),
+              "FP4 codes in fp16 (bf16) slots take fp16 (bf16) activations");
   const int budget = smem_budget(dev);
   const int m_tmpl = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));
   const int outs = rows_per_warp(m_tmpl) / (glu ? 2 : 1);

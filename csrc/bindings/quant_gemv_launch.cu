@@ -75,6 +75,9 @@ cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stre
   if (fmt == kNvfp4) {
     return is_bf16 ? launch_mma_as<kNvfp4, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kNvfp4, __half>(p, stream, pdl);
   }
+  if (fmt == kMxfp4 && is_bf16 && p.tiled == kTilesBf16Slots) {
+    return launch_mma_as<kMxfp4, __nv_bfloat16, true>(p, stream, pdl);
+  }
   if (fmt == kMxfp4 && is_bf16) return launch_mma_as<kMxfp4, __nv_bfloat16>(p, stream, pdl);
   if (fmt == kFp8) {
     return is_bf16 ? launch_mma_as<kFp8, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kFp8, __half>(p, stream, pdl);

@@ -20,12 +20,13 @@
 // are block c, the pairs are columns 32c + 4j, + 1 and 32c + 4j + 2, + 3. Either way the lane's B pairs are
 // among activation row g's columns 32c .. 32c + 31 of the run, one 64-byte load (load_b_32cols, mma_ops.cuh).
 //
-// NVFP4 has a second decode, on words in code slots (engine/quant/fp4_slots.py; the launcher takes it where
-// Params.tiled is kTilesFp16Slots or kTilesBf16Slots): a code's magnitude bits and sign sit where one rotation
-// and one mask (two of each for two slots of four) put them into the fp16 of code * 2^-14 (bits 9-11 and 15) or
-// the bf16 of code * 2^-126 (bits 6-8 and 15), both halves at once, exactly, subnormal 0.5 included; one HMUL2
-// by the block scale times 2^7 (fp16: e4m3 * 2^7 <= 61440) or 2^119 (bf16) gives the same exact
-// e2m1 * e4m3 * 2^-7 as the float32 decode, so the same output bits. About 1.9 instructions a weight against 4.
+// NVFP4 and MXFP4 have a second decode, on words in code slots (engine/quant/fp4_slots.py; the launcher takes it
+// where Params.tiled is kTilesFp16Slots or kTilesBf16Slots): a code's magnitude bits and sign sit where one
+// rotation and one mask (two of each for two slots of four) put them into the fp16 of code * 2^-14 (bits 9-11 and
+// 15) or the bf16 of code * 2^-126 (bits 6-8 and 15), both halves at once, exactly, subnormal 0.5 included; one
+// HMUL2 by the block scale gives the values the float32 decode forms, so the same output bits: NVFP4's e4m3 * 2^7
+// (fp16: <= 61440) or * 2^119 (bf16), for e2m1 * e4m3 * 2^-7; MXFP4's 2^(e - 1) (bf16, e <= 128: the layer keeps
+// plain words otherwise), for e2m1 * 2^(e - 127). About 1.9 instructions a weight against 4.
 #pragma once
 
 #include "formats.cuh"
@@ -104,14 +105,19 @@ __device__ __forceinline__ uint32_t slot_pair(uint32_t w) {
   }
 }
 
-// T's pair of the NVFP4 block scale (byte) times 2^7 (fp16) or 2^119 (bf16), both halves; exact.
-template <typename T> __device__ __forceinline__ uint32_t slot_scale(uint32_t byte);
-template <> __device__ __forceinline__ uint32_t slot_scale<__half>(uint32_t byte) {
-  return h2_bits(__float2half2_rn(e4m3(byte) * 1.7014118346046923e38f));  // e4m3 * 2^-120 * 2^127
-}
-template <> __device__ __forceinline__ uint32_t slot_scale<__nv_bfloat16>(uint32_t byte) {
-  __nv_bfloat162 v = __float2bfloat162_rn(nvfp4_factor(byte));
-  return *reinterpret_cast<uint32_t*>(&v);
+// T's pair of a block scale's multiplier, both halves, exact: NVFP4 (byte) times 2^7 (fp16) or 2^119 (bf16),
+// MXFP4 2^(e - 1) (bf16; e <= 128).
+template <int FMT, typename T> __device__ __forceinline__ uint32_t slot_scale(uint32_t byte) {
+  if constexpr (FMT == kMxfp4) {
+    static_assert(Same<T, __nv_bfloat16>::value, "MXFP4 code slots are bf16's");
+    const uint32_t bits = (byte + 126u) << 7;  // bf16 of 2^(e - 1)
+    return bits | (bits << 16);
+  } else if constexpr (Same<T, __half>::value) {
+    return h2_bits(__float2half2_rn(e4m3(byte) * 1.7014118346046923e38f));  // e4m3 * 2^-120 * 2^127
+  } else {
+    __nv_bfloat162 v = __float2bfloat162_rn(nvfp4_factor(byte));
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
 }
 
 // a * b in T, pairwise (exact for every value the slot decode forms).
@@ -136,15 +142,15 @@ __device__ __forceinline__ void slots_step(const uint4* w, const uint32_t* sp, c
   mma_16816<T>(acc, a, xb[4 * V + S], xb[8 + 4 * V + S]);
 }
 
-// One run of one 16-row tile, NVFP4 words in T's code slots: as fp4_run<kNvfp4, T>, the same products in the same
-// order (so the same output bits).
-template <typename T>
+// One run of one 16-row tile, words in T's code slots: as fp4_run<FMT, T>, the same products in the same order (so
+// the same output bits). NVFP4's P and Q words are two blocks (scale bytes sc[h] & 0xFF, sc[h] >> 8), MXFP4's one.
+template <int FMT, typename T>
 __device__ __forceinline__ void slots_run(const uint4* w, const uint32_t* sc, const uint32_t* xb, float* acc) {
   uint32_t sp[2], sq[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    sp[h] = slot_scale<T>(sc[h] & 0xFFu);
-    sq[h] = slot_scale<T>(sc[h] >> 8);
+    sp[h] = slot_scale<FMT, T>(sc[h] & 0xFFu);
+    sq[h] = FMT == kMxfp4 ? sp[h] : slot_scale<FMT, T>(sc[h] >> 8);
   }
   slots_step<T, 0, 0>(w, sp, sq, xb, acc);
   slots_step<T, 0, 1>(w, sp, sq, xb, acc);

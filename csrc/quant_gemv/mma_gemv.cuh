@@ -110,7 +110,7 @@ __device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint3
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     if constexpr (SLOTS) {
-      slots_run<X>(w[t], sz[t], xb, acc[t]);
+      slots_run<FMT, X>(w[t], sz[t], xb, acc[t]);
     } else if constexpr (FMT == kInt4H) {
       w4_run(w[t], sz[t], xb, acc[t]);
     } else if constexpr (FMT == kFp8) {
@@ -133,11 +133,11 @@ __device__ __forceinline__ void scale_rows(const Params& p, float (*acc)[4], int
   }
 }
 
-// SLOTS: NVFP4 words in X's code slots (fp4_mma.cuh), tiled (Params.tiled kTilesFp16Slots / kTilesBf16Slots).
+// SLOTS: FP4 words in X's code slots (fp4_mma.cuh), tiled (Params.tiled kTilesFp16Slots / kTilesBf16Slots).
 template <int FMT, typename X, int U, int T, int W, bool SLOTS = false>
 __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   static_assert(FMT == kInt4H ? Same<X, __half>::value : FMT != kInt4B, "formats this kernel takes");
-  static_assert(!SLOTS || FMT == kNvfp4, "code slots are NVFP4's");
+  static_assert(!SLOTS || FMT == kNvfp4 || FMT == kMxfp4, "code slots are FP4's");
   constexpr int kVecs = FMT == kFp8 ? 2 : 1;  // 16-byte loads a lane takes of a row's run (FP8: 32 words a run)
   __shared__ float red[W * T * 4 * 32];
   const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K

@@ -30,7 +30,7 @@ FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
-# packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply), NVFP4 also
+# packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply), FP4 also
 # with its codes in the activation dtype's slots (engine/quant/fp4_slots.py); the benchmarks turn these off for A/B arms
 TILES = True
 CODE_SLOTS = True
@@ -160,17 +160,24 @@ def tiles_apply(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor, group: i
             and tensor_cores_take(fmt, act_dtype, scales.dtype, group, k, scales.device))
 
 
-def mma_layout(fmt: str, act_dtype: torch.dtype) -> int:
-    """The tiled layout a packed layer keeps where tiles_apply: NVFP4 with its codes in the activation dtype's
-    slots (measured on an H200: benchmarks/results/quant_h200.json "code_slots"), the rest TILED."""
-    if CODE_SLOTS and fmt == "nvfp4":
-        return next((layout for layout, dtype in SLOT_DTYPES.items() if dtype == act_dtype), TILED)
-    return TILED
+def mma_layout(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor | None = None) -> int:
+    """The tiled layout a packed layer keeps where tiles_apply: FP4 with its codes in the activation dtype's
+    slots where fp4_slots.slots_take (measured on an H200: benchmarks/results/quant_h200.json "code_slots"), the
+    rest TILED. MXFP4 needs its scales to say."""
+    from onecat.engine.quant.fp4_slots import slots_take
+
+    if not CODE_SLOTS or fmt not in ("nvfp4", "mxfp4") or (fmt == "mxfp4" and act_dtype != torch.bfloat16):
+        return TILED
+    if fmt == "mxfp4" and (scales is None or not slots_take(fmt, scales)):
+        return TILED
+    return next((layout for layout, dtype in SLOT_DTYPES.items() if dtype == act_dtype), TILED)
 
 
 def layout_takes(layout: int, fmt: str, act_dtype: torch.dtype) -> bool:
     """Whether the tensor-core GEMV decodes words of this layout at this activation dtype."""
-    return layout not in SLOT_DTYPES or (fmt == "nvfp4" and SLOT_DTYPES[layout] == act_dtype)
+    if layout not in SLOT_DTYPES:
+        return True
+    return SLOT_DTYPES[layout] == act_dtype and (fmt == "nvfp4" or (fmt, act_dtype) == ("mxfp4", torch.bfloat16))
 
 
 def _device_index(x: torch.Tensor) -> int:
@@ -214,7 +221,7 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows).
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
     (forced, for comparison). tiled: ROW_MAJOR, or TILED (mma_tiles' layout, which only the tensor-core GEMV reads),
-    or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 with fp16 / bf16 x: mma_tiles of fp4_slots.to_slots)."""
+    or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 or MXFP4 with fp16 / bf16 x: mma_tiles of fp4_slots.to_slots)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
@@ -229,7 +236,7 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
         raise ValueError(f"tiled {tiled!r}: expected ROW_MAJOR (0), TILED (1), TILED_FP16_SLOTS (2) or "
                          "TILED_BF16_SLOTS (3)")
     if not layout_takes(tiled, fmt, x.dtype):
-        raise ValueError(f"words in code slots are NVFP4 laid for {SLOT_DTYPES[tiled]} activations, got {fmt} with "
+        raise ValueError(f"words in code slots are FP4 laid for {SLOT_DTYPES[tiled]} activations, got {fmt} with "
                          f"{x.dtype} (engine/quant/fp4_slots.py from_slots gives the plain words)")
     check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":

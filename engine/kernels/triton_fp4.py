@@ -176,20 +176,24 @@ def fp4_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.c
 
 
 @triton.jit
-def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr,
                          M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr):
-    """fp4_dequant_kernel for NVFP4 words in code slots (engine/quant/fp4_slots.py: word i holds columns
-    8i .. 8i + 7, slot j // 2, first or second code by j % 2). One lane per output column, so the stores are
-    contiguous; the eight lanes of a word read it together. M*, S*: each slot's first-code magnitude and sign
-    bit (SlotLayout.magnitude_at / sign_at); the second code's sit 16 bits on."""
+    """fp4_dequant_kernel for words in code slots (engine/quant/fp4_slots.py: word i holds columns 8i .. 8i + 7,
+    slot j // 2, first or second code by j % 2). One lane per output column, so the stores are contiguous; the
+    eight lanes of a word read it together. M*, S*: each slot's first-code magnitude and sign bit
+    (SlotLayout.magnitude_at / sign_at); the second code's sit 16 bits on."""
+    B: tl.constexpr = 16 if FMT == 0 else 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     ok = (rows < N)[:, None] & (cols < K)[None, :]
     rows = tl.where(rows < N, rows, 0).to(tl.int64)[:, None]
     words = tl.load(q_ptr + rows * (K // 8) + (cols // 8)[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
-    sb = tl.load(s_ptr + rows * (K // 16) + (cols // 16)[None, :], mask=ok, other=0)
-    scale = block_scale(sb, tl.load(g_ptr + rows), 0) * (2.0 ** -26)  # exact: the block's scale
+    sb = tl.load(s_ptr + rows * (K // B) + (cols // B)[None, :], mask=ok, other=0)
+    gscale = tl.load(g_ptr + rows) if FMT == 0 else 1.0
+    scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
+    if FMT == 1:
+        scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
     slot, half = (cols % 8) // 2, 16 * (cols % 2)
     m_at = (tl.where(slot == 0, M0, tl.where(slot == 1, M1, tl.where(slot == 2, M2, M3))) + half) % 32
     s_at = (tl.where(slot == 0, S0, tl.where(slot == 1, S1, tl.where(slot == 2, S2, S3))) + half) % 32
@@ -200,7 +204,7 @@ def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, BLOCK_N
 
 
 def dequantize(qweight, scales, gscale, fmt: int, dtype, slots=None):
-    """The dense [N, K] weight in `dtype` on qweight's device (row-major words; NVFP4's in the code slots of the
+    """The dense [N, K] weight in `dtype` on qweight's device (row-major words, or in the code slots of the
     activation dtype `slots` where given; gscale: float32 [N] for NVFP4, any tensor for MXFP4)."""
     import torch
 
@@ -211,7 +215,7 @@ def dequantize(qweight, scales, gscale, fmt: int, dtype, slots=None):
 
         layout, block_n, block_k = SLOTS[slots], 16, 256
         slots_dequant_kernel[(-(-n // block_n), -(-kw * 8 // block_k))](
-            qweight, scales, gscale, w, n, K=kw * 8, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+            qweight, scales, gscale, w, n, K=kw * 8, FMT=fmt, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
             **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)},
             **{f"S{s}": layout.sign_at(s, 0) for s in range(4)})
         return w

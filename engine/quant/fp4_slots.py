@@ -1,11 +1,13 @@
-"""NVFP4 words in code slots: the layout the tensor-core GEMV decodes fastest (csrc/quant_gemv/fp4_mma.cuh
-slots_run), one per activation dtype, kept by packed layers only where that GEMV takes their calls.
+"""FP4 words in code slots: the layout the tensor-core GEMV decodes fastest (csrc/quant_gemv/fp4_mma.cuh
+slots_run), one per activation dtype, kept by NVFP4 and MXFP4 layers only where that GEMV takes their calls.
 
 Word i of a row holds columns 8i .. 8i + 7 as four pairs: slot s is columns (8i + 2s, 8i + 2s + 1), the first code
 in one 16-bit half, the second in the other half at the same places (16 bits on). Rotating the word left by a
 slot's ROTATIONS (magnitude, sign) and masking puts the first code's magnitude bits (e1 e0 m) and sign where the
 low half's fp16 or bf16 reads code * 2^-14 (fp16: bits 9-11 and 15) or code * 2^-126 (bf16: bits 6-8 and 15),
-exactly, subnormal 0.5 included, and the second code in the high half. Four slots of one rotation each cannot
+exactly, subnormal 0.5 included, and the second code in the high half. The block scale then multiplies a pair
+as one 16-bit float: NVFP4's e4m3 * 2^7 (fp16) or * 2^119 (bf16), MXFP4's 2^(e - 1) (bf16 only), which bf16
+holds for e <= MAX_E8M0 (slots_take: weights with larger scales keep fp4_layout's words). Four slots of one rotation each cannot
 tile 16 bits, so two slots take a second rotation for the sign: 11 integer instructions for a word's 8 codes and
 4 HMUL2 (the block scale), against 20 integer instructions, 8 float32 multiplies and 4 conversions with
 pack_fp4's SLOTS (the float32 decode).
@@ -16,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from onecat.engine.quant.fp4_layout import pack_fp4, unpack_fp4
+from onecat.engine.quant.fp4_layout import FP4_BLOCKS, pack_fp4, unpack_fp4
 
-NVFP4_BLOCK = 16
+MAX_E8M0 = 128  # MXFP4 scales above this are 2^(e - 1) > bf16's largest power of two
 CHUNK_CODES = 1 << 24  # codes re-laid at once: the int64 temporaries stay near 1 GB for any weight
 
 
@@ -81,11 +83,16 @@ def _by_rows(words: torch.Tensor, convert) -> torch.Tensor:
     return torch.cat([convert(words[i:i + rows]) for i in range(0, words.shape[0], rows)])
 
 
-def to_slots(qweight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """NVFP4 words of fp4_layout.pack_fp4 (row-major) -> the same weight in dtype's code slots."""
-    return _by_rows(qweight, lambda w: pack_slots(unpack_fp4(w, NVFP4_BLOCK), dtype))
+def slots_take(fmt: str, scales: torch.Tensor) -> bool:
+    """Whether an FP4 weight can keep its codes in slots: NVFP4 always, MXFP4 where every scale is <= MAX_E8M0."""
+    return fmt == "nvfp4" or (fmt == "mxfp4" and (scales.numel() == 0 or int(scales.max()) <= MAX_E8M0))
 
 
-def from_slots(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def to_slots(qweight: torch.Tensor, dtype: torch.dtype, fmt: str = "nvfp4") -> torch.Tensor:
+    """FP4 words of fp4_layout.pack_fp4 (row-major) -> the same weight in dtype's code slots."""
+    return _by_rows(qweight, lambda w: pack_slots(unpack_fp4(w, FP4_BLOCKS[fmt]), dtype))
+
+
+def from_slots(words: torch.Tensor, dtype: torch.dtype, fmt: str = "nvfp4") -> torch.Tensor:
     """The inverse of to_slots."""
-    return _by_rows(words, lambda w: pack_fp4(unpack_slots(w, dtype), NVFP4_BLOCK))
+    return _by_rows(words, lambda w: pack_fp4(unpack_slots(w, dtype), FP4_BLOCKS[fmt]))

@@ -2,7 +2,7 @@
 mma_tiles): where that GEMV takes every 1-8-row call of the layer, a warp then reads 512 contiguous bytes a load
 instead of 64 from each of 8 rows (the same bits, measured faster on an H200). Every other reader of the words
 (the dense path of prefill, the Triton and folded GEMVs, `packed()`) takes them row-major (row_major_words).
-NVFP4 also moves its codes into the activation dtype's slots (fp4_slots.py), which that GEMV decodes in half the
+FP4 also moves its codes into the activation dtype's slots (fp4_slots.py), which that GEMV decodes in half the
 instructions.
 """
 from __future__ import annotations
@@ -24,12 +24,12 @@ class TiledWords:
         if self.tiled or not quant_gemv.tiles_apply(self.words_format, act_dtype, scales, group,
                                                     self.qweight.shape[0], self.in_features):
             return
-        layout = quant_gemv.mma_layout(self.words_format, act_dtype)
+        layout = quant_gemv.mma_layout(self.words_format, act_dtype, scales)
         words = self.qweight
         if layout in quant_gemv.SLOT_DTYPES:
             from onecat.engine.quant.fp4_slots import to_slots
 
-            words = to_slots(words, quant_gemv.SLOT_DTYPES[layout])
+            words = to_slots(words, quant_gemv.SLOT_DTYPES[layout], self.words_format)
         self.qweight = quant_gemv.mma_tiles(words, self.words_format)
         self.tiled = layout
 
@@ -48,7 +48,7 @@ class TiledWords:
         if slots is not None:
             from onecat.engine.quant.fp4_slots import from_slots
 
-            words = from_slots(words, slots)
+            words = from_slots(words, slots, self.words_format)
         return words
 
     def tiles_take(self, x: torch.Tensor, scales: torch.Tensor, group: int = 0) -> bool:
