@@ -31,13 +31,19 @@ def rotl(w: np.ndarray, r: int) -> np.ndarray:
 @pytest.mark.parametrize("fmt,block", [("nvfp4", 16), ("mxfp4", 32)])
 def test_codes_round_trip_and_match_the_plain_layout(dtype, fmt, block):
     codes = random_codes(48, 256, 0)
-    words = pack_slots(codes, dtype)
+    words = pack_slots(codes, dtype, fmt)
     assert words.shape == (48, 32) and words.dtype == torch.int32
-    assert torch.equal(unpack_slots(words, dtype), codes)
+    assert torch.equal(unpack_slots(words, dtype, fmt), codes)
     plain = pack_fp4(codes, block)
     assert torch.equal(to_slots(plain, dtype, fmt), words)
     assert torch.equal(from_slots(words, dtype, fmt), plain)
     assert torch.equal(unpack_fp4(from_slots(words, dtype, fmt), block), codes)
+    if fmt == "mxfp4":  # columns 4j .. 4j + 3 of each 32 are k-step j's: word j // 4 and word 2 + j // 4, slot j % 4
+        nv = unpack_slots(words, dtype)  # the words read in plain slot order
+        for j in range(8):
+            for half in range(2):
+                assert torch.equal(nv[:, 8 * (j // 4) + 2 * (j % 4) + half], codes[:, 4 * j + half])
+                assert torch.equal(nv[:, 16 + 8 * (j // 4) + 2 * (j % 4) + half], codes[:, 4 * j + 2 + half])
 
 
 def test_mxfp4_takes_slots_only_where_bf16_holds_every_scale():
@@ -68,6 +74,8 @@ def test_the_kernels_rotations_and_masks_give_each_code_scaled_by_a_power_of_two
 def test_k_not_a_multiple_of_eight_and_other_dtypes_are_refused():
     with pytest.raises(ValueError, match="multiple of 8"):
         pack_slots(torch.zeros(2, 12, dtype=torch.int32), torch.float16)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        pack_slots(torch.zeros(2, 48, dtype=torch.int32), torch.bfloat16, "mxfp4")
     with pytest.raises(ValueError, match="fp16 or bf16"):
         pack_slots(torch.zeros(2, 16, dtype=torch.int32), torch.float32)
 

@@ -130,16 +130,21 @@ template <> __device__ __forceinline__ uint32_t mul_pair<__nv_bfloat16>(uint32_t
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// k-step 4 V + S of one run: slot S of word V of a lane's P words (w[h].x, .y: columns 32c + 8V ..) and Q words
-// (w[h].z, .w: 32c + 16 + 8V ..) of rows g (h = 0) and g + 8, each pair times its block's scale.
-template <typename T, int V, int S>
+// k-step j = 4 V + S of one run: slot S of word V of a lane's P words (w[h].x, .y) and Q words (w[h].z, .w) of rows
+// g (h = 0) and g + 8, each pair times its block's scale. NVFP4: P is columns 32c + 2j, + 1, Q 32c + 16 + 2j, + 1;
+// MXFP4 (fp4_slots.MXFP4_ORDER): P 32c + 4j, + 1, Q 32c + 4j + 2, + 3, the pairs fp4_run sums at k-step j.
+template <int FMT, typename T, int V, int S>
 __device__ __forceinline__ void slots_step(const uint4* w, const uint32_t* sp, const uint32_t* sq, const uint32_t* xb,
                                            float* acc) {
   const uint32_t a[4] = {mul_pair<T>(slot_pair<T, S>(V ? w[0].y : w[0].x), sp[0]),
                          mul_pair<T>(slot_pair<T, S>(V ? w[1].y : w[1].x), sp[1]),
                          mul_pair<T>(slot_pair<T, S>(V ? w[0].w : w[0].z), sq[0]),
                          mul_pair<T>(slot_pair<T, S>(V ? w[1].w : w[1].z), sq[1])};
-  mma_16816<T>(acc, a, xb[4 * V + S], xb[8 + 4 * V + S]);
+  if constexpr (FMT == kMxfp4) {
+    mma_16816<T>(acc, a, xb[2 * (4 * V + S)], xb[2 * (4 * V + S) + 1]);
+  } else {
+    mma_16816<T>(acc, a, xb[4 * V + S], xb[8 + 4 * V + S]);
+  }
 }
 
 // One run of one 16-row tile, words in T's code slots: as fp4_run<FMT, T>, the same products in the same order (so
@@ -152,14 +157,14 @@ __device__ __forceinline__ void slots_run(const uint4* w, const uint32_t* sc, co
     sp[h] = slot_scale<FMT, T>(sc[h] & 0xFFu);
     sq[h] = FMT == kMxfp4 ? sp[h] : slot_scale<FMT, T>(sc[h] >> 8);
   }
-  slots_step<T, 0, 0>(w, sp, sq, xb, acc);
-  slots_step<T, 0, 1>(w, sp, sq, xb, acc);
-  slots_step<T, 0, 2>(w, sp, sq, xb, acc);
-  slots_step<T, 0, 3>(w, sp, sq, xb, acc);
-  slots_step<T, 1, 0>(w, sp, sq, xb, acc);
-  slots_step<T, 1, 1>(w, sp, sq, xb, acc);
-  slots_step<T, 1, 2>(w, sp, sq, xb, acc);
-  slots_step<T, 1, 3>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 0, 0>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 0, 1>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 0, 2>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 0, 3>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 1, 0>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 1, 1>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 1, 2>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, 1, 3>(w, sp, sq, xb, acc);
 }
 
 }  // namespace onecat_qgemv

@@ -180,7 +180,7 @@ def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl
                          BLOCK_K: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr,
                          M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr):
     """fp4_dequant_kernel for words in code slots (engine/quant/fp4_slots.py: word i holds columns 8i .. 8i + 7,
-    slot j // 2, first or second code by j % 2). One lane per output column, so the stores are contiguous; the
+    slot j // 2, first or second code by j % 2; MXFP4 each 32 columns in MXFP4_ORDER). One lane per output column, so the stores are contiguous; the
     eight lanes of a word read it together. M*, S*: each slot's first-code magnitude and sign bit
     (SlotLayout.magnitude_at / sign_at); the second code's sit 16 bits on."""
     B: tl.constexpr = 16 if FMT == 0 else 32
@@ -188,15 +188,17 @@ def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     ok = (rows < N)[:, None] & (cols < K)[None, :]
     rows = tl.where(rows < N, rows, 0).to(tl.int64)[:, None]
-    words = tl.load(q_ptr + rows * (K // 8) + (cols // 8)[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
     sb = tl.load(s_ptr + rows * (K // B) + (cols // B)[None, :], mask=ok, other=0)
     gscale = tl.load(g_ptr + rows) if FMT == 0 else 1.0
     scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
     if FMT == 1:
         scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
-    slot, half = (cols % 8) // 2, 16 * (cols % 2)
+    pair = (cols % 32) // 2  # the word and slot of a column's pair (MXFP4: fp4_slots.MXFP4_ORDER)
+    at = pair if FMT == 0 else tl.where(pair % 2 == 0, pair // 2, 8 + pair // 2)
+    word, slot, half = (cols // 32) * 4 + at // 4, at % 4, 16 * (cols % 2)
     m_at = (tl.where(slot == 0, M0, tl.where(slot == 1, M1, tl.where(slot == 2, M2, M3))) + half) % 32
     s_at = (tl.where(slot == 0, S0, tl.where(slot == 1, S1, tl.where(slot == 2, S2, S3))) + half) % 32
+    words = tl.load(q_ptr + rows * (K // 8) + word[None, :], mask=ok, other=0).to(tl.uint32, bitcast=True)
     magnitude = (words >> m_at[None, :].to(tl.uint32)) & 7  # three bits in a row, never across bit 31
     sign = (words >> s_at[None, :].to(tl.uint32)) & 1
     value = ((sign << 31) | (magnitude << 22)).to(tl.float32, bitcast=True) * (2.0 ** 126)  # exact: e2m1
