@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from onecat.engine.kernels.fp4_slot_bits import SLOTS, slots_take
 from onecat.engine.quant.formats.bits import E2M1_VALUES
 from onecat.engine.quant.fp4_layout import pack_fp4, unpack_fp4
-from onecat.engine.quant.fp4_slots import SLOTS, from_slots, pack_slots, slots_take, to_slots, unpack_slots
+from onecat.engine.quant.fp4_slots import from_slots, pack_slots, to_slots, unpack_slots
 
 DTYPES = [torch.float16, torch.bfloat16]
 # what the decoded bits are: the fp16 of code * 2^-14 (magnitude to bits 9-11), the bf16 of code * 2^-126 (6-8)

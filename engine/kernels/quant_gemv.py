@@ -164,7 +164,7 @@ def mma_layout(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor | None = N
     """The tiled layout a packed layer keeps where tiles_apply: FP4 with its codes in the activation dtype's
     slots where fp4_slots.slots_take (measured on an H200: benchmarks/results/quant_h200.json "code_slots"), the
     rest TILED. MXFP4 needs its scales to say."""
-    from onecat.engine.quant.fp4_slots import slots_take
+    from onecat.engine.kernels.fp4_slot_bits import slots_take
 
     if not CODE_SLOTS or fmt not in ("nvfp4", "mxfp4") or (fmt == "mxfp4" and act_dtype != torch.bfloat16):
         return TILED

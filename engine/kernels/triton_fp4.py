@@ -213,7 +213,7 @@ def dequantize(qweight, scales, gscale, fmt: int, dtype, slots=None):
     n, kw = qweight.shape
     w = torch.empty(n, kw * 8, dtype=dtype, device=qweight.device)
     if slots is not None:
-        from onecat.engine.quant.fp4_slots import SLOTS
+        from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
         layout, block_n, block_k = SLOTS[slots], 16, 256
         slots_dequant_kernel[(-(-n // block_n), -(-kw * 8 // block_k))](

@@ -8,43 +8,20 @@ slot's ROTATIONS (magnitude, sign) and masking puts the first code's magnitude b
 low half's fp16 or bf16 reads code * 2^-14 (fp16: bits 9-11 and 15) or code * 2^-126 (bf16: bits 6-8 and 15),
 exactly, subnormal 0.5 included, and the second code in the high half. The block scale then multiplies a pair
 as one 16-bit float: NVFP4's e4m3 * 2^7 (fp16) or * 2^119 (bf16), MXFP4's 2^(e - 1) (bf16 only), which bf16
-holds for e <= MAX_E8M0 (slots_take: weights with larger scales keep fp4_layout's words). Four slots of one rotation each cannot
+holds for e <= MAX_E8M0 (slots_take: weights with larger scales keep fp4_layout's words). The bit places and the
+rule are engine/kernels/fp4_slot_bits.py's (the kernels read them); this module re-lays the words. Four slots of one rotation each cannot
 tile 16 bits, so two slots take a second rotation for the sign: 11 integer instructions for a word's 8 codes and
 4 HMUL2 (the block scale), against 20 integer instructions, 8 float32 multiplies and 4 conversions with
 pack_fp4's SLOTS (the float32 decode).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from onecat.engine.kernels.fp4_slot_bits import MXFP4_ORDER, SLOTS, SlotLayout
 from onecat.engine.quant.fp4_layout import FP4_BLOCKS, pack_fp4, unpack_fp4
 
-MAX_E8M0 = 128  # MXFP4 scales above this are 2^(e - 1) > bf16's largest power of two
-# MXFP4: the columns of each 32 in slot order, so that the kernel's k-steps sum the columns the plain-word decode
-# sums in each (fp4_mma.cuh: columns 4j .. 4j + 3), giving the same bits: pair starts 0, 4, .. 28, then 2, 6, .. 30
-MXFP4_ORDER = tuple(c for start in (*range(0, 32, 4), *range(2, 32, 4)) for c in (start, start + 1))
 CHUNK_CODES = 1 << 24  # codes re-laid at once: the int64 temporaries stay near 1 GB for any weight
-
-
-@dataclass(frozen=True)
-class SlotLayout:
-    """Where a decoded code's bits must land in the low half (magnitude_to .. + 2, sign at 15) and each slot's
-    left rotations (magnitude, sign) that bring them there (fp4_mma.cuh slot_pair has the same numbers)."""
-
-    magnitude_to: int
-    rotations: tuple[tuple[int, int], ...]
-
-    def magnitude_at(self, slot: int, half: int) -> int:
-        return (self.magnitude_to - self.rotations[slot][0] + 16 * half) % 32
-
-    def sign_at(self, slot: int, half: int) -> int:
-        return (15 - self.rotations[slot][1] + 16 * half) % 32
-
-
-SLOTS = {torch.float16: SlotLayout(9, ((0, 0), (3, 3), (6, 1), (9, 2))),
-         torch.bfloat16: SlotLayout(6, ((0, 0), (3, 4), (6, 6), (10, 5)))}
 
 
 def _layout(dtype: torch.dtype) -> SlotLayout:
@@ -97,11 +74,6 @@ def unpack_slots(words: torch.Tensor, dtype: torch.dtype, fmt: str = "nvfp4") ->
 def _by_rows(words: torch.Tensor, convert) -> torch.Tensor:
     rows = max(1, CHUNK_CODES // (8 * max(1, words.shape[1])))
     return torch.cat([convert(words[i:i + rows]) for i in range(0, words.shape[0], rows)])
-
-
-def slots_take(fmt: str, scales: torch.Tensor) -> bool:
-    """Whether an FP4 weight can keep its codes in slots: NVFP4 always, MXFP4 where every scale is <= MAX_E8M0."""
-    return fmt == "nvfp4" or (fmt == "mxfp4" and (scales.numel() == 0 or int(scales.max()) <= MAX_E8M0))
 
 
 def to_slots(qweight: torch.Tensor, dtype: torch.dtype, fmt: str = "nvfp4") -> torch.Tensor:
