@@ -3,16 +3,15 @@ slots_run), one per activation dtype, kept by NVFP4 and MXFP4 layers only where 
 
 Word i of a row holds columns 8i .. 8i + 7 as four pairs: slot s is columns (8i + 2s, 8i + 2s + 1) (MXFP4: each 32
 columns taken in MXFP4_ORDER), the first code in one 16-bit half, the second in the other half at the same places
-(16 bits on). Rotating the word left by a
-slot's ROTATIONS (magnitude, sign) and masking puts the first code's magnitude bits (e1 e0 m) and sign where the
-low half's fp16 or bf16 reads code * 2^-14 (fp16: bits 9-11 and 15) or code * 2^-126 (bf16: bits 6-8 and 15),
-exactly, subnormal 0.5 included, and the second code in the high half. The block scale then multiplies a pair
-as one 16-bit float: NVFP4's e4m3 * 2^7 (fp16) or * 2^119 (bf16), MXFP4's 2^(e - 1) (bf16 only), which bf16
-holds for e <= MAX_E8M0 (slots_take: weights with larger scales keep fp4_layout's words). The bit places and the
-rule are engine/kernels/fp4_slot_bits.py's (the kernels read them); this module re-lays the words. Four slots of one rotation each cannot
-tile 16 bits, so two slots take a second rotation for the sign: 11 integer instructions for a word's 8 codes and
-4 HMUL2 (the block scale), against 20 integer instructions, 8 float32 multiplies and 4 conversions with
-pack_fp4's SLOTS (the float32 decode).
+(16 bits on). Rotating the word left by a slot's rotations (magnitude, sign) and masking puts the first code's
+magnitude bits (e1 e0 m) and sign where the low half's fp16 or bf16 reads code * 2^-14 (fp16: bits 9-11 and 15)
+or code * 2^-126 (bf16: bits 6-8 and 15), exactly, subnormal 0.5 included, and the second code in the high half.
+The block scale then multiplies a pair as one 16-bit float: NVFP4's e4m3 * 2^7 (fp16) or * 2^119 (bf16), MXFP4's
+2^(e - 1) (bf16 only), which bf16 holds for e <= MAX_E8M0 (slots_take: weights with larger scales keep
+fp4_layout's words). Four slots of one rotation each cannot tile 16 bits, so two slots take a second rotation for
+the sign: 11 integer instructions for a word's 8 codes and 4 HMUL2 (the block scale), against 20 integer
+instructions, 8 float32 multiplies and 4 conversions with pack_fp4's SLOTS (the float32 decode). The bit places
+and the MXFP4 rule are engine/kernels/fp4_slot_bits.py's (the kernels read them); this module re-lays the words.
 """
 from __future__ import annotations
 
