@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import gc
-import json
 import math
 import os
 from pathlib import Path
@@ -47,19 +46,14 @@ def pytest_xdist_auto_num_workers(config):
 # tests (the transformers comparison, the smoke gate) tends to start last and run alone at the end. Once a full
 # default run has recorded how long each file took (in pytest's cache, .pytest_cache/), the controller hands
 # those times to the workers, they collect the files longest first, and xdist keeps that order instead: the
-# run ends with short files on every worker. A fresh clone (CI) has no cache: it takes the times of a full run
-# kept in tests/file_seconds.json (an ordering hint only; refresh it from .pytest_cache after big test changes).
+# run ends with short files on every worker.
 FILE_SECONDS = "onecat/test-file-seconds"
-KEPT_FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 _file_seconds_now: collections.Counter = collections.Counter()
 
 
 def _recorded_file_seconds(config) -> dict:
     cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
-    recorded = cache.get(FILE_SECONDS, None) if cache is not None else None
-    if not recorded and cache is not None and KEPT_FILE_SECONDS.is_file():
-        recorded = json.loads(KEPT_FILE_SECONDS.read_text())
-    return recorded or {}
+    return (cache.get(FILE_SECONDS, None) if cache is not None else None) or {}
 
 
 def pytest_configure(config):
