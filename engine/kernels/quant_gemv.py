@@ -162,15 +162,14 @@ def tiles_apply(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor, group: i
 
 def mma_layout(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor | None = None) -> int:
     """The tiled layout a packed layer keeps where tiles_apply: FP4 with its codes in the activation dtype's
-    slots where fp4_slots.slots_take (measured on an H200: benchmarks/results/quant_h200.json "code_slots"), the
-    rest TILED. MXFP4 needs its scales to say."""
+    slots where fp4_slot_bits.slots_take and layout_takes (measured on an H200: benchmarks/results/quant_h200.json
+    "code_slots"), the rest TILED. MXFP4 needs its scales to say."""
     from onecat.engine.kernels.fp4_slot_bits import slots_take
 
-    if not CODE_SLOTS or fmt not in ("nvfp4", "mxfp4") or (fmt == "mxfp4" and act_dtype != torch.bfloat16):
+    if not CODE_SLOTS or fmt not in ("nvfp4", "mxfp4") or (fmt == "mxfp4" and scales is None):
         return TILED
-    if fmt == "mxfp4" and (scales is None or not slots_take(fmt, scales)):
-        return TILED
-    return next((layout for layout, dtype in SLOT_DTYPES.items() if dtype == act_dtype), TILED)
+    layout = next((layout for layout, dtype in SLOT_DTYPES.items() if dtype == act_dtype), TILED)
+    return layout if layout_takes(layout, fmt, act_dtype) and slots_take(fmt, scales) else TILED
 
 
 def layout_takes(layout: int, fmt: str, act_dtype: torch.dtype) -> bool:

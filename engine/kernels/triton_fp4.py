@@ -180,9 +180,9 @@ def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl
                          BLOCK_K: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr,
                          M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr):
     """fp4_dequant_kernel for words in code slots (engine/quant/fp4_slots.py: word i holds columns 8i .. 8i + 7,
-    slot j // 2, first or second code by j % 2; MXFP4 each 32 columns in MXFP4_ORDER). One lane per output column, so the stores are contiguous; the
-    eight lanes of a word read it together. M*, S*: each slot's first-code magnitude and sign bit
-    (SlotLayout.magnitude_at / sign_at); the second code's sit 16 bits on."""
+    slot j // 2, first or second code by j % 2; MXFP4 each 32 columns in MXFP4_ORDER). One lane per output
+    column, so the stores are contiguous; the eight lanes of a word read it together. M*, S*: each slot's
+    first-code magnitude and sign bit (SlotLayout.magnitude_at / sign_at); the second code's sit 16 bits on."""
     B: tl.constexpr = 16 if FMT == 0 else 32
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
