@@ -12,8 +12,9 @@ Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, FP8,
 "cuda_int4", "cuda_nvfp4", "cuda_fp8" and their "_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on
 the same weights; NVFP4, MXFP4 and FP8 are timed with fp16 and with bf16 activations (*_bf16). "*_tiled" is
 the tensor-core GEMV on the same weights in its tiles (quant_gemv.mma_tiles), "cuda_*fp4*_slots" FP4 in tiles
-with its codes in the activation dtype's slots (engine/quant/fp4_slots.py): what packed layers hold. --formats
-picks a subset of the formats.
+with its codes in the activation dtype's slots (engine/quant/fp4_slots.py): what packed layers hold. For gate_up,
+"*_glu" is that GEMV writing SiLU(gate) * up, "*_then_silu_mul" the GEMV then the separate SiLU * mul kernel (what
+a packed MLP ran before). --formats picks a subset of the formats.
 """
 from __future__ import annotations
 
@@ -56,13 +57,13 @@ def random_weight(fmt: str, n: int, k: int, gen) -> dict:
                 nbytes=w.qweight.numel() * 4 + w.scales.numel() + extra)
 
 
-def cuda_call(x, a: dict, fmt: str, splits: int = 0, kernel: str = "auto", tiled: int = 0):
+def cuda_call(x, a: dict, fmt: str, splits: int = 0, kernel: str = "auto", tiled: int = 0, glu: bool = False):
     """packed_gemv on a's words in the layout `tiled` (a["tiles1"], a["tiles2"]: mma_tiled's, kept here)."""
     from onecat.engine.kernels.quant_gemv import packed_gemv
 
     w = a[f"tiles{tiled}"] if tiled else a["qweight"]
     return lambda: packed_gemv(x, fmt, w, a["scales"], a.get("row_scale"), a.get("group", 0), splits,
-                               kernel=kernel, tiled=tiled)
+                               kernel=kernel, tiled=tiled, glu=glu)
 
 
 def mma_tiled(a: dict, fmt: str, layout: int) -> torch.Tensor:
@@ -152,6 +153,16 @@ def bench_format(r: dict, name: str, m: int, x, fmt: str, ps: list, moved: int, 
                 p.setdefault(f"tiles{layout}", mma_tiled(p, fmt, layout))
             assert torch.equal(cuda_call(x, ps[0], fmt, tiled=layout)(), y), f"{name} M={m} {fmt}{suffix}: bits differ"
             r[f"cuda_{fmt}{tag}{suffix}"] = arm(graph_time([cuda_call(x, p, fmt, tiled=layout) for p in ps]), moved)
+        if name == "gate_up":  # what a packed MLP runs: SiLU * mul in the GEMV, or the GEMV then the separate kernel
+            from onecat.engine.kernels.triton_fused import silu_mul
+
+            layout = mma_layout(fmt, x.dtype, ps[0]["scales"])  # the words packed layers hold
+            suffix = "_tiled" if layout == TILED else "_slots"
+            apart = [lambda p=p: silu_mul(cuda_call(x, p, fmt, tiled=layout)()) for p in ps]
+            glu = [cuda_call(x, p, fmt, tiled=layout, glu=True) for p in ps]
+            assert torch.equal(glu[0](), apart[0]()), f"{name} M={m} {fmt}: SiLU * mul in the GEMV differs"
+            r[f"cuda_{fmt}{tag}{suffix}_then_silu_mul"] = arm(graph_time(apart), moved)
+            r[f"cuda_{fmt}{tag}{suffix}_glu"] = arm(graph_time(glu), moved)
     if tc is not None:
         r[f"triton_{fmt}{tag}"] = arm(graph_time([triton_call(x, p, fmt) for p in ps]), moved)
     if sweep:

@@ -1,9 +1,9 @@
 """Whole-model decode on a CUDA GPU: the Llama-3-8B shape with random fp16 weights, dense vs W4A16 (the same
-weights quantized at load: round to nearest, g128) vs NVFP4 (random packed codes and scales swapped in for every
-decoder linear after load), batch 1 and 8 at 1K context, in one process. --bf16 adds the model in bf16: dense,
+weights quantized at load: round to nearest, g128) vs NVFP4 and FP8 (random packed codes and scales swapped in for
+every decoder linear after load), batch 1 and 8 at 1K context, in one process. --bf16 adds the model in bf16: dense,
 NVFP4 and MXFP4 (which the tensor-core GEMV takes with bf16 activations only).
 
-    python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json [--bf16]
+    python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json [--bf16] [--glu-apart]
 
 Random weights say nothing about quality (the contract w4a16_gpu.yaml covers that on a real model); the
 speed of the model that holds them is what is measured. The bandwidth fraction counts the bytes a decode step
@@ -38,13 +38,15 @@ def step_bytes(llm, cfg: dict, ctx: float) -> int:
     return weights + int(kv)
 
 
-def random_fp4_decoder(llm, fmt: str) -> dict:
-    """Every decoder linear replaced by an FP4Linear of random packed codes and scales of its shape (as a
-    quantization=nvfp4 / mxfp4 checkpoint's are; the LM head stays fp16), then the CUDA graphs captured again.
-    Speed only: random codes, like the random fp16 weights of the other arms."""
+def random_packed_decoder(llm, fmt: str) -> dict:
+    """Every decoder linear replaced by a packed layer of random codes and scales of its shape (FP4Linear for
+    nvfp4 / mxfp4, FP8Linear for fp8 with a scale per row, as such checkpoints' are; the LM head stays dense), then
+    the CUDA graphs captured again. Speed only: random codes, like the random fp16 weights of the other arms."""
     from gpu_fp4 import random_fp4
     from onecat.engine.kernels import quant_gemv
+    from onecat.engine.quant import fp8_layout
     from onecat.engine.quant.fp4_linear import FP4Linear
+    from onecat.engine.quant.fp8_linear import FP8Linear
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     dtype = next(llm.model.parameters()).dtype
@@ -52,8 +54,14 @@ def random_fp4_decoder(llm, fmt: str) -> dict:
     for path, module in list(llm.model.named_modules()):
         if not isinstance(module, torch.nn.Linear) or not path.startswith("layers."):
             continue
-        layer = FP4Linear(random_fp4(fmt, module.out_features, module.in_features, gen),
-                          None if module.bias is None else module.bias.detach())
+        n, k = module.out_features, module.in_features
+        bias = None if module.bias is None else module.bias.detach()
+        if fmt == "fp8":
+            codes = (torch.randn(n, k, device="cuda", generator=gen) * 40).to(torch.float8_e4m3fn)
+            layer = FP8Linear(fp8_layout.pack_fp8(codes, torch.rand(n, device="cuda", generator=gen) * 1e-3), bias)
+            del codes
+        else:
+            layer = FP4Linear(random_fp4(fmt, n, k, gen), bias)
         layer.use_tiles(dtype)
         parent, _, leaf = path.rpartition(".")
         setattr(llm.model.get_submodule(parent), leaf, layer)
@@ -66,10 +74,12 @@ def random_fp4_decoder(llm, fmt: str) -> dict:
             "tiled": tiled, "code_slots": slots}
 
 
-def arm(name: str, cfg: dict, root: Path, bw: float, fp4: str | None = None, dtype: str = "float16", **kw) -> dict:
+def arm(name: str, cfg: dict, root: Path, bw: float, packed: str | None = None, dtype: str = "float16",
+        **kw) -> dict:
     llm = build_onecat(make_model_dir(root / name, cfg), cfg, dtype=dtype, max_model_len=2048, max_num_seqs=8,
                        cuda_graph=True, kv_cache_memory_gb=8.0, enable_prefix_caching=False, **kw)
-    res = {"quantization": random_fp4_decoder(llm, fp4) if fp4 else llm.info().get("quantization"), "dtype": dtype}
+    res = {"quantization": random_packed_decoder(llm, packed) if packed else llm.info().get("quantization"),
+           "dtype": dtype}
     nbytes = step_bytes(llm, cfg, CTX + GEN / 2)
     res["bytes_per_step"] = nbytes
     for batch in (1, 8):
@@ -91,7 +101,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".onecat/w4a16_e2e.json")
     ap.add_argument("--bf16", action="store_true", help="also the model in bf16: dense, NVFP4 and MXFP4")
+    ap.add_argument("--glu-apart", action="store_true",
+                    help="each packed arm again with its gate/up GEMV and SiLU * mul as two kernels (*_glu_apart; "
+                         "engine/kernels/quant_gemv.py GLU_IN_GEMV off)")
     args = ap.parse_args()
+    from onecat.engine.kernels import quant_gemv
+
+    def packed_arm(name: str, **kw) -> None:
+        record[name] = arm(name, cfg, Path(tmp), bw, **kw)
+        if args.glu_apart:
+            quant_gemv.GLU_IN_GEMV = False
+            try:
+                record[f"{name}_glu_apart"] = arm(f"{name}_glu_apart", cfg, Path(tmp), bw, **kw)
+            finally:
+                quant_gemv.GLU_IN_GEMV = True
+
     bw = copy_limit_gbps()
     cfg = SHAPES["llama3-8b"]
     record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "label": "measured",
@@ -100,13 +124,15 @@ def main() -> None:
               "ctx": CTX, "gen": GEN}
     with tempfile.TemporaryDirectory() as tmp:
         record["fp16"] = arm("fp16", cfg, Path(tmp), bw)
-        record["w4a16"] = arm("w4a16", cfg, Path(tmp), bw, quantization="w4a16")
-        record["nvfp4"] = arm("nvfp4", cfg, Path(tmp), bw, fp4="nvfp4")
+        packed_arm("w4a16", quantization="w4a16")
+        packed_arm("nvfp4", packed="nvfp4")
+        packed_arm("fp8", packed="fp8")
         if args.bf16:
             record["bf16"] = arm("bf16", cfg, Path(tmp), bw, dtype="bfloat16")
             for fmt in ("nvfp4", "mxfp4"):
-                record[f"{fmt}_bf16"] = arm(f"{fmt}_bf16", cfg, Path(tmp), bw, fp4=fmt, dtype="bfloat16")
-    record["nvfp4_speedup_bs1"] = round(record["nvfp4"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
+                packed_arm(f"{fmt}_bf16", packed=fmt, dtype="bfloat16")
+    for fmt in ("nvfp4", "fp8"):
+        record[f"{fmt}_speedup_bs1"] = round(record[fmt]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
     record["speedup_bs1"] = round(record["w4a16"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
     record["speedup_bs8"] = round(record["w4a16"]["bs8"]["tok_s"] / record["fp16"]["bs8"]["tok_s"], 3)
     log("w4a16 / fp16 tok/s: bs1", record["speedup_bs1"], "bs8", record["speedup_bs8"])

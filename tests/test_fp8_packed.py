@@ -30,6 +30,39 @@ def test_layout_holds_the_values_and_scales_exactly():
         pack_fp8(raw, torch.ones(3))
 
 
+def test_dense_weight_is_the_dequantized_weight_rounded_once(monkeypatch):
+    """The dense path's weight (more rows than the GEMV takes), formed in row blocks from byte views: the float32
+    dequantization rounded once to each dtype, subnormal codes and 448 included."""
+    import onecat.engine.quant.fp8_linear as fp8_linear
+
+    gen = torch.Generator().manual_seed(4)
+    raw = (torch.randn(40, 64, generator=gen) * 40).to(torch.float8_e4m3fn)
+    raw.view(torch.uint8)[0, :4] = torch.tensor([1, 0x81, 7, 0x7E], dtype=torch.uint8)
+    w = pack_fp8(raw, torch.rand(40, generator=gen) * 0.01 + 1e-3)
+    monkeypatch.setattr(fp8_linear, "DENSE_ROWS", 16)  # three blocks, the last one short
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert torch.equal(FP8Linear(w).dense_weight(dtype), dequantize(w).to(dtype))
+
+
+@pytest.mark.gpu
+def test_dense_weight_on_cuda_is_one_triton_pass_with_the_same_bits():
+    """On CUDA the dense path's weight comes from engine/kernels/triton_fp8.py, from row-major and from tiled words:
+    the float32 dequantization rounded once to fp16, bf16 and float32."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    gen = torch.Generator().manual_seed(6)
+    raw = (torch.randn(96, 1024, generator=gen) * 40).to(torch.float8_e4m3fn)
+    raw.view(torch.uint8)[0, :4] = torch.tensor([1, 0x81, 7, 0x7E], dtype=torch.uint8)
+    w = pack_fp8(raw, torch.rand(96, generator=gen) * 0.01 + 1e-3)
+    want = dequantize(w)
+    layer = FP8Linear(w.to("cuda"))
+    for act in (None, torch.float16):  # row-major words, then the tensor-core GEMV's tiles where it is built
+        if act is not None:
+            layer.use_tiles(act)
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            assert torch.equal(layer.dense_weight(dtype).cpu(), want.to(dtype)), (act, dtype)
+
+
 def test_layer_on_cpu_is_the_dequantized_linear():
     raw = (torch.randn(40, 96) * 10).to(torch.float8_e4m3fn)
     w = pack_fp8(raw, torch.rand(40) * 0.1)
@@ -120,3 +153,19 @@ def test_packed_engine_on_cuda_runs_the_packed_gemv(tmp_path):
         dense = llm.generate(PROMPTS, params)
     for a, b in zip(packed, dense):  # fp16 activations: GEMV (fp32 sums) vs cuBLAS on the same weights
         assert torch.allclose(torch.tensor(a.prompt_logprobs[1:]), torch.tensor(b.prompt_logprobs[1:]), atol=2e-2)
+
+
+def test_tensor_core_pair_decode_is_exact_for_every_code():
+    """csrc/quant_gemv/fp8_mma.cuh fp8_pair, step by step on all 256 codes: the byte permute puts a code in the high
+    byte of a 16-bit half; one shift and the masks give the fp16 bits of e4m3 * 2^-8, or the bf16 bits of
+    e4m3 * 2^-120 (times 2^112 after), exactly, subnormals included (0x7F and 0xFF, NaN in E4M3, are never
+    written by pack_fp8's checkpoints and are left out)."""
+    codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.int64)
+    value = codes.to(torch.uint8).view(torch.float8_e4m3fn).double()
+    half = codes << 8  # the code in the high byte of its half (the low byte is masked off)
+    fp16 = (half & 0x8000) | ((half >> 1) & 0x3F80)
+    got = fp16.to(torch.int16).view(torch.float16).double()
+    assert torch.equal(got, value * 2.0 ** -8)
+    bf16 = (half & 0x8000) | ((half >> 4) & 0x07F0)
+    got = bf16.to(torch.int16).view(torch.bfloat16).double()
+    assert torch.equal(got, value * 2.0 ** -120)

@@ -374,3 +374,88 @@ def test_folded_glu_is_silu_gate_times_up(fmt, dtype):
     torch.cuda.synchronize()
     assert torch.equal(out, act)
 
+
+
+@pytest.mark.parametrize("fmt,dtype", TILE_CASES)
+def test_tensor_core_glu_gives_the_separate_silu_mul_bits(fmt, dtype):
+    """glu on the tensor-core GEMV (1-8 rows, row-major and tiled words, every split): SiLU(gate) * up of its own
+    gate and up rows, the bits the separate SiLU * mul kernel gives on the unfused projection's output; halves
+    that are not whole 16-row tiles are refused."""
+    from onecat.engine.kernels.quant_gemv import SLOT_DTYPES, mma_layout, mma_tiles, packed_gemv
+    from onecat.engine.kernels.triton_fused import silu_mul
+    from onecat.engine.kernels.triton_w4a16 import _capability
+    from onecat.engine.quant.fp4_slots import to_slots
+
+    if _capability(0) < 80:
+        pytest.skip("the tensor-core GEMV needs SM80+")
+    k, inter = 1024, 160
+    args, _ = make(fmt, 2 * inter, k, seed=17)  # [gate | up]
+    layout = mma_layout(fmt, dtype, args["scales"])
+    tiles = mma_tiles(to_slots(args["qweight"], dtype, fmt) if layout in SLOT_DTYPES else args["qweight"], fmt)
+    operands = (args["scales"], args.get("row_scale"), args.get("group", 0))
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, k, device="cuda", dtype=dtype)
+        for splits in (0, 1, 2):
+            want = silu_mul(run(x, fmt, args, splits, kernel="mma"))
+            act = packed_gemv(x, fmt, args["qweight"], *operands, splits, glu=True, kernel="mma")
+            assert act.shape == (rows, inter) and torch.equal(act, want), f"{rows} rows, splits {splits}"
+            act = packed_gemv(x, fmt, tiles, *operands, splits, glu=True, kernel="mma", tiled=layout)
+            assert torch.equal(act, want), f"tiled, {rows} rows, splits {splits}"
+    odd, _ = make(fmt, 300, k, seed=17)  # halves of 150 rows
+    with pytest.raises(ValueError, match="multiple of 16 rows"):
+        packed_gemv(x, fmt, odd["qweight"], odd["scales"], odd.get("row_scale"), odd.get("group", 0), glu=True,
+                    kernel="mma")
+
+
+@pytest.mark.parametrize("fmt,dtype", [("int4", torch.float16), ("nvfp4", torch.float16), ("mxfp4", torch.bfloat16)])
+def test_packed_mlp_takes_silu_mul_in_the_gate_up_gemv(fmt, dtype, monkeypatch):
+    """A SwiGLU MLP of packed layers with fused ops on: its gate/up GEMV writes SiLU(gate) * up (one kernel fewer),
+    the bits of the unfused path, at 1-8 rows; with fused ops off, GLU_IN_GEMV off, or words not tiled, the
+    projection and SiLU * mul run apart."""
+    import copy
+
+    from onecat.engine.kernels import quant_gemv
+    from onecat.engine.kernels.triton_w4a16 import _capability
+    from onecat.engine.layers.mlp import GatedMLP
+    from onecat.engine.quant.fp4_linear import FP4Linear
+    from onecat.engine.quant.w4a16_linear import W4A16Linear
+
+    if _capability(0) < 80 or not quant_gemv.use_cuda() or quant_gemv.use_folded():
+        pytest.skip("tiles are kept for the tensor-core GEMV (SM80+, ONECAT_QUANT_GEMV=auto)")
+    hidden, inter = 512, 384
+    gen = torch.Generator().manual_seed(5)
+
+    def packed(n, k):
+        if fmt == "int4":
+            return W4A16Linear(quantize_w4(torch.randn(n, k, generator=gen), 128).to("cuda"))
+        return FP4Linear(fp4_packed(fmt, n, k, n + k).to("cuda"))
+
+    mlp = GatedMLP(hidden, inter)
+    mlp.gate_up_proj, mlp.down_proj = packed(2 * inter, hidden), packed(hidden, inter)
+    untiled = copy.deepcopy(mlp)
+    mlp.gate_up_proj.use_tiles(dtype)
+    mlp.down_proj.use_tiles(dtype)
+    assert mlp.gate_up_proj.tiled
+    calls = []
+    real = quant_gemv.packed_gemv
+    monkeypatch.setattr(quant_gemv, "packed_gemv", lambda *a, **kw: calls.append(kw.get("glu", False)) or real(*a, **kw))
+    monkeypatch.setattr(GatedMLP, "use_fused", True)
+    for rows in (1, 3, 8):
+        x = torch.randn(rows, hidden, device="cuda", dtype=dtype) * 0.05
+        calls.clear()
+        folded = mlp(x)
+        assert calls[0] is True and len(calls) == 2, calls
+        assert bool(torch.isfinite(folded).all())
+        monkeypatch.setattr(quant_gemv, "GLU_IN_GEMV", False)
+        calls.clear()
+        apart = mlp(x)
+        assert calls == [False, False]
+        monkeypatch.setattr(quant_gemv, "GLU_IN_GEMV", True)
+        assert torch.equal(folded, apart), f"{rows} rows"
+    calls.clear()
+    assert torch.equal(untiled(x), folded)
+    assert calls == [False, False]
+    monkeypatch.setattr(GatedMLP, "use_fused", False)
+    calls.clear()
+    mlp(x)
+    assert True not in calls

@@ -101,7 +101,6 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
                 "norm_weight must be a contiguous, 8-byte aligned [K] tensor of x's dtype");
   }
   TORCH_CHECK(!glu || n % 2 == 0, "glu needs a [gate | up] weight of an even number of rows");
-  TORCH_CHECK(m == 1 || !(glu || residual.has_value()), "the folded norm and glu take one activation row, got ", m);
   const int64_t n_out = glu ? n / 2 : n;
   TORCH_CHECK(kernel >= kAuto && kernel <= kMma, "kernel must be 0 (auto), 1 (FMA) or 2 (tensor cores)");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -114,11 +113,15 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   const bool half = x.scalar_type() == at::kHalf;
   const bool mma_format = (fmt == kInt4H && half && group == 128) || fmt == kNvfp4 || fmt == kFp8 ||
                           (fmt == kMxfp4 && !half);
-  const bool mma_fits = mma_format && k % kMmaRun == 0 && !glu && !residual.has_value() && major >= 8;
+  // with glu: 1-8 rows, the gate and up halves multiples of 16 rows
+  const bool mma_fits = mma_format && k % kMmaRun == 0 && !residual.has_value() && (!glu || n_out % 16 == 0) &&
+                        major >= 8;
   TORCH_CHECK(kernel != kMma || mma_fits, "the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups "
-              "of 128), NVFP4 or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or "
-              "newer");
+              "of 128), NVFP4 or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm, glu only with "
+              "gate and up halves of a multiple of 16 rows, on SM80 or newer");
   const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
+  TORCH_CHECK(m == 1 || !(residual.has_value() || (glu && !mma)),
+              "the folded norm takes one activation row, and glu more than one only on the tensor-core GEMV; got ", m);
   TORCH_CHECK(tiled >= kRowMajor && tiled <= kTilesBf16Slots, "tiled must be 0 (row-major), 1 (tiles), 2 or 3 (tiles, "
               "FP4 codes in fp16 or bf16 slots)");
   TORCH_CHECK(!tiled || (mma && n % 16 == 0), "tiled weights (mma_tiles) are read by the tensor-core GEMV only, "

@@ -52,7 +52,7 @@ cudaError_t by_format(int fmt, int m_tmpl, const Params& p, int smem, cudaStream
 template <int FMT, typename T, bool SLOTS = false>
 cudaError_t launch_mma_as(const Params& p, cudaStream_t stream, bool pdl) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((p.n + kMmaRows - 1) / kMmaRows, p.splits);
+  config.gridDim = dim3(p.glu ? p.n_out / 16 : (p.n + kMmaRows - 1) / kMmaRows, p.splits);  // glu: a gate and an up tile a block
   config.blockDim = dim3(kMmaWarps * 32);
   config.stream = stream;
   cudaLaunchAttribute overlap[1];  // programmatic dependent launch (SM90+): may start while the previous kernel ends

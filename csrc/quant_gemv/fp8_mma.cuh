@@ -1,8 +1,10 @@
 // FP8 (E4M3, a scale per row) on the tensor cores: the decode of one run of 128 columns for mma_gemv.cuh.
 //
-// The decode: a byte formed in float32 by the FMA GEMV's decode (formats.cuh: e4m3 * 2^-120) times 2^112, so
-// e4m3 * 2^-8, which fp16 and bf16 hold exactly for every E4M3 value ([2^-17, 1.75]); a pair rounded to the
-// activation dtype. The row's scale and the 2^8 multiply its sum at the end.
+// The decode: byte j of two words placed by one byte permute into the high bytes of a pair's halves, then its sign
+// and its exponent and mantissa bits moved into the activation dtype's fields by one shift and one masked merge:
+// fp16 bits of e4m3 * 2^-8 (exponent field E, subnormals included), bf16 bits of e4m3 * 2^-120 then one HMUL2 by
+// 2^112. Both hold every E4M3 value exactly ([2^-17, 1.75]), the values a float32 decode rounded to the dtype
+// gives, so the sums are the same. The row's scale and the 2^8 multiply its sum at the end.
 //
 // Which columns a register pair holds (engine/quant/fp8_layout.py: word w of a block of 16 columns holds
 // columns w + 4j in byte j): a run is 32 words a row, and lane (g, c) loads words 8c .. 8c + 7 (blocks 2c and
@@ -16,11 +18,19 @@
 
 namespace onecat_qgemv {
 
-// Byte j of words lo and hi as the pair (e4m3 * 2^-8, e4m3' * 2^-8) in T.
+// Byte j of words lo and hi as the pair (e4m3 * 2^-8, e4m3' * 2^-8) in T: 3 instructions (bf16: 4).
 template <typename T>
 __device__ __forceinline__ uint32_t fp8_pair(uint32_t lo, uint32_t hi, int j) {
-  constexpr float kTwo112 = 5.192296858534828e33f;
-  return pack_pair<T>(decode<kFp8>(lo, 0u, j) * kTwo112, decode<kFp8>(hi, 0u, j) * kTwo112);
+  // bytes (lo_j, lo_j, hi_j, hi_j): each half holds its code in its high byte (its low byte is masked off below)
+  const uint32_t t = __byte_perm(lo, hi, j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12));
+  if constexpr (Same<T, __half>::value) {
+    return (t & 0x80008000u) | ((t >> 1) & 0x3F803F80u);  // sign to bit 15, EEEEMMM to bits 7-13
+  } else {
+    const uint32_t v = (t & 0x80008000u) | ((t >> 4) & 0x07F007F0u);  // sign to bit 15, EEEEMMM to bits 4-10
+    const __nv_bfloat162 two112 = __floats2bfloat162_rn(5.192296858534828e33f, 5.192296858534828e33f);
+    const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v), two112);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  }
 }
 
 // One run of one 16-row tile: w[2 h + v] is vector v (block 2c + v) of row g + 8 h; accumulated into acc (rows

@@ -15,6 +15,10 @@
 // was the fastest over the Llama-3-8B projections at 1 and 8 rows on an H200 (benchmarks/results/
 // quant_gemv_h200.json); fewer instructions a weight mattered more there than more loads in flight (a ring of
 // cp.async stages was slower).
+//
+// GLU (p.glu, a [gate | up] weight of 2 n_out rows): block i takes gate tile i and up tile i (rows 16 i .. and
+// n_out + 16 i ..) and writes SiLU(gate) * up of its 16 outputs, rounded as the separate SiLU * mul kernel
+// (engine/kernels/triton_fused.py silu_mul) rounds them: one kernel a decode step fewer per MLP.
 #pragma once
 
 #include "formats.cuh"
@@ -27,11 +31,18 @@ namespace onecat_qgemv {
 
 // kMmaRun (params.h): columns a warp takes at once (a run): 16 words of each of its rows (FP8: 32).
 
+// The first weight row of the block's tile t: GLU's gate (t = 0) and up (t = 1) tiles of its 16 outputs, else
+// consecutive tiles.
+template <int T>
+__device__ __forceinline__ int tile_row(const Params& p, int t) {
+  return p.glu ? t * p.n_out + 16 * blockIdx.x : (blockIdx.x * T + t) * 16;
+}
+
 // The end of a block: its W warps' sums of its T tiles added in warp order through shared memory (red: W * T *
 // 4 * 32 floats), then written (splits == 1), or written as fp32 partials of which the last block of the row
-// tile adds all in split order: the same order on every call.
+// tile adds all in split order: the same order on every call. With GLU the block's 16 outputs are SiLU(gate) * up.
 template <typename X, int T, int W>
-__device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* red, int row0) {
+__device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* red) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
@@ -49,16 +60,25 @@ __device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* 
       for (int w = 1; w < W; ++w) v += red[((w * T + t) * 4 + e) * 32 + lane];
       acc[t][e] = v;
     }
-  // tile t, element e: row row0 + 16 t + g + 8 * (e / 2), activation row 2c + e % 2; the output, or this split's
+  // tile t, element e: row tile_row(t) + g + 8 * (e / 2), activation row 2c + e % 2; the output, or this split's
   // fp32 partial
+  X* y = static_cast<X*>(p.y);
+  if (p.glu && p.splits == 1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int out = tile_row<T>(p, 0) + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
+      if (mm < p.m_rows) y[static_cast<int64_t>(mm) * p.n_out + out] = silu_mul<X>(acc[0][e], acc[1][e]);
+    }
+    return;
+  }
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = row0 + 16 * t + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
+      const int row = tile_row<T>(p, t) + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
       if (row >= p.n || mm >= p.m_rows) continue;
       if (p.splits == 1) {
-        static_cast<X*>(p.y)[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(acc[t][e]);
+        y[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(acc[t][e]);
       } else {
         p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + mm) * p.n + row] = acc[t][e];
       }
@@ -71,12 +91,21 @@ __device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* 
   last = __shfl_sync(0xffffffffu, last, 0);
   if (!last) return;
   __threadfence();
-  for (int item = lane; item < 16 * T * p.m_rows; item += 32) {
-    const int mm = item / (16 * T), row = row0 + item % (16 * T);
-    if (row >= p.n) continue;
+  auto summed = [&](int mm, int row) {
     float v = 0.f;
     for (int sp = 0; sp < p.splits; ++sp) v += __ldcg(p.partial + (static_cast<int64_t>(sp) * p.m_rows + mm) * p.n + row);
-    static_cast<X*>(p.y)[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(v);
+    return v;
+  };
+  if (p.glu) {
+    for (int item = lane; item < 16 * p.m_rows; item += 32) {
+      const int mm = item / 16, out = tile_row<T>(p, 0) + item % 16;
+      y[static_cast<int64_t>(mm) * p.n_out + out] = silu_mul<X>(summed(mm, out), summed(mm, p.n_out + out));
+    }
+  } else {
+    for (int item = lane; item < 16 * T * p.m_rows; item += 32) {
+      const int mm = item / (16 * T), row = tile_row<T>(p, 0) + item % (16 * T);
+      if (row < p.n) y[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(summed(mm, row));
+    }
   }
   if (lane == 0) p.tickets[blockIdx.x] = 0;
 }
@@ -121,15 +150,15 @@ __device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint3
   }
 }
 
-// NVFP4 and FP8: the scale per row, and the power of two the decode left out, on the sums of rows row0 + 16 t + ...
+// NVFP4 and FP8: the scale per row, and the power of two the decode left out, on the sums of rows tile_row(t) + ...
 template <int FMT, int T>
-__device__ __forceinline__ void scale_rows(const Params& p, float (*acc)[4], int row0, int g) {
+__device__ __forceinline__ void scale_rows(const Params& p, float (*acc)[4], int g) {
   if constexpr (FMT == kNvfp4 || FMT == kFp8) {
     constexpr float kLeft = FMT == kNvfp4 ? 128.f : 256.f;
 #pragma unroll
     for (int t = 0; t < T; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(row0 + 16 * t + g + 8 * (e >> 1), p.n - 1)] * kLeft;
+      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(tile_row<T>(p, t) + g + 8 * (e >> 1), p.n - 1)] * kLeft;
   }
 }
 
@@ -144,9 +173,9 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   const int r0 = blockIdx.y * runs;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
-  const int row0 = blockIdx.x * 16 * T;
+  static_assert(T == 2, "GLU pairs a gate tile with an up tile");
   const int kw = p.k / Traits<FMT>::kCodes;
-  // tile t, half h: weight row row0 + 16 t + 8 h + g (past N: re-read, not stored). wr: the lane's first 16 bytes
+  // tile t, half h: weight row tile_row(t) + 8 h + g (past N: re-read, not stored). wr: the lane's first 16 bytes
   // of the row's run 0; run r is run_step * r further. Row-major: a row's runs follow each other. Tiled
   // (p.tiled, mma_tiles in engine/kernels/quant_gemv.py): the 16 rows of a tile own one contiguous block per run,
   // so a warp's load of a run's half tile is 512 contiguous bytes (1 KB for FP8), lane order.
@@ -157,8 +186,8 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   for (int t = 0; t < T; ++t)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t row = min(row0 + 16 * t + 8 * h + g, p.n - 1);
-      const int64_t tile = min(row0 / 16 + t, p.n / 16 - 1);  // tiled: N is a multiple of 16
+      const int64_t row = min(tile_row<T>(p, t) + 8 * h + g, p.n - 1);
+      const int64_t tile = min(tile_row<T>(p, t) / 16, p.n / 16 - 1);  // tiled: N is a multiple of 16
       wr[t][h] = reinterpret_cast<const uint4*>(p.w) +
                  (p.tiled ? tile * (p.k / kMmaRun) * run_step + (h * 32 + lane) * kVecs : row * (kw / 4) + c * kVecs);
       if constexpr (FMT == kInt4H) {
@@ -210,8 +239,8 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
     load(even, rb + 2 * kStep);
     compute(odd, rb + kStep);
   }
-  scale_rows<FMT, T>(p, acc, row0, g);
-  finish<X, T, W>(p, acc, red, row0);
+  scale_rows<FMT, T>(p, acc, g);
+  finish<X, T, W>(p, acc, red);
 }
 
 }  // namespace onecat_qgemv

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "formats.cuh"
 #include "params.h"
 
 namespace onecat_qgemv {
@@ -35,6 +36,24 @@ __device__ __forceinline__ void wait_previous_kernel_then_release_next() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// SiLU(gate) * up of two fp32 sums, each first rounded to X as a projection's output is, with the operations of
+// the separate kernel (engine/kernels/triton_fused.py silu_mul, as Triton lowers it: 0 - g, times log2(e),
+// ex2.approx, + 1, div.full, rounded to X, times up in X), so the folded and the separate paths give the same bits.
+template <typename X>
+__device__ __forceinline__ X silu_mul(float gate, float up) {
+  const float g = to_float(from_float<X>(gate));
+  float s;
+  asm("{\n\t.reg .f32 t;\n\t"
+      "sub.f32 t, 0f00000000, %1;\n\t"
+      "mul.f32 t, t, 0f3FB8AA3B;\n\t"
+      "ex2.approx.f32 t, t;\n\t"
+      "add.f32 t, t, 0f3F800000;\n\t"
+      "div.full.f32 %0, %1, t;\n\t}"
+      : "=f"(s)
+      : "f"(g));
+  return __hmul(from_float<X>(s), from_float<X>(up));
 }
 
 // d += a (16 x 16, row-major) * b (16 x 8), T = fp16 or bf16 inputs, fp32 accumulators.

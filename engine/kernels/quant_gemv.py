@@ -34,6 +34,7 @@ TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
 # with its codes in the activation dtype's slots (engine/quant/fp4_slots.py); the benchmarks turn these off for A/B arms
 TILES = True
 CODE_SLOTS = True
+GLU_IN_GEMV = True  # a packed [gate | up] layer's SiLU * mul in its tensor-core GEMV (tiled_words.py glu_gemv)
 # how the words lie (csrc/quant_gemv/params.h Layout): packed_gemv's `tiled`; the slots' activation dtype
 ROW_MAJOR, TILED, TILED_FP16_SLOTS, TILED_BF16_SLOTS = 0, 1, 2, 3
 SLOT_DTYPES = {TILED_FP16_SLOTS: torch.float16, TILED_BF16_SLOTS: torch.bfloat16}
@@ -104,8 +105,10 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
         raise ValueError("x must be contiguous and 8-byte aligned (pass x.contiguous().clone())")
     if (residual is None) != (norm_weight is None):
         raise ValueError("the folded norm needs both residual and norm_weight")
-    if (residual is not None or glu) and m != 1:
-        raise ValueError(f"the folded norm and glu take one row, got {m}: run the norm and the GEMV apart")
+    if residual is not None and m != 1:
+        raise ValueError(f"the folded norm takes one row, got {m}: run the norm and the GEMV apart")
+    if glu and m != 1 and not mma:
+        raise ValueError(f"glu takes one row on the FMA GEMV, got {m}: more rows need the tensor-core GEMV")
     if residual is not None:
         if residual.shape != x.shape or residual.dtype != x.dtype or not residual.is_contiguous():
             raise ValueError(f"residual must be contiguous with x's shape {tuple(x.shape)} and dtype {x.dtype}")
@@ -113,8 +116,9 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
             raise ValueError(f"norm_weight must be a contiguous [{k}] tensor of dtype {x.dtype}")
         if residual.data_ptr() % 8 or norm_weight.data_ptr() % 8:
             raise ValueError("residual and norm_weight must be 8-byte aligned (pass a .clone())")
-    if glu and qweight.shape[0] % 2:
-        raise ValueError(f"glu needs a [gate | up] weight of an even number of rows, got {qweight.shape[0]}")
+    if glu and qweight.shape[0] % (32 if mma else 2):
+        raise ValueError(f"glu needs a [gate | up] weight of an even number of rows (the tensor-core GEMV: halves of a "
+                         f"multiple of 16 rows), got {qweight.shape[0]}")
     width = MMA_RUN if mma else 4 * codes  # columns of the unit K is split in: a run of 128, or a chunk
     chunks = k // width
     if splits:
@@ -146,9 +150,12 @@ def tensor_cores_take(fmt: str, act_dtype: torch.dtype, scales_dtype: torch.dtyp
     return fits.get(fmt, False) and _capability(index) >= 80
 
 
-def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool) -> bool:
-    """Whether the tensor-core GEMV takes this call (tensor_cores_take; no folded norm or glu)."""
-    return not folded and tensor_cores_take(fmt, x.dtype, scales.dtype, group, x.shape[-1], x.device)
+def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool,
+                       glu_rows: int = 0) -> bool:
+    """Whether the tensor-core GEMV takes this call (tensor_cores_take; no folded norm; glu_rows: the [gate | up]
+    weight's rows of a glu call, whose halves it takes in tiles of 16)."""
+    return (not folded and glu_rows % 32 == 0
+            and tensor_cores_take(fmt, x.dtype, scales.dtype, group, x.shape[-1], x.device))
 
 
 def tiles_apply(fmt: str, act_dtype: torch.dtype, scales: torch.Tensor, group: int, n: int, k: int) -> bool:
@@ -217,16 +224,19 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     splits: runs of K per row tile (0: the kernel's choice).
     One row can fold in the ops around a projection, as the fp16 GEMV does (engine/kernels/triton_gemv.py): with
     residual and norm_weight, x is replaced by RMSNorm(x + residual) * norm_weight and the call returns
-    (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows).
+    (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows): one row on the
+    FMA GEMV, 1-8 rows on the tensor-core GEMV (halves of a multiple of 16 rows), the bits of the separate
+    SiLU * mul kernel (engine/kernels/triton_fused.py silu_mul) on the unfused projection's output.
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
     (forced, for comparison). tiled: ROW_MAJOR, or TILED (mma_tiles' layout, which only the tensor-core GEMV reads),
     or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 or MXFP4 with fp16 / bf16 x: mma_tiles of fp4_slots.to_slots)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
-    applies = tensor_cores_apply(x, fmt, scales, group, residual is not None or glu)
+    applies = tensor_cores_apply(x, fmt, scales, group, residual is not None, qweight.shape[0] if glu else 0)
     if kernel == "mma" and not applies:
         raise ValueError("the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups of 128), NVFP4 "
-                         "or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm or glu, on SM80 or newer")
+                         "or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm, glu only with "
+                         "gate and up halves of a multiple of 16 rows, on SM80 or newer")
     mma = applies and kernel != "fma"
     if tiled and not mma:
         raise ValueError("tiled weights (mma_tiles) are read by the tensor-core GEMV only, and it does not take this "

@@ -57,8 +57,20 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
             return out
     fused = norm.cpu_fused(x, residual, bf16_out=getattr(linear, "input_dtype", None) == torch.bfloat16)
     x, residual = fused if fused is not None else norm(x, residual)
+    if silu_mul is not None:
+        act = glu_in_gemv(linear, x, getattr(norm, "use_fused", False))
+        if act is not None:
+            return act, residual
     y = linear(x)
     return (y if silu_mul is None else silu_mul(y)), residual
+
+
+def glu_in_gemv(linear: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor | None:
+    """SiLU(gate) * up of a packed [gate | up] layer's output, computed in its GEMV (engine/quant/tiled_words.py
+    glu_gemv: one kernel fewer a decode step, the same bits), or None: fused ops off, or a layer or call that GEMV
+    does not take."""
+    glu = getattr(linear, "glu_gemv", None) if fused else None
+    return None if glu is None else glu(x)
 
 
 def pack_weights(model: nn.Module) -> None:

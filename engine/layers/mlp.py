@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.layers.linear import Linear, norm_then_linear
+from onecat.engine.layers.linear import Linear, glu_in_gemv, norm_then_linear
 
 
 class GatedMLP(nn.Module):
@@ -17,7 +17,8 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self._silu_mul(self.gate_up_proj(x)))
+        act = glu_in_gemv(self.gate_up_proj, x, self.use_fused)
+        return self.down_proj(act if act is not None else self._silu_mul(self.gate_up_proj(x)))
 
     def after_norm(self, norm, x: torch.Tensor, residual: torch.Tensor):
         """(self(norm(x + residual)), x + residual); at one token on CUDA the add, the norm, the gate/up

@@ -58,6 +58,9 @@ class FP4Linear(TiledWords, nn.Module):
         """Keep the words in the tensor-core GEMV's tiles where it takes this layer's calls (tiled_words.py)."""
         self.tile_words(act_dtype, self.scales)
 
+    def gemv_operands(self) -> tuple[str, torch.Tensor, torch.Tensor | None, int]:
+        return self.fmt, self.scales, self.gscale if self.fmt == "nvfp4" else None, 0
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}"
 

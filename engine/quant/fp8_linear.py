@@ -11,8 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.quant.fp8_layout import FP8Weight, dequantize
+from onecat.engine.quant.fp8_layout import FP8Weight, codes
 from onecat.engine.quant.tiled_words import TiledWords
+
+
+DENSE_ROWS = 4096  # rows of the weight dequantized at once for the dense path
 
 
 class FP8Linear(TiledWords, nn.Module):
@@ -34,6 +37,9 @@ class FP8Linear(TiledWords, nn.Module):
         """Keep the words in the tensor-core GEMV's tiles where it takes this layer's calls (tiled_words.py)."""
         self.tile_words(act_dtype, self.scale)
 
+    def gemv_operands(self) -> tuple[str, torch.Tensor, torch.Tensor, int]:
+        return "fp8", self.scale, self.scale, 0
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3"
 
@@ -48,7 +54,24 @@ class FP8Linear(TiledWords, nn.Module):
                     and self.tiles_take(x, self.scale)):
                 y = quant_gemv.packed_gemv(x, "fp8", self.qweight, self.scale, self.scale, tiled=self.tiled)
                 return y if self.bias is None else y + self.bias
-        return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
+        return F.linear(x, self.dense_weight(x.dtype), self.bias)
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight in `dtype` for the library GEMM of more rows than the GEMV takes: fp8_layout.dequantize's
+        float32 rounded once. On CUDA one Triton pass (engine/kernels/triton_fp8.py); elsewhere in blocks of
+        DENSE_ROWS rows (a bounded float32 temporary, no wider integers)."""
+        if self.qweight.is_cuda:
+            from onecat.engine.kernels.triton_support import triton_unavailable_reason
+
+            if triton_unavailable_reason() is None:
+                from onecat.engine.kernels.triton_fp8 import dequantize
+
+                return dequantize(self.row_major_words(), self.scale, dtype)
+        c = codes(self.packed())
+        out = torch.empty(c.shape, dtype=dtype, device=c.device)
+        for r0 in range(0, c.shape[0], DENSE_ROWS):
+            out[r0:r0 + DENSE_ROWS] = (c[r0:r0 + DENSE_ROWS].float() * self.scale[r0:r0 + DENSE_ROWS, None]).to(dtype)
+        return out
 
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where

@@ -59,3 +59,24 @@ class TiledWords:
 
         return (tensor_cores_apply(x, self.words_format, scales, group, False)
                 and layout_takes(self.tiled, self.words_format, x.dtype))
+
+    def gemv_operands(self) -> tuple[str, torch.Tensor, torch.Tensor | None, int]:
+        """(format, scales, row scale, group) of this layer's packed_gemv calls."""
+        raise NotImplementedError
+
+    def glu_gemv(self, x: torch.Tensor) -> torch.Tensor | None:
+        """SiLU(gate) * up of this [gate | up] layer's output for 1-8 rows, in the tensor-core GEMV's epilogue: one
+        kernel where the projection and the SiLU * mul kernel took two, the same bits. None where that GEMV does
+        not take the call (words not in its tiles, a bias, W4A16 act-order, halves not a multiple of 16 rows)."""
+        from onecat.engine.kernels import quant_gemv
+
+        if (not quant_gemv.GLU_IN_GEMV or not self.tiled or not x.is_cuda or getattr(self, "bias", None) is not None
+                or getattr(self, "perm", None) is not None or x.shape[-1] != self.in_features
+                or x.numel() > quant_gemv.MAX_ROWS * self.in_features or self.out_features % 32
+                or not quant_gemv.use_cuda()):
+            return None
+        fmt, scales, row_scale, group = self.gemv_operands()
+        if not self.tiles_take(x, scales, group):
+            return None
+        return quant_gemv.packed_gemv(x.contiguous(), fmt, self.qweight, scales, row_scale, group, glu=True,
+                                      tiled=self.tiled)

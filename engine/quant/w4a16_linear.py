@@ -49,6 +49,9 @@ class W4A16Linear(TiledWords, nn.Module):
         """Keep the words in the tensor-core GEMV's tiles where it takes this layer's calls (tiled_words.py)."""
         self.tile_words(act_dtype, self.scale_zero, self.group)
 
+    def gemv_operands(self) -> tuple[str, torch.Tensor, None, int]:
+        return "int4", self.scale_zero, None, self.group
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, w4 g{self.group}" + (
             ", act-order" if self.perm is not None else "")
