@@ -109,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   // the tensor-core GEMV (mma_gemv.cuh): W4A16 fp16 with fp16 scale pairs and groups of 128, NVFP4 and FP8 fp16
-  // or bf16, MXFP4 bf16 (its scaled codes leave fp16's range); K a multiple of 128, no folded norm or glu, SM80 or newer
+  // or bf16, MXFP4 bf16 (its scaled codes leave fp16's range); K a multiple of 128, no folded norm, SM80 or newer
   const bool half = x.scalar_type() == at::kHalf;
   const bool mma_format = (fmt == kInt4H && half && group == 128) || fmt == kNvfp4 || fmt == kFp8 ||
                           (fmt == kMxfp4 && !half);
