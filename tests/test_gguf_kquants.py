@@ -109,3 +109,25 @@ def test_a_type_the_gguf_package_cannot_decode_is_refused_by_name(tmp_path):
     tensor = open_gguf(tmp_path / "odd.gguf").tensors[0]
     with pytest.raises(UnsupportedModelError, match="GGUF type Q8_K.*gguf package"):
         dequantize_tensor(tensor)
+
+
+def test_whole_tensor_decode_gives_the_gguf_package_values(tmp_path):
+    """Q4_0, Q4_1 and Q8_0 tensors are decoded with the gguf package's per-block arithmetic over all blocks at once
+    (engine/loader/gguf.py WHOLE_TENSOR_TYPES), not its row-group loop: the same float32 bits, read from a file."""
+    from onecat.engine.loader.gguf import WHOLE_TENSOR_TYPES, dequantize_tensor
+
+    rng = np.random.default_rng(3)
+    qtypes = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
+    assert {q.name for q in qtypes} == set(WHOLE_TENSOR_TYPES)
+    tensors = {f"t{i}.weight": (encoded(q, 48, 256, rng), q) for i, q in enumerate(qtypes)}
+    w = gguf.GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    for name, (raw, q) in tensors.items():
+        w.add_tensor(name, raw, raw_dtype=q)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for t in gguf.GGUFReader(str(tmp_path / "t.gguf")).tensors:
+        want = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(48, 256)
+        got = dequantize_tensor(t)
+        assert got.shape == (48, 256) and np.array_equal(got.view(np.uint32), want.view(np.uint32)), t.name

@@ -112,12 +112,21 @@ def _unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# Types whose blocks gguf-py decodes here all at once with its own per-block arithmetic (the same float32 values):
+# its quants.dequantize walks the rows in groups of 16 in Python, most of a small model's load time.
+WHOLE_TENSOR_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+
+
 def dequantize_tensor(t) -> np.ndarray:
     import gguf
     from gguf import quants
 
     shape = tuple(int(x) for x in reversed(t.shape.tolist()))
     try:
+        if t.tensor_type.name in WHOLE_TENSOR_TYPES:
+            kind = getattr(quants, t.tensor_type.name)
+            blocks = np.asarray(t.data, dtype=np.uint8).reshape(-1, kind.type_size)
+            return np.asarray(kind.dequantize_blocks(blocks), dtype=np.float32).reshape(shape)
         arr = quants.dequantize(t.data, t.tensor_type)
         return np.asarray(arr, dtype=np.float32).reshape(shape)
     except NotImplementedError:
