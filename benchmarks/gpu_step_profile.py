@@ -1,11 +1,14 @@
 """Where a batch-1 decode step's time goes on the GPU: kernel time by kernel, and GPU-busy share.
 
-    python benchmarks/gpu_step_profile.py [--shape llama3-8b] [--ctx 1024] [--steps 32] [--out FILE]
+    python benchmarks/gpu_step_profile.py [--shape llama3-8b] [--ctx 1024] [--steps 32] [--quantization w4a16]
+        [--no-pdl] [--out FILE]
 
 Random-init weights of an 8B shape (as benchmarks/gpu_decode.py). Profiles `--steps` decode steps
 with CUDA graphs on (graph replays show their kernels) and reports: wall time per step, summed
 kernel time per step (the GPU-busy share is their ratio: the rest is host work the GPU waits for),
-and the top kernels by total time; then a cProfile of the host side of the same decode.
+the top kernels by total time and, per decode step (the prefill's kernels subtracted by name), the kernels'
+calls and time; then a cProfile of the host side of the same decode. Under PDL a kernel's time includes its
+wait for the previous one: --no-pdl for a breakdown.
 """
 from __future__ import annotations
 
@@ -62,9 +65,15 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--quantization", default=None, help="e.g. w4a16: the same weights quantized at load")
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="launch without programmatic dependent launch (engine/kernels/pdl.py), so that each kernel's "
+                         "time is its own and not its wait for the previous one")
     ap.add_argument("--out", default=".onecat/gpu_step_profile.json")
     args = ap.parse_args()
     from onecat.engine import SamplingParams
+    from onecat.engine.kernels import pdl
+
+    pdl.ENABLED = not args.no_pdl
 
     cfg = SHAPES[args.shape]
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,18 +91,25 @@ def main() -> None:
         ks = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
         return ks, sum(e.self_device_time_total for e in ks), out, prof
 
-    _, prefill_us, _, _ = kernels_of(1)  # the same prompt's prefill alone, to subtract
+    prefill_kernels, prefill_us, _, _ = kernels_of(1)  # the same prompt's prefill alone, to subtract
     kernels, total_us, out, prof = kernels_of(args.steps + 1)
+    prefill_by_name = {e.key: (e.count, e.self_device_time_total) for e in prefill_kernels}
+    per_step = sorted(((e.key, (e.count - prefill_by_name.get(e.key, (0, 0))[0]) / args.steps,
+                        (e.self_device_time_total - prefill_by_name.get(e.key, (0, 0))[1]) / 1e3 / args.steps)
+                       for e in kernels), key=lambda r: -r[2])
     decode_s = out.timings.decode_s
     per_step_kernel_ms = (total_us - prefill_us) / 1e3 / args.steps
     top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:25]
-    rec = {"shape": args.shape, "quantization": args.quantization, "ctx": args.ctx, "steps": args.steps, "kind": "measured",
+    rec = {"shape": args.shape, "quantization": args.quantization, "pdl": pdl.ENABLED, "ctx": args.ctx,
+           "steps": args.steps, "kind": "measured",
            "gpu": torch.cuda.get_device_name(0), "step_ms_wall": 1e3 * decode_s / args.steps,
            "kernel_ms_per_step": per_step_kernel_ms,
            "gpu_busy_share": per_step_kernel_ms / (1e3 * decode_s / args.steps),
            "fused_kernels": llm.info()["fused_kernels"], "cuda_graph": llm.info()["cuda_graph"],
            "top_kernels": [{"name": e.key[:90], "calls": e.count, "total_ms": e.self_device_time_total / 1e3}
-                           for e in top]}
+                           for e in top],
+           "per_step_kernels": [{"name": k[:90], "calls_per_step": round(c, 2), "ms_per_step": round(ms, 4)}
+                                for k, c, ms in per_step[:30]]}
     rec["kernel_gaps"] = kernel_gaps(prof)
     rec["host_top_functions"] = host_profile(llm, prompt, args.steps)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
