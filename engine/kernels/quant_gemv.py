@@ -116,9 +116,8 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
             raise ValueError(f"norm_weight must be a contiguous [{k}] tensor of dtype {x.dtype}")
         if residual.data_ptr() % 8 or norm_weight.data_ptr() % 8:
             raise ValueError("residual and norm_weight must be 8-byte aligned (pass a .clone())")
-    if glu and qweight.shape[0] % (32 if mma else 2):
-        raise ValueError(f"glu needs a [gate | up] weight of an even number of rows (the tensor-core GEMV: halves of a "
-                         f"multiple of 16 rows), got {qweight.shape[0]}")
+    if glu and qweight.shape[0] % 2:  # the tensor-core GEMV's 16-row halves: tensor_cores_apply's glu_rows
+        raise ValueError(f"glu needs a [gate | up] weight of an even number of rows, got {qweight.shape[0]}")
     width = MMA_RUN if mma else 4 * codes  # columns of the unit K is split in: a run of 128, or a chunk
     chunks = k // width
     if splits:

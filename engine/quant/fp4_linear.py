@@ -75,8 +75,8 @@ class FP4Linear(TiledWords, nn.Module):
             from onecat.engine.kernels import quant_gemv
 
             if quant_gemv.use_cuda() and self.in_features % 32 == 0:
-                y = quant_gemv.packed_gemv(x, self.fmt, self.qweight, self.scales,
-                                           self.gscale if self.fmt == "nvfp4" else None, tiled=self.tiled)
+                fmt, scales, row_scale, _ = self.gemv_operands()
+                y = quant_gemv.packed_gemv(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)
             else:
                 y = fp4_gemv(x, self.packed())
             return y if self.bias is None else y + self.bias

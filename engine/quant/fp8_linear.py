@@ -52,7 +52,8 @@ class FP8Linear(TiledWords, nn.Module):
             x = x.contiguous()
             if (x.numel() <= quant_gemv.MAX_ROWS * self.in_features and quant_gemv.use_cuda()
                     and self.tiles_take(x, self.scale)):
-                y = quant_gemv.packed_gemv(x, "fp8", self.qweight, self.scale, self.scale, tiled=self.tiled)
+                fmt, scales, row_scale, _ = self.gemv_operands()
+                y = quant_gemv.packed_gemv(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)
                 return y if self.bias is None else y + self.bias
         return F.linear(x, self.dense_weight(x.dtype), self.bias)
 

@@ -69,7 +69,8 @@ class W4A16Linear(TiledWords, nn.Module):
         if self._cuda_gemv_takes(x):
             from onecat.engine.kernels.quant_gemv import packed_gemv
 
-            y = packed_gemv(x, "int4", self.qweight, self.scale_zero, group=self.group, tiled=self.tiled)
+            fmt, scales, row_scale, group = self.gemv_operands()
+            y = packed_gemv(x, fmt, self.qweight, scales, row_scale, group, tiled=self.tiled)
             return y if self.bias is None else y + self.bias
         if not self.tiled and kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
             y = kw.w4a16_gemv(x, self.qweight, self.scale_zero, self.group)
