@@ -83,6 +83,70 @@ def test_qk_rope_cache_matches_reference(qk_norm, heads):
     assert torch.equal(fused_cache.v, ref_cache.v)  # v is copied, not computed
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("heads,hidden,rows", [((32, 8, 128), 2048, 1), ((9, 3, 64), 576, 5), ((4, 2, 128), 256, 16)])
+@pytest.mark.parametrize("graph", [False, True])
+def test_rotary_inside_the_qkv_gemv_leaves_what_qk_rope_cache_leaves(qk_norm, heads, hidden, rows, graph):
+    """gemv(..., rotary=): the last program of each head rotates it in place and stores k / v in the cache (a ticket
+    per row and head). Against the GEMV then qk_rope_cache: v and the cache's v rows are equal bit for bit, and
+    so are q, k and the cache's k rows without the q/k norm (elementwise RoPE, the same code); with the norm they
+    agree to fp16 rounding (its sum of squares is reduced over the head in another thread layout). A row alone
+    gives its rows among all, and the tickets are back at zero after every call, replayed from a graph too."""
+    from onecat.engine.kernels import triton_gemv
+    from onecat.engine.kv_cache import allocate_kv_caches
+    from onecat.engine.layers.rotary import RotaryEmbedding
+
+    fused = _fused()
+    hq, hkv, d = heads
+    dtype, dev, bs = torch.bfloat16, torch.device("cuda"), 16
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    rot = RotaryEmbedding(d, 1e6, 4096, None)
+    rot.build_tables(dev)
+    n = (hq + 2 * hkv) * d
+    w = (torch.randn(n, hidden, generator=g, device=dev) * hidden ** -0.5).to(dtype)
+    x = torch.randn(rows, hidden, generator=g, device=dev).to(dtype)
+    res = torch.randn(rows, hidden, generator=g, device=dev).to(dtype)
+    nw = (torch.rand(hidden, generator=g, device=dev) + 0.5).to(dtype)
+    qw = (torch.rand(d, generator=g, device=dev) + 0.5).to(dtype) if qk_norm else None
+    kw = (torch.rand(d, generator=g, device=dev) + 0.5).to(dtype) if qk_norm else None
+    positions = torch.randint(0, 4096, (rows,), generator=g, device=dev)
+    slots = torch.randperm(8 * bs, generator=g, device=dev)[:rows] + bs  # avoid the null block
+    ref_cache, got_cache = (allocate_kv_caches(1, 9, bs, hkv, d, dtype, None, dev)[0] for _ in range(2))
+
+    ref, ref_res = triton_gemv.gemv(x, w, residual=res, norm_weight=nw, eps=1e-6)
+    fused.qk_rope_cache(ref, positions, rot.cos, rot.sin, hq, hkv, d, ref_cache.k, ref_cache.v, slots, qw, kw,
+                        1e-6)
+
+    def call(sl, cache):
+        fold = triton_gemv.RotaryFold(positions[sl], rot.cos, rot.sin, hq, hkv, d, cache.k, cache.v, slots[sl],
+                                      qw, kw, 1e-6)
+        return triton_gemv.gemv(x[sl], w, residual=res[sl], norm_weight=nw, eps=1e-6, rotary=fold)
+
+    if graph:
+        call(slice(0, rows), got_cache)
+        torch.cuda.synchronize()
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            got, got_res = call(slice(0, rows), got_cache)
+        for _ in range(3):
+            cg.replay()
+        torch.cuda.synchronize()
+    else:
+        got, got_res = call(slice(0, rows), got_cache)
+    assert torch.equal(got_res, ref_res)
+    qk = (hq + hkv) * d
+    assert torch.equal(got[:, qk:], ref[:, qk:]) and torch.equal(got_cache.v, ref_cache.v)
+    if qk_norm:
+        _close(got[:, :qk], ref[:, :qk], dtype)
+        _close(got_cache.k, ref_cache.k, dtype)
+    else:
+        assert torch.equal(got[:, :qk], ref[:, :qk]) and torch.equal(got_cache.k, ref_cache.k)
+    alone_cache = allocate_kv_caches(1, 9, bs, hkv, d, dtype, None, dev)[0]
+    alone, _ = call(slice(rows - 1, rows), alone_cache)
+    assert torch.equal(alone, got[rows - 1:])
+    assert int(triton_gemv._TICKETS[x.device].abs().sum()) == 0
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_engine_with_fused_kernels_matches_without(tmp_path, arch):
     """Scores (per-token logprobs) fused on vs off agree to fp16 rounding, on a small random model;

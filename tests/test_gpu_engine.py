@@ -72,6 +72,55 @@ def test_triton_paged_matches_reference(fp8_dtype, case, heads):
     assert err < 5e-3, err
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm80(), reason="TRITON_PAGED needs SM80+")
+@pytest.mark.parametrize("graph", [False, True])
+def test_kv_prefetch_and_one_pass_merge_change_no_bit(monkeypatch, graph):
+    """The decode step's pattern: the fused rope kernel writes each sequence's newest K/V, then the split kernel,
+    which under PDL asks the L2 for the older rows before its wait, and the merge, in one pass up to 16
+    partitions (the 3000-token sequence takes the two-pass loop). Either switch on or off: the same bits."""
+    from onecat.engine.kernels import triton_paged_decode as tpd
+    from onecat.engine.kernels.triton_fused import qk_rope_cache
+
+    hq, hkv, d, dt = 32, 8, 128, torch.bfloat16
+    _, cache, meta = _paged_case([1] * 8, CASES[0][1], hq, hkv, d, 16, None, dt, seed=7)
+    t = meta.seq_lens.numel()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    qkv0 = torch.randn(t, (hq + 2 * hkv) * d, generator=gen, device="cuda").to(dt)
+    qkv = qkv0.clone()
+    cos = torch.rand(4096, d, generator=gen, device="cuda")
+    sin = torch.rand(4096, d, generator=gen, device="cuda")
+    positions = (meta.seq_lens - 1).long()
+
+    def step():
+        qkv.copy_(qkv0)
+        qk_rope_cache(qkv, positions, cos, sin, hq, hkv, d, cache.k, cache.v, meta.slot_mapping, None, None, 0.0)
+        out = torch.empty(t, hq, d, dtype=dt, device="cuda")
+        tpd.paged_decode(out, qkv[:, :hq * d].view(t, hq, d), cache, meta.block_tables, meta.seq_lens,
+                         meta.max_seq_len, d ** -0.5)
+        return out
+
+    results = {}
+    for prefetch, one_pass in ((False, False), (True, True), (True, False), (False, True)):
+        monkeypatch.setattr(tpd, "PREFETCH_KV", prefetch)
+        monkeypatch.setattr(tpd, "MERGE_ONE_PASS", one_pass)
+        if graph:
+            step()
+            torch.cuda.synchronize()
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                out = step()
+            for _ in range(3):
+                cg.replay()
+            torch.cuda.synchronize()
+        else:
+            out = step()
+        results[(prefetch, one_pass)] = out.clone()
+    base = results[(False, False)]
+    assert torch.isfinite(base).all()
+    for key, out in results.items():
+        assert torch.equal(out, base), key
+
+
 def _llm(model_dir, **kw):
     from onecat.engine import LLM
 

@@ -71,6 +71,47 @@ def test_skewed_routing_and_idle_experts(variant):
     _check(ex, x, weights, ids, variant)
 
 
+@pytest.mark.parametrize("variant", ["dot", "fma"])
+@pytest.mark.parametrize("graph", [False, True])
+def test_one_token_is_that_token_of_a_batch_bit_for_bit(monkeypatch, variant, graph):
+    """At one token the down kernel sums the k rows itself (a ticket per column block): each token alone gives its
+    row of a 32-token batch to the bit, with that on or off, eagerly and replayed from a CUDA graph (the tickets
+    are back at zero after every call)."""
+    _require()
+    from onecat.engine.kernels import triton_moe
+
+    E, H, I, k, T = 32, 320, 96, 8, 32  # H, I not multiples of the K and column tiles: masked edges
+    torch.manual_seed(3)
+    ex = _experts(E, H, I, torch.bfloat16)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    weights, ids = torch.softmax(torch.randn(T, E, device="cuda"), -1).topk(k, dim=-1)
+    weights = weights.to(torch.bfloat16)
+
+    def run(xs, ws, es):
+        return triton_moe.fused_experts(xs, ex.gate_up_proj, ex.down_proj, ws, es, variant)
+
+    batch = run(x, weights, ids)
+    for combine in (True, False):
+        monkeypatch.setattr(triton_moe, "COMBINE_IN_DOWN", combine)
+        for i in (0, 13, 31):
+            one = (x[i:i + 1].clone(), weights[i:i + 1].clone(), ids[i:i + 1].clone())
+            if graph:
+                run(*one)
+                torch.cuda.synchronize()
+                cg = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(cg):
+                    got = run(*one)
+                for _ in range(3):
+                    cg.replay()
+                torch.cuda.synchronize()
+            else:
+                got = run(*one)
+                got = run(*one)  # a second call reuses the tickets the first left at zero
+            assert torch.equal(got[0], batch[i]), (combine, i)
+        if combine:
+            assert int(triton_moe._TICKETS[x.device].abs().sum()) == 0
+
+
 def test_forced_variant_errors_are_clear():
     _require()
     ex = _experts(4, 32, 16, torch.bfloat16)
@@ -153,6 +194,57 @@ def test_fused_router_matches_a_float64_route(dtype, experts, top_k, renorm):
     all_w, all_ids = route(logits, top_k, renorm)  # the kernel alone: the gate GEMM's bits may vary with M
     alone_w, alone_ids = route(logits[5:6], top_k, renorm)
     assert torch.equal(alone_w, all_w[5:6]) and torch.equal(alone_ids, all_ids[5:6])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("experts,top_k,renorm", [(128, 8, True), (60, 4, False), (512, 10, True)])
+@pytest.mark.parametrize("graph", [False, True])
+def test_router_inside_the_gemv_routes_like_the_router_kernel(dtype, experts, top_k, renorm, graph):
+    """gemv(..., route=): the row's last program routes the token (a ticket per row). Its logits, residual and
+    normed input are the plain call's bit for bit; its experts and weights are the router kernel's on those
+    logits (the two sum the softmax in their own orders: weights within one step of the dtype, and the same
+    experts wherever no two of the top probabilities are within 1e-5 of each other); a row alone gives its result among 16 rows to the bit;
+    the tickets are back at zero after each call, replayed from a CUDA graph too."""
+    _require()
+    from onecat.engine.kernels import triton_gemv
+    from onecat.engine.kernels.triton_router import route
+
+    g = torch.Generator(device="cuda").manual_seed(experts + top_k)
+    hidden = 256
+    w = (torch.randn(experts, hidden, generator=g, device="cuda") * hidden ** -0.5).to(dtype)
+    x = torch.randn(16, hidden, generator=g, device="cuda").to(dtype)
+    res = torch.randn(16, hidden, generator=g, device="cuda").to(dtype)
+    nw = (torch.rand(hidden, generator=g, device="cuda") + 0.5).to(dtype)
+
+    def call(rows):
+        return triton_gemv.gemv(x[rows], w, residual=res[rows], norm_weight=nw, eps=1e-6, normed_out=True,
+                                route=(top_k, renorm))
+
+    if graph:
+        call(slice(0, 16))
+        torch.cuda.synchronize()
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            out = call(slice(0, 16))
+        for _ in range(3):
+            cg.replay()
+        torch.cuda.synchronize()
+    else:
+        out = call(slice(0, 16))
+    plain = triton_gemv.gemv(x, w, residual=res, norm_weight=nw, eps=1e-6, normed_out=True)
+    for got, want in zip(out[:3], plain):
+        assert torch.equal(got, want)
+    weights, ids = out[3:]
+    ref_w, ref_ids = route(plain[0], top_k, renorm)
+    step = torch.finfo(dtype).eps
+    probs = torch.softmax(plain[0].double(), -1).sort(-1, descending=True).values
+    gaps = probs[:, :top_k] - probs[:, 1:top_k + 1]  # float32 sums differ in their last bits: 1e-5 is far
+    clear = ((gaps == 0) | (gaps > 1e-5 * probs[:, :top_k])).all(-1)
+    assert clear.sum() >= 12 and torch.equal(ids[clear], ref_ids[clear])
+    assert ((weights - ref_w).abs() <= step * ref_w.abs() + 1e-12)[clear].all()
+    alone = call(slice(5, 6))
+    assert torch.equal(alone[3], weights[5:6]) and torch.equal(alone[4], ids[5:6])
+    assert int(triton_gemv._TICKETS[x.device].abs().sum()) == 0
 
 
 def test_fused_router_sends_ties_to_the_lower_expert():

@@ -1,7 +1,7 @@
 """The fused MoE kernels built ahead of time, no GPU needed (skipped where Triton is not importable): the `fma`
 variant has no matrix instruction for sm_70 or sm_90a (Triton turns a multiply-reduce inside the K loop into a
-dot, which on SM80+ would run float32 as tf32), builds for sm_70 without spills, and the `dot` variant does use
-the matrix units on sm_90a."""
+dot, which on SM80+ would run float32 as tf32), builds for sm_70 without spills (the one-token down kernel with
+its ticket included), and the `dot` variant does use the matrix units on sm_90a."""
 from __future__ import annotations
 
 import re
@@ -23,18 +23,20 @@ def _ptx(kernel, dtype: str, cap: int, variant: str, K: int) -> str:
     names = kernel.arg_names
     sig = {}
     for a in names:
-        if a in ("x_ptr", "h_ptr", "w_ptr", "out_ptr"):
+        if a in ("x_ptr", "h_ptr", "w_ptr", "out_ptr", "sum_ptr"):
             sig[a] = "*" + dtype
-        elif a in ("pairs_ptr", "experts_ptr"):
+        elif a in ("pairs_ptr", "experts_ptr", "ticket_ptr"):
             sig[a] = "*i32"
         elif a == "route_ptr":
             sig[a] = "*fp32"
-        elif a in ("K", "BM", "BN", "BK", "USE_DOT", "PRECISION", "PDL"):
+        elif a in ("K", "BM", "BN", "BK", "USE_DOT", "PRECISION", "COMBINE_K", "PDL"):
             sig[a] = "constexpr"
         else:
             sig[a] = "i32"
     const = {"K": K, "BM": t["BM"], "BN": t["BN"], "BK": t["BK"], "USE_DOT": variant == "dot",
              "PRECISION": "ieee" if dtype == "fp32" else "tf32", "PDL": cap >= 90}  # as pdl.options launches them
+    if "COMBINE_K" in names:
+        const["COMBINE_K"] = 8  # the one-token down kernel: its ticket and its sum of the k rows included
     src = triton.compiler.ASTSource(fn=kernel, signature=sig,
                                     constexprs={(names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", cap, 32),

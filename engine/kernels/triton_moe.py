@@ -10,7 +10,9 @@ exit at once), so the step stays capturable in a CUDA graph.
            block's token rows by its expert's gate rows and up rows (two accumulators) and writes
            SiLU(gate) * up per pair, each product rounded to the model dtype first as the unfused layer does.
   down     the same over down_proj, scaled by each pair's router weight, one output row per pair;
-           the k rows of a token are then summed (in float32, rounded once).
+           the k rows of a token are then summed (in float32, rounded once). At one token the down kernel
+           sums them itself: the last of the k programs of a column block to finish (a ticket per column
+           block, reset by that program) adds the k rows in slot order, the combine kernel's arithmetic.
 
 Two variants of the inner product: `dot` (tl.dot: tensor cores on SM80+) and `fma` (float32 multiply-adds, no
 matrix instructions, so it also runs on SM70, where Triton has no tensor-core dot). The fma variant keeps a
@@ -30,6 +32,7 @@ from onecat.engine.kernels import pdl
 VARIANTS = ("dot", "fma")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 COMBINE_BLOCK = 1024  # hidden features a program of the k-slot sum takes
+COMBINE_IN_DOWN = True  # one token: the down kernel sums the k rows (the switch benchmarks flip to compare)
 
 
 def unavailable_reason(x: torch.Tensor) -> str | None:
@@ -155,24 +158,24 @@ def _kernels():
         tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], h, mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
-    def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, n_pairs, num_experts, N,
-                    stride_h, stride_we, stride_wn, stride_o,
+    def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, ticket_ptr, sum_ptr, n_pairs,
+                    num_experts, N, stride_h, stride_we, stride_wn, stride_o,
                     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                    PRECISION: tl.constexpr, PDL: tl.constexpr):
+                    PRECISION: tl.constexpr, COMBINE_K: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         n_blocks = tl.cdiv(N, BN)
         pid_m, pid_n = pid // n_blocks, pid % n_blocks
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < N
         e = tl.load(experts_ptr + pid_m).to(tl.int64)
         if e >= num_experts:
             return
         pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
         row_ok = pair < n_pairs
         safe = tl.where(row_ok, pair, 0)
-        cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < N
         ks = tl.arange(0, BK)
         a_ptrs = h_ptr + safe[:, None] * stride_h + ks[None, :]
         b_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
@@ -196,6 +199,16 @@ def _kernels():
         y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
         tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
+        if COMBINE_K > 0:  # one token, row block j = slot j: the last of the k blocks of this column block sums
+            tl.debug_barrier()  # every thread's row stores precede the release of the ticket
+            done = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if done == COMBINE_K - 1:
+                tl.store(ticket_ptr + pid_n, 0)  # ready for the next call (kernels of a stream run in order)
+                total = tl.zeros([BN], tl.float32)
+                for j in tl.static_range(COMBINE_K):  # the combine kernel's order and rounding
+                    total += tl.load(out_ptr + j * stride_o + cols, mask=col_ok, other=0.0,
+                                     cache_modifier=".cg").to(tl.float32)
+                tl.store(sum_ptr + cols, total.to(sum_ptr.dtype.element_ty), mask=col_ok)
 
     @triton.jit
     def combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
@@ -224,6 +237,31 @@ def tiles(pairs: int, variant: str) -> dict:
     if pairs <= 4096:
         return dict(BM=32, BN=64, BK=64, num_warps=4, num_stages=3)
     return dict(BM=64, BN=128, BK=64, num_warps=8, num_stages=3)
+
+
+def down_tiles(pairs: int, variant: str) -> dict:
+    """The down kernel's column tile, K tile, warps and stages where they differ from `tiles`: at decode pair
+    counts a K tile of 64 and six stages (K is the expert's intermediate size, a few hundred: the pipeline sets
+    the pace; benchmarks/results/gpu_h200_moe_hybrid.json "moe_expert_tiles_one_token"). Row blocks stay those
+    of `tiles`, and one token and a batch of 32 share the tier, so a token's sums do not depend on the batch."""
+    if variant == "dot" and pairs <= 256:
+        return dict(BN=32, BK=64, num_warps=2, num_stages=6)
+    t = tiles(pairs, variant)
+    return {k: t[k] for k in ("BN", "BK", "num_warps", "num_stages")}
+
+
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters, one per column block of the one-token down kernel; each call leaves them at zero.
+    Kept per device, except when first asked for inside a CUDA graph capture (then made in the graph)."""
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        t = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _TICKETS[device] = t
+    return t
 
 
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
@@ -260,10 +298,15 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     gate_up_kernel[(m_blocks * -(-inter // bn),)](
         x, gate_up, h, pairs, block_experts, n, top_k, E, inter, x.stride(0), gate_up.stride(0),
         gate_up.stride(1), h.stride(0), K=H, BN=bn, **common)
-    down_kernel[(m_blocks * -(-H // bn),)](
-        h, down, y, pairs, block_experts, route, n, E, H, h.stride(0), down.stride(0), down.stride(1),
-        y.stride(0), K=inter, BN=bn, **common)
     out = torch.empty_like(x)
-    combine_kernel[(T, -(-H // COMBINE_BLOCK))](y, out, H, TOP_K=top_k, BH=COMBINE_BLOCK, num_warps=4,
-                                               **launch)
+    down_t = dict(common, **down_tiles(n, variant))
+    dn = down_t.pop("BN")
+    combine = T == 1 and COMBINE_IN_DOWN
+    tickets = _tickets(-(-H // dn), x.device) if combine else route
+    down_kernel[(m_blocks * -(-H // dn),)](
+        h, down, y, pairs, block_experts, route, tickets, out, n, E, H, h.stride(0), down.stride(0),
+        down.stride(1), y.stride(0), K=inter, BN=dn, COMBINE_K=top_k if combine else 0, **down_t)
+    if not combine:
+        combine_kernel[(T, -(-H // COMBINE_BLOCK))](y, out, H, TOP_K=top_k, BH=COMBINE_BLOCK, num_warps=4,
+                                                   **launch)
     return out

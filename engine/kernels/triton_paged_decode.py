@@ -21,6 +21,8 @@ PARTITION = 128  # context tokens per split; fixed so numerics never depend on t
 MERGE_BLOCK = 16  # partitions merged per vector step
 BLOCK_N = 64  # context tokens per inner tile
 FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # 8-bit KV storage dtypes the kernel reads
+PREFETCH_KV = True  # pure decode under PDL: cached K/V rows asked of the L2 before the wait (benchmarks flip it)
+MERGE_ONE_PASS = True  # up to MERGE_BLOCK partitions merged from one load of each (the same sums; the same)
 
 
 @functools.lru_cache(maxsize=1)
@@ -36,14 +38,29 @@ def _kernels():
                      stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
                      GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                      BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
-                     PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+                     PREFETCH: tl.constexpr, PDL: tl.constexpr):
         i = tl.program_id(0)
         kvh = tl.program_id(1)
         first_split = tl.program_id(2)
         num_split_progs = tl.num_programs(2)
+        if PREFETCH:  # pure decode under PDL: the kernel before writes only the newest token's K/V, so the
+            #           cached tokens' rows of this program's partitions can go to L2 before the wait
+            ctx0 = tl.load(ctx_ptr + i)
+            for it in range(0, splits_per_prog):
+                s = first_split + it * num_split_progs
+                if s < tl.cdiv(ctx0, PART):
+                    offs = s * PART + tl.arange(0, PART)
+                    page = tl.load(bt_ptr + i.to(tl.int64) * stride_bt + offs // PAGE, mask=offs < ctx0 - 1,
+                                   other=0).to(tl.int64)
+                    kv_off = ((page * PAGE + offs % PAGE) * num_kv_heads + kvh) * D
+                    nbytes = tl.full([PART], D * k_ptr.dtype.element_ty.primitive_bitwidth // 8, tl.int32)
+                    for cache_ptr in tl.static_range(2):
+                        rows = (k_ptr if cache_ptr == 0 else v_ptr) + kv_off
+                        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
+                                                  "=r,l,r", [rows, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         if INDIRECT:
             tok = tl.load(tok_ptr + i).to(tl.int64)
             row = tl.load(row_ptr + i).to(tl.int64)
@@ -99,7 +116,7 @@ def _kernels():
     @triton.jit(do_not_specialize=["max_splits"])
     def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
                      D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
+                     ONE_PASS: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -112,19 +129,28 @@ def _kernels():
         n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
         base = (i * num_heads + h) * max_splits
         sl = tl.arange(0, S_BLOCK)
-        m = tl.max(tl.full([S_BLOCK], float("-inf"), tl.float32), 0)
-        for s0 in range(0, n_parts, S_BLOCK):  # S_BLOCK partitions at a time
-            lse = tl.load(plse_ptr + base + s0 + sl, mask=s0 + sl < n_parts, other=float("-inf"))
-            m = tl.maximum(m, tl.max(lse, 0))
         d = tl.arange(0, D)
+        m = tl.max(tl.full([S_BLOCK], float("-inf"), tl.float32), 0)
         acc = tl.zeros([D], tl.float32)
         total = tl.sum(tl.zeros([S_BLOCK], tl.float32), 0)
-        for s0 in range(0, n_parts, S_BLOCK):
-            smask = s0 + sl < n_parts
-            w = tl.exp2(tl.load(plse_ptr + base + s0 + sl, mask=smask, other=float("-inf")) - m)
-            po = tl.load(po_ptr + (base + s0 + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+        if ONE_PASS and n_parts <= S_BLOCK:  # the common case: the partitions' lse and outputs loaded at once
+            smask = sl < n_parts
+            lse = tl.load(plse_ptr + base + sl, mask=smask, other=float("-inf"))
+            po = tl.load(po_ptr + (base + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+            m = tl.maximum(m, tl.max(lse, 0))
+            w = tl.exp2(lse - m)
             acc += tl.sum(w[:, None] * po, 0)
             total += tl.sum(w, 0)
+        else:
+            for s0 in range(0, n_parts, S_BLOCK):  # S_BLOCK partitions at a time
+                lse = tl.load(plse_ptr + base + s0 + sl, mask=s0 + sl < n_parts, other=float("-inf"))
+                m = tl.maximum(m, tl.max(lse, 0))
+            for s0 in range(0, n_parts, S_BLOCK):
+                smask = s0 + sl < n_parts
+                w = tl.exp2(tl.load(plse_ptr + base + s0 + sl, mask=smask, other=float("-inf")) - m)
+                po = tl.load(po_ptr + (base + s0 + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+                acc += tl.sum(w[:, None] * po, 0)
+                total += tl.sum(w, 0)
         tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty))
 
     return split_kernel, merge_kernel
@@ -170,7 +196,8 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
         q.stride(0), q.stride(1), block_tables.stride(0), num_kv_heads, max_splits, per_prog,
         float(scale) * 1.4426950408889634,
         GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page, BLOCK=BLOCK_N,
-        PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4, num_stages=2, **launch)
+        PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, PREFETCH=PREFETCH_KV and launch["PDL"] and not indirect,
+        num_warps=4, num_stages=2, **launch)
     merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads, max_splits,
-                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK, num_warps=2,
-                                 **launch)
+                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK,
+                                 ONE_PASS=MERGE_ONE_PASS, num_warps=2, **launch)
