@@ -196,57 +196,6 @@ def test_fused_router_matches_a_float64_route(dtype, experts, top_k, renorm):
     assert torch.equal(alone_w, all_w[5:6]) and torch.equal(alone_ids, all_ids[5:6])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("experts,top_k,renorm", [(128, 8, True), (60, 4, False), (512, 10, True)])
-@pytest.mark.parametrize("graph", [False, True])
-def test_router_inside_the_gemv_routes_like_the_router_kernel(dtype, experts, top_k, renorm, graph):
-    """gemv(..., route=): the row's last program routes the token (a ticket per row). Its logits, residual and
-    normed input are the plain call's bit for bit; its experts and weights are the router kernel's on those
-    logits (the two sum the softmax in their own orders: weights within one step of the dtype, and the same
-    experts wherever no two of the top probabilities are within 1e-5 of each other); a row alone gives its result among 16 rows to the bit;
-    the tickets are back at zero after each call, replayed from a CUDA graph too."""
-    _require()
-    from onecat.engine.kernels import triton_gemv
-    from onecat.engine.kernels.triton_router import route
-
-    g = torch.Generator(device="cuda").manual_seed(experts + top_k)
-    hidden = 256
-    w = (torch.randn(experts, hidden, generator=g, device="cuda") * hidden ** -0.5).to(dtype)
-    x = torch.randn(16, hidden, generator=g, device="cuda").to(dtype)
-    res = torch.randn(16, hidden, generator=g, device="cuda").to(dtype)
-    nw = (torch.rand(hidden, generator=g, device="cuda") + 0.5).to(dtype)
-
-    def call(rows):
-        return triton_gemv.gemv(x[rows], w, residual=res[rows], norm_weight=nw, eps=1e-6, normed_out=True,
-                                route=(top_k, renorm))
-
-    if graph:
-        call(slice(0, 16))
-        torch.cuda.synchronize()
-        cg = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cg):
-            out = call(slice(0, 16))
-        for _ in range(3):
-            cg.replay()
-        torch.cuda.synchronize()
-    else:
-        out = call(slice(0, 16))
-    plain = triton_gemv.gemv(x, w, residual=res, norm_weight=nw, eps=1e-6, normed_out=True)
-    for got, want in zip(out[:3], plain):
-        assert torch.equal(got, want)
-    weights, ids = out[3:]
-    ref_w, ref_ids = route(plain[0], top_k, renorm)
-    step = torch.finfo(dtype).eps
-    probs = torch.softmax(plain[0].double(), -1).sort(-1, descending=True).values
-    gaps = probs[:, :top_k] - probs[:, 1:top_k + 1]  # float32 sums differ in their last bits: 1e-5 is far
-    clear = ((gaps == 0) | (gaps > 1e-5 * probs[:, :top_k])).all(-1)
-    assert clear.sum() >= 12 and torch.equal(ids[clear], ref_ids[clear])
-    assert ((weights - ref_w).abs() <= step * ref_w.abs() + 1e-12)[clear].all()
-    alone = call(slice(5, 6))
-    assert torch.equal(alone[3], weights[5:6]) and torch.equal(alone[4], ids[5:6])
-    assert int(triton_gemv._TICKETS[x.device].abs().sum()) == 0
-
-
 def test_fused_router_sends_ties_to_the_lower_expert():
     _require()
     from onecat.engine.kernels.triton_router import route

@@ -68,30 +68,6 @@ def _kernels():
         tl.store(out_ptr + row * inter + cols, (gf / (1.0 + tl.exp(-gf))).to(g.dtype) * u, mask=mask)
 
     @triton.jit
-    def rotate_head(base, pos, cos_ptr, sin_ptr, w_ptr, eps, D: tl.constexpr, QK_NORM: tl.constexpr,
-                    CACHE: tl.constexpr):
-        """The head of D values at `base`: optional RMSNorm with weight w_ptr, NeoX RoPE at `pos`, stored back in
-        place; returns the two rotated halves. CACHE: the loads' cache modifier ('.cg' where other programs of
-        the same kernel wrote the head)."""
-        half: tl.constexpr = D // 2
-        d = tl.arange(0, half)
-        cos = tl.load(cos_ptr + pos * D + d)
-        sin = tl.load(sin_ptr + pos * D + d)
-        x1 = tl.load(base + d, cache_modifier=CACHE)
-        x2 = tl.load(base + half + d, cache_modifier=CACHE)
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        if QK_NORM:
-            rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / D + eps)
-            f1 = ((f1 * rstd).to(x1.dtype) * tl.load(w_ptr + d)).to(tl.float32)
-            f2 = ((f2 * rstd).to(x1.dtype) * tl.load(w_ptr + half + d)).to(tl.float32)
-        o1 = (f1 * cos - f2 * sin).to(x1.dtype)
-        o2 = (f2 * cos + f1 * sin).to(x1.dtype)
-        tl.store(base + d, o1)
-        tl.store(base + half + d, o2)
-        return o1, o2
-
-    @triton.jit
     def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr,
                              stride_t, num_q_heads, num_kv_heads, eps,
                              D: tl.constexpr, QK_NORM: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
@@ -105,13 +81,28 @@ def _kernels():
         half: tl.constexpr = D // 2
         d = tl.arange(0, half)
         pos = tl.load(pos_ptr + t).to(tl.int64)
+        cos = tl.load(cos_ptr + pos * D + d)
+        sin = tl.load(sin_ptr + pos * D + d)
         is_k = h >= num_q_heads
         base = qkv_ptr + t * stride_t + h * D  # k heads follow the q heads in the row
-        if is_k:
-            w_ptr = kw_ptr
-        else:
-            w_ptr = qw_ptr
-        o1, o2 = rotate_head(base, pos, cos_ptr, sin_ptr, w_ptr, eps, D, QK_NORM, "")
+        x1 = tl.load(base + d)
+        x2 = tl.load(base + half + d)
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        if QK_NORM:
+            rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / D + eps)
+            if is_k:
+                w1 = tl.load(kw_ptr + d)
+                w2 = tl.load(kw_ptr + half + d)
+            else:
+                w1 = tl.load(qw_ptr + d)
+                w2 = tl.load(qw_ptr + half + d)
+            f1 = ((f1 * rstd).to(x1.dtype) * w1).to(tl.float32)
+            f2 = ((f2 * rstd).to(x1.dtype) * w2).to(tl.float32)
+        o1 = (f1 * cos - f2 * sin).to(x1.dtype)
+        o2 = (f2 * cos + f1 * sin).to(x1.dtype)
+        tl.store(base + d, o1)
+        tl.store(base + half + d, o2)
         if WRITE_CACHE:
             if is_k:
                 kvh = h - num_q_heads
@@ -151,7 +142,6 @@ def _kernels():
         tl.store(out_ptr + row, tl.min(tl.where(v == best, i, n), axis=0).to(tl.int64))
 
     return {"add_rmsnorm": add_rmsnorm_kernel, "silu_mul": silu_mul_kernel, "qk_rope_cache": qk_rope_cache_kernel,
-            "rotate_head": rotate_head,
             "argmax_partial": argmax_partial_kernel, "argmax_final": argmax_final_kernel}
 
 

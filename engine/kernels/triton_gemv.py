@@ -14,22 +14,16 @@ It also folds in the small ops around a projection, so a decoder layer's MLP hal
          agree with the two-kernel path to fp16 rounding, not bit for bit.
   glu    W is a fused [gate | up] projection: each program computes gate row i and up row i and
          writes SiLU(gate) * up, rounded as the projection output and the activation would be.
-  route  W is a MoE router: the last program of a row to finish (a ticket per row) reads the row's
-         logits back and runs the router's softmax / top-k (triton_router.route_row) on them.
-  rotary W is a fused [q | k | v] projection: the last program of each head (a ticket per row and head)
-         runs the q/k norm and RoPE on it in place and stores k and v in the paged cache, the work of
-         triton_fused.qk_rope_cache (same code; one kernel fewer a layer).
 The tile sizes are a fixed function of the shape (no autotuning), so a model sums in the same
 order on every run.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
 
-from onecat.engine.kernels import pdl, triton_router
+from onecat.engine.kernels import pdl
 
 MAX_K = 32768  # the K loop is unrolled: larger inputs take the library GEMM
 MAX_ROWS = 16  # rows of one call (each row is its own program column; the weight tiles come from L2 again)
@@ -40,21 +34,10 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    from onecat.engine.kernels.triton_fused import _kernels as fused_kernels
-    from onecat.engine.kernels.triton_router import jit_functions
-
-    route_row = jit_functions()["route_row"]
-    rotate_head = fused_kernels()["rotate_head"]
-
     @triton.jit
     def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
-                    ticket_ptr, rw_ptr, rid_ptr,
-                    pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr, num_q_heads, num_kv_heads,
-                    head_eps,
                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                    NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
-                    ROUND: tl.constexpr, HEAD_D: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+                    NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
         m = tl.program_id(1).to(tl.int64)  # the input row: every row runs the same code as a single row
         x_ptr += m * K
@@ -128,79 +111,8 @@ def _kernel():
             g = y.to(out_ty).to(tl.float32)
             y = (g / (1.0 + tl.exp(-g))).to(out_ty) * up.to(out_ty)
         tl.store(y_ptr + rows, y.to(out_ty), mask=row_ok)
-        if TOP_K > 0:  # router logits: the row's last program to finish (a ticket per row) routes the token
-            row = tl.program_id(1)
-            tl.debug_barrier()  # every thread's logit stores precede the release of the ticket
-            done = tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel", scope="gpu")
-            if done == tl.num_programs(0) - 1:
-                tl.store(ticket_ptr + row, 0)  # ready for the next call (kernels of a stream run in order)
-                e = tl.arange(0, E_PAD)
-                logits = tl.load(y_ptr + e, mask=e < n_out, other=float("-inf"), cache_modifier=".cg")
-                route_row(logits.to(tl.float32), e, n_out, rw_ptr + row * TOP_K, rid_ptr + row * TOP_K, TOP_K,
-                          K_PAD, E_PAD, RENORM, ROUND)
-        if HEAD_D > 0:  # a fused [q | k | v] row: the head's last program to finish (a ticket per head) runs the
-            #             q/k norm and RoPE on it in place (triton_fused.rotate_head) and stores k / v in the cache
-            row = tl.program_id(1).to(tl.int64)
-            head = pid * BLOCK_N // HEAD_D
-            n_heads = num_q_heads + 2 * num_kv_heads
-            tl.debug_barrier()  # every thread's stores precede the release of the ticket
-            done = tl.atomic_add(ticket_ptr + row * n_heads + head, 1, sem="acq_rel", scope="gpu")
-            if done == HEAD_D // BLOCK_N - 1:
-                tl.store(ticket_ptr + row * n_heads + head, 0)  # ready for the next call
-                pos = tl.load(pos_ptr + row).to(tl.int64)
-                dst = tl.load(slot_ptr + row).to(tl.int64) * num_kv_heads * HEAD_D
-                half: tl.constexpr = HEAD_D // 2
-                d = tl.arange(0, half)
-                if head < num_q_heads:
-                    rotate_head(y_ptr + head * HEAD_D, pos, cos_ptr, sin_ptr, qw_ptr, head_eps, HEAD_D, QK_NORM,
-                                ".cg")
-                elif head < num_q_heads + num_kv_heads:
-                    kvh = head - num_q_heads
-                    o1, o2 = rotate_head(y_ptr + head * HEAD_D, pos, cos_ptr, sin_ptr, kw_ptr, head_eps, HEAD_D,
-                                         QK_NORM, ".cg")
-                    tl.store(kc_ptr + dst + kvh * HEAD_D + d, o1)
-                    tl.store(kc_ptr + dst + kvh * HEAD_D + half + d, o2)
-                else:
-                    vh = head - num_q_heads - num_kv_heads
-                    full = tl.arange(0, HEAD_D)
-                    tl.store(vc_ptr + dst + vh * HEAD_D + full,
-                             tl.load(y_ptr + head * HEAD_D + full, cache_modifier=".cg"))
 
     return gemv_kernel
-
-
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-
-
-def _tickets(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters (one per row, or per row and head) for the routing and rotating GEMVs; each call
-    leaves them at zero. Kept per device, except when first asked for inside a CUDA graph capture (then made in
-    the graph)."""
-    t = _TICKETS.get(device)
-    if t is None or t.numel() < n:
-        t = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _TICKETS[device] = t
-    return t
-
-
-@dataclasses.dataclass
-class RotaryFold:
-    """What a fused [q | k | v] projection's GEMV needs to finish the attention's per-head work itself
-    (triton_fused.qk_rope_cache's, one kernel fewer): rows' positions and cache slots, the rotary tables, the
-    heads, the paged K/V cache and the optional q/k norm weights."""
-    positions: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    slots: torch.Tensor
-    q_weight: torch.Tensor | None = None
-    k_weight: torch.Tensor | None = None
-    eps: float = 0.0
 
 
 def default_config(n: int, k: int, norm: bool = False) -> tuple[int, int, int]:
@@ -227,24 +139,17 @@ def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-         glu: bool = False, normed_out: bool = False, route: tuple[int, bool] | None = None,
-         rotary: RotaryFold | None = None, config: tuple[int, int, int] | None = None):
+         glu: bool = False, normed_out: bool = False, config: tuple[int, int, int] | None = None):
     """y = weight @ x + bias for each row of a contiguous x, keeping x's leading shape. Every row is
     computed exactly as it would be alone (same tiles, same summation order): the result of a row does
     not depend on how many rows the call has. With norm_weight and residual: x is replaced by
     RMSNorm(x + residual) * norm_weight and the call returns (y, x + residual); with normed_out also that
     normed input, as the add_rmsnorm kernel would give it (for a layer that needs it besides this projection:
-    the MoE router's experts). With glu: weight is [gate | up] (2I rows) and y = SiLU(gate) * up (I entries).
-    With route=(k, renormalize): y are router logits, and the call also returns each row's k routing weights and
-    expert ids (triton_router.route's, computed by the row's last program: no router kernel), after y.
-    With rotary: y is a fused [q | k | v] row, returned with its q and k heads normed and rotated and its k and v
-    heads stored in the cache, as triton_fused.qk_rope_cache leaves them."""
+    the MoE router's experts). With glu: weight is [gate | up] (2I rows) and y = SiLU(gate) * up (I entries)."""
     n, k = weight.shape
     norm = norm_weight is not None
     if normed_out and (not norm or glu):
         raise ValueError("normed_out needs norm_weight and residual, and no glu")
-    if (route is not None or rotary is not None) and glu or route is not None and rotary is not None:
-        raise ValueError("route (router logits) and rotary (a fused q/k/v projection) exclude each other and glu")
     block_n, block_k, warps = config or default_config(n, k, norm)
     n_out = n // 2 if glu else n
     if glu:
@@ -255,29 +160,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     rout = torch.empty_like(x) if norm else y
     nout = torch.empty_like(x) if normed_out else rout
     rows = x.numel() // k
-    const = dict(TOP_K=0, K_PAD=2, E_PAD=16, RENORM=False, ROUND=0, HEAD_D=0, QK_NORM=False)
-    rw = rid = tickets = y
-    rot = [y] * 8 + [0, 0, 0.0]
-    if route is not None:
-        const.update(triton_router.row_constants(route[0], n_out, route[1], x.dtype))
-        rw = torch.empty(rows, route[0], dtype=torch.float32, device=x.device)
-        rid = torch.empty(rows, route[0], dtype=torch.int32, device=x.device)
-        tickets = _tickets(rows, x.device)
-    if rotary is not None:
-        r = rotary
-        if r.head_dim % block_n or n_out != (r.num_q_heads + 2 * r.num_kv_heads) * r.head_dim:
-            raise ValueError(f"rotary: {n_out} outputs are not [q | k | v] heads of {r.head_dim} in row blocks of "
-                             f"{block_n}")
-        const.update(HEAD_D=r.head_dim, QK_NORM=r.q_weight is not None)
-        tickets = _tickets(rows * (r.num_q_heads + 2 * r.num_kv_heads), x.device)
-        rot = [r.positions, r.cos, r.sin, r.slots, r.k_cache, r.v_cache,
-               r.q_weight if r.q_weight is not None else y, r.k_weight if r.k_weight is not None else y,
-               r.num_q_heads, r.num_kv_heads, r.eps]
     _kernel()[(-(-n_out // block_n), rows)](
         x, residual if norm else x, norm_weight if norm else x, weight, bias if bias is not None else weight,
-        y, rout, nout, n_out, eps, tickets, rw, rid, *rot, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm,
-        NORM_OUT=normed_out, GLU=glu, HAS_BIAS=bias is not None, **const, num_warps=warps, **pdl.options(x.device))
-    out = (y, rout, nout) if normed_out else (y, rout) if norm else (y,)
-    if route is not None:
-        out += (rw, rid)
-    return out if len(out) > 1 else y
+        y, rout, nout, n_out, eps, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, NORM_OUT=normed_out, GLU=glu,
+        HAS_BIAS=bias is not None, num_warps=warps, **pdl.options(x.device))
+    if normed_out:
+        return y, rout, nout
+    return (y, rout) if norm else y

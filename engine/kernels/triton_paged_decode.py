@@ -19,10 +19,14 @@ from onecat.engine.kv_cache import LayerKVCache
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
 #                  that a 1K-token decode already spreads over 8 programs per KV head)
 MERGE_BLOCK = 16  # partitions merged per vector step
-BLOCK_N = 64  # context tokens per inner tile
+BLOCK_N = 64  # context tokens per inner tile, pipelined over 2 stages ...
+WIDE_TILE = True  # ... or, up to head_dim 128, the whole partition as one tile in 1 stage: 64 KB of K/V tiles at
+#                   most, which every SM80+ block has; faster at one token (benchmarks/results/
+#                   gpu_h200_moe_hybrid.json "decode_step_fusions"). The A/B switch.
+WIDE_MAX_HEAD_DIM = 128
 FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # 8-bit KV storage dtypes the kernel reads
-PREFETCH_KV = True  # pure decode under PDL: cached K/V rows asked of the L2 before the wait (benchmarks flip it)
-MERGE_ONE_PASS = True  # up to MERGE_BLOCK partitions merged from one load of each (the same sums; the same)
+MERGE_ONE_PASS = True  # up to MERGE_BLOCK partitions merged after one load of each: the two-pass loop's arithmetic
+#                        with one memory round trip fewer (the A/B switch)
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,29 +42,14 @@ def _kernels():
                      stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
                      GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                      BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
-                     PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                     PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         i = tl.program_id(0)
         kvh = tl.program_id(1)
         first_split = tl.program_id(2)
         num_split_progs = tl.num_programs(2)
-        if PREFETCH:  # pure decode under PDL: the kernel before writes only the newest token's K/V, so the
-            #           cached tokens' rows of this program's partitions can go to L2 before the wait
-            ctx0 = tl.load(ctx_ptr + i)
-            for it in range(0, splits_per_prog):
-                s = first_split + it * num_split_progs
-                if s < tl.cdiv(ctx0, PART):
-                    offs = s * PART + tl.arange(0, PART)
-                    page = tl.load(bt_ptr + i.to(tl.int64) * stride_bt + offs // PAGE, mask=offs < ctx0 - 1,
-                                   other=0).to(tl.int64)
-                    kv_off = ((page * PAGE + offs % PAGE) * num_kv_heads + kvh) * D
-                    nbytes = tl.full([PART], D * k_ptr.dtype.element_ty.primitive_bitwidth // 8, tl.int32)
-                    for cache_ptr in tl.static_range(2):
-                        rows = (k_ptr if cache_ptr == 0 else v_ptr) + kv_off
-                        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
-                                                  "=r,l,r", [rows, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         if INDIRECT:
             tok = tl.load(tok_ptr + i).to(tl.int64)
             row = tl.load(row_ptr + i).to(tl.int64)
@@ -188,6 +177,7 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
     ks = cache.k_scale if kind else ctx_lens  # dummies are never read when kind == 0
     vs = cache.v_scale if kind else ctx_lens
     indirect = tok_idx is not None
+    wide = WIDE_TILE and head_dim <= WIDE_MAX_HEAD_DIM
     launch = pdl.options(q.device)
     tok = tok_idx if indirect else ctx_lens
     row = row_idx if indirect else ctx_lens
@@ -195,9 +185,9 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
         q, k, v, ks, vs, block_tables, ctx_lens, tok, row, po, plse,
         q.stride(0), q.stride(1), block_tables.stride(0), num_kv_heads, max_splits, per_prog,
         float(scale) * 1.4426950408889634,
-        GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page, BLOCK=BLOCK_N,
-        PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, PREFETCH=PREFETCH_KV and launch["PDL"] and not indirect,
-        num_warps=4, num_stages=2, **launch)
+        GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page,
+        BLOCK=PARTITION if wide else BLOCK_N, PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4,
+        num_stages=1 if wide else 2, **launch)
     merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads, max_splits,
                                  D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK,
                                  ONE_PASS=MERGE_ONE_PASS, num_warps=2, **launch)

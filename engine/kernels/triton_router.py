@@ -9,9 +9,7 @@ tensor-core instructions: it also builds for SM70 (not run there).
 Numerics follow SparseMoE.route: softmax over all experts in float32; the k largest probabilities, largest
 first, ties to the lower expert id (repeated argmax); optionally renormalized to sum to 1; then rounded to the
 model dtype, as the checkpoint's reference does, and handed over as float32 (the fused experts' route
-weights). Each token is its own program, so a token's weights do not depend on the batch. Where the router's
-logits come from the one-row GEMV (a decode step of up to 16 tokens), its last program runs the same row code
-(triton_gemv.py `route`) and this kernel is not launched.
+weights). Each token is its own program, so a token's weights do not depend on the batch.
 """
 from __future__ import annotations
 
@@ -26,17 +24,20 @@ _ROUND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the model dt
 
 
 @functools.lru_cache(maxsize=1)
-def jit_functions() -> dict:
-    """The router's row code (`route_row`, also called at the end of the router's GEMV, triton_gemv.py) and the
-    one-program-per-token kernel around it."""
+def _kernel():
     import triton
     import triton.language as tl
 
     @triton.jit
-    def route_row(x, e, num_experts, weights_ptr, ids_ptr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
-                  RENORM: tl.constexpr, ROUND: tl.constexpr):
-        """x [E_PAD]: one token's logits in float32, -inf past num_experts; e = arange(E_PAD). Stores its k
-        weights (float32) and expert ids (int32)."""
+    def router_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
+                      K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr,
+                      PDL: tl.constexpr):
+        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        t = tl.program_id(0)
+        e = tl.arange(0, E_PAD)
+        x = tl.load(logits_ptr + t * stride_t + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
         p = tl.exp(x - tl.max(x, 0))
         probs = tl.where(e < num_experts, p / tl.sum(p, 0), -1.0)
         slot = tl.arange(0, K_PAD)
@@ -55,41 +56,23 @@ def jit_functions() -> dict:
         elif ROUND == 2:
             vals = vals.to(tl.bfloat16).to(tl.float32)
         keep = slot < TOP_K
-        tl.store(weights_ptr + slot, vals, mask=keep)
-        tl.store(ids_ptr + slot, ids, mask=keep)
+        tl.store(weights_ptr + t * TOP_K + slot, vals, mask=keep)
+        tl.store(ids_ptr + t * TOP_K + slot, ids, mask=keep)
 
-    @triton.jit
-    def router_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
-                      K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr,
-                      PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        t = tl.program_id(0)
-        e = tl.arange(0, E_PAD)
-        x = tl.load(logits_ptr + t * stride_t + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
-        route_row(x, e, num_experts, weights_ptr + t * TOP_K, ids_ptr + t * TOP_K, TOP_K, K_PAD, E_PAD, RENORM, ROUND)
-
-    return {"route_row": route_row, "router_kernel": router_kernel}
-
-
-def row_constants(top_k: int, num_experts: int, renormalize: bool, dtype: torch.dtype) -> dict:
-    """The constexprs of route_row for k of num_experts logits of `dtype`."""
-    if not 0 < top_k <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"the fused router takes 1 <= top_k <= num_experts <= {MAX_EXPERTS}, got k={top_k}, "
-                         f"E={num_experts}")
-    return dict(TOP_K=top_k, K_PAD=max(2, 1 << (top_k - 1).bit_length()),
-                E_PAD=max(16, 1 << (num_experts - 1).bit_length()), RENORM=renormalize, ROUND=_ROUND[dtype])
+    return router_kernel
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] float32 holding values of logits' dtype, expert ids [T, k] int32) of router logits [T, E]."""
     T, E = logits.shape
-    const = row_constants(top_k, E, renormalize, logits.dtype)
+    if not 0 < top_k <= E <= MAX_EXPERTS:
+        raise ValueError(f"the fused router takes 1 <= top_k <= num_experts <= {MAX_EXPERTS}, got k={top_k}, E={E}")
     logits = logits.contiguous()
     weights = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(T, top_k, dtype=torch.int32, device=logits.device)
     if T:
-        jit_functions()["router_kernel"][(T,)](logits, weights, ids, E, logits.stride(0), **const,
-                                               num_warps=1 if E <= 256 else 4, **pdl.options(logits.device))
+        _kernel()[(T,)](logits, weights, ids, E, logits.stride(0), TOP_K=top_k,
+                        K_PAD=max(2, 1 << (top_k - 1).bit_length()), E_PAD=max(16, 1 << (E - 1).bit_length()),
+                        RENORM=renormalize, ROUND=_ROUND[logits.dtype], num_warps=1 if E <= 256 else 4,
+                        **pdl.options(logits.device))
     return weights, ids

@@ -2,8 +2,7 @@
 per-head q/k RMSNorm (Qwen3), RoPE, paged KV, output projection.
 
 With fused kernels on (CUDA), q/k norm, RoPE and the K/V cache write are one kernel working in place
-on the QKV projection's output, or, where that projection is the one-row GEMV (decode), the end of that
-GEMV; fp8 caches and odd head sizes take the reference path.
+on the QKV projection's output; fp8 caches and odd head sizes take the reference path.
 """
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 
 class SelfAttention(nn.Module):
     use_fused = False  # the engine turns this on per model (CUDA + Triton)
-    rotary_in_gemv = True  # with fused ops, at up to 16 tokens: the qkv GEMV rotates and stores (A/B switch)
     cpu_ops = None  # the fused CPU ops (engine/kernels/cpu_ops.py), when the engine turns them on
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, rotary: RotaryEmbedding, qk_norm: bool):
@@ -45,36 +43,13 @@ class SelfAttention(nn.Module):
         return (self.cpu_ops is not None and not qkv.is_cuda and self.q_norm is None and cache.fp8_dtype is None
                 and qkv.dtype == cache.k.dtype == torch.float32 and qkv.stride(-1) == 1)
 
-    def rotary_fold(self, positions: torch.Tensor, x: torch.Tensor):
-        """The q/k norm, RoPE and cache store for the qkv projection's one-row GEMV to do itself (a
-        triton_gemv.RotaryFold), when this step's projection of x is that GEMV and the fused path applies;
-        else None. The caller then passes `rotated=True` to forward."""
-        if not (self.rotary_in_gemv and isinstance(self.qkv_proj, Linear) and self.qkv_proj.gemv_ok(x)):
-            return None
-        from onecat.engine.kernels.triton_gemv import RotaryFold, default_config
-
-        ctx = get_forward_context()
-        cache = ctx.kv_caches[self.layer_idx]
-        n, k = self.qkv_proj.weight.shape
-        if not self._fused_ok(x, cache) or self.head_dim % default_config(n, k, norm=True)[0] \
-                or positions.numel() * k != x.numel():
-            return None
-        norm = self.q_norm is not None
-        return RotaryFold(positions, self.rotary.cos, self.rotary.sin, self.num_heads, self.num_kv_heads,
-                          self.head_dim, cache.k, cache.v, ctx.meta.slot_mapping,
-                          self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
-                          self.q_norm.eps if norm else 0.0)
-
-    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, rotated: bool = False) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """Attention output projected by o_proj, from the qkv_proj output (the caller projects, so it
-        can fold the preceding RMSNorm into that projection; `rotated`: and, via rotary_fold, the q/k norm,
-        RoPE and cache store after it)."""
+        can fold the preceding RMSNorm into that projection)."""
         T = qkv.shape[0]
         ctx = get_forward_context()
         cache = ctx.kv_caches[self.layer_idx]
-        if rotated:
-            q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
-        elif self._fused_ok(qkv, cache):
+        if self._fused_ok(qkv, cache):
             from onecat.engine.kernels.triton_fused import qk_rope_cache
 
             norm = self.q_norm is not None

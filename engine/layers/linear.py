@@ -42,15 +42,14 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
-def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, silu_mul=None, rotary=None):
+def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.Tensor, silu_mul=None):
     """(linear(norm(x + residual)), x + residual) for an RMSNorm `norm`. With `silu_mul` (the unfused
-    activation), `linear` is a fused [gate | up] projection and the first item is SiLU(gate) * up. `rotary` (from
-    SelfAttention.rotary_fold, only given where the GEMV below takes the call) goes to that GEMV."""
+    activation), `linear` is a fused [gate | up] projection and the first item is SiLU(gate) * up."""
     if isinstance(linear, Linear) and linear.gemv_ok(x):
         from onecat.engine.kernels.triton_gemv import gemv
 
         return gemv(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
-                    glu=silu_mul is not None, rotary=rotary)
+                    glu=silu_mul is not None)
     folded = getattr(linear, "fused_norm_gemv", None)  # a packed layer (engine/quant/*_linear.py)
     if folded is not None and residual is not None:
         out = folded(x, residual, norm, silu_mul is not None)

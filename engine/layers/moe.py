@@ -100,7 +100,6 @@ class SparseMoE(nn.Module):
     to sum to 1 (else they keep their softmax values over all experts), as the checkpoint's config says."""
 
     use_fused = False  # the engine turns this on per model (CUDA + Triton): the router in one kernel
-    route_in_gemv = True  # with use_fused, at up to 16 tokens: the router runs inside the router's GEMV (A/B switch)
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  shared_intermediate: int = 0):
@@ -138,18 +137,15 @@ class SparseMoE(nn.Module):
         return out
 
     def after_norm(self, norm, x: torch.Tensor, residual: torch.Tensor):
-        """(self(norm(x + residual)), x + residual): the decoder layer's call, as GatedMLP.after_norm. At up to
-        16 tokens on CUDA the add and the norm run inside the router's GEMV, which also hands the normed input to
-        the experts, and whose last program per token routes it (softmax, top-k): two kernels fewer a layer."""
+        """(self(norm(x + residual)), x + residual): the decoder layer's call, as GatedMLP.after_norm. At one
+        token on CUDA the add and the norm run inside the router's GEMV, which also hands the normed input to
+        the experts: one kernel fewer a layer."""
         if self.use_fused and type(norm) is RMSNorm and residual is not None and isinstance(self.gate, Linear) \
                 and self.gate.gemv_ok(x):
             from onecat.engine.kernels.triton_gemv import gemv
 
-            route = (self.top_k, self.norm_topk_prob) if self.route_in_gemv and \
-                self.gate.out_features <= triton_router.MAX_EXPERTS else None
-            out = gemv(x, self.gate.weight, self.gate.bias, residual=residual, norm_weight=norm.weight,
-                       eps=norm.eps, normed_out=True, route=route)
-            logits, residual, h = out[:3]
-            return self._experts(h, *(out[3:] if route else self._route_logits(logits))), residual
+            logits, residual, h = gemv(x, self.gate.weight, self.gate.bias, residual=residual,
+                                       norm_weight=norm.weight, eps=norm.eps, normed_out=True)
+            return self._experts(h, *self._route_logits(logits)), residual
         h, residual = norm(x, residual)
         return self(h), residual

@@ -31,11 +31,9 @@ class DecoderLayer(nn.Module):
         if residual is None:
             residual = h
             qkv = attn.qkv_proj(self.input_layernorm(h))
-            fold = None
         else:
-            fold = attn.rotary_fold(positions, h)
-            qkv, residual = norm_then_linear(self.input_layernorm, attn.qkv_proj, h, residual, rotary=fold)
-        return self.mlp.after_norm(self.post_attention_layernorm, attn(positions, qkv, fold is not None), residual)
+            qkv, residual = norm_then_linear(self.input_layernorm, attn.qkv_proj, h, residual)
+        return self.mlp.after_norm(self.post_attention_layernorm, attn(positions, qkv), residual)
 
 
 class LlamaForCausalLM(nn.Module):
