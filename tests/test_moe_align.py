@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecat.engine.kernels.triton_moe import align, max_padded_rows, tiles
+from onecat.engine.kernels.triton_moe import align, down_tiles, max_padded_rows, tiles
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,block", [(1, 8, 128, 16), (5, 2, 8, 16), (37, 4, 16, 32),
@@ -45,6 +45,15 @@ def test_one_expert_takes_every_token():
 def test_tiles_grow_with_pairs_and_fma_keeps_small_tiles():
     assert tiles(8, "dot")["BM"] < tiles(100_000, "dot")["BM"]
     assert tiles(100_000, "fma")["BM"] == tiles(8, "fma")["BM"]
+
+
+def test_down_tiles_change_one_decode_tier_at_a_time():
+    """The down kernel's tiles are one set for every pair count of a tier (1 token and 32 tokens alike, so a token's
+    sums do not depend on the batch): its own at decode pair counts, tiles()' elsewhere."""
+    assert down_tiles(8, "dot") == down_tiles(256, "dot") != {k: tiles(8, "dot")[k] for k in down_tiles(8, "dot")}
+    for pairs, variant in ((257, "dot"), (100_000, "dot"), (8, "fma"), (100_000, "fma")):
+        t = tiles(pairs, variant)
+        assert down_tiles(pairs, variant) == {k: t[k] for k in ("BN", "BK", "num_warps", "num_stages")}
 
 
 def test_one_token_takes_a_block_per_expert_in_slot_order():
