@@ -168,14 +168,14 @@ def _kernels():
         pid = tl.program_id(0)
         n_blocks = tl.cdiv(N, BN)
         pid_m, pid_n = pid // n_blocks, pid % n_blocks
-        cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < N
         e = tl.load(experts_ptr + pid_m).to(tl.int64)
         if e >= num_experts:
             return
         pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
         row_ok = pair < n_pairs
         safe = tl.where(row_ok, pair, 0)
+        cols = pid_n * BN + tl.arange(0, BN)
+        col_ok = cols < N
         ks = tl.arange(0, BK)
         a_ptrs = h_ptr + safe[:, None] * stride_h + ks[None, :]
         b_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
