@@ -16,7 +16,7 @@ def compare_with_transformers(model_dir, configure, atol: float, dtype: str = "f
     """Runs the engine in `dtype` with `configure(module)` applied to every module, checks every prompt logprob and
     every decode step's top-5 logprobs within atol of transformers' float32 logprobs on the same tokens (teacher
     forced: the greedy token need only be within atol of transformers' top one, so a near-tie may flip it), and
-    returns the paths the MoE / Gated DeltaNet layers took (report, if given, gets the worst error and the attention
+    returns every path the MoE / Gated DeltaNet layers took over the run (report, if given, gets the worst error and the attention
     backends' call counts)."""
     from onecat.engine import LLM, SamplingParams
     from onecat.engine.layers.gated_deltanet import GatedDeltaNet
@@ -26,10 +26,11 @@ def compare_with_transformers(model_dir, configure, atol: float, dtype: str = "f
     with LLM(str(model_dir), dtype=dtype, device=device, enable_prefix_caching=False,
              max_num_batched_tokens=24) as llm:
         layers = [m for m in llm.model.modules() if isinstance(m, (Experts, GatedDeltaNet))]
+        paths: set[str] = set()
         for m in layers:
             configure(m)
+            m.register_forward_hook(lambda mod, args, out: paths.add(mod.path))
         outs = llm.generate(RAGGED, params)
-        paths = {m.path for m in layers}
         attention_calls = dict(llm.engine.runner.attention.calls)
     ref = _hf_logprobs(model_dir, [p + o.token_ids for p, o in zip(RAGGED, outs)], device)
     worst = 0.0

@@ -225,6 +225,7 @@ def test_engine_bf16_on_cuda_matches_transformers(tmp_path, arch):
                              num_attention_heads=24, num_key_value_heads=4, head_dim=256)
     report = {}
     paths = compare_with_transformers(d, lambda m: None, atol=5e-2, dtype="bfloat16", report=report)
-    assert paths == {"fla"} or (arch == "qwen3_5_moe" and paths == {"fla", "triton_dot"}), paths
+    assert paths == {"fla"} or (arch == "qwen3_5_moe" and paths == {"fla", "triton_dot", "triton_gemv"}), paths
+    # (qwen3_5_moe: prefill steps of more than triton_moe_gemv.MAX_TOKENS tokens take the grouped GEMM)
     if torch.cuda.get_device_capability()[0] >= 8:
         assert set(report["attention_calls"]) == {"TRITON_PAGED"}, report

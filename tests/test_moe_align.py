@@ -56,11 +56,11 @@ def test_down_tiles_change_one_decode_tier_at_a_time():
         assert down_tiles(pairs, variant) == {k: t[k] for k in ("BN", "BK", "num_warps", "num_stages")}
 
 
-def test_one_token_takes_a_block_per_expert_in_slot_order():
-    """Batch-1 decode skips the sort: pair i alone in block i, whose expert is slot i's."""
-    ids = torch.tensor([[7, 2, 9, 0]])
-    pairs, block_experts = align(ids, 16, 4)
-    assert block_experts.tolist() == [7, 2, 9, 0]
-    assert pairs.view(4, 4)[:, 0].tolist() == [0, 1, 2, 3] and (pairs.view(4, 4)[:, 1:] == 4).all()
-    again, _ = align(torch.tensor([[1, 3, 5, 8]]), 16, 4)
-    assert torch.equal(again, pairs)  # the row pattern depends on the shape only
+def test_decode_gemv_tier_ends_where_the_dense_gemv_rows_end():
+    """A decode step's MoE and dense projections are batch-invariant up to the same row count: the MoE GEMVs take
+    up to triton_moe_gemv.MAX_TOKENS tokens, the dense GEMV up to triton_gemv.MAX_ROWS."""
+    from onecat.engine.kernels import triton_gemv, triton_moe, triton_moe_gemv
+
+    assert triton_moe_gemv.MAX_TOKENS == triton_gemv.MAX_ROWS
+    assert triton_moe.takes_gemv(1) and triton_moe.takes_gemv(triton_moe_gemv.MAX_TOKENS)
+    assert not triton_moe.takes_gemv(triton_moe_gemv.MAX_TOKENS + 1)

@@ -1,6 +1,7 @@
-"""Fused MoE on CUDA (engine/kernels/triton_moe.py; skipped without CUDA + Triton): both variants (tensor-core
-`dot`, SM70-safe `fma`) against the per-expert loop on the same weights in float64, at decode and prefill
-pair counts, skewed routing included; and a tiny Qwen3-MoE through the engine on CUDA against transformers."""
+"""Fused MoE on CUDA (engine/kernels/triton_moe.py, triton_moe_gemv.py; skipped without CUDA + Triton): both
+grouped variants (tensor-core `dot`, SM70-safe `fma`) and the decode GEMVs against the per-expert loop on the
+same weights in float64, at decode and prefill pair counts, skewed routing included; a token's bits in any
+decode batch; and a tiny Qwen3-MoE through the engine on CUDA against transformers."""
 from __future__ import annotations
 
 import pytest
@@ -34,9 +35,11 @@ def _check(ex, x, weights, ids, variant):
     ref_ex.gate_up_proj.data.copy_(ex.gate_up_proj)
     ref_ex.down_proj.data.copy_(ex.down_proj)
     ref = ref_ex._loop(x.double(), weights.double(), ids)
+    from onecat.engine.kernels.triton_moe import takes_gemv
+
     ex.variant = variant
     got = ex(x, weights, ids)
-    assert ex.path == f"triton_{variant}"
+    assert ex.path == ("triton_gemv" if takes_gemv(x.shape[0]) else f"triton_{variant}")
     assert torch.isfinite(got).all()
     err = ((got.double() - ref).norm() / ref.norm()).item()
     assert err < TOL[x.dtype], (variant, x.dtype, err)
@@ -44,11 +47,17 @@ def _check(ex, x, weights, ids, variant):
 
 
 @pytest.mark.parametrize("variant,dtype,tokens", [
-    ("dot", torch.bfloat16, 1), ("dot", torch.bfloat16, 100), ("dot", torch.bfloat16, 3000),
-    ("dot", torch.float16, 33), ("dot", torch.float32, 33),
+    ("dot", torch.bfloat16, 1), ("dot", torch.bfloat16, 16), ("dot", torch.bfloat16, 17), ("dot", torch.bfloat16, 100),
+    ("dot", torch.bfloat16, 3000), ("dot", torch.float16, 33), ("dot", torch.float32, 33), ("dot", torch.float32, 5),
     ("fma", torch.bfloat16, 1), ("fma", torch.bfloat16, 100), ("fma", torch.float32, 33)])
-def test_fused_matches_per_expert_loop(variant, dtype, tokens):
+@pytest.mark.parametrize("gemv", [True, False])
+def test_fused_matches_per_expert_loop(monkeypatch, variant, dtype, tokens, gemv):
+    """Up to triton_moe_gemv.MAX_TOKENS tokens the decode GEMVs run (gemv=True), else the grouped GEMM; with the
+    switch off the grouped GEMM takes those small batches too."""
     _require()
+    from onecat.engine.kernels import triton_moe
+
+    monkeypatch.setattr(triton_moe, "DECODE_GEMV", gemv)
     E, H, I, k = 16, 256, 96, 4  # I not a multiple of the column tile: masked columns
     torch.manual_seed(tokens)
     ex = _experts(E, H, I, dtype)
@@ -71,16 +80,15 @@ def test_skewed_routing_and_idle_experts(variant):
     _check(ex, x, weights, ids, variant)
 
 
-@pytest.mark.parametrize("variant", ["dot", "fma"])
 @pytest.mark.parametrize("graph", [False, True])
-def test_one_token_is_that_token_of_a_batch_bit_for_bit(monkeypatch, variant, graph):
-    """At one token the down kernel sums the k rows itself (a ticket per column block): each token alone gives its
-    row of a 32-token batch to the bit, with that on or off, eagerly and replayed from a CUDA graph (the tickets
-    are back at zero after every call)."""
+def test_a_token_gets_the_same_bits_in_any_decode_batch(graph):
+    """The decode GEMVs compute each (token, expert) pair alone: each token alone, and in a batch of 5, gives its
+    row of a 16-token batch to the bit, eagerly and replayed from a CUDA graph. Pairs share experts here (32
+    experts, 16 x 8 pairs) and the widths are not multiples of the tiles."""
     _require()
-    from onecat.engine.kernels import triton_moe
+    from onecat.engine.kernels import triton_moe, triton_moe_gemv
 
-    E, H, I, k, T = 32, 320, 96, 8, 32  # H, I not multiples of the K and column tiles: masked edges
+    E, H, I, k, T = 32, 320, 96, 8, triton_moe_gemv.MAX_TOKENS
     torch.manual_seed(3)
     ex = _experts(E, H, I, torch.bfloat16)
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
@@ -88,28 +96,23 @@ def test_one_token_is_that_token_of_a_batch_bit_for_bit(monkeypatch, variant, gr
     weights = weights.to(torch.bfloat16)
 
     def run(xs, ws, es):
-        return triton_moe.fused_experts(xs, ex.gate_up_proj, ex.down_proj, ws, es, variant)
+        return triton_moe.fused_experts(xs, ex.gate_up_proj, ex.down_proj, ws, es)
 
     batch = run(x, weights, ids)
-    for combine in (True, False):
-        monkeypatch.setattr(triton_moe, "COMBINE_IN_DOWN", combine)
-        for i in (0, 13, 31):
-            one = (x[i:i + 1].clone(), weights[i:i + 1].clone(), ids[i:i + 1].clone())
-            if graph:
-                run(*one)
-                torch.cuda.synchronize()
-                cg = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(cg):
-                    got = run(*one)
-                for _ in range(3):
-                    cg.replay()
-                torch.cuda.synchronize()
-            else:
-                got = run(*one)
-                got = run(*one)  # a second call reuses the tickets the first left at zero
-            assert torch.equal(got[0], batch[i]), (combine, i)
-        if combine:
-            assert int(triton_moe._TICKETS[x.device].abs().sum()) == 0
+    for rows in (slice(0, 1), slice(13, 14), slice(15, 16), slice(3, 8)):
+        part = (x[rows].clone(), weights[rows].clone(), ids[rows].clone())
+        if graph:
+            run(*part)
+            torch.cuda.synchronize()
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                got = run(*part)
+            for _ in range(3):
+                cg.replay()
+            torch.cuda.synchronize()
+        else:
+            got = run(*part)
+        assert torch.equal(got, batch[rows]), rows
 
 
 def test_forced_variant_errors_are_clear():
@@ -132,12 +135,12 @@ def test_engine_on_cuda_matches_transformers(tmp_path, variant):
     d = make_tiny_moe_hybrid("qwen3_moe", tmp_path / "m")
     paths = compare_with_transformers(d, lambda m: setattr(m, "variant", variant) if hasattr(m, "variant") else None,
                                       atol=2e-4)
-    assert paths == {f"triton_{variant}"}
+    assert paths == {f"triton_{variant}", "triton_gemv"}  # prefill steps of 24 tokens, decode steps of 5
 
 
 def test_cuda_graphs_replay_the_eager_tokens(tmp_path):
-    """A tiny Qwen3-MoE in bf16 with cuda_graph full: decode steps replay captured graphs (routing, the pair sort
-    and both fused kernels inside) and give the eager engine's greedy tokens."""
+    """A tiny Qwen3-MoE in bf16 with cuda_graph full: decode steps replay captured graphs (routing and the decode
+    GEMVs inside) and give the eager engine's greedy tokens."""
     _require()
     from onecat.engine import LLM, SamplingParams
     from tests.tiny_moe_hybrid import make_tiny_moe_hybrid

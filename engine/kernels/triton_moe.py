@@ -10,9 +10,10 @@ exit at once), so the step stays capturable in a CUDA graph.
            block's token rows by its expert's gate rows and up rows (two accumulators) and writes
            SiLU(gate) * up per pair, each product rounded to the model dtype first as the unfused layer does.
   down     the same over down_proj, scaled by each pair's router weight, one output row per pair;
-           the k rows of a token are then summed (in float32, rounded once). At one token the down kernel
-           sums them itself: the last of the k programs of a column block to finish (a ticket per column
-           block, reset by that program) adds the k rows in slot order, the combine kernel's arithmetic.
+           the k rows of a token are then summed (in float32, rounded once).
+
+Up to triton_moe_gemv.MAX_TOKENS tokens (decode) the experts run as per-pair GEMVs instead (that module):
+no sort, no padding, a token's sums the same in any batch of that size.
 
 Two variants of the inner product: `dot` (tl.dot: tensor cores on SM80+) and `fma` (float32 multiply-adds, no
 matrix instructions, so it also runs on SM70, where Triton has no tensor-core dot). The fma variant keeps a
@@ -27,12 +28,12 @@ import functools
 
 import torch
 
-from onecat.engine.kernels import pdl
+from onecat.engine.kernels import pdl, triton_moe_gemv
 
 VARIANTS = ("dot", "fma")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 COMBINE_BLOCK = 1024  # hidden features a program of the k-slot sum takes
-COMBINE_IN_DOWN = True  # one token: the down kernel sums the k rows (the switch benchmarks flip to compare)
+DECODE_GEMV = True  # up to triton_moe_gemv.MAX_TOKENS tokens take its GEMVs (the switch benchmarks flip to compare)
 
 
 def unavailable_reason(x: torch.Tensor) -> str | None:
@@ -57,32 +58,10 @@ def max_padded_rows(pairs: int, num_experts: int, block_m: int) -> int:
     return -(-rows // block_m) * block_m
 
 
-_ONE_TOKEN_ROWS: dict[tuple, torch.Tensor] = {}
-
-
-def _one_token_rows(top_k: int, block_m: int, device: torch.device) -> torch.Tensor:
-    """[top_k * block_m]: pair i at row i * block_m, the sentinel top_k elsewhere. Kept per shape and device,
-    except when first asked for inside a CUDA graph capture (then built in the graph, not kept)."""
-    key = (top_k, block_m, device)
-    rows = _ONE_TOKEN_ROWS.get(key)
-    if rows is None:
-        rows = torch.full((top_k * block_m,), top_k, dtype=torch.int32, device=device)
-        rows[::block_m] = torch.arange(top_k, dtype=torch.int32, device=device)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _ONE_TOKEN_ROWS[key] = rows
-    return rows
-
-
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [T, k] expert per (token, slot) -> (sorted pair indices [P] (token * k + slot; T*k = padding),
     block_experts [P // block_m] (the expert of each row block; num_experts = past the end)). On the device,
-    no host sync; pairs of one expert keep ascending pair order.
-
-    One token (batch-1 decode): its k experts are distinct (top-k), so each pair is its own expert's only row
-    and takes a block alone, in slot order: the same blocks as the sort gives, without the sort, the counts and
-    the search, whose small kernels cost more than the experts' GEMVs at one token."""
-    if ids.shape[0] == 1:
-        return _one_token_rows(ids.shape[1], block_m, ids.device), ids.reshape(-1).to(torch.int32)
+    no host sync; pairs of one expert keep ascending pair order."""
     flat = ids.reshape(-1).to(torch.int64)
     n = flat.numel()
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
@@ -158,10 +137,10 @@ def _kernels():
         tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], h, mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
-    def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, ticket_ptr, sum_ptr, n_pairs,
-                    num_experts, N, stride_h, stride_we, stride_wn, stride_o,
+    def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, n_pairs, num_experts, N, stride_h,
+                    stride_we, stride_wn, stride_o,
                     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                    PRECISION: tl.constexpr, COMBINE_K: tl.constexpr, PDL: tl.constexpr):
+                    PRECISION: tl.constexpr, PDL: tl.constexpr):
         if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
@@ -199,16 +178,6 @@ def _kernels():
         y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
         tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
-        if COMBINE_K > 0:  # one token, row block j = slot j: the last of the k blocks of this column block sums
-            tl.debug_barrier()  # every thread's row stores precede the release of the ticket
-            done = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if done == COMBINE_K - 1:
-                tl.store(ticket_ptr + pid_n, 0)  # ready for the next call (kernels of a stream run in order)
-                total = tl.zeros([BN], tl.float32)
-                for j in tl.static_range(COMBINE_K):  # the combine kernel's order and rounding
-                    total += tl.load(out_ptr + j * stride_o + cols, mask=col_ok, other=0.0,
-                                     cache_modifier=".cg").to(tl.float32)
-                tl.store(sum_ptr + cols, total.to(sum_ptr.dtype.element_ty), mask=col_ok)
 
     @triton.jit
     def combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
@@ -228,6 +197,11 @@ def _kernels():
     return gate_up_kernel, down_kernel, combine_kernel
 
 
+def takes_gemv(tokens: int) -> bool:
+    """Whether a call of this many tokens runs as triton_moe_gemv's per-pair GEMVs."""
+    return DECODE_GEMV and tokens <= triton_moe_gemv.MAX_TOKENS
+
+
 def tiles(pairs: int, variant: str) -> dict:
     """Tile sizes: small row blocks for decode (few pairs per expert), larger for prefill."""
     if variant == "fma":
@@ -243,25 +217,11 @@ def down_tiles(pairs: int, variant: str) -> dict:
     """The down kernel's column tile, K tile, warps and stages where they differ from `tiles`: at decode pair
     counts a K tile of 64 and six stages (K is the expert's intermediate size, a few hundred: the pipeline sets
     the pace; benchmarks/results/gpu_h200_moe_hybrid.json "moe_expert_tiles_one_token"). Row blocks stay those
-    of `tiles`, and one token and a batch of 32 share the tier, so a token's sums do not depend on the batch."""
+    of `tiles`, and every pair count of the tier shares them, so a token's sums do not depend on the batch there."""
     if variant == "dot" and pairs <= 256:
         return dict(BN=32, BK=64, num_warps=2, num_stages=6)
     t = tiles(pairs, variant)
     return {k: t[k] for k in ("BN", "BK", "num_warps", "num_stages")}
-
-
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-
-
-def _tickets(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters, one per column block of the one-token down kernel; each call leaves them at zero.
-    Kept per device, except when first asked for inside a CUDA graph capture (then made in the graph)."""
-    t = _TICKETS.get(device)
-    if t is None or t.numel() < n:
-        t = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _TICKETS[device] = t
-    return t
 
 
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
@@ -284,6 +244,8 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
         return torch.empty_like(x)
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
     n = T * top_k
+    if takes_gemv(T):
+        return triton_moe_gemv.fused_experts(x, gate_up, down, weights, ids)
     t = tiles(n, variant)
     bm, bn, bk = t["BM"], t["BN"], t["BK"]
     pairs, block_experts = align(ids, E, bm)
@@ -301,12 +263,8 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     out = torch.empty_like(x)
     down_t = dict(common, **down_tiles(n, variant))
     dn = down_t.pop("BN")
-    combine = T == 1 and COMBINE_IN_DOWN
-    tickets = _tickets(-(-H // dn), x.device) if combine else route
     down_kernel[(m_blocks * -(-H // dn),)](
-        h, down, y, pairs, block_experts, route, tickets, out, n, E, H, h.stride(0), down.stride(0),
-        down.stride(1), y.stride(0), K=inter, BN=dn, COMBINE_K=top_k if combine else 0, **down_t)
-    if not combine:
-        combine_kernel[(T, -(-H // COMBINE_BLOCK))](y, out, H, TOP_K=top_k, BH=COMBINE_BLOCK, num_warps=4,
-                                                   **launch)
+        h, down, y, pairs, block_experts, route, n, E, H, h.stride(0), down.stride(0), down.stride(1), y.stride(0),
+        K=inter, BN=dn, **down_t)
+    combine_kernel[(T, -(-H // COMBINE_BLOCK))](y, out, H, TOP_K=top_k, BH=COMBINE_BLOCK, num_warps=4, **launch)
     return out

@@ -12,8 +12,9 @@ reordered once, a second copy), so a token's result does not depend on how many 
 same expert this step (and the activations go through pointwise.py for the same reason).
 
 On CUDA the experts run as the fused Triton grouped GEMMs of engine/kernels/triton_moe.py (tensor-core
-`dot` variant on SM80+, `fma` on SM70); `Experts.variant` forces one ("loop": the per-expert loop) and
-`Experts.path` says which ran last.
+`dot` variant on SM80+, `fma` on SM70); `Experts.variant` forces one ("loop": the per-expert loop). Decode
+steps of up to triton_moe_gemv.MAX_TOKENS tokens take that module's per-pair GEMVs (plain multiply-adds on
+every GPU, whichever variant is asked for). `Experts.path` says which ran last.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
         self._views: dict[tuple[str, int], _ExpertLinear] = {}
         self.variant: str | None = None  # None: fused on CUDA where it can run; "dot" / "fma" / "loop" force one
-        self.path = "none"  # what ran last: "loop", "triton_dot", "triton_fma"
+        self.path = "none"  # what ran last: "loop", "triton_dot", "triton_fma", "triton_gemv"
 
     def _linear(self, x: torch.Tensor, name: str, e: int) -> torch.Tensor:
         weight = getattr(self, name)[e]
@@ -67,7 +68,7 @@ class Experts(nn.Module):
             reason = triton_moe.unavailable_reason(x)
             if reason is None:
                 variant = self.variant or triton_moe.default_variant(x.device)
-                self.path = f"triton_{variant}"
+                self.path = "triton_gemv" if triton_moe.takes_gemv(x.shape[0]) else f"triton_{variant}"
                 return triton_moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, experts, variant)
             if self.variant is not None:
                 raise RuntimeError(f"fused MoE variant {self.variant!r} cannot run: {reason}")
