@@ -26,7 +26,8 @@ def _ptx(kernel, dtype: str, cap: int, variant: str, K: int) -> str:
 
 def _gemv_ptx(kernel, dtype: str, cap: int, K: int, glu: bool) -> str:
     block_n, block_k, warps = triton_moe_gemv.config(K, glu)
-    const = {"K": K, "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": cap >= 90, "TOP_K": 8}
+    const = {"K": K, "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": cap >= 90, "TOP_K": 8,
+             "K_PAD": triton_moe_gemv.k_pad(8)}
     return _build(kernel, dtype, cap, {k: v for k, v in const.items() if k in kernel.arg_names}, warps, 1)
 
 
@@ -42,7 +43,7 @@ def _build(kernel, dtype: str, cap: int, const: dict, num_warps: int, num_stages
             sig[a] = "*i32"
         elif a == "route_ptr":
             sig[a] = "*fp32"
-        elif a in ("K", "BM", "BN", "BK", "USE_DOT", "PRECISION", "PDL", "TOP_K", "BLOCK_N", "BLOCK_K"):
+        elif a in ("K", "BM", "BN", "BK", "USE_DOT", "PRECISION", "PDL", "TOP_K", "K_PAD", "BLOCK_N", "BLOCK_K"):
             sig[a] = "constexpr"
         else:
             sig[a] = "i32"
