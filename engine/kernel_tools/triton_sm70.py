@@ -3,9 +3,9 @@
 Triton lowers the kernel to PTX for an sm_70 target (no device needed), the project's ptxas 12.x assembles
 it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check.py. Checked: the
 instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
-and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); and the
-tensor-parallel one-shot all-reduce / all-gather at TP=4 (engine/parallel/peer_collectives.py): registers,
-spills and 128-bit loads, occupancy at V100 limits. Needs Triton importable (the engine's CUDA extra);
+and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
+(triton_moe_gemv.py) at the Qwen3-30B-A3B widths; and the tensor-parallel one-shot all-reduce / all-gather at
+TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits. Needs Triton importable (the engine's CUDA extra);
 without it the check says so and reports nothing.
 """
 from __future__ import annotations
@@ -31,6 +31,13 @@ PEER_SIGNATURE = {"inp": "*fp16", "out": "*fp16", "n": "i32", "bases": "*i64", "
                   "RANK": "constexpr", "WORLD": "constexpr", "GATHER": "constexpr", "HEADER": "constexpr",
                   "CAP": "constexpr", "MAXW": "constexpr", "BLOCK": "constexpr", "TIMEOUT_NS": "constexpr"}
 PEER_WORLD = 4  # the seed's 4x V100 tensor parallel
+MOE_SHAPE = {"hidden": 2048, "intermediate": 768, "top_k": 8}  # Qwen3-30B-A3B's experts
+MOE_GATE_UP_SIGNATURE = {"x_ptr": "*fp16", "w_ptr": "*fp16", "ids_ptr": "*i32", "h_ptr": "*fp16", "top_k": "i32",
+                         "inter": "i32", "stride_we": "i32", "K": "constexpr", "BLOCK_N": "constexpr",
+                         "BLOCK_K": "constexpr", "PDL": "constexpr"}
+MOE_DOWN_SIGNATURE = {"h_ptr": "*fp16", "w_ptr": "*fp16", "ids_ptr": "*i32", "route_ptr": "*fp32", "out_ptr": "*fp16",
+                      "H": "i32", "stride_we": "i32", "K": "constexpr", "TOP_K": "constexpr", "K_PAD": "constexpr",
+                      "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "PDL": "constexpr"}
 
 
 def triton_unavailable_reason() -> str | None:
@@ -88,6 +95,23 @@ def _peer_ptx(gather: bool) -> tuple[str, str, int]:
         divisible=("n",))  # a hidden row (4096, 8192) or its multiples
 
 
+def _moe_ptx(down: bool) -> tuple[str, str, int]:
+    """A MoE decode GEMV (gate_up, or down with its k-pair sum) in fp16 at MOE_SHAPE, as the engine launches it
+    (no programmatic dependent launch below SM90)."""
+    from onecat.engine.kernels import triton_moe_gemv as km
+
+    h, i, k = MOE_SHAPE["hidden"], MOE_SHAPE["intermediate"], MOE_SHAPE["top_k"]
+    gate_up, down_kernel = km._kernels()
+    if down:
+        block_n, block_k, warps = km.config(i)
+        return _compile(down_kernel, MOE_DOWN_SIGNATURE, {"K": i, "TOP_K": k, "K_PAD": km.k_pad(k),
+                                                          "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": False},
+                        warps, divisible=("H", "stride_we"))
+    block_n, block_k, warps = km.config(h, glu=True)
+    return _compile(gate_up, MOE_GATE_UP_SIGNATURE, {"K": h, "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": False},
+                    warps, divisible=("inter", "stride_we"))
+
+
 def _cases():
     for k, m in CASES:
         yield f"w4a16_gemv K={k} rows={m} g{GROUP} (Triton)", f"w4a16_gemv_k{k}_m{m}", lambda k=k, m=m: _ptx(k, m)
@@ -95,6 +119,10 @@ def _cases():
         for k, m in CASES:
             yield (f"{fmt}_gemv K={k} rows={m} (Triton)", f"{fmt}_gemv_k{k}_m{m}",
                    lambda f=fmt, b=block, k=k, m=m: _fp4_ptx(f, b, k, m))
+    for down in (False, True):
+        what = "down" if down else "gate_up"
+        yield (f"moe_decode_{what} H={MOE_SHAPE['hidden']} I={MOE_SHAPE['intermediate']} k={MOE_SHAPE['top_k']} "
+               "(Triton)", f"moe_decode_{what}", lambda d=down: _moe_ptx(d))
     for gather in (False, True):
         what = "all_gather" if gather else "all_reduce"
         yield f"tp_peer_{what} world={PEER_WORLD} fp16 (Triton)", f"tp_peer_{what}", lambda g=gather: _peer_ptx(g)
