@@ -16,8 +16,8 @@ def compare_with_transformers(model_dir, configure, atol: float, dtype: str = "f
     """Runs the engine in `dtype` with `configure(module)` applied to every module, checks every prompt logprob and
     every decode step's top-5 logprobs within atol of transformers' float32 logprobs on the same tokens (teacher
     forced: the greedy token need only be within atol of transformers' top one, so a near-tie may flip it), and
-    returns every path the MoE / Gated DeltaNet layers took over the run (report, if given, gets the worst error and the attention
-    backends' call counts)."""
+    returns every path the MoE / Gated DeltaNet layers took over the run (report, if given, gets the worst error
+    and the attention backends' call counts)."""
     from onecat.engine import LLM, SamplingParams
     from onecat.engine.layers.gated_deltanet import GatedDeltaNet
     from onecat.engine.layers.moe import Experts

@@ -5,8 +5,8 @@ it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check
 instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
 and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
 (triton_moe_gemv.py) at the Qwen3-30B-A3B widths; and the tensor-parallel one-shot all-reduce / all-gather at
-TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits. Needs Triton importable (the engine's CUDA extra);
-without it the check says so and reports nothing.
+TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits.
+Needs Triton importable (the engine's CUDA extra); without it the check says so and reports nothing.
 """
 from __future__ import annotations
 
