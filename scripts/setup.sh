@@ -34,5 +34,8 @@ if [ "${1:-}" = "test" ]; then
   # EvalPlus's own evaluator, for the slow equivalence test (its API-client dependencies are not needed)
   pip install -q --no-deps evalplus==0.3.1
   onecat kernels fetch-nvdisasm >/dev/null || echo "note: nvdisasm (sm_70 SASS check) not fetched; that test will skip"
+  # Triton for the offline sm_70 builds of the Triton kernels (the CPU torch brings none; a CUDA torch keeps its own)
+  python -c "import triton" 2>/dev/null || pip install -q --no-deps "triton==3.6.*" \
+    || echo "note: triton not installed; the sm_70 checks of the Triton kernels will skip"
 fi
 echo "onecat set up in $(pwd)/.venv"
