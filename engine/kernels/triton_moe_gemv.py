@@ -125,7 +125,7 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     """triton_moe.fused_experts for T <= MAX_TOKENS (the caller checks shapes and dtypes): x [T, H] contiguous,
     gate_up [E, 2I, H], down [E, H, I] contiguous; weights, ids [T, k] -> [T, H]."""
     T, top_k = ids.shape
-    E, two_i, H = gate_up.shape
+    _, two_i, H = gate_up.shape
     inter = two_i // 2
     ids = ids.to(torch.int32).contiguous()
     route = weights.to(torch.float32).contiguous()
