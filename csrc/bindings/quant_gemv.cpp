@@ -51,6 +51,19 @@ int auto_splits_mma(int runs, int tiles, int sms) {
   return 1;
 }
 
+// Warps a block of the tensor-core GEMV, by the blocks (row tiles x splits) each SM gets: under 2 (Llama-3-8B's
+// qkv and o on an H200: 192 and 128 blocks on 132 SMs) 8 warps, so each warp has half the runs and a SM twice the
+// loads in flight; 6 and more (its gate_up, 896 blocks) 2; else 4. FP8, whose runs are twice the bytes: 8 under 1
+// block a SM, else 4. Measured per projection and format on an H200 (benchmarks/results/quant_h200.json
+// "warps_by_grid"). It depends on the shape alone, never on the row count, so a row's bits are the same alone or
+// in a batch.
+int mma_warps(int blocks, int sms, bool fp8) {
+  if (fp8) return blocks < sms ? 8 : kMmaWarps;
+  if (blocks < 2 * sms) return 8;
+  if (blocks >= 6 * sms) return 2;
+  return kMmaWarps;
+}
+
 enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
 
 // With residual (and norm_weight): the folded RMSNorm; returns (y, x + residual), else (y, undefined).
@@ -177,6 +190,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   p.m_rows = static_cast<int>(m);
   p.splits = s;
   p.tiled = static_cast<int>(tiled);
+  p.warps = mma ? mma_warps(tiles * s, sms, fmt == kFp8) : 0;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(mma ? launch_mma(static_cast<int>(fmt), x.scalar_type() == at::kBFloat16, p, stream, pdl)
                      : launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));

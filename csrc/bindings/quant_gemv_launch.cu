@@ -53,15 +53,21 @@ template <int FMT, typename T, bool SLOTS = false>
 cudaError_t launch_mma_as(const Params& p, cudaStream_t stream, bool pdl) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(p.glu ? p.n_out / 16 : (p.n + kMmaRows - 1) / kMmaRows, p.splits);  // glu: a gate and an up tile a block
-  config.blockDim = dim3(kMmaWarps * 32);
+  config.blockDim = dim3(p.warps * 32);
   config.stream = stream;
   cudaLaunchAttribute overlap[1];  // programmatic dependent launch (SM90+): may start while the previous kernel ends
   overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = overlap;
   config.numAttrs = pdl ? 1 : 0;
-  // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp
-  return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kMmaRows / 16, kMmaWarps, SLOTS>, p);
+  // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp, Params.warps warps a block
+  constexpr int kT = kMmaRows / 16;
+  switch (p.warps) {
+    case 2: return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 2, SLOTS>, p);
+    case 4: return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 4, SLOTS>, p);
+    case 8: return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 8, SLOTS>, p);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace

@@ -11,10 +11,10 @@
 // the block's 128-column runs in turn (U runs a batch, their loads issued together while the previous batch
 // is computed; a warp's B operand serves all T tiles), then add their accumulators in warp order through
 // shared memory. With splits > 1 the blocks write fp32 partials and the last block of a row tile adds them in
-// split order (as quant_gemv.cuh): the same order on every call. The launcher's choice (U, T, W) = (1, 2, 4)
-// was the fastest over the Llama-3-8B projections at 1 and 8 rows on an H200 (benchmarks/results/
-// quant_gemv_h200.json); fewer instructions a weight mattered more there than more loads in flight (a ring of
-// cp.async stages was slower).
+// split order (as quant_gemv.cuh): the same order on every call. The launcher's choice U = 1, T = 2 was the
+// fastest over the Llama-3-8B projections at 1 and 8 rows on an H200 (benchmarks/results/quant_gemv_h200.json;
+// a ring of cp.async stages was slower); W (Params.warps) is 8 where the grid leaves under 2 blocks a SM, 2 from
+// 6 on, else 4 (mma_warps in csrc/bindings/quant_gemv.cpp).
 //
 // GLU (p.glu, a [gate | up] weight of 2 n_out rows): block i takes gate tile i and up tile i (rows 16 i .. and
 // n_out + 16 i ..) and writes SiLU(gate) * up of its 16 outputs, rounded as the separate SiLU * mul kernel

@@ -20,7 +20,7 @@ enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMmaRows = 32;  // mma_gemv.cuh: output rows of a block (two tiles of one mma's M)
-constexpr int kMmaWarps = 4;  // mma_gemv.cuh: warps of a block
+constexpr int kMmaWarps = 4;  // mma_gemv.cuh: warps of a block by default (Params.warps: 2, 4 or 8)
 constexpr int kMmaRun = 128;  // mma_gemv.cuh: columns of K a warp takes at once (a run)
 
 // Params.tiled: how mma_gemv.cuh finds the words (engine/kernels/quant_gemv.py LAYOUTS)
@@ -45,6 +45,7 @@ struct Params {
   int gshift;  // W4A16: group = 32 << gshift
   int tiled;   // mma_gemv.cuh only, a Layout: the words in tiles of 16 rows a run (mma_tiles in
                // engine/kernels/quant_gemv.py), NVFP4's also with its codes in the activation dtype's slots
+  int warps;   // mma_gemv.cuh only: warps a block, by the grid's blocks per SM (mma_warps in csrc/bindings/quant_gemv.cpp)
 };
 
 }  // namespace onecat_qgemv
