@@ -14,7 +14,7 @@
 // split order (as quant_gemv.cuh): the same order on every call. The launcher's choice U = 1, T = 2 was the
 // fastest over the Llama-3-8B projections at 1 and 8 rows on an H200 (benchmarks/results/quant_gemv_h200.json;
 // a ring of cp.async stages was slower); W (Params.warps) is 8 where the grid leaves under 2 blocks a SM, 2 from
-// 6 on, else 4 (mma_warps in csrc/bindings/quant_gemv.cpp).
+// 6 on, else 4; FP8's 8 under 1 block a SM, else 4 (mma_warps in csrc/bindings/quant_gemv.cpp).
 //
 // GLU (p.glu, a [gate | up] weight of 2 n_out rows): block i takes gate tile i and up tile i (rows 16 i .. and
 // n_out + 16 i ..) and writes SiLU(gate) * up of its 16 outputs, rounded as the separate SiLU * mul kernel

@@ -45,7 +45,8 @@ struct Params {
   int gshift;  // W4A16: group = 32 << gshift
   int tiled;   // mma_gemv.cuh only, a Layout: the words in tiles of 16 rows a run (mma_tiles in
                // engine/kernels/quant_gemv.py), NVFP4's also with its codes in the activation dtype's slots
-  int warps;   // mma_gemv.cuh only: warps a block, by the grid's blocks per SM (mma_warps in csrc/bindings/quant_gemv.cpp)
+  int warps;   // mma_gemv.cuh only: warps a block, by the grid's blocks per SM (mma_warps in
+               // csrc/bindings/quant_gemv.cpp)
 };
 
 }  // namespace onecat_qgemv
