@@ -126,8 +126,9 @@ def random_weights(cfg: dict):
 
 
 def build_onecat(model_dir: Path, cfg: dict, dtype: str = "float16", **kw):
-    import onecat.engine.llm as llm_mod
+    import onecat.engine.worker.worker as worker_mod
     from onecat.engine.config import ModelConfig
+    from onecat.engine.llm import LLM
     from onecat.engine.loader import Checkpoint
     from onecat.engine.tokenizer import Tokenizer
 
@@ -135,12 +136,12 @@ def build_onecat(model_dir: Path, cfg: dict, dtype: str = "float16", **kw):
         mc = ModelConfig.from_hf(cfg)
         return Checkpoint(mc, Tokenizer.from_hf_dir(source.path, mc.eos_token_id), random_weights(cfg))
 
-    original = llm_mod.open_checkpoint
-    llm_mod.open_checkpoint = open_random
+    original = worker_mod.open_checkpoint
+    worker_mod.open_checkpoint = open_random
     try:
-        return llm_mod.LLM(str(model_dir), dtype=dtype, device="cuda", **kw)
+        return LLM(str(model_dir), dtype=dtype, device="cuda", **kw)
     finally:
-        llm_mod.open_checkpoint = original
+        worker_mod.open_checkpoint = original
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -167,16 +168,13 @@ def set_fused(llm, on: bool) -> None:
 
 def fused_vs_unfused(llm, fused: dict, fused_toks, gen: int, vocab: int) -> dict:
     """Batch 1 at 1K with the per-layer small ops unfused (torch reference ops), graphs recaptured."""
-    runner = llm.engine.runner
-    saved = runner.graphs
     set_fused(llm, False)
     try:
-        runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)
-        run_decode(llm, 1, 64, 8, vocab, seed=99)  # capture
-        r, toks = run_decode(llm, 1, 1024, gen, vocab)
+        with llm.cuda_graphs_replaced(enabled=True):
+            run_decode(llm, 1, 64, 8, vocab, seed=99)  # capture
+            r, toks = run_decode(llm, 1, 1024, gen, vocab)
     finally:
         set_fused(llm, True)
-        runner.graphs = saved
     return {"fused_step_ms": fused["step_ms"], "unfused_step_ms": r["step_ms"],
             "speedup": r["step_ms"] / fused["step_ms"], "greedy_tokens_identical": toks == fused_toks,
             "note": "both with CUDA graphs; random weights make near-tied greedy choices common"}
@@ -188,7 +186,6 @@ def bench_onecat(name: str, cfg: dict, root: Path, bw: float, res: dict) -> dict
     llm = build_onecat(make_model_dir(root, cfg), cfg, max_model_len=16384 + 512, max_num_seqs=64,
                        max_num_batched_tokens=64 * 512 + 256, cuda_graph=True, kv_cache_memory_gb=48.0,
                        enable_prefix_caching=False)
-    runner = llm.engine.runner
     weight_bytes = sum(p.numel() * p.element_size() for n, p in llm.model.named_parameters()
                        if not n.startswith("embed_tokens"))  # the embedding is read one row per token
     kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
@@ -210,11 +207,8 @@ def bench_onecat(name: str, cfg: dict, root: Path, bw: float, res: dict) -> dict
         save()
         if ctx == 1024:
             graph_toks = toks
-            saved, runner.graphs = runner.graphs, None  # the same engine, eager
-            try:
+            with llm.cuda_graphs_replaced(enabled=False):  # the same engine, eager
                 e, eager_toks = run_decode(llm, 1, ctx, gen, V)
-            finally:
-                runner.graphs = saved
             res["b1_ctx1024_eager"] = e
             res["graphs_vs_eager_b1"] = {"graph_step_ms": r["step_ms"], "eager_step_ms": e["step_ms"],
                                          "speedup": e["step_ms"] / r["step_ms"],
@@ -240,9 +234,9 @@ def bench_onecat(name: str, cfg: dict, root: Path, bw: float, res: dict) -> dict
     info = llm.info()
     res["attention_backend"] = info["attention_backend"]
     res["fused_kernels"] = info["fused_kernels"]
-    res["cuda_graph"] = runner.cuda_graph_report()
+    res["cuda_graph"] = llm.cuda_graph_report()
     llm.close()
-    del llm, runner
+    del llm
     gc.collect()
     torch.cuda.empty_cache()
     return res

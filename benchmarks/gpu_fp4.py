@@ -31,7 +31,7 @@ def fits(cfg, k: int) -> bool:
 
 
 def random_fp4(fmt: str, n: int, k: int, gen):
-    from onecat.engine.quant.fp4_layout import FP4Weight
+    from onecat.engine.quant.fp4.layout import FP4Weight
 
     q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda", generator=gen)
     if fmt == "nvfp4":
@@ -43,7 +43,7 @@ def random_fp4(fmt: str, n: int, k: int, gen):
 
 def _compile_one(task) -> str:
     fmt, k, m, cfg = task
-    from onecat.engine.quant.fp4_linear import fp4_gemv
+    from onecat.engine.quant.fp4.linear import fp4_gemv
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     fp4_gemv(torch.ones(m, k, dtype=torch.float16, device="cuda"), random_fp4(fmt, 256, k, gen), cfg)
@@ -52,8 +52,8 @@ def _compile_one(task) -> str:
 
 
 def tasks(shapes, sweep: bool) -> list:
-    from onecat.engine.quant.fp4_layout import FP4_BLOCKS
-    from onecat.engine.quant.fp4_linear import default_config
+    from onecat.engine.quant.fp4.layout import FP4_BLOCKS
+    from onecat.engine.quant.fp4.linear import default_config
 
     out = set()
     for fmt in FORMATS:
@@ -67,8 +67,8 @@ def tasks(shapes, sweep: bool) -> list:
 
 
 def bench(fmt: str, name: str, n: int, k: int, sweep: bool, copy_gbps: float) -> dict:
-    from onecat.engine.quant.fp4_layout import FP4_BLOCKS, dequantize
-    from onecat.engine.quant.fp4_linear import default_config, fp4_gemv
+    from onecat.engine.quant.fp4.layout import FP4_BLOCKS, dequantize
+    from onecat.engine.quant.fp4.linear import default_config, fp4_gemv
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     ws = random_fp4(fmt, n, k, gen)

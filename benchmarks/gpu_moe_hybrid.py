@@ -83,8 +83,9 @@ def random_weights(shapes: dict[str, torch.Size]):
 
 
 def build_onecat(model_dir: Path, cfg: dict, shapes, **kw):
-    import onecat.engine.llm as llm_mod
+    import onecat.engine.worker.worker as worker_mod
     from onecat.engine.config import ModelConfig
+    from onecat.engine.llm import LLM
     from onecat.engine.loader import Checkpoint
     from onecat.engine.tokenizer import Tokenizer
 
@@ -92,11 +93,11 @@ def build_onecat(model_dir: Path, cfg: dict, shapes, **kw):
         mc = ModelConfig.from_hf(cfg)
         return Checkpoint(mc, Tokenizer.from_hf_dir(source.path, mc.eos_token_id), random_weights(shapes))
 
-    original, llm_mod.open_checkpoint = llm_mod.open_checkpoint, open_random
+    original, worker_mod.open_checkpoint = worker_mod.open_checkpoint, open_random
     try:
-        return llm_mod.LLM(str(model_dir), dtype="bfloat16", device="cuda", enable_prefix_caching=False, **kw)
+        return LLM(str(model_dir), dtype="bfloat16", device="cuda", enable_prefix_caching=False, **kw)
     finally:
-        llm_mod.open_checkpoint = original
+        worker_mod.open_checkpoint = original
 
 
 def decode(llm, batch: int, ctx: int, gen: int, vocab: int, seed: int = 0):
@@ -207,9 +208,9 @@ def onecat_moe(cfg: dict, shapes, root: Path, bw: float, res: dict) -> None:
         res["b32_ctx512"] = r
         log("moe onecat b32", r)
         res.update(paths(llm))
-        llm.engine.runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)  # as cuda_graph full
+        llm.setup_cuda_graphs()  # as cuda_graph full
         warm_up(llm, [1, 32], 512, V)  # captures the batch-1 and batch-32 graphs
-        report = llm.engine.runner.cuda_graph_report()
+        report = llm.cuda_graph_report()
         res["cuda_graph_report"] = {k: report.get(k) for k in ("used", "replays", "captured_sizes", "disabled_reason")}
         log("moe onecat graphs", res["cuda_graph_report"])
         if report.get("used"):
@@ -251,9 +252,9 @@ def onecat_hybrid(cfg: dict, shapes, root: Path, bw: float, res: dict, graphs: s
             res["b1_ctx16k_kernels"] = k
             log("hybrid onecat kernels", {a: v for a, v in k.items() if a != "top_kernels_ms_per_step"})
         if graphs != "off":
-            llm.engine.runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)  # as cuda_graph full
+            llm.setup_cuda_graphs()  # as cuda_graph full
             warm_up(llm, [1], 1024, V)  # captures the batch-1 graph
-            report = llm.engine.runner.cuda_graph_report()
+            report = llm.cuda_graph_report()
             res["cuda_graph_report"] = {k: report.get(k) for k in ("used", "replays", "captured_sizes",
                                                                    "disabled_reason", "verify_disabled_reason")}
             log("hybrid onecat graphs", res["cuda_graph_report"])

@@ -12,7 +12,7 @@ Where the tensor-core GEMV takes the call on SM80+ (W4A16 fp16 g128, NVFP4, FP8,
 "cuda_int4", "cuda_nvfp4", "cuda_fp8" and their "_bf16", "cuda_mxfp4_bf16"), "cuda_fma_*" is the FMA GEMV on
 the same weights; NVFP4, MXFP4 and FP8 are timed with fp16 and with bf16 activations (*_bf16). "*_tiled" is
 the tensor-core GEMV on the same weights in its tiles (quant_gemv.mma_tiles), "cuda_*fp4*_slots" FP4 in tiles
-with its codes in the activation dtype's slots (engine/quant/fp4_slots.py): what packed layers hold. For gate_up,
+with its codes in the activation dtype's slots (engine/quant/fp4/slots.py): what packed layers hold. For gate_up,
 "*_glu" is that GEMV writing SiLU(gate) * up, "*_then_silu_mul" the GEMV then the separate SiLU * mul kernel (what
 a packed MLP ran before). --formats picks a subset of the formats.
 """
@@ -36,7 +36,7 @@ BF16_TOO = ("nvfp4", "mxfp4", "fp8")  # also timed with bf16 activations (*_bf16
 
 def random_weight(fmt: str, n: int, k: int, gen) -> dict:
     """Kernel arguments of a random packed weight, its byte count and the Triton arm's call (None for FP8)."""
-    from onecat.engine.kernels.triton_w4a16 import scale_zero_pairs
+    from onecat.engine.quant.w4a16.layout import scale_zero_pairs
 
     if fmt == "int4":
         q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda", generator=gen)
@@ -69,7 +69,7 @@ def cuda_call(x, a: dict, fmt: str, splits: int = 0, kernel: str = "auto", tiled
 def mma_tiled(a: dict, fmt: str, layout: int) -> torch.Tensor:
     """a's words in the tensor-core GEMV's tiles, NVFP4's codes also in slots for the slot layouts."""
     from onecat.engine.kernels.quant_gemv import SLOT_DTYPES, mma_tiles
-    from onecat.engine.quant.fp4_slots import to_slots
+    from onecat.engine.quant.fp4.slots import to_slots
 
     slots = SLOT_DTYPES.get(layout)
     return mma_tiles(a["qweight"] if slots is None else to_slots(a["qweight"], slots, fmt), fmt)
@@ -81,7 +81,7 @@ def triton_call(x, a: dict, fmt: str):
 
         return lambda: w4a16_gemv(x, a["qweight"], a["scales"], 128)
     if fmt in ("nvfp4", "mxfp4"):
-        from onecat.engine.quant.fp4_linear import fp4_gemv
+        from onecat.engine.quant.fp4.linear import fp4_gemv
 
         return lambda: fp4_gemv(x, a["fp4"])
     return None

@@ -131,7 +131,7 @@ def bench_arm(model_dir: Path, cfg: dict, tp: int, peer: bool, bw: float, contex
         r, _ = decode(llm, 32, 512, 64, V)
         res["b32_ctx512"] = r
         log(f"TP={tp} peer={peer} batch 32: {r['tok_s']:.0f} tok/s")
-        res["cuda_graph"] = llm.engine.runner.cuda_graph_report()
+        res["cuda_graph"] = llm.cuda_graph_report()
         return res
     finally:
         llm.close()

@@ -96,7 +96,7 @@ def copy_limit_gbps(nbytes: int = 4 << 30) -> float:
 
 
 def random_packed(n: int, k: int, group: int, gen):
-    from onecat.engine.kernels.triton_w4a16 import scale_zero_pairs
+    from onecat.engine.quant.w4a16.layout import scale_zero_pairs
 
     q = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device="cuda", generator=gen)
     s = (torch.rand(n, k // group, device="cuda", generator=gen) * 0.02 + 0.001).half()
@@ -107,8 +107,8 @@ def random_packed(n: int, k: int, group: int, gen):
 def bench_shape(name: str, n: int, k: int, sweep: bool, copy_gbps: float, group: int = 128) -> dict:
     from onecat.engine.kernels import triton_gemv as tg
     from onecat.engine.kernels import triton_w4a16 as kw
-    from onecat.engine.quant.w4a16_layout import W4A16Weight, dequantize
-    from onecat.engine.quant.w4a16_linear import W4A16Linear
+    from onecat.engine.quant.w4a16.layout import W4A16Weight, dequantize
+    from onecat.engine.quant.w4a16.linear import W4A16Linear
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     fp16_bytes = n * k * 2

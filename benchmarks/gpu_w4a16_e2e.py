@@ -44,9 +44,9 @@ def random_packed_decoder(llm, fmt: str) -> dict:
     the CUDA graphs captured again. Speed only: random codes, like the random fp16 weights of the other arms."""
     from gpu_fp4 import random_fp4
     from onecat.engine.kernels import quant_gemv
-    from onecat.engine.quant import fp8_layout
-    from onecat.engine.quant.fp4_linear import FP4Linear
-    from onecat.engine.quant.fp8_linear import FP8Linear
+    from onecat.engine.quant.fp4.linear import FP4Linear
+    from onecat.engine.quant.fp8 import layout as fp8_layout
+    from onecat.engine.quant.fp8.linear import FP8Linear
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     dtype = next(llm.model.parameters()).dtype
@@ -69,7 +69,7 @@ def random_packed_decoder(llm, fmt: str) -> dict:
         slots += layer.tiled in quant_gemv.SLOT_DTYPES
     gc.collect()
     torch.cuda.empty_cache()
-    llm.engine.runner.setup_cuda_graphs(True, llm.max_model_len, llm.cfg.max_num_seqs)
+    llm.setup_cuda_graphs()
     return {"method": f"{fmt} (random codes and scales, swapped in after load)", "packed_linears": swapped,
             "tiled": tiled, "code_slots": slots}
 

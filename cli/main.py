@@ -114,7 +114,7 @@ def gate_run(contract: Path = typer.Argument(..., help="contract YAML file"),
 
 
 def _write_junit(db: str, run_id: str, path: Path) -> None:
-    from onecat.gates.junit import write_junit
+    from onecat.reports.junit import write_junit
     from onecat.results.store import Store
 
     try:
@@ -129,9 +129,7 @@ def _write_junit(db: str, run_id: str, path: Path) -> None:
 def contract_check(files: List[Path] = typer.Argument(..., help="contract YAML files")) -> None:
     """Validate contracts: schema, size limits, unknown keys, registered kinds/checks/datasets, requests that fit
     max_model_len. Exit 2 on any error."""
-    from onecat.gates.contract import ContractError
-    from onecat.gates.contract_checks import contract_warnings
-    from onecat.gates.feasibility import load_feasible_contract
+    from onecat.gates.contract import ContractError, contract_warnings, load_feasible_contract
 
     bad = 0
     for f in files:

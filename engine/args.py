@@ -3,7 +3,7 @@
 `LLM(model, **settings)` takes exactly these names; `onecat serve` generates its engine flags from
 them (cli/serve.py); the server's config holds one (engine/server/app.py); a gate contract's
 `model`, `engine` and `speculative` sections derive their engine fields from them
-(gates/contract_settings.py says where each one lives in a contract).
+(gates/contract/settings.py says where each one lives in a contract).
 
 A setting declared here but not implemented by the engine (tensor parallelism, piecewise CUDA
 graphs, ...) validates, because contracts also describe peers such as vLLM that run it, and is
@@ -56,7 +56,7 @@ def _power_of_two(value: int) -> int:
 
 Dtype = Annotated[Literal["auto", "float32", "float16", "bfloat16"], BeforeValidator(_dtype_name)]
 CudaGraphMode = Annotated[Literal["off", "full", "piecewise"], BeforeValidator(_graph_mode)]
-SpeculativeMethod = Annotated[Literal["ngram", "draft_model", "dflash"], BeforeValidator(_known_method)]
+SpeculativeMethod = Annotated[Literal[SPECULATIVE_METHODS], BeforeValidator(_known_method)]
 
 
 class SpeculativeConfig(BaseModel):
@@ -202,7 +202,7 @@ class EngineArgs(BaseModel):
             out.append("cuda_graph='piecewise' is not implemented: onecat captures whole decode steps; use "
                        "cuda_graph full (or off)")
         if self.quantization is not None:
-            from onecat.engine.quant.packing import QUANTIZATIONS
+            from onecat.engine.quant.quantization import QUANTIZATIONS
 
             if self.quantization not in QUANTIZATIONS:
                 out.append(f"quantization {self.quantization!r} is not implemented: onecat runs "

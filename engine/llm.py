@@ -1,4 +1,8 @@
-"""The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))`, `.chat(...)`, `.score(...)`."""
+"""The offline API: `LLM(model=...).generate(prompts, SamplingParams(...))`, `.chat(...)`, `.score(...)`.
+
+An LLM validates its settings, has a Worker load the model (engine/worker/), builds the speculative
+proposer when one is configured, and hands both to the EngineCore (engine/core/), which runs requests.
+"""
 from __future__ import annotations
 
 import gc
@@ -6,26 +10,19 @@ import itertools
 import platform
 import time
 from collections.abc import Sequence as Seq
+from contextlib import AbstractContextManager
 
 import torch
 
 from onecat.engine.args import EngineArgs
-from onecat.engine.config import cpu_kv_cache_budget_gb, parse_dtype, parse_kv_cache_dtype, resolve_device
-from onecat.engine.engine_core import EngineCore
+from onecat.engine.core.engine_core import EngineCore
 from onecat.engine.errors import ConfigError
-from onecat.engine.kv_cache import bytes_per_block
-from onecat.engine.layers.linear import pack_weights
-from onecat.engine.layers.rotary import RotaryEmbedding
-from onecat.engine.loader import open_checkpoint
-from onecat.engine.loader.dummy import fill_random_weights
-from onecat.engine.model_source import resolve_model_source
-from onecat.engine.models.registry import model_class
-from onecat.engine.models.support import effective_settings, num_state_snapshots, unsupported_settings
-from onecat.engine.quant import WeightPacker, check_quantization
-from onecat.engine.quant.w4a16_packer import W4A16_NAMES, W4A16Packer
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
-from onecat.engine.warmup import warm_up
+from onecat.engine.speculative import build_proposer
+from onecat.engine.speculative.base import SpeculativeDecoder
+from onecat.engine.worker.worker import Worker
+
 
 class LLM:
     """An engine over one model. `LLM(model, **settings)` takes exactly EngineArgs' names (engine/args.py):
@@ -33,169 +30,38 @@ class LLM:
 
     def __init__(self, model: str, **settings):
         t0 = time.perf_counter()
-        self.cfg = EngineArgs.create(model=model, **settings)
-        unsupported = self.cfg.unsupported()
+        args = EngineArgs.create(model=model, **settings)
+        unsupported = args.unsupported()
         if unsupported:
             raise ConfigError("; ".join(unsupported))
-        self.source = resolve_model_source(model, self.cfg.revision, weights_required=self.cfg.load_format != "dummy")
-        self.device = resolve_device(self.cfg.device)
-        self.tp = None  # tensor parallel: this process's rank (engine/parallel)
-        if self.cfg.tensor_parallel_size > 1:
-            from onecat.engine.parallel.tensor_parallel import TensorParallel
-
-            self.tp = TensorParallel(self.cfg.tensor_parallel_size, self.device,
-                                     peer_collectives=not self.cfg.disable_custom_all_reduce)
-            self.device = self.tp.device
-        self.cpu_threads = None  # CPU, one rank: how many intra-op threads, and why (engine/cpu_threads.py)
-        if self.cfg.cpu_threads is not None and (self.device.type != "cpu" or self.tp is not None):
-            where = "tensor parallel ranks (each takes its share of the cores)" if self.tp else f"device {self.device}"
-            raise ConfigError(f"cpu_threads sets the threads of a CPU engine of one rank, not of {where}; "
-                              "remove cpu_threads")
-        if self.device.type == "cpu" and self.tp is None:
-            from onecat.engine.cpu_threads import choose_cpu_threads
-
-            self.cpu_threads = choose_cpu_threads(self.cfg.cpu_threads)
-        check_quantization(self.cfg.quantization, self.source.format, self.device)
-        self.w4a16 = W4A16Packer(self.cfg.quantization) if self.cfg.quantization in W4A16_NAMES else None
-        ckpt = open_checkpoint(self.source, keep_quantized=self.cfg.quantization == "gguf",
-                               on_quantized=self.w4a16.keep if self.w4a16 else None)
-        self.model_config, self.tokenizer = ckpt.config, ckpt.tokenizer
-        self.dtype = parse_dtype(self.cfg.dtype, self.device, self.model_config.torch_dtype)
-        unsupported = unsupported_settings(self.cfg, self.model_config, self.device)
-        if unsupported:
-            raise ConfigError("; ".join(unsupported))
-        self.cfg = effective_settings(self.cfg, self.model_config)
-        # for info(): what GGUF packing did, or the quantized HF format that was read dequantized
-        self.packing: dict | None = None if ckpt.stored_as is None else {
-            "checkpoint": ckpt.stored_as, "dequantized_to": str(self.dtype).replace("torch.", "")}
-        limit = self.model_config.max_position_embeddings
-        self.max_model_len = self.cfg.max_model_len or limit
-        if self.max_model_len > limit and not self.model_config.rope_scaling:
-            raise ConfigError(f"max_model_len={self.max_model_len} exceeds the model's {limit} positions")
-        self.model = self._build_model(ckpt)
-        self.fused_kernels = self._enable_fused_kernels(self.cfg.fused_kernels)
-        fp8 = parse_kv_cache_dtype(self.cfg.kv_cache_dtype)
-        kv_config = self.tp.kv_config(self.model_config) if self.tp else self.model_config
-        num_blocks = self._num_kv_blocks(fp8 is not None, kv_config)
-        torch.manual_seed(self.cfg.seed)
-        self.engine = EngineCore(self.model, kv_config, self.tokenizer, self.cfg, self.max_model_len,
-                                 num_blocks, self.dtype, fp8, self.device)
-        self.engine.runner.setup_cuda_graphs(self.cfg.cuda_graph == "full", self.max_model_len, self.cfg.max_num_seqs)
-        if self.tp is not None:
-            self.engine.runner.collectives = self.tp.collectives
-            if self.tp.is_worker:
-                return  # a worker rank runs the steps rank 0 sends it (engine/parallel/runtime.py)
-            self.engine.runner.peers = self.tp.start_workers(type(self), model, settings, num_blocks)
-        spec = self.cfg.speculative_config
-        speculative_config = spec.model_dump(exclude_none=True) if spec is not None else None
-        if speculative_config:
-            from onecat.engine.speculative import build_proposer
-
-            self.engine.proposer = build_proposer(speculative_config, self, open_draft_engine=LLM)
-            self.engine.runner.setup_verify(1 + self.engine.proposer.k,
-                                            self.fused_kernels["used"] and self.fused_kernels["kind"] == "triton")
+        self.worker = w = Worker(args)  # loads the model, sizes its caches, starts the tensor-parallel ranks
+        self.cfg, self.source, self.tp = w.cfg, w.source, w.tp  # cfg: the settings as run for this model
+        self.model_config, self.tokenizer, self.max_model_len = w.model_config, w.tokenizer, w.max_model_len
+        self.device, self.dtype = w.device, w.dtype
+        self.engine = EngineCore(self.cfg, w, self._build_proposer())
         self._ids = itertools.count()
-        self.warmup = warm_up(self) if self.device.type == "cuda" else None  # compile now, not on a request
+        self.warmup = None  # on CUDA: kernels compiled and graphs captured now, not on a request
+        if self.device.type == "cuda":
+            self.warmup = w.warm_up(self.engine_generate, self.engine.reset_counters)
         self.load_time_s = time.perf_counter() - t0
 
-    # ---- construction -------------------------------------------------------------------------
-    def _build_model(self, ckpt) -> torch.nn.Module:
-        cls = model_class(self.model_config.architecture)
-        with torch.device("meta"):
-            model = cls(self.model_config, self.max_model_len)
-        loader = None
-        if self.tp is not None:  # sharded on meta: a rank allocates and loads only its share
-            spec = self.cfg.speculative_config
-            loader = self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")
-        model = model.to_empty(device=self.device).to(self.dtype)
-        for m in model.modules():
-            if isinstance(m, RotaryEmbedding):
-                m.build_tables(self.device)
-        if self.model_config.tie_word_embeddings:
-            model.lm_head.weight = model.embed_tokens.weight
-        if self.cfg.quantization == "gguf":
-            packer = WeightPacker()
-            model.load_weights(packer.intercept(ckpt.weights))
-            self.packing = packer.apply(model)
-        elif self.cfg.load_format == "dummy":
-            fill_random_weights(model, self.cfg.seed)
-        else:
-            model.load_weights(loader.weights(ckpt.weights) if loader is not None else ckpt.weights)
-        if loader is not None:
-            self.tp.full_vocab = loader.full_vocab_layers(self.model_config.tie_word_embeddings)
-        if self.w4a16 is not None:  # 4-bit linears kept packed (CUDA GEMV kernels; CPU: the int4 layer)
-            self.packing = self.w4a16.apply(model)
-        if self.device.type == "cpu" and torch.backends.mkldnn.is_available():
-            pack_weights(model)
-        if hasattr(model, "allocate_recurrent_state"):  # hybrid: one state slot per request that may run at once
-            model.allocate_recurrent_state(self.cfg.max_num_seqs, self.dtype, self.device, num_state_snapshots(self.cfg))
-        return model.eval()
+    def _build_proposer(self) -> SpeculativeDecoder | None:
+        spec = self.cfg.speculative_config
+        if spec is None:
+            return None
+        proposer = build_proposer(spec, self.worker, open_draft_engine=LLM)
+        self.worker.setup_verify(proposer.k)
+        return proposer
 
-    def vocab_layers(self) -> tuple[torch.nn.Module, torch.nn.Module]:
-        """The target's whole embedding and LM head, for a drafter that calls them outside a step (under
-        tensor parallel the model's own are sharded, and rank 0 keeps copies)."""
-        if self.tp is not None and self.tp.full_vocab is not None:
-            return self.tp.full_vocab
-        return self.model.embed_tokens, self.model.lm_head
-
-    def _enable_fused_kernels(self, wanted: bool) -> dict:
-        """Fused kernels for the per-layer small ops: Triton on CUDA, the C++ CPU ops (float32) on CPU; the
-        reference torch ops where they cannot run, with the reason."""
-        if self.device.type == "cuda":
-            from onecat.engine.kernels.triton_fused import fused_unavailable_reason
-
-            reason = "turned off (fused_kernels=False)" if not wanted else fused_unavailable_reason()
-            for m in self.model.modules():
-                if hasattr(type(m), "use_fused"):
-                    m.use_fused = reason is None
-            return {"used": reason is None, "kind": "triton", "reason": reason}
-        from onecat.engine.kernels import cpu_ops
-
-        reason = ("turned off (fused_kernels=False)" if not wanted else
-                  f"the CPU fused ops take float32 models; dtype {self.dtype} runs the torch ops"
-                  if self.dtype != torch.float32 else cpu_ops.unavailable_reason())
-        ops = cpu_ops.load() if reason is None else None
-        for m in self.model.modules():
-            if hasattr(type(m), "cpu_ops"):
-                m.cpu_ops = ops
-            # the fused ops after o_proj, gate_up and down_proj read a packed matmul's bf16 output directly
-            for name in ("o_proj", "gate_up_proj", "down_proj"):
-                if hasattr(getattr(m, name, None), "keep_kernel_output"):
-                    getattr(m, name).keep_kernel_output = reason is None
-        report = {"used": reason is None, "kind": "cpu", "reason": reason}
-        if reason is None and hasattr(type(self.model), "cpu_decode"):
-            from onecat.engine.models import llama_cpu_decode
-
-            why_not = llama_cpu_decode.unsupported_reason(self.model)
-            self.model.cpu_decode = llama_cpu_decode.CpuDecodeLayers(self.model, ops) if why_not is None else None
-            report["one_call_decode"] = why_not or "batch-1 decode steps run all layers in one C++ call"
-        return report
-
-    def _num_kv_blocks(self, fp8: bool, mc) -> int:
-        c = self.cfg
-        per_block = bytes_per_block(len(mc.kv_layer_ids), c.block_size, mc.num_key_value_heads, mc.head_dim,
-                                    self.dtype, fp8)
-        min_blocks = -(-self.max_model_len // c.block_size) + 1  # + the null block
-        if c.num_kv_blocks is not None:
-            n = c.num_kv_blocks
-        else:
-            if c.kv_cache_memory_gb is not None:
-                budget = c.kv_cache_memory_gb * 2**30
-            elif self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = 0.9 * free
-            else:
-                wanted = c.max_num_seqs * self.max_model_len * per_block / c.block_size
-                budget = min(cpu_kv_cache_budget_gb() * 2**30, max(wanted, min_blocks * per_block))
-            n = int(budget // per_block)
-        if n < min_blocks:
-            raise ConfigError(f"the KV cache holds {n} blocks ({n * c.block_size} tokens) but one request of "
-                              f"max_model_len={self.max_model_len} needs {min_blocks}; give more KV memory "
-                              "(kv_cache_memory_gb) or lower max_model_len")
-        return n
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The loaded model (None after close())."""
+        return self.worker.model
 
     # ---- requests -----------------------------------------------------------------------------
-    def _tokenize(self, prompt, add_special_tokens: bool) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+        """(prompt text or None, token ids) of a prompt: a string, a list of token ids, or
+        {"prompt_token_ids": [...], "prompt": optional text}."""
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
@@ -208,7 +74,7 @@ class LLM:
                     add_special_tokens: bool = True, arrival_time: float | None = None) -> str:
         """Tokenize a prompt and hand it to the engine core; returns the request id. A request the engine
         refuses raises InvalidRequestError (nothing is kept for it)."""
-        text, ids = self._tokenize(prompt, add_special_tokens)
+        text, ids = self.tokenize(prompt, add_special_tokens)
         rid = request_id or str(next(self._ids))
         self.engine.add_request(rid, text, ids, params, arrival_time)
         return rid
@@ -225,7 +91,7 @@ class LLM:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise InvalidRequestError(f"{len(prompts)} prompts but {len(params_list)} sampling params")
-        tokenized = [self._tokenize(p, add_special_tokens) for p in prompts]  # a bad prompt fails the call first
+        tokenized = [self.tokenize(p, add_special_tokens) for p in prompts]  # a bad prompt fails the call first
         refused: dict[str, RequestOutput] = {}
         rids = []
         for (text, ids), sp in zip(tokenized, params_list):
@@ -276,26 +142,39 @@ class LLM:
             "kv_cache_dtype": self.cfg.kv_cache_dtype, "block_size": self.cfg.block_size,
             "num_kv_blocks": self.engine.blocks.num_blocks, "max_model_len": self.max_model_len,
             "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
-            "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.packing,
-            "fused_kernels": self.fused_kernels["used"], "fused_kernels_detail": self.fused_kernels,
+            "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.worker.packing,
+            "fused_kernels": self.worker.fused_kernels["used"], "fused_kernels_detail": self.worker.fused_kernels,
             "async_scheduling": {"enabled": self.cfg.async_scheduling,
                                  "launches": self.engine.pipeline.launches if self.engine.pipeline else 0},
-            "attention_backend": self.engine.attention.report(),
-            "cuda_graph": self.engine.runner.cuda_graph_report()["used"], "warmup": self.warmup,
+            "attention_backend": self.worker.attention.report(),
+            "cuda_graph": self.worker.cuda_graph_report()["used"], "warmup": self.warmup,
             "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "tensor_parallel": self.tp.describe(self.model_config) if self.tp else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
-            "cpu_threads": self.cpu_threads,
+            "cpu_threads": self.worker.cpu_threads,
         }
+
+    # ---- CUDA graphs, for measurements that change the model after load -------------------------
+    def setup_cuda_graphs(self) -> None:
+        """Decode steps replay CUDA graphs from now on, as with cuda_graph full (fresh graphs, captured on
+        first use); nothing changes off CUDA."""
+        self.worker.setup_cuda_graphs(True)
+
+    def cuda_graph_report(self) -> dict:
+        """Whether steps replayed graphs, how often, the captured batch sizes and why graphs are off."""
+        return self.worker.cuda_graph_report()
+
+    def cuda_graphs_replaced(self, enabled: bool) -> AbstractContextManager[None]:
+        """A context manager: steps inside it run on fresh CUDA graphs (`enabled`) or eagerly; afterwards
+        the engine's own graphs, with what they captured, are back."""
+        return self.worker.graphs_replaced(enabled)
 
     def close(self) -> None:
         """Releases the model weights and the KV cache now (not whenever the garbage collector gets to the
         engine's reference cycles) and stops the other tensor-parallel ranks; the object cannot generate
         afterwards. Safe to call twice."""
-        if self.tp is not None and not self.tp.is_worker:
-            self.tp.close()
+        self.worker.close()
         self.engine = None
-        self.model = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

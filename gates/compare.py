@@ -10,7 +10,7 @@ the output is measured figures. They are stored as one run of kind "compare" in 
     model: {source: "embedded:smollm2-135m-instruct", dtype: float32}
     sampling: {temperature: 0.0, max_tokens: 64}
     seeds: [0]
-    engines:                        # label -> engine settings (gates/contract.py EngineSpec)
+    engines:                        # label -> engine settings (gates/contract/settings.py EngineSpec)
       onecat: {backend: onecat_serve, max_num_seqs: 16}
       vllm: {backend: vllm_serve, max_num_seqs: 16}
       llama.cpp: {backend: llama_server, max_model_len: 2048, max_num_seqs: 16,
@@ -28,8 +28,7 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from onecat.gates.contract import (ArmSettings, ContractError, EngineSpec, ModelOverride, ModelSpec, SamplingSpec,
-                                   SpeculativeSpec, canonical_json, sha256_text)
-from onecat.gates.contract_yaml import load_yaml, read_contract_text
+                                   SpeculativeSpec, canonical_json, load_yaml, read_contract_text, sha256_text)
 from onecat.gates.runners.endpoint import EndpointRunner, EndpointWorkload
 from onecat.results.environment import capture_environment
 from onecat.results.records import ArmOutcome, RunRecord, new_run_id

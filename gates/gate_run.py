@@ -23,11 +23,10 @@ from typing import Any, Callable, Optional
 from onecat.gates import registry
 from onecat.gates.baseline_reuse import record_arm_evidence
 from onecat.gates.checks.base import INCONCLUSIVE, CheckResult, Evidence
-from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract
-from onecat.gates.contract_checks import pin_code
+from onecat.gates.contract import ARM_NAMES, ArmSettings, Contract, load_feasible_contract, pin_code
 from onecat.gates.datasets import DatasetError, ResolvedDataset, resolve_dataset
+from onecat.gates.engines.base import Engine, EngineAdapter
 from onecat.gates.failures import hold_to_failures, judged_workloads
-from onecat.gates.feasibility import load_feasible_contract
 from onecat.gates.revision.resolve import resolve_arm_code
 from onecat.gates.runners.base import Unit
 from onecat.gates.verdict import Verdict, decide
@@ -111,7 +110,7 @@ def engine_class(arm: ArmSettings) -> Optional[type]:
     return registry.ENGINES.get(arm.engine.backend)
 
 
-def open_arm_engine(arm: ArmSettings, seed: int = 0) -> Any:
+def open_arm_engine(arm: ArmSettings, seed: int = 0) -> EngineAdapter:
     if arm.code is not None:
         return engine_class(arm).open(arm, seed)
     from onecat.gates.engines.base import open_engine
@@ -182,7 +181,7 @@ class NullProgress:
 
 def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = False,
              report_dir: Optional[str | Path] = None, progress: Any = None,
-             open_engine: Optional[Callable[[ArmSettings, int], Any]] = None,
+             open_engine: Optional[Callable[[ArmSettings, int], Engine]] = None,
              reuse_baseline: bool = False, code_refs: Optional[dict[str, Optional[str]]] = None) -> GateOutcome:
     """Run a contract end to end; see the module docstring. `resume`: True (latest unfinished run of this
     contract) or a run id. `reuse_baseline`: copy the baseline's deterministic evidence from an earlier run
@@ -211,7 +210,7 @@ def run_gate(contract_path: str | Path, db: str | Path, resume: bool | str = Fal
         todo = [s for s in steps if (s.arm, s.workload_id, s.unit.key) not in done]
         total = sum(s.unit.size for s in steps)
         progress.start(total, total - sum(s.unit.size for s in todo))
-        engines: dict[str, Any] = {}
+        engines: dict[str, Engine] = {}
         runners = {w.id: registry.RUNNERS[w.kind]() for w in contract.workloads}
         last_step_of_arm = {s.arm: i for i, s in enumerate(todo)}
         try:

@@ -7,7 +7,7 @@ import torch
 
 
 def require_fused_kernels() -> None:
-    from onecat.engine.kernels.triton_fused import fused_unavailable_reason
+    from onecat.engine.kernels.triton_support import fused_unavailable_reason
 
     reason = fused_unavailable_reason()
     if reason:

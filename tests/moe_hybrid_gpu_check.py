@@ -31,7 +31,7 @@ def compare_with_transformers(model_dir, configure, atol: float, dtype: str = "f
             configure(m)
             m.register_forward_hook(lambda mod, args, out: paths.add(mod.path))
         outs = llm.generate(RAGGED, params)
-        attention_calls = dict(llm.engine.runner.attention.calls)
+        attention_calls = dict(llm.worker.attention.calls)
     ref = _hf_logprobs(model_dir, [p + o.token_ids for p, o in zip(RAGGED, outs)], device)
     worst = 0.0
     for p, o, r in zip(RAGGED, outs, ref):

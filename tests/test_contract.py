@@ -188,7 +188,7 @@ def test_kind_without_runner_validates_but_cannot_run(tmp_path):
 
 
 def test_docs_list_every_limit_with_its_default_and_keys():
-    from onecat.gates.limits import describe_limits
+    from onecat.gates.contract import describe_limits
 
     doc = (ROOT / "docs" / "harness.md").read_text(encoding="utf-8").splitlines()
     for name, default, _, keys in describe_limits():

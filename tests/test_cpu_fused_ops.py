@@ -130,7 +130,7 @@ def test_one_call_decode_step_equals_the_python_layers_bit_for_bit():
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=3)
     prompts = [[1000 + (i * 37 + j * 11) % 30000 for j in range(70 + 40 * i)] for i in range(3)]
     # prefix caching off: a cached prefix would leave a short tail to prefill, which takes the 4-bit kernel
-    # instead of the dense copy a whole prompt takes (int4_linear.py DENSE_FROM_ROWS), another rounding
+    # instead of the dense copy a whole prompt takes (int4/linear.py DENSE_FROM_ROWS), another rounding
     with LLM(EMBEDDED, dtype="float32", quantization="gguf", max_model_len=512, enable_prefix_caching=False) as llm:
         one_call = llm.model.cpu_decode
         assert one_call is not None, llm.info()["fused_kernels_detail"]

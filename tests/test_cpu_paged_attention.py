@@ -14,7 +14,7 @@ from onecat.engine.attention.cpu_paged import FP8_KINDS, CpuPagedBackend
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.selector import AttentionDispatcher
 from onecat.engine.kernels import cpu_ops
-from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8, quantize_fp8
+from onecat.engine.cache.kv import LayerKVCache, dequantize_fp8, quantize_fp8
 
 pytestmark = pytest.mark.skipif(cpu_ops.unavailable_reason() is not None,
                                 reason=f"CPU ops unavailable: {cpu_ops.unavailable_reason()}")

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from onecat.engine import LLM, SamplingParams
-from onecat.engine.sampler import apply_filters
+from onecat.engine.core.sampler import apply_filters
 from onecat.engine.speculative import dflash_cache
 from onecat.engine.speculative.dflash import DFlashDrafter
 from onecat.engine.speculative.dflash_cache import DrafterKVCache

@@ -10,8 +10,7 @@ from typer.testing import CliRunner
 
 from onecat.engine.args import EngineArgs
 from onecat.engine.errors import ConfigError
-from onecat.gates.contract import ContractError, parse_contract
-from onecat.gates.contract_settings import ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS
+from onecat.gates.contract import ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS, ContractError, parse_contract
 
 ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED = "embedded:smollm2-135m-instruct"
@@ -56,13 +55,14 @@ class LoadReached(Exception):
 
 @pytest.fixture
 def llm_stops_at_model(monkeypatch):
-    import onecat.engine.llm as llm_module
+    import onecat.engine.worker.worker as worker_module
+    from onecat.engine.llm import LLM
 
     def stop(*args, **kwargs):
         raise LoadReached()
 
-    monkeypatch.setattr(llm_module, "resolve_model_source", stop)
-    return llm_module.LLM
+    monkeypatch.setattr(worker_module, "resolve_model_source", stop)
+    return LLM
 
 
 # --------------------------------------------------------------------------- one list of names
@@ -74,8 +74,7 @@ def test_serve_flags_are_engine_args_plus_server_settings():
 
 
 def test_every_setting_has_one_place_in_a_contract():
-    from onecat.gates.contract import Contract
-    from onecat.gates.contract_settings import EngineSpec, ModelSpec, SpeculativeSpec
+    from onecat.gates.contract import Contract, EngineSpec, ModelSpec, SpeculativeSpec
 
     assert set(ENGINE_ARGS_IN_CONTRACT) == set(EngineArgs.model_fields)
     sections = {"model": ModelSpec, "engine": EngineSpec}
@@ -129,8 +128,7 @@ def test_unimplemented_settings_are_refused_with_one_message(name, value, llm_st
 
 
 def test_shipped_tp4_nvfp4_contract_loads_and_says_what_it_cannot_run():
-    from onecat.gates.contract import load_contract
-    from onecat.gates.contract_checks import contract_warnings
+    from onecat.gates.contract import contract_warnings, load_contract
 
     c = load_contract(ROOT / "contracts" / "dflash2_16k.yaml")
     assert c.engine.tensor_parallel_size == 4
@@ -201,7 +199,7 @@ def test_reasoning_reaches_the_chat_template(monkeypatch):
 def test_each_default_is_declared_once():
     """Outside engine/args.py no file that handles engine settings declares one as `name: type = default`."""
     files = ["engine/llm.py", "engine/config.py", "engine/server/app.py", "engine/server/serve_config.py",
-             "cli/serve.py", "gates/contract_settings.py", "gates/contract.py", "gates/engines/onecat_engine.py",
+             "cli/serve.py", "gates/contract/settings.py", "gates/contract/model.py", "gates/engines/onecat_engine.py",
              "gates/engines/openai_engine.py"]
     for f in files:
         text = (ROOT / f).read_text()

@@ -52,7 +52,7 @@ def test_fp8_kv_cache_stays_close(embedded_llm, kv):
     text = ["The quick brown fox jumps over the lazy dog. " * 6]
     ref = embedded_llm.score(text)[0]
     with LLM(EMBEDDED, max_model_len=512, kv_cache_dtype=kv) as llm:
-        assert llm.engine.runner.kv_caches[0].k.dtype.itemsize == 1
+        assert llm.worker.kv_caches[0].k.dtype.itemsize == 1
         got = llm.score(text)[0]
     assert got.prompt_token_ids == ref.prompt_token_ids
     nll_ref, nll = -ref.sum_logprob / ref.num_scored, -got.sum_logprob / got.num_scored

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from onecat.engine.attention.metadata import AttentionMetadata
-from onecat.engine.kv_cache import LayerKVCache
+from onecat.engine.cache.kv import LayerKVCache
 
 pytestmark = [
     pytest.mark.gpu,

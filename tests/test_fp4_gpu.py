@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecat.engine.quant.fp4_layout import dequantize, from_mxfp4, from_nvfp4
-from onecat.engine.quant.fp4_linear import FP4Linear, fp4_gemv
+from onecat.engine.quant.fp4.layout import dequantize, from_mxfp4, from_nvfp4
+from onecat.engine.quant.fp4.linear import FP4Linear, fp4_gemv
 from tests.gpu_kernels import require_fused_kernels
 from tests.test_fp4_packed import mxfp4_parts, nvfp4_parts
 from tests.test_w4a16_gpu import check_bound
@@ -76,8 +76,8 @@ def test_dequant_kernel_gives_the_reference_bits_and_prefill_uses_it(fmt, n, k):
     """The Triton dequantizer (what a prefill's GEMM runs on) gives dense_on_device's bits in every dtype; a
     20-row call of FP4Linear is the library GEMM on that weight."""
     from onecat.engine.kernels import triton_fp4 as kf
-    from onecat.engine.quant.fp4_linear import FMT_IDS, FP4Linear, dense_on_device
-    from onecat.engine.quant.fp4_slots import to_slots
+    from onecat.engine.quant.fp4.linear import FMT_IDS, FP4Linear, dense_on_device
+    from onecat.engine.quant.fp4.slots import to_slots
 
     w = packed(fmt, n, k, n + k).to("cuda")
     g = w.gscale if w.gscale is not None else w.scales
@@ -85,7 +85,7 @@ def test_dequant_kernel_gives_the_reference_bits_and_prefill_uses_it(fmt, n, k):
         ref = dense_on_device(w, dtype)
         got = kf.dequantize(w.qweight, w.scales, g, FMT_IDS[fmt], dtype)
         assert torch.equal(got.nan_to_num(), ref.nan_to_num()) and torch.equal(got.isnan(), ref.isnan()), dtype
-        for slots in (torch.float16, torch.bfloat16):  # the codes in slots (fp4_slots.py)
+        for slots in (torch.float16, torch.bfloat16):  # the codes in slots (fp4/slots.py)
             got = kf.dequantize(to_slots(w.qweight, slots, fmt), w.scales, g, FMT_IDS[fmt], dtype, slots=slots)
             assert torch.equal(got.nan_to_num(), ref.nan_to_num()), (dtype, slots)
     layer = FP4Linear(w)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from onecat.engine.errors import ConfigError
-from onecat.engine.quant.formats.modelopt import ModelOpt
-from onecat.engine.quant.formats.mxfp4 import MXFP4
-from onecat.engine.quant.fp4_layout import cat_fp4, dequantize, from_mxfp4, from_nvfp4
-from onecat.engine.quant.fp4_linear import FP4Linear, dense_on_device
-from onecat.engine.quant.fp4_packing import fp4_unsupported_reason
+from onecat.engine.quant.checkpoint_formats.modelopt import ModelOpt
+from onecat.engine.quant.checkpoint_formats.mxfp4 import MXFP4
+from onecat.engine.quant.fp4.layout import cat_fp4, dequantize, from_mxfp4, from_nvfp4
+from onecat.engine.quant.fp4.linear import FP4Linear, dense_on_device
+from onecat.engine.quant.fp4.packing import fp4_unsupported_reason
 
 pytest.importorskip("transformers")  # the tiny checkpoints are written by transformers
 
@@ -81,13 +81,13 @@ def fp4_dir(tmp_path, fmt: str):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_packed_fp4_engine_gives_the_dequantized_logprobs(tmp_path, fmt):
-    import onecat.engine.quant.packing as packing
+    import onecat.engine.quant.quantization as quantization
     from tests.test_w4a16_engine import prompt_logprobs
 
     qdir = fp4_dir(tmp_path, fmt)
     dense, _ = prompt_logprobs(qdir)
     mp = pytest.MonkeyPatch()
-    mp.setattr(packing, "check_w4a16", lambda *a: None)
+    mp.setattr(quantization, "check_w4a16", lambda *a: None)
     try:
         packed, info = prompt_logprobs(qdir, quantization=fmt)
     finally:
@@ -99,14 +99,14 @@ def test_packed_fp4_engine_gives_the_dequantized_logprobs(tmp_path, fmt):
 
 
 def test_fp4_names_refuse_other_checkpoints(tmp_path):
-    import onecat.engine.quant.packing as packing
+    import onecat.engine.quant.quantization as quantization
     from onecat.engine import LLM
 
     qdir = fp4_dir(tmp_path, "mxfp4")
     with pytest.raises(ConfigError, match="CUDA 4-bit GEMV kernels"):
         LLM(str(qdir), quantization="mxfp4", dtype="float32")
     mp = pytest.MonkeyPatch()
-    mp.setattr(packing, "check_w4a16", lambda *a: None)
+    mp.setattr(quantization, "check_w4a16", lambda *a: None)
     try:
         with pytest.raises(ConfigError, match="quantization='nvfp4' but the checkpoint is mxfp4"):
             LLM(str(qdir), quantization="nvfp4", dtype="float32")

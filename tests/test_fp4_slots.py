@@ -1,4 +1,4 @@
-"""NVFP4 words in code slots (engine/quant/fp4_slots.py): the layout round trip, and that the tensor-core GEMV's
+"""NVFP4 words in code slots (engine/quant/fp4/slots.py): the layout round trip, and that the tensor-core GEMV's
 decode (rotations and masks: fp4_mma.cuh slot_pair) of every code in every slot is the fp16 of code * 2^-14 or the
 bf16 of code * 2^-126. Pure torch, so it runs on CPU; tests/test_quant_gemv_gpu.py checks the kernel itself to
 the same bits."""
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from onecat.engine.kernels.fp4_slot_bits import SLOTS, slots_take
-from onecat.engine.quant.formats.bits import E2M1_VALUES
-from onecat.engine.quant.fp4_layout import pack_fp4, unpack_fp4
-from onecat.engine.quant.fp4_slots import from_slots, pack_slots, to_slots, unpack_slots
+from onecat.engine.quant.bits import E2M1_VALUES
+from onecat.engine.quant.fp4.layout import pack_fp4, unpack_fp4
+from onecat.engine.quant.fp4.slots import from_slots, pack_slots, to_slots, unpack_slots
 
 DTYPES = [torch.float16, torch.bfloat16]
 # what the decoded bits are: the fp16 of code * 2^-14 (magnitude to bits 9-11), the bf16 of code * 2^-126 (6-8)
@@ -82,7 +82,7 @@ def test_k_not_a_multiple_of_eight_and_other_dtypes_are_refused():
 
 
 def test_large_weights_are_re_laid_in_row_chunks(monkeypatch):
-    from onecat.engine.quant import fp4_slots
+    from onecat.engine.quant.fp4 import slots as fp4_slots
 
     codes = random_codes(40, 128, 1)
     plain = pack_fp4(codes, 16)

@@ -1,5 +1,5 @@
 """quantization='fp8': FP8 E4M3 checkpoints written by the compressed-tensors library keep their linears
-packed (engine/quant/fp8_layout.py, fp8_linear.py). The layout holds the checkpoint's values exactly; the
+packed (engine/quant/fp8/layout.py, fp8/linear.py). The layout holds the checkpoint's values exactly; the
 engine with packed layers gives the dequantized engine's logprobs (on CPU the layer computes on the exactly
 dequantized weight, so the loading logic is checked to 1e-5; on CUDA the packed GEMV runs); block-scaled
 layers stay dense; CPU and non-FP8 checkpoints are refused with what to use."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from onecat.engine.errors import ConfigError
-from onecat.engine.quant.fp8_layout import dequantize, pack_fp8
-from onecat.engine.quant.fp8_linear import FP8Linear
+from onecat.engine.quant.fp8.layout import dequantize, pack_fp8
+from onecat.engine.quant.fp8.linear import FP8Linear
 from tests.quant_checkpoints import PROMPTS, dense_dir, linear_modules, onecat_weights, quantized_dir, tiny_llama
 
 pytest.importorskip("transformers")
@@ -33,7 +33,7 @@ def test_layout_holds_the_values_and_scales_exactly():
 def test_dense_weight_is_the_dequantized_weight_rounded_once(monkeypatch):
     """The dense path's weight (more rows than the GEMV takes), formed in row blocks from byte views: the float32
     dequantization rounded once to each dtype, subnormal codes and 448 included."""
-    import onecat.engine.quant.fp8_linear as fp8_linear
+    import onecat.engine.quant.fp8.linear as fp8_linear
 
     gen = torch.Generator().manual_seed(4)
     raw = (torch.randn(40, 64, generator=gen) * 40).to(torch.float8_e4m3fn)
@@ -88,7 +88,7 @@ def fp8_dir(tmp_path, case: str):
 @pytest.fixture
 def fp8_on_cpu(monkeypatch):
     """Lets the engine build FP8Linear on CPU (its reference path), as the W4A16 engine tests do."""
-    import onecat.engine.quant.w4a16_packer as packer
+    import onecat.engine.quant.hf_packer as packer
 
     monkeypatch.setattr(packer, "NO_CPU_KERNEL", tuple(n for n in packer.NO_CPU_KERNEL if n != "fp8"))
 
@@ -116,13 +116,13 @@ def test_block_scaled_layers_stay_dense(tmp_path, fp8_on_cpu):
 
 def test_refusals_name_what_to_use(tmp_path):
     from onecat.engine import LLM
-    from onecat.engine.quant.w4a16_packer import check_w4a16
+    from onecat.engine.quant.hf_packer import check_w4a16
 
     with pytest.raises(ConfigError, match="leave quantization unset"):
         check_w4a16("fp8", "hf", torch.device("cpu"))
     from tests.test_w4a16_engine import gptq_dir
 
-    import onecat.engine.quant.w4a16_packer as packer
+    import onecat.engine.quant.hf_packer as packer
 
     saved = packer.NO_CPU_KERNEL
     packer.NO_CPU_KERNEL = ()

@@ -50,7 +50,7 @@ def test_silu_mul_matches_reference(dtype):
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("heads", [(32, 8, 128), (9, 3, 64)])
 def test_qk_rope_cache_matches_reference(qk_norm, heads):
-    from onecat.engine.kv_cache import allocate_kv_caches, write_kv
+    from onecat.engine.cache.kv import allocate_kv_caches, write_kv
     from onecat.engine.layers.norm import RMSNorm
     from onecat.engine.layers.rotary import RotaryEmbedding
 

@@ -117,7 +117,7 @@ def test_each_row_of_a_multi_row_call_equals_that_row_alone(norm, glu):
 
 
 def test_a_step_context_lets_more_rows_take_the_gemv():
-    from onecat.engine.forward_context import ForwardContext, set_forward_context
+    from onecat.engine.attention.forward_context import ForwardContext, set_forward_context
     from onecat.engine.layers.linear import Linear
 
     _gemv()

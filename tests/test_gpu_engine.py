@@ -17,7 +17,7 @@ def _sm80() -> bool:
 def _paged_case(qlens, slens, num_heads, num_kv_heads, head_dim, block_size, fp8_dtype, dtype, seed):
     """A random paged cache holding each sequence's context in shuffled blocks, plus the step's metadata."""
     from onecat.engine.attention.metadata import AttentionMetadata
-    from onecat.engine.kv_cache import allocate_kv_caches, write_kv
+    from onecat.engine.cache.kv import allocate_kv_caches, write_kv
 
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(seed)
@@ -55,7 +55,7 @@ CASES = [([1] * 8, [1, 15, 16, 128, 129, 257, 1000, 3000]),  # pure decode, part
 def test_triton_paged_matches_reference(fp8_dtype, case, heads):
     from onecat.engine.attention.torch_ref import TorchReferenceBackend
     from onecat.engine.attention.triton_paged import TritonPagedBackend
-    from onecat.engine.kv_cache import LayerKVCache
+    from onecat.engine.cache.kv import LayerKVCache
 
     qlens, slens = CASES[case]
     q, cache, meta = _paged_case(qlens, slens, *heads, 16, fp8_dtype, torch.float16, seed=case)
@@ -151,7 +151,7 @@ def test_fp16_cuda_engine_tracks_cpu_fp32(tmp_path, arch):
         info = gpu.info()
         assert info["attention_backend"]["effective"] == ("TRITON_PAGED" if _sm80() else info["attention_backend"]
                                                           ["effective"])
-        assert info["cuda_graph"] is True, gpu.engine.runner.cuda_graph_report()
+        assert info["cuda_graph"] is True, gpu.cuda_graph_report()
         sampled = gpu.generate(PROMPTS[:2], SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, seed=3,
                                                            ignore_eos=True))
         assert all(len(o.token_ids) == 8 for o in sampled)
@@ -176,7 +176,7 @@ def test_cuda_graphs_on_off_greedy_identical(tmp_path, kv_cache_dtype):
             results[graphs] = ([o.token_ids for o in llm.generate(PROMPTS, params)],
                                llm.generate(PROMPTS[2], params)[0].token_ids)
             info = llm.info()
-            report = llm.engine.runner.cuda_graph_report()
+            report = llm.cuda_graph_report()
             assert info["cuda_graph"] is graphs, report
             if graphs:
                 assert report["replays"] > 0 and {1, 4} <= set(report["captured_sizes"]), report
@@ -238,7 +238,7 @@ def test_speculative_verify_steps_replay_graphs_with_the_eager_tokens(tmp_path, 
         try:
             results[graphs] = ([o.token_ids for o in llm.generate(PROMPTS[:2], params)],
                                llm.generate(PROMPTS[2], params)[0].token_ids)
-            report = llm.engine.runner.cuda_graph_report()
+            report = llm.cuda_graph_report()
             if graphs:
                 assert report["verify_query_len"] == 4 and report["verify_disabled_reason"] is None, report
                 assert report["verify_replays"] > 0 and {1, 2} <= set(report["captured_verify_sizes"]), report

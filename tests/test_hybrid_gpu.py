@@ -42,7 +42,7 @@ def _rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-# ---- CUDA graphs of hybrid decode steps (engine/cuda_graph.py) against the eager engine ------------------------
+# ---- CUDA graphs of hybrid decode steps (engine/worker/cuda_graph.py) against the eager engine -----------------
 # Qwen3.5-27B's DeltaNet and attention heads (the benchmark's kernels), mixers scaled up and decays slowed so the
 # logits lean on the recurrent state (tests/tiny_moe_hybrid.py); bf16, where the Triton paged decode runs and
 # the step is graph-safe
@@ -90,7 +90,7 @@ def _graph_runs(model_dir, runs, **settings) -> dict:
     for mode in ("off", "full"):
         with LLM(str(model_dir), dtype="bfloat16", device="cuda", cuda_graph=mode, max_num_seqs=4, **settings) as llm:
             results = [llm.generate(prompts, params) for prompts, params in runs]
-            report = llm.engine.runner.cuda_graph_report()
+            report = llm.cuda_graph_report()
             facts = {"info_graph": llm.info()["cuda_graph"], "pipeline_launches": llm.engine.pipeline.launches
                      if llm.engine.pipeline is not None else 0, "states": llm.model.states,
                      "preemptions": llm.engine.scheduler.num_preemptions,

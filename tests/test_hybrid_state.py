@@ -112,8 +112,8 @@ def test_align_prefix_hits_restore_saved_states(hybrid_dir):
 
 
 def test_align_chunks_end_at_block_boundaries():
-    from onecat.engine.block_manager import BlockManager
-    from onecat.engine.state_cache import RecurrentStateCache
+    from onecat.engine.core.block_manager import BlockManager
+    from onecat.engine.cache.recurrent_state import RecurrentStateCache
 
     states = RecurrentStateCache(1, 2, 4, 4, 1, 2, 2, torch.float32, torch.device("cpu"), num_snapshots=2)
     blocks = BlockManager(8, 16, True, states)
@@ -152,7 +152,7 @@ def test_speculation_with_align_prefix_caching(hybrid_dir, spec, monkeypatch):
     under speculation equals the one plain decoding saves for the same block, and prompts that extend the first
     round's outputs hit those blocks and give plain decoding's tokens."""
     from onecat.engine import LLM
-    from onecat.engine.state_cache import RecurrentStateCache
+    from onecat.engine.cache.recurrent_state import RecurrentStateCache
 
     saved_states = []  # per engine: prefix hash -> the DeltaNet state kept for it
     original = RecurrentStateCache.save
@@ -218,7 +218,7 @@ def test_prefix_caching_is_off_for_hybrid_models_and_said_once(hybrid_dir, caplo
             llm.generate([shared], greedy(2))
             info = llm.info()
             assert info["enable_prefix_caching"] is False and llm.engine.blocks.prefix_hits == 0
-            assert len(llm.engine.runner.kv_caches) == 2  # the two full-attention layers only
+            assert len(llm.worker.kv_caches) == 2  # the two full-attention layers only
     said = [r for r in caplog.records if "prefix caching is off" in r.getMessage()]
     assert len(said) == 1 and "mamba_cache_mode none" in said[0].getMessage()
 
@@ -290,9 +290,10 @@ def test_bfloat16_runs_with_a_float32_recurrent_state(hybrid_dir):
 # ---- the decode steps CUDA graphs replay, on CPU ------------------------------------------------------------------
 @pytest.fixture
 def graph_like_decode(monkeypatch):
-    """Every pure decode step runs as a CUDA graph's replay runs it (engine/cuda_graph.py): the host side through
-    `prepare_decode`, the model given its rows' state slots as a tensor (decode_plan). Yields the steps' sizes."""
-    from onecat.engine.forward_context import get_forward_context
+    """Every pure decode step runs as a CUDA graph's replay runs it (engine/worker/cuda_graph.py): the host side
+    through `prepare_decode`, the model given its rows' state slots as a tensor (decode_plan). Yields the steps'
+    sizes."""
+    from onecat.engine.attention.forward_context import get_forward_context
     from onecat.engine.models.qwen3_5 import Qwen3_5ForCausalLM
 
     original, steps = Qwen3_5ForCausalLM.forward, []
@@ -347,7 +348,7 @@ def test_graph_decode_plan_keeps_align_preemption_and_rollback(hybrid_dir, refer
 def test_snapshot_not_saved_once_the_slot_moved_past_it():
     """The one-step-ahead decode launches a request's next step before the block manager sees the last: a save
     keyed at that position then finds the slot one token further and keeps nothing."""
-    from onecat.engine.state_cache import RecurrentStateCache
+    from onecat.engine.cache.recurrent_state import RecurrentStateCache
 
     states = RecurrentStateCache(1, 2, 4, 4, 1, 2, 2, torch.float32, torch.device("cpu"), num_snapshots=2)
     assert states.conv.shape[1] == 3 and states.scratch_slot == 2  # two slots and the graphs' scratch slot

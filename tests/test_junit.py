@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import gate_fakes
 from onecat.gates.gate_run import run_gate
-from onecat.gates.junit import write_junit
+from onecat.reports.junit import write_junit
 from onecat.results.store import Store
 
 TESTCASE_CHILDREN = {"skipped", "error", "failure", "system-out", "system-err"}

@@ -1,6 +1,6 @@
-"""The import layering of DESIGN.md holds (scripts/lint_imports.py: the import-linter contracts in
-pyproject.toml plus no import cycle between onecat.engine's modules), and the check really fails
-when a forbidden import or a cycle is added to a copy of the engine."""
+"""The import layering of docs/architecture.md holds (scripts/lint_imports.py: the import-linter contracts in
+pyproject.toml plus no import cycle between any of onecat's modules), and the check really fails
+when a forbidden import or a cycle is added to a copy of the engine or of the harness."""
 from __future__ import annotations
 
 import shutil
@@ -57,7 +57,7 @@ def test_cycle_between_engine_modules_fails(engine_copy):
     result = _lint(engine_copy)
     assert result.returncode == 1
     assert "no import cycles between the modules and subpackages of engine BROKEN" in result.stdout
-    assert "import cycle in onecat.engine: onecat.engine.probe_a -> onecat.engine.probe_b -> onecat.engine.probe_a" \
+    assert "import cycle in onecat: onecat.engine.probe_a -> onecat.engine.probe_b -> onecat.engine.probe_a" \
         in result.stdout
 
 
@@ -69,7 +69,7 @@ def test_cycle_through_a_package_init_fails(engine_copy):
     (probe / "child.py").write_text("import onecat.engine.probe_pkg\n\nVALUE = 1\n")
     result = _lint(engine_copy)
     assert result.returncode == 1
-    assert ("import cycle in onecat.engine: onecat.engine.probe_pkg -> onecat.engine.probe_pkg.child -> "
+    assert ("import cycle in onecat: onecat.engine.probe_pkg -> onecat.engine.probe_pkg.child -> "
             "onecat.engine.probe_pkg") in result.stdout
 
 
@@ -77,3 +77,24 @@ def test_a_root_without_the_package_folders_is_refused(tmp_path):
     result = _lint(tmp_path)
     assert result.returncode != 0
     assert "is not a package folder; pass --root the folder that holds engine, gates" in result.stderr
+
+
+def test_core_importing_the_worker_fails(engine_copy):
+    (engine_copy / "engine" / "core" / "layering_probe.py").write_text("import onecat.engine.worker.model_runner\n")
+    result = _lint(engine_copy)
+    assert result.returncode == 1
+    assert "the engine core decides: it runs the model only through the worker it is given BROKEN" in result.stdout
+
+
+def test_deferred_cycle_between_harness_modules_fails(tmp_path):
+    """A cycle outside the engine, closed by a function-level import, is found too."""
+    root = tmp_path / "src"
+    root.mkdir()
+    shutil.copytree(REPO / "gates", root / "gates", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("engine", "results", "reports", "cli", "training"):
+        (root / name).symlink_to(REPO / name, target_is_directory=True)
+    (root / "gates" / "probe_a.py").write_text("import onecat.gates.probe_b\n")
+    (root / "gates" / "probe_b.py").write_text("def later():\n    import onecat.gates.probe_a\n")
+    result = _lint(root)
+    assert result.returncode == 1
+    assert "import cycle in onecat: onecat.gates.probe_a -> onecat.gates.probe_b -> onecat.gates.probe_a" in result.stdout

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecat.engine.kernels.triton_moe import align, down_tiles, max_padded_rows, tiles
+pytest.importorskip("triton")  # triton_moe holds the kernels too, so it imports Triton (kernels/triton_support.py)
+
+from onecat.engine.kernels.triton_moe import align, down_tiles, max_padded_rows, tiles  # noqa: E402
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,block", [(1, 8, 128, 16), (5, 2, 8, 16), (37, 4, 16, 32),

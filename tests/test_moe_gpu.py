@@ -13,9 +13,9 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 
 
 def _require():
-    from onecat.engine.kernels.triton_moe import unavailable_reason
+    from onecat.engine.kernels.triton_support import moe_unavailable_reason
 
-    reason = unavailable_reason(torch.empty(1, device="cuda"))
+    reason = moe_unavailable_reason(torch.empty(1, device="cuda"))
     if reason:
         pytest.skip(reason)
 
@@ -155,7 +155,7 @@ def test_cuda_graphs_replay_the_eager_tokens(tmp_path):
             # all prompts prefill in one step, so decode steps run at captured sizes (4, then 1)
             tokens[mode] = ([o.token_ids for o in llm.generate(prompts, params)],
                             llm.generate(prompts[1], params)[0].token_ids)
-            report = llm.engine.runner.cuda_graph_report()
+            report = llm.cuda_graph_report()
             assert llm.info()["cuda_graph"] is (mode == "full"), report
             if mode == "full":
                 assert report["replays"] > 0 and {1, 4} <= set(report["captured_sizes"]), report

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
-from onecat.engine.quant.formats.awq import awq_columns
+from onecat.engine.quant.checkpoint_formats.awq import awq_columns
 from tests.quant_checkpoints import (
     KEPT_DENSE, check_logits, check_weights, dense_dir, int32_words, linear_modules, onecat_weights,
     quantized_dir, tiny_llama)

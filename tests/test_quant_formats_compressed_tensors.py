@@ -105,7 +105,7 @@ def test_library_checkpoints_dequantize_to_the_library_values(tmp_path, case):
 def test_activation_ordered_groups_follow_weight_g_idx():
     from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
-    from onecat.engine.quant.formats.compressed_tensors import CompressedTensors
+    from onecat.engine.quant.checkpoint_formats.compressed_tensors import CompressedTensors
 
     torch.manual_seed(0)
     n, k = 48, 64
@@ -124,7 +124,7 @@ def test_activation_ordered_groups_follow_weight_g_idx():
 
 
 def onecat_describe(config: dict) -> str:
-    from onecat.engine.quant.formats.compressed_tensors import CompressedTensors
+    from onecat.engine.quant.checkpoint_formats.compressed_tensors import CompressedTensors
 
     return CompressedTensors(config).describe()
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
-from onecat.engine.quant.formats.bits import unpack_int32
+from onecat.engine.quant.bits import unpack_int32
 from tests.quant_checkpoints import (
     check_logits, check_weights, dense_dir, int32_words, linear_modules, onecat_weights,
     quantized_dir, tiny_llama)

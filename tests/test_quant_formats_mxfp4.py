@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from onecat.engine.errors import CorruptModelError
-from onecat.engine.quant.formats.mxfp4 import MXFP4
+from onecat.engine.quant.checkpoint_formats.mxfp4 import MXFP4
 from tests.fp4_writer import pack_nibbles, to_e2m1
 from tests.quant_checkpoints import (
     KEPT_DENSE, check_logits, check_weights, dense_dir, linear_modules, onecat_weights, quantized_dir, tiny_llama)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
-from onecat.engine.quant.formats.bits import e2m1, fp4_bytes
+from onecat.engine.quant.bits import e2m1, fp4_bytes
 from tests.fp4_writer import E2M1_MAGNITUDES, pack_nibbles, to_e2m1
 from tests.quant_checkpoints import (
     KEPT_DENSE, check_logits, check_weights, dense_dir, linear_modules, onecat_weights, quantized_dir, tiny_llama)

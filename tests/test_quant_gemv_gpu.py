@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecat.engine.quant import fp4_layout, fp8_layout
-from onecat.engine.quant.w4a16_layout import dequantize as w4_dequantize
-from onecat.engine.quant.w4a16_layout import quantize_w4
+from onecat.engine.quant.fp4 import layout as fp4_layout
+from onecat.engine.quant.fp8 import layout as fp8_layout
+from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
+from onecat.engine.quant.w4a16.layout import quantize_w4
 from tests.test_fp4_gpu import packed as fp4_packed
 from tests.test_w4a16_gpu import UNIT, check_bound
 
@@ -31,7 +32,7 @@ def _extension():
 
 def make(fmt: str, n: int, k: int, seed: int, group: int = 128, scale_dtype=torch.float16):
     """(kernel arguments, dense float32 weight) of a random weight in `fmt`."""
-    from onecat.engine.kernels.triton_w4a16 import scale_zero_pairs
+    from onecat.engine.quant.w4a16.layout import scale_zero_pairs
 
     gen = torch.Generator().manual_seed(seed)
     if fmt == "int4":
@@ -142,9 +143,9 @@ def test_graph_replay_matches_eager(fmt):
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("n,k", [(300, 4096), (40, 14336), (4101, 1024)])
 def test_w4a16_fma_and_tensor_core_gemvs_match_the_reference(kernel, rows, n, k):
-    from onecat.engine.kernels.triton_w4a16 import _capability
+    from onecat.engine.kernels.device import capability
 
-    if kernel == "mma" and _capability(0) < 80:
+    if kernel == "mma" and capability(0) < 80:
         pytest.skip("the tensor-core W4A16 GEMV needs SM80+")
     args, dense = make("int4", n, k, seed=n + rows)  # fp16 scale pairs, groups of 128
     x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
@@ -185,9 +186,9 @@ def test_float_formats_fma_and_tensor_core_gemvs_match_the_reference(fmt, dtype,
     """The tensor-core GEMV decodes each FP4 code times its block scale (FP8: each code times 2^-8) into the
     activation dtype exactly; the FMA GEMV keeps float32: both are held to the float64 reference, at every
     split, bit-repeatable."""
-    from onecat.engine.kernels.triton_w4a16 import _capability
+    from onecat.engine.kernels.device import capability
 
-    if kernel == "mma" and _capability(0) < 80:
+    if kernel == "mma" and capability(0) < 80:
         pytest.skip("the tensor-core GEMV needs SM80+")
     args, dense = make(fmt, n, k, seed=n + rows + k)
     x = torch.randn(rows, k, device="cuda", dtype=dtype)
@@ -229,14 +230,14 @@ TILE_CASES = [("int4", torch.float16), ("nvfp4", torch.bfloat16), ("nvfp4", torc
 @pytest.mark.parametrize("n,k", [(48, 4096), (4096, 1024), (160, 14336)])
 def test_tiled_weights_give_the_row_major_bits(fmt, dtype, n, k):
     """The tensor-core GEMV reading mma_tiles' layout (NVFP4: its codes also in the activation dtype's slots,
-    fp4_slots.py) sums the same products in the same order as on the row-major words, so its output is the same
+    fp4/slots.py) sums the same products in the same order as on the row-major words, so its output is the same
     bits: at 1, 3 and 8 rows, every split, N an odd number of 16-row tiles, a warp with two runs (K 1024) and with
     many."""
     from onecat.engine.kernels.quant_gemv import SLOT_DTYPES, TILED, mma_layout, mma_tiles, packed_gemv
-    from onecat.engine.kernels.triton_w4a16 import _capability
-    from onecat.engine.quant.fp4_slots import to_slots
+    from onecat.engine.kernels.device import capability
+    from onecat.engine.quant.fp4.slots import to_slots
 
-    if _capability(0) < 80:
+    if capability(0) < 80:
         pytest.skip("the tensor-core GEMV needs SM80+")
     args, dense = make(fmt, n, k, seed=n + k)
     layout = mma_layout(fmt, dtype, args["scales"])
@@ -271,12 +272,12 @@ def test_packed_layers_keep_tiles_where_the_tensor_core_gemv_takes_their_calls(f
     import copy
 
     from onecat.engine.kernels import quant_gemv
-    from onecat.engine.kernels.triton_w4a16 import _capability
-    from onecat.engine.quant.fp4_linear import FP4Linear
-    from onecat.engine.quant.fp8_linear import FP8Linear
-    from onecat.engine.quant.w4a16_linear import W4A16Linear
+    from onecat.engine.kernels.device import capability
+    from onecat.engine.quant.fp4.linear import FP4Linear
+    from onecat.engine.quant.fp8.linear import FP8Linear
+    from onecat.engine.quant.w4a16.linear import W4A16Linear
 
-    if _capability(0) < 80 or not quant_gemv.use_cuda() or quant_gemv.use_folded():
+    if capability(0) < 80 or not quant_gemv.use_cuda() or quant_gemv.use_folded():
         pytest.skip("tiles are kept for the tensor-core GEMV (SM80+, ONECAT_QUANT_GEMV=auto)")
     n, k = 96, 1024
     gen = torch.Generator().manual_seed(3)
@@ -383,10 +384,10 @@ def test_tensor_core_glu_gives_the_separate_silu_mul_bits(fmt, dtype):
     that are not whole 16-row tiles are refused."""
     from onecat.engine.kernels.quant_gemv import SLOT_DTYPES, mma_layout, mma_tiles, packed_gemv
     from onecat.engine.kernels.triton_fused import silu_mul
-    from onecat.engine.kernels.triton_w4a16 import _capability
-    from onecat.engine.quant.fp4_slots import to_slots
+    from onecat.engine.kernels.device import capability
+    from onecat.engine.quant.fp4.slots import to_slots
 
-    if _capability(0) < 80:
+    if capability(0) < 80:
         pytest.skip("the tensor-core GEMV needs SM80+")
     k, inter = 1024, 160
     args, _ = make(fmt, 2 * inter, k, seed=17)  # [gate | up]
@@ -415,12 +416,12 @@ def test_packed_mlp_takes_silu_mul_in_the_gate_up_gemv(fmt, dtype, monkeypatch):
     import copy
 
     from onecat.engine.kernels import quant_gemv
-    from onecat.engine.kernels.triton_w4a16 import _capability
+    from onecat.engine.kernels.device import capability
     from onecat.engine.layers.mlp import GatedMLP
-    from onecat.engine.quant.fp4_linear import FP4Linear
-    from onecat.engine.quant.w4a16_linear import W4A16Linear
+    from onecat.engine.quant.fp4.linear import FP4Linear
+    from onecat.engine.quant.w4a16.linear import W4A16Linear
 
-    if _capability(0) < 80 or not quant_gemv.use_cuda() or quant_gemv.use_folded():
+    if capability(0) < 80 or not quant_gemv.use_cuda() or quant_gemv.use_folded():
         pytest.skip("tiles are kept for the tensor-core GEMV (SM80+, ONECAT_QUANT_GEMV=auto)")
     hidden, inter = 512, 384
     gen = torch.Generator().manual_seed(5)

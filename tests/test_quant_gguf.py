@@ -12,7 +12,7 @@ from conftest import EMBEDDED
 from onecat.engine import LLM, SamplingParams
 from onecat.engine.errors import ConfigError
 from onecat.engine.quant import QuantizedWeight, check_quantization
-from onecat.engine.quant.int4_linear import Int4PackedLinear
+from onecat.engine.quant.int4.linear import Int4PackedLinear
 
 pytestmark = pytest.mark.skipif(not Int4PackedLinear.supported(torch.device("cpu")),
                                 reason="this torch has no CPU int4 packed matmul")

@@ -9,8 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onecat.cli.main import app
-from onecat.gates.contract import CodeRevision, ContractError, parse_contract
-from onecat.gates.contract_checks import pin_code
+from onecat.gates.contract import CodeRevision, ContractError, parse_contract, pin_code
 from onecat.gates.gate_run import run_gate
 from onecat.gates.revision.repository import dirty_sha256
 from onecat.gates.revision.resolve import working_tree_code
@@ -71,7 +70,7 @@ def repo(tmp_path_factory) -> Path:
     git(r, "config", "user.email", "fixture@example.com")
     git(r, "config", "user.name", "fixture")
     commit_change(r, "numerics", "engine/layers/norm.py", "self.eps = eps", "self.eps = eps * 1e4")
-    commit_change(r, "slow", "engine/engine_core.py",
+    commit_change(r, "slow", "engine/core/engine_core.py",
                   '"""Advance every scheduled request by one step; returns the ids of the requests it touched."""',
                   '"""Advance every scheduled request by one step; returns the ids of the requests it touched."""\n'
                   "        time.sleep(0.5)")

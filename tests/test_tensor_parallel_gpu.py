@@ -157,7 +157,7 @@ def test_tp_with_cuda_graphs_matches_tp1(tmp_path, monkeypatch, kv_cache_dtype, 
         try:
             scores = [s.logprobs for s in llm.score(PROMPTS[1:3])]
             outs = [llm.generate(p, greedy)[0] for p in PROMPTS[1:3]]
-            report = llm.engine.runner.cuda_graph_report()
+            report = llm.cuda_graph_report()
             info = llm.info()["tensor_parallel"]
             runs[tp] = (scores, outs, report, info)
         finally:
@@ -193,12 +193,12 @@ def test_tp2_dead_rank_between_graph_steps_fails_cleanly(tmp_path, monkeypatch):
     llm = _llm(model_dir, tensor_parallel_size=2, cuda_graph="full")
     try:
         llm.generate("a b c", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-        worker = llm.engine.runner.peers.procs[0]
+        worker = llm.worker.runner.peers.procs[0]
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(timeout=10)
         with pytest.raises(TensorParallelError, match="rank 1"):
             llm.generate("a b c d", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-        assert not any(llm.engine.runner.peers.alive())
+        assert not any(llm.worker.runner.peers.alive())
     finally:
         llm.close()
 
@@ -219,7 +219,7 @@ def test_tp2_nccl_only_graphs_match_peer_kernel_graphs(tmp_path):
         llm = _llm(model_dir, tensor_parallel_size=2, cuda_graph="full", disable_custom_all_reduce=nccl_only)
         try:
             runs[nccl_only] = [llm.generate(p, greedy)[0].token_ids for p in PROMPTS[1:3]]
-            assert llm.engine.runner.cuda_graph_report()["replays"] > 0
+            assert llm.cuda_graph_report()["replays"] > 0
             peer = llm.info()["tensor_parallel"]["gpu_peer_collectives"]
             assert peer.startswith("off") if nccl_only else peer.startswith("one-shot"), peer
         finally:

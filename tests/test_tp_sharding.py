@@ -90,8 +90,8 @@ def test_refuses_packed_weights():
 
 
 def test_refuses_quantized_layer():
-    from onecat.engine.quant.int4_blocks import Int4Blocks
-    from onecat.engine.quant.int4_linear import Int4PackedLinear
+    from onecat.engine.quant.int4.layout import Int4Blocks
+    from onecat.engine.quant.int4.linear import Int4PackedLinear
 
     if not Int4PackedLinear.supported(torch.device("cpu")):
         pytest.skip("no packed int4 kernel in this torch")
@@ -119,7 +119,7 @@ MODELS = {  # name: (architecture, make_tiny_model overrides); sizes split uneve
 
 
 def _load(path):
-    """As LLM._build_model does for a dense float32 CPU model, without pack_weights."""
+    """As Worker._build_model does for a dense float32 CPU model, without pack_weights."""
     from onecat.engine.layers.rotary import RotaryEmbedding
     from onecat.engine.loader import open_checkpoint
     from onecat.engine.model_source import resolve_model_source
@@ -144,7 +144,7 @@ def _step(model, caches, chunks):
     Returns the logits of every new token and the drafter features."""
     from onecat.engine.attention.metadata import AttentionMetadata
     from onecat.engine.attention.selector import AttentionDispatcher
-    from onecat.engine.forward_context import ForwardContext, set_forward_context
+    from onecat.engine.attention.forward_context import ForwardContext, set_forward_context
 
     ids, pos, slots, starts = [], [], [], [0]
     for b, (first, toks) in enumerate(chunks):
@@ -171,7 +171,7 @@ def _step(model, caches, chunks):
 @torch.inference_mode()
 def _generate(model, cfg, kv_heads: int):
     """A prefill of both prompts, then a decode step on their greedy next tokens: [(logits, aux)] per step."""
-    from onecat.engine.kv_cache import allocate_kv_caches
+    from onecat.engine.cache.kv import allocate_kv_caches
 
     caches = allocate_kv_caches(cfg.num_hidden_layers, 1 + len(PROMPTS), BLOCK, kv_heads, cfg.head_dim,
                                 torch.float32, None, torch.device("cpu"))

@@ -1,13 +1,13 @@
 """W4A16 checkpoints on CPU: their 4-bit codes run in the GGUF path's packed int4 layer, scales rounded to
-bfloat16 (engine/quant/w4a16_cpu.py)."""
+bfloat16 (engine/quant/w4a16/cpu.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from onecat.engine.quant.int4_linear import Int4PackedLinear
-from onecat.engine.quant.w4a16_cpu import int4_blocks
-from onecat.engine.quant.w4a16_layout import dequantize, from_codes, quantize_w4
+from onecat.engine.quant.int4.linear import Int4PackedLinear
+from onecat.engine.quant.w4a16.cpu import int4_blocks
+from onecat.engine.quant.w4a16.layout import dequantize, from_codes, quantize_w4
 
 pytestmark = pytest.mark.skipif(not Int4PackedLinear.supported(torch.device("cpu")),
                                 reason="this torch has no CPU int4 kernel")

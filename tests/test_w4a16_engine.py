@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from onecat.engine.errors import ConfigError
-from onecat.engine.quant.w4a16_layout import dequantize, quantize_w4
-from onecat.engine.quant.w4a16_packer import W4A16Packer, check_w4a16
+from onecat.engine.quant.w4a16.layout import dequantize, quantize_w4
+from onecat.engine.quant.hf_packer import W4A16Packer, check_w4a16
 from tests.quant_checkpoints import LINEARS, PROMPTS, dense_dir, linear_modules, quantized_dir, tiny_llama
 
 pytest.importorskip("transformers")  # the tiny checkpoints are written by transformers
@@ -37,7 +37,7 @@ def prompt_logprobs(path, **settings) -> tuple[list[torch.Tensor], dict]:
 def on_cpu(monkeypatch):
     """The CUDA layers on CPU: W4A16Linear computes on the exactly dequantized weight, so the loading logic
     is checked to 1e-5 (CPU's own int4 kernel rounds scales to bf16: tests/test_w4a16_cpu.py)."""
-    import onecat.engine.quant.w4a16_packer as packer
+    import onecat.engine.quant.hf_packer as packer
 
     monkeypatch.setattr(packer, "CPU_INT4_KERNEL", False)
 
@@ -96,7 +96,7 @@ def test_packed_engine_on_cuda_runs_the_w4a16_kernels(tmp_path):
 
     require_fused_kernels()
     from onecat.engine import LLM, SamplingParams
-    from onecat.engine.quant.w4a16_linear import W4A16Linear
+    from onecat.engine.quant.w4a16.linear import W4A16Linear
 
     from safetensors.torch import load_file
 

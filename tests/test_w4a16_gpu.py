@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecat.engine.quant.w4a16_convert import convert
-from onecat.engine.quant.w4a16_layout import dequantize, quantize_w4
-from onecat.engine.quant.w4a16_linear import W4A16Linear
+from onecat.engine.quant.w4a16.packing import convert
+from onecat.engine.quant.w4a16.layout import dequantize, quantize_w4
+from onecat.engine.quant.w4a16.linear import W4A16Linear
 from tests.gpu_kernels import require_fused_kernels
 
 UNIT = {torch.float16: 2**-11, torch.bfloat16: 2**-8}

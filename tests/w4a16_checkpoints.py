@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from onecat.engine.quant.formats.awq import AWQ
-from onecat.engine.quant.formats.compressed_tensors import CompressedTensors
-from onecat.engine.quant.formats.gptq import GPTQ
+from onecat.engine.quant.checkpoint_formats.awq import AWQ
+from onecat.engine.quant.checkpoint_formats.compressed_tensors import CompressedTensors
+from onecat.engine.quant.checkpoint_formats.gptq import GPTQ
 from tests.quant_checkpoints import int32_words
 
 GROUP = 32  # the group size of the AWQ and GPTQ writers

@@ -111,27 +111,26 @@ def capture_features(llm, sequences: list[tuple[list[int], int, bool]], layer_id
                      torch.empty(total, hidden, dtype=storage_dtype, device=dev),
                      starts, lengths, [r for _, r, _ in sequences], [s for _, _, s in sequences], list(layer_ids))
     recorder = FeatureRecorder(llm.model, llm.model_config.num_hidden_layers, list(layer_ids), out, hidden)
-    previous = llm.engine.proposer
-    llm.engine.proposer = SpeculativeDecoder(recorder, llm.max_model_len)
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     core = llm.engine
     rids = []
     last_log = t0
-    try:
-        for i, (ids, _, _) in enumerate(sequences):
-            rid = f"capture-{i}"
-            recorder.rows_of[rid] = starts[i]
-            rids.append(llm.add_request({"prompt_token_ids": ids}, params, request_id=rid, add_special_tokens=False))
-        while core.has_unfinished():
-            core.step()
-            if time.perf_counter() - last_log >= 10:
-                last_log = time.perf_counter()
-                log(f"[features] {int(recorder.written.sum())}/{total} positions")
-    finally:
-        for rid in rids:
-            core.release(rid)
-        llm.engine.proposer = previous
-        recorder.tap.aux_layer_ids = []
+    with core.proposer_swapped(SpeculativeDecoder(recorder, llm.max_model_len)):
+        try:
+            for i, (ids, _, _) in enumerate(sequences):
+                rid = f"capture-{i}"
+                recorder.rows_of[rid] = starts[i]
+                rids.append(llm.add_request({"prompt_token_ids": ids}, params, request_id=rid,
+                                            add_special_tokens=False))
+            while core.has_unfinished():
+                core.step()
+                if time.perf_counter() - last_log >= 10:
+                    last_log = time.perf_counter()
+                    log(f"[features] {int(recorder.written.sum())}/{total} positions")
+        finally:
+            for rid in rids:
+                core.release(rid)
+            recorder.tap.aux_layer_ids = []
     missing = int((~recorder.written).sum())
     if missing:
         raise RuntimeError(f"feature capture left {missing} of {total} positions unwritten; the engine did not "

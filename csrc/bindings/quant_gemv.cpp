@@ -71,7 +71,7 @@ enum Kernel : int { kAuto = 0, kFma = 1, kMma = 2 };
 // pdl: the tensor-core GEMV is launched with programmatic dependent launch (SM90+; engine/kernels/pdl.py).
 // tiled: a Layout (params.h): qweight in the tensor-core GEMV's tiles (mma_tiles in engine/kernels/quant_gemv.py), which
 // only it reads; kTilesFp16Slots / kTilesBf16Slots: FP4 codes in the fp16 / bf16 activations' slots too
-// (engine/quant/fp4_slots.py).
+// (engine/quant/fp4/slots.py).
 std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
                 int64_t splits, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,

@@ -16,7 +16,7 @@ using onecat_cpu::paged_attention;
 using onecat_cpu::rope_write_kv;
 using onecat_cpu::silu_mul;
 
-constexpr int64_t kGroup = 32;   // engine/quant/int4_blocks.py GROUP
+constexpr int64_t kGroup = 32;   // engine/quant/int4/layout.py GROUP
 constexpr int64_t kPerLayer = 12;  // tensors per layer in `layers`, in the order below
 
 // Int4PackedLinear.forward for one term, no padding rows, no bias: bf16 in, the kernel's bf16 out (the

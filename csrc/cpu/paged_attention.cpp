@@ -51,7 +51,7 @@ const float* fp8_table(int kind) {
 }
 
 // One layer's K or V cache: [blocks, block_size, kv_heads, dim] in float32, bfloat16 or fp8 bytes with a
-// float32 scale per stored token and head (value = fp8 * scale, as engine/kv_cache.py dequantize_fp8).
+// float32 scale per stored token and head (value = fp8 * scale, as engine/cache/kv.py dequantize_fp8).
 struct CacheView {
   const void* data;
   at::ScalarType dtype;

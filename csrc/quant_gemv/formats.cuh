@@ -41,7 +41,7 @@ __device__ __forceinline__ float decode(uint32_t w, uint32_t hi, int j) {
     const uint32_t t = rotl(w, 24 - 8 * j);
     return bits((t & 0x80000000u) | ((t >> 4) & 0x07F00000u));
   } else {
-    // engine/quant/fp4_layout.py SLOTS: rotate left and mask to sign bit 31, magnitude bits 22-24
+    // engine/quant/fp4/layout.py SLOTS: rotate left and mask to sign bit 31, magnitude bits 22-24
     switch (j) {
       case 0: return bits(rotl(w, 22) & 0x81C00000u);
       case 1: return bits(rotl(w, 19) & 0x81C00000u);

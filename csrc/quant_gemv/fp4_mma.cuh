@@ -12,7 +12,7 @@
 // allows (fp16 does not: MXFP4 takes this kernel with bf16 activations only). Products on the tensor cores are
 // exact, sums fp32.
 //
-// Which columns a register pair holds (engine/quant/fp4_layout.py: word w of a block of B columns holds
+// Which columns a register pair holds (engine/quant/fp4/layout.py: word w of a block of B columns holds
 // columns w + j * B / 8 in code j): lane (g, c) loads words 4c .. 4c + 3 of a 16-word run for rows g and
 // g + 8. At k-step j its A pairs are code j of words (4c, 4c + 1) and code j of words (4c + 2, 4c + 3): two
 // neighbouring columns each. NVFP4 (B = 16): words 4c, 4c + 1 are block 2c, the pair is columns 32c + 2j, + 1,
@@ -20,7 +20,7 @@
 // are block c, the pairs are columns 32c + 4j, + 1 and 32c + 4j + 2, + 3. Either way the lane's B pairs are
 // among activation row g's columns 32c .. 32c + 31 of the run, one 64-byte load (load_b_32cols, mma_ops.cuh).
 //
-// NVFP4 and MXFP4 have a second decode, on words in code slots (engine/quant/fp4_slots.py; the launcher takes it
+// NVFP4 and MXFP4 have a second decode, on words in code slots (engine/quant/fp4/slots.py; the launcher takes it
 // where Params.tiled is kTilesFp16Slots or kTilesBf16Slots): a code's magnitude bits and sign sit where one
 // rotation and one mask (two of each for two slots of four) put them into the fp16 of code * 2^-14 (bits 9-11 and
 // 15) or the bf16 of code * 2^-126 (bits 6-8 and 15), both halves at once, exactly, subnormal 0.5 included; one
@@ -89,7 +89,7 @@ __device__ __forceinline__ void fp4_run(const uint4* w, const uint32_t* sc, cons
 }
 
 // Slot S of a word in T's code slots as the pair (code, code') * 2^-14 (fp16) or * 2^-126 (bf16) in T's bits:
-// fp4_slots.py SLOTS[T].rotations, the magnitude bits rotated left by the first amount, the sign by the second.
+// fp4/slots.py SLOTS[T].rotations, the magnitude bits rotated left by the first amount, the sign by the second.
 template <typename T, int S>
 __device__ __forceinline__ uint32_t slot_pair(uint32_t w) {
   if constexpr (Same<T, __half>::value) {
@@ -132,7 +132,7 @@ template <> __device__ __forceinline__ uint32_t mul_pair<__nv_bfloat16>(uint32_t
 
 // k-step j = 4 V + S of one run: slot S of word V of a lane's P words (w[h].x, .y) and Q words (w[h].z, .w) of rows
 // g (h = 0) and g + 8, each pair times its block's scale. NVFP4: P is columns 32c + 2j, + 1, Q 32c + 16 + 2j, + 1;
-// MXFP4 (fp4_slots.MXFP4_ORDER): P 32c + 4j, + 1, Q 32c + 4j + 2, + 3, the pairs fp4_run sums at k-step j.
+// MXFP4 (fp4.slots.MXFP4_ORDER): P 32c + 4j, + 1, Q 32c + 4j + 2, + 3, the pairs fp4_run sums at k-step j.
 template <int FMT, typename T, int V, int S>
 __device__ __forceinline__ void slots_step(const uint4* w, const uint32_t* sp, const uint32_t* sq, const uint32_t* xb,
                                            float* acc) {

@@ -6,7 +6,7 @@
 // 2^112. Both hold every E4M3 value exactly ([2^-17, 1.75]), the values a float32 decode rounded to the dtype
 // gives, so the sums are the same. The row's scale and the 2^8 multiply its sum at the end.
 //
-// Which columns a register pair holds (engine/quant/fp8_layout.py: word w of a block of 16 columns holds
+// Which columns a register pair holds (engine/quant/fp8/layout.py: word w of a block of 16 columns holds
 // columns w + 4j in byte j): a run is 32 words a row, and lane (g, c) loads words 8c .. 8c + 7 (blocks 2c and
 // 2c + 1, two 16-byte loads) of rows g and g + 8. K-step s takes block 2c + s / 4, byte j = s % 4: its A pairs
 // are byte j of words (0, 1) of the block, columns 32c + 16 (s / 4) + 4j and + 1, and of words (2, 3), + 2 and

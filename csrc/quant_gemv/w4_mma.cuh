@@ -14,7 +14,7 @@
 // exact and summed in fp32; each 128-column run (one group: groups are 128 here) is scaled once, as the FMA
 // GEMV does.
 //
-// Which columns a register pair holds: the weight layout (engine/quant/w4a16_layout.py) puts column
+// Which columns a register pair holds: the weight layout (engine/quant/w4a16/layout.py) puts column
 // w + 16 j of a group of 128 in nibble j of the group's word w. Lane l (quad position c = l % 4) loads words
 // 4c .. 4c + 3 of a 16-word run for rows g = l / 4 and g + 8. At k-step j its A pairs are nibble j of words
 // (4c, 4c + 1), columns 16 j + 4c and + 1 (the k pair 2c, 2c + 1), and of words (4c + 2, 4c + 3), columns

@@ -1,6 +1,6 @@
 """The attention backend interface: each backend is capability-checked per call and falls back.
 
-Backends read one layer's paged cache, a `LayerKVCache` (engine/kv_cache.py describes its layout).
+Backends read one layer's paged cache, a `LayerKVCache` (engine/cache/kv.py describes its layout).
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from onecat.engine.attention.metadata import AttentionMetadata
-from onecat.engine.kv_cache import LayerKVCache
+from onecat.engine.cache.kv import LayerKVCache
 
 
 class AttentionBackend(ABC):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from onecat.engine.attention.metadata import AttentionMetadata
-from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
+from onecat.engine.cache.kv import LayerKVCache, dequantize_fp8
 
 QUERY_TILE = 4  # tokens per kernel batch entry: more rows per matmul, more padding for a lone token
 KEY_GRANULE = 64  # a tile's keys are padded to a multiple of this (a multiple of QUERY_TILE)

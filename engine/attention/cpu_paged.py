@@ -12,7 +12,7 @@ import torch
 
 from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.metadata import AttentionMetadata
-from onecat.engine.kv_cache import LayerKVCache
+from onecat.engine.cache.kv import LayerKVCache
 
 FP8_KINDS = {None: 0, torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # paged_attention.cpp's fp8_kind
 _VECTOR = 16  # head dims a multiple of this run on every vector width the ops are built for

@@ -18,7 +18,7 @@ import torch
 
 from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.metadata import AttentionMetadata
-from onecat.engine.kv_cache import LayerKVCache
+from onecat.engine.cache.kv import LayerKVCache
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}

@@ -8,8 +8,8 @@ import torch
 from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.torch_ref import TorchReferenceBackend
+from onecat.engine.cache.kv import LayerKVCache
 from onecat.engine.errors import ConfigError
-from onecat.engine.kv_cache import LayerKVCache
 
 BACKEND_NAMES = ("auto", "TORCH_SDPA_REF", "CPU_PAGED", "FLASH_ATTN_V100", "TRITON_PAGED")
 

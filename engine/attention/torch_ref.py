@@ -13,7 +13,7 @@ from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.batch_invariant_cpu import batch_invariant_attention
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.sdpa import sdpa
-from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
+from onecat.engine.cache.kv import LayerKVCache, dequantize_fp8
 
 
 def _step_layout(meta: AttentionMetadata, device: torch.device) -> dict:

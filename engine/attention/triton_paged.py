@@ -15,9 +15,8 @@ import torch
 from onecat.engine.attention.backend import AttentionBackend
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.sdpa import sdpa
-from onecat.engine.kernels.triton_paged_decode import FP8_KINDS, paged_decode
+from onecat.engine.cache.kv import LayerKVCache, dequantize_fp8
 from onecat.engine.kernels.triton_support import triton_unavailable_reason
-from onecat.engine.kv_cache import LayerKVCache, dequantize_fp8
 
 SHORT_QUERY = 16  # chunks up to this many tokens (decode, speculative verify) use the paged kernel
 
@@ -112,6 +111,8 @@ class TritonPagedBackend(AttentionBackend):
             return "KV cache tensors must be contiguous"
         if q.shape[1] % k.shape[2]:
             return f"num_heads {q.shape[1]} is not a multiple of num_kv_heads {k.shape[2]}"
+        from onecat.engine.kernels.triton_paged_decode import FP8_KINDS
+
         if cache.fp8_dtype is None:
             if k.dtype != q.dtype:
                 return f"KV cache dtype {k.dtype} differs from the query dtype {q.dtype}"
@@ -124,6 +125,8 @@ class TritonPagedBackend(AttentionBackend):
         return None
 
     def forward(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        from onecat.engine.kernels.triton_paged_decode import paged_decode
+
         out = torch.empty_like(q)
         if meta.max_query_len == 1:  # pure decode: one work item per sequence, straight from the metadata
             paged_decode(out, q, cache, meta.block_tables, meta.seq_lens, meta.max_seq_len, scale)

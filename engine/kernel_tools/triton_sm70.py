@@ -70,14 +70,14 @@ def _ptx(k: int, m: int) -> tuple[str, str, int]:
 
     block_n, block_kw, warps, *rest = kw.default_config(4096, k, m, sm=70)
     sig = dict(SIGNATURE, y_ptr="*fp32" if rest and rest[0] > 1 else "*fp16")
-    return _compile(kw._kernels()[0], sig, {"K": k, "G": GROUP, "M": m, "BLOCK_N": block_n, "BLOCK_KW": block_kw,
-                                            "SPLIT": rest[0] if rest else 1}, warps)
+    return _compile(kw.w4a16_gemv_kernel, sig, {"K": k, "G": GROUP, "M": m, "BLOCK_N": block_n,
+                                                 "BLOCK_KW": block_kw, "SPLIT": rest[0] if rest else 1}, warps)
 
 
 def _fp4_ptx(fmt: str, block: int, k: int, m: int) -> tuple[str, str, int]:
     """The same for the FP4 GEMV (4096 output rows, the engine's default tiles)."""
     from onecat.engine.kernels import triton_fp4 as kf
-    from onecat.engine.quant.fp4_linear import FMT_IDS, default_config
+    from onecat.engine.quant.fp4.linear import FMT_IDS, default_config
 
     block_n, block_kw, warps, split = default_config(4096, k, m, block)
     sig = dict(FP4_SIGNATURE, y_ptr="*fp32" if split > 1 else "*fp16")
@@ -89,7 +89,7 @@ def _peer_ptx(gather: bool) -> tuple[str, str, int]:
     """The tensor-parallel one-shot all-reduce / all-gather kernel at TP=4, fp16, as the engine launches it."""
     from onecat.engine.parallel import peer_collectives as pc
 
-    return _compile(pc.peer_kernel(), PEER_SIGNATURE, {
+    return _compile(pc.peer_collective, PEER_SIGNATURE, {
         "RANK": 1, "WORLD": PEER_WORLD, "GATHER": gather, "HEADER": pc.HEADER_BYTES, "CAP": pc.CAPACITY_BYTES,
         "MAXW": pc.MAX_WORLD, "BLOCK": pc.BLOCK, "TIMEOUT_NS": pc.WAIT_TIMEOUT_S * 1_000_000_000}, 4,
         divisible=("n",))  # a hidden row (4096, 8192) or its multiples
@@ -101,15 +101,15 @@ def _moe_ptx(down: bool) -> tuple[str, str, int]:
     from onecat.engine.kernels import triton_moe_gemv as km
 
     h, i, k = MOE_SHAPE["hidden"], MOE_SHAPE["intermediate"], MOE_SHAPE["top_k"]
-    gate_up, down_kernel = km._kernels()
     if down:
         block_n, block_k, warps = km.config(i)
-        return _compile(down_kernel, MOE_DOWN_SIGNATURE, {"K": i, "TOP_K": k, "K_PAD": km.k_pad(k),
-                                                          "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": False},
+        return _compile(km.down_kernel, MOE_DOWN_SIGNATURE, {"K": i, "TOP_K": k, "K_PAD": km.k_pad(k),
+                                                             "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": False},
                         warps, divisible=("H", "stride_we"))
     block_n, block_k, warps = km.config(h, glu=True)
-    return _compile(gate_up, MOE_GATE_UP_SIGNATURE, {"K": h, "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": False},
-                    warps, divisible=("inter", "stride_we"))
+    return _compile(km.gate_up_kernel, MOE_GATE_UP_SIGNATURE,
+                    {"K": h, "BLOCK_N": block_n, "BLOCK_K": block_k, "PDL": False}, warps,
+                    divisible=("inter", "stride_we"))
 
 
 def _cases():

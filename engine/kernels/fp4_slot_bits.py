@@ -1,4 +1,4 @@
-"""Where the tensor-core GEMV's FP4 code slots put each code's bits (engine/quant/fp4_slots.py re-lays words into
+"""Where the tensor-core GEMV's FP4 code slots put each code's bits (engine/quant/fp4/slots.py re-lays words into
 them; csrc/quant_gemv/fp4_mma.cuh slot_pair and triton_fp4.slots_dequant_kernel read them), and which weights can
 take them.
 """

@@ -22,6 +22,7 @@ import torch
 
 from onecat.engine.kernels import pdl
 from onecat.engine.kernels.cuda_extension import CSRC, CudaExtension
+from onecat.engine.kernels.device import capability
 
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "folded", "triton")
@@ -31,7 +32,7 @@ KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 =
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
 # packed layers keep their words in the tensor-core GEMV's tiles where it takes their calls (tiles_apply), FP4 also
-# with its codes in the activation dtype's slots (engine/quant/fp4_slots.py); the benchmarks turn these off for A/B arms
+# with its codes in the activation dtype's slots (engine/quant/fp4/slots.py); the benchmarks turn these off for A/B arms
 TILES = True
 CODE_SLOTS = True
 GLU_IN_GEMV = True  # a packed [gate | up] layer's SiLU * mul in its tensor-core GEMV (tiled_words.py glu_gemv)
@@ -138,15 +139,13 @@ def tensor_cores_take(fmt: str, act_dtype: torch.dtype, scales_dtype: torch.dtyp
     """Whether the tensor-core GEMV (csrc/quant_gemv/mma_gemv.cuh) takes a format's calls on this CUDA device, SM80
     or newer: W4A16 with fp16 activations and scale pairs and groups of 128, NVFP4 and FP8 with fp16 or bf16
     activations, MXFP4 with bf16 (its scaled codes can leave fp16's range); K a multiple of 128."""
-    from onecat.engine.kernels.triton_w4a16 import _capability
-
     if k % MMA_RUN:
         return False
     fits = {"int4": act_dtype == torch.float16 and scales_dtype == torch.float16 and group == MMA_RUN,
             "nvfp4": act_dtype in (torch.float16, torch.bfloat16), "mxfp4": act_dtype == torch.bfloat16,
             "fp8": act_dtype in (torch.float16, torch.bfloat16)}
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return fits.get(fmt, False) and _capability(index) >= 80
+    return fits.get(fmt, False) and capability(index) >= 80
 
 
 def tensor_cores_apply(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int, folded: bool,
@@ -228,7 +227,7 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     SiLU * mul kernel (engine/kernels/triton_fused.py silu_mul) on the unfused projection's output.
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
     (forced, for comparison). tiled: ROW_MAJOR, or TILED (mma_tiles' layout, which only the tensor-core GEMV reads),
-    or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 or MXFP4 with fp16 / bf16 x: mma_tiles of fp4_slots.to_slots)."""
+    or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 or MXFP4 with fp16 / bf16 x: mma_tiles of fp4.slots.to_slots)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None, qweight.shape[0] if glu else 0)
@@ -245,7 +244,7 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
                          "TILED_BF16_SLOTS (3)")
     if not layout_takes(tiled, fmt, x.dtype):
         raise ValueError(f"words in code slots are FP4 laid for {SLOT_DTYPES[tiled]} activations, got {fmt} with "
-                         f"{x.dtype} (engine/quant/fp4_slots.py from_slots gives the plain words)")
+                         f"{x.dtype} (engine/quant/fp4/slots.py from_slots gives the plain words)")
     check_call(x, fmt, qweight, splits, residual, norm_weight, glu, mma)
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"

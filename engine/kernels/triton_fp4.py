@@ -1,7 +1,7 @@
 """FP4 (E2M1) GEMV for decode, NVFP4 and MXFP4 weights kept packed in GPU memory; plain FMAs (runs on SM70).
 
-Layout (engine/quant/fp4_layout.py): int32 codes [N, K/8], within each block of B columns (16 for NVFP4,
-32 for MXFP4) word w holds columns w + j*B/8 as code j (its bits placed in fp4_layout.SLOTS), so for one j
+Layout (engine/quant/fp4/layout.py): int32 codes [N, K/8], within each block of B columns (16 for NVFP4,
+32 for MXFP4) word w holds columns w + j*B/8 as code j (its bits placed in fp4.layout.SLOTS), so for one j
 the activations are a contiguous run; the block scales stay the checkpoint's bytes [N, K/B] (E4M3 for NVFP4,
 E8M0 for MXFP4), and NVFP4 has a float32 global scale per output row (fused q/k/v keep each shard's).
 
@@ -18,8 +18,6 @@ Measured on an H200 (benchmarks/results/quant_h200.json, "fp4"), one row over th
 the default tiles: NVFP4 127.6 us (23% of the copy bandwidth on the packed bytes; cuBLAS on fp16 weights
 120.8 us), MXFP4 93.6 us (29%). Short of the 70% target, and not explained by measurement: cutting the
 decode from 32 to 20 integer ops per word (SLOTS) and loading one tile ahead changed the times by under 10%.
-
-This module imports Triton at load; engine/quant/fp4_linear.py imports it only on CUDA.
 """
 from __future__ import annotations
 
@@ -54,7 +52,7 @@ def take(w, r: tl.constexpr, mask: tl.constexpr):
 
 @triton.jit
 def e2m1_times_2m126(w, j: tl.constexpr):
-    """Code j of the uint32 words (fp4_layout.SLOTS) as float32 e2m1 * 2^-126: rotations and masks move its
+    """Code j of the uint32 words (fp4.layout.SLOTS) as float32 e2m1 * 2^-126: rotations and masks move its
     sign to bit 31 and its magnitude bits to 22-24."""
     if j == 0:
         bits = take(w, 22, 0x81C00000)
@@ -154,7 +152,7 @@ def launch(x, qweight, scales, gscale, out, fmt: int, block_n: int, block_kw: in
 def fp4_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_KW: tl.constexpr):
     """The dense weight [N, K]: each code's e2m1 value times its block's scale in float32 (the scale formed as
-    the reference forms it), rounded once to the output dtype, as fp4_layout.dequantize then .to(dtype) does."""
+    the reference forms it), rounded once to the output dtype, as fp4.layout.dequantize then .to(dtype) does."""
     B: tl.constexpr = 16 if FMT == 0 else 32
     GW: tl.constexpr = B // 8
     KW: tl.constexpr = K // 8
@@ -179,7 +177,7 @@ def fp4_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.c
 def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr,
                          M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr):
-    """fp4_dequant_kernel for words in code slots (engine/quant/fp4_slots.py: word i holds columns 8i .. 8i + 7,
+    """fp4_dequant_kernel for words in code slots (engine/quant/fp4/slots.py: word i holds columns 8i .. 8i + 7,
     slot j // 2, first or second code by j % 2; MXFP4 each 32 columns in MXFP4_ORDER). One lane per output
     column, so the stores are contiguous; the eight lanes of a word read it together. M*, S*: each slot's
     first-code magnitude and sign bit (SlotLayout.magnitude_at / sign_at); the second code's sit 16 bits on."""
@@ -193,7 +191,7 @@ def slots_dequant_kernel(q_ptr, s_ptr, g_ptr, w_ptr, N, K: tl.constexpr, FMT: tl
     scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
     if FMT == 1:
         scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
-    pair = (cols % 32) // 2  # the word and slot of a column's pair (MXFP4: fp4_slots.MXFP4_ORDER)
+    pair = (cols % 32) // 2  # the word and slot of a column's pair (MXFP4: fp4.slots.MXFP4_ORDER)
     at = pair if FMT == 0 else tl.where(pair % 2 == 0, pair // 2, 8 + pair // 2)
     word, slot, half = (cols // 32) * 4 + at // 4, at % 4, 16 * (cols % 2)
     m_at = (tl.where(slot == 0, M0, tl.where(slot == 1, M1, tl.where(slot == 2, M2, M3))) + half) % 32

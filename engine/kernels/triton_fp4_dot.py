@@ -2,7 +2,7 @@
 
 The FMA FP4 GEMV (triton_fp4.py) spends one FFMA per weight and row, which at 8 rows made it 3x slower
 than cuBLAS on fp16 weights (measured on an H200). Here each step decodes 128 input columns of BLOCK_N
-rows (the fp4_layout.SLOTS rotations, vectorised over the eight codes of a word) and scales them exactly
+rows (the fp4.layout.SLOTS rotations, vectorised over the eight codes of a word) and scales them exactly
 in the activation dtype before one tl.dot against the activations padded to 16 rows:
   NVFP4: e2m1 * e4m3 has at most 6 significant bits between 2^-10 and 2688, exact in fp16 and bf16; the
       float32 global scale multiplies the row's sum at the end (the reference rounds e4m3 * global to
@@ -37,7 +37,7 @@ def fp4_dot_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FMT
     r3 = rows[:, None, None]
     blk = tl.arange(0, NBLK)[None, :, None]
     wi = tl.arange(0, GW)[None, None, :]
-    # per code j (fp4_layout.SLOTS): rotation and mask of its first and second bit group
+    # per code j (fp4.layout.SLOTS): rotation and mask of its first and second bit group
     j = tl.arange(0, 8)[None, None, :, None]
     r1 = tl.where(j == 0, 22, tl.where(j == 1, 19, tl.where(j == 2, 16, tl.where(j == 3, 12, tl.where(
         j == 4, 9, tl.where(j == 5, 6, tl.where(j == 6, 2, 28))))))).to(tl.uint32)

@@ -1,11 +1,11 @@
-"""The dense weight of packed FP8 (E4M3) words, for the library GEMM of a prefill (engine/quant/fp8_linear.py):
+"""The dense weight of packed FP8 (E4M3) words, for the library GEMM of a prefill (engine/quant/fp8/linear.py):
 one pass on the GPU, one lane per output column (contiguous stores), where the torch form takes four passes
 over float32 temporaries.
 
-Layout (engine/quant/fp8_layout.py): int32 words [N, K / 4]; in each block of 16 columns, byte j of word i is
+Layout (engine/quant/fp8/layout.py): int32 words [N, K / 4]; in each block of 16 columns, byte j of word i is
 column 4 j + i. A byte's sign moved to bit 31 and its exponent and mantissa bits to bits 20-26 of a float32 give
 e4m3 * 2^-120 exactly (subnormals included), times 2^120 the code, times the row's float32 scale rounded once to
-the dtype: the bits of fp8_layout.dequantize(w).to(dtype).
+the dtype: the bits of fp8.layout.dequantize(w).to(dtype).
 """
 from __future__ import annotations
 

@@ -12,137 +12,122 @@ reduction reads a 128K-entry row with too few threads: ~30 us on an H200).
 The torch layers of engine/layers/ are the reference numerics; these kernels follow the same order
 of operations (fp32 statistics, one cast before the weight multiply) but round intermediate values
 differently, so results agree to fp16 rounding, not bit for bit. Each kernel works on one token row
-at a time, so a row's result never depends on the batch it is in. Triton is imported lazily.
+at a time, so a row's result never depends on the batch it is in. Whether they can run here:
+triton_support.fused_unavailable_reason.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
 
 from onecat.engine.kernels import pdl
 
 
-def fused_unavailable_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    from onecat.engine.kernels.triton_support import triton_unavailable_reason
+@triton.jit
+def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_r, n_cols, eps,
+                       HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        x = x + tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        tl.store(rout_ptr + row * n_cols + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n_cols + cols, (xf * rstd).to(x.dtype) * w, mask=mask)
 
-    return triton_unavailable_reason()
+@triton.jit
+def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0)
+    u = tl.load(gu_ptr + row * stride_gu + inter + cols, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    tl.store(out_ptr + row * inter + cols, (gf / (1.0 + tl.exp(-gf))).to(g.dtype) * u, mask=mask)
 
+@triton.jit
+def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr,
+                         stride_t, num_q_heads, num_kv_heads, eps,
+                         D: tl.constexpr, QK_NORM: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
+    """One program per (token, head) over q heads then k heads; q/k are rotated in place inside
+    the fused qkv row [q | k | v]; a k head program also stores its k and v head in the cache."""
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    half: tl.constexpr = D // 2
+    d = tl.arange(0, half)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cos_ptr + pos * D + d)
+    sin = tl.load(sin_ptr + pos * D + d)
+    is_k = h >= num_q_heads
+    base = qkv_ptr + t * stride_t + h * D  # k heads follow the q heads in the row
+    x1 = tl.load(base + d)
+    x2 = tl.load(base + half + d)
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    if QK_NORM:
+        rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / D + eps)
+        if is_k:
+            w1 = tl.load(kw_ptr + d)
+            w2 = tl.load(kw_ptr + half + d)
+        else:
+            w1 = tl.load(qw_ptr + d)
+            w2 = tl.load(qw_ptr + half + d)
+        f1 = ((f1 * rstd).to(x1.dtype) * w1).to(tl.float32)
+        f2 = ((f2 * rstd).to(x1.dtype) * w2).to(tl.float32)
+    o1 = (f1 * cos - f2 * sin).to(x1.dtype)
+    o2 = (f2 * cos + f1 * sin).to(x1.dtype)
+    tl.store(base + d, o1)
+    tl.store(base + half + d, o2)
+    if WRITE_CACHE:
+        if is_k:
+            kvh = h - num_q_heads
+            slot = tl.load(slot_ptr + t).to(tl.int64)
+            dst = slot * num_kv_heads * D + kvh * D
+            tl.store(kc_ptr + dst + d, o1)
+            tl.store(kc_ptr + dst + half + d, o2)
+            vsrc = base + num_kv_heads * D
+            full = tl.arange(0, D)
+            tl.store(vc_ptr + dst + full, tl.load(vsrc + full))
 
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    import triton
-    import triton.language as tl
+@triton.jit
+def argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, stride, n, parts, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    cols = p * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf")).to(tl.float32)
+    v = tl.where(v != v, float("inf"), v)  # NaN ranks as +inf
+    best = tl.max(v, axis=0)
+    tl.store(val_ptr + row * parts + p, best)
+    tl.store(idx_ptr + row * parts + p, tl.min(tl.where(v == best, cols, n), axis=0))
 
-    @triton.jit
-    def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_r, n_cols, eps,
-                           HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
-        if HAS_RES:
-            x = x + tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
-            tl.store(rout_ptr + row * n_cols + cols, x, mask=mask)
-        xf = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-        tl.store(out_ptr + row * n_cols + cols, (xf * rstd).to(x.dtype) * w, mask=mask)
-
-    @triton.jit
-    def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < inter
-        g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0)
-        u = tl.load(gu_ptr + row * stride_gu + inter + cols, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        tl.store(out_ptr + row * inter + cols, (gf / (1.0 + tl.exp(-gf))).to(g.dtype) * u, mask=mask)
-
-    @triton.jit
-    def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr,
-                             stride_t, num_q_heads, num_kv_heads, eps,
-                             D: tl.constexpr, QK_NORM: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
-        """One program per (token, head) over q heads then k heads; q/k are rotated in place inside
-        the fused qkv row [q | k | v]; a k head program also stores its k and v head in the cache."""
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
-        half: tl.constexpr = D // 2
-        d = tl.arange(0, half)
-        pos = tl.load(pos_ptr + t).to(tl.int64)
-        cos = tl.load(cos_ptr + pos * D + d)
-        sin = tl.load(sin_ptr + pos * D + d)
-        is_k = h >= num_q_heads
-        base = qkv_ptr + t * stride_t + h * D  # k heads follow the q heads in the row
-        x1 = tl.load(base + d)
-        x2 = tl.load(base + half + d)
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        if QK_NORM:
-            rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / D + eps)
-            if is_k:
-                w1 = tl.load(kw_ptr + d)
-                w2 = tl.load(kw_ptr + half + d)
-            else:
-                w1 = tl.load(qw_ptr + d)
-                w2 = tl.load(qw_ptr + half + d)
-            f1 = ((f1 * rstd).to(x1.dtype) * w1).to(tl.float32)
-            f2 = ((f2 * rstd).to(x1.dtype) * w2).to(tl.float32)
-        o1 = (f1 * cos - f2 * sin).to(x1.dtype)
-        o2 = (f2 * cos + f1 * sin).to(x1.dtype)
-        tl.store(base + d, o1)
-        tl.store(base + half + d, o2)
-        if WRITE_CACHE:
-            if is_k:
-                kvh = h - num_q_heads
-                slot = tl.load(slot_ptr + t).to(tl.int64)
-                dst = slot * num_kv_heads * D + kvh * D
-                tl.store(kc_ptr + dst + d, o1)
-                tl.store(kc_ptr + dst + half + d, o2)
-                vsrc = base + num_kv_heads * D
-                full = tl.arange(0, D)
-                tl.store(vc_ptr + dst + full, tl.load(vsrc + full))
-
-    @triton.jit
-    def argmax_partial_kernel(x_ptr, val_ptr, idx_ptr, stride, n, parts, BLOCK: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        row = tl.program_id(0).to(tl.int64)
-        p = tl.program_id(1)
-        cols = p * BLOCK + tl.arange(0, BLOCK)
-        v = tl.load(x_ptr + row * stride + cols, mask=cols < n, other=float("-inf")).to(tl.float32)
-        v = tl.where(v != v, float("inf"), v)  # NaN ranks as +inf
-        best = tl.max(v, axis=0)
-        tl.store(val_ptr + row * parts + p, best)
-        tl.store(idx_ptr + row * parts + p, tl.min(tl.where(v == best, cols, n), axis=0))
-
-    @triton.jit
-    def argmax_final_kernel(val_ptr, idx_ptr, out_ptr, n, parts, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        row = tl.program_id(0).to(tl.int64)
-        j = tl.arange(0, BLOCK_P)
-        m = j < parts
-        v = tl.load(val_ptr + row * parts + j, mask=m, other=float("-inf"))
-        i = tl.load(idx_ptr + row * parts + j, mask=m, other=n)
-        best = tl.max(v, axis=0)
-        tl.store(out_ptr + row, tl.min(tl.where(v == best, i, n), axis=0).to(tl.int64))
-
-    return {"add_rmsnorm": add_rmsnorm_kernel, "silu_mul": silu_mul_kernel, "qk_rope_cache": qk_rope_cache_kernel,
-            "argmax_partial": argmax_partial_kernel, "argmax_final": argmax_final_kernel}
+@triton.jit
+def argmax_final_kernel(val_ptr, idx_ptr, out_ptr, n, parts, BLOCK_P: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK_P)
+    m = j < parts
+    v = tl.load(val_ptr + row * parts + j, mask=m, other=float("-inf"))
+    i = tl.load(idx_ptr + row * parts + j, mask=m, other=n)
+    best = tl.max(v, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(v == best, i, n), axis=0).to(tl.int64))
 
 
 def _pow2(n: int) -> int:
@@ -160,9 +145,9 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
         x2, r2 = x2.contiguous(), r2.contiguous()
     rows = x2.shape[0]
     if rows:
-        _kernels()["add_rmsnorm"][(rows,)](x2, r2, weight, out, rout, x2.stride(0), r2.stride(0), n, eps,
-                                           HAS_RES=residual is not None, BLOCK=_pow2(n),
-                                           num_warps=4 if n <= 4096 else 8, **pdl.options(x.device))
+        add_rmsnorm_kernel[(rows,)](x2, r2, weight, out, rout, x2.stride(0), r2.stride(0), n, eps,
+                                    HAS_RES=residual is not None, BLOCK=_pow2(n),
+                                    num_warps=4 if n <= 4096 else 8, **pdl.options(x.device))
     if residual is None:
         return out.view(x.shape)
     return out.view(x.shape), rout.view(x.shape)
@@ -176,8 +161,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(g2.shape[0], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     if g2.shape[0]:
-        _kernels()["silu_mul"][(g2.shape[0], -(-inter // block))](g2, out, g2.stride(0), inter, BLOCK=block,
-                                                                   **pdl.options(g2.device))
+        silu_mul_kernel[(g2.shape[0], -(-inter // block))](g2, out, g2.stride(0), inter, BLOCK=block,
+                                                            **pdl.options(g2.device))
     return out.view(*gate_up.shape[:-1], inter)
 
 
@@ -193,7 +178,7 @@ def qk_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     assert qkv.stride(-1) == 1 and cos.dtype == torch.float32 and cos.is_contiguous()
     write = k_cache is not None
     dummy = qkv
-    _kernels()["qk_rope_cache"][(T, num_q_heads + num_kv_heads)](
+    qk_rope_cache_kernel[(T, num_q_heads + num_kv_heads)](
         qkv, positions, cos, sin, slots if write else positions, k_cache if write else dummy,
         v_cache if write else dummy, q_weight if q_weight is not None else dummy,
         k_weight if k_weight is not None else dummy, qkv.stride(0), num_q_heads, num_kv_heads, eps,
@@ -212,8 +197,8 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     idx = torch.empty(rows, parts, dtype=torch.int32, device=logits.device)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
-        k, launch = _kernels(), pdl.options(logits.device)
-        k["argmax_partial"][(rows, parts)](logits, vals, idx, logits.stride(0), n, parts, BLOCK=block, num_warps=8,
-                                           **launch)
-        k["argmax_final"][(rows,)](vals, idx, out, n, parts, BLOCK_P=_pow2(parts), num_warps=1, **launch)
+        launch = pdl.options(logits.device)
+        argmax_partial_kernel[(rows, parts)](logits, vals, idx, logits.stride(0), n, parts, BLOCK=block, num_warps=8,
+                                             **launch)
+        argmax_final_kernel[(rows,)](vals, idx, out, n, parts, BLOCK_P=_pow2(parts), num_warps=1, **launch)
     return out

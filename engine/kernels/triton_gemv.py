@@ -19,9 +19,9 @@ order on every run.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
 
 from onecat.engine.kernels import pdl
 
@@ -29,90 +29,83 @@ MAX_K = 32768  # the K loop is unrolled: larger inputs take the library GEMM
 MAX_ROWS = 16  # rows of one call (each row is its own program column; the weight tiles come from L2 again)
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
-                    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                    NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-        pid = tl.program_id(0)
-        m = tl.program_id(1).to(tl.int64)  # the input row: every row runs the same code as a single row
-        x_ptr += m * K
-        r_ptr += m * K
-        rout_ptr += m * K
-        nout_ptr += m * K
-        y_ptr += m * n_out
-        rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-        row_ok = rows < n_out
-        rows = tl.where(row_ok, rows, 0)  # out-of-range rows re-read row 0 and are not stored
-        cols = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # GLU only: the matching up rows
-        ss = tl.zeros([BLOCK_K], tl.float32)  # NORM only: sum of squares of x + residual
-        # the first weight tile does not depend on the previous kernel: under PDL (pdl.py) it is in flight
-        # while that kernel finishes
-        w_first = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(cols < K)[None, :], other=0.0,
-                          eviction_policy="evict_first")
-        if GLU:
-            w_up_first = tl.load(w_ptr + (rows + n_out)[:, None] * K + cols[None, :], mask=(cols < K)[None, :],
-                                 other=0.0, eviction_policy="evict_first")
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        for k0 in tl.static_range(0, K, BLOCK_K):
-            c = k0 + cols
-            m = c < K
-            if k0 == 0:
-                w = w_first
-                if GLU:
-                    w_up = w_up_first
-            else:
-                w = tl.load(w_ptr + rows[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
-                            eviction_policy="evict_first")
-                if GLU:
-                    w_up = tl.load(w_ptr + (rows + n_out)[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
-                                   eviction_policy="evict_first")
-            xv = tl.load(x_ptr + c, mask=m, other=0.0)
-            if NORM:
-                h = xv + tl.load(r_ptr + c, mask=m, other=0.0)
-                if pid == 0:
-                    tl.store(rout_ptr + c, h, mask=m)
-                hf = h.to(tl.float32)
-                ss += hf * hf
-                xf = hf * tl.load(nw_ptr + c, mask=m, other=0.0).to(tl.float32)
-            else:
-                xf = xv.to(tl.float32)
-            acc += w.to(tl.float32) * xf[None, :]
+@triton.jit
+def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
+                K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+                NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    m = tl.program_id(1).to(tl.int64)  # the input row: every row runs the same code as a single row
+    x_ptr += m * K
+    r_ptr += m * K
+    rout_ptr += m * K
+    nout_ptr += m * K
+    y_ptr += m * n_out
+    rows = (pid * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < n_out
+    rows = tl.where(row_ok, rows, 0)  # out-of-range rows re-read row 0 and are not stored
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # GLU only: the matching up rows
+    ss = tl.zeros([BLOCK_K], tl.float32)  # NORM only: sum of squares of x + residual
+    # the first weight tile does not depend on the previous kernel: under PDL (pdl.py) it is in flight
+    # while that kernel finishes
+    w_first = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(cols < K)[None, :], other=0.0,
+                      eviction_policy="evict_first")
+    if GLU:
+        w_up_first = tl.load(w_ptr + (rows + n_out)[:, None] * K + cols[None, :], mask=(cols < K)[None, :],
+                             other=0.0, eviction_policy="evict_first")
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        c = k0 + cols
+        m = c < K
+        if k0 == 0:
+            w = w_first
             if GLU:
-                acc_up += w_up.to(tl.float32) * xf[None, :]
-        y = tl.sum(acc, axis=1)
-        up = tl.sum(acc_up, axis=1)
+                w_up = w_up_first
+        else:
+            w = tl.load(w_ptr + rows[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            if GLU:
+                w_up = tl.load(w_ptr + (rows + n_out)[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
+                               eviction_policy="evict_first")
+        xv = tl.load(x_ptr + c, mask=m, other=0.0)
         if NORM:
-            rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-            y = y * rstd
-            up = up * rstd
-            if NORM_OUT:  # program 0 also writes the normed input, rounded as the add_rmsnorm kernel rounds it
-                if pid == 0:
-                    for k0 in tl.static_range(0, K, BLOCK_K):
-                        c = k0 + cols
-                        km = c < K
-                        h = tl.load(x_ptr + c, mask=km, other=0.0) + tl.load(r_ptr + c, mask=km, other=0.0)
-                        nw = tl.load(nw_ptr + c, mask=km, other=0.0)
-                        tl.store(nout_ptr + c, (h.to(tl.float32) * rstd).to(h.dtype) * nw, mask=km)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + rows).to(tl.float32)
-            if GLU:
-                up += tl.load(b_ptr + n_out + rows).to(tl.float32)
-        out_ty = y_ptr.dtype.element_ty
-        if GLU:  # round like the projection output, then like the SiLU*mul kernel
-            g = y.to(out_ty).to(tl.float32)
-            y = (g / (1.0 + tl.exp(-g))).to(out_ty) * up.to(out_ty)
-        tl.store(y_ptr + rows, y.to(out_ty), mask=row_ok)
-
-    return gemv_kernel
+            h = xv + tl.load(r_ptr + c, mask=m, other=0.0)
+            if pid == 0:
+                tl.store(rout_ptr + c, h, mask=m)
+            hf = h.to(tl.float32)
+            ss += hf * hf
+            xf = hf * tl.load(nw_ptr + c, mask=m, other=0.0).to(tl.float32)
+        else:
+            xf = xv.to(tl.float32)
+        acc += w.to(tl.float32) * xf[None, :]
+        if GLU:
+            acc_up += w_up.to(tl.float32) * xf[None, :]
+    y = tl.sum(acc, axis=1)
+    up = tl.sum(acc_up, axis=1)
+    if NORM:
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        y = y * rstd
+        up = up * rstd
+        if NORM_OUT:  # program 0 also writes the normed input, rounded as the add_rmsnorm kernel rounds it
+            if pid == 0:
+                for k0 in tl.static_range(0, K, BLOCK_K):
+                    c = k0 + cols
+                    km = c < K
+                    h = tl.load(x_ptr + c, mask=km, other=0.0) + tl.load(r_ptr + c, mask=km, other=0.0)
+                    nw = tl.load(nw_ptr + c, mask=km, other=0.0)
+                    tl.store(nout_ptr + c, (h.to(tl.float32) * rstd).to(h.dtype) * nw, mask=km)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows).to(tl.float32)
+        if GLU:
+            up += tl.load(b_ptr + n_out + rows).to(tl.float32)
+    out_ty = y_ptr.dtype.element_ty
+    if GLU:  # round like the projection output, then like the SiLU*mul kernel
+        g = y.to(out_ty).to(tl.float32)
+        y = (g / (1.0 + tl.exp(-g))).to(out_ty) * up.to(out_ty)
+    tl.store(y_ptr + rows, y.to(out_ty), mask=row_ok)
 
 
 def default_config(n: int, k: int, norm: bool = False) -> tuple[int, int, int]:
@@ -160,7 +153,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     rout = torch.empty_like(x) if norm else y
     nout = torch.empty_like(x) if normed_out else rout
     rows = x.numel() // k
-    _kernel()[(-(-n_out // block_n), rows)](
+    gemv_kernel[(-(-n_out // block_n), rows)](
         x, residual if norm else x, norm_weight if norm else x, weight, bias if bias is not None else weight,
         y, rout, nout, n_out, eps, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, NORM_OUT=normed_out, GLU=glu,
         HAS_BIAS=bias is not None, num_warps=warps, **pdl.options(x.device))

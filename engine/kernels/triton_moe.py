@@ -20,31 +20,20 @@ matrix instructions, so it also runs on SM70, where Triton has no tensor-core do
 [BM, BK, BN] accumulator of partial products and reduces over BK once after the K loop: Triton rewrites
 sum(a[:, :, None] * b[None, :, :], axis=1) into a dot (tf32 tensor cores for float32 on SM80+), so reducing
 inside the loop would not be FMA-only.
-The tile sizes are a fixed function of the pair count and variant (no autotuning).
+The tile sizes are a fixed function of the pair count and variant (no autotuning). Whether the fused path
+takes a call: triton_support.moe_unavailable_reason.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
 
 from onecat.engine.kernels import pdl, triton_moe_gemv
 
 VARIANTS = ("dot", "fma")
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 COMBINE_BLOCK = 1024  # hidden features a program of the k-slot sum takes
 DECODE_GEMV = True  # up to triton_moe_gemv.MAX_TOKENS tokens take its GEMVs (the switch benchmarks flip to compare)
-
-
-def unavailable_reason(x: torch.Tensor) -> str | None:
-    """Why the fused path cannot run on x (None: it can)."""
-    if x.device.type != "cuda":
-        return f"input is on {x.device}, not a CUDA device"
-    if x.dtype not in _DTYPES:
-        return f"dtype {x.dtype} unsupported (float16, bfloat16 or float32)"
-    from onecat.engine.kernels.triton_support import triton_unavailable_reason
-
-    return triton_unavailable_reason()
 
 
 def default_variant(device: torch.device) -> str:
@@ -78,123 +67,116 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return sorted_pairs, block_experts
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def gate_up_kernel(x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, n_pairs, top_k, num_experts, N,
-                       stride_x, stride_we, stride_wn, stride_o,
-                       K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                       PRECISION: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        pid = tl.program_id(0)
-        n_blocks = tl.cdiv(N, BN)
-        pid_m, pid_n = pid // n_blocks, pid % n_blocks
-        e = tl.load(experts_ptr + pid_m).to(tl.int64)
-        if e >= num_experts:
-            return
-        pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-        row_ok = pair < n_pairs
-        tok = tl.where(row_ok, pair // top_k, 0)
-        cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < N
-        ks = tl.arange(0, BK)
-        a_ptrs = x_ptr + tok[:, None] * stride_x + ks[None, :]
-        g_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
-        u_ptrs = g_ptrs + N * stride_wn
+@triton.jit
+def gate_up_kernel(x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, n_pairs, top_k, num_experts, N,
+                   stride_x, stride_we, stride_wn, stride_o,
+                   K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                   PRECISION: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(N, BN)
+    pid_m, pid_n = pid // n_blocks, pid % n_blocks
+    e = tl.load(experts_ptr + pid_m).to(tl.int64)
+    if e >= num_experts:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    row_ok = pair < n_pairs
+    tok = tl.where(row_ok, pair // top_k, 0)
+    cols = pid_n * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    ks = tl.arange(0, BK)
+    a_ptrs = x_ptr + tok[:, None] * stride_x + ks[None, :]
+    g_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
+    u_ptrs = g_ptrs + N * stride_wn
+    if USE_DOT:
+        acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+        acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    else:  # per-k partial products, reduced once after the loop (see the module docstring)
+        acc_g = tl.zeros([BM, BK, BN], dtype=tl.float32)
+        acc_u = tl.zeros([BM, BK, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = ks < K - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
+        u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
         if USE_DOT:
-            acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-            acc_u = tl.zeros([BM, BN], dtype=tl.float32)
-        else:  # per-k partial products, reduced once after the loop (see the module docstring)
-            acc_g = tl.zeros([BM, BK, BN], dtype=tl.float32)
-            acc_u = tl.zeros([BM, BK, BN], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            k_ok = ks < K - k0
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            g = tl.load(g_ptrs, mask=k_ok[:, None], other=0.0)
-            u = tl.load(u_ptrs, mask=k_ok[:, None], other=0.0)
-            if USE_DOT:
-                acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-                acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
-            else:  # no matrix instructions (SM70): float32 multiply-adds
-                af = a.to(tl.float32)[:, :, None]
-                acc_g += af * g.to(tl.float32)[None, :, :]
-                acc_u += af * u.to(tl.float32)[None, :, :]
-            a_ptrs += BK
-            g_ptrs += BK
-            u_ptrs += BK
-        if not USE_DOT:
-            acc_g = tl.sum(acc_g, axis=1)
-            acc_u = tl.sum(acc_u, axis=1)
-        dt = out_ptr.dtype.element_ty
-        gate = acc_g.to(dt).to(tl.float32)  # the projection's output rounding, as the unfused layer
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt)
-        h = act * acc_u.to(dt)
-        tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], h, mask=row_ok[:, None] & col_ok[None, :])
+            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+        else:  # no matrix instructions (SM70): float32 multiply-adds
+            af = a.to(tl.float32)[:, :, None]
+            acc_g += af * g.to(tl.float32)[None, :, :]
+            acc_u += af * u.to(tl.float32)[None, :, :]
+        a_ptrs += BK
+        g_ptrs += BK
+        u_ptrs += BK
+    if not USE_DOT:
+        acc_g = tl.sum(acc_g, axis=1)
+        acc_u = tl.sum(acc_u, axis=1)
+    dt = out_ptr.dtype.element_ty
+    gate = acc_g.to(dt).to(tl.float32)  # the projection's output rounding, as the unfused layer
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt)
+    h = act * acc_u.to(dt)
+    tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], h, mask=row_ok[:, None] & col_ok[None, :])
 
-    @triton.jit
-    def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, n_pairs, num_experts, N, stride_h,
-                    stride_we, stride_wn, stride_o,
-                    K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
-                    PRECISION: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        pid = tl.program_id(0)
-        n_blocks = tl.cdiv(N, BN)
-        pid_m, pid_n = pid // n_blocks, pid % n_blocks
-        e = tl.load(experts_ptr + pid_m).to(tl.int64)
-        if e >= num_experts:
-            return
-        pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-        row_ok = pair < n_pairs
-        safe = tl.where(row_ok, pair, 0)
-        cols = pid_n * BN + tl.arange(0, BN)
-        col_ok = cols < N
-        ks = tl.arange(0, BK)
-        a_ptrs = h_ptr + safe[:, None] * stride_h + ks[None, :]
-        b_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
+@triton.jit
+def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, n_pairs, num_experts, N, stride_h,
+                stride_we, stride_wn, stride_o,
+                K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
+                PRECISION: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(N, BN)
+    pid_m, pid_n = pid // n_blocks, pid % n_blocks
+    e = tl.load(experts_ptr + pid_m).to(tl.int64)
+    if e >= num_experts:
+        return
+    pair = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    row_ok = pair < n_pairs
+    safe = tl.where(row_ok, pair, 0)
+    cols = pid_n * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    ks = tl.arange(0, BK)
+    a_ptrs = h_ptr + safe[:, None] * stride_h + ks[None, :]
+    b_ptrs = w_ptr + e * stride_we + tl.where(col_ok, cols, 0)[None, :] * stride_wn + ks[:, None]
+    if USE_DOT:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BK, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = ks < K - k0
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
         if USE_DOT:
-            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
         else:
-            acc = tl.zeros([BM, BK, BN], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            k_ok = ks < K - k0
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
-            if USE_DOT:
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
-            else:
-                acc += a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
-            a_ptrs += BK
-            b_ptrs += BK
-        if not USE_DOT:
-            acc = tl.sum(acc, axis=1)
-        scale = tl.load(route_ptr + safe, mask=row_ok, other=0.0).to(tl.float32)
-        y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
-        tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
+            acc += a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :]
+        a_ptrs += BK
+        b_ptrs += BK
+    if not USE_DOT:
+        acc = tl.sum(acc, axis=1)
+    scale = tl.load(route_ptr + safe, mask=row_ok, other=0.0).to(tl.float32)
+    y = acc.to(out_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
+    tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
 
-    @triton.jit
-    def combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
-        """out[t] = sum over slots j = 0, 1, ... of y[t * TOP_K + j], in float32 in that order (one kernel; the
-        same order at every batch size)."""
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        t = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1) * BH + tl.arange(0, BH)
-        ok = h < H
-        acc = tl.zeros([BH], tl.float32)
-        for j in tl.static_range(TOP_K):
-            acc += tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
-    return gate_up_kernel, down_kernel, combine_kernel
+@triton.jit
+def combine_kernel(y_ptr, out_ptr, H, TOP_K: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr):
+    """out[t] = sum over slots j = 0, 1, ... of y[t * TOP_K + j], in float32 in that order (one kernel; the
+    same order at every batch size)."""
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    ok = h < H
+    acc = tl.zeros([BH], tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + j) * H + h, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + h, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def takes_gemv(tokens: int) -> bool:
@@ -252,7 +234,6 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     h = torch.empty(n, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(n, H, dtype=x.dtype, device=x.device)
     route = weights.reshape(-1).to(torch.float32).contiguous()
-    gate_up_kernel, down_kernel, combine_kernel = _kernels()
     launch = pdl.options(x.device)
     common = dict(BM=bm, BK=bk, USE_DOT=variant == "dot", PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                   num_warps=t["num_warps"], num_stages=t["num_stages"], **launch)

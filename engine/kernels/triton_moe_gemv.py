@@ -23,9 +23,9 @@ Only plain multiply-adds: the same kernels run on SM70.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
 
 from onecat.engine.kernels import pdl
 
@@ -47,77 +47,70 @@ def config(k: int, glu: bool = False) -> tuple[int, int, int]:
     return 2, min(256, 1 << (k - 1).bit_length()), 2
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    import triton
-    import triton.language as tl
+@triton.jit
+def _row_dots(w_ptr, x_ptr, rows, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N] float32: rows of a [*, K] weight times x, elementwise partials reduced once at the end."""
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        c = k0 + cols
+        ok = c < K
+        w = tl.load(w_ptr + rows[:, None] * K + c[None, :], mask=ok[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        xv = tl.load(x_ptr + c, mask=ok, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+    return tl.sum(acc, axis=1)
 
-    @triton.jit
-    def _row_dots(w_ptr, x_ptr, rows, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """[BLOCK_N] float32: rows of a [*, K] weight times x, elementwise partials reduced once at the end."""
-        cols = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in tl.static_range(0, K, BLOCK_K):
-            c = k0 + cols
-            ok = c < K
-            w = tl.load(w_ptr + rows[:, None] * K + c[None, :], mask=ok[None, :], other=0.0,
-                        eviction_policy="evict_first")
-            xv = tl.load(x_ptr + c, mask=ok, other=0.0)
-            acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
-        return tl.sum(acc, axis=1)
+@triton.jit
+def gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, top_k, inter, stride_we,
+                   K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: the expert ids come from the router, so nothing is loaded before the wait
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    p = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < inter
+    rows = tl.where(row_ok, rows, 0).to(tl.int64)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    x_row = x_ptr + (p // top_k) * K
+    w_e = w_ptr + e * stride_we
+    g = _row_dots(w_e, x_row, rows, K, BLOCK_N, BLOCK_K)
+    u = _row_dots(w_e, x_row, rows + inter, K, BLOCK_N, BLOCK_K)
+    dt = h_ptr.dtype.element_ty
+    gate = g.to(dt).to(tl.float32)  # the projection's output rounding, as the grouped kernel
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt)
+    tl.store(h_ptr + p * inter + rows, act * u.to(dt), mask=row_ok)
 
-    @triton.jit
-    def gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, top_k, inter, stride_we,
-                       K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: the expert ids come from the router, so nothing is loaded before the wait
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        p = tl.program_id(0).to(tl.int64)
-        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < inter
-        rows = tl.where(row_ok, rows, 0).to(tl.int64)
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        x_row = x_ptr + (p // top_k) * K
-        w_e = w_ptr + e * stride_we
-        g = _row_dots(w_e, x_row, rows, K, BLOCK_N, BLOCK_K)
-        u = _row_dots(w_e, x_row, rows + inter, K, BLOCK_N, BLOCK_K)
-        dt = h_ptr.dtype.element_ty
-        gate = g.to(dt).to(tl.float32)  # the projection's output rounding, as the grouped kernel
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt)
-        tl.store(h_ptr + p * inter + rows, act * u.to(dt), mask=row_ok)
-
-    @triton.jit
-    def down_kernel(h_ptr, w_ptr, ids_ptr, route_ptr, out_ptr, H, stride_we,
-                    K: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        t = tl.program_id(0).to(tl.int64)
-        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < H
-        rows = tl.where(row_ok, rows, 0).to(tl.int64)
-        slots = tl.arange(0, K_PAD)
-        slot_ok = slots < TOP_K
-        pairs = t * TOP_K + tl.where(slot_ok, slots, 0)
-        e = tl.load(ids_ptr + pairs).to(tl.int64)
-        w_rows = w_ptr + e[:, None, None] * stride_we + rows[None, :, None] * K  # [K_PAD, BLOCK_N, 1]
-        cols = tl.arange(0, BLOCK_K)
-        acc = tl.zeros([K_PAD, BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in tl.static_range(0, K, BLOCK_K):  # every slot's rows in one tile: all in flight at once
-            c = k0 + cols
-            ok = c < K
-            w = tl.load(w_rows + c[None, None, :], mask=slot_ok[:, None, None] & ok[None, None, :], other=0.0,
-                        eviction_policy="evict_first")
-            hv = tl.load(h_ptr + pairs[:, None] * K + c[None, :], mask=slot_ok[:, None] & ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * hv.to(tl.float32)[:, None, :]
-        dt = out_ptr.dtype.element_ty
-        scale = tl.load(route_ptr + pairs, mask=slot_ok, other=0.0).to(tl.float32)
-        y = (tl.sum(acc, axis=2).to(dt).to(tl.float32) * scale[:, None]).to(dt).to(tl.float32)
-        total = tl.sum(tl.where(slot_ok[:, None], y, 0.0), axis=0)
-        tl.store(out_ptr + t * H + rows, total.to(dt), mask=row_ok)
-
-    return gate_up_kernel, down_kernel
+@triton.jit
+def down_kernel(h_ptr, w_ptr, ids_ptr, route_ptr, out_ptr, H, stride_we,
+                K: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    t = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < H
+    rows = tl.where(row_ok, rows, 0).to(tl.int64)
+    slots = tl.arange(0, K_PAD)
+    slot_ok = slots < TOP_K
+    pairs = t * TOP_K + tl.where(slot_ok, slots, 0)
+    e = tl.load(ids_ptr + pairs).to(tl.int64)
+    w_rows = w_ptr + e[:, None, None] * stride_we + rows[None, :, None] * K  # [K_PAD, BLOCK_N, 1]
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([K_PAD, BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):  # every slot's rows in one tile: all in flight at once
+        c = k0 + cols
+        ok = c < K
+        w = tl.load(w_rows + c[None, None, :], mask=slot_ok[:, None, None] & ok[None, None, :], other=0.0,
+                    eviction_policy="evict_first")
+        hv = tl.load(h_ptr + pairs[:, None] * K + c[None, :], mask=slot_ok[:, None] & ok[None, :], other=0.0)
+        acc += w.to(tl.float32) * hv.to(tl.float32)[:, None, :]
+    dt = out_ptr.dtype.element_ty
+    scale = tl.load(route_ptr + pairs, mask=slot_ok, other=0.0).to(tl.float32)
+    y = (tl.sum(acc, axis=2).to(dt).to(tl.float32) * scale[:, None]).to(dt).to(tl.float32)
+    total = tl.sum(tl.where(slot_ok[:, None], y, 0.0), axis=0)
+    tl.store(out_ptr + t * H + rows, total.to(dt), mask=row_ok)
 
 
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
@@ -131,7 +124,6 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     route = weights.to(torch.float32).contiguous()
     h = torch.empty(T * top_k, inter, dtype=x.dtype, device=x.device)
     out = torch.empty_like(x)
-    gate_up_kernel, down_kernel = _kernels()
     launch = pdl.options(x.device)
     bn, bk, warps = config(H, glu=True)
     gate_up_kernel[(T * top_k, -(-inter // bn))](x, gate_up, ids, h, top_k, inter, gate_up.stride(0), K=H,

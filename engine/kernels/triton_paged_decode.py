@@ -5,16 +5,18 @@ Each program takes one query token, one KV head with all its GQA query heads, an
 128-token partitions of that token's context through the block table; a second kernel merges the
 partitions by their log-sum-exp. A partition boundary depends only on the sequence's own length,
 never on the batch or the launch grid, so results are batch-invariant and identical inside and
-outside CUDA graphs. Triton is imported lazily (kernels are defined on first use).
+outside CUDA graphs.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+import triton
+import triton.language as tl
 
 from onecat.engine.kernels import pdl
-from onecat.engine.kv_cache import LayerKVCache
+from onecat.engine.cache.kv import LayerKVCache
 
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
 #                  that a 1K-token decode already spreads over 8 programs per KV head)
@@ -29,120 +31,112 @@ MERGE_ONE_PASS = True  # up to MERGE_BLOCK partitions merged after one load of e
 #                        with one memory round trip fewer (the A/B switch)
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    """Compiles nothing yet: defines the two jitted kernels on first use."""
-    import triton
-    import triton.language as tl
+# integers that change from step to step (block-table width, context splits) are plain runtime values:
+# Triton would otherwise compile a variant for each "== 1" / "divisible by 16" pattern of them
+@triton.jit(do_not_specialize=["stride_bt", "max_splits", "splits_per_prog"])
+def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, row_ptr, po_ptr, plse_ptr,
+                 stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
+                 GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                 BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
+                 PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    i = tl.program_id(0)
+    kvh = tl.program_id(1)
+    first_split = tl.program_id(2)
+    num_split_progs = tl.num_programs(2)
+    if INDIRECT:
+        tok = tl.load(tok_ptr + i).to(tl.int64)
+        row = tl.load(row_ptr + i).to(tl.int64)
+    else:
+        tok = i.to(tl.int64)
+        row = i.to(tl.int64)
+    ctx = tl.load(ctx_ptr + i)
+    g = tl.arange(0, G_PAD)
+    d = tl.arange(0, D)
+    gmask = g < GROUP
+    qh = kvh * GROUP + g
+    q = tl.load(q_ptr + tok * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
+    n_parts = tl.cdiv(ctx, PART)
+    for it in range(0, splits_per_prog):
+        s = first_split + it * num_split_progs
+        if s < n_parts:
+            start = s * PART
+            end = tl.minimum(start + PART, ctx)
+            m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([G_PAD], tl.float32)
+            acc = tl.zeros([G_PAD, D], tl.float32)
+            for n0 in range(0, PART, BLOCK):
+                offs = start + n0 + tl.arange(0, BLOCK)
+                nmask = offs < end
+                page = tl.load(bt_ptr + row * stride_bt + offs // PAGE, mask=nmask, other=0).to(tl.int64)
+                slot = page * PAGE + offs % PAGE
+                kv_off = (slot * num_kv_heads + kvh) * D
+                k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=nmask[:, None], other=0)
+                v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=nmask[:, None], other=0)
+                if KV_KIND != 0:
+                    ks = tl.load(ks_ptr + slot * num_kv_heads + kvh, mask=nmask, other=0.0)
+                    vs = tl.load(vs_ptr + slot * num_kv_heads + kvh, mask=nmask, other=0.0)
+                    if KV_KIND == 1:
+                        k = k.to(tl.float8e4nv, bitcast=True)
+                        v = v.to(tl.float8e4nv, bitcast=True)
+                    else:
+                        k = k.to(tl.float8e5, bitcast=True)
+                        v = v.to(tl.float8e5, bitcast=True)
+                    k = (k.to(tl.float32) * ks[:, None]).to(q.dtype)
+                    v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
+                sc = tl.dot(q, tl.trans(k)) * qk_scale  # log2 units
+                sc = tl.where(nmask[None, :], sc, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(sc, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(sc - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
+                m_i = m_new
+            base = (i * num_kv_heads * GROUP + qh) * max_splits + s
+            tl.store(po_ptr + base[:, None] * D + d[None, :], acc / l_i[:, None], mask=gmask[:, None])
+            tl.store(plse_ptr + base, m_i + tl.log2(l_i), mask=gmask)
 
-    # integers that change from step to step (block-table width, context splits) are plain runtime values:
-    # Triton would otherwise compile a variant for each "== 1" / "divisible by 16" pattern of them
-    @triton.jit(do_not_specialize=["stride_bt", "max_splits", "splits_per_prog"])
-    def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, row_ptr, po_ptr, plse_ptr,
-                     stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
-                     GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                     BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
-                     PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        i = tl.program_id(0)
-        kvh = tl.program_id(1)
-        first_split = tl.program_id(2)
-        num_split_progs = tl.num_programs(2)
-        if INDIRECT:
-            tok = tl.load(tok_ptr + i).to(tl.int64)
-            row = tl.load(row_ptr + i).to(tl.int64)
-        else:
-            tok = i.to(tl.int64)
-            row = i.to(tl.int64)
-        ctx = tl.load(ctx_ptr + i)
-        g = tl.arange(0, G_PAD)
-        d = tl.arange(0, D)
-        gmask = g < GROUP
-        qh = kvh * GROUP + g
-        q = tl.load(q_ptr + tok * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
-        n_parts = tl.cdiv(ctx, PART)
-        for it in range(0, splits_per_prog):
-            s = first_split + it * num_split_progs
-            if s < n_parts:
-                start = s * PART
-                end = tl.minimum(start + PART, ctx)
-                m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-                l_i = tl.zeros([G_PAD], tl.float32)
-                acc = tl.zeros([G_PAD, D], tl.float32)
-                for n0 in range(0, PART, BLOCK):
-                    offs = start + n0 + tl.arange(0, BLOCK)
-                    nmask = offs < end
-                    page = tl.load(bt_ptr + row * stride_bt + offs // PAGE, mask=nmask, other=0).to(tl.int64)
-                    slot = page * PAGE + offs % PAGE
-                    kv_off = (slot * num_kv_heads + kvh) * D
-                    k = tl.load(k_ptr + kv_off[:, None] + d[None, :], mask=nmask[:, None], other=0)
-                    v = tl.load(v_ptr + kv_off[:, None] + d[None, :], mask=nmask[:, None], other=0)
-                    if KV_KIND != 0:
-                        ks = tl.load(ks_ptr + slot * num_kv_heads + kvh, mask=nmask, other=0.0)
-                        vs = tl.load(vs_ptr + slot * num_kv_heads + kvh, mask=nmask, other=0.0)
-                        if KV_KIND == 1:
-                            k = k.to(tl.float8e4nv, bitcast=True)
-                            v = v.to(tl.float8e4nv, bitcast=True)
-                        else:
-                            k = k.to(tl.float8e5, bitcast=True)
-                            v = v.to(tl.float8e5, bitcast=True)
-                        k = (k.to(tl.float32) * ks[:, None]).to(q.dtype)
-                        v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
-                    sc = tl.dot(q, tl.trans(k)) * qk_scale  # log2 units
-                    sc = tl.where(nmask[None, :], sc, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(sc, 1))
-                    alpha = tl.exp2(m_i - m_new)
-                    p = tl.exp2(sc - m_new[:, None])
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v)
-                    m_i = m_new
-                base = (i * num_kv_heads * GROUP + qh) * max_splits + s
-                tl.store(po_ptr + base[:, None] * D + d[None, :], acc / l_i[:, None], mask=gmask[:, None])
-                tl.store(plse_ptr + base, m_i + tl.log2(l_i), mask=gmask)
-
-    @triton.jit(do_not_specialize=["max_splits"])
-    def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
-                     D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr,
-                     ONE_PASS: tl.constexpr, PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        i = tl.program_id(0)
-        h = tl.program_id(1)
-        if INDIRECT:
-            tok = tl.load(tok_ptr + i).to(tl.int64)
-        else:
-            tok = i.to(tl.int64)
-        n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
-        base = (i * num_heads + h) * max_splits
-        sl = tl.arange(0, S_BLOCK)
-        d = tl.arange(0, D)
-        m = tl.max(tl.full([S_BLOCK], float("-inf"), tl.float32), 0)
-        acc = tl.zeros([D], tl.float32)
-        total = tl.sum(tl.zeros([S_BLOCK], tl.float32), 0)
-        if ONE_PASS and n_parts <= S_BLOCK:  # the common case: the partitions' lse and outputs loaded at once
-            smask = sl < n_parts
-            lse = tl.load(plse_ptr + base + sl, mask=smask, other=float("-inf"))
-            po = tl.load(po_ptr + (base + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+@triton.jit(do_not_specialize=["max_splits"])
+def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
+                 D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr,
+                 ONE_PASS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    if INDIRECT:
+        tok = tl.load(tok_ptr + i).to(tl.int64)
+    else:
+        tok = i.to(tl.int64)
+    n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
+    base = (i * num_heads + h) * max_splits
+    sl = tl.arange(0, S_BLOCK)
+    d = tl.arange(0, D)
+    m = tl.max(tl.full([S_BLOCK], float("-inf"), tl.float32), 0)
+    acc = tl.zeros([D], tl.float32)
+    total = tl.sum(tl.zeros([S_BLOCK], tl.float32), 0)
+    if ONE_PASS and n_parts <= S_BLOCK:  # the common case: the partitions' lse and outputs loaded at once
+        smask = sl < n_parts
+        lse = tl.load(plse_ptr + base + sl, mask=smask, other=float("-inf"))
+        po = tl.load(po_ptr + (base + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+        m = tl.maximum(m, tl.max(lse, 0))
+        w = tl.exp2(lse - m)
+        acc += tl.sum(w[:, None] * po, 0)
+        total += tl.sum(w, 0)
+    else:
+        for s0 in range(0, n_parts, S_BLOCK):  # S_BLOCK partitions at a time
+            lse = tl.load(plse_ptr + base + s0 + sl, mask=s0 + sl < n_parts, other=float("-inf"))
             m = tl.maximum(m, tl.max(lse, 0))
-            w = tl.exp2(lse - m)
+        for s0 in range(0, n_parts, S_BLOCK):
+            smask = s0 + sl < n_parts
+            w = tl.exp2(tl.load(plse_ptr + base + s0 + sl, mask=smask, other=float("-inf")) - m)
+            po = tl.load(po_ptr + (base + s0 + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
             acc += tl.sum(w[:, None] * po, 0)
             total += tl.sum(w, 0)
-        else:
-            for s0 in range(0, n_parts, S_BLOCK):  # S_BLOCK partitions at a time
-                lse = tl.load(plse_ptr + base + s0 + sl, mask=s0 + sl < n_parts, other=float("-inf"))
-                m = tl.maximum(m, tl.max(lse, 0))
-            for s0 in range(0, n_parts, S_BLOCK):
-                smask = s0 + sl < n_parts
-                w = tl.exp2(tl.load(plse_ptr + base + s0 + sl, mask=smask, other=float("-inf")) - m)
-                po = tl.load(po_ptr + (base + s0 + sl)[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
-                acc += tl.sum(w[:, None] * po, 0)
-                total += tl.sum(w, 0)
-        tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty))
-
-    return split_kernel, merge_kernel
+    tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
 @functools.lru_cache(maxsize=8)
@@ -158,7 +152,6 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
     Without tok_idx/row_idx, work item i is query row i of sequence i (pure decode). `max_ctx` only
     sizes the launch (pass an upper bound, e.g. max_model_len, when capturing a CUDA graph).
     """
-    split_kernel, merge_kernel = _kernels()
     n = ctx_lens.shape[0]
     if n == 0:
         return

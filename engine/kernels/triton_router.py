@@ -13,9 +13,9 @@ weights). Each token is its own program, so a token's weights do not depend on t
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
 
 from onecat.engine.kernels import pdl
 
@@ -23,43 +23,36 @@ MAX_EXPERTS = 1024  # router widths held in one program's registers
 _ROUND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # the model dtype the weights are rounded to
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def router_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
-                      K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr,
-                      PDL: tl.constexpr):
-        if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        t = tl.program_id(0)
-        e = tl.arange(0, E_PAD)
-        x = tl.load(logits_ptr + t * stride_t + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
-        p = tl.exp(x - tl.max(x, 0))
-        probs = tl.where(e < num_experts, p / tl.sum(p, 0), -1.0)
-        slot = tl.arange(0, K_PAD)
-        vals = tl.zeros([K_PAD], tl.float32)
-        ids = tl.zeros([K_PAD], tl.int32)
-        for j in tl.static_range(TOP_K):
-            best = tl.max(probs, 0)
-            pick = tl.min(tl.where(probs == best, e, E_PAD), 0)  # the lowest id among equal probabilities
-            vals = tl.where(slot == j, best, vals)
-            ids = tl.where(slot == j, pick, ids)
-            probs = tl.where(e == pick, -1.0, probs)
-        if RENORM:
-            vals = vals / tl.sum(vals, 0)
-        if ROUND == 1:  # the model dtype's rounding, carried in float32
-            vals = vals.to(tl.float16).to(tl.float32)
-        elif ROUND == 2:
-            vals = vals.to(tl.bfloat16).to(tl.float32)
-        keep = slot < TOP_K
-        tl.store(weights_ptr + t * TOP_K + slot, vals, mask=keep)
-        tl.store(ids_ptr + t * TOP_K + slot, ids, mask=keep)
-
-    return router_kernel
+@triton.jit
+def router_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
+                  K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr, ROUND: tl.constexpr,
+                  PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    t = tl.program_id(0)
+    e = tl.arange(0, E_PAD)
+    x = tl.load(logits_ptr + t * stride_t + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
+    p = tl.exp(x - tl.max(x, 0))
+    probs = tl.where(e < num_experts, p / tl.sum(p, 0), -1.0)
+    slot = tl.arange(0, K_PAD)
+    vals = tl.zeros([K_PAD], tl.float32)
+    ids = tl.zeros([K_PAD], tl.int32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(probs, 0)
+        pick = tl.min(tl.where(probs == best, e, E_PAD), 0)  # the lowest id among equal probabilities
+        vals = tl.where(slot == j, best, vals)
+        ids = tl.where(slot == j, pick, ids)
+        probs = tl.where(e == pick, -1.0, probs)
+    if RENORM:
+        vals = vals / tl.sum(vals, 0)
+    if ROUND == 1:  # the model dtype's rounding, carried in float32
+        vals = vals.to(tl.float16).to(tl.float32)
+    elif ROUND == 2:
+        vals = vals.to(tl.bfloat16).to(tl.float32)
+    keep = slot < TOP_K
+    tl.store(weights_ptr + t * TOP_K + slot, vals, mask=keep)
+    tl.store(ids_ptr + t * TOP_K + slot, ids, mask=keep)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +64,8 @@ def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Te
     weights = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(T, top_k, dtype=torch.int32, device=logits.device)
     if T:
-        _kernel()[(T,)](logits, weights, ids, E, logits.stride(0), TOP_K=top_k,
-                        K_PAD=max(2, 1 << (top_k - 1).bit_length()), E_PAD=max(16, 1 << (E - 1).bit_length()),
-                        RENORM=renormalize, ROUND=_ROUND[logits.dtype], num_warps=1 if E <= 256 else 4,
-                        **pdl.options(logits.device))
+        router_kernel[(T,)](logits, weights, ids, E, logits.stride(0), TOP_K=top_k,
+                            K_PAD=max(2, 1 << (top_k - 1).bit_length()), E_PAD=max(16, 1 << (E - 1).bit_length()),
+                            RENORM=renormalize, ROUND=_ROUND[logits.dtype], num_warps=1 if E <= 256 else 4,
+                            **pdl.options(logits.device))
     return weights, ids

@@ -1,7 +1,7 @@
 """W4A16 GEMV (Triton) for decode: y = x @ dequant(W)^T with W kept as packed 4-bit codes in GPU memory.
 
 At a few rows per step a projection's time is reading its weight once, so 4-bit codes (plus a scale and
-a zero per group) move about 3.6x fewer bytes than fp16. The layout is engine/quant/w4a16_layout.py's:
+a zero per group) move about 3.6x fewer bytes than fp16. The layout is engine/quant/w4a16/layout.py's:
 int32 [N, K/8], within each group word w holds columns w + j*G/8 in nibble j, so for one nibble the
 activations are one contiguous run, and the eight nibbles of a word share a scale and a zero.
 
@@ -16,10 +16,10 @@ it also compiles for SM70.
 
 Tiles are [BLOCK_N rows, BLOCK_KW words]; each thread holds 8 words of a group for several rows, so the
 activations it converts to fp32 serve all of them. Scales and zeros come as (scale, zero) pairs
-(`scale_zero_pairs`) read with a 2-wide contiguous pattern: that gives the load the words' layout, where
-separate per-group loads made Triton 3.6 shuffle them through shared memory every tile. The tile sizes
-are a fixed function of the shape and the row count (no autotuning), so a row's sum runs in the same order
-on every call.
+(engine/quant/w4a16/layout.py scale_zero_pairs) read with a 2-wide contiguous pattern: that gives the load the
+words' layout, where separate per-group loads made Triton 3.6 shuffle them through shared memory every tile.
+The tile sizes are a fixed function of the shape and the row count (no autotuning), so a row's sum runs in
+the same order on every call.
 
 Measured on an H200 (Triton 3.6, CUDA-graph timing over rotating weights, benchmarks/results/quant_h200.json),
 one row with the default tiles: qkv 8.8 us, o 6.2 us, gate_up 25.6 us, down 17.4 us; the four together
@@ -34,199 +34,194 @@ on fp16 weights over a layer; below SM80 the FMA GEMV here (4-row tiles).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
+
+from onecat.engine.kernels.device import capability
 
 MAX_ROWS = 8  # rows one GEMV call takes; more rows dequantize and use the library GEMM
 MAX_K = 32768  # the K loop is unrolled
 MAGIC = 0x4B000000  # the bits of 2^23 as a float
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels():
-    import triton
-    import triton.language as tl
+@triton.jit
+def code(words, hi, zf, magic, j: tl.constexpr):
+    """q_j - z, exact in fp32: (q * 16^j | bits of 2^23) is the float 2^23 + q * 16^j."""
+    if j < 5:
+        v = ((words & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True)
+        d = v * (1.0 / (1 << (4 * j))) - (zf + (1 << (23 - 4 * j)))
+    else:
+        v = ((hi & (0xF << (4 * (j - 4)))) | magic).to(tl.float32, bitcast=True)
+        d = v * (1.0 / (1 << (4 * (j - 4)))) - (zf + (1 << (23 - 4 * (j - 4))))
+    return d
 
-    @triton.jit
-    def code(words, hi, zf, magic, j: tl.constexpr):
-        """q_j - z, exact in fp32: (q * 16^j | bits of 2^23) is the float 2^23 + q * 16^j."""
-        if j < 5:
-            v = ((words & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True)
-            d = v * (1.0 / (1 << (4 * j))) - (zf + (1 << (23 - 4 * j)))
-        else:
-            v = ((hi & (0xF << (4 * (j - 4)))) | magic).to(tl.float32, bitcast=True)
-            d = v * (1.0 / (1 << (4 * (j - 4)))) - (zf + (1 << (23 - 4 * (j - 4))))
-        return d
+@triton.jit
+def xval(x_ptr, xo):
+    return tl.load(x_ptr + xo).to(tl.float32)
 
-    @triton.jit
-    def xval(x_ptr, xo):
-        return tl.load(x_ptr + xo).to(tl.float32)
+@triton.jit
+def group_sum(p, GW: tl.constexpr):
+    """[rows, words] -> [rows, words / R]: sums of R = min(8, G/8) neighbouring words (one group's, held
+    by one thread)."""
+    R: tl.constexpr = 8 if GW > 8 else GW
+    return tl.sum(tl.reshape(p, [p.shape[0], p.shape[1] // R, R]), axis=2)
 
-    @triton.jit
-    def group_sum(p, GW: tl.constexpr):
-        """[rows, words] -> [rows, words / R]: sums of R = min(8, G/8) neighbouring words (one group's, held
-        by one thread)."""
-        R: tl.constexpr = 8 if GW > 8 else GW
-        return tl.sum(tl.reshape(p, [p.shape[0], p.shape[1] // R, R]), axis=2)
+@triton.jit
+def group_first(v, GW: tl.constexpr):
+    """[rows, words] -> [rows, words / R]: the first of each R neighbouring words (equal within a group)."""
+    R: tl.constexpr = 8 if GW > 8 else GW
+    return tl.max(tl.reshape(v, [v.shape[0], v.shape[1] // R, R]), axis=2)
 
-    @triton.jit
-    def group_first(v, GW: tl.constexpr):
-        """[rows, words] -> [rows, words / R]: the first of each R neighbouring words (equal within a group)."""
-        R: tl.constexpr = 8 if GW > 8 else GW
-        return tl.max(tl.reshape(v, [v.shape[0], v.shape[1] // R, R]), axis=2)
-
-    @triton.jit
-    def tile(x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc0, acc1, acc2, acc3, acc4, acc5, acc6,
-             acc7, K: tl.constexpr, G: tl.constexpr, M: tl.constexpr):
-        """One [rows, words] tile of K added into each input row's accumulators."""
-        GW: tl.constexpr = G // 8
-        KW: tl.constexpr = K // 8
-        NG: tl.constexpr = K // G
-        cols = k0 + c  # word index along the row
-        words = tl.load(q_ptr + rows * KW + cols, eviction_policy="evict_first")
-        # sz holds (scale, zero) pairs; element c loads pair member c % 2 of its group (2-wide contiguous
-        # runs, the words' access order), then each thread splits its run into scales and zeros
-        sz = tl.load(sz_ptr + rows * (2 * NG) + (cols // GW) * 2 + cols % 2)
-        sv, zv = tl.split(tl.reshape(sz, [sz.shape[0], sz.shape[1] // 2, 2]))
-        s = tl.reshape(tl.join(sv, sv), sz.shape).to(tl.float32)
-        zf = tl.reshape(tl.join(zv, zv), sz.shape).to(tl.float32)
-        hi = words >> 16
-        xo = (cols // GW) * G + cols % GW + (rows * 0).to(tl.int32)
-        if M == 1:
-            t = code(words, hi, zf, magic, 0) * xval(x_ptr, xo)
-            for j in tl.static_range(1, 8):
-                t += code(words, hi, zf, magic, j) * xval(x_ptr, xo + j * GW)
-            acc0 += t * s
-        else:
-            # every row's products of a word are summed, the thread's words of one group are summed in
-            # registers, and the group's scale is applied once: per weight and row one FFMA
-            d0 = code(words, hi, zf, magic, 0)
-            p0 = d0 * xval(x_ptr, xo)
-            p1 = d0 * xval(x_ptr + K, xo)
-            p2 = d0 * xval(x_ptr + 2 * K, xo)
-            p3 = d0 * xval(x_ptr + 3 * K, xo)
-            p4 = d0 * xval(x_ptr + 4 * K, xo)
-            p5 = d0 * xval(x_ptr + 5 * K, xo)
-            p6 = d0 * xval(x_ptr + 6 * K, xo)
-            p7 = d0 * xval(x_ptr + 7 * K, xo)
-            for j in tl.static_range(1, 8):
-                d = code(words, hi, zf, magic, j)
-                xj = xo + j * GW
-                p0 += d * xval(x_ptr, xj)
-                p1 += d * xval(x_ptr + K, xj)
-                if M > 2:
-                    p2 += d * xval(x_ptr + 2 * K, xj)
-                if M > 3:
-                    p3 += d * xval(x_ptr + 3 * K, xj)
-                if M > 4:
-                    p4 += d * xval(x_ptr + 4 * K, xj)
-                if M > 5:
-                    p5 += d * xval(x_ptr + 5 * K, xj)
-                if M > 6:
-                    p6 += d * xval(x_ptr + 6 * K, xj)
-                if M > 7:
-                    p7 += d * xval(x_ptr + 7 * K, xj)
-            acc0 += group_sum(p0, GW) * group_first(s, GW)
-            acc1 += group_sum(p1, GW) * group_first(s, GW)
+@triton.jit
+def tile(x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc0, acc1, acc2, acc3, acc4, acc5, acc6,
+         acc7, K: tl.constexpr, G: tl.constexpr, M: tl.constexpr):
+    """One [rows, words] tile of K added into each input row's accumulators."""
+    GW: tl.constexpr = G // 8
+    KW: tl.constexpr = K // 8
+    NG: tl.constexpr = K // G
+    cols = k0 + c  # word index along the row
+    words = tl.load(q_ptr + rows * KW + cols, eviction_policy="evict_first")
+    # sz holds (scale, zero) pairs; element c loads pair member c % 2 of its group (2-wide contiguous
+    # runs, the words' access order), then each thread splits its run into scales and zeros
+    sz = tl.load(sz_ptr + rows * (2 * NG) + (cols // GW) * 2 + cols % 2)
+    sv, zv = tl.split(tl.reshape(sz, [sz.shape[0], sz.shape[1] // 2, 2]))
+    s = tl.reshape(tl.join(sv, sv), sz.shape).to(tl.float32)
+    zf = tl.reshape(tl.join(zv, zv), sz.shape).to(tl.float32)
+    hi = words >> 16
+    xo = (cols // GW) * G + cols % GW + (rows * 0).to(tl.int32)
+    if M == 1:
+        t = code(words, hi, zf, magic, 0) * xval(x_ptr, xo)
+        for j in tl.static_range(1, 8):
+            t += code(words, hi, zf, magic, j) * xval(x_ptr, xo + j * GW)
+        acc0 += t * s
+    else:
+        # every row's products of a word are summed, the thread's words of one group are summed in
+        # registers, and the group's scale is applied once: per weight and row one FFMA
+        d0 = code(words, hi, zf, magic, 0)
+        p0 = d0 * xval(x_ptr, xo)
+        p1 = d0 * xval(x_ptr + K, xo)
+        p2 = d0 * xval(x_ptr + 2 * K, xo)
+        p3 = d0 * xval(x_ptr + 3 * K, xo)
+        p4 = d0 * xval(x_ptr + 4 * K, xo)
+        p5 = d0 * xval(x_ptr + 5 * K, xo)
+        p6 = d0 * xval(x_ptr + 6 * K, xo)
+        p7 = d0 * xval(x_ptr + 7 * K, xo)
+        for j in tl.static_range(1, 8):
+            d = code(words, hi, zf, magic, j)
+            xj = xo + j * GW
+            p0 += d * xval(x_ptr, xj)
+            p1 += d * xval(x_ptr + K, xj)
             if M > 2:
-                acc2 += group_sum(p2, GW) * group_first(s, GW)
+                p2 += d * xval(x_ptr + 2 * K, xj)
             if M > 3:
-                acc3 += group_sum(p3, GW) * group_first(s, GW)
+                p3 += d * xval(x_ptr + 3 * K, xj)
             if M > 4:
-                acc4 += group_sum(p4, GW) * group_first(s, GW)
+                p4 += d * xval(x_ptr + 4 * K, xj)
             if M > 5:
-                acc5 += group_sum(p5, GW) * group_first(s, GW)
+                p5 += d * xval(x_ptr + 5 * K, xj)
             if M > 6:
-                acc6 += group_sum(p6, GW) * group_first(s, GW)
+                p6 += d * xval(x_ptr + 6 * K, xj)
             if M > 7:
-                acc7 += group_sum(p7, GW) * group_first(s, GW)
-        return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
-
-    @triton.jit
-    def w4a16_gemv_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, magic, K: tl.constexpr,
-                          G: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-                          SPLIT: tl.constexpr = 1):
-        """SPLIT > 1: program (i, s) sums the s-th of SPLIT equal runs of K into fp32 partials at y_ptr
-        ([SPLIT, M, N]); split_sum_kernel adds them in a fixed order."""
-        KWS: tl.constexpr = K // 8 // SPLIT  # words of one split
-        kbase = tl.program_id(1) * KWS
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < N
-        rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
-        c = tl.arange(0, BLOCK_KW)[None, :]
-        GW: tl.constexpr = G // 8
-        AW: tl.constexpr = BLOCK_KW if M == 1 else BLOCK_KW // (8 if GW > 8 else GW)  # accumulator width
-        acc0 = tl.zeros([BLOCK_N, AW], tl.float32)
-        acc1 = tl.zeros([BLOCK_N, AW], tl.float32)
-        acc2 = tl.zeros([BLOCK_N, AW], tl.float32)
-        acc3 = tl.zeros([BLOCK_N, AW], tl.float32)
-        acc4 = tl.zeros([BLOCK_N, AW], tl.float32)
-        acc5 = tl.zeros([BLOCK_N, AW], tl.float32)
-        acc6 = tl.zeros([BLOCK_N, AW], tl.float32)
-        acc7 = tl.zeros([BLOCK_N, AW], tl.float32)
-        # one row: the K loop is unrolled (loads of later tiles issue early); more rows: a loop, since the
-        # unrolled many-row body takes ptxas minutes at K = 14336
-        if M == 1:
-            for k0 in tl.static_range(0, KWS, BLOCK_KW):  # BLOCK_KW divides K/8/SPLIT: no masks
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
-                    x_ptr, q_ptr, sz_ptr, rows, c, kbase + k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
-                    acc6, acc7, K, G, M)
-        else:
-            for k0 in tl.range(0, KWS, BLOCK_KW):
-                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
-                    x_ptr, q_ptr, sz_ptr, rows, c, kbase + k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
-                    acc6, acc7, K, G, M)
-        rows = rows.reshape(BLOCK_N)
-        out_ty = y_ptr.dtype.element_ty
-        y_ptr += tl.program_id(1) * M * N  # this split's partials (SPLIT 1: the output itself)
-        tl.store(y_ptr + rows, tl.sum(acc0, axis=1).to(out_ty), mask=row_ok)
-        if M > 1:
-            tl.store(y_ptr + N + rows, tl.sum(acc1, axis=1).to(out_ty), mask=row_ok)
+                p7 += d * xval(x_ptr + 7 * K, xj)
+        acc0 += group_sum(p0, GW) * group_first(s, GW)
+        acc1 += group_sum(p1, GW) * group_first(s, GW)
         if M > 2:
-            tl.store(y_ptr + 2 * N + rows, tl.sum(acc2, axis=1).to(out_ty), mask=row_ok)
+            acc2 += group_sum(p2, GW) * group_first(s, GW)
         if M > 3:
-            tl.store(y_ptr + 3 * N + rows, tl.sum(acc3, axis=1).to(out_ty), mask=row_ok)
+            acc3 += group_sum(p3, GW) * group_first(s, GW)
         if M > 4:
-            tl.store(y_ptr + 4 * N + rows, tl.sum(acc4, axis=1).to(out_ty), mask=row_ok)
+            acc4 += group_sum(p4, GW) * group_first(s, GW)
         if M > 5:
-            tl.store(y_ptr + 5 * N + rows, tl.sum(acc5, axis=1).to(out_ty), mask=row_ok)
+            acc5 += group_sum(p5, GW) * group_first(s, GW)
         if M > 6:
-            tl.store(y_ptr + 6 * N + rows, tl.sum(acc6, axis=1).to(out_ty), mask=row_ok)
+            acc6 += group_sum(p6, GW) * group_first(s, GW)
         if M > 7:
-            tl.store(y_ptr + 7 * N + rows, tl.sum(acc7, axis=1).to(out_ty), mask=row_ok)
+            acc7 += group_sum(p7, GW) * group_first(s, GW)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
 
-    @triton.jit
-    def split_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-        """y = the SPLIT fp32 partials [SPLIT, M*N] summed in split order (the same order on every call)."""
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        ok = offs < MN
-        acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
-        for s in tl.static_range(1, SPLIT):
-            acc += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
-        tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+@triton.jit
+def w4a16_gemv_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, magic, K: tl.constexpr,
+                      G: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
+                      SPLIT: tl.constexpr = 1):
+    """SPLIT > 1: program (i, s) sums the s-th of SPLIT equal runs of K into fp32 partials at y_ptr
+    ([SPLIT, M, N]); split_sum_kernel adds them in a fixed order."""
+    KWS: tl.constexpr = K // 8 // SPLIT  # words of one split
+    kbase = tl.program_id(1) * KWS
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
+    c = tl.arange(0, BLOCK_KW)[None, :]
+    GW: tl.constexpr = G // 8
+    AW: tl.constexpr = BLOCK_KW if M == 1 else BLOCK_KW // (8 if GW > 8 else GW)  # accumulator width
+    acc0 = tl.zeros([BLOCK_N, AW], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, AW], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, AW], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, AW], tl.float32)
+    acc4 = tl.zeros([BLOCK_N, AW], tl.float32)
+    acc5 = tl.zeros([BLOCK_N, AW], tl.float32)
+    acc6 = tl.zeros([BLOCK_N, AW], tl.float32)
+    acc7 = tl.zeros([BLOCK_N, AW], tl.float32)
+    # one row: the K loop is unrolled (loads of later tiles issue early); more rows: a loop, since the
+    # unrolled many-row body takes ptxas minutes at K = 14336
+    if M == 1:
+        for k0 in tl.static_range(0, KWS, BLOCK_KW):  # BLOCK_KW divides K/8/SPLIT: no masks
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
+                x_ptr, q_ptr, sz_ptr, rows, c, kbase + k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
+                acc6, acc7, K, G, M)
+    else:
+        for k0 in tl.range(0, KWS, BLOCK_KW):
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = tile(
+                x_ptr, q_ptr, sz_ptr, rows, c, kbase + k0, magic, acc0, acc1, acc2, acc3, acc4, acc5,
+                acc6, acc7, K, G, M)
+    rows = rows.reshape(BLOCK_N)
+    out_ty = y_ptr.dtype.element_ty
+    y_ptr += tl.program_id(1) * M * N  # this split's partials (SPLIT 1: the output itself)
+    tl.store(y_ptr + rows, tl.sum(acc0, axis=1).to(out_ty), mask=row_ok)
+    if M > 1:
+        tl.store(y_ptr + N + rows, tl.sum(acc1, axis=1).to(out_ty), mask=row_ok)
+    if M > 2:
+        tl.store(y_ptr + 2 * N + rows, tl.sum(acc2, axis=1).to(out_ty), mask=row_ok)
+    if M > 3:
+        tl.store(y_ptr + 3 * N + rows, tl.sum(acc3, axis=1).to(out_ty), mask=row_ok)
+    if M > 4:
+        tl.store(y_ptr + 4 * N + rows, tl.sum(acc4, axis=1).to(out_ty), mask=row_ok)
+    if M > 5:
+        tl.store(y_ptr + 5 * N + rows, tl.sum(acc5, axis=1).to(out_ty), mask=row_ok)
+    if M > 6:
+        tl.store(y_ptr + 6 * N + rows, tl.sum(acc6, axis=1).to(out_ty), mask=row_ok)
+    if M > 7:
+        tl.store(y_ptr + 7 * N + rows, tl.sum(acc7, axis=1).to(out_ty), mask=row_ok)
 
-    @triton.jit
-    def w4a16_dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K: tl.constexpr, G: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
-        GW: tl.constexpr = G // 8
-        KW: tl.constexpr = K // 8
-        NG: tl.constexpr = K // G
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.program_id(1) * BLOCK_KW + tl.arange(0, BLOCK_KW)
-        ok = (rows < N)[:, None] & (cols < KW)[None, :]
-        rows = rows.to(tl.int64)
-        words = tl.load(q_ptr + rows[:, None] * KW + cols[None, :], mask=ok, other=0)
-        grp = cols // GW
-        s = tl.load(s_ptr + rows[:, None] * NG + grp[None, :], mask=ok, other=0.0).to(tl.float32)
-        zc = tl.load(z_ptr + rows[:, None] * NG + grp[None, :], mask=ok, other=0.0).to(tl.float32) + 8388608.0
-        out = w_ptr + rows[:, None] * K + (grp * G + cols % GW)[None, :]
-        for j in tl.static_range(8):
-            qf = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zc
-            tl.store(out + j * GW, (qf * s).to(w_ptr.dtype.element_ty), mask=ok)
+@triton.jit
+def split_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """y = the SPLIT fp32 partials [SPLIT, M*N] summed in split order (the same order on every call)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.load(part_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
-    return w4a16_gemv_kernel, w4a16_dequant_kernel, split_sum_kernel
+@triton.jit
+def w4a16_dequant_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K: tl.constexpr, G: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
+    GW: tl.constexpr = G // 8
+    KW: tl.constexpr = K // 8
+    NG: tl.constexpr = K // G
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_KW + tl.arange(0, BLOCK_KW)
+    ok = (rows < N)[:, None] & (cols < KW)[None, :]
+    rows = rows.to(tl.int64)
+    words = tl.load(q_ptr + rows[:, None] * KW + cols[None, :], mask=ok, other=0)
+    grp = cols // GW
+    s = tl.load(s_ptr + rows[:, None] * NG + grp[None, :], mask=ok, other=0.0).to(tl.float32)
+    zc = tl.load(z_ptr + rows[:, None] * NG + grp[None, :], mask=ok, other=0.0).to(tl.float32) + 8388608.0
+    out = w_ptr + rows[:, None] * K + (grp * G + cols % GW)[None, :]
+    for j in tl.static_range(8):
+        qf = (((words >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zc
+        tl.store(out + j * GW, (qf * s).to(w_ptr.dtype.element_ty), mask=ok)
 
 
 def _words_per_tile(kw: int, want: int) -> int:
@@ -264,12 +259,6 @@ def default_config(n: int, k: int, m: int, sm: int | None = None) -> tuple:
     return ("dot", 32, 4, 3, 4 if groups and groups % 4 == 0 else 1)
 
 
-@functools.lru_cache(maxsize=None)
-def _capability(device_index: int) -> int:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    return 10 * major + minor
-
-
 def w4a16_unsupported_reason(x: torch.Tensor, qweight: torch.Tensor, group: int) -> str | None:
     """Why the GEMV cannot take the call (None: it can): contiguous fp16/bf16 CUDA input of at most MAX_ROWS
     rows, a CUDA packed weight whose K is a multiple of the group."""
@@ -283,21 +272,16 @@ def w4a16_unsupported_reason(x: torch.Tensor, qweight: torch.Tensor, group: int)
     return None
 
 
-def scale_zero_pairs(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """[N, K/G, 2]: each group's (scale, zero) side by side in the scales' dtype (zeros are whole numbers
-    0..16, exact in any of them), the form the GEMV reads."""
-    return torch.stack([scales, zeros.to(scales.dtype)], dim=-1).contiguous()
-
-
 def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group: int,
                config: tuple[int, ...] | None = None) -> torch.Tensor:
     """y = x @ dequant(W)^T for a contiguous x of at most MAX_ROWS rows, keeping x's leading shape and dtype;
-    scale_zero from `scale_zero_pairs`; config (BLOCK_N, BLOCK_KW, num_warps[, SPLIT]) overrides the default."""
+    scale_zero from engine/quant/w4a16/layout.py scale_zero_pairs; config (BLOCK_N, BLOCK_KW, num_warps[, SPLIT])
+    overrides the default."""
     n, kw = qweight.shape
     k = kw * 8
     m = x.numel() // k
     config = config or default_config(
-        n, k, m, _capability(x.device.index if x.device.index is not None else torch.cuda.current_device()))
+        n, k, m, capability(x.device.index if x.device.index is not None else torch.cuda.current_device()))
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     if config[0] == "dot":  # ("dot", BLOCK_N, num_warps, num_stages, SPLIT): tensor cores, SM80+
         from onecat.engine.kernels import triton_w4a16_dot as dot
@@ -307,21 +291,22 @@ def w4a16_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
             raise ValueError(f"SPLIT {split} must divide the {k // group} groups and BLOCK_N {block_n} be >= 16")
         out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
         dot.launch(x, qweight, scale_zero, out, group, block_n, split, warps, stages)
-        return y if split == 1 else _split_sum(out, y, m * n, split)
+        return y if split == 1 else split_sum(out, y, m * n, split)
     block_n, block_kw, warps, *rest = config
     split = rest[0] if rest else 1
     if kw % (block_kw * split) or block_kw % 8:
         raise ValueError(f"BLOCK_KW {block_kw} times SPLIT {split} must divide the row's {kw} words "
                          "(BLOCK_KW a multiple of 8)")
     out = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _kernels()[0][(-(-n // block_n), split)](
+    w4a16_gemv_kernel[(-(-n // block_n), split)](
         x, qweight, scale_zero, out, n, MAGIC, K=k, G=group, M=m, BLOCK_N=block_n, BLOCK_KW=block_kw,
         SPLIT=split, num_warps=warps)
-    return y if split == 1 else _split_sum(out, y, m * n, split)
+    return y if split == 1 else split_sum(out, y, m * n, split)
 
 
-def _split_sum(part: torch.Tensor, y: torch.Tensor, mn: int, split: int) -> torch.Tensor:
-    _kernels()[2][(-(-mn // 1024),)](part, y, mn, SPLIT=split, BLOCK=1024, num_warps=4)
+def split_sum(part: torch.Tensor, y: torch.Tensor, mn: int, split: int) -> torch.Tensor:
+    """y = the fp32 partials [split, M*N] of a K-split GEMV summed in split order (the FP4 GEMV's too)."""
+    split_sum_kernel[(-(-mn // 1024),)](part, y, mn, SPLIT=split, BLOCK=1024, num_warps=4)
     return y
 
 
@@ -331,6 +316,6 @@ def w4a16_dequant(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     n, kw = qweight.shape
     w = out if out is not None else torch.empty(n, kw * 8, dtype=dtype, device=qweight.device)
     block_n, block_kw = 16, 64
-    _kernels()[1][(-(-n // block_n), -(-kw // block_kw))](
+    w4a16_dequant_kernel[(-(-n // block_n), -(-kw // block_kw))](
         qweight, scales, zeros, w, n, K=kw * 8, G=group, BLOCK_N=block_n, BLOCK_KW=block_kw, num_warps=4)
     return w

@@ -9,8 +9,6 @@ the group's scale. So a row's result is held to the same bound as the FMA GEMV's
 products, each group scaled once). SPLIT > 1 splits the groups over a second grid axis (fp32 partials
 summed in a fixed order by triton_w4a16's split_sum_kernel). tl.dot needs SM80 (mma.sync m16n8k16 or
 wgmma); SM70 keeps the FMA GEMV.
-
-This module imports Triton at load; triton_w4a16.w4a16_gemv imports it only when it takes this path.
 """
 from __future__ import annotations
 
@@ -48,7 +46,7 @@ def w4a16_dot_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, M, magic, K: tl.constexpr,
         zc = tl.load(sz_ptr + rows * (2 * NG) + 2 * g + 1).to(tl.float32) + 8388608.0
         codes = ((words[:, None, :] >> shifts[None, :, None]) & 0xF) | magic  # [BLOCK_N, 8, GW]
         d = codes.to(tl.float32, bitcast=True) - zc[:, None, None]  # 2^23 + q - (2^23 + z), exact
-        # column j*GW + w of the group is nibble j of word w (w4a16_layout), i.e. this reshape's order
+        # column j*GW + w of the group is nibble j of word w (w4a16/layout.py), i.e. this reshape's order
         a = tl.reshape(d.to(dt), [BLOCK_N, G])
         xt = tl.load(x_ptr + xr[None, :] * K + g * G + xk[:, None], mask=x_ok, other=0.0)  # [G, 16]
         acc += tl.dot(a, xt) * s[:, None]

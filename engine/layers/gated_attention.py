@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from onecat.engine.attention.forward_context import get_forward_context
+from onecat.engine.cache.kv import write_kv
 from onecat.engine.config import ModelConfig
-from onecat.engine.forward_context import get_forward_context
-from onecat.engine.kv_cache import write_kv
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm

@@ -2,7 +2,7 @@
 causal depthwise convolution), the output gate z, and per value head beta (write strength) and a (decay);
 the gated delta rule mixes tokens through a per-request state; a gated RMSNorm and out_proj finish.
 
-The state lives in the engine's RecurrentStateCache (engine/state_cache.py); the step's StatePlan says which
+The state lives in the engine's RecurrentStateCache (engine/cache/recurrent_state.py); the step's StatePlan says which
 rows are one-token steps (run as a batch by the recurrent form: the rows' states gathered from their slots,
 updated, scattered back into the cache) and which are prefill chunks (one request at a time by the chunked
 form); a step of one-token rows only (`all_decode`, which CUDA graphs replay) needs no row indexing; a
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.cache.recurrent_state import StatePlan
 from onecat.engine.config import ModelConfig
 from onecat.engine.errors import UnsupportedModelError
 from onecat.engine.kernels import fla_gated_delta as fla
@@ -25,7 +26,6 @@ from onecat.engine.layers import gated_deltanet_ops as ops
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
-from onecat.engine.state_cache import StatePlan
 
 
 def linear_attention_sizes(cfg: ModelConfig) -> dict:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.forward_context import gemv_row_limit
+from onecat.engine.attention.forward_context import gemv_row_limit
 from onecat.engine.layers import batch_invariant_linear
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.kernels import triton_moe, triton_router
+from onecat.engine.kernels.triton_support import moe_unavailable_reason
 from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
@@ -65,8 +65,10 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids."""
         if self.variant != "loop" and x.is_cuda:
-            reason = triton_moe.unavailable_reason(x)
+            reason = moe_unavailable_reason(x)
             if reason is None:
+                from onecat.engine.kernels import triton_moe
+
                 variant = self.variant or triton_moe.default_variant(x.device)
                 self.path = "triton_gemv" if triton_moe.takes_gemv(x.shape[0]) else f"triton_{variant}"
                 return triton_moe.fused_experts(x, self.gate_up_proj, self.down_proj, weights, experts, variant)
@@ -120,8 +122,11 @@ class SparseMoE(nn.Module):
         return self._route_logits(self.gate(x))
 
     def _route_logits(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.use_fused and logits.is_cuda and logits.shape[-1] <= triton_router.MAX_EXPERTS:
-            return triton_router.route(logits, self.top_k, self.norm_topk_prob)
+        if self.use_fused and logits.is_cuda:
+            from onecat.engine.kernels import triton_router
+
+            if logits.shape[-1] <= triton_router.MAX_EXPERTS:
+                return triton_router.route(logits, self.top_k, self.norm_topk_prob)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:

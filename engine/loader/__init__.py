@@ -33,7 +33,7 @@ def open_checkpoint(model: ResolvedModel, keep_quantized: bool = False, on_quant
         weights = iter_gguf_weights(reader, raw, keep_quantized)
         return Checkpoint(ModelConfig.from_hf(raw), tokenizer_from_gguf(reader), weights)
     from onecat.engine.loader.hf import iter_hf_weights, read_hf_config
-    from onecat.engine.quant.formats import quant_format
+    from onecat.engine.quant.checkpoint_formats import quant_format
 
     raw = read_hf_config(model.path)
     cfg = ModelConfig.from_hf(raw)

@@ -16,13 +16,13 @@ import torch
 
 from onecat.engine.errors import CorruptModelError, UnsupportedModelError
 from onecat.engine.loader.gguf_qwen35 import QWEN35_ARCHS, iter_qwen35_weights, qwen35_config
-from onecat.engine.quant.int4_blocks import PACKABLE_GGUF_TYPES, QuantizedWeight
+from onecat.engine.quant.int4.layout import PACKABLE_GGUF_TYPES, QuantizedWeight
 
 GGUF_ARCH_TO_HF = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                    "qwen3moe": "Qwen3MoeForCausalLM", **QWEN35_ARCHS}
 # Tensor types are decoded by the gguf package (llama.cpp's own Python reference): every type it implements
 # loads, dequantized to float32 (K-quants, Q5_0/Q5_1, the IQ types, MXFP4 ...); `quantization="gguf"` keeps
-# only Q4_0/Q4_1/Q8_0 packed (engine/quant/int4_blocks.py PACKABLE_GGUF_TYPES).
+# only Q4_0/Q4_1/Q8_0 packed (engine/quant/int4/layout.py PACKABLE_GGUF_TYPES).
 
 _LAYER_MAP = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

@@ -1,7 +1,7 @@
 """Loads an HF model directory: config.json, *.safetensors, tokenizer.json (+ tokenizer_config.json).
 
 A checkpoint with a `quantization_config` (AWQ, GPTQ, compressed-tensors, ModelOpt, MXFP4) is read
-through engine/quant/formats: its quantized linears come out as dense `.weight` tensors in HF names."""
+through engine/quant/checkpoint_formats: its quantized linears come out as dense `.weight` tensors in HF names."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from onecat.engine.errors import CorruptModelError
-from onecat.engine.quant.formats import QuantFormat, dense_weights
+from onecat.engine.quant.checkpoint_formats import QuantFormat, dense_weights
 
 
 def read_hf_config(path: Path) -> dict:
@@ -32,7 +32,7 @@ def iter_hf_weights(path: Path, quant: QuantFormat | None = None,
                     on_quantized=None) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of the directory's safetensors files, in file order; with `quant`, the quantized
     linears dequantized (their parts may sit in different shards, so all files stay open meanwhile), each
-    one's stored parts shown to `on_quantized` first (see formats.dense_weights)."""
+    one's stored parts shown to `on_quantized` first (see checkpoint_formats.dense_weights)."""
     files = sorted(path.glob("*.safetensors"))
     if quant is None:
         for f in files:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from onecat.engine.forward_context import get_forward_context
+from onecat.engine.attention.forward_context import get_forward_context
 from onecat.engine.layers.attention import SelfAttention
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm

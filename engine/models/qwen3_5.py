@@ -6,7 +6,8 @@ zero-centered RMSNorms.
 The engine gives a hybrid model one recurrent-state slot per running request (`allocate_recurrent_state`,
 `Sequence.state_slot`); only the full-attention layers have KV caches (ModelConfig.kv_layer_ids). A step's
 slots come as a list (eager steps: the state cache plans the step on the host) or, in a pure decode step
-replayed from a CUDA graph, as a device tensor the graph runner fills before each replay (engine/cuda_graph.py).
+replayed from a CUDA graph, as a device tensor the graph runner fills before each replay
+(engine/worker/cuda_graph.py).
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from onecat.engine.attention.forward_context import get_forward_context
+from onecat.engine.cache.recurrent_state import RecurrentStateCache, StatePlan
 from onecat.engine.config import ModelConfig
-from onecat.engine.forward_context import get_forward_context
 from onecat.engine.layers.gated_attention import GatedAttention
 from onecat.engine.layers.gated_deltanet import GatedDeltaNet, linear_attention_sizes
 from onecat.engine.layers.linear import Linear
@@ -26,7 +28,6 @@ from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.models.qwen3_moe import moe_settings
 from onecat.engine.models.weight_loading import fused_route, load_by_name
-from onecat.engine.state_cache import RecurrentStateCache, StatePlan
 
 
 class HybridDecoderLayer(nn.Module):

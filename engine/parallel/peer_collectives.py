@@ -21,9 +21,9 @@ mark after the step (a pinned copy, no extra sync) and fails with an error.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
 
 NUM_BLOCKS = 32  # CTAs per call: every one joins every call (fixed grid, equal call counters)
 MAX_WORLD = 8
@@ -36,64 +36,57 @@ CAPACITY_BYTES = 512 << 10
 WAIT_TIMEOUT_S = 30
 
 
-@functools.lru_cache(maxsize=1)
-def peer_kernel():
-    import triton
-    import triton.language as tl
+@triton.jit
+def _now_ns():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                     pack=1)
 
-    @triton.jit
-    def _now_ns():
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
-                                         pack=1)
-
-    @triton.jit
-    def peer_collective(inp, out, n, bases, epochs, timed_out, RANK: tl.constexpr, WORLD: tl.constexpr,
-                        GATHER: tl.constexpr, HEADER: tl.constexpr, CAP: tl.constexpr, MAXW: tl.constexpr,
-                        BLOCK: tl.constexpr, TIMEOUT_NS: tl.constexpr):
-        pid = tl.program_id(0)
-        dtype = inp.dtype.element_ty
-        e = tl.load(epochs + pid) + 1
-        half = (e % 2).to(tl.int64) * CAP + HEADER
-        chunk = tl.cdiv(tl.cdiv(n, tl.num_programs(0)), BLOCK) * BLOCK
-        start = pid * chunk
-        end = tl.minimum(start + chunk, n)
-        own = tl.load(bases + RANK)
-        mine = tl.multiple_of((own + half).to(tl.pointer_type(dtype)), 16)  # buffers are 16-byte aligned
-        for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            m = idx < end
-            tl.store(mine + idx, tl.load(inp + idx, mask=m), mask=m)
-        tl.debug_barrier()  # the whole chunk is written before the flag says so
-        for r in tl.static_range(WORLD):
-            flag = (tl.load(bases + r) + (pid * MAXW + RANK) * 4).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(flag, e, sem="release", scope="sys")
-        t0 = _now_ns()
-        for r in tl.static_range(WORLD):
-            flag = (own + (pid * MAXW + r) * 4).to(tl.pointer_type(tl.int32))
+@triton.jit
+def peer_collective(inp, out, n, bases, epochs, timed_out, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    GATHER: tl.constexpr, HEADER: tl.constexpr, CAP: tl.constexpr, MAXW: tl.constexpr,
+                    BLOCK: tl.constexpr, TIMEOUT_NS: tl.constexpr):
+    pid = tl.program_id(0)
+    dtype = inp.dtype.element_ty
+    e = tl.load(epochs + pid) + 1
+    half = (e % 2).to(tl.int64) * CAP + HEADER
+    chunk = tl.cdiv(tl.cdiv(n, tl.num_programs(0)), BLOCK) * BLOCK
+    start = pid * chunk
+    end = tl.minimum(start + chunk, n)
+    own = tl.load(bases + RANK)
+    mine = tl.multiple_of((own + half).to(tl.pointer_type(dtype)), 16)  # buffers are 16-byte aligned
+    for off in range(start, end, BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        m = idx < end
+        tl.store(mine + idx, tl.load(inp + idx, mask=m), mask=m)
+    tl.debug_barrier()  # the whole chunk is written before the flag says so
+    for r in tl.static_range(WORLD):
+        flag = (tl.load(bases + r) + (pid * MAXW + RANK) * 4).to(tl.pointer_type(tl.int32))
+        tl.atomic_xchg(flag, e, sem="release", scope="sys")
+    t0 = _now_ns()
+    for r in tl.static_range(WORLD):
+        flag = (own + (pid * MAXW + r) * 4).to(tl.pointer_type(tl.int32))
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        waited = t0 - t0  # int64, as the loop makes it
+        while (seen < e) & (waited < TIMEOUT_NS):
             seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-            waited = t0 - t0  # int64, as the loop makes it
-            while (seen < e) & (waited < TIMEOUT_NS):
-                seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-                waited = _now_ns() - t0
-            if seen < e:
-                tl.store(timed_out, 1)
-        tl.debug_barrier()
-        for off in range(start, end, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
-            m = idx < end
-            if GATHER:
-                for r in tl.static_range(WORLD):
-                    src = tl.multiple_of((tl.load(bases + r) + half).to(tl.pointer_type(dtype)), 16)
-                    tl.store(out + r * n + idx, tl.load(src + idx, mask=m, cache_modifier=".cv"), mask=m)
-            else:
-                acc = tl.zeros([BLOCK], dtype=tl.float32)
-                for r in tl.static_range(WORLD):  # rank order: the same sum, bit for bit, on every rank
-                    src = tl.multiple_of((tl.load(bases + r) + half).to(tl.pointer_type(dtype)), 16)
-                    acc += tl.load(src + idx, mask=m, other=0.0, cache_modifier=".cv").to(tl.float32)
-                tl.store(out + idx, acc.to(dtype), mask=m)
-        tl.store(epochs + pid, e)
-
-    return peer_collective
+            waited = _now_ns() - t0
+        if seen < e:
+            tl.store(timed_out, 1)
+    tl.debug_barrier()
+    for off in range(start, end, BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        m = idx < end
+        if GATHER:
+            for r in tl.static_range(WORLD):
+                src = tl.multiple_of((tl.load(bases + r) + half).to(tl.pointer_type(dtype)), 16)
+                tl.store(out + r * n + idx, tl.load(src + idx, mask=m, cache_modifier=".cv"), mask=m)
+        else:
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for r in tl.static_range(WORLD):  # rank order: the same sum, bit for bit, on every rank
+                src = tl.multiple_of((tl.load(bases + r) + half).to(tl.pointer_type(dtype)), 16)
+                acc += tl.load(src + idx, mask=m, other=0.0, cache_modifier=".cv").to(tl.float32)
+            tl.store(out + idx, acc.to(dtype), mask=m)
+    tl.store(epochs + pid, e)
 
 
 def _share(t: torch.Tensor) -> tuple:
@@ -152,7 +145,7 @@ class PeerBuffers:
         return t.is_cuda and t.dtype in self.DTYPES and 0 < t.numel() * t.element_size() <= CAPACITY_BYTES
 
     def _launch(self, inp: torch.Tensor, out: torch.Tensor, gather: bool) -> None:
-        peer_kernel()[(NUM_BLOCKS,)](
+        peer_collective[(NUM_BLOCKS,)](
             inp, out, inp.numel(), self.bases, self.epochs, self.timed_out, RANK=self.rank, WORLD=self.world,
             GATHER=gather, HEADER=HEADER_BYTES, CAP=CAPACITY_BYTES, MAXW=MAX_WORLD, BLOCK=BLOCK,
             TIMEOUT_NS=WAIT_TIMEOUT_S * 1_000_000_000, num_warps=4)

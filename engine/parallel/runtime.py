@@ -1,9 +1,10 @@
 """Tensor-parallel ranks of one engine on one host: one process per rank.
 
 Rank 0 is the process that built the `LLM`: it owns the scheduler, the sampler, stop logic, speculative
-drafting and the API. Ranks 1..N-1 are worker processes started here (spawn); each builds the same
-model, keeps its shard (engine/parallel/sharding.py) and a KV cache of its own KV heads with rank 0's
-block count, then runs the model on every step rank 0 sends it. A step's metadata (token ids,
+drafting and the API. Ranks 1..N-1 are worker processes started here (spawn); each builds a
+`Worker` (engine/worker/worker.py) of the same model, which keeps its shard (engine/parallel/sharding.py)
+and a KV cache of its own KV heads with rank 0's block count, then runs the model on every step rank 0
+sends it. A step's metadata (token ids,
 positions, slots, block tables, the rows that need logits: `StepInputs`, a few plain lists) goes over a
 pipe per worker; activations meet in the layers' collectives over the process group (NCCL on GPUs,
 gloo on CPU). Every rank then holds the full logits; only rank 0 reads them.
@@ -43,7 +44,7 @@ class RankInfo:
     port: int  # rendezvous port on 127.0.0.1
 
 
-_worker_rank: RankInfo | None = None  # set in a worker process before it builds its LLM
+_worker_rank: RankInfo | None = None  # set in a worker process before it builds its Worker
 
 
 def worker_rank() -> RankInfo | None:
@@ -94,16 +95,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_main(info: RankInfo, engine_cls, model: str, settings: dict, conn) -> None:
-    """A worker rank: build the shard (an `engine_cls`, the LLM class, which sees worker_rank() set), say
-    ready, run steps until told to stop or the pipe closes."""
+def _worker_main(info: RankInfo, worker_cls, args, conn) -> None:
+    """A worker rank: build the shard (a `worker_cls`, the Worker class, from EngineArgs `args`; it sees
+    worker_rank() set), say ready, run steps until told to stop or the pipe closes."""
     global _worker_rank
     _worker_rank = info
     try:
         torch.set_num_threads(threads_per_rank(info.world))
-        llm = engine_cls(model, **settings)  # joins the group, builds and shards the model
+        worker = worker_cls(args)  # joins the group, builds and shards the model
         conn.send(("ready", None))
-        runner = llm.engine.runner
         while True:
             try:
                 kind, payload = conn.recv()
@@ -111,11 +111,7 @@ def _worker_main(info: RankInfo, engine_cls, model: str, settings: dict, conn) -
                 break
             if kind == "stop":
                 break
-            if kind == "states":  # rank 0's recurrent-state snapshot copies, before its next step
-                llm.model.states.replay(payload)
-                continue
-            with torch.inference_mode():
-                runner.run_remote(kind, payload)
+            worker.run_remote(kind, payload)
     except BaseException as e:  # noqa: BLE001 - every failure goes back to rank 0 as text
         try:
             conn.send(("error", f"rank {info.rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -129,21 +125,21 @@ def _worker_main(info: RankInfo, engine_cls, model: str, settings: dict, conn) -
 class WorkerRanks:
     """Rank 0's handle on ranks 1..N-1: starts them, sends each step, notices failures, stops them."""
 
-    def __init__(self, engine_cls, model: str, settings: dict, world: int):
+    def __init__(self, worker_cls, args, world: int):
         self.world = world
         self.port = free_port()
         ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
         for rank in range(1, world):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(RankInfo(rank, world, self.port), engine_cls, model, settings, child),
+            proc = ctx.Process(target=_worker_main, args=(RankInfo(rank, world, self.port), worker_cls, args, child),
                                name=f"onecat-tp-rank{rank}", daemon=True)
             proc.start()
             child.close()
             self.conns.append(parent)
             self.procs.append(proc)
         self.closed = False
-        self.state_ops = None  # hybrid models: returns rank 0's snapshot copies since the last step (state_cache.py)
+        self.state_ops = None  # hybrid models: rank 0's snapshot copies since the last step (cache/recurrent_state.py)
 
     def wait_ready(self) -> None:
         """Block until every worker has built its shard; a worker error or death raises."""

@@ -1,4 +1,4 @@
-"""What an `LLM` does differently as one of N tensor-parallel ranks (tensor_parallel_size = N > 1).
+"""What an engine's `Worker` does differently as one of N tensor-parallel ranks (tensor_parallel_size = N > 1).
 
 Every rank builds the model on the meta device, shards it there (sharding.py) and loads only its share
 from the checkpoint (shard_loading.py), before any CPU weight packing; the KV cache holds the rank's own
@@ -102,12 +102,13 @@ class TensorParallel:
                                 self.world)
         return dataclasses.replace(model_config, num_key_value_heads=len(kv))
 
-    def start_workers(self, engine_cls, model: str, settings: dict, num_blocks: int) -> WorkerRanks:
-        """Rank 0: start ranks 1..N-1 (each builds an `engine_cls`, the LLM class) with this engine's
-        settings and block count, join the group, and wait until every rank has built its shard."""
-        worker_settings = {k: v for k, v in settings.items() if k != "speculative_config"}  # drafting is rank 0's
-        worker_settings["num_kv_blocks"] = num_blocks
-        self.workers = WorkerRanks(engine_cls, model, worker_settings, self.world)
+    def start_workers(self, worker_cls, args, num_blocks: int) -> WorkerRanks:
+        """Rank 0: start ranks 1..N-1 (each builds a `worker_cls`, the Worker class) with this engine's
+        settings (`args`, EngineArgs) and block count, join the group, and wait until every rank has built
+        its shard."""
+        worker_args = args.model_copy(update={"speculative_config": None,  # drafting is rank 0's
+                                              "num_kv_blocks": num_blocks})
+        self.workers = WorkerRanks(worker_cls, worker_args, self.world)
         states = getattr(self.model, "states", None)
         if states is not None:  # a hybrid model: the workers repeat rank 0's recurrent-state snapshot copies
             states.journal = []

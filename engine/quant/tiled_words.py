@@ -2,8 +2,8 @@
 mma_tiles): where that GEMV takes every 1-8-row call of the layer, a warp then reads 512 contiguous bytes a load
 instead of 64 from each of 8 rows (the same bits, measured faster on an H200). Every other reader of the words
 (the dense path of prefill, the Triton and folded GEMVs, `packed()`) takes them row-major (row_major_words).
-FP4 also moves its codes into the activation dtype's slots (fp4_slots.py), which that GEMV decodes in half the
-instructions.
+FP4 also moves its codes into the activation dtype's slots (FP4Linear's code-slot methods, fp4/slots.py), which
+that GEMV decodes in half the instructions.
 """
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ class TiledWords:
         layout = quant_gemv.mma_layout(self.words_format, act_dtype, scales)
         words = self.qweight
         if layout in quant_gemv.SLOT_DTYPES:
-            from onecat.engine.quant.fp4_slots import to_slots
-
-            words = to_slots(words, quant_gemv.SLOT_DTYPES[layout], self.words_format)
+            words = self.to_code_slots(words, quant_gemv.SLOT_DTYPES[layout])
         self.qweight = quant_gemv.mma_tiles(words, self.words_format)
         self.tiled = layout
 
@@ -43,13 +41,19 @@ class TiledWords:
         return quant_gemv.mma_untile(self.qweight, self.words_format), quant_gemv.SLOT_DTYPES.get(self.tiled)
 
     def row_major_words(self) -> torch.Tensor:
-        """The words in the format's own layout (engine/quant/*_layout.py)."""
+        """The words in the format's own layout (engine/quant/*/layout.py)."""
         words, slots = self.untiled_words()
         if slots is not None:
-            from onecat.engine.quant.fp4_slots import from_slots
-
-            words = from_slots(words, slots, self.words_format)
+            words = self.from_code_slots(words, slots)
         return words
+
+    def to_code_slots(self, words: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor:
+        """Row-major words -> the same words in act_dtype's code slots (mma_layout gives slots to FP4 only)."""
+        raise NotImplementedError(f"{self.words_format} words have no code slots")
+
+    def from_code_slots(self, words: torch.Tensor, act_dtype: torch.dtype) -> torch.Tensor:
+        """The inverse of to_code_slots."""
+        raise NotImplementedError(f"{self.words_format} words have no code slots")
 
     def tiles_take(self, x: torch.Tensor, scales: torch.Tensor, group: int = 0) -> bool:
         """Whether a 1-8-row call may run on the words as they are: row-major, or tiles the tensor-core GEMV takes."""

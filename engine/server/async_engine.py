@@ -1,10 +1,10 @@
 """The engine thread: the only place that touches the LLM, fed by a thread-safe command queue.
 
-HTTP handlers (asyncio) call `submit()` / `abort()`; the thread adds requests, steps the engine,
-and pushes each request's RequestOutput snapshots back onto the handler's asyncio.Queue through
-`loop.call_soon_threadsafe`. A request's queue gets a final output with `finished=True` (or an
-`EngineRequestError`) exactly once. An exception inside `engine.step()` fails the requests of
-that step and the engine keeps serving.
+HTTP handlers (asyncio) call `submit()` / `abort()`; the thread adds, steps, reads and aborts requests
+through the LLM's engine core (the LLM only tokenizes prompts), and pushes each request's RequestOutput
+snapshots back onto the handler's asyncio.Queue through `loop.call_soon_threadsafe`. A request's queue
+gets a final output with `finished=True` (or an `EngineRequestError`) exactly once. An exception inside
+`core.step()` fails the requests of that step and the engine keeps serving.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ class AsyncEngine:
 
     def _attach(self, llm: Any) -> None:
         self.llm = llm
-        self.engine = llm.engine
+        self.core = llm.engine  # the EngineCore: every request is added, stepped, read and aborted there
 
     # ---- handler side (event loop) ------------------------------------------------------------
     @property
@@ -205,15 +205,15 @@ class AsyncEngine:
 
     def _iteration(self) -> None:
         """Run the queued commands, then one engine step; the outputs go out when it returns."""
-        block = not self.engine.has_unfinished()
+        block = not self.core.has_unfinished()
         try:
             self._drain(block)
         except Exception:  # noqa: BLE001 - a command must never kill the engine thread
             log.exception("engine command failed")
-        if self._stop.is_set() or not self.engine.has_unfinished():
+        if self._stop.is_set() or not self.core.has_unfinished():
             return
         try:
-            touched = self.engine.step()
+            touched = self.core.step()
         except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.error("engine step failed; failing its requests:\n%s", traceback.format_exc())
@@ -223,7 +223,7 @@ class AsyncEngine:
         for rid in touched:
             self._publish(rid, now)
         if self.metrics is not None:
-            self.metrics.observe_engine(self.engine)
+            self.metrics.observe_engine(self.core)
 
     def _drain(self, block: bool) -> None:
         first = True
@@ -263,8 +263,8 @@ class AsyncEngine:
             resolve(RequestRejected(f"request id {stream.request_id!r} is already in use"))
             return
         try:
-            self.llm.add_request(cmd.prompt, cmd.params, request_id=stream.request_id,
-                                 add_special_tokens=cmd.add_special_tokens, arrival_time=cmd.submit_time)
+            text, ids = self.llm.tokenize(cmd.prompt, cmd.add_special_tokens)
+            self.core.add_request(stream.request_id, text, ids, cmd.params, arrival_time=cmd.submit_time)
         except Exception as exc:  # noqa: BLE001 - InvalidRequestError (too long, bad ids, ...) and friends -> 400
             self._release()
             resolve(RequestRejected(str(exc)))
@@ -273,9 +273,9 @@ class AsyncEngine:
         resolve(None)
 
     def _abort(self, request_id: str) -> None:
-        if request_id not in self.engine or request_id not in self._streams:
+        if request_id not in self.core or request_id not in self._streams:
             return
-        self.engine.abort(request_id)
+        self.core.abort(request_id)
         self._publish(request_id, time.perf_counter())
 
     def _publish(self, request_id: str, now: float) -> None:
@@ -283,7 +283,7 @@ class AsyncEngine:
         if stream is None or stream.done:
             return
         try:
-            out = self.engine.output(request_id)
+            out = self.core.output(request_id)
         except Exception as exc:  # noqa: BLE001 - e.g. a decode failure: fail this request only
             self._finish(request_id, EngineRequestError(f"{type(exc).__name__}: {exc}"))
             return
@@ -303,7 +303,7 @@ class AsyncEngine:
         stream = self._streams.pop(request_id)
         stream.done = True
         try:
-            self.engine.release(request_id)
+            self.core.release(request_id)
         except Exception:  # noqa: BLE001 - e.g. after a failed step; the request's answer must still go out
             log.exception("releasing request %s failed", request_id)
         self._release()
@@ -313,10 +313,10 @@ class AsyncEngine:
 
     def _fail_all_running(self, message: str) -> None:
         for rid in list(self._streams):
-            if rid not in self.engine:
+            if rid not in self.core:
                 continue
             try:
-                self.engine.abort(rid)
+                self.core.abort(rid)
             except Exception:  # noqa: BLE001
                 log.exception("abort after engine failure failed")
             self._finish(rid, EngineRequestError(f"the engine failed while running this request: {message}"))

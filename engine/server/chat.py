@@ -19,8 +19,9 @@ from onecat.engine.server.logprob_format import chat_logprobs
 from onecat.engine.server.parsers import (THINK_CLOSE, THINK_OPEN, TOOL_OPEN, content_before_tools, make_tool_call,
                                           parse_tool_calls, split_reasoning)
 from onecat.engine.server.protocol import ChatCompletionRequest
+from onecat.engine.server.sampling_body import params_from_body
 from onecat.engine.server.serving import (Job, check_common, collect_finals, grammar_processor, max_tokens_for,
-                                          event_stream, sampling_params, sse, submit_all, usage)
+                                          event_stream, sse, submit_all, usage)
 from onecat.engine.server.streaming import holdback_len
 
 if TYPE_CHECKING:
@@ -103,8 +104,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     submissions = []
     for j in range(req.n):
         proc = await grammar_processor(state, req, schema_override=schema)
-        params = sampling_params(req, mt, j, logprobs=top_n if req.logprobs else None, prompt_logprobs=None,
-                                 processors=[proc] if proc else None)
+        params = params_from_body(req, mt, j, logprobs=top_n if req.logprobs else None, prompt_logprobs=None,
+                                  processors=[proc] if proc else None)
         rid = f"{base}-{j}"
         index_of[rid] = j
         submissions.append((rid, ids, params))

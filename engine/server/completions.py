@@ -13,8 +13,9 @@ from onecat.engine.server import cpu_work
 from onecat.engine.server.errors import ApiError
 from onecat.engine.server.logprob_format import completion_logprobs, prompt_logprobs
 from onecat.engine.server.protocol import CompletionRequest
+from onecat.engine.server.sampling_body import params_from_body
 from onecat.engine.server.serving import (Job, check_common, collect_finals, grammar_processor, max_tokens_for,
-                                          event_stream, sampling_params, sse, submit_all, usage)
+                                          event_stream, sse, submit_all, usage)
 from onecat.engine.server.streaming import holdback_len
 
 if TYPE_CHECKING:
@@ -88,8 +89,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         mt = max_tokens_for(state, req.max_tokens, len(ids))
         for j in range(req.n):
             proc = await grammar_processor(state, req)
-            params = sampling_params(req, mt, j, logprobs=req.logprobs, prompt_logprobs=want_prompt_lps,
-                                     processors=[proc] if proc else None)
+            params = params_from_body(req, mt, j, logprobs=req.logprobs, prompt_logprobs=want_prompt_lps,
+                                      processors=[proc] if proc else None)
             rid = f"{base}-{i}-{j}"
             choice_of[rid] = (i, i * req.n + j)
             submissions.append((rid, ids, params))

@@ -6,7 +6,7 @@ since its last call, then sets every token the grammar forbids to -inf. The serv
 `SamplingParams.logits_processors = [fn]`.
 
 The engine calls each processor on the request's logits row before sampling
-(engine/sampler.py: apply_logits_processors) and never drafts speculative tokens for such a request.
+(engine/core/sampler.py: apply_logits_processors) and never drafts speculative tokens for such a request.
 """
 from __future__ import annotations
 

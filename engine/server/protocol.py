@@ -5,13 +5,16 @@ Unknown fields are ignored (clients send many); fields we do not implement are r
 type and range the code behind it relies on, so a malformed value is a 400 here and never an
 exception further in: numbers are finite, token ids and counts non-negative, nested objects
 (messages, tool calls, tools, response_format) have the shape the chat template and the grammar
-compiler read.
+compiler read. The sampling settings take their bounds from SamplingParams (engine/sampling_params.py),
+narrowed where the API allows less; sampling_body.py turns a body into SamplingParams.
 """
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+
+from onecat.engine.sampling_params import setting
 
 TokenId = Annotated[int, Field(ge=0)]
 
@@ -49,6 +52,13 @@ MAX_LOGPROBS = 20
 # bounded so that check stays cheap whatever a client sends.
 MAX_STOP_STRINGS, MAX_STOP_LEN = 32, 512
 StopString = Annotated[str, Field(max_length=MAX_STOP_LEN)]
+
+
+def _setting(name: str, default: Any = None, **narrower: float) -> Any:
+    """A body field carrying SamplingParams' setting `name`, with its bounds and help (narrower ones where the API
+    allows less); None, unset, leaves the engine's default."""
+    declared = setting(name)
+    return Field(default=default, description=declared.help, **{**declared.bounds.constraints(), **narrower})
 
 
 class _Body(BaseModel):
@@ -129,17 +139,17 @@ class _Sampling(_Body):
 
     model: Optional[str] = None
     n: int = Field(default=1, ge=1, le=128)
-    temperature: Optional[float] = Field(default=None, ge=0.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(default=None, ge=-1)
-    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
+    temperature: Optional[float] = _setting("temperature")
+    top_p: Optional[float] = _setting("top_p")
+    top_k: Optional[int] = _setting("top_k")
+    min_p: Optional[float] = _setting("min_p")
+    seed: Optional[int] = _setting("seed")
     stop: Optional[Union[StopString, list[StopString]]] = Field(default=None, max_length=MAX_STOP_STRINGS)
     stop_token_ids: Optional[TokenIds] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = _setting("min_tokens", default=0)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     presence_penalty: Optional[float] = 0.0
@@ -176,10 +186,10 @@ class _Sampling(_Body):
 
 class CompletionRequest(_Sampling):
     prompt: Prompt
-    max_tokens: Optional[int] = Field(default=16, ge=0)
+    max_tokens: Optional[int] = _setting("max_tokens", default=16)
     echo: bool = False
-    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Optional[int] = _setting("logprobs", le=MAX_LOGPROBS)
+    prompt_logprobs: Optional[int] = _setting("prompt_logprobs", le=MAX_LOGPROBS)
     best_of: Optional[int] = None
     suffix: Optional[str] = None
     add_special_tokens: bool = True
@@ -187,10 +197,10 @@ class CompletionRequest(_Sampling):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(default=None, ge=0)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=0)
+    max_tokens: Optional[int] = _setting("max_tokens")
+    max_completion_tokens: Optional[int] = _setting("max_tokens")
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Optional[int] = _setting("logprobs", le=MAX_LOGPROBS)
     tools: Optional[list[ToolSpec]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = True

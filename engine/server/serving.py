@@ -1,5 +1,6 @@
-"""What /v1/completions and /v1/chat/completions share: request checks, sampling settings, grammar
-processors, and the `Job` that carries one HTTP call's engine requests.
+"""What /v1/completions and /v1/chat/completions share: request checks, grammar processors, and the
+`Job` that carries one HTTP call's engine requests (a body's sampling settings become SamplingParams in
+sampling_body.py).
 
 One HTTP request becomes `n` engine requests per prompt (the engine samples one sequence per
 request; choice j gets seed + j when a seed is given). A client that goes away aborts every engine
@@ -14,15 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
+from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.server.async_engine import EngineRequestError, QueueFullError, RequestRejected
 from onecat.engine.server.errors import ApiError, ClientDisconnected, error_body
 from onecat.engine.server.guided import GrammarError
 
 if TYPE_CHECKING:
     from onecat.engine.server.state import ServerState
-
-GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: smaller temperatures overflow the logits, so they mean greedy
 
 
 def check_common(state: ServerState, req: Any) -> str:
@@ -38,24 +37,6 @@ def check_common(state: ServerState, req: Any) -> str:
         raise ApiError(400, f"stop_token_ids {outside[:5]} are outside the vocabulary [0, {vocab})",
                        param="stop_token_ids")
     return model
-
-
-def sampling_params(req: Any, max_tokens: int | None, choice: int, *, logprobs: int | None,
-                    prompt_logprobs: int | None, processors: list | None) -> SamplingParams:
-    seed = req.seed + choice if req.seed is not None else None
-    temperature = 1.0 if req.temperature is None else req.temperature
-    kw: dict[str, Any] = dict(
-        temperature=0.0 if temperature < GREEDY_BELOW else temperature,
-        top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
-        min_p=req.min_p or 0.0, seed=seed % 2**63 if seed is not None else None, max_tokens=max_tokens,
-        min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
-        include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens,
-        logits_processors=processors or [])
-    try:
-        return SamplingParams(**kw)
-    except InvalidRequestError as exc:
-        raise ApiError(400, str(exc)) from None
 
 
 def max_tokens_for(state: ServerState, requested: int | None, prompt_len: int) -> int | None:

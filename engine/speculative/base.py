@@ -11,9 +11,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from onecat.engine.core.scheduler_output import ScheduledSeq
+from onecat.engine.core.sequence import Sequence
 from onecat.engine.errors import ConfigError
-from onecat.engine.scheduler import ScheduledSeq
-from onecat.engine.sequence import Sequence
 from onecat.engine.speculative.verifier import verify_greedy, verify_sampled
 
 

@@ -23,12 +23,12 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from onecat.engine.core.sampler import apply_filters, sample_from_probs
 from onecat.engine.errors import ConfigError, ModelNotFoundError
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
-from onecat.engine.sampler import apply_filters, sample_from_probs
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.speculative.base import Proposer, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache

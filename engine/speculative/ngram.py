@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onecat.engine.sequence import Sequence
+from onecat.engine.core.sequence import Sequence
 from onecat.engine.speculative.base import Proposer
 
 

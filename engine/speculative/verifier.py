@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from onecat.engine.sampler import apply_filters, sample_from_probs
+from onecat.engine.core.sampler import apply_filters, sample_from_probs
 from onecat.engine.sampling_params import SamplingParams
 
 

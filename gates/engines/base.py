@@ -9,8 +9,9 @@ An adapter class is registered with `@register_engine("name")` and provides:
                                            where it looked, so `gate run` fails before any loading
     open(arm: ArmSettings, seed: int) -> adapter instance      classmethod
 
-and the instance offers:
-    generate(prompts, params) -> list[RequestOutput]     (onecat.engine.outputs)
+and the instance offers (the `Engine` protocol, which is what runners are given):
+    generate(prompts, params) -> list[RequestOutput]     (onecat.engine.outputs); params: one SamplingParams
+                                                         for every prompt, or a list with one per prompt
     chat(conversations, params) -> list[RequestOutput]   the arm's reasoning setting (ArmSettings.reasoning)
                                                          reaches the chat template of every conversation
     score(prompts) -> list[ScoreOutput]
@@ -21,9 +22,29 @@ and the instance offers:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
+from onecat.engine.sampling_params import SamplingParams
 from onecat.gates.contract import ArmSettings
+
+if TYPE_CHECKING:
+    from onecat.engine.outputs import RequestOutput, ScoreOutput
+
+PromptParams = Union[SamplingParams, list[SamplingParams]]  # one for every prompt, or one per prompt
+
+
+class Engine(Protocol):
+    """An open engine as runners drive it. Every EngineAdapter is one, and so is any object with these members
+    (a test's fake engine)."""
+
+    tokenizer: Any  # encode / decode / eos_token_ids; the backend's own class
+    vocab_size: int | None
+
+    def generate(self, prompts: list, params: PromptParams) -> list[RequestOutput]: ...
+    def chat(self, conversations: list, params: PromptParams) -> list[RequestOutput]: ...
+    def score(self, prompts: list) -> list[ScoreOutput]: ...
+    def info(self) -> dict: ...
+    def close(self) -> None: ...
 
 
 class EngineUnavailableError(RuntimeError):
@@ -31,6 +52,8 @@ class EngineUnavailableError(RuntimeError):
 
 
 class EngineAdapter:
+    """The base of the registered backends: an Engine, plus the class-level `check` / `open` that gate_run calls."""
+
     name: str = "?"
     takes_engine_args = False
     tokenizer: Any = None
@@ -44,13 +67,13 @@ class EngineAdapter:
     def open(cls, arm: ArmSettings, seed: int = 0) -> "EngineAdapter":
         raise NotImplementedError
 
-    def generate(self, prompts: list, params: Any) -> list:
+    def generate(self, prompts: list, params: PromptParams) -> list[RequestOutput]:
         raise NotImplementedError
 
-    def chat(self, conversations: list, params: Any) -> list:
+    def chat(self, conversations: list, params: PromptParams) -> list[RequestOutput]:
         raise NotImplementedError
 
-    def score(self, prompts: list) -> list:
+    def score(self, prompts: list) -> list[ScoreOutput]:
         raise NotImplementedError
 
     def info(self) -> dict:

@@ -1,11 +1,9 @@
 """The in-process onecat engine (onecat.engine.LLM) behind the adapter interface."""
 from __future__ import annotations
 
-from typing import Any
-
 from onecat.engine.args import EngineArgs
 from onecat.gates.contract import ArmSettings
-from onecat.gates.engines.base import EngineAdapter
+from onecat.gates.engines.base import EngineAdapter, PromptParams
 from onecat.gates.registry import register_engine
 
 
@@ -79,10 +77,10 @@ class OnecatEngine(EngineAdapter):
         except TypeError:
             return None
 
-    def generate(self, prompts: list, params: Any) -> list:
+    def generate(self, prompts: list, params: PromptParams) -> list:
         return self.llm.generate(prompts, params)
 
-    def chat(self, conversations: list, params: Any) -> list:
+    def chat(self, conversations: list, params: PromptParams) -> list:
         return self.llm.chat(conversations, params, **self.template_kwargs)
 
     def score(self, prompts: list) -> list:

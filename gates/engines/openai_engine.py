@@ -8,7 +8,9 @@ Contract examples:
     engine: {backend: openai, base_url: "http://127.0.0.1:8000", options: {api_key_env: MY_KEY}}
     engine: {backend: onecat_serve, max_num_seqs: 64, options: {serve_flags: {max_queue_len: 512}}}
 
-`model.source` is the model name sent to the server (options.served_model_name overrides it).
+`model.source` is the model name sent to the server (options.served_model_name overrides it). A
+request's sampling fields are its SamplingParams as engine/server/sampling_body.py writes them (the
+module the onecat server reads them back with).
 Requests are streamed, so every RequestOutput carries client-side TTFT / decode / e2e times. Token
 ids come back through vLLM's `return_tokens_as_token_ids` (onecat and vLLM servers honour it);
 otherwise the text is tokenized with the model's local tokenizer or the server's /tokenize.
@@ -23,8 +25,10 @@ from typing import Any
 
 import httpx
 
+from onecat.engine.sampling_params import SamplingParams
+from onecat.engine.server.sampling_body import body_fields
 from onecat.gates.contract import ArmSettings
-from onecat.gates.engines.base import EngineAdapter, EngineUnavailableError
+from onecat.gates.engines.base import EngineAdapter, EngineUnavailableError, PromptParams
 from onecat.gates.engines.openai_client import parse_prometheus, stream_completion
 from onecat.gates.registry import register_engine
 
@@ -72,27 +76,6 @@ def _local_tokenizer(source: str):
         return ckpt.tokenizer, ckpt.config.vocab_size
     except Exception:  # noqa: BLE001 - a served name need not exist locally
         return None, None
-
-
-def _body_from_params(params: Any) -> dict:
-    body: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p,
-                            "max_tokens": params.max_tokens, "ignore_eos": params.ignore_eos,
-                            "skip_special_tokens": params.skip_special_tokens}
-    if params.top_k:
-        body["top_k"] = params.top_k
-    if params.min_p:
-        body["min_p"] = params.min_p
-    if params.min_tokens:
-        body["min_tokens"] = params.min_tokens
-    if params.seed is not None:
-        body["seed"] = params.seed
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        body["stop_token_ids"] = list(params.stop_token_ids)
-    if params.include_stop_str_in_output:
-        body["include_stop_str_in_output"] = True
-    return body
 
 
 @register_engine("openai")
@@ -157,7 +140,7 @@ class OpenAIEndpointEngine(EngineAdapter):
                 return await asyncio.gather(*(one(*j) for j in jobs))
         return asyncio.run(go())
 
-    def _to_output(self, rid: str, prompt: Any, prompt_ids: list[int], res: Any, params: Any):
+    def _to_output(self, rid: str, prompt: Any, prompt_ids: list[int], res: Any, params: SamplingParams):
         from onecat.engine.outputs import RequestOutput, RequestTimings
 
         ids = self._token_ids(res)
@@ -180,13 +163,13 @@ class OpenAIEndpointEngine(EngineAdapter):
         except Exception:  # noqa: BLE001
             return []
 
-    def generate(self, prompts: list, params: Any) -> list:
+    def generate(self, prompts: list, params: PromptParams) -> list:
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         jobs, prompt_ids = [], []
         for p, sp in zip(prompts, params_list):
             ids = list(p) if not isinstance(p, str) else self.tokenizer.encode(p)
             prompt_ids.append(ids)
-            body = {"model": self.model, "prompt": ids if not isinstance(p, str) else p, **_body_from_params(sp)}
+            body = {"model": self.model, "prompt": ids if not isinstance(p, str) else p, **body_fields(sp)}
             if self.return_token_ids:
                 body.update(logprobs=0, return_tokens_as_token_ids=True)
             jobs.append(("/v1/completions", body, False))
@@ -202,11 +185,11 @@ class OpenAIEndpointEngine(EngineAdapter):
             return {"chat_template_kwargs": reasoning.template_kwargs()}
         return {}
 
-    def chat(self, conversations: list, params: Any) -> list:
+    def chat(self, conversations: list, params: PromptParams) -> list:
         params_list = params if isinstance(params, list) else [params] * len(conversations)
         extra = {"logprobs": True, "top_logprobs": 0, "return_tokens_as_token_ids": True} if self.return_token_ids else {}
         extra.update(self._template_kwargs())
-        jobs = [("/v1/chat/completions", {"model": self.model, "messages": conv, **_body_from_params(sp), **extra}, True)
+        jobs = [("/v1/chat/completions", {"model": self.model, "messages": conv, **body_fields(sp), **extra}, True)
                 for conv, sp in zip(conversations, params_list)]
         results = self._run_all(jobs)
         return [self._to_output(str(i), None, [], r, sp) for i, (r, sp) in enumerate(zip(results, params_list))]
@@ -361,7 +344,7 @@ class ManagedOnecatServer(ManagedServerEngine):
     @classmethod
     def refusals(cls, arm: ArmSettings) -> list[str]:
         from onecat.engine.server.serve_config import ServeConfig
-        from onecat.gates.contract_settings import ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS
+        from onecat.gates.contract import ENGINE_ARGS_IN_CONTRACT, ENGINE_OPTIONS
 
         problems = super().refusals(arm)
         set_by_harness = {"model", "host", "port", "served_model_name", "uvicorn_log_level"}

@@ -7,9 +7,8 @@ contract names: gate_run picks it for arms whose settings carry resolved code (A
 """
 from __future__ import annotations
 
-from typing import Any
-
 from onecat.gates.contract import ArmSettings
+from onecat.gates.engines.base import PromptParams
 from onecat.gates.engines.onecat_engine import OnecatEngine, _weights_sha256
 from onecat.gates.revision.client import EngineWorker, WorkerTokenizer, params_payload, request_output, score_output
 
@@ -38,10 +37,10 @@ class RevisionEngine(OnecatEngine):
         self.tokenizer = WorkerTokenizer(self.worker, opened["tokenizer"])
         self.vocab_size = self._vocab_size()
 
-    def generate(self, prompts: list, params: Any) -> list:
+    def generate(self, prompts: list, params: PromptParams) -> list:
         return [request_output(o) for o in self.worker.call("generate", list(prompts), params_payload(params))]
 
-    def chat(self, conversations: list, params: Any) -> list:
+    def chat(self, conversations: list, params: PromptParams) -> list:
         return [request_output(o) for o in self.worker.call("chat", list(conversations), params_payload(params))]
 
     def score(self, prompts: list) -> list:

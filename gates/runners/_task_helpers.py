@@ -7,7 +7,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from onecat.gates.runners.base import Metric, Unit
+from onecat.gates.engines.base import Engine
+from onecat.gates.runners.base import Metric, Sink, Unit
 from onecat.gates.tasks.subset import subset_record
 
 
@@ -37,7 +38,7 @@ def chunk_units(num_items: int, seeds: Sequence[int], chunk: int) -> list[Unit]:
     return units
 
 
-def render_chat(engine: Any, messages: list[dict]) -> Optional[str]:
+def render_chat(engine: Engine, messages: list[dict]) -> Optional[str]:
     """The model's chat template applied as text (None when the engine cannot render it)."""
     tok = getattr(engine, "tokenizer", None)
     if tok is None or not hasattr(tok, "apply_chat_template") or not getattr(tok, "chat_template", None):
@@ -48,7 +49,7 @@ def render_chat(engine: Any, messages: list[dict]) -> Optional[str]:
         return None
 
 
-def generate(engine: Any, specs: Sequence[PromptSpec], params: list) -> tuple[list, list[str], list[str], list[Any]]:
+def generate(engine: Engine, specs: Sequence[PromptSpec], params: list) -> tuple[list, list[str], list[str], list[Any]]:
     """(outputs, full replies incl. prefill, prompt modes, prompts as sent) in spec order."""
     sent: list[Any] = []
     modes: list[str] = []
@@ -79,7 +80,8 @@ def generate(engine: Any, specs: Sequence[PromptSpec], params: list) -> tuple[li
     return outputs, replies, modes, sent
 
 
-def record_subset(sink: Any, workload: Any, dataset: Any, chosen_ids: Sequence[str], seed: Optional[int] = None) -> None:
+def record_subset(sink: Sink, workload: Any, dataset: Any, chosen_ids: Sequence[str],
+                  seed: Optional[int] = None) -> None:
     """Store which items were scored (subset spec, count, hash of ids, dataset pin), once per seed."""
     rec = subset_record(getattr(workload, "subset", None), list(chosen_ids))
     tags = {**rec, "dataset": getattr(dataset, "name", None), "dataset_sha256": getattr(dataset, "sha256", None),

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 import numpy as np
 from pydantic import Field, field_validator
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
-from onecat.gates.runners.base import Metric, Runner, Unit, request_record, to_sampling_params
+from onecat.gates.engines.base import Engine
+from onecat.gates.runners.base import Metric, Runner, Sink, Unit, request_record, to_sampling_params
 from onecat.results.records import is_failed_request
 
 TOKEN_ID_FLOOR = 256  # skip byte / special tokens at the bottom of most vocabularies
@@ -32,7 +33,7 @@ class ThroughputWorkload(WorkloadBase):
         return v
 
 
-def synthetic_prompts(engine: Any, n: int, length: int, seed: int, style: str = "random") -> list[list[int]]:
+def synthetic_prompts(engine: Engine, n: int, length: int, seed: int, style: str = "random") -> list[list[int]]:
     """n distinct random token-id prompts (distinct so the prefix cache cannot serve them)."""
     hi = engine.vocab_size or 32000
     hi = max(TOKEN_ID_FLOOR + 1000, min(hi, 1 << 20))
@@ -71,7 +72,8 @@ class ThroughputRunner(Runner):
         return to_sampling_params(sampling, seed=seed, max_tokens=self.output_len(workload), ignore_eos=True,
                                   stop=None)
 
-    def run_unit(self, engine: Any, workload: ThroughputWorkload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: ThroughputWorkload, sampling: SamplingSpec, unit: Unit,
+                 sink: Sink) -> None:
         bs = dict(unit.params)["batch_size"]
         warm_key = (id(engine), workload.id, bs)
         if warm_key not in self._warm:
@@ -97,7 +99,7 @@ class ThroughputRunner(Runner):
             return
         self.emit_metrics(outs, wall, bs, unit, sink)
 
-    def emit_metrics(self, outs: list, wall: float, bs: int, unit: Unit, sink: Any) -> None:
+    def emit_metrics(self, outs: list, wall: float, bs: int, unit: Unit, sink: Sink) -> None:
         key, rep = f"bs={bs}", unit.repeat
         n_in = sum(len(o.prompt_token_ids) for o in outs)
         n_out = sum(len(o.token_ids) for o in outs)

@@ -26,7 +26,7 @@ Adding a workload kind is one file in gates/runners/ and one decorator line:
                                           extracted_answer=ans, failure_reason=why), request_key=key)
 
 `run(engine, workload, sampling, seeds, sink)`:
-    engine   -- an engine adapter (gates/engines/base.py): generate / chat / score / tokenizer / info
+    engine   -- an open engine (gates/engines/base.py `Engine`): generate / chat / score / tokenizer / info
     workload -- the validated `Workload` instance from the contract
     sampling -- the contract's SamplingSpec (use to_sampling_params to build engine params)
     seeds    -- the contract's predeclared seeds
@@ -47,7 +47,9 @@ from typing import Any, ClassVar, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.engine.sampling_params import SamplingParams
+from onecat.gates.contract import SAMPLING_IN_CONTRACT, SamplingSpec, WorkloadBase
+from onecat.gates.engines.base import Engine
 from onecat.gates.health import generation_health
 from onecat.gates.registry import declare_workload_schema
 from onecat.results.records import ItemOutcome, Metric, RequestRecord  # noqa: F401 - the runner-author API
@@ -101,10 +103,10 @@ class Runner:
     def plan(self, workload: WorkloadBase, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key="all", size=1, params=(("seeds", tuple(seeds)),))]
 
-    def run_unit(self, engine: Any, workload: WorkloadBase, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
+    def run_unit(self, engine: Engine, workload: WorkloadBase, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         self.run(engine, workload, sampling, list(dict(unit.params)["seeds"]), sink)
 
-    def run(self, engine: Any, workload: WorkloadBase, sampling: SamplingSpec, seeds: list[int], sink: Sink) -> None:
+    def run(self, engine: Engine, workload: WorkloadBase, sampling: SamplingSpec, seeds: list[int], sink: Sink) -> None:
         for unit in self.plan(workload, sampling, seeds):
             self.run_unit(engine, workload, sampling, unit, sink)
 
@@ -146,16 +148,12 @@ for _kind in ("gsm8k", "humaneval_plus", "mbpp_plus"):
 
 
 # --------------------------------------------------------------------------- helpers for runners
-def to_sampling_params(sampling: SamplingSpec, seed: Optional[int] = None, **overrides: Any):
-    """Engine SamplingParams from the contract's sampling block (overrides win). `sampling.reasoning` is not a
-    sampling parameter: the engine adapter passes it to the chat template (ArmSettings.reasoning)."""
-    from onecat.engine.sampling_params import SamplingParams
-
-    kw: dict[str, Any] = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                              min_p=sampling.min_p, max_tokens=sampling.max_tokens, seed=seed,
-                              stop=list(sampling.stop) or None)
-    kw.update(overrides)
-    return SamplingParams(**kw)
+def to_sampling_params(sampling: SamplingSpec, seed: Optional[int] = None, **overrides: Any) -> SamplingParams:
+    """Engine SamplingParams from the contract's sampling block: its settings are SamplingParams' own
+    (SAMPLING_IN_CONTRACT), so they carry over by name; overrides win. `sampling.reasoning` is not a sampling
+    parameter: the engine adapter passes it to the chat template (ArmSettings.reasoning)."""
+    settings: dict[str, Any] = {name: getattr(sampling, name) for name in SAMPLING_IN_CONTRACT}
+    return SamplingParams(**{**settings, "seed": seed, **overrides})
 
 
 def prompt_sha256(prompt: Any) -> str:

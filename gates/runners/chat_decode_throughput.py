@@ -19,15 +19,16 @@ does that once per question, without repeats).
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.engines.base import Engine
 from onecat.gates.registry import register_runner
 from onecat.gates.runners._task_helpers import PromptSpec, generate, item_seed, record_subset
 from onecat.gates.runners._throughput import ThroughputRunner
-from onecat.gates.runners.base import Metric, Unit, request_record, to_sampling_params
+from onecat.gates.runners.base import Metric, Sink, Unit, request_record, to_sampling_params
 from onecat.gates.tasks import evalplus_data, gsm8k
 from onecat.gates.tasks.subset import TaskSubset, select
 from onecat.results.records import is_failed_request
@@ -99,7 +100,7 @@ class ChatDecodeThroughput(ThroughputRunner):
     def min_request_tokens(self, workload: Workload, sampling: SamplingSpec) -> int:
         return workload.output_len + 1  # prompt lengths are the dataset's, known once it is read
 
-    def prompts(self, workload: Workload, sink: Any) -> list[tuple[str, PromptSpec]]:
+    def prompts(self, workload: Workload, sink: Sink) -> list[tuple[str, PromptSpec]]:
         ds = sink.dataset(workload.dataset)
         key = (ds.sha256, workload.model_dump_json())
         if key not in self._prompts:
@@ -107,7 +108,7 @@ class ChatDecodeThroughput(ThroughputRunner):
             self._prompts[key] = chat_prompts(ds.read_text(), fmt, workload.subset)
         return self._prompts[key]
 
-    def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         bs = dict(unit.params)["batch_size"]
         prompts = self.prompts(workload, sink)
         record_subset(sink, workload, sink.dataset(workload.dataset), [i for i, _ in prompts], unit.seed)
@@ -142,7 +143,7 @@ class ChatDecodeThroughput(ThroughputRunner):
             return
         self.emit_unit_metrics(batches, wall, bs, unit, sink)
 
-    def emit_unit_metrics(self, batches: list[list], wall: float, bs: int, unit: Unit, sink: Any) -> None:
+    def emit_unit_metrics(self, batches: list[list], wall: float, bs: int, unit: Unit, sink: Sink) -> None:
         outs = [o for batch in batches for o in batch]
         decoded, decode_s = decode_span(batches)
         drafts = sum(o.spec.num_drafts for o in outs)

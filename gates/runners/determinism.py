@@ -8,13 +8,14 @@ is free to stop, so these rows also feed natural_stop_rate.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import Field
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.engines.base import Engine
 from onecat.gates.registry import register_runner
-from onecat.gates.runners.base import Runner, Unit, request_record, to_sampling_params
+from onecat.gates.runners.base import Runner, Sink, Unit, request_record, to_sampling_params
 
 DEFAULT_PROMPTS = (  # short-answer questions, so small models stop on their own well under the cap
     "What is 12 plus 30? Reply with the number only.",
@@ -56,7 +57,7 @@ class Determinism(Runner):
                           for i in range(workload.num_prompts)]
         return units
 
-    def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         prompts = self._prompts(workload)
         p = dict(unit.params)
         idx = list(range(len(prompts))) if p["mode"] == "batch" else [p["index"]]

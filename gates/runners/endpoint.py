@@ -28,10 +28,12 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from onecat.engine.server.sampling_body import body_fields
 from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.engines.base import Engine
 from onecat.gates.engines.openai_client import metrics_delta, parse_prometheus, spec_acceptance, stream_completion
 from onecat.gates.registry import register_runner
-from onecat.gates.runners.base import Metric, RequestRecord, Runner, Unit
+from onecat.gates.runners.base import Metric, RequestRecord, Runner, Sink, Unit, to_sampling_params
 
 WORDS = ("time river number light house story music water garden market winter letter mountain window bridge "
          "forest engine signal paper morning harbor silver question village machine").split()
@@ -107,7 +109,7 @@ def percentiles(values: list[float], qs=(50, 90, 99)) -> dict[int, float]:
 
 
 @contextmanager
-def _endpoint_of(engine: Any):
+def _endpoint_of(engine: Engine):
     """(base_url, headers, model, adjust_body) for an endpoint adapter, or a loopback server around
     the in-process onecat engine for the duration of the block."""
     if getattr(engine, "base_url", None):
@@ -146,23 +148,18 @@ class EndpointRunner(Runner):
 
     def _body(self, workload: EndpointWorkload, sampling: SamplingSpec, model: str | None, prompt: str,
               seed: int) -> dict:
-        body: dict[str, Any] = {"max_tokens": workload.output_len, "temperature": sampling.temperature,
-                                "top_p": sampling.top_p, "seed": seed, "ignore_eos": workload.ignore_eos}
+        params = to_sampling_params(sampling, seed=seed, max_tokens=workload.output_len, ignore_eos=workload.ignore_eos)
+        body: dict[str, Any] = body_fields(params)
         if model:
             body["model"] = model
-        if sampling.top_k > 0:
-            body["top_k"] = sampling.top_k
-        if sampling.min_p > 0:
-            body["min_p"] = sampling.min_p
-        if sampling.stop:
-            body["stop"] = list(sampling.stop)
         if workload.api == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
             body["prompt"] = prompt
         return self._adjust(body)
 
-    def run_unit(self, engine: Any, workload: EndpointWorkload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: EndpointWorkload, sampling: SamplingSpec, unit: Unit,
+                 sink: Sink) -> None:
         seed = unit.seed or 0
         prompts = make_prompts(workload.num_requests, workload.input_len, workload.shared_prefix_len, seed,
                                workload.input_len_max)

@@ -15,9 +15,11 @@ from typing import Any, Literal, Optional
 from pydantic import Field
 
 from onecat.gates.contract import SamplingSpec
+from onecat.gates.engines.base import Engine
 from onecat.gates.registry import register_runner
 from onecat.gates.runners._task_helpers import PromptSpec, item_seed, chunk_units, generate, record_subset
-from onecat.gates.runners.base import ItemOutcome, Metric, Runner, TaskWorkload, Unit, request_record, to_sampling_params
+from onecat.gates.runners.base import (ItemOutcome, Metric, Runner, Sink, TaskWorkload, Unit, request_record,
+                                       to_sampling_params)
 from onecat.gates.tasks import evalplus_data
 from onecat.gates.tasks.code_extract import extract_code
 from onecat.gates.tasks.evalplus import ReferenceCache, check_many
@@ -42,16 +44,16 @@ class _EvalPlusRunner(Runner):
     def __init__(self) -> None:
         self._problems: dict[str, list] = {}
 
-    def _load(self, workload: Any, sink: Any) -> tuple[Any, list]:
+    def _load(self, workload: Workload, sink: Sink) -> tuple[Any, list]:
         ds = sink.dataset(workload.dataset)
         if ds.sha256 not in self._problems:
             self._problems[ds.sha256] = evalplus_data.parse_problems(ds.read_text(), self.dataset_kind)
         return ds, select(self._problems[ds.sha256], workload.subset, lambda p: p.task_id)
 
-    def plan(self, workload: Any, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
+    def plan(self, workload: Workload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key=f"seed={s}", seed=s, size=1, params=(("seed", s),)) for s in seeds]
 
-    def run_unit(self, engine: Any, workload: Any, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         ds, problems = self._load(workload, sink)
         record_subset(sink, workload, ds, [p.task_id for p in problems], unit.seed)
         cache = ReferenceCache(ds.sha256)

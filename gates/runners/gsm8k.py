@@ -12,9 +12,10 @@ from typing import Any, Literal, Optional
 from pydantic import Field
 
 from onecat.gates.contract import SamplingSpec
+from onecat.gates.engines.base import Engine
 from onecat.gates.registry import register_runner
 from onecat.gates.runners._task_helpers import PromptSpec, item_seed, chunk_units, generate, record_subset
-from onecat.gates.runners.base import ItemOutcome, Runner, TaskWorkload, Unit, request_record, to_sampling_params
+from onecat.gates.runners.base import ItemOutcome, Runner, Sink, TaskWorkload, Unit, request_record, to_sampling_params
 from onecat.gates.tasks import gsm8k
 from onecat.gates.tasks.subset import TaskSubset, select
 
@@ -31,14 +32,14 @@ class Gsm8k(Runner):
         max_tokens: Optional[int] = Field(default=None, ge=1)  # default: sampling.max_tokens
         chunk: int = Field(default=32, ge=1)  # questions per engine call (and per resumable unit)
 
-    def _items(self, workload: Workload, sink: Any) -> tuple[Any, list[gsm8k.GsmItem]]:
+    def _items(self, workload: Workload, sink: Sink) -> tuple[Any, list[gsm8k.GsmItem]]:
         ds = sink.dataset(workload.dataset)
         return ds, select(gsm8k.parse_items(ds.read_text()), workload.subset, lambda x: x.item_id)
 
     def plan(self, workload: Workload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key=f"seed={s}", seed=s, size=1, params=(("seed", s),)) for s in seeds]
 
-    def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         ds, items = self._items(workload, sink)
         record_subset(sink, workload, ds, [i.item_id for i in items], unit.seed)
         for sub in chunk_units(len(items), [unit.seed], workload.chunk):

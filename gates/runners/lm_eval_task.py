@@ -11,13 +11,14 @@ is neither local nor in the datasets cache fails instead of downloading.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import Field
 
 from onecat.gates.contract import SamplingSpec
+from onecat.gates.engines.base import Engine
 from onecat.gates.registry import register_runner
-from onecat.gates.runners.base import ItemOutcome, Runner, Unit, WorkloadBase
+from onecat.gates.runners.base import ItemOutcome, Runner, Sink, Unit, WorkloadBase
 
 
 @register_runner("lm_eval")
@@ -35,7 +36,7 @@ class LmEval(Runner):
     def plan(self, workload: Workload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key="all", seed=seeds[0] if seeds else 0, size=1, params=())]
 
-    def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         try:
             from lm_eval import simple_evaluate
             from lm_eval.tasks import TaskManager

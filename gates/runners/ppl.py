@@ -8,13 +8,14 @@ ppl_delta check can pair segments across arms. `ppl` (over finished segments) is
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.engines.base import Engine
 from onecat.gates.registry import register_runner
-from onecat.gates.runners.base import Metric, Runner, Unit
+from onecat.gates.runners.base import Metric, Runner, Sink, Unit
 
 CHARS_PER_TOKEN_GUESS = 3
 
@@ -38,7 +39,7 @@ class Perplexity(Runner):
     def plan(self, workload: Workload, sampling: SamplingSpec, seeds: list[int]) -> list[Unit]:
         return [Unit(key=f"segment={i}", params=(("segment", i),)) for i in range(workload.segments)]
 
-    def _token_stream(self, engine: Any, workload: Workload, sink: Any) -> list[int]:
+    def _token_stream(self, engine: Engine, workload: Workload, sink: Sink) -> list[int]:
         ds = sink.dataset(workload.dataset)
         cache_key = (ds.sha256, id(engine.tokenizer))
         need = workload.offset_tokens + workload.segments * workload.segment_len
@@ -56,7 +57,7 @@ class Perplexity(Runner):
             self._tokens[cache_key] = ids[:need]
         return self._tokens[cache_key]
 
-    def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         i = dict(unit.params)["segment"]
         ids = self._token_stream(engine, workload, sink)
         start = workload.offset_tokens + i * workload.segment_len

@@ -5,14 +5,15 @@ Measures per task and seed: `valid` (a JSON value found in the reply validates) 
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
 from onecat.gates.contract import SamplingSpec, WorkloadBase
+from onecat.gates.engines.base import Engine
 from onecat.gates.registry import register_runner
 from onecat.gates.runners._task_helpers import PromptSpec, item_seed, generate
-from onecat.gates.runners.base import ItemOutcome, Metric, Runner, Unit, request_record, to_sampling_params
+from onecat.gates.runners.base import ItemOutcome, Metric, Runner, Sink, Unit, request_record, to_sampling_params
 from onecat.gates.tasks import structured
 
 
@@ -36,7 +37,7 @@ class StructuredOutput(Runner):
         n = len(workload.tasks or structured.TASKS)
         return [Unit(key=f"seed={s}", seed=s, size=n) for s in seeds]
 
-    def run_unit(self, engine: Any, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Any) -> None:
+    def run_unit(self, engine: Engine, workload: Workload, sampling: SamplingSpec, unit: Unit, sink: Sink) -> None:
         tasks = [structured.TASKS_BY_ID[t] for t in workload.tasks] if workload.tasks else list(structured.TASKS)
         seed = unit.seed
         sink.metric(Metric(name="task_items", value=float(len(tasks)), unit="items", key=f"subset/seed={seed}",

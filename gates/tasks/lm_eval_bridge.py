@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from onecat.engine.sampling_params import SamplingParams
+from onecat.gates.engines.base import Engine
 
 
 def encode_pair(tokenizer: Any, context: str, continuation: str, prefix_id: int) -> tuple[list[int], list[int]]:
@@ -30,7 +31,7 @@ def encode_pair(tokenizer: Any, context: str, continuation: str, prefix_id: int)
     return (ctx or [prefix_id]), cont
 
 
-def make_lm(engine: Any, max_gen_toks: int = 256):
+def make_lm(engine: Engine, max_gen_toks: int = 256):
     """An lm-eval `LM` over a harness engine adapter (its generate(prompts, params) and tokenizer)."""
     from lm_eval.api.model import LM
 

@@ -1,0 +1,121 @@
+"""A linear layer whose weight stays 4-bit packed; the matmul reads the packed codes directly.
+
+The weight is a sum of 4-bit terms (one for Q4_0/Q4_1, two for Q8_0); each term is one kernel call.
+
+The CPU kernel (aten._weight_int4pack_mm_for_cpu) takes bf16 activations and bf16 scale/zero
+pairs per 32-value group and accumulates in fp32. The rest of the model keeps its own dtype: only
+the matmul input and output cross into bf16 here.
+
+That kernel dequantizes the weight again for every input row, so its cost grows with the rows: from
+DENSE_FROM_ROWS rows on (prefill chunks, decode steps of 16+ sequences) a bf16 GEMM on a dequantized
+copy of the same weights is faster (measured on a 2-core AVX512-BF16 CPU, embedded model's shapes: at 16
+rows 1.2-1.7x, at 256 rows 2.4-2.8x; at 4 rows the 4-bit kernel is 1.4-1.9x faster). The copy holds the
+kernel's own weights ((q - 8) * scale + zero with its bf16 scale and zero) rounded to bf16, and costs 2
+bytes per weight next to the packed ~0.6. Where torch has oneDNN, the copy is held in oneDNN's blocked
+layout (packed once at load, as torch.compile's freezing does): F.linear would reorder it on every call,
+which at 16 rows cost ~40% of the GEMM (measured, same CPU; the results are the same to the bit).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onecat.engine.kernels import onednn
+from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
+
+_KERNEL_DTYPE = torch.bfloat16
+_ROW_MULTIPLE = 16
+DENSE_FROM_ROWS = 16
+# Rows of one oneDNN bf16 GEMM call. oneDNN picks its bf16 kernel by the row count (on an AMX CPU, 16-32 rows
+# of a [1536, 576] weight and 33-72 rows of [576, 1536] took other kernels than larger counts, with other
+# summation orders), so a token's result depended on how many rows came with it. Every call gets exactly this
+# many rows (the last block zero-padded): a row's result no longer depends on the others (checked bitwise for
+# 1-200 rows at any offset, same CPU).
+DENSE_BLOCK_ROWS = 64
+_int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") else None
+
+
+def _onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
+    """The weight in oneDNN's blocked layout, or None where torch has no oneDNN linear."""
+    if not onednn.available():
+        return None
+    try:
+        return onednn.onednn_blocked(weight)
+    except RuntimeError:  # a oneDNN build without bfloat16 linear support
+        return None
+
+
+class Int4PackedLinear(nn.Module):
+    kernel = "aten._weight_int4pack_mm_for_cpu (4-bit, group 32, bf16 activations)"
+    input_dtype = _KERNEL_DTYPE  # what the kernel reads: a producer that can write it directly saves a cast
+
+    def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.dtype = dtype  # the model's dtype: the outputs are returned in it,
+        self.keep_kernel_output = False  # unless the consumer reads the kernel's bf16 output as it is
+        self.out_features, self.in_features = terms[0].shape
+        self.num_terms = len(terms)
+        pad = -self.out_features % _ROW_MULTIPLE  # the packing wants N % 16 == 0: pad with zero rows
+        for i, blocks in enumerate(terms):
+            codes = F.pad(blocks.codes.to(torch.int32), (0, 0, 0, pad), value=8)
+            scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (blocks.scale, blocks.zero))
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+            self.register_buffer(f"packed{i}", packed)
+            self.register_buffer(f"scale_zero{i}", scale_zero.to(_KERNEL_DTYPE))  # [K/32, N, 2]
+        dense = self._dequantized(terms).to(_KERNEL_DTYPE)  # for DENSE_FROM_ROWS+ rows
+        self.dense_blocked = _onednn_blocked(dense)  # None: plain F.linear on the row-major copy
+        if self.dense_blocked is None:
+            self.register_buffer("dense", dense)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @staticmethod
+    def supported(device: torch.device) -> bool:
+        return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+    @staticmethod
+    def _dequantized(terms: list[Int4Blocks]) -> torch.Tensor:
+        """The weights the kernel computes with: each term's codes with its bf16-rounded scale and zero."""
+        n, k = terms[0].shape
+        w = torch.zeros(n, k)
+        for b in terms:
+            scale, zero = (t.to(_KERNEL_DTYPE).float().repeat_interleave(GROUP, dim=1) for t in (b.scale, b.zero))
+            w += (b.codes.float() - 8.0) * scale + zero
+        return w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
+        if x2.shape[0] >= DENSE_FROM_ROWS and self.dense_blocked is not None:
+            y = self._dense_blocks(x2)
+        elif x2.shape[0] >= DENSE_FROM_ROWS:
+            y = F.linear(x2, self.dense)
+        else:
+            y = self._term(x2, 0)
+            for i in range(1, self.num_terms):
+                y = y.float() + self._term(x2, i)  # sum the terms in fp32
+        if y.shape[1] != self.out_features:  # drop the padding rows
+            y = y[:, : self.out_features]
+        if not self.keep_kernel_output:
+            y = y.to(self.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def _dense_blocks(self, x2: torch.Tensor) -> torch.Tensor:
+        """The bf16 GEMM on the blocked dense copy, DENSE_BLOCK_ROWS rows a call (see DENSE_BLOCK_ROWS)."""
+        rows = x2.shape[0]
+        pad = -rows % DENSE_BLOCK_ROWS
+        if pad:
+            x2 = torch.cat([x2, x2.new_zeros(pad, x2.shape[1])])
+        blocks = [onednn.onednn_matmul(x2[r:r + DENSE_BLOCK_ROWS], self.dense_blocked)
+                  for r in range(0, rows + pad, DENSE_BLOCK_ROWS)]
+        return (blocks[0] if len(blocks) == 1 else torch.cat(blocks))[:rows]
+
+    def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
+        return _int4_mm(x2, self._buffers[f"packed{i}"], GROUP, self._buffers[f"scale_zero{i}"])
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{self.num_terms} x int4 group {GROUP}")

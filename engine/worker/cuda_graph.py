@@ -1,0 +1,308 @@
+"""Full-step CUDA graphs: capture the whole forward + logits for a set of padded batch sizes, replay.
+
+Two step shapes replay: a pure decode step (every sequence adds one token) and a speculative verify
+step in which every sequence runs the same number q of query tokens (its last token and q - 1 drafts,
+`num_lookahead` = q - 1 for all). A step with B sequences replays the graph captured for (the smallest
+size >= B, q); any other step (prefill, prompt logprobs, drafts of unequal length) runs eagerly.
+Padded rows read token 0 at positions 0..q-1, attend to slots of the null block 0 and write their K/V
+there: block 0 is never handed out and every backend masks it out past a sequence's length, so the
+values are harmless. Inputs travel in one pinned host buffer per q and one copy per step. Graphs are
+captured lazily, on the first step of each shape, with all rows pointed at the null block, so capture
+never touches live KV. Capture needs a backend whose calls are graph-safe (no host syncs, launches
+sized from shapes; for verify steps it also takes its per-token work items from the graph's static
+buffers); otherwise graphs stay off (or verify steps stay eager) and the reason is reported.
+When a block drafter taps hidden states (`aux_layer_ids`), the graph keeps them as an output too and
+each replay hands a copy to the model's `aux_hidden`, as an eager forward would.
+A hybrid model (a recurrent-state cache, engine/cache/recurrent_state.py) replays its pure decode steps too: each row's
+state slot travels in the same buffer (padded rows: the cache's scratch slot), the model takes its step's
+plan from that device tensor, and the layers update the state rows of those slots inside the cache's tensors.
+The host-side part of such a step (zeroing the slot of a request at position 0, rolling a slot back after
+rejected drafts) runs before the replay. Its speculative verify steps stay eager: they run the drafts token by
+token and keep every intermediate state for the rollback (`verify_disabled_reason` says so).
+Under tensor parallelism every rank holds the same graphs: rank 0 describes each replay as a
+`GraphStep` (plain lists) and sends it to the other ranks, which capture (on first use) and replay
+the same graph with it; the layers' collectives are inside the graphs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from onecat.engine.attention.forward_context import ForwardContext, set_forward_context
+from onecat.engine.attention.metadata import AttentionMetadata
+
+@dataclass(slots=True)
+class GraphStep:
+    """One replay as plain lists: what every tensor-parallel rank needs to replay it."""
+
+    size: int  # the captured batch size replayed
+    q: int  # query tokens per row (1: decode)
+    ids: list[int] | None  # per row its token then its q - 1 drafts; None: row tokens come from the device
+    starts: list[int]  # per row, the position of its first query token
+    tables: list[list[int]]  # per row, its block table
+    gemv_rows: int  # rows that take the batch-1 GEMV (fixed at capture; rank 0's value)
+    state_slots: list[int] | None = None  # hybrid models: per row, its recurrent-state slot
+
+
+_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model: torch.nn.Module, kv_caches, attention, block_size: int, device: torch.device,
+                 max_model_len: int, max_num_seqs: int):
+        self.model, self.kv_caches, self.attention = model, kv_caches, attention
+        self.block_size, self.device, self.max_model_len = block_size, device, max_model_len
+        self.sizes = [s for s in _SIZES if s < max_num_seqs] + [max_num_seqs]
+        self.max_blocks = -(-max_model_len // block_size)
+        # (size, q, tapped layers) -> (graph, logits [size * q, V], tapped hidden states or None)
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
+        self.pool = None
+        self.disabled_reason: str | None = None
+        self.verify_disabled_reason: str | None = None
+        self.verify_query_len: int | None = None  # 1 + drafts per round, set by the engine that verifies
+        self.verify_gemv_rows = 1  # rows of a verify step that take the batch-1 GEMV (ModelRunner.setup_verify)
+        self.states = getattr(model, "states", None)  # a hybrid model's recurrent-state cache
+        if not getattr(attention.primary, "graph_safe", False):
+            self.disabled_reason = f"attention backend {attention.primary.name} is not graph-safe"
+        elif not getattr(attention.primary, "graph_safe_verify", False):
+            self.verify_disabled_reason = f"attention backend {attention.primary.name} has no graph-safe verify path"
+        elif self.states is not None:
+            self.verify_disabled_reason = ("hybrid model: a verify step runs the drafts token by token and keeps "
+                                           "every intermediate recurrent state for the rollback; it runs eagerly")
+        self.replays = 0
+        self.verify_replays = 0
+        self._bufs: dict[int, tuple] = {}
+        self._i32: dict[int, dict] = {}
+
+    # ---- static buffers (one set per query length q) ------------------------------------------------
+    def _buffers(self, q: int):
+        if q not in self._bufs:
+            n, w = self.sizes[-1], self.max_blocks
+            # int64 host fields: ids, positions, slots (n * q each), seq_lens (n), recurrent-state slots (n),
+            # then the block table
+            host = torch.zeros(3 * n * q + 2 * n + n * w, dtype=torch.int64, pin_memory=True)
+            dev = torch.zeros_like(host, device=self.device)
+            ready = torch.cuda.Event()
+            ready.record()
+            self._bufs[q] = (host, dev, ready)
+        return self._bufs[q]
+
+    def _views(self, dev: torch.Tensor, q: int, size: int):
+        n, w = self.sizes[-1], self.max_blocks
+        t, T = size * q, n * q
+        ids, pos, slots = dev[:t], dev[T:T + t], dev[2 * T:2 * T + t]
+        lens = dev[3 * T:3 * T + size]
+        states = dev[3 * T + n:3 * T + n + size]
+        tables = dev[3 * T + 2 * n:].view(n, w)[:size]
+        return ids, pos, slots, lens, states, tables
+
+    def _int32_views(self, q: int) -> dict:
+        """int32 copies the attention metadata wants, refreshed from the int64 buffer inside the graph;
+        for q > 1 also the per-token work items (token, its sequence, its causal context length)."""
+        if q not in self._i32:
+            n, w, dev = self.sizes[-1], self.max_blocks, self.device
+            i32 = {"lens": torch.full((n,), q, dtype=torch.int32, device=dev),
+                   "tables": torch.zeros(n, w, dtype=torch.int32, device=dev),
+                   "qsl": torch.arange(n + 1, dtype=torch.int32, device=dev) * q}
+            if q > 1:
+                i32["tok"] = torch.arange(n * q, dtype=torch.int32, device=dev)
+                i32["row"] = i32["tok"] // q
+                i32["offset"] = torch.arange(q, dtype=torch.int32, device=dev) - (q - 1)
+                i32["ctx"] = torch.ones(n * q, dtype=torch.int32, device=dev)
+            self._i32[q] = i32
+        return self._i32[q]
+
+    def _step(self, size: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _, dev, _ = self._buffers(q)
+        i32 = self._int32_views(q)
+        ids, pos, slots, lens, states, tables = self._views(dev, q, size)
+        i32["lens"][:size].copy_(lens)
+        i32["tables"][:size].copy_(tables)
+        meta = AttentionMetadata(
+            query_start_loc=i32["qsl"][:size + 1], seq_lens=i32["lens"][:size], block_tables=i32["tables"][:size],
+            slot_mapping=slots, max_query_len=q, max_seq_len=self.max_model_len, block_size=self.block_size,
+            query_lens_cpu=[q] * size, seq_lens_cpu=[self.max_model_len] * size, extras={})
+        if q > 1:  # token j of a row sees its sequence's context up to itself: seq_len - (q - 1) + j
+            t = size * q
+            i32["ctx"][:t].view(size, q).copy_(i32["lens"][:size, None] + i32["offset"])
+            self.attention.primary.verify_layout(meta, i32["tok"][:t], i32["row"][:t], i32["ctx"][:t],
+                                                 self.max_model_len)
+        gemv_rows = self.verify_gemv_rows if size == 1 else 1  # a batch-1 verify step: rows as in batch-1 decode
+        set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, gemv_rows,
+                                           states if self.states is not None else None))
+        try:
+            hidden = self.model(ids, pos)
+            return self.model.compute_logits(hidden), getattr(self.model, "aux_hidden", None)
+        finally:
+            set_forward_context(None)
+
+    def _key(self, size: int, q: int) -> tuple:
+        return size, q, tuple(getattr(self.model, "aux_layer_ids", None) or ())
+
+    def _capture(self, size: int, q: int) -> None:
+        host, dev, ready = self._buffers(q)
+        ready.synchronize()
+        host.zero_()
+        n, T = self.sizes[-1], self.sizes[-1] * q
+        host[T:2 * T] = torch.arange(q).repeat(n)  # every row: q tokens at positions 0..q-1 of the null block
+        host[2 * T:3 * T] = torch.arange(q).repeat(n) % self.block_size
+        host[3 * T:3 * T + n] = q
+        if self.states is not None:  # capture never touches a request's recurrent state
+            host[3 * T + n:3 * T + 2 * n] = self.states.scratch_slot
+        dev.copy_(host)
+        calls_before = dict(self.attention.calls)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._step(size, q)  # warm-up: compiles kernels and settles allocations outside the graph
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        used = {k: v - calls_before.get(k, 0) for k, v in self.attention.calls.items()}
+        if set(k for k, v in used.items() if v) != {self.attention.primary.name}:
+            self._disable(q, f"attention fell back during capture: {self.attention.fallback_reasons}")
+            return
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits, aux = self._step(size, q)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[self._key(size, q)] = (graph, logits, aux)
+
+    def _disable(self, q: int, reason: str) -> None:
+        if q == 1:
+            self.disabled_reason = reason
+        else:
+            self.verify_disabled_reason = reason
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def eligible(self, sched) -> tuple[int, int] | None:
+        """(graph size, query length q) for this step, or None when it must run eagerly."""
+        if self.disabled_reason is not None or not sched or len(sched) > self.sizes[-1]:
+            return None
+        q = 1 + sched[0].num_lookahead
+        if q > 1 and (self.verify_disabled_reason is not None or q != self.verify_query_len):
+            return None
+        for s in sched:
+            seq = s.seq
+            if s.num_new_tokens != 1 or 1 + s.num_lookahead != q or seq.num_computed_tokens + 1 != seq.num_tokens:
+                return None
+            if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
+                return None
+        return next(size for size in self.sizes if size >= len(sched)), q
+
+    def run(self, sched, announce=None) -> tuple[torch.Tensor, int] | None:
+        """(logits [B * q, V] float32, q) for a pure decode (q = 1) or uniform verify step, or None to
+        run it eagerly. Row i * q + j is sequence i's j-th query token. `announce(kind, payload)` tells
+        the other tensor-parallel ranks first: "capture" (size, q, GEMV rows) before a graph's first use,
+        so every rank captures at once and, when capture fails (on all alike), all run the step eagerly;
+        then "graph" with the GraphStep to replay."""
+        shape = self.eligible(sched)
+        if shape is None:
+            return None
+        size, q = shape
+        step = self.graph_step([(s.seq, s.seq.num_computed_tokens) for s in sched], size, q)
+        if announce is not None:
+            if self._key(size, q) not in self.graphs:
+                announce("capture", (size, q, self.verify_gemv_rows))
+                if not self.ensure_captured(size, q):
+                    return None
+            announce("graph", step)
+        logits = self.replay_step(step)
+        return None if logits is None else (logits.float(), q)
+
+    # Every graph buffer is made and written in inference mode, whoever calls (the step runs in it, the
+    # start-up warm-up and the decode pipeline do not): an inference tensor written outside it fails.
+    @torch.inference_mode()
+    def ensure_captured(self, size: int, q: int = 1) -> bool:
+        if self._key(size, q) not in self.graphs:
+            try:
+                self._capture(size, q)
+            except Exception as e:  # a capture failure turns graphs off for the engine, not the step
+                self._disable(q, f"capture failed for batch {size}, {q} tokens each: {type(e).__name__}: {e}")
+                if q == 1:
+                    self.graphs.clear()
+                torch.cuda.synchronize(self.device)
+        return self._key(size, q) in self.graphs
+
+    def graph_step(self, rows: list, size: int, q: int = 1, with_ids: bool = True) -> GraphStep:
+        """The replay of `rows` = [(seq, position)] at graph size `size`: the token at `position` (unless
+        `with_ids` is False: the caller passes them on the device), then, when q > 1, the sequence's
+        q - 1 draft tokens."""
+        ids = None
+        if with_ids:
+            ids = []
+            for seq, p in rows:
+                ids.append(seq.token_ids[p])
+                ids.extend(seq.draft_tokens[:q - 1])
+        state_slots = [seq.state_slot for seq, _ in rows] if self.states is not None else None
+        # the tables by reference: read at once (or pickled for TP)
+        return GraphStep(size, q, ids, [p for _, p in rows], [seq.block_table for seq, _ in rows],
+                         self.verify_gemv_rows, state_slots)
+
+    def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
+        """One step for `rows` = [(seq, position)]; row tokens from the sequences, or row i of `ids_dev`
+        when given (a previous step's output still on the device). See replay_step."""
+        return self.replay_step(self.graph_step(rows, size, q, with_ids=ids_dev is None), ids_dev)
+
+    @torch.inference_mode()
+    def replay_step(self, step: GraphStep, ids_dev: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Replay (capturing first if needed) the graph for `step`. Returns the [rows * q, V] logits (a
+        view of the graph's output buffer), or None; a tapping model's `aux_hidden` gets a copy of the
+        tapped rows."""
+        size, q = step.size, step.q
+        self.verify_gemv_rows = step.gemv_rows  # a worker rank captures with rank 0's value
+        if (self.states is not None and q > 1) or not self.ensure_captured(size, q):
+            return None
+        host, dev, ready = self._buffers(q)
+        ready.synchronize()  # the previous step's copy has left the pinned buffer
+        n, w, bs = self.sizes[-1], self.max_blocks, self.block_size
+        T = n * q
+        arr = host.numpy()
+        ids, pos, slots = arr[:T], arr[T:2 * T], arr[2 * T:3 * T]
+        lens = arr[3 * T:3 * T + n]
+        states = arr[3 * T + n:3 * T + 2 * n]
+        tables = arr[3 * T + 2 * n:].reshape(n, w)
+        for f in (ids, pos, slots):
+            f[:size * q] = 0
+        pos[:size * q] = list(range(q)) * size  # padded rows: the null block, as at capture
+        slots[:size * q] = [j % bs for j in range(q)] * size
+        lens[:size] = q
+        tables[:size] = 0
+        rows = len(step.starts)
+        if self.states is not None:  # padded rows: the scratch slot, as at capture
+            # the step's host side first (zero / roll back slots, count positions), queued before the replay
+            self.states.prepare_decode(step.state_slots, [p + 1 for p in step.starts])
+            states[:size] = self.states.scratch_slot
+            states[:rows] = step.state_slots
+        if step.ids is not None:
+            ids[:rows * q] = step.ids
+        for i, (p, table) in enumerate(zip(step.starts, step.tables)):
+            at = i * q
+            for j in range(q):
+                pos[at + j] = p + j
+                slots[at + j] = table[(p + j) // bs] * bs + (p + j) % bs
+            lens[i] = p + q
+            tables[i, :len(table)] = table
+        head = 3 * T + 2 * n
+        dev[:head].copy_(host[:head], non_blocking=True)
+        dev[head:head + size * w].copy_(host[head:head + size * w], non_blocking=True)
+        ready.record()
+        if ids_dev is not None:
+            dev[:rows].copy_(ids_dev[:rows])
+        graph, logits, aux = self.graphs[self._key(size, q)]
+        graph.replay()
+        if q == 1:
+            self.replays += 1
+        else:
+            self.verify_replays += 1
+        if aux is not None:  # a copy: the drafter may read these rows after a later replay reuses the pool
+            self.model.aux_hidden = aux[:rows * q].clone()
+        return logits[:rows * q]
+
+    def report(self) -> dict:
+        return {"used": self.replays + self.verify_replays > 0, "replays": self.replays,
+                "verify_replays": self.verify_replays,
+                "captured_sizes": sorted({size for size, q, _ in self.graphs if q == 1}),
+                "captured_verify_sizes": sorted({size for size, q, _ in self.graphs if q > 1}),
+                "verify_query_len": self.verify_query_len, "disabled_reason": self.disabled_reason,
+                "verify_disabled_reason": self.verify_disabled_reason}
