@@ -75,6 +75,10 @@ class SpeculativeConfig(BaseModel):
     prompt_lookup_max: Optional[int] = Field(default=None, ge=1, description="ngram: longest n-gram matched")
     adaptive: Optional[bool] = Field(default=None, description="ngram: widen k after fully accepted drafts")
     max_speculative_tokens: Optional[int] = Field(default=None, ge=1, description="ngram: adaptive ceiling")
+    disable_when_slower: bool = Field(
+        default=True, description="decode greedy steps without drafts while the engine measures a speculative round "
+                                  "moving fewer tokens per second than a plain step (re-measured now and then); "
+                                  "false: draft every step")
 
     @model_validator(mode="after")
     def _no_ignored_settings(self) -> "SpeculativeConfig":

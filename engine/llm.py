@@ -9,8 +9,9 @@ import gc
 import itertools
 import platform
 import time
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
@@ -20,7 +21,8 @@ from onecat.engine.errors import ConfigError
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
 from onecat.engine.speculative import build_proposer
-from onecat.engine.speculative.base import SpeculativeDecoder
+from onecat.engine.speculative.base import Proposer, SpeculativeDecoder
+from onecat.engine.speculative.controller import SpeculationGate
 from onecat.engine.worker.worker import Worker
 
 
@@ -168,6 +170,21 @@ class LLM:
         """A context manager: steps inside it run on fresh CUDA graphs (`enabled`) or eagerly; afterwards
         the engine's own graphs, with what they captured, are back."""
         return self.worker.graphs_replaced(enabled)
+
+    # ---- a proposer of the caller's, for measurements -----------------------------------------
+    @contextmanager
+    def proposer_swapped(self, proposer: Proposer, gate: SpeculationGate | None = None) -> Iterator[None]:
+        """Requests inside the block decode with `proposer` behind the engine's exact verifier (e.g. a
+        benchmark's acceptance-controlled proposer, speculative/synthetic.py), with `gate` deciding when to
+        draft (none: every step); afterwards the engine's own proposer and verify width are back."""
+        own = self.engine.proposer
+        self.worker.setup_verify(proposer.k)
+        try:
+            with self.engine.proposer_swapped(SpeculativeDecoder(proposer, self.max_model_len, gate)):
+                yield
+        finally:
+            if own is not None:
+                self.worker.setup_verify(own.k)
 
     def close(self) -> None:
         """Releases the model weights and the KV cache now (not whenever the garbage collector gets to the

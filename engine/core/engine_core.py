@@ -139,8 +139,18 @@ class EngineCore:
         """Advance every scheduled request by one step; returns the ids of the requests it touched."""
         touched = self.pipeline.step() if self.pipeline is not None else None  # steady greedy decode
         if touched is None:
+            started = time.perf_counter()
             scheduled = self._schedule()
-            touched = self.postprocess(self._run(scheduled)) if scheduled else []
+            if not scheduled:
+                return []
+            decoding = all(s.num_new_tokens == 1 and s.seq.num_computed_tokens + 1 == s.seq.num_tokens
+                           and s.seq.num_computed_tokens >= s.seq.num_prompt_tokens for s in scheduled)
+            updates = self._run(scheduled)
+            touched = self.postprocess(updates)
+            if self.proposer is not None and decoding:  # the proposer's gate weighs rounds against plain steps
+                self.proposer.step_done(len(scheduled), any(s.num_lookahead for s in scheduled),
+                                        time.perf_counter() - started,
+                                        sum(len(u.new_tokens) for u in updates) / len(updates))
         return [seq.request_id for seq in touched]
 
     def _schedule(self) -> list[ScheduledSeq]:
@@ -153,6 +163,7 @@ class EngineCore:
         sampled = self._sample(scheduled, result)
         wants_features = self.proposer is not None and self.proposer.wants_features  # block drafters
         features = self.proposer.step_features() if wants_features else None
+        targets = self._greedy_targets(scheduled, result)
         updates, row = [], 0
         for i, s in enumerate(scheduled):
             if i in result.prompt_logprobs:
@@ -162,7 +173,7 @@ class EngineCore:
                     s.seq.prompt_top_logprobs.extend(chunk.tops)
                     s.seq.prompt_ranks.extend(chunk.ranks)
             if i in result.verify_logits:
-                new_tokens = self.proposer.verify(s.seq, s, result.verify_logits[i])
+                new_tokens = self.proposer.verify(s.seq, s, result.verify_logits[i], targets.get(i))
                 if s.seq.logprobs is not None:  # row j of the verify logits chose new token j
                     n = s.seq.params.logprobs
                     s.seq.logprobs.extend(token_logprobs(result.verify_logits[i], new_tokens, [n] * len(new_tokens)))
@@ -173,6 +184,20 @@ class EngineCore:
             updates.append(SequenceUpdate(s.seq, s.num_new_tokens, new_tokens, rows))
             row += s.num_new_tokens + s.num_lookahead
         return updates
+
+    @staticmethod
+    def _greedy_targets(scheduled: list[ScheduledSeq], result: StepResult) -> dict[int, list[int]]:
+        """The target's argmax at every verify row of the greedy sequences, read from the device at once
+        (one read a step, not one a sequence)."""
+        greedy = [i for i, s in enumerate(scheduled) if i in result.verify_logits and s.seq.params.greedy]
+        if not greedy:
+            return {}
+        flat = torch.cat([result.verify_logits[i].argmax(dim=-1) for i in greedy]).tolist()
+        targets, at = {}, 0
+        for i in greedy:
+            n = result.verify_logits[i].shape[0]
+            targets[i], at = flat[at:at + n], at + n
+        return targets
 
     def _sample(self, scheduled: list[ScheduledSeq], result: StepResult) -> dict[int, int]:
         """A token for every sequence that reached its end this step (scheduled index -> token); logprobs

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 from onecat.engine.args import NGRAM_ONLY, SpeculativeConfig
 from onecat.engine.speculative.base import Proposer, SpeculativeDecoder
+from onecat.engine.speculative.controller import SpeculationGate
 
 if TYPE_CHECKING:
     from onecat.engine.speculative.draft_model import OpenDraftEngine
@@ -30,4 +31,4 @@ def build_proposer(spec: SpeculativeConfig, target, open_draft_engine: OpenDraft
         from onecat.engine.speculative.dflash import DFlashProposer
 
         proposer = DFlashProposer(k, target, spec.model, revision=spec.revision)
-    return SpeculativeDecoder(proposer, target.max_model_len)
+    return SpeculativeDecoder(proposer, target.max_model_len, SpeculationGate(enabled=spec.disable_when_slower))

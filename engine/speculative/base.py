@@ -14,6 +14,7 @@ import torch
 from onecat.engine.core.scheduler_output import ScheduledSeq
 from onecat.engine.core.sequence import Sequence
 from onecat.engine.errors import ConfigError
+from onecat.engine.speculative.controller import SpeculationGate
 from onecat.engine.speculative.verifier import verify_greedy, verify_sampled
 
 
@@ -67,17 +68,28 @@ class Proposer(ABC):
 
 
 class SpeculativeDecoder:
-    def __init__(self, proposer: Proposer, max_model_len: int):
+    """Drafts for the decoding sequences, verifies their drafts, counts acceptance. With a measuring gate
+    (controller.py) it drafts only while a round moves more tokens per second than a plain step; steps
+    in which any decoding request samples keep drafting, so that a seeded request's draws do not depend on
+    the gate's timing."""
+
+    def __init__(self, proposer: Proposer, max_model_len: int, gate: SpeculationGate | None = None):
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.k = proposer.k
+        self.gate = gate if gate is not None else SpeculationGate(enabled=False)
 
     def lookahead(self, running: list[Sequence]) -> dict[str, int]:
         """Draft for every running sequence that is decoding; returns the KV slots each needs."""
-        seqs, budgets = [], []
         for seq in running:
             seq.draft_tokens, seq.draft_probs = [], None
-            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.params.prompt_logprobs is not None:
+        decoding = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
+        gated = bool(decoding) and all(s.params.greedy for s in decoding)
+        if gated and not self.gate.wants_drafts(len(decoding)):
+            return {}
+        seqs, budgets = [], []
+        for seq in decoding:
+            if seq.params.prompt_logprobs is not None:
                 continue
             if seq.params.logits_processors:  # verification does not run them: no drafts
                 continue
@@ -94,12 +106,21 @@ class SpeculativeDecoder:
             if draft:
                 seq.draft_tokens, seq.draft_probs = draft, q
                 result[seq.request_id] = len(draft)
+        if gated:
+            self.gate.proposed(bool(result))
         return result
 
-    def verify(self, seq: Sequence, sched: ScheduledSeq, logits: torch.Tensor) -> list[int]:
+    def step_done(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
+        """A pure decode step of `batch` sequences took `seconds` of wall time (for the gate)."""
+        self.gate.record(batch, drafted, seconds, tokens_per_seq)
+
+    def verify(self, seq: Sequence, sched: ScheduledSeq, logits: torch.Tensor,
+               target: list[int] | None = None) -> list[int]:
+        """The tokens a verify step emits for `seq`. `target`: the argmax of `logits`' rows when the
+        caller already read them for the whole batch (greedy; one device-to-host read a step)."""
         draft = seq.draft_tokens[:sched.num_lookahead]
         if seq.params.greedy:
-            tokens = verify_greedy(draft, logits)
+            tokens = verify_greedy(draft, logits.argmax(dim=-1).tolist() if target is None else target)
         else:
             q = seq.draft_probs[:len(draft)] if seq.draft_probs is not None else None
             tokens = verify_sampled(draft, q, logits, seq.params, seq.generator)
@@ -120,7 +141,7 @@ class SpeculativeDecoder:
         self.proposer.release(seq)
 
     def describe(self) -> dict:
-        return self.proposer.describe()
+        return {**self.proposer.describe(), "gate": self.gate.report()}
 
     # ---- feature capture (block drafters) -------------------------------------------------------
     @property

@@ -13,9 +13,9 @@ from onecat.engine.core.sampler import apply_filters, sample_from_probs
 from onecat.engine.sampling_params import SamplingParams
 
 
-def verify_greedy(draft: list[int], logits: torch.Tensor) -> list[int]:
-    """logits: [len(draft) + 1, V]. Longest prefix equal to the target's argmax, then its next argmax."""
-    target = logits.argmax(dim=-1).tolist()
+def verify_greedy(draft: list[int], target: list[int]) -> list[int]:
+    """target: the target's argmax at each of the len(draft) + 1 verify rows. Longest prefix of the draft
+    equal to it, then the target's next token."""
     a = 0
     while a < len(draft) and draft[a] == target[a]:
         a += 1

@@ -1,9 +1,14 @@
 """Full-step CUDA graphs: capture the whole forward + logits for a set of padded batch sizes, replay.
 
 Two step shapes replay: a pure decode step (every sequence adds one token) and a speculative verify
-step in which every sequence runs the same number q of query tokens (its last token and q - 1 drafts,
-`num_lookahead` = q - 1 for all). A step with B sequences replays the graph captured for (the smallest
-size >= B, q); any other step (prefill, prompt logprobs, drafts of unequal length) runs eagerly.
+step of q = 1 + k query tokens a row (k: the engine's drafts per round). In a verify step each sequence
+brings its last token and d <= k drafts (drafts of any length: n-gram lookups that found fewer, adaptive
+k, a budget cut by max_tokens or max_model_len; d = 0 for a sequence with no draft, whose row is then a
+plain sample): its d + 1 tokens sit at the END of its row of q (`verify_lead` padding tokens first). A
+padding token reads the sequence's own KV up to an earlier position (its context length is clamped to at
+least 1), writes its K/V into the null block, and its logits are never read, so the real tokens see
+exactly what an eager step of d + 1 tokens shows them. A step with B sequences replays the graph
+captured for (the smallest size >= B, q); any other step (prefill, prompt logprobs) runs eagerly.
 Padded rows read token 0 at positions 0..q-1, attend to slots of the null block 0 and write their K/V
 there: block 0 is never handed out and every backend masks it out past a sequence's length, so the
 values are harmless. Inputs travel in one pinned host buffer per q and one copy per step. Graphs are
@@ -43,9 +48,43 @@ class GraphStep:
     tables: list[list[int]]  # per row, its block table
     gemv_rows: int  # rows that take the batch-1 GEMV (fixed at capture; rank 0's value)
     state_slots: list[int] | None = None  # hybrid models: per row, its recurrent-state slot
+    drafts: list[int] | None = None  # verify steps: per row, its drafts (<= q - 1); None: q - 1 each
+
+
+def verify_lead(q: int, drafts: int) -> int:
+    """Padding tokens before a row's own tokens in a verify graph of q tokens a row (its token + drafts)."""
+    if not 0 <= drafts <= q - 1:
+        raise ValueError(f"{drafts} drafts do not fit a verify row of {q} tokens")
+    return q - 1 - drafts
+
+
+def real_rows(q: int, drafts: list[int]) -> list[int]:
+    """Indices, in a verify graph's [rows * q] outputs, of the rows' own tokens (padding left out)."""
+    return [i * q + j for i, d in enumerate(drafts) for j in range(verify_lead(q, d), q)]
 
 
 _SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def fill_rows(step: GraphStep, pos, slots, lens, tables, block_size: int) -> None:
+    """Write the step's rows into the host buffer's fields (numpy views; padded graph rows already set): per
+    row its positions, KV slots, length and block table. A verify row of d < q - 1 drafts starts with
+    `verify_lead` padding tokens: positions just before the row's own (never below 0), slots in the null
+    block; the row's length is its own, so each real token's context is exactly an eager step's."""
+    q, bs = step.q, block_size
+    for i, (p, table) in enumerate(zip(step.starts, step.tables)):
+        at = i * q
+        lead = verify_lead(q, step.drafts[i]) if q > 1 else 0
+        for j in range(q):
+            if j < lead:
+                pos[at + j] = max(0, p - lead + j)
+                slots[at + j] = j % bs  # the null block
+                continue
+            t = p + j - lead
+            pos[at + j] = t
+            slots[at + j] = table[t // bs] * bs + t % bs
+        lens[i] = p + q - lead
+        tables[i, :len(table)] = table
 
 
 class DecodeGraphs:
@@ -125,7 +164,8 @@ class DecodeGraphs:
             query_lens_cpu=[q] * size, seq_lens_cpu=[self.max_model_len] * size, extras={})
         if q > 1:  # token j of a row sees its sequence's context up to itself: seq_len - (q - 1) + j
             t = size * q
-            i32["ctx"][:t].view(size, q).copy_(i32["lens"][:size, None] + i32["offset"])
+            # (a padding token at the front of a short row would get <= 0: it reads position 0 instead)
+            i32["ctx"][:t].view(size, q).copy_((i32["lens"][:size, None] + i32["offset"]).clamp_(min=1))
             self.attention.primary.verify_layout(meta, i32["tok"][:t], i32["row"][:t], i32["ctx"][:t],
                                                  self.max_model_len)
         gemv_rows = self.verify_gemv_rows if size == 1 else 1  # a batch-1 verify step: rows as in batch-1 decode
@@ -179,20 +219,25 @@ class DecodeGraphs:
         """(graph size, query length q) for this step, or None when it must run eagerly."""
         if self.disabled_reason is not None or not sched or len(sched) > self.sizes[-1]:
             return None
-        q = 1 + sched[0].num_lookahead
-        if q > 1 and (self.verify_disabled_reason is not None or q != self.verify_query_len):
-            return None
+        most = max(s.num_lookahead for s in sched)
+        q = 1  # pure decode, or the verify width every draft length is padded to
+        if most:
+            if self.verify_disabled_reason is not None or self.verify_query_len is None \
+                    or most + 1 > self.verify_query_len:
+                return None
+            q = self.verify_query_len
         for s in sched:
             seq = s.seq
-            if s.num_new_tokens != 1 or 1 + s.num_lookahead != q or seq.num_computed_tokens + 1 != seq.num_tokens:
+            if s.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
                 return None
             if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None
         return next(size for size in self.sizes if size >= len(sched)), q
 
     def run(self, sched, announce=None) -> tuple[torch.Tensor, int] | None:
-        """(logits [B * q, V] float32, q) for a pure decode (q = 1) or uniform verify step, or None to
-        run it eagerly. Row i * q + j is sequence i's j-th query token. `announce(kind, payload)` tells
+        """(logits [B * q, V] float32, q) for a pure decode (q = 1) or verify step, or None to run it
+        eagerly. Row i * q + j is sequence i's j-th query token; in a verify step sequence i's own tokens
+        are its last 1 + num_lookahead rows (`verify_lead`). `announce(kind, payload)` tells
         the other tensor-parallel ranks first: "capture" (size, q, GEMV rows) before a graph's first use,
         so every rank captures at once and, when capture fails (on all alike), all run the step eagerly;
         then "graph" with the GraphStep to replay."""
@@ -200,7 +245,8 @@ class DecodeGraphs:
         if shape is None:
             return None
         size, q = shape
-        step = self.graph_step([(s.seq, s.seq.num_computed_tokens) for s in sched], size, q)
+        drafts = [s.num_lookahead for s in sched] if q > 1 else None
+        step = self.graph_step([(s.seq, s.seq.num_computed_tokens) for s in sched], size, q, drafts=drafts)
         if announce is not None:
             if self._key(size, q) not in self.graphs:
                 announce("capture", (size, q, self.verify_gemv_rows))
@@ -224,20 +270,26 @@ class DecodeGraphs:
                 torch.cuda.synchronize(self.device)
         return self._key(size, q) in self.graphs
 
-    def graph_step(self, rows: list, size: int, q: int = 1, with_ids: bool = True) -> GraphStep:
+    def graph_step(self, rows: list, size: int, q: int = 1, with_ids: bool = True,
+                   drafts: list[int] | None = None) -> GraphStep:
         """The replay of `rows` = [(seq, position)] at graph size `size`: the token at `position` (unless
         `with_ids` is False: the caller passes them on the device), then, when q > 1, the sequence's
-        q - 1 draft tokens."""
+        first drafts[i] draft tokens (q - 1 each when `drafts` is None), behind `verify_lead` padding."""
+        if q > 1 and drafts is None:
+            drafts = [q - 1] * len(rows)
         ids = None
         if with_ids:
             ids = []
-            for seq, p in rows:
+            for i, (seq, p) in enumerate(rows):
+                if q > 1:
+                    ids.extend([0] * verify_lead(q, drafts[i]))
                 ids.append(seq.token_ids[p])
-                ids.extend(seq.draft_tokens[:q - 1])
+                if q > 1:
+                    ids.extend(seq.draft_tokens[:drafts[i]])
         state_slots = [seq.state_slot for seq, _ in rows] if self.states is not None else None
         # the tables by reference: read at once (or pickled for TP)
         return GraphStep(size, q, ids, [p for _, p in rows], [seq.block_table for seq, _ in rows],
-                         self.verify_gemv_rows, state_slots)
+                         self.verify_gemv_rows, state_slots, drafts)
 
     def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
         """One step for `rows` = [(seq, position)]; row tokens from the sequences, or row i of `ids_dev`
@@ -276,13 +328,7 @@ class DecodeGraphs:
             states[:rows] = step.state_slots
         if step.ids is not None:
             ids[:rows * q] = step.ids
-        for i, (p, table) in enumerate(zip(step.starts, step.tables)):
-            at = i * q
-            for j in range(q):
-                pos[at + j] = p + j
-                slots[at + j] = table[(p + j) // bs] * bs + (p + j) % bs
-            lens[i] = p + q
-            tables[i, :len(table)] = table
+        fill_rows(step, pos, slots, lens, tables, bs)
         head = 3 * T + 2 * n
         dev[:head].copy_(host[:head], non_blocking=True)
         dev[head:head + size * w].copy_(host[head:head + size * w], non_blocking=True)
@@ -296,7 +342,9 @@ class DecodeGraphs:
         else:
             self.verify_replays += 1
         if aux is not None:  # a copy: the drafter may read these rows after a later replay reuses the pool
-            self.model.aux_hidden = aux[:rows * q].clone()
+            own = real_rows(q, step.drafts) if q > 1 and min(step.drafts) < q - 1 else None
+            self.model.aux_hidden = aux[:rows * q].clone() if own is None else \
+                aux[torch.tensor(own, device=aux.device)]  # the rows' own tokens, packed as an eager step has them
         return logits[:rows * q]
 
     def report(self) -> dict:

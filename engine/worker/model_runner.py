@@ -237,5 +237,9 @@ class ModelRunner:
         logits, q = out
         if q == 1:
             return StepResult(logits, list(range(len(sched))), {}, {})
-        verify = {i: logits[i * q:(i + 1) * q] for i in range(len(sched))}  # every row verifies q - 1 drafts
-        return StepResult(logits.new_zeros(0), [], {}, verify)
+        # a row's own tokens are its last 1 + d rows (padding first); a row without drafts is a plain sample
+        verify = {i: logits[(i + 1) * q - 1 - s.num_lookahead:(i + 1) * q]
+                  for i, s in enumerate(sched) if s.num_lookahead}
+        sample_rows = [i for i, s in enumerate(sched) if not s.num_lookahead]
+        picked = logits[[(i + 1) * q - 1 for i in sample_rows]] if sample_rows else logits.new_zeros(0)
+        return StepResult(picked, sample_rows, {}, verify)

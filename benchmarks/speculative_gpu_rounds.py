@@ -1,0 +1,227 @@
+"""What a speculative round costs on a GPU, at acceptance lengths set by construction (SYNTHETIC proposers).
+
+A target without a trained drafter cannot say what a drafter would achieve; it can say what a round costs.
+The target is a Llama-3-8B-shaped model with random fp16 weights (`load_format: dummy`); its target-only
+greedy outputs are recorded first, then each speculative arm runs an acceptance-controlled proposer
+(engine/speculative/synthetic.py): the real drafter's compute every round (n-gram lookup with k = 7, or a
+random-weight DFlash drafter of the published 8B-target shape: the target's width, 5 layers, block size
+16, k = 15), whose draft is replaced by the known continuation for its first a positions and a wrong token
+after them, so the acceptance length is a + 1 by construction (fractional a spreads over the rounds).
+Every synthetic record says `synthetic: true`: it measures the machinery, never a drafter.
+
+Arms per batch size (1, 4, 8; 256 prompt tokens, 256 new, CUDA graphs on, the gate off so every step
+drafts): target-only; n-gram-shaped at acceptance 2, 3, 4.25, 6.55 and k + 1; DFlash-shaped at 2, 3, 4.25,
+6.55 and k + 1; the real n-gram method (k = 3 and 7, the gate on) on the random target's own output; and
+a proposer that never finds a draft (the gate on), whose cost against target-only is the overhead of a
+speculative engine with nothing to draft. Per arm: tok/s, the ratio to target-only in the same run, the
+measured acceptance length, speedup / acceptance length, and the round's cost in target steps.
+
+    python benchmarks/speculative_gpu_rounds.py                      # H200: writes the record
+    python benchmarks/speculative_gpu_rounds.py --shape tiny --device cpu --batch-sizes 1 --max-tokens 24 \\
+        --out /tmp/rounds.json                                         # a logic check of the plumbing only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+SHAPES = {
+    "llama3-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
+                      intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,
+                      tie_word_embeddings=False, torch_dtype="float16", bos_token_id=1, eos_token_id=2),
+    "tiny": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=128,
+                 intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=32, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048,
+                 tie_word_embeddings=False, torch_dtype="float32", bos_token_id=1, eos_token_id=2),
+}
+ACCEPTANCE_LENGTHS = (2.0, 3.0, 4.25, 6.55)  # DFlash's published MT-Bench 4.25 and GSM8K 6.55 among them
+DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
+
+
+def log(*a) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def model_dir(root: Path, cfg: dict) -> Path:
+    """config.json and a word-level tokenizer: the weights come from load_format dummy."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    d = root / "target"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(cfg["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+def dflash_dir(root: Path, cfg: dict) -> Path:
+    """A random-weight DFlash drafter of the published 8B-target shape for the target `cfg` (the
+    target's width, heads and MLP, DFLASH_LAYERS layers, block DFLASH_BLOCK, 5 tapped target layers)."""
+    from safetensors.torch import save_file
+
+    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    n = cfg["num_hidden_layers"]
+    taps = sorted({1, n // 4, n // 2, 3 * n // 4, n - 2})
+    dcfg = {**{k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                   "head_dim", "rms_norm_eps", "rope_theta", "vocab_size")},
+            "num_hidden_layers": DFLASH_LAYERS,
+            "dflash_config": {"block_size": DFLASH_BLOCK, "target_layer_ids": taps, "mask_token_id": 3}}
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.float16)
+
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    state = {"fc.weight": rnd(h, len(taps) * h), "hidden_norm.weight": torch.ones(h, dtype=torch.float16),
+             "norm.weight": torch.ones(h, dtype=torch.float16)}
+    for i in range(DFLASH_LAYERS):
+        p = f"layers.{i}."
+        for name, shape in (("self_attn.q_proj", (q, h)), ("self_attn.k_proj", (kv, h)), ("self_attn.v_proj", (kv, h)),
+                            ("self_attn.o_proj", (h, q)), ("mlp.gate_proj", (inter, h)), ("mlp.up_proj", (inter, h)),
+                            ("mlp.down_proj", (h, inter))):
+            state[p + name + ".weight"] = rnd(*shape)
+        for name, size in (("input_layernorm", h), ("post_attention_layernorm", h), ("self_attn.q_norm", hd),
+                           ("self_attn.k_norm", hd)):
+            state[p + name + ".weight"] = torch.ones(size, dtype=torch.float16)
+    d = root / "dflash"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(dcfg))
+    save_file(state, str(d / "model.safetensors"))
+    return d
+
+
+def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
+
+
+def decode(llm, batch_prompts, max_tokens: int) -> tuple[float, list]:
+    """(decode tok/s, outputs) of one greedy batch: tokens after the first over the slowest decode time."""
+    from onecat.engine import SamplingParams
+
+    outs = llm.generate(batch_prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    decode_s = max(o.timings.decode_s for o in outs)
+    return len(outs) * (max_tokens - 1) / decode_s, outs
+
+
+def acceptance_length(outs) -> float | None:
+    drafts = sum(o.spec.num_drafts for o in outs)
+    return None if not drafts else 1 + sum(o.spec.num_accepted_tokens for o in outs) / drafts
+
+
+def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: int, reference) -> dict:
+    """The arm's best-of-`repeats` tok/s (after one warm-up batch that captures its graphs)."""
+    best, outs = 0.0, None
+    with llm.proposer_swapped(make_proposer(), gate):
+        decode(llm, batch_prompts, min(max_tokens, 16))  # graphs of this verify width, drafter warm-up
+        for _ in range(repeats):
+            tps, outs = decode(llm, batch_prompts, max_tokens)
+            best = max(best, tps)
+        described = llm.info()["speculative"]
+    same = sum(o.token_ids == reference[tuple(o.prompt_token_ids)] for o in outs)
+    return {"tok_s": round(best, 2), "acceptance_length": acceptance_length(outs), "tokens_identical": same,
+            "requests": len(outs), "proposer": described}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch-sizes", default="1,4,8")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--skip-dflash", action="store_true", help="leave out the DFlash-shaped arms")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
+    args = ap.parse_args()
+
+    from onecat.engine import LLM
+    from onecat.engine.speculative.controller import SpeculationGate
+    from onecat.engine.speculative.dflash import DFlashProposer
+    from onecat.engine.speculative.ngram import NgramProposer
+    from onecat.engine.speculative.synthetic import SyntheticProposer
+
+    cfg = SHAPES[args.shape]
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    cuda = args.device.startswith("cuda")
+    record = {"benchmark": "speculative_gpu_rounds", "synthetic": True, "shape": args.shape, "config": cfg,
+              "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
+              "torch": torch.__version__, "cuda": torch.version.cuda,
+              "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "arms": []}
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+    with tempfile.TemporaryDirectory(prefix="onecat-rounds-") as tmp:
+        root = Path(tmp)
+        settings = dict(device=args.device, dtype="float16" if cuda else "float32", load_format="dummy",
+                        max_model_len=args.prompt_len + args.max_tokens + 32, max_num_seqs=max(batches),
+                        enable_prefix_caching=False, async_scheduling=False)
+        if cuda:
+            settings.update(cuda_graph="full", kv_cache_memory_gb=4.0)
+        llm = LLM(str(model_dir(root, cfg)), **settings)
+        drafter = None if args.skip_dflash else dflash_dir(root, cfg)
+        vocab = cfg["vocab_size"]
+        for batch in batches:
+            batch_prompts = prompts(batch, args.prompt_len, vocab)
+            target_tps, ref_outs = 0.0, None
+            with llm.cuda_graphs_replaced(cuda):
+                decode(llm, batch_prompts, 16)
+                for _ in range(args.repeats):
+                    tps, ref_outs = decode(llm, batch_prompts, args.max_tokens)
+                    target_tps = max(target_tps, tps)
+            reference = {tuple(o.prompt_token_ids): o.token_ids for o in ref_outs}
+            log(f"batch {batch}: target-only {target_tps:.1f} tok/s")
+
+            def continuation(seq, reference=reference):
+                return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
+
+            arms = []
+            for a in ACCEPTANCE_LENGTHS + (8.0,):
+                arms.append(("ngram_shaped", a, lambda a=a: SyntheticProposer(NgramProposer(7), a - 1, continuation,
+                                                                                vocab), None))
+            if drafter is not None:
+                for a in ACCEPTANCE_LENGTHS + (16.0,):
+                    arms.append(("dflash_shaped", a, lambda a=a: SyntheticProposer(
+                        DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), a - 1, continuation, vocab), None))
+            for k in (3, 7):
+                arms.append((f"ngram_k{k}", None, lambda k=k: NgramProposer(k), SpeculationGate()))
+            arms.append(("no_draft_gated", None, lambda: NgramProposer(3, prompt_lookup_min=64, prompt_lookup_max=64),
+                         SpeculationGate()))
+            for name, target_len, make, gate in arms:
+                with llm.cuda_graphs_replaced(cuda):
+                    res = run_arm(llm, make, gate, batch_prompts, args.max_tokens, args.repeats, reference)
+                llm.model.aux_layer_ids = []  # a DFlash arm taps the target; the next arm does not
+                ratio = res["tok_s"] / target_tps
+                acc = res["acceptance_length"]
+                entry = {"arm": name, "batch": batch, "synthetic": target_len is not None,
+                         "acceptance_length_set": target_len, "target_only_tok_s": round(target_tps, 2), **res,
+                         "speedup": round(ratio, 3),
+                         "speedup_per_acceptance_length": round(ratio / acc, 3) if acc else None,
+                         "round_cost_target_steps": round(acc / ratio, 3) if acc else None}
+                record["arms"].append(entry)
+                save()
+                log(f"batch {batch} {name} acc {acc if acc is None else round(acc, 2)}: {res['tok_s']:.1f} tok/s "
+                    f"= {ratio:.3f}x target-only; identical {res['tokens_identical']}/{res['requests']}")
+        llm.close()
+    record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""When drafting pays: the engine times its own decode steps with and without drafts and drafts only while
+a speculative round moves more tokens per second than a plain step.
+
+A round costs more than a plain step (the drafter's work, 1 + k rows to verify) and moves 1 + accepted tokens
+per sequence; a plain step moves one. Both are measured here, per batch size (pure decode steps only: a step
+that also prefills is not comparable), as moving averages of wall time per step (the step ends with the host
+reading its tokens, so wall time covers the device's work and the host's). Drafting stays on while
+`tokens per round / round time >= 1 / plain step time`. A mode that is off is probed now and then (one step
+every `probe_every`) so that a change in acceptance or in cost is noticed. Either way the request gets the
+target's exact distribution: the verifier is exact, plain steps sample from the target.
+
+Separately, a proposer that keeps finding nothing to draft (prompt lookup over text that never repeats) is
+asked less often: after each empty proposal the next `skip` steps do not call it (doubling, up to
+`probe_every`), so its cost fades where it has nothing to offer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WARMUP = 2  # first samples of a (mode, batch size) not averaged: graph capture and first-call costs
+ALPHA = 0.1  # weight of the newest sample in the moving averages
+
+
+@dataclass(slots=True)
+class _Mean:
+    seen: int = 0
+    value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.seen += 1
+        if self.seen > WARMUP:
+            self.value = x if self.value is None else (1 - ALPHA) * self.value + ALPHA * x
+
+
+@dataclass(slots=True)
+class _Bucket:
+    plain_s: _Mean = field(default_factory=_Mean)  # seconds per plain decode step
+    round_s: _Mean = field(default_factory=_Mean)  # seconds per speculative round
+    tokens: _Mean = field(default_factory=_Mean)  # tokens per sequence per round (1 + accepted)
+    since_probe: int = 0
+
+
+class SpeculationGate:
+    def __init__(self, enabled: bool = True, probe_every: int = 32):
+        self.enabled, self.probe_every = enabled, probe_every
+        self._buckets: dict[int, _Bucket] = {}
+        self._skip = 0  # steps left without calling the proposer
+        self._empty_backoff = 1
+        self.steps = {"drafted": 0, "plain_by_choice": 0, "plain_probes": 0, "proposer_skipped": 0}
+
+    def _bucket(self, batch: int) -> _Bucket:
+        return self._buckets.setdefault(batch, _Bucket())
+
+    def pays(self, batch: int) -> bool | None:
+        """True / False once both modes are measured at this batch size; None before."""
+        b = self._bucket(batch)
+        if b.plain_s.value is None or b.round_s.value is None or b.tokens.value is None:
+            return None
+        return b.tokens.value / b.round_s.value >= 1.0 / b.plain_s.value
+
+    def wants_drafts(self, batch: int) -> bool:
+        """Whether this decode step of `batch` sequences should draft."""
+        if not self.enabled:
+            return True
+        if self._skip > 0:
+            self._skip -= 1
+            self.steps["proposer_skipped"] += 1
+            return False
+        b = self._bucket(batch)
+        b.since_probe += 1
+        verdict = self.pays(batch)
+        if verdict is None:  # measure rounds first, then plain steps
+            return b.round_s.value is None or b.tokens.value is None or b.plain_s.value is not None
+        if b.since_probe >= self.probe_every:  # now and then the other mode, to notice a change
+            b.since_probe = 0
+            if verdict:
+                self.steps["plain_probes"] += 1
+            return not verdict
+        if not verdict:
+            self.steps["plain_by_choice"] += 1
+        return verdict
+
+    def proposed(self, found_any: bool) -> None:
+        """After a proposer call: back off while it finds nothing to draft."""
+        if found_any:
+            self._empty_backoff = 1
+            return
+        if self.enabled:
+            self._skip = self._empty_backoff
+            self._empty_backoff = min(2 * self._empty_backoff, self.probe_every)
+
+    def record(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
+        """One pure decode step's wall time; `drafted` when it verified drafts."""
+        b = self._bucket(batch)
+        if drafted:
+            self.steps["drafted"] += 1
+            b.round_s.add(seconds)
+            b.tokens.add(tokens_per_seq)
+        else:
+            b.plain_s.add(seconds)
+
+    def report(self) -> dict:
+        per_batch = {}
+        for batch, b in sorted(self._buckets.items()):
+            if b.plain_s.value is None and b.round_s.value is None:
+                continue
+            per_batch[batch] = {
+                "plain_step_ms": None if b.plain_s.value is None else round(1e3 * b.plain_s.value, 4),
+                "round_ms": None if b.round_s.value is None else round(1e3 * b.round_s.value, 4),
+                "tokens_per_round": None if b.tokens.value is None else round(b.tokens.value, 3),
+                "drafting_pays": self.pays(batch)}
+        return {"measured": self.enabled, "probe_every": self.probe_every, "steps": dict(self.steps),
+                "per_batch_size": per_batch}

@@ -1,0 +1,63 @@
+"""An acceptance-controlled proposer, for measuring what a speculative round costs on a target without a
+trained drafter.
+
+It runs a real proposer's compute every round (n-gram lookup, or a DFlash drafter's forward of any shape, its
+features recorded as usual) and then throws that draft away: it proposes the target's known greedy
+continuation for its first n positions and a token the target does not pick after them, so a greedy round
+accepts exactly n drafts wherever the target reproduces its known output. n is `accepted` when that is a
+whole number; a fractional `accepted` (3.25: acceptance length 4.25) spreads over each sequence's rounds
+(3, 3, 3, 4, ...: round r takes floor(a (r + 1)) - floor(a r)), so the mean is exact. The continuation comes from `reference(seq)`: the tokens the target emits after `seq`'s
+current end (a benchmark records them from a target-only run first). Everything it reports says
+`synthetic`: its figures measure the machinery, never what a drafter achieves.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from onecat.engine.speculative.base import Proposer
+
+
+class SyntheticProposer(Proposer):
+    name = "synthetic"
+
+    def __init__(self, compute: Proposer, accepted: float, reference: Callable[[object], list[int]], vocab_size: int):
+        if accepted < 0:
+            raise ValueError(f"accepted={accepted}: the drafts accepted per round cannot be negative")
+        super().__init__(compute.k)
+        self.compute, self.accepted, self.reference, self.vocab_size = compute, accepted, reference, vocab_size
+        self.tap = compute.tap
+        self._rounds: dict[str, int] = {}  # per request: rounds proposed so far
+
+    @property
+    def wants_features(self) -> bool:
+        return self.compute.wants_features
+
+    def record_features(self, seq, rows) -> None:
+        self.compute.record_features(seq, rows)
+
+    def propose(self, seqs, budgets):
+        drafted = self.compute.propose(seqs, budgets)  # the real drafter's work, then its draft is replaced
+        out = []
+        for seq, budget, (real, _) in zip(seqs, budgets, drafted):
+            n = min(budget, self.k) if (real or not self.compute.wants_features) else 0
+            known = self.reference(seq)[:n]
+            if len(known) < n:  # past the recorded output: nothing known to propose
+                n = len(known)
+            r = self._rounds.get(seq.request_id, 0)
+            self._rounds[seq.request_id] = r + 1
+            right = math.floor(self.accepted * (r + 1)) - math.floor(self.accepted * r)
+            draft = known[:right] + [(t + 1) % self.vocab_size for t in known[right:n]]
+            out.append((draft, None))
+        return out
+
+    def observe(self, seq, num_drafted: int, num_accepted: int) -> None:
+        self.compute.observe(seq, num_drafted, num_accepted)
+
+    def release(self, seq) -> None:
+        self._rounds.pop(seq.request_id, None)
+        self.compute.release(seq)
+
+    def describe(self) -> dict:
+        return {"method": self.name, "synthetic": True, "accepted_per_round": self.accepted,
+                "num_speculative_tokens": self.k, "compute": self.compute.describe()}

@@ -1,0 +1,173 @@
+"""The speculation gate (engine/speculative/controller.py) and the acceptance-controlled proposer
+(speculative/synthetic.py): decisions from given timings, the engine's plumbing into them, exact tokens
+either way, and an acceptance length that is exactly the one asked for."""
+from __future__ import annotations
+
+import pytest
+
+from onecat.engine.speculative.controller import WARMUP, SpeculationGate
+
+
+def _feed(gate: SpeculationGate, batch: int, steps: int, plain_s: float, round_s: float, tokens: float) -> list[bool]:
+    """Run `steps` decisions, timing each step as the engine would; returns the decisions."""
+    decisions = []
+    for _ in range(steps):
+        drafted = gate.wants_drafts(batch)
+        decisions.append(drafted)
+        gate.record(batch, drafted, round_s if drafted else plain_s, tokens if drafted else 1.0)
+    return decisions
+
+
+def test_rounds_that_lose_turn_drafting_off_but_are_probed():
+    gate = SpeculationGate(probe_every=16)
+    decisions = _feed(gate, 1, 200, plain_s=1.0, round_s=1.5, tokens=1.2)  # 0.8 tokens/s against 1.0
+    assert gate.pays(1) is False
+    tail = decisions[50:]
+    assert 0 < sum(tail) <= len(tail) // 16 + 1  # drafting only as a probe, once every probe_every steps
+    assert gate.report()["per_batch_size"][1]["drafting_pays"] is False
+
+
+def test_rounds_that_win_keep_drafting_and_plain_steps_are_probed():
+    gate = SpeculationGate(probe_every=16)
+    decisions = _feed(gate, 8, 200, plain_s=1.0, round_s=1.2, tokens=2.0)  # 1.67 tokens/s against 1.0
+    assert gate.pays(8) is True
+    tail = decisions[50:]
+    assert len(tail) - len(tail) // 16 - 1 <= sum(tail) < len(tail)
+
+
+def test_each_batch_size_is_judged_on_its_own():
+    gate = SpeculationGate()
+    _feed(gate, 1, 40, plain_s=1.0, round_s=1.1, tokens=2.0)
+    _feed(gate, 32, 40, plain_s=1.0, round_s=3.0, tokens=2.0)
+    assert gate.pays(1) is True and gate.pays(32) is False
+
+
+def test_first_samples_are_not_averaged_and_nothing_is_judged_before_both_modes_ran():
+    gate = SpeculationGate()
+    assert gate.pays(1) is None
+    for _ in range(WARMUP):
+        assert gate.wants_drafts(1)  # rounds are measured first
+        gate.record(1, True, 100.0, 1.0)  # capture-sized outliers are left out
+    assert gate.pays(1) is None
+    _feed(gate, 1, 30, plain_s=1.0, round_s=1.1, tokens=3.0)
+    assert gate.pays(1) is True
+
+
+def test_a_proposer_that_finds_nothing_is_asked_less_often():
+    gate = SpeculationGate(probe_every=8)
+    calls = 0
+    for _ in range(100):
+        if gate.wants_drafts(1):
+            calls += 1
+            gate.proposed(False)
+    assert calls <= 100 // 8 + 6  # backs off 1, 2, 4, 8, 8, ... steps
+    gate.proposed(True)
+    assert gate.wants_drafts(1)  # a draft found resets the back-off
+
+
+def test_a_disabled_gate_always_drafts():
+    gate = SpeculationGate(enabled=False)
+    assert all(_feed(gate, 1, 50, plain_s=1.0, round_s=9.0, tokens=1.0))
+
+
+# ---- the engine's side: plumbing, exactness, acceptance ------------------------------------------------
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, once upon a time, once upon a time,"]
+
+
+@pytest.fixture(scope="module")
+def engine(embedded_path):
+    from onecat.engine import LLM, SamplingParams
+
+    llm = LLM(str(embedded_path), dtype="float32", max_model_len=512, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=1)
+    reference = {tuple(o.prompt_token_ids): o for o in llm.generate(PROMPTS, params)}
+    yield llm, params, reference
+    llm.close()
+
+
+def _synthetic(llm, reference, accepted: int, k: int = 4):
+    from onecat.engine.speculative.ngram import NgramProposer
+    from onecat.engine.speculative.synthetic import SyntheticProposer
+
+    def continuation(seq):
+        return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])].token_ids[seq.num_output_tokens:]
+
+    return SyntheticProposer(NgramProposer(k), accepted, continuation, llm.model_config.vocab_size)
+
+
+@pytest.mark.parametrize("accepted", [0, 2, 4])
+def test_synthetic_proposer_gives_exactly_the_asked_acceptance_and_the_target_tokens(engine, accepted):
+    llm, params, reference = engine
+    with llm.proposer_swapped(_synthetic(llm, reference, accepted)):
+        outs = llm.generate(PROMPTS, params)
+        described = llm.info()["speculative"]
+    assert described["synthetic"] is True and described["accepted_per_round"] == accepted
+    for o in outs:
+        ref = reference[tuple(o.prompt_token_ids)]
+        assert o.token_ids == ref.token_ids
+        assert [max(d.values()) for d in o.logprobs] == pytest.approx([max(d.values()) for d in ref.logprobs],
+                                                                       abs=1e-4)
+        s = o.spec
+        assert s.num_drafts > 0
+        # every round drafts min(k, budget) >= 1 tokens and accepts exactly min(accepted, drafted) of them
+        assert all(n == 0 for n in s.accepted_per_position[accepted:])
+        if accepted == 0:
+            assert s.num_accepted_tokens == 0
+        else:
+            assert s.accepted_per_position[0] == s.num_drafts
+        if accepted == 4:
+            assert s.num_accepted_tokens == s.num_draft_tokens
+
+
+class _ScriptedGate(SpeculationGate):
+    """Says no to drafting on every other step and keeps what the engine reports."""
+
+    def __init__(self):
+        super().__init__(enabled=True)
+        self.asked, self.records = 0, []
+
+    def wants_drafts(self, batch: int) -> bool:
+        self.asked += 1
+        return self.asked % 2 == 1
+
+    def record(self, batch, drafted, seconds, tokens_per_seq):
+        self.records.append((batch, drafted, seconds, tokens_per_seq))
+
+
+def test_the_engine_reports_each_decode_step_to_the_gate_and_plain_steps_keep_the_tokens(engine):
+    llm, params, reference = engine
+    gate = _ScriptedGate()
+    with llm.proposer_swapped(_synthetic(llm, reference, accepted=3), gate):
+        outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [reference[tuple(o.prompt_token_ids)].token_ids for o in outs]
+    drafted = [r for r in gate.records if r[1]]
+    plain = [r for r in gate.records if not r[1]]
+    assert drafted and plain
+    assert all(r[2] > 0 for r in gate.records)
+    assert all(r[3] == 1.0 for r in plain)  # a plain step moves one token a sequence
+    assert max(r[3] for r in drafted) == 4.0  # 3 accepted drafts + the target's token
+    assert {r[0] for r in gate.records} <= {1, 2, 3}
+
+
+def test_sampled_requests_draft_whatever_the_gate_says(engine):
+    """A seeded sampled request's draws must not depend on timing: the gate is not asked for them."""
+    from onecat.engine import SamplingParams
+
+    llm, _, reference = engine
+    gate = _ScriptedGate()
+    sampled = SamplingParams(temperature=0.8, seed=5, max_tokens=12)
+    with llm.proposer_swapped(_synthetic(llm, reference, accepted=1), gate):
+        first = llm.generate(PROMPTS[:1], sampled)[0]
+    assert gate.asked == 0 and first.spec.num_drafts > 0
+
+
+def test_a_fractional_acceptance_is_spread_over_each_sequences_rounds(engine):
+    llm, params, reference = engine
+    with llm.proposer_swapped(_synthetic(llm, reference, accepted=1.5, k=3)):
+        outs = llm.generate(PROMPTS, params)
+    for o in outs:
+        assert o.token_ids == reference[tuple(o.prompt_token_ids)].token_ids
+        # rounds alternate 1, 2, 1, 2 ... accepted drafts (fewer only where the budget cut the draft)
+        assert abs(o.spec.num_accepted_tokens - 1.5 * o.spec.num_drafts) <= 2
+        assert o.spec.accepted_per_position[2] == 0
