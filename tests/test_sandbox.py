@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -102,26 +104,26 @@ def test_memory_bomb_is_contained():
 
 
 @pytest.fixture()
-def victim_dir(tmp_path_factory):
-    """A directory outside /tmp (which the sandbox privatises) with a file the program must not touch."""
-    base = Path(__file__).resolve().parents[1] / ".onecat" / "test-sandbox"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        d = Path(__import__("tempfile").mkdtemp(dir=base))
-    except OSError:  # read-only checkout: any directory works for the guarded variant
-        d = tmp_path_factory.mktemp("victim")
+def victim_dir():
+    """A world-readable folder in the host's temp dir with a file the program must not touch.
+
+    Not pytest's tmp_path: its parents are 0700, so the sandbox uid could not even reach the folder
+    and the test would prove nothing. Under the full sandbox the folder is invisible (fresh root,
+    private /tmp); the `no-namespaces` variant shows it to the program, so only the uid protects it.
+    """
+    d = Path(tempfile.mkdtemp(prefix="onecat-test-victim-"))
     os.chmod(d, 0o755)
     victim = d / "victim.txt"
     victim.write_text("precious")
     os.chmod(victim, 0o644)
     yield d
-    __import__("shutil").rmtree(d, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def _attempts(victim_dir: Path, host_tmp_marker: str) -> str:
     return f"""
 import os, shutil
-results = {{}}
+results = {{"sees_victim": os.path.exists({str(victim_dir / 'victim.txt')!r})}}
 def attempt(name, fn):
     try:
         fn()
@@ -138,18 +140,27 @@ print(results)
 """
 
 
-@pytest.mark.parametrize("guard", ["off", "before"])
+@pytest.mark.parametrize("guard", ["off", "before", "off-no-namespaces"])
 def test_writes_and_deletes_outside_scratch_are_blocked(victim_dir, guard):
+    limits = FAST
     if guard == "off":
         _os_layer("uid-drop", "tmpfs:/tmp")
+    if guard == "off-no-namespaces":
+        _os_layer("uid-drop")
+        limits, guard = SandboxLimits(**{**FAST.to_dict(), "namespaces": False}), "off"
     marker = f"/tmp/onecat-escape-{os.getpid()}-{guard}"
-    res = _run_beside_normal_task(_attempts(victim_dir, marker), FAST, guard=guard)
+    res = _run_beside_normal_task(_attempts(victim_dir, marker), limits, guard=guard)
     assert res.ok, res.stderr_text
     results = eval(res.stdout_text)  # our own program's printed dict
     for name in ("overwrite", "create", "remove", "rmtree"):
         assert results[name] != "DONE", (name, results)
     assert (victim_dir / "victim.txt").read_text() == "precious"
     assert not (victim_dir / "new.txt").exists()
+    if not limits.namespaces:
+        assert results["sees_victim"], results  # the host view: only the uid kept the folder safe
+        if os.path.exists(marker):
+            os.remove(marker)  # the host's /tmp is shared without a mount namespace, as documented
+        return
     assert not os.path.exists(marker), "program wrote into the host's /tmp"
     if guard == "off":
         assert results["scratch"] == "DONE"

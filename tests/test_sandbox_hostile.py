@@ -54,14 +54,12 @@ def problem():
 
 @pytest.fixture(scope="module")
 def work_dir():
-    """A harness work folder outside /tmp (the sandbox privatises /tmp, so that would prove nothing)."""
-    base = REPO / ".onecat" / "test-hostile"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        d = Path(tempfile.mkdtemp(dir=base))
-        os.chmod(d, 0o755)  # as an ordinary work folder is (mkdtemp alone would hide it)
-    except OSError:
-        pytest.skip("the checkout is read-only; no work folder outside /tmp to test with")
+    """A harness work folder in the host's temp dir, open to all as an ordinary work folder is (pytest's
+    tmp_path has 0700 parents, which alone would keep the sandbox uid out). The full sandbox hides it
+    (fresh root, private /tmp); the no-namespaces test below sees it, and only the cache's 0700 dirs
+    keep the program out."""
+    d = Path(tempfile.mkdtemp(prefix="onecat-test-hostile-"))
+    os.chmod(d, 0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -159,14 +157,15 @@ def test_reference_cache_is_private_to_the_harness_user(problem, reference, cach
     assert cache._path(problem.task_id).stat().st_mode & 0o077 == 0
 
 
-def test_without_namespaces_the_sandbox_uid_cannot_read_the_cache(problem, reference, cache):
+def test_without_namespaces_the_sandbox_uid_cannot_read_the_cache(problem, reference, cache, cache_root):
     _need("uid-drop")
     cache_file = cache._path(problem.task_id)
-    prog = (f"try:\n    print(len(open({str(cache_file)!r}).read()))\n"
+    prog = (f"import os\nprint(os.path.isdir({str(cache_root)!r}))\n"  # the host view: the folder is there
+            f"try:\n    print(len(open({str(cache_file)!r}).read()))\n"
             "except PermissionError:\n    print('denied')\n")
     res = run_python(prog, SandboxLimits(wall_s=10, namespaces=False), guard="off")
     assert res.ok, res.stderr_text
-    assert res.stdout_text.strip() == "denied"
+    assert res.stdout_text.split() == ["True", "denied"]
 
 
 def test_program_sees_a_minimal_filesystem():
@@ -280,3 +279,30 @@ def test_64mb_on_the_result_channel_fails_the_task_and_keeps_the_harness_flat(pr
     assert got["outcome"]["failure_reason"] == "sandbox_protocol_error", got
     assert got["growth_mb"] < 100, got
     assert got["seconds"] < 30, got
+
+
+# ----------------------------------------------------------------------------- outliving the time limit
+IGNORES_THE_ALARM = ("import signal\n"
+                     "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+                     "def has_close_elements(numbers, threshold):\n"
+                     "    while True:\n        pass\n")
+SWALLOWS_THE_TIMEOUT = ("def has_close_elements(numbers, threshold):\n"
+                        "    while True:\n"
+                        "        try:\n            while True:\n                pass\n"
+                        "        except BaseException:\n            pass\n")
+
+
+@pytest.mark.parametrize("code", [IGNORES_THE_ALARM, SWALLOWS_THE_TIMEOUT], ids=["ignores-alarm", "swallows-timeout"])
+def test_a_solution_defeating_the_per_input_alarm_dies_at_the_stated_limit(problem, reference, code, monkeypatch):
+    """The per-input alarm is advisory; the task's wall limit is hard (SIGKILL of the process group)
+    and the outcome states it. The budget is shrunk so the test takes seconds, not EvalPlus's minute."""
+    import onecat.gates.tasks.evalplus as evalplus
+
+    monkeypatch.setattr(evalplus, "TIMEOUT_CAP_S", 0.5)
+    monkeypatch.setattr(evalplus, "LOAD_TIME_LIMIT_S", 1.0)
+    limit = 0.5 + 1.0 + 5.0          # check_solution's wall: capped input budget + load limit + 5 s
+    out = check_solution(problem, code, reference)
+    _assert_failed(out)
+    assert out.failure_reason == "timeout", out
+    assert f"wall-time limit exceeded ({limit:g} s, process group killed)" in out.sandbox, out
+    assert out.eval_s <= limit + 1.5, out.eval_s

@@ -6,11 +6,15 @@ directory; stdlib only and never imported by the harness. Process tree it builds
     launcher (harness user, own session)
       └─ init   pid 1 of a new pid namespace: mounts a private /proc and tmpfs /tmp, reaps, reports
            └─ program  own mount namespace with a fresh root (fresh_root.py), unprivileged uid,
-                       rlimits, no_new_privs, exec of the sandbox interpreter
+                       rlimits, no_new_privs, a seccomp filter that denies namespaces, mounts
+                       and chroot (syscall_filter.py), exec of the sandbox interpreter
 
 When init exits (program done, or the launcher killed -> PDEATHSIG) the kernel kills every process
-left in the pid namespace, so nothing forked by the program can outlive the run. The program keeps
-exactly fds 0-2 and, when the harness asked for one, the result channel as fd 3.
+left in the pid namespace, so nothing forked by the program can outlive the run. The wall-clock
+limit is an absolute CLOCK_MONOTONIC deadline set by the harness: init SIGKILLs the program (and,
+without a pid namespace, sweeps its descendants) just before it, and the harness SIGKILLs the whole
+process group at it. The program keeps exactly fds 0-2 and, when the harness asked for one, the
+result channel as fd 3.
 """
 
 import ctypes
@@ -23,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I left out the script's own dir
 import fresh_root  # noqa: E402  (stdlib-only sibling; the scratch dir, our cwd, is never on sys.path)
+import syscall_filter  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -31,6 +36,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
+INIT_LEAD_S = 0.2   # init kills the program this long before the harness kills the group (room to sweep)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -90,10 +96,9 @@ def _private_mounts(cfg: dict, applied: list, notes: list) -> None:
             notes.append(str(exc))
 
 
-def _isolate_filesystem(cfg: dict, applied: list, report_fd: int) -> dict:
-    """Enter a fresh root when the namespaces allow; tell init what applied; return the program's env."""
+def _isolate_filesystem(cfg: dict, applied: list, mine: list, notes: list) -> dict:
+    """Enter a fresh root when the namespaces allow; return the program's env."""
     env = dict(cfg["env"])
-    mine, notes = [], []
     if "mntns" not in applied or "tmpfs:/tmp" not in applied:
         notes.append("fresh root needs a mount namespace with a private /tmp")
     elif not cfg["root_paths"]:
@@ -105,29 +110,49 @@ def _isolate_filesystem(cfg: dict, applied: list, report_fd: int) -> dict:
         else:
             os.fchdir(scratch)
         os.close(scratch)
-    os.write(report_fd, json.dumps({"mechanisms": mine, "notes": notes}).encode())
-    os.close(report_fd)
     return env
 
 
+def _set_rlimits(cfg: dict) -> None:
+    lim = cfg["limits"]
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    cpu = int(min(lim["cpu_s"], lim["wall_s"]) + 0.999)  # a backstop to the wall deadline as well
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (lim["max_file_bytes"], lim["max_file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lim["max_open_files"], lim["max_open_files"]))
+    resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
+
+
+def _deny_namespaces(cfg: dict, mine: list, notes: list) -> None:
+    """Last step before exec: the seccomp filter, or the reason it is missing, in the report."""
+    if not cfg["limits"]["deny_namespaces"]:
+        notes.append("namespace filter disabled (SandboxLimits.deny_namespaces=False): the program may "
+                     "create user namespaces, mount and chroot inside them")
+        return
+    reason = syscall_filter.install()
+    if reason is None:
+        mine.append("seccomp:no-namespaces")
+    else:
+        notes.append(f"namespace filter not applied ({reason}): the program may create user namespaces, "
+                     "mount and chroot inside them")
+
+
 def _exec_program(cfg: dict, applied: list, report_fd: int) -> None:
-    """In the program child: filesystem, limits, drop privileges, exec the interpreter. Never returns."""
+    """In the program child: filesystem, limits, drop privileges, filter, exec the interpreter. Never returns."""
+    mine, notes = [], []
     try:
-        env = _isolate_filesystem(cfg, applied, report_fd)
-        lim = cfg["limits"]
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        cpu = int(lim["cpu_s"] + 0.999)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (lim["memory_bytes"], lim["memory_bytes"]))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (lim["max_file_bytes"], lim["max_file_bytes"]))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (lim["max_open_files"], lim["max_open_files"]))
-        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
+        env = _isolate_filesystem(cfg, applied, mine, notes)
+        _set_rlimits(cfg)
         uid = cfg["uid"]
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        _deny_namespaces(cfg, mine, notes)
+        _report(report_fd, mine, notes)
+        report_fd = -1
         channel = cfg["channel_fd"]
         if channel is not None:
             if channel != 3:
@@ -139,7 +164,18 @@ def _exec_program(cfg: dict, applied: list, report_fd: int) -> None:
         os.execve(python, [python, "-s", "-c", cfg["bootstrap"], cfg["program"], cfg["guard"]], env)
     except BaseException as exc:  # report why the program could not start, distinctly from its own errors
         os.write(2, f"onecat-sandbox: could not start program: {exc!r}\n".encode())
+        try:
+            if report_fd >= 0:
+                _report(report_fd, mine, notes)
+        except BaseException:
+            pass  # never return into init's code from this child
     os._exit(125)
+
+
+def _report(fd: int, mechanisms: list, notes: list) -> None:
+    """Tell init what this child applied (it reads until the pipe closes)."""
+    os.write(fd, json.dumps({"mechanisms": mechanisms, "notes": notes}).encode())
+    os.close(fd)
 
 
 def _children(pid: int) -> list[int]:
@@ -206,7 +242,7 @@ def _run_init(cfg: dict, applied: list, notes: list, status_fd: int, launcher_pi
     if "pidns" not in applied and _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
         applied.append("subreaper")
     _private_mounts(cfg, applied, notes)
-    deadline = time.monotonic() + cfg["limits"]["wall_s"]
+    deadline = cfg["deadline"] - min(INIT_LEAD_S, cfg["limits"]["wall_s"] / 10)
     report_r, report_w = os.pipe()
     program_pid = os.fork()
     if program_pid == 0:

@@ -7,10 +7,15 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-program limits. Defaults suit one test program; EvalPlus raises memory like upstream (4 GiB)."""
+    """Per-program limits. Defaults suit one test program; EvalPlus raises memory like upstream (4 GiB).
 
-    cpu_s: float = 10.0                  # RLIMIT_CPU (soft; hard = soft + 1 s, then SIGKILL)
-    wall_s: float = 20.0                 # harness-side deadline, then the whole group is killed
+    wall_s is a hard limit: counted from the launch, the harness SIGKILLs the sandbox's whole process
+    group at wall_s, whatever the program does with signals (the sandbox's init kills the program a
+    moment before, to sweep what it forked). RLIMIT_CPU at min(cpu_s, wall_s) is the backstop.
+    """
+
+    cpu_s: float = 10.0                  # RLIMIT_CPU at min(cpu_s, wall_s) (soft; hard = soft + 1 s: SIGKILL)
+    wall_s: float = 20.0                 # hard wall-clock limit: SIGKILL of the whole process group
     memory_bytes: int = 1 << 30          # RLIMIT_AS
     max_processes: int = 16              # RLIMIT_NPROC for the sandbox's own uid
     max_file_bytes: int = 16 << 20       # RLIMIT_FSIZE
@@ -20,6 +25,7 @@ class SandboxLimits:
     python_guard: bool = True            # second layer: socket layer + destructive builtins disabled
     namespaces: bool = True              # first layer: pid/net/mount/ipc/uts namespaces when the OS allows
     fresh_root: bool = True              # with a mount namespace: only the interpreter's files are visible
+    deny_namespaces: bool = True         # seccomp: no unshare/setns/mount/chroot/namespace clone (x86_64)
 
     def __post_init__(self) -> None:
         for name in ("cpu_s", "wall_s"):

@@ -1,7 +1,8 @@
 """Harness side of the sandbox: scratch dir, launch, deadline, group kill, capped output capture.
 
 Containment, in the order the kernel enforces it (see launcher.py for the process tree):
-  * its own session/process group, SIGKILLed as a whole at the end or at the wall deadline;
+  * its own session/process group, SIGKILLed as a whole at the end or at the hard wall-clock limit
+    (`SandboxLimits.wall_s`, counted from the launch and stated in every result as `wall_limit_s`);
   * when the harness runs as root: a fresh unprivileged uid per run (RLIMIT_NPROC is counted per
     uid and ignored for root, so a private uid is what makes the process cap real; it also removes
     write access to every file it does not own);
@@ -12,6 +13,8 @@ Containment, in the order the kernel enforces it (see launcher.py for the proces
     tree, no home. Without a mount namespace the program sees the host filesystem as its own uid
     ("host-fs-view"), and only file permissions (0700 harness caches) protect what it must not read;
   * rlimits: CPU, address space, processes, file size, open files, no core dumps;
+  * a seccomp filter (syscall_filter.py): no user or other namespace, no mount, no chroot; where it
+    cannot be installed the run's notes say why (`seccomp:no-namespaces` in mechanisms when it is);
   * a minimal environment: never the harness's variables;
   * bounded capture: stdout/stderr keep max_output_bytes and drop the rest as it streams; the
     optional result channel (fd 3) is read line by line under its own cap (capture.py);
@@ -91,6 +94,7 @@ class SandboxResult:
     notes: list[str] = field(default_factory=list)
     uid: int | None = None
     stopped: bool = False                 # the channel's consumer stopped the program early
+    wall_limit_s: float | None = None     # the hard wall-clock limit it ran under (SIGKILL of the group)
     channel_error: str | None = None      # the channel's consumer raised (reported, not re-raised)
 
     @property
@@ -107,7 +111,8 @@ class SandboxResult:
 
     def describe(self) -> str:
         if self.timed_out:
-            return "wall-time limit exceeded"
+            limit = f" ({self.wall_limit_s:g} s, process group killed)" if self.wall_limit_s else ""
+            return f"wall-time limit exceeded{limit}"
         if self.stopped:
             return "stopped by the harness once the result was known"
         if self.signal is not None:
@@ -160,18 +165,20 @@ def _write_files(scratch: str, files: dict[str, bytes | str]) -> None:
 
 
 def _wait(proc: subprocess.Popen, deadline: float, stop: threading.Event) -> tuple[bool, bool]:
-    """Wait for the launcher; kill its group when the channel consumer asks. (timed_out, stopped)."""
+    """Wait for the launcher; SIGKILL its whole group at the deadline or when the channel consumer
+    asks (the group id is still ours: the launcher is not reaped yet). (timed_out, stopped)."""
     stopped = False
     while True:
         try:
-            proc.wait(timeout=0.05 if not stopped else max(0.0, deadline - time.monotonic()))
+            proc.wait(timeout=max(0.0, min(0.05, deadline - time.monotonic())))
             return False, stopped
         except subprocess.TimeoutExpired:
-            if time.monotonic() > deadline:
-                return True, stopped
+            if time.monotonic() >= deadline:
+                _kill_group(proc.pid)
+                return not stopped, stopped
             if stop.is_set() and not stopped:
                 stopped = True
-                _kill_group(proc.pid)  # not reaped yet, so the group id is still ours
+                _kill_group(proc.pid)
 
 
 def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, bytes | str] | None,
@@ -183,7 +190,6 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
     status_r, status_w = os.pipe()
     channel_r, channel_w = os.pipe() if channel is not None else (-1, -1)
     proc = None
-    start = time.monotonic()
     try:
         _write_files(scratch, {**(files or {}), "program.py": source})
         nproc = limits.max_processes if run_as_root else _current_user_processes() + limits.max_processes
@@ -194,8 +200,10 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             env["PYTHONPATH"] = str(site)
             if paths:
                 paths = (*paths, *vet_paths([str(site)])[0])
+        start = time.monotonic()  # the hard limit counts from here: an absolute CLOCK_MONOTONIC deadline
+        deadline = start + limits.wall_s
         cfg = {
-            "status_fd": status_w, "uid": uid, "namespaces": limits.namespaces, "nproc": nproc,
+            "deadline": deadline, "status_fd": status_w, "uid": uid, "namespaces": limits.namespaces, "nproc": nproc,
             "tmpfs_bytes": limits.tmpfs_bytes, "limits": limits.to_dict(), "python": python,
             "bootstrap": _BOOTSTRAP_SOURCE, "program": "program.py", "guard": guard,
             "env": env, "channel_fd": channel_w if channel is not None else None,
@@ -222,8 +230,7 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        # the launcher enforces wall_s itself; this is the backstop if it cannot
-        timed_out, stopped = _wait(proc, start + limits.wall_s + 5.0, stop)
+        timed_out, stopped = _wait(proc, deadline, stop)
         wall = time.monotonic() - start
         _kill_group(proc.pid)
         proc.wait()
@@ -248,7 +255,7 @@ def _launch(source: str, limits: SandboxLimits, python: str, files: dict[str, by
             timed_out=timed_out and not stopped, stdout=readers[0].collected(), stderr=readers[1].collected(),
             stdout_truncated=readers[0].truncated, stderr_truncated=readers[1].truncated, wall_s=wall,
             cpu_s=status.get("cpu_s"), mechanisms=mechanisms, notes=notes, uid=uid, stopped=stopped,
-            channel_error=channel_error)
+            wall_limit_s=limits.wall_s, channel_error=channel_error)
     finally:
         if proc is not None and proc.poll() is None:
             _kill_group(proc.pid)
