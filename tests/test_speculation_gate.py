@@ -25,6 +25,14 @@ def test_rounds_that_lose_turn_drafting_off_but_are_probed():
     tail = decisions[50:]
     assert 0 < sum(tail) <= len(tail) // 16 + 1  # drafting only as a probe, once every probe_every steps
     assert gate.report()["per_batch_size"][1]["drafting_pays"] is False
+    # between probes the plain steps may run pipelined; the step before a probe may not
+    paused = []
+    for _ in range(40):
+        paused.append(gate.paused(1))
+        drafted = gate.wants_drafts(1)
+        assert paused[-1] is not drafted or not paused[-1]
+        gate.record(1, drafted, 1.5 if drafted else 1.0, 1.2 if drafted else 1.0)
+    assert sum(paused) >= 40 - 2 * (40 // 16 + 1)
 
 
 def test_rounds_that_win_keep_drafting_and_plain_steps_are_probed():
@@ -59,10 +67,14 @@ def test_a_proposer_that_finds_nothing_is_asked_less_often():
     for _ in range(100):
         if gate.wants_drafts(1):
             calls += 1
-            gate.proposed(False)
-    assert calls <= 100 // 8 + 6  # backs off 1, 2, 4, 8, 8, ... steps
+            gate.proposed(False)  # nothing found: the step runs plain
+        else:
+            assert gate.paused(1)  # a backed-off step may run in the decode pipeline
+        gate.record(1, False, 1.0, 1.0)
+    assert 100 // 9 <= calls <= 100 // 8 + 6  # backs off 1, 2, 4, 8, 8, ... steps
+    assert gate.report()["steps"]["proposer_skipped"] == 100 - calls
     gate.proposed(True)
-    assert gate.wants_drafts(1)  # a draft found resets the back-off
+    assert gate.wants_drafts(1) and not gate.paused(1)  # a draft found ends the back-off
 
 
 def test_a_disabled_gate_always_drafts():

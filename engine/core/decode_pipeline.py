@@ -7,7 +7,9 @@ device: step N's argmax is copied into step N+1's graph inputs by the GPU itself
 step launches the next decode, then reads and applies the previous one while the GPU computes.
 
 It runs only when the batch is steady: CUDA graphs on, nothing waiting to be admitted, no
-speculative proposer, every request greedy with no logits processors, logprobs or kept
+speculative proposer or one whose gate has paused drafting for this batch size (its plain steps then
+decode as target-only's do; a block drafter's tapped features are recorded from the graph's output as
+in a plain step), every request greedy with no logits processors, logprobs or kept
 distributions. Anything else drains it (the step in flight is applied, nothing new launched) and
 the normal scheduler takes over. A request that stops at step N has had step N+1 computed for it;
 that result is dropped and its KV slot goes back with the request's blocks. Greedy tokens are the
@@ -46,6 +48,7 @@ class _InFlight:
     tokens: torch.Tensor  # [B] int64 on the device: the argmax
     host_tokens: torch.Tensor  # pinned copy, valid once `ready` has completed
     ready: torch.cuda.Event
+    features: torch.Tensor | None = None  # a block drafter's tapped hidden states of the rows
 
 
 class DecodePipeline:
@@ -53,12 +56,15 @@ class DecodePipeline:
         self.core = core
         self.inflight: _InFlight | None = None
         self.launches = 0
+        self.applied_batch = 0  # sequences of the step applied last
 
     # ---- when it may run --------------------------------------------------------------------------
     def _steady(self) -> bool:
         c = self.core
         graphs = c.worker.graphs
-        if graphs is None or graphs.disabled_reason is not None or c.proposer is not None:
+        if graphs is None or graphs.disabled_reason is not None:
+            return False
+        if c.proposer is not None and not c.proposer.pipeline_paused(len(c.scheduler.running)):
             return False
         if c.worker.has_peer_ranks:  # tensor parallel: every replay is described to the other ranks first
             return False
@@ -106,18 +112,21 @@ class DecodePipeline:
         if logits is None:
             return None
         tokens = c.worker.greedy_tokens(logits)
+        features = c.proposer.step_features() if c.proposer is not None and c.proposer.wants_features else None
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
         self.launches += 1
-        return _InFlight(list(seqs), list(positions), tokens, host, ready)
+        return _InFlight(list(seqs), list(positions), tokens, host, ready, features)
 
     def _apply(self, cur: _InFlight) -> list[Sequence]:
         """Read a launched step's tokens and apply them with the plain step's post-processing."""
         cur.ready.synchronize()
-        rows = zip(cur.seqs, cur.positions, cur.host_tokens.tolist())
+        self.applied_batch = len(cur.seqs)
+        rows = enumerate(zip(cur.seqs, cur.positions, cur.host_tokens.tolist()))
+        feats = cur.features
         # a row whose request stopped or was aborted at an earlier step is dropped
-        updates = [SequenceUpdate(seq, 1, [tok]) for seq, p, tok in rows
+        updates = [SequenceUpdate(seq, 1, [tok], None if feats is None else feats[i:i + 1]) for i, (seq, p, tok) in rows
                    if not seq.is_finished and seq.num_computed_tokens == p]
         return self.core.postprocess(updates)

@@ -137,9 +137,12 @@ class EngineCore:
     # ---- one step: schedule -> run -> post-process ----------------------------------------------
     def step(self) -> list[str]:
         """Advance every scheduled request by one step; returns the ids of the requests it touched."""
+        started = time.perf_counter()
         touched = self.pipeline.step() if self.pipeline is not None else None  # steady greedy decode
+        if touched is not None and self.proposer is not None and self.pipeline.applied_batch:
+            # a plain step while the gate paused drafting: timed like any other
+            self.proposer.step_done(self.pipeline.applied_batch, False, time.perf_counter() - started, 1.0)
         if touched is None:
-            started = time.perf_counter()
             scheduled = self._schedule()
             if not scheduled:
                 return []

@@ -110,6 +110,11 @@ class SpeculativeDecoder:
             self.gate.proposed(bool(result))
         return result
 
+    def pipeline_paused(self, batch: int) -> bool:
+        """True while the gate has drafting off for this batch size and no probe is due: the engine may
+        run these plain steps in its one-step-ahead decode pipeline (greedy requests only, as that requires)."""
+        return self.gate.paused(batch)
+
     def step_done(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
         """A pure decode step of `batch` sequences took `seconds` of wall time (for the gate)."""
         self.gate.record(batch, drafted, seconds, tokens_per_seq)

@@ -12,6 +12,10 @@ target's exact distribution: the verifier is exact, plain steps sample from the 
 Separately, a proposer that keeps finding nothing to draft (prompt lookup over text that never repeats) is
 asked less often: after each empty proposal the next `skip` steps do not call it (doubling, up to
 `probe_every`), so its cost fades where it has nothing to offer.
+
+While drafting is off for a batch (`paused`), its plain steps may run in the one-step-ahead decode
+pipeline as target-only decoding does (engine/core/decode_pipeline.py); the pipeline drains when a probe
+is due. Steps are counted where they are recorded, so both paths advance the same counters.
 """
 from __future__ import annotations
 
@@ -46,7 +50,9 @@ class SpeculationGate:
         self._buckets: dict[int, _Bucket] = {}
         self._skip = 0  # steps left without calling the proposer
         self._empty_backoff = 1
-        self.steps = {"drafted": 0, "plain_by_choice": 0, "plain_probes": 0, "proposer_skipped": 0}
+        self._asked = False  # the proposer was asked this step and found nothing
+        self.steps = {"drafted": 0, "plain_by_choice": 0, "plain_probes": 0, "draft_probes": 0,
+                      "proposer_skipped": 0}
 
     def _bucket(self, batch: int) -> _Bucket:
         return self._buckets.setdefault(batch, _Bucket())
@@ -63,35 +69,50 @@ class SpeculationGate:
         if not self.enabled:
             return True
         if self._skip > 0:
-            self._skip -= 1
-            self.steps["proposer_skipped"] += 1
             return False
         b = self._bucket(batch)
-        b.since_probe += 1
         verdict = self.pays(batch)
         if verdict is None:  # measure rounds first, then plain steps
             return b.round_s.value is None or b.tokens.value is None or b.plain_s.value is not None
         if b.since_probe >= self.probe_every:  # now and then the other mode, to notice a change
-            b.since_probe = 0
-            if verdict:
-                self.steps["plain_probes"] += 1
             return not verdict
-        if not verdict:
-            self.steps["plain_by_choice"] += 1
         return verdict
+
+    def paused(self, batch: int) -> bool:
+        """True while this batch's next step will not draft (drafting loses, or the proposer is backed
+        off) and no probe is due: the step may run as a plain pipelined decode. Changes nothing."""
+        if not self.enabled:
+            return False
+        if self._skip > 0:
+            return True
+        return self.pays(batch) is False and self._bucket(batch).since_probe + 1 < self.probe_every
 
     def proposed(self, found_any: bool) -> None:
         """After a proposer call: back off while it finds nothing to draft."""
         if found_any:
-            self._empty_backoff = 1
+            self._empty_backoff, self._skip = 1, 0
             return
         if self.enabled:
-            self._skip = self._empty_backoff
+            self._skip, self._asked = self._empty_backoff, True  # skipping starts with the next step
             self._empty_backoff = min(2 * self._empty_backoff, self.probe_every)
 
     def record(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
         """One pure decode step's wall time; `drafted` when it verified drafts."""
         b = self._bucket(batch)
+        verdict = self.pays(batch)
+        if self._asked:
+            self._asked = False
+            b.since_probe += 1
+        elif self._skip > 0 and not drafted:
+            self._skip -= 1
+            self.steps["proposer_skipped"] += 1
+        elif verdict is not None and drafted != verdict:  # a probe of the mode that is off
+            b.since_probe = 0
+            self.steps["plain_probes" if verdict else "draft_probes"] += 1
+        else:
+            b.since_probe += 1
+            if verdict is False:
+                self.steps["plain_by_choice"] += 1
         if drafted:
             self.steps["drafted"] += 1
             b.round_s.add(seconds)
