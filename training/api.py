@@ -27,7 +27,8 @@ from onecat.training.drafter import choose_mask_token, continue_drafter, drafter
 from onecat.training.export import save_drafter
 from onecat.training.features import capture_features
 from onecat.training.options import TrainOptions, spread_layer_ids
-from onecat.training.prompts import load_prompts, parse_data_spec
+from onecat.training.prompts import SHAREGPT_DISTRIBUTION, load_prompts, parse_data_spec
+from onecat.training.provenance import data_provenance, target_provenance
 from onecat.training.regenerate import regenerate
 from onecat.training.samples_file import load_samples, save_samples
 from onecat.training.trainer import DrafterTrainer, Frozen
@@ -156,6 +157,7 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
     max_model_len = min(opts.max_prompt_tokens + TEMPLATE_ROOM + opts.max_new_tokens, _position_limit(target))
     llm = _open_target(target, opts, device, max_model_len, capture=False)
     record["target"] = _target_identity(llm)
+    llm_source_path = llm.source.path
     mc = llm.model_config
     clock.phase("open_target", started)
 
@@ -226,14 +228,18 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
     saved: dict = {}
 
     def checkpoint(step: int, status: str = "checkpoint") -> None:
-        summary = {"recipe": RECIPE, "target": record["target"]["source"], "target_sha256": record["target"]["sha256"],
-                   "data": {"spec": str(spec), "sequences": len(feats), "tokens": feats.num_tokens},
+        summary = {"recipe": RECIPE, "target": target_inputs,
+                   "data": {**data_inputs, "sequences": len(feats), "tokens": feats.num_tokens},
                    "steps": steps_before + step, "steps_this_run": step, "status": status}
         saved.update(save_drafter(drafter, {**cfg, "training": summary}, out))
         record.update(status=status, drafter=saved, training={"steps": step, **_progress(trainer)},
                       phase_seconds=clock.phases)
         _write_record(out, record)
 
+    # the drafter names its inputs by package, version and sha256 (training/provenance.py), never by path
+    target_inputs = target_provenance(target, llm_source_path, record["target"]["sha256"])
+    data_inputs = data_provenance(spec.kind, spec.path, spec.count, prompt_summary.get("sha256"),
+                                  SHAREGPT_DISTRIBUTION)
     checkpoint(0)
     train_deadline = deadline - SAVE_RESERVE_S if deadline is not None else None
     try:

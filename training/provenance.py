@@ -1,0 +1,73 @@
+"""How a drafter names its inputs: by package, version and sha256, never by a path on one machine.
+
+A published drafter's config.json (its `training` block) says which target and which data made it. A
+path such as /tmp/m/model.gguf means nothing elsewhere; the installed package that ships the file, its
+version and the file's sha256 let anyone fetch and check the same bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+from pathlib import Path
+
+from onecat.engine.model_source import EMBEDDED_MODELS, EMBEDDED_PREFIX
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _shipping_package(name: str, sha256: str) -> tuple[str, str] | None:
+    """(embedded model name, distribution) whose installed file has this name and these bytes, if any."""
+    for model, (dist, filename) in EMBEDDED_MODELS.items():
+        if filename != name or _version(dist) is None:
+            continue
+        for f in importlib.metadata.files(dist) or []:
+            if str(f).endswith(filename) and Path(f.locate()).is_file() and _file_sha256(Path(f.locate())) == sha256:
+                return model, dist
+    return None
+
+
+def target_provenance(source: str, path: Path, sha256: str) -> dict:
+    """The target as package + version + file + sha256 where an installed package ships those bytes
+    (also when it was opened through a copy elsewhere), else as file name + sha256."""
+    name = path.name
+    shipped = _shipping_package(name, sha256)
+    if shipped is not None:
+        model, dist = shipped
+        return {"source": EMBEDDED_PREFIX + model, "package": dist, "version": _version(dist), "file": name,
+                "sha256": sha256}
+    if source.startswith(EMBEDDED_PREFIX) or not Path(source).exists():
+        return {"source": source, "file": name, "sha256": sha256}  # an embedded or hub name travels as is
+    return {"file": name, "sha256": sha256}
+
+
+def data_provenance(kind: str, path: Path | None, count: int | None, sha256: str | None,
+                    package: str) -> dict:
+    """The training prompts as `sharegpt:N` from `package` and its version, or a prompt file by name and
+    sha256, with the package it was drawn from when its `.meta.json` (written by `onecat drafter prompts`)
+    says so."""
+    if kind == "sharegpt":
+        return {"spec": f"sharegpt:{count}", "package": package, "version": _version(package)}
+    out = {"spec": f"jsonl:{path.name}", "sha256": sha256}
+    meta = Path(f"{path}.meta.json")
+    if meta.is_file():
+        try:
+            drawn = json.loads(meta.read_text()).get("package")
+        except (json.JSONDecodeError, AttributeError):
+            drawn = None
+        if isinstance(drawn, dict) and drawn.get("name"):
+            out["derived_from"] = {"package": drawn["name"], "version": drawn.get("version")}
+    return out
