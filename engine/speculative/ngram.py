@@ -1,4 +1,6 @@
-"""Prompt-lookup (n-gram) proposer: copy what followed the latest earlier occurrence of the suffix.
+"""Prompt-lookup (n-gram) proposer: copy what followed the latest earlier occurrence of the suffix
+(the longest of prompt_lookup_max .. prompt_lookup_min tokens), found through a per-request index
+(ngram_index.py) that each step extends by the new tokens only.
 
 With `adaptive`, each sequence's k starts at `num_speculative_tokens` and doubles after a fully
 accepted draft (up to `max_speculative_tokens`), halving again after an early rejection — long
@@ -6,23 +8,9 @@ verbatim copies then move many tokens per target pass.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from onecat.engine.core.sequence import Sequence
 from onecat.engine.speculative.base import Proposer
-
-
-def find_continuation(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
-    """Longest suffix n-gram (max_n..min_n) found earlier in `tokens`; the k tokens after its last match."""
-    L = len(tokens)
-    for n in range(min(max_n, L - 1), min_n - 1, -1):
-        suffix = tokens[L - n:]
-        # candidate starts i with tokens[i:i+n] == suffix and i + n < L (something follows)
-        hits = np.flatnonzero(tokens[:L - n] == suffix[0])
-        for i in hits[::-1]:
-            if i + n < L and np.array_equal(tokens[i:i + n], suffix):
-                return tokens[i + n:i + n + k].tolist()
-    return []
+from onecat.engine.speculative.ngram_index import NgramIndex
 
 
 class NgramProposer(Proposer):
@@ -33,13 +21,16 @@ class NgramProposer(Proposer):
         super().__init__(max_speculative_tokens or k if adaptive else k)
         self.base_k, self.min_n, self.max_n, self.adaptive = k, prompt_lookup_min, prompt_lookup_max, adaptive
         self.current_k: dict[str, int] = {}
+        self.indexes: dict[str, NgramIndex] = {}  # per request: its n-grams, grown a step at a time
 
     def propose(self, seqs, budgets):
         out = []
         for seq, budget in zip(seqs, budgets):
             k = min(budget, self.current_k.get(seq.request_id, self.base_k) if self.adaptive else budget)
-            toks = np.asarray(seq.token_ids, dtype=np.int64)
-            out.append((find_continuation(toks, self.min_n, self.max_n, k), None))
+            index = self.indexes.get(seq.request_id)
+            if index is None:
+                index = self.indexes[seq.request_id] = NgramIndex(self.min_n, self.max_n)
+            out.append((index.lookup(seq.token_ids, k), None))
         return out
 
     def observe(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
@@ -54,6 +45,7 @@ class NgramProposer(Proposer):
 
     def release(self, seq: Sequence) -> None:
         self.current_k.pop(seq.request_id, None)
+        self.indexes.pop(seq.request_id, None)
 
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.base_k, "prompt_lookup_min": self.min_n,
