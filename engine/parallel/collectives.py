@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import torch
 import torch.distributed as dist
@@ -40,11 +41,21 @@ def shared_memory_usable() -> bool:
 class SharedMemoryRanks:
     """One segment: per rank a counter, and two slots of SLOT_BYTES (call parity)."""
 
-    def __init__(self, name: str, rank: int, world: int, create: bool):
+    def __init__(self, name: str, rank: int, world: int, create: bool, tracked: bool = True):
+        """`tracked=False` (a rank that opens the segment in a process multiprocessing did not start): this
+        process's own resource tracker must not claim it, or it would unlink it and warn of a leak when
+        this process exits; the creating rank's tracker and close() own it."""
         self.rank, self.world = rank, world
         header = world * _FLAG_STRIDE * 8
-        self.shm = shared_memory.SharedMemory(name=name, create=create, size=header + 2 * world * SLOT_BYTES)
-        self.owner = create  # the creating rank unlinks it (workers share its resource tracker: no double unlink)
+        size = header + 2 * world * SLOT_BYTES
+        if create or tracked:
+            self.shm = shared_memory.SharedMemory(name=name, create=create, size=size)
+        elif sys.version_info >= (3, 13):
+            self.shm = shared_memory.SharedMemory(name=name, size=size, track=False)
+        else:  # attaching registers it with this process's tracker before 3.13: take that back
+            self.shm = shared_memory.SharedMemory(name=name, size=size)
+            resource_tracker.unregister(self.shm._name, "shared_memory")
+        self.owner = create  # the creating rank unlinks it
         self.flags = torch.frombuffer(self.shm.buf, dtype=torch.int64, count=world * _FLAG_STRIDE)
         if create:
             self.flags.zero_()

@@ -1,7 +1,8 @@
 """Tensor-parallel ranks of one engine on one host: one process per rank.
 
 Rank 0 is the process that built the `LLM`: it owns the scheduler, the sampler, stop logic, speculative
-drafting and the API. Ranks 1..N-1 are worker processes started here (spawn); each builds a
+drafting and the API. Ranks 1..N-1 are worker processes started here from onecat's own entry module
+(rank_process.py: nothing of the user's main module is re-imported); each builds a
 `Worker` (engine/worker/worker.py) of the same model, which keeps its shard (engine/parallel/sharding.py)
 and a KV cache of its own KV heads with rank 0's block count, then runs the model on every step rank 0
 sends it. A step's metadata (token ids,
@@ -9,7 +10,9 @@ positions, slots, block tables, the rows that need logits: `StepInputs`, a few p
 pipe per worker; activations meet in the layers' collectives over the process group (NCCL on GPUs,
 gloo on CPU). Every rank then holds the full logits; only rank 0 reads them.
 
-Failure: a worker that raises sends its traceback and exits; a worker that dies is seen before the
+Failure: a worker that raises sends its traceback and exits; a worker that dies while starting is seen
+within START_POLL_S (rank 0 polls the workers while it waits for them at the rendezvous, instead of one
+blocking wait), with its exit and last stderr lines; a worker that dies later is seen before the
 next step is sent (and by a shared-memory collective waiting on it within 0.5 s; gloo/NCCL get
 `COLLECTIVE_TIMEOUT_S`); either way rank 0 raises `TensorParallelError` with the worker's own message,
 and `close()` leaves no process.
@@ -17,20 +20,24 @@ Rank 0 dying closes the pipes, and every worker exits on the closed pipe.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import socket
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import wait as wait_for_connections
 
 import torch
 import torch.distributed as dist
 
 from onecat.engine.errors import EngineError
+from onecat.engine.parallel.rank_process import RankProcess
 
 COLLECTIVE_TIMEOUT_S = 120  # a collective waiting longer than this on a rank fails instead of hanging
-START_TIMEOUT_S = 600  # a worker that has not built its shard by then is treated as dead
+START_TIMEOUT_S = 600  # a worker that has not reached the rendezvous, or built its shard, by then is treated as dead
+START_POLL_S = 0.1  # how often rank 0 looks at its starting workers
+ARRIVED_KEY = "onecat_tp_ranks_arrived"  # the rendezvous store's count of workers about to join the group
 
 
 class TensorParallelError(EngineError):
@@ -67,12 +74,29 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" and not ranks_share_device() else "gloo"
 
 
-def init_group(info: RankInfo, device: torch.device) -> None:
-    """Join the ranks' process group (TCP rendezvous on this host); `device` is this rank's."""
+def init_group(info: RankInfo, device: torch.device, store: dist.TCPStore | None = None,
+               check_ranks=None) -> None:
+    """Join the ranks' process group (rendezvous on a TCP store on this host); `device` is this rank's.
+    Rank 0 may pass the store it made and `check_ranks` (raises when a worker died): it then waits until
+    every worker has arrived at the store before joining, calling `check_ranks` every START_POLL_S, so a
+    worker that died before the rendezvous fails start-up at once instead of after the store's timeout."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend_for(device), init_method=f"tcp://127.0.0.1:{info.port}", rank=info.rank,
-                            world_size=info.world, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", info.port, info.world, is_master=info.rank == 0, timeout=timeout,
+                              wait_for_workers=False)
+    if info.rank != 0:
+        store.add(ARRIVED_KEY, 1)
+    elif check_ranks is not None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while store.add(ARRIVED_KEY, 0) < info.world - 1:
+            check_ranks()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the worker ranks did not reach the rendezvous in {START_TIMEOUT_S} s")
+            time.sleep(START_POLL_S)
+    dist.init_process_group(backend_for(device), store=store, rank=info.rank, world_size=info.world,
+                            timeout=timeout)
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
@@ -95,12 +119,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_main(info: RankInfo, worker_cls, args, conn) -> None:
-    """A worker rank: build the shard (a `worker_cls`, the Worker class, from EngineArgs `args`; it sees
-    worker_rank() set), say ready, run steps until told to stop or the pipe closes."""
+def serve_rank(conn) -> None:
+    """A worker rank (rank_process.py): take (RankInfo, the Worker class, EngineArgs) from rank 0, build the
+    shard (the Worker sees worker_rank() set), say ready, run steps until told to stop or the pipe closes."""
     global _worker_rank
-    _worker_rank = info
+    rank = "?"
     try:
+        _start, (info, worker_cls, args) = conn.recv()
+        rank = info.rank
+        _worker_rank = info
         torch.set_num_threads(threads_per_rank(info.world))
         worker = worker_cls(args)  # joins the group, builds and shards the model
         conn.send(("ready", None))
@@ -114,7 +141,7 @@ def _worker_main(info: RankInfo, worker_cls, args, conn) -> None:
             worker.run_remote(kind, payload)
     except BaseException as e:  # noqa: BLE001 - every failure goes back to rank 0 as text
         try:
-            conn.send(("error", f"rank {info.rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            conn.send(("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
         except (BrokenPipeError, OSError):
             pass
     finally:
@@ -127,28 +154,49 @@ class WorkerRanks:
 
     def __init__(self, worker_cls, args, world: int):
         self.world = world
-        self.port = free_port()
-        ctx = mp.get_context("spawn")
+        # The rendezvous store exists before any worker, on a port the OS picked: no race for a free port.
+        self.store: dist.TCPStore | None = dist.TCPStore(
+            "127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        self.port = self.store.port
         self.conns, self.procs = [], []
-        for rank in range(1, world):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(RankInfo(rank, world, self.port), worker_cls, args, child),
-                               name=f"onecat-tp-rank{rank}", daemon=True)
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
         self.closed = False
         self.state_ops = None  # hybrid models: rank 0's snapshot copies since the last step (cache/recurrent_state.py)
+        try:
+            for rank in range(1, world):
+                proc = RankProcess(rank)
+                self.procs.append(proc)
+                self.conns.append(proc.conn)
+                try:
+                    proc.conn.send(("start", (RankInfo(rank, world, self.port), worker_cls, args)))
+                except (BrokenPipeError, OSError):
+                    pass  # it died already: check_started says how
+        except BaseException:
+            self.close()
+            raise
+
+    def check_started(self) -> None:
+        """Raise with its own cause if a worker reported an error or exited (rank 0 calls this while it
+        waits for the workers at the rendezvous)."""
+        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs), start=1):
+            if conn.poll() or not proc.is_alive():
+                kind, payload = self._recv(rank, conn)
+                raise self._failure(payload if kind == "error" else f"rank {rank} sent {kind!r} while starting")
 
     def wait_ready(self) -> None:
-        """Block until every worker has built its shard; a worker error or death raises."""
-        for rank, conn in enumerate(self.conns, start=1):
-            if not conn.poll(START_TIMEOUT_S):
-                raise self._failure(f"rank {rank} did not finish building its shard in {START_TIMEOUT_S} s")
-            kind, payload = self._recv(rank, conn)
-            if kind != "ready":
-                raise self._failure(payload)
+        """Block until every worker has built its shard; a worker error or death raises at once."""
+        waiting = dict(enumerate(self.conns, start=1))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while waiting:
+            if time.monotonic() > deadline:
+                raise self._failure(f"ranks {sorted(waiting)} did not finish building their shards in "
+                                    f"{START_TIMEOUT_S} s")
+            for conn in wait_for_connections(list(waiting.values()), timeout=1.0):
+                rank = self.conns.index(conn) + 1
+                kind, payload = self._recv(rank, conn)
+                if kind != "ready":
+                    raise self._failure(payload)
+                del waiting[rank]
 
     def send_step(self, inputs, kind: str = "step") -> None:
         """Send a step to every worker: "step" (StepInputs, run eagerly), "graph" (a GraphStep to replay) or
@@ -156,7 +204,8 @@ class WorkerRanks:
         model's snapshot copies made on rank 0 since the last step) when there are any."""
         dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
         if dead or self.closed:
-            raise self._failure(f"rank {dead[0]} is not running" if dead else "the worker ranks were stopped")
+            raise self._failure(f"rank {dead[0]} is not running ({self.procs[dead[0] - 1].how_it_ended()})"
+                                if dead else "the worker ranks were stopped")
         ops = self.state_ops() if self.state_ops is not None else None
         for rank, conn in enumerate(self.conns, start=1):
             if conn.poll():  # a worker only speaks to report an error
@@ -177,7 +226,7 @@ class WorkerRanks:
         try:
             return conn.recv()
         except (EOFError, OSError):
-            return "error", f"rank {rank} exited (exit code {self.procs[rank - 1].exitcode}) without a message"
+            return "error", f"rank {rank} exited without a message ({self.procs[rank - 1].how_it_ended()})"
 
     def _failure(self, reason: str) -> TensorParallelError:
         """Collect what the workers said, stop them all, and describe the failure."""
@@ -214,6 +263,7 @@ class WorkerRanks:
                 proc.join()
         for conn in self.conns:
             conn.close()
+        self.store = None  # the rendezvous server stops once the process group lets go of it too
 
     def alive(self) -> list[bool]:
         return [p.is_alive() for p in self.procs]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -69,7 +70,8 @@ class TensorParallel:
             init_group(info, self.device)  # rank 0 made the shared-memory segment before it joined
             self._setup_peer_collectives()
             if self.shared_memory:
-                self.collectives.shm = SharedMemoryRanks(shm_name(info.port), self.rank, world, create=False)
+                self.collectives.shm = SharedMemoryRanks(shm_name(info.port), self.rank, world, create=False,
+                                                         tracked=False)
                 parent = os.getppid()
                 self.collectives.shm.peers_gone = lambda: None if os.getppid() == parent else "rank 0 exited"
 
@@ -109,6 +111,9 @@ class TensorParallel:
         worker_args = args.model_copy(update={"speculative_config": None,  # drafting is rank 0's
                                               "num_kv_blocks": num_blocks})
         self.workers = WorkerRanks(worker_cls, worker_args, self.world)
+        # An engine dropped or left open at interpreter exit still stops its workers, then unlinks its
+        # shared memory and leaves the group (no leaked-segment warning, no orphan process).
+        self._shut_down = weakref.finalize(self, _shut_down, self.workers, self.collectives)
         states = getattr(self.model, "states", None)
         if states is not None:  # a hybrid model: the workers repeat rank 0's recurrent-state snapshot copies
             states.journal = []
@@ -119,7 +124,8 @@ class TensorParallel:
                 workers = self.workers
                 self.collectives.shm.peers_gone = lambda: next(
                     (f"rank {r} exited" for r, alive in enumerate(workers.alive(), start=1) if not alive), None)
-            init_group(RankInfo(0, self.world, self.workers.port), self.device)
+            init_group(RankInfo(0, self.world, self.workers.port), self.device, store=self.workers.store,
+                       check_ranks=self.workers.check_started)
             self._setup_peer_collectives()
             self.workers.wait_ready()
         except BaseException:
@@ -150,7 +156,16 @@ class TensorParallel:
 
     def close(self) -> None:
         if self.workers is not None:
-            self.workers.close()
-        self.collectives.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+            self._shut_down()
+        else:
+            _shut_down(None, self.collectives)
+
+
+def _shut_down(workers: WorkerRanks | None, collectives: Collectives) -> None:
+    """In this order: stop the workers (they let go of the segment and the group), unlink the shared
+    memory, leave the group. Runs once: from close(), when the engine is collected, or at exit."""
+    if workers is not None:
+        workers.close()
+    collectives.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
