@@ -24,7 +24,7 @@ def test_rounds_that_lose_turn_drafting_off_but_are_probed():
     assert gate.pays(1) is False
     tail = decisions[50:]
     assert 0 < sum(tail) <= len(tail) // 16 + 1  # drafting only as a probe, once every probe_every steps
-    assert gate.report()["per_batch_size"][1]["drafting_pays"] is False
+    assert gate.report()["per_batch_size_up_to"][1]["drafting_pays"] is False
     # between probes the plain steps may run pipelined; the step before a probe may not
     paused = []
     for _ in range(40):

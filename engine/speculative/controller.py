@@ -2,8 +2,8 @@
 a speculative round moves more tokens per second than a plain step.
 
 A round costs more than a plain step (the drafter's work, 1 + k rows to verify) and moves 1 + accepted tokens
-per sequence; a plain step moves one. Both are measured here, per batch size (pure decode steps only: a step
-that also prefills is not comparable), as moving averages of wall time per step (the step ends with the host
+per sequence; a plain step moves one. Both are measured here, per batch size up to the next power of two
+(pure decode steps only: a step that also prefills is not comparable), as moving averages of wall time per step (the step ends with the host
 reading its tokens, so wall time covers the device's work and the host's). Drafting stays on while
 `tokens per round / round time >= 1 / plain step time`. A mode that is off is probed now and then (one step
 every `probe_every`) so that a change in acceptance or in cost is noticed. Either way the request gets the
@@ -55,7 +55,9 @@ class SpeculationGate:
                       "proposer_skipped": 0}
 
     def _bucket(self, batch: int) -> _Bucket:
-        return self._buckets.setdefault(batch, _Bucket())
+        """Batch sizes share a bucket up to the next power of two (1, 2, 3-4, 5-8, ...): a batch that
+        shrinks as its requests finish is not measured afresh at every size."""
+        return self._buckets.setdefault(1 << max(0, batch - 1).bit_length(), _Bucket())
 
     def pays(self, batch: int) -> bool | None:
         """True / False once both modes are measured at this batch size; None before."""
@@ -131,4 +133,4 @@ class SpeculationGate:
                 "tokens_per_round": None if b.tokens.value is None else round(b.tokens.value, 3),
                 "drafting_pays": self.pays(batch)}
         return {"measured": self.enabled, "probe_every": self.probe_every, "steps": dict(self.steps),
-                "per_batch_size": per_batch}
+                "per_batch_size_up_to": per_batch}
