@@ -18,10 +18,14 @@ def compare(spec_file: Path = typer.Argument(..., help="comparison YAML (e.g. co
             only: Optional[List[str]] = typer.Option(None, "--only", help="run only these engine labels"),
             db: Optional[Path] = DB_OPTION,
             out: Path = typer.Option(DEFAULT_COMPARE_DIR, "--out", help="folder for the JSON and markdown"),
-            record: Optional[Path] = typer.Option(None, "--record", help="also copy the JSON here")) -> None:
+            record: Optional[Path] = typer.Option(None, "--record", help="also copy the JSON here"),
+            machine: Optional[str] = typer.Option(None, "--machine", envvar="ONECAT_MACHINE_LABEL",
+                                                  help="label of this machine in the record (default: its CPU, "
+                                                       "thread count and widest vector ISA)")) -> None:
     """Run every engine of SPEC_FILE (one at a time) into the results store as one run of kind "compare",
-    print one table, and write it as JSON and markdown. Exit 2 on a bad file or --only label, 4 when no
-    engine could run or the store cannot be written."""
+    print one table, and write it as JSON and markdown. Exit 2 on a bad file or --only label, 4 when an
+    engine FAILED (its server died, or every request of a workload failed), when no engine could run, or
+    when the store cannot be written."""
     from onecat.gates.compare import CompareError, check_labels, load_compare, run_compare
     from onecat.reports.compare import compare_summary, render_compare
     from onecat.reports.markdown import plots_section
@@ -39,7 +43,7 @@ def compare(spec_file: Path = typer.Argument(..., help="comparison YAML (e.g. co
     try:
         with Store(path) as store:
             run_id = run_compare(spec, store, str(spec_file), only=list(only or []) or None,
-                                 log=lambda s: typer.echo(s, err=True))
+                                 log=lambda s: typer.echo(s, err=True), machine_label=machine)
             summary = compare_summary(store, run_id)
     except StoreError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -57,5 +61,9 @@ def compare(spec_file: Path = typer.Argument(..., help="comparison YAML (e.g. co
         record.write_text(text)
     typer.echo(md)
     typer.echo(f"written: run {run_id} in {path}, {out / (stem + '.json')}, {out / (stem + '.md')}", err=True)
-    if all("skipped" in e or "error" in e for e in summary["engines"].values()):
+    if summary["failed"]:
+        typer.echo(f"error: FAILED: {', '.join(summary['failed'])} (causes and last output in "
+                   f"{out / (stem + '.md')})", err=True)
+        raise typer.Exit(4)
+    if all(e["status"] != "ran" for e in summary["engines"].values()):
         raise typer.Exit(4)

@@ -153,8 +153,16 @@ class LLM:
             "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "tensor_parallel": self.tp.describe(self.model_config) if self.tp else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
-            "cpu_threads": self.worker.cpu_threads,
+            "cpu_threads": self.worker.cpu_threads, "cpu_isa": self._cpu_isa() if dev.type == "cpu" else None,
         }
+
+    @staticmethod
+    def _cpu_isa() -> dict:
+        """The CPU instruction sets the computation uses: torch's kernels dispatch on its CPU capability, the
+        C++ CPU ops (engine/kernels/cpu_ops.py) are compiled for theirs."""
+        from onecat.engine.kernels.cpu_ops import vector_isa
+
+        return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa()}
 
     # ---- CUDA graphs, for measurements that change the model after load -------------------------
     def setup_cuda_graphs(self) -> None:

@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from onecat.gates.contract import (ArmSettings, ContractError, EngineSpec, ModelOverride, ModelSpec, SamplingSpec,
                                    SpeculativeSpec, canonical_json, load_yaml, read_contract_text, sha256_text)
 from onecat.gates.runners.endpoint import EndpointRunner, EndpointWorkload
-from onecat.results.environment import capture_environment
+from onecat.gates.engine_failure import exception_failure, failure_text, unit_failure
+from onecat.results.environment import capture_environment, load_1min, machine_record
 from onecat.results.records import ArmOutcome, RunRecord, new_run_id
 from onecat.results.revision import engine_revision, git_revision, onecat_version
 from onecat.results.sink import RunSink
@@ -120,42 +121,52 @@ def compare_run_record(spec: CompareSpec, run_id: str, labels: list[str], spec_p
 
 
 def run_compare(spec: CompareSpec, store: Store, spec_path: Optional[str] = None, only: Optional[list[str]] = None,
-                log: Callable[[str], Any] = print) -> str:
+                log: Callable[[str], Any] = print, machine_label: Optional[str] = None) -> str:
     """Run every selected engine, one at a time, into one run of kind "compare" in `store`; returns its id.
-    An engine that cannot run is recorded as skipped (why), one that breaks mid-way as failed."""
+    An engine that cannot run here (not installed) is recorded as skipped (why); one whose server dies, or
+    whose every request of a unit fails, as failed (gates/engine_failure.py), with its last output."""
     labels = check_labels(spec, only)
     run_id = new_run_id(spec.name)
+    machine = machine_record(machine_label)
     store.create_run(compare_run_record(spec, run_id, labels, spec_path))
     with store.recording_stops(run_id, "interrupted by the user"):
         position = 0
         for label in labels:
-            position = _run_engine(spec, label, store, run_id, position, log)
+            position = _run_engine(spec, label, store, run_id, position, machine, log)
     store.set_status(run_id, "complete")
     return run_id
 
 
-def _run_engine(spec: CompareSpec, label: str, store: Store, run_id: str, position: int,
+def _run_engine(spec: CompareSpec, label: str, store: Store, run_id: str, position: int, machine: dict,
                 log: Callable[[str], Any]) -> int:
     """One engine's workloads into the store (arm = the engine's label); returns the next unit position."""
-    from onecat.gates.engines.base import open_engine
+    from onecat.gates.engines.base import EngineDiedError, open_engine
     from onecat.gates.registry import ENGINES, lookup
 
     arm = engine_arm(spec, label)
+    started = {"machine": machine, "load_1min_at_start": load_1min()}  # what else ran as this engine started
     problems = lookup(ENGINES, "engine backend", arm.engine.backend).check(arm)
     if problems:
-        _skip(store, run_id, label, "skipped", "; ".join(problems), log)
+        why = "; ".join(problems)
+        log(f"{label}: skipped: {why}")
+        store.add_environment(run_id, label, capture_environment(started))
+        store.add_arm_outcome(run_id, label, ArmOutcome("skipped", error=why))
         return position
     log(f"{label}: opening {arm.engine.backend}")
     t0 = time.perf_counter()
     try:
         engine = open_engine(arm, spec.seeds[0])
     except Exception as exc:  # noqa: BLE001 - one broken peer must not stop the others
-        _skip(store, run_id, label, "failed to open", f"{type(exc).__name__}: {exc}", log)
+        failure = exc.failure if isinstance(exc, EngineDiedError) else {
+            "cause": f"could not be opened: {type(exc).__name__}: {exc}", "exit_code": None, "output_tail": ""}
+        _record_failure(store, run_id, label, failure, started, None, log)
         return position
-    outcome = ArmOutcome("ran", open_s=time.perf_counter() - t0)
+    open_s = time.perf_counter() - t0
+    info, failure = dict(started), None
     try:
-        load = os.getloadavg() if hasattr(os, "getloadavg") else None  # what else ran as this engine started
-        store.add_environment(run_id, label, capture_environment({**engine.info(), "load_average_at_open": load}))
+        info = {**engine.info(), **started,
+                "load_average_at_open": os.getloadavg() if hasattr(os, "getloadavg") else None}
+        store.add_environment(run_id, label, capture_environment(info))
         runner = EndpointRunner()
         for w in spec.workloads:
             for unit in runner.plan(w, spec.sampling, spec.seeds):
@@ -164,17 +175,26 @@ def _run_engine(spec: CompareSpec, label: str, store: Store, run_id: str, positi
                                                                         position))
                 store.finish_unit(run_id, label, w.id, unit.key, position)
                 position += 1
+                failure = unit_failure(engine, store, run_id, label, w.id, unit.key)
+                if failure:
+                    break
+            if failure:
+                break
     except Exception as exc:  # noqa: BLE001
-        outcome = ArmOutcome("failed", error=f"{type(exc).__name__}: {exc}", open_s=outcome.open_s)
-        log(f"{label}: failed: {outcome.error}")
+        failure = exception_failure(engine, exc)
     finally:
         engine.close()
-    store.add_arm_outcome(run_id, label, outcome)
+    if failure:
+        _record_failure(store, run_id, label, failure, info, open_s, log)
+    else:
+        store.add_arm_outcome(run_id, label, ArmOutcome("ran", open_s=open_s))
     return position
 
 
-def _skip(store: Store, run_id: str, label: str, what: str, why: str, log: Callable[[str], Any]) -> None:
-    """An engine that could not run: the machine is still recorded, and why it did not run."""
-    log(f"{label}: {what}: {why}")
-    store.add_environment(run_id, label, capture_environment())
-    store.add_arm_outcome(run_id, label, ArmOutcome("skipped", error=why))
+def _record_failure(store: Store, run_id: str, label: str, failure: dict, info: dict, open_s: Optional[float],
+                    log: Callable[[str], Any]) -> None:
+    """A failed engine: `failed` with its cause and last output in arm_outcomes, the failure in its environment
+    row's engine info (where the JSON and markdown read it), nothing of it in the figures."""
+    log(f"{label}: FAILED: {failure_text(failure)}")
+    store.add_environment(run_id, label, capture_environment({**info, "failure": failure}))
+    store.add_arm_outcome(run_id, label, ArmOutcome("failed", error=failure_text(failure), open_s=open_s))

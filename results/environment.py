@@ -21,6 +21,41 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+CPUINFO = "/proc/cpuinfo"
+# the CPU features that decide which kernels an engine can run: AMX tiles, AVX-512 BF16 / VNNI, AVX2
+ISA_FLAGS = ("amx_tile", "amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512f", "avx2")
+
+
+def cpu_isa() -> dict[str, Any]:
+    """The CPU model and, for each of ISA_FLAGS, whether the first processor's flags have it (None: no
+    /proc/cpuinfo to read)."""
+    try:
+        with open(CPUINFO, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return {"cpu": _cpu_model(), "isa": {flag: None for flag in ISA_FLAGS}}
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+                 None)
+    flags = set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+    return {"cpu": model or platform.processor() or None, "isa": {flag: flag in flags for flag in ISA_FLAGS}}
+
+
+def machine_record(label: str | None = None) -> dict[str, Any]:
+    """What a comparison's engines ran on: a label (given, else the CPU, its thread count and its widest
+    vector features), the CPU model and its ISA flags."""
+    found = cpu_isa()
+    widest = [name for name, flags in (("AMX", ("amx_tile",)), ("AVX512-BF16", ("avx512_bf16",)),
+                                       ("AVX512", ("avx512f",)), ("AVX2", ("avx2",)))
+              if all(found["isa"].get(f) for f in flags)][:1]
+    default = ", ".join(filter(None, [found["cpu"] or platform.machine(), f"{os.cpu_count()} threads", *widest]))
+    return {"label": label or default, "cpu_threads": os.cpu_count(), **found}
+
+
+def load_1min() -> float | None:
+    """The 1-minute load average now: what else was running as an engine started."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
 def _gpu() -> dict[str, Any]:
     out: dict[str, Any] = {"gpu_name": None, "gpu_count": 0, "gpu_driver": None}
     try:

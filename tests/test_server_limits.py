@@ -6,6 +6,7 @@ tokenizes.
 """
 from __future__ import annotations
 
+import json
 import selectors
 import socket
 import threading
@@ -182,6 +183,27 @@ def test_body_trickled_past_its_deadline_is_408(server):
         s.close()
 
 
+def _error_of(response) -> dict:
+    """The OpenAI error object of `response` (every refusal carries one)."""
+    assert response.headers["content-type"] == "application/json", response.text[:300]
+    err = response.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == response.status_code, err
+    return err
+
+
+@pytest.mark.parametrize("header_bytes", [17_000, 100_000])
+def test_headers_over_the_size_limit_get_431(server, header_bytes):
+    """Headers that arrive whole are held to --h11-max-incomplete-event-size (16 KiB) too, not only
+    those still incomplete in h11's buffer."""
+    r = httpx.get(server.url + "/health", headers={"X-Big": "x" * header_bytes}, timeout=10)
+    assert r.status_code == 431, (r.status_code, r.text[:300])
+    assert "16384 bytes" in _error_of(r)["message"] and "--h11-max-incomplete-event-size" in r.text
+
+
+def test_headers_under_the_size_limit_pass(server):
+    assert httpx.get(server.url + "/health", headers={"X-Big": "x" * 15_000}, timeout=10).status_code == 200
+
+
 def test_headers_growing_past_the_size_limit_are_refused(server):
     """A connection cannot buffer unbounded header bytes (h11's incomplete-event limit, 16 KiB)."""
     s = _open(server)
@@ -200,7 +222,20 @@ def test_headers_growing_past_the_size_limit_are_refused(server):
             answer = s.recv(65536)
         except OSError:
             pass
-        assert answer.startswith(b"HTTP/1.1 400") or answer == b""
+        assert answer.startswith(b"HTTP/1.1 431") or answer == b"", answer[:300]
+    finally:
+        s.close()
+
+
+def test_unparsable_request_gets_400_with_the_error_body(server):
+    s = _open(server)
+    try:
+        s.setblocking(True)
+        s.sendall(b"GARBAGE\x00 / HTTP/1.1\r\n\r\n")
+        s.settimeout(5)
+        head, _, body = s.recv(65536).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head, head
+        assert json.loads(body)["error"]["code"] == 400
     finally:
         s.close()
 
@@ -214,7 +249,10 @@ def test_connection_flood_gets_503_until_the_idle_connections_are_closed(state):
             idle = [_open(srv) for _ in range(12)]
             try:
                 time.sleep(0.2)
-                assert httpx.get(srv.url + "/health", timeout=10).status_code == 503
+                refused = httpx.get(srv.url + "/health", timeout=10)
+                assert refused.status_code == 503
+                message = _error_of(refused)["message"]
+                assert "--limit-concurrency" in message and "retry" in message, message
                 assert _closed_by_server(idle, within=HEADER_TIMEOUT + 4) == len(idle)
             finally:
                 for s in idle:
@@ -253,3 +291,4 @@ def test_default_limits():
     assert cfg.api_key is None and not cfg.metrics_without_auth
     assert cfg.max_request_body_bytes == 16 * 2**20 and cfg.limit_concurrency == 2048
     assert (cfg.request_header_timeout, cfg.request_body_timeout, cfg.timeout_keep_alive) == (10, 60, 5)
+    assert cfg.h11_max_incomplete_event_size == 16 * 1024

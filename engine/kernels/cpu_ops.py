@@ -39,6 +39,11 @@ def _vector_flags() -> list[str]:
     return []
 
 
+def vector_isa() -> str:
+    """The instruction set the CPU ops are compiled for here (engine info: what onecat's own kernels use)."""
+    return "AVX2+FMA+F16C" if _vector_flags() else "portable (no AVX2)"
+
+
 def _openmp_flags() -> tuple[list[str], list[str]]:
     """(compile, link) flags that make at::parallel_for's OpenMP pragmas real, linked to the OpenMP runtime
     torch itself has loaded: one thread pool, sized by torch.set_num_threads (a second runtime would spin

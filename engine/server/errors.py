@@ -3,7 +3,7 @@ from __future__ import annotations
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "BadRequestError",
           408: "RequestTimeoutError", 413: "RequestTooLargeError", 422: "BadRequestError",
-          500: "InternalServerError", 503: "ServiceUnavailableError"}
+          431: "RequestTooLargeError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 class ApiError(Exception):

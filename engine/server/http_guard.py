@@ -1,7 +1,10 @@
-"""The ASGI guard in front of every route: API key, body size cap and body read deadline.
+"""The ASGI guard in front of every route: header size cap, API key, body size cap and body read deadline.
 
 Plain ASGI (not BaseHTTPMiddleware, which hides client disconnects from handlers). In order:
 
+0. Request line + headers over `--h11-max-incomplete-event-size` bytes are a 431. h11 holds only
+   headers still incomplete in its buffer to that size; whole headers that arrive in one read
+   (asyncio reads up to 256 KiB at once) are measured here.
 1. `--api-key`: every route but the health probes (`/health`, `/ping`) needs
    `Authorization: Bearer KEY`, compared in constant time; `/metrics` is open only with
    `--metrics-without-auth`. Checked before a byte of the body is read.
@@ -35,7 +38,23 @@ def key_matches(authorization: bytes | None, key: str) -> bool:
     return hmac.compare_digest(_digest(authorization or b""), _digest(expected))
 
 
-async def _refuse(send: Any, status: int, message: str, extra_headers: list | None = None) -> None:
+def header_bytes(scope: dict) -> int:
+    """Bytes of the request line and headers as sent (the server strips only whitespace around values)."""
+    target = len(scope.get("raw_path") or scope["path"].encode()) + \
+        (1 + len(scope["query_string"]) if scope.get("query_string") else 0)
+    request_line = len(scope["method"]) + 1 + target + len(" HTTP/1.1\r\n")
+    return request_line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers") or []) + 2
+
+
+def headers_too_large(limit: int, size: int | None = None) -> str:
+    """The 431 message, for the guard and for the HTTP protocol (which knows no exact size)."""
+    measured = f"are {size} bytes, over" if size is not None else "are over"
+    return (f"the request line and headers {measured} the server's limit of {limit} bytes "
+            "(--h11-max-incomplete-event-size); send shorter headers, or raise the limit")
+
+
+async def refuse(send: Any, status: int, message: str, extra_headers: list | None = None) -> None:
+    """Answers `status` with the OpenAI error body and closes the connection."""
     body = json.dumps(error_body(message, status)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close")] + (extra_headers or [])
@@ -59,25 +78,29 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         cfg = self.state.config
+        size = header_bytes(scope)
+        if size > cfg.h11_max_incomplete_event_size:
+            await refuse(send, 431, headers_too_large(cfg.h11_max_incomplete_event_size, size))
+            return
         headers = dict(scope.get("headers") or [])
         if cfg.api_key and not self._open_route(scope["path"], cfg) \
                 and not key_matches(headers.get(b"authorization"), cfg.api_key):
-            await _refuse(send, 401, "missing or wrong API key; send `Authorization: Bearer <key>`",
+            await refuse(send, 401, "missing or wrong API key; send `Authorization: Bearer <key>`",
                           [(b"www-authenticate", b"Bearer")])
             return
         limit = cfg.max_request_body_bytes
         declared = headers.get(b"content-length", b"0")
         if not declared.isdigit():
-            await _refuse(send, 400, "the Content-Length header is not a number")
+            await refuse(send, 400, "the Content-Length header is not a number")
             return
         if int(declared) > limit:
-            await _refuse(send, 413, f"the request body is larger than the server's limit of {limit} bytes "
+            await refuse(send, 413, f"the request body is larger than the server's limit of {limit} bytes "
                                      "(--max-request-body-bytes)")
             return
         try:
             body = await self._read_body(receive, limit, cfg.request_body_timeout)
         except _BodyRefused as exc:
-            await _refuse(send, exc.status, exc.message)
+            await refuse(send, exc.status, exc.message)
             return
         if body is None:  # the client left while sending
             return

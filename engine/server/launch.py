@@ -5,7 +5,9 @@ keep-alive, connection limit and header size limit hold wherever the server runs
 """
 from __future__ import annotations
 
+import json
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -23,9 +25,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+# the line `serve` writes once the model is loaded: what the engine runs with (LLM.info()), as JSON, so that
+# whoever started the server (the harness's onecat_serve backend) can record it from the server's log
+ENGINE_INFO_PREFIX = "onecat serve: engine info "
+
+
 def serve(config: ServeConfig, log_level: str = "info") -> None:
     """Load the model, then serve until interrupted."""
     state = ServerState.create(config)
+    try:
+        print(ENGINE_INFO_PREFIX + json.dumps(state.llm.info(), default=str), file=sys.stderr, flush=True)
+    except Exception as exc:  # noqa: BLE001 - a report, never a reason not to serve
+        print(f"{ENGINE_INFO_PREFIX}unavailable: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     try:
         uvicorn.Server(uvicorn_config(build_app(state), config, host=config.host, port=config.port,
                                       log_level=log_level, timeout_graceful_shutdown=5)).run()

@@ -53,9 +53,8 @@ class ServeConfig(BaseModel):
     limit_concurrency: Annotated[Optional[int], BeforeValidator(_zero_is_no_limit)] = Field(
         default=2048, ge=1, description="open connections + requests in progress beyond which new requests get "
                                         "503; 0: no limit")
-    h11_max_incomplete_event_size: Optional[int] = Field(default=None, gt=0,
-                                                         description="bytes of request line + headers (default "
-                                                                     "16 KiB)")
+    h11_max_incomplete_event_size: int = Field(default=16 * 1024, gt=0,
+                                               description="bytes of request line + headers; more get 431")
     cpu_workers: int = Field(default=2, ge=1, description="threads for tokenizing, templating, grammar compiling")
 
     @model_validator(mode="before")

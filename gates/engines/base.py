@@ -18,6 +18,8 @@ and the instance offers (the `Engine` protocol, which is what runners are given)
     tokenizer          (encode / decode / eos_token_ids)
     vocab_size         int | None
     info() -> dict     effective settings (fast paths actually used), stored with the run
+    failure() -> dict | None   None while the engine can serve; once its server process has died: how
+                       (`cause`, `exit_code`) and its last output (`output_tail`)
     close()
 """
 from __future__ import annotations
@@ -51,6 +53,16 @@ class EngineUnavailableError(RuntimeError):
     """The arm cannot run here (backend missing, model absent...); the message says what and where."""
 
 
+class EngineDiedError(EngineUnavailableError):
+    """The engine's server was started and died (or never got ready): `failure` says how, as
+    EngineAdapter.failure() does: {"cause": "killed by SIGSEGV (-11) before it was ready", "exit_code": -11,
+    "output_tail": its last output}."""
+
+    def __init__(self, message: str, failure: dict):
+        super().__init__(message)
+        self.failure = failure
+
+
 class EngineAdapter:
     """The base of the registered backends: an Engine, plus the class-level `check` / `open` that gate_run calls."""
 
@@ -78,6 +90,9 @@ class EngineAdapter:
 
     def info(self) -> dict:
         return {}
+
+    def failure(self) -> dict | None:
+        return None  # an in-process engine has no server that can die on its own
 
     def close(self) -> None:
         pass

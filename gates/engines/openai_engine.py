@@ -28,7 +28,7 @@ import httpx
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.server.sampling_body import body_fields
 from onecat.gates.contract import ArmSettings
-from onecat.gates.engines.base import EngineAdapter, EngineUnavailableError, PromptParams
+from onecat.gates.engines.base import EngineAdapter, EngineDiedError, EngineUnavailableError, PromptParams
 from onecat.gates.engines.openai_client import parse_prometheus, stream_completion
 from onecat.gates.registry import register_engine
 
@@ -290,8 +290,8 @@ class ManagedServerEngine(OpenAIEndpointEngine):
     def start_managed(cls, arm: ArmSettings, seed: int, argv: list[str], port: int,
                       env: dict[str, str] | None = None) -> "ManagedServerEngine":
         """Start the server process (its log kept under the arm's log dir), wait until `ready_path` answers,
-        then connect to it; a server that exits or never gets ready is an EngineUnavailableError with its log."""
-        from onecat.gates.engines.server_process import ServerProcess, ServerStartError
+        then connect to it; a server that exits or never gets ready is an EngineDiedError with its log."""
+        from onecat.gates.engines.server_process import ServerProcess, ServerStartError, exit_cause
 
         log_dir = Path(arm.engine.options.get("log_dir") or os.environ.get("ONECAT_SERVER_LOG_DIR")
                        or Path(".onecat") / "servers" / f"{arm.name}-{arm.fingerprint[:12]}-{int(time.time())}")
@@ -301,7 +301,11 @@ class ManagedServerEngine(OpenAIEndpointEngine):
         try:
             proc.start()
         except ServerStartError as exc:
-            raise EngineUnavailableError(f"arm {arm.name} ({cls.registry_name}): {exc}") from None
+            cause = (f"{exit_cause(exc.returncode)} before it was ready" if exc.returncode is not None else
+                     f"not ready after {timeout_s:.0f} s")
+            raise EngineDiedError(f"arm {arm.name} ({cls.registry_name}): {exc}",
+                                  {"cause": cause, "exit_code": exc.returncode, "output_tail": exc.output_tail,
+                                   "server_log": str(proc.log_path)}) from None
         try:
             self = cls(arm, proc.url, seed)
         except BaseException:
@@ -316,9 +320,22 @@ class ManagedServerEngine(OpenAIEndpointEngine):
         if proc is not None:
             info.update(server_log=str(proc.log_path), server_argv=" ".join(proc.argv),
                         server_startup_s=proc.startup_s)
+            isa = self.isa_used(proc.log_path.read_text(errors="replace") if proc.log_path.is_file() else "")
+            if isa:
+                info["isa_used"] = isa
         if getattr(self, "weights_sha256", None):
             info["model_sha256"] = self.weights_sha256
         return info
+
+    def isa_used(self, log_text: str) -> dict | None:
+        """The CPU instruction sets this server runs on, where it can be known (gates/engines/isa_report.py),
+        from its log so far or by asking its interpreter; None when it cannot."""
+        return None
+
+    def failure(self) -> dict | None:
+        proc = getattr(self, "process", None)
+        failure = proc.exit_failure() if proc is not None else None
+        return {**failure, "server_log": str(proc.log_path)} if failure else None
 
     def close(self) -> None:
         proc = getattr(self, "process", None)
@@ -379,6 +396,11 @@ class ManagedOnecatServer(ManagedServerEngine):
         flags["uvicorn_log_level"] = "warning"
         flags.update(arm.engine.options.get("serve_flags", {}))
         return flags
+
+    def isa_used(self, log_text: str) -> dict | None:
+        from onecat.gates.engines.isa_report import onecat_serve_isa
+
+        return onecat_serve_isa(log_text)[1]
 
     @classmethod
     def command(cls, arm: ArmSettings, port: int, seed: int) -> tuple[list[str], dict[str, str]]:

@@ -32,6 +32,7 @@ from onecat.gates.engines.openai_engine import ManagedServerEngine
 from onecat.gates.registry import register_engine
 
 PEERS_DIR = Path(os.environ.get("ONECAT_PEERS_DIR", ".onecat/peers"))
+BUILD_INFO = "build-info.txt"  # key=value lines scripts/setup_peers.sh writes next to a peer it built
 
 
 def _setting(arm: ArmSettings, path: str) -> Any:
@@ -119,7 +120,11 @@ class _ManagedPeer(ManagedServerEngine):
         return arm.engine.options.get("served_model_name") or arm.model.source
 
     def info(self) -> dict:
-        return {**super().info(), "peer": self.peer}
+        info = {**super().info(), "peer": self.peer}
+        build = PEERS_DIR / self.peer / BUILD_INFO
+        if build.is_file():  # how scripts/setup_peers.sh built it (compiler, flags, AMX on or off)
+            info["peer_build"] = dict(line.split("=", 1) for line in build.read_text().splitlines() if "=" in line)
+        return info
 
 
 class _PythonPeer(_ManagedPeer):
@@ -177,6 +182,11 @@ class ManagedVllmServer(_PythonPeer):
                 problems.append(_refused(cls.registry_name, "speculative.dtype", spec.dtype,
                                          "vLLM runs the drafter in the target's dtype", "auto"))
         return problems
+
+    def isa_used(self, log_text: str) -> dict | None:
+        from onecat.gates.engines.isa_report import torch_isa
+
+        return torch_isa(self.process.argv[0]) if getattr(self, "process", None) else None
 
     @classmethod
     def _hf_dir(cls, source: str, revision: str | None) -> str:
@@ -276,6 +286,11 @@ class _LlamaCppPeer(_ManagedPeer):
     @classmethod
     def request_defaults(cls, arm: ArmSettings) -> dict:
         return {"top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0}
+
+    def isa_used(self, log_text: str) -> dict | None:
+        from onecat.gates.engines.isa_report import llama_cpp_isa
+
+        return llama_cpp_isa(log_text)
 
 
 @register_engine("llama_cpp_serve")

@@ -22,8 +22,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def exit_cause(returncode: int) -> str:
+    """How a process ended, in words that keep the number: "exited with code 3", "killed by SIGSEGV (-11)"
+    (a shell's 128+N for signal N is named too)."""
+    def name(signum: int) -> str | None:
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return None
+
+    if returncode < 0:
+        return f"killed by {name(-returncode) or f'signal {-returncode}'} ({returncode})"
+    if returncode > 128 and name(returncode - 128):
+        return f"exited with code {returncode} (128 + {name(returncode - 128)}: a shell's report of that signal)"
+    return f"exited with code {returncode}"
+
+
 class ServerStartError(RuntimeError):
-    """The server exited or never became ready; the message carries the tail of its log."""
+    """The server exited or never became ready; the message carries the tail of its log. `returncode` is the
+    exit status (None when it timed out), `output_tail` its last output."""
+
+    def __init__(self, message: str, returncode: int | None = None, output_tail: str = ""):
+        super().__init__(message)
+        self.returncode, self.output_tail = returncode, output_tail
 
 
 class ServerProcess:
@@ -52,8 +73,9 @@ class ServerProcess:
         delay = 0.05  # a stub is up in a tenth of a second, vLLM in a minute: poll often first, then less
         while True:
             if self.proc.poll() is not None:
-                raise ServerStartError(f"{self.argv[0]} exited with code {self.proc.returncode} before it was "
-                                       f"ready; log {self.log_path}:\n{self.log_tail()}")
+                tail = self.log_tail()
+                raise ServerStartError(f"{self.argv[0]} {exit_cause(self.proc.returncode)} before it was ready; log "
+                                       f"{self.log_path}:\n{tail}", self.proc.returncode, tail)
             try:
                 if httpx.get(self.url + self.ready_path, timeout=2.0).status_code == 200:
                     break
@@ -61,8 +83,9 @@ class ServerProcess:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
+                tail = self.log_tail()
                 raise ServerStartError(f"{self.argv[0]} not ready after {self.startup_timeout_s:.0f} s; log "
-                                       f"{self.log_path}:\n{self.log_tail()}")
+                                       f"{self.log_path}:\n{tail}", None, tail)
             time.sleep(delay)
             delay = min(2 * delay, 0.5)
         self.startup_s = time.perf_counter() - t0
@@ -71,6 +94,14 @@ class ServerProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def exit_failure(self) -> dict | None:
+        """None while it runs (or before it started); once it has exited on its own: how (`cause`,
+        `exit_code`) and its last output (`output_tail`). Read it before stop(), which ends it on purpose."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return {"cause": exit_cause(self.proc.returncode), "exit_code": self.proc.returncode,
+                "output_tail": self.log_tail()}
 
     def log_tail(self, lines: int = 30) -> str:
         try:
