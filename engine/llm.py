@@ -164,6 +164,15 @@ class LLM:
 
         return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa()}
 
+    def down_reason(self) -> str | None:
+        """Why this engine can no longer run a step (a tensor-parallel rank died, or it was closed); None
+        while it can. For health probes: reads process states only, from any thread."""
+        if self.engine is None:
+            return "the engine was closed"
+        runner = getattr(self.worker, "runner", None)
+        peers = runner.peers if runner is not None else None
+        return peers.down_reason() if peers is not None else None
+
     # ---- CUDA graphs, for measurements that change the model after load -------------------------
     def setup_cuda_graphs(self) -> None:
         """Decode steps replay CUDA graphs from now on, as with cuda_graph full (fresh graphs, captured on

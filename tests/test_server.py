@@ -71,7 +71,13 @@ def metric(client, name: str) -> float:
 
 
 # --------------------------------------------------------------------------- surface
-def test_models_and_health(client):
+def test_models_and_health(client, server, monkeypatch):
+    assert client.get("/health").status_code == 200
+    # an engine that can no longer step (e.g. a dead tensor-parallel rank) fails the probe, with why
+    monkeypatch.setattr(server.state.engine.llm, "down_reason", lambda: "tensor-parallel rank 1 is not running")
+    down = client.get("/health")
+    assert down.status_code == 503 and "rank 1 is not running; restart the server" in down.json()["error"]["message"]
+    monkeypatch.undo()
     assert client.get("/health").status_code == 200
     data = client.get("/v1/models").json()["data"]
     assert [m["id"] for m in data] == ["smol"]

@@ -76,8 +76,10 @@ def test_tp4_replicated_kv_heads_matches_tp1(reference):
 def test_a_dead_rank_fails_the_engine_cleanly():
     llm = LLM(EMBEDDED, max_model_len=256, tensor_parallel_size=2)
     worker = llm.tp.workers.procs[0]
+    assert llm.down_reason() is None
     os.kill(worker.pid, signal.SIGKILL)
     worker.join(timeout=10)
+    assert "tensor-parallel rank 1 is not running" in llm.down_reason()  # what the server's /health answers
     t0 = time.monotonic()
     with pytest.raises(Exception, match="rank 1") as err:
         llm.generate(PROMPTS[:1], GREEDY)

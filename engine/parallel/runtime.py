@@ -217,6 +217,15 @@ class WorkerRanks:
             except (BrokenPipeError, OSError):
                 raise self._failure(f"rank {rank} closed its pipe") from None
 
+    def down_reason(self) -> str | None:
+        """Why the ranks cannot run steps any more (a rank exited, or they were stopped); None while all run.
+        Cheap and side-effect free: a health probe may ask it from any thread."""
+        if self.closed:
+            return "the tensor-parallel worker ranks were stopped"
+        dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        return f"tensor-parallel rank {dead[0]} is not running ({self.procs[dead[0] - 1].how_it_ended()})" \
+            if dead else None
+
     def collective_failed(self, exc: BaseException) -> TensorParallelError:
         """The error to raise when a step's collective failed on rank 0: the worker's own reason if one
         reported it."""

@@ -84,8 +84,9 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if not state.engine.alive:
-            return _error(503, "the engine thread has stopped")
+        reason = state.engine.down_reason()
+        if reason is not None:  # a supervisor watching /health restarts the server
+            return _error(503, f"{reason}; restart the server")
         return Response(status_code=200)
 
     @app.get("/ping")

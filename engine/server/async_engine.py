@@ -138,6 +138,12 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stop.is_set()
 
+    def down_reason(self) -> str | None:
+        """Why the engine cannot serve (its thread stopped, a tensor-parallel rank died); None while it can."""
+        if not self.alive:
+            return "the engine thread has stopped"
+        return self.llm.down_reason()
+
     @property
     def num_in_flight(self) -> int:
         return self._in_flight
