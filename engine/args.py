@@ -7,7 +7,8 @@ them (cli/serve.py); the server's config holds one (engine/server/app.py); a gat
 
 A setting declared here but not implemented by the engine (tensor parallelism, piecewise CUDA
 graphs, ...) validates, because contracts also describe peers such as vLLM that run it, and is
-refused by `EngineArgs.unsupported()`: the one place that `LLM` and the harness preflight ask.
+refused by `EngineArgs.unsupported()`: the one place that `LLM` and the harness preflight ask, which asks the
+support matrix (engine/support_matrix) about the settings alone.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from onecat.engine.errors import ConfigError
+from onecat.engine.support_matrix import SPECULATIVE_METHODS, Combination, check
 
-SPECULATIVE_METHODS = ("ngram", "draft_model", "dflash")
 DRAFTER_METHODS = ("draft_model", "dflash")
 NGRAM_ONLY = ("prompt_lookup_min", "prompt_lookup_max", "adaptive", "max_speculative_tokens")
 DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
@@ -186,37 +187,9 @@ class EngineArgs(BaseModel):
         return self.model_dump(exclude_defaults=True)
 
     def unsupported(self) -> list[str]:
-        """Settings declared (vLLM has them) but not implemented by this engine, each with what to use."""
-        out = []
-        if self.pipeline_parallel_size > 1:
-            out.append(f"pipeline_parallel_size={self.pipeline_parallel_size} (layers split into stages) is not "
-                       "implemented; use tensor_parallel_size to split the model instead (docs/parallel.md)")
-        if self.tensor_parallel_size > 1 and self.quantization is not None:
-            out.append(f"quantization {self.quantization!r} with tensor_parallel_size {self.tensor_parallel_size} "
-                       "is not implemented: packed weights are not sharded; drop quantization (the checkpoint is "
-                       "dequantized) or use tensor_parallel_size 1")
-        if self.load_format == "dummy" and self.quantization is not None:
-            out.append(f"quantization {self.quantization!r} with load_format dummy is not implemented: random "
-                       "weights are dense; drop one of them")
-        if self.mamba_cache_mode == "all":
-            out.append("mamba_cache_mode='all' (recurrent state saved at every block boundary inside a chunk) is not "
-                       "implemented; use mamba_cache_mode align (state saved where chunks end, at block boundaries) "
-                       "or none (prefix caching off for hybrid models)")
-        if self.cuda_graph == "piecewise":
-            out.append("cuda_graph='piecewise' is not implemented: onecat captures whole decode steps; use "
-                       "cuda_graph full (or off)")
-        if self.quantization is not None:
-            from onecat.engine.quant.quantization import QUANTIZATIONS
-
-            if self.quantization not in QUANTIZATIONS:
-                out.append(f"quantization {self.quantization!r} is not implemented: onecat runs "
-                           f"{', '.join(QUANTIZATIONS)} (or unset: the checkpoint dequantized)")
-        spec = self.speculative_config
-        if spec is not None and spec.method == "dflash" and spec.dtype not in ("auto", self.dtype):
-            out.append(f"speculative dtype {spec.dtype!r} for method dflash is not implemented: the DFlash drafter "
-                       f"runs in the target's dtype; remove the speculative dtype or set the model dtype to "
-                       f"{spec.dtype}")
-        return out
+        """Settings declared (vLLM has them) but not implemented by this engine, alone or together, each with what
+        to use: the settings stage of the support matrix (engine/support_matrix)."""
+        return [r.message for r in check(Combination.from_settings(self), "settings")]
 
 
 def describe_errors(exc: ValidationError, what: str, known: list[str] | None = None, spell=str) -> str:

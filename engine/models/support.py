@@ -1,5 +1,6 @@
-"""What the MoE and hybrid architectures cannot run yet, said as errors naming the setting to change, and the
-settings the engine adjusts for them (prefix caching off on hybrid models), said once in the log."""
+"""What the architectures cannot run, said as errors naming the setting to change, and the settings the engine
+adjusts for them (prefix caching off on hybrid models), said once in the log: the model stage of the support
+matrix (engine/support_matrix), asked once the checkpoint's config names the architecture."""
 from __future__ import annotations
 
 import logging
@@ -7,43 +8,24 @@ import logging
 import torch
 
 from onecat.engine.args import EngineArgs
-from onecat.engine.config import HYBRID_ARCHITECTURES, ModelConfig
+from onecat.engine.config import ModelConfig
+from onecat.engine.support_matrix import Combination, check
+from onecat.engine.support_matrix.rules import FALLBACKS_BY_NAME
 
 log = logging.getLogger("onecat.engine")
 
-MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
+
+def model_combination(cfg: EngineArgs, model: ModelConfig, device: torch.device) -> Combination:
+    """The support matrix's point for these settings on this model and device."""
+    return Combination.from_settings(cfg, device=device.type, architecture=model.architecture,
+                                     linear_value_heads=model.raw.get("linear_num_value_heads"))
 
 
 def unsupported_settings(cfg: EngineArgs, model: ModelConfig, device: torch.device) -> list[str]:
-    arch = model.architecture
-    hybrid = arch in HYBRID_ARCHITECTURES
-    out = []
-    if cfg.mamba_cache_mode != "none" and not hybrid:
-        out.append(f"mamba_cache_mode={cfg.mamba_cache_mode!r} saves the recurrent state of hybrid models; {arch} "
-                   "has none: use mamba_cache_mode none")
-    if arch not in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES:
-        return out
-    kind = "hybrid (linear + full attention)" if hybrid else "MoE"
-    # tensor parallel: MoE experts shard by intermediate units, Gated DeltaNet by heads (engine/parallel); a rank
-    # needs at least one DeltaNet value head (a key head serving several is replicated and its value heads split)
-    world, v_heads = cfg.tensor_parallel_size, model.raw.get("linear_num_value_heads")
-    if hybrid and world > 1 and v_heads and world > v_heads:
-        out.append(f"tensor_parallel_size={world} exceeds the {v_heads} Gated DeltaNet value heads of {arch} "
-                   f"(linear_num_value_heads): every rank needs at least one; use tensor_parallel_size <= {v_heads}")
-    # cuda_graph full runs on both kinds: MoE routing, the expert sort and the fused kernels run from device
-    # tensors, and a hybrid decode step takes its state slots from the graph's static buffer (cuda_graph.py)
-    if cfg.quantization is not None:
-        out.append(f"quantization {cfg.quantization!r} is not implemented for {kind} models ({arch}); run the "
-                   "checkpoint unquantized")
-    spec = cfg.speculative_config
-    if hybrid and spec is not None and spec.method == "dflash":
-        out.append(f"speculative method dflash on hybrid models ({arch}) is not implemented: the DFlash drafter "
-                   "reads hidden states of the target's layers that hybrid models do not tap; use ngram or "
-                   "draft_model")
-    if cfg.mamba_cache_mode == "align" and hybrid and not cfg.enable_prefix_caching:
-        out.append("mamba_cache_mode='align' saves recurrent states for prefix caching, which is off: set "
-                   "enable_prefix_caching true, or use mamba_cache_mode none")
-    return out
+    """The refusals of the model stage: tensor parallelism beyond a hybrid model's Gated DeltaNet value heads,
+    packed weights on MoE and hybrid models, DFlash on hybrid models, mamba_cache_mode without recurrent state or
+    without prefix caching (engine/support_matrix/rules.py says why and what to use)."""
+    return [r.message for r in check(model_combination(cfg, model, device), "model")]
 
 
 def num_state_snapshots(cfg: EngineArgs) -> int:
@@ -55,8 +37,9 @@ def num_state_snapshots(cfg: EngineArgs) -> int:
 def effective_settings(cfg: EngineArgs, model: ModelConfig) -> EngineArgs:
     """`cfg` as the engine runs this model: with mamba_cache_mode none a hybrid model's recurrent state (which
     summarizes the whole prefix) is not kept at block boundaries, so prefix caching is off for it."""
-    if model.architecture in HYBRID_ARCHITECTURES and cfg.enable_prefix_caching and cfg.mamba_cache_mode == "none":
-        log.warning("prefix caching is off for the hybrid model %s (mamba_cache_mode none: the recurrent state is "
-                    "not kept per block)", model.architecture)
+    point = Combination.from_settings(cfg, architecture=model.architecture)
+    prefix_off = FALLBACKS_BY_NAME["hybrid-prefix-caching-off"]
+    if prefix_off.holds(point):
+        log.warning("%s", prefix_off.message(point))
         return cfg.model_copy(update={"enable_prefix_caching": False})
     return cfg

@@ -25,12 +25,12 @@ from onecat.engine.quant.fp4.layout import cat_fp4
 from onecat.engine.quant.fp4.packing import FP4_NAMES, fp4_convert, fp4_unsupported_reason
 from onecat.engine.quant.fp8.packing import FP8_METHODS, cat_fp8, fp8_convert
 from onecat.engine.quant.w4a16.layout import W4A16Weight, quantize_w4
+from onecat.engine.support_matrix import NO_CPU_KERNEL, Combination, refuse  # NO_CPU_KERNEL: refused on CPU
 
 # quantization name -> the checkpoint quant_method it requires (None: any 4-bit one, or a dense checkpoint);
 # nvfp4 / mxfp4 keep FP4 checkpoints packed for the FP4 GEMV (engine/quant/fp4/packing.py)
 W4A16_NAMES = {"w4a16": None, "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
                "nvfp4": "modelopt", "mxfp4": "mxfp4", "fp8": FP8_METHODS}
-NO_CPU_KERNEL = (*FP4_NAMES, "fp8")  # packed formats with no CPU kernel (refused on CPU)
 RTN_GROUPS = (128, 64, 32)  # the largest that divides in_features
 # CPU: W4A16 weights run in the GGUF path's int4 layer (bf16 scales). Tests of the loading logic turn it off
 # to get W4A16Linear, which computes on the exactly dequantized weight on any device.
@@ -38,20 +38,14 @@ CPU_INT4_KERNEL = True
 
 
 def check_w4a16(quantization: str, model_format: str, device: torch.device) -> None:
-    """Refuses what the W4A16 kernels cannot run, with what to use instead. On CPU the 4-bit W4A16 formats
-    run in the packed int4 layer of the GGUF path (w4a16/cpu.py); FP4 has no CPU kernel."""
+    """Refuses what the W4A16 kernels cannot run, with what to use instead (the support matrix's weights stage).
+    On CPU the 4-bit W4A16 formats run in the packed int4 layer of the GGUF path (w4a16/cpu.py); FP4 and FP8
+    have no CPU kernel."""
     from onecat.engine.quant.int4.linear import Int4PackedLinear
 
-    cpu_int4 = quantization not in NO_CPU_KERNEL and Int4PackedLinear.supported(device)
-    if device.type != "cuda" and not cpu_int4:
-        raise ConfigError(f"quantization={quantization!r} keeps 4-bit weights packed for the CUDA 4-bit GEMV kernels; "
-                          f"on {device} leave quantization unset (the checkpoint runs dequantized)"
-                          + (" or use a 4-bit W4A16 format (w4a16, awq, gptq, compressed-tensors), which runs packed "
-                             "on CPU" if quantization in NO_CPU_KERNEL and device.type == "cpu" else ""))
-    if model_format != "hf" and quantization != "w4a16":
-        raise ConfigError(f"quantization={quantization!r} reads a {quantization} HF checkpoint; this model is "
-                          f"{model_format!r}: use quantization='w4a16' (quantized at load), 'gguf' on CPU, or leave "
-                          "it unset")
+    cpu_kernel = quantization not in NO_CPU_KERNEL and Int4PackedLinear.supported(torch.device("cpu"))
+    refuse(Combination(quantization=quantization, checkpoint=model_format, device=device.type,
+                       packed_cpu_kernel=cpu_kernel), "weights")
 
 
 def cat_shards(shards: list[W4A16Weight]) -> W4A16Weight | None:

@@ -30,6 +30,7 @@ from onecat.engine.models.support import effective_settings, num_state_snapshots
 from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.quant.hf_packer import W4A16_NAMES, W4A16Packer
 from onecat.engine.sampling_params import SamplingParams
+from onecat.engine.support_matrix import Combination, refuse
 from onecat.engine.worker.fused_kernels import enable_fused_kernels
 from onecat.engine.worker.model_runner import ModelRunner
 
@@ -50,10 +51,7 @@ class Worker:
                                      peer_collectives=not args.disable_custom_all_reduce)
             self.device = self.tp.device
         self.cpu_threads = None  # CPU, one rank: how many intra-op threads, and why (engine/cpu_threads.py)
-        if args.cpu_threads is not None and (self.device.type != "cpu" or self.tp is not None):
-            where = "tensor parallel ranks (each takes its share of the cores)" if self.tp else f"device {self.device}"
-            raise ConfigError(f"cpu_threads sets the threads of a CPU engine of one rank, not of {where}; "
-                              "remove cpu_threads")
+        refuse(Combination.from_settings(args, device=self.device.type), "device")  # cpu_threads off one CPU rank
         if self.device.type == "cpu" and self.tp is None:
             from onecat.engine.cpu_threads import choose_cpu_threads
 
