@@ -4,7 +4,8 @@ Registered by conftest in the controlling process only (with pytest-xdist, the w
 there too): it lists the checkout's untracked and git-ignored files when the session starts and again
 when it ends, and fails the session (exit status 1) naming each file that appeared. What the set-up
 and the test tools keep in the checkout is not counted: the venv and the package's build metadata
-(scripts/setup.sh), bytecode, pytest's and Hypothesis's own caches. `-p no:onecat_checkout_guard`
+(scripts/setup.sh), bytecode and pytest's own cache (Hypothesis keeps its cache beside the engine's,
+tests/conftest.py). `-p no:onecat_checkout_guard`
 turns the check off (for a pytest run started inside a test, whose outer run is still writing).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 PLUGIN_NAME = "onecat_checkout_guard"
 CHECKOUT = Path(__file__).resolve().parents[1]
 # git pathspecs of what the set-up and the test tools keep in the checkout
-NOT_TEST_OUTPUT = (".venv", ":(glob)*.egg-info/**", "build", ":(glob)**/__pycache__/**", ".pytest_cache", ".hypothesis")
+NOT_TEST_OUTPUT = (".venv", ":(glob)*.egg-info/**", "build", ":(glob)**/__pycache__/**", ".pytest_cache")
 
 
 def untracked_files(checkout: Path = CHECKOUT) -> set[str] | None:

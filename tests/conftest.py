@@ -25,6 +25,8 @@ if "ONECAT_DATA_DIR" not in os.environ and SHARED_DATA.is_dir():
 # Caches go where the engine keeps its compiled kernels ($ONECAT_CACHE_DIR, else ~/.cache/onecat), never into
 # the checkout: without the variable EvalPlus's reference outputs would go to .onecat/cache in the working folder.
 os.environ.setdefault("ONECAT_CACHE_DIR", str(cache_root()))
+# Hypothesis keeps its own cache (Unicode tables, examples) in ./.hypothesis unless told otherwise.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(Path(os.environ["ONECAT_CACHE_DIR"]) / "hypothesis"))
 # Every CPU engine zero-fills its whole KV budget when it opens; the tests' prompts are short, so a
 # small budget keeps each engine (and each `onecat serve` the tests start) near its weights' size.
 os.environ.setdefault("ONECAT_CPU_KVCACHE_SPACE", "0.25")
