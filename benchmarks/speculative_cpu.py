@@ -121,7 +121,7 @@ def dflash_arm(args) -> dict:
     """Trained DFlash drafter vs target-only on held-out chat prompts, batch 1 (speculative_dflash.compare)."""
     check_drafter(args.drafter)
     prompts = load_prompts(args.prompts, args.max_prompts) if args.prompts else select_prompts(args.max_prompts)
-    base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, device="cpu",
+    base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, not args.no_gate, device="cpu",
                                   dtype="float32", max_model_len=1024, enable_prefix_caching=False)
     max_tokens = args.max_tokens or 128
     rows = compare(base, spec, prompts, [1], max_tokens, args.repeats)
@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--max-prompts", type=int, default=8, help="dflash arm: prompts per set (GSM8K, HumanEval+)")
     ap.add_argument("--prompts", type=Path, default=None, help="dflash arm: prompts saved by speculative_gpu.py "
                                                                "--save-prompts (instead of the datasets)")
+    ap.add_argument("--no-gate", action="store_true",
+                    help="dflash arm: draft every round (disable_when_slower false), as the drafter contracts do")
     ap.add_argument("--allow-loaded", action="store_true", help=f"measure even at load >= {LOAD_LIMIT} (marked)")
     args = ap.parse_args()
     load = load_gate(args.allow_loaded)

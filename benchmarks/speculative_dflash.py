@@ -172,9 +172,10 @@ def random_dflash(dirpath: Path, llm: LLM, block_size: int = 5, target_layer_ids
     return dirpath
 
 
-def open_pair(target: str, drafter: str, k: int, **settings) -> tuple[LLM, LLM, str]:
+def open_pair(target: str, drafter: str, k: int, gate: bool = True, **settings) -> tuple[LLM, LLM, str]:
     """(target-only LLM, DFlash LLM, drafter label) with the same target settings. drafter "random": a
-    random-weight drafter of block k + 1 written to a temporary folder (plumbing only, labelled so)."""
+    random-weight drafter of block k + 1 written to a temporary folder (plumbing only, labelled so).
+    `gate` False: the DFlash engine drafts every round (speculative_config.disable_when_slower false)."""
     import tempfile
 
     base = LLM(target, **settings)
@@ -182,8 +183,8 @@ def open_pair(target: str, drafter: str, k: int, **settings) -> tuple[LLM, LLM, 
     if drafter == "random":
         drafter = str(random_dflash(Path(tempfile.mkdtemp()) / "dflash", base, block_size=k + 1))
         label = f"random weights, block {k + 1} (plumbing only: near-zero acceptance)"
-    spec = LLM(target, speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": k},
-               **settings)
+    spec = LLM(target, speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": k,
+                                           "disable_when_slower": gate}, **settings)
     return base, spec, label
 
 

@@ -183,3 +183,12 @@ def test_a_fractional_acceptance_is_spread_over_each_sequences_rounds(engine):
         # rounds alternate 1, 2, 1, 2 ... accepted drafts (fewer only where the budget cut the draft)
         assert abs(o.spec.num_accepted_tokens - 1.5 * o.spec.num_drafts) <= 2
         assert o.spec.accepted_per_position[2] == 0
+
+
+def test_probes_of_a_verdict_that_holds_are_spaced_out_and_a_change_is_still_seen():
+    gate = SpeculationGate(probe_every=16)
+    decisions = _feed(gate, 1, 2000, plain_s=1.0, round_s=1.2, tokens=2.0)
+    assert len(decisions) - sum(decisions[100:]) - 100 <= 12  # 16, 32, ... 256 steps apart: few plain probes
+    assert gate.report()["per_batch_size_up_to"][1]["probe_every"] == 256
+    _feed(gate, 1, 3000, plain_s=1.0, round_s=3.0, tokens=1.1)  # acceptance collapses: drafting now loses
+    assert gate.pays(1) is False

@@ -6,7 +6,9 @@ per sequence; a plain step moves one. Both are measured here, per batch size up 
 (pure decode steps only: a step that also prefills is not comparable), as moving averages of wall time per step (the step ends with the host
 reading its tokens, so wall time covers the device's work and the host's). Drafting stays on while
 `tokens per round / round time >= 1 / plain step time`. A mode that is off is probed now and then (one step
-every `probe_every`) so that a change in acceptance or in cost is noticed. Either way the request gets the
+every `probe_every`, doubling up to `MAX_PROBE_EVERY` while the probes confirm the verdict, back to
+`probe_every` when one overturns it) so that a change in acceptance or in cost is noticed without
+paying for many probes of a verdict that holds. Either way the request gets the
 target's exact distribution: the verifier is exact, plain steps sample from the target.
 
 Separately, a proposer that keeps finding nothing to draft (prompt lookup over text that never repeats) is
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 WARMUP = 2  # first samples of a (mode, batch size) not averaged: graph capture and first-call costs
 ALPHA = 0.1  # weight of the newest sample in the moving averages
+MAX_PROBE_EVERY = 256
 
 
 @dataclass(slots=True)
@@ -42,6 +45,7 @@ class _Bucket:
     round_s: _Mean = field(default_factory=_Mean)  # seconds per speculative round
     tokens: _Mean = field(default_factory=_Mean)  # tokens per sequence per round (1 + accepted)
     since_probe: int = 0
+    probe_every: int = 0  # steps between probes now: doubles while probes confirm the verdict
 
 
 class SpeculationGate:
@@ -57,7 +61,9 @@ class SpeculationGate:
     def _bucket(self, batch: int) -> _Bucket:
         """Batch sizes share a bucket up to the next power of two (1, 2, 3-4, 5-8, ...): a batch that
         shrinks as its requests finish is not measured afresh at every size."""
-        return self._buckets.setdefault(1 << max(0, batch - 1).bit_length(), _Bucket())
+        b = self._buckets.setdefault(1 << max(0, batch - 1).bit_length(), _Bucket())
+        b.probe_every = b.probe_every or self.probe_every
+        return b
 
     def pays(self, batch: int) -> bool | None:
         """True / False once both modes are measured at this batch size; None before."""
@@ -76,7 +82,7 @@ class SpeculationGate:
         verdict = self.pays(batch)
         if verdict is None:  # measure rounds first, then plain steps
             return b.round_s.value is None or b.tokens.value is None or b.plain_s.value is not None
-        if b.since_probe >= self.probe_every:  # now and then the other mode, to notice a change
+        if b.since_probe >= b.probe_every:  # now and then the other mode, to notice a change
             return not verdict
         return verdict
 
@@ -87,7 +93,8 @@ class SpeculationGate:
             return False
         if self._skip > 0:
             return True
-        return self.pays(batch) is False and self._bucket(batch).since_probe + 1 < self.probe_every
+        b = self._bucket(batch)
+        return self.pays(batch) is False and b.since_probe + 1 < b.probe_every
 
     def proposed(self, found_any: bool) -> None:
         """After a proposer call: back off while it finds nothing to draft."""
@@ -102,6 +109,7 @@ class SpeculationGate:
         """One pure decode step's wall time; `drafted` when it verified drafts."""
         b = self._bucket(batch)
         verdict = self.pays(batch)
+        probed = False
         if self._asked:
             self._asked = False
             b.since_probe += 1
@@ -111,6 +119,7 @@ class SpeculationGate:
         elif verdict is not None and drafted != verdict:  # a probe of the mode that is off
             b.since_probe = 0
             self.steps["plain_probes" if verdict else "draft_probes"] += 1
+            probed = True
         else:
             b.since_probe += 1
             if verdict is False:
@@ -121,6 +130,9 @@ class SpeculationGate:
             b.tokens.add(tokens_per_seq)
         else:
             b.plain_s.add(seconds)
+        if probed:  # a probe that confirms the verdict spaces the next one out; one that overturns it does not
+            b.probe_every = min(2 * b.probe_every, MAX_PROBE_EVERY) if self.pays(batch) == verdict \
+                else self.probe_every
 
     def report(self) -> dict:
         per_batch = {}
@@ -131,6 +143,6 @@ class SpeculationGate:
                 "plain_step_ms": None if b.plain_s.value is None else round(1e3 * b.plain_s.value, 4),
                 "round_ms": None if b.round_s.value is None else round(1e3 * b.round_s.value, 4),
                 "tokens_per_round": None if b.tokens.value is None else round(b.tokens.value, 3),
-                "drafting_pays": self.pays(batch)}
+                "drafting_pays": self.pays(batch), "probe_every": b.probe_every}
         return {"measured": self.enabled, "probe_every": self.probe_every, "steps": dict(self.steps),
                 "per_batch_size_up_to": per_batch}
