@@ -192,3 +192,13 @@ def test_probes_of_a_verdict_that_holds_are_spaced_out_and_a_change_is_still_see
     assert gate.report()["per_batch_size_up_to"][1]["probe_every"] == 256
     _feed(gate, 1, 3000, plain_s=1.0, round_s=3.0, tokens=1.1)  # acceptance collapses: drafting now loses
     assert gate.pays(1) is False
+
+
+def test_an_unlucky_start_does_not_lock_drafting_out():
+    """The first rounds are slow and accept little (warm-up, no drafter context yet); later ones win: the
+    gate turns drafting back on within a few probes."""
+    gate = SpeculationGate(probe_every=16)
+    _feed(gate, 1, 12, plain_s=1.0, round_s=3.0, tokens=1.0)
+    assert gate.pays(1) is False
+    later = _feed(gate, 1, 200, plain_s=1.0, round_s=1.1, tokens=2.5)
+    assert gate.pays(1) is True and sum(later[100:]) >= 95

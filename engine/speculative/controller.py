@@ -6,9 +6,10 @@ per sequence; a plain step moves one. Both are measured here, per batch size up 
 (pure decode steps only: a step that also prefills is not comparable), as moving averages of wall time per step (the step ends with the host
 reading its tokens, so wall time covers the device's work and the host's). Drafting stays on while
 `tokens per round / round time >= 1 / plain step time`. A mode that is off is probed now and then (one step
-every `probe_every`, doubling up to `MAX_PROBE_EVERY` while the probes confirm the verdict, back to
-`probe_every` when one overturns it) so that a change in acceptance or in cost is noticed without
-paying for many probes of a verdict that holds. Either way the request gets the
+every `probe_every`; a probe moves its mode's averages by PROBE_WEIGHT) so that a change in acceptance or
+in cost is noticed. While drafting wins, its plain probes are spaced out (x2 a confirming probe, up to
+`MAX_PROBE_EVERY` steps); while drafting loses, or once the verdict changes, drafting is probed at the base
+rate, so an early unlucky estimate cannot lock drafting out for long. Either way the request gets the
 target's exact distribution: the verifier is exact, plain steps sample from the target.
 
 Separately, a proposer that keeps finding nothing to draft (prompt lookup over text that never repeats) is
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 WARMUP = 2  # first samples of a (mode, batch size) not averaged: graph capture and first-call costs
 ALPHA = 0.1  # weight of the newest sample in the moving averages
+PROBE_WEIGHT = 0.5  # a probe is the only fresh sample of its mode: it moves that mode's averages further
 MAX_PROBE_EVERY = 256
 
 
@@ -33,10 +35,10 @@ class _Mean:
     seen: int = 0
     value: float | None = None
 
-    def add(self, x: float) -> None:
+    def add(self, x: float, weight: float = ALPHA) -> None:
         self.seen += 1
         if self.seen > WARMUP:
-            self.value = x if self.value is None else (1 - ALPHA) * self.value + ALPHA * x
+            self.value = x if self.value is None else (1 - weight) * self.value + weight * x
 
 
 @dataclass(slots=True)
@@ -124,15 +126,18 @@ class SpeculationGate:
             b.since_probe += 1
             if verdict is False:
                 self.steps["plain_by_choice"] += 1
+        weight = PROBE_WEIGHT if probed else ALPHA
         if drafted:
             self.steps["drafted"] += 1
-            b.round_s.add(seconds)
-            b.tokens.add(tokens_per_seq)
+            b.round_s.add(seconds, weight)
+            b.tokens.add(tokens_per_seq, weight)
         else:
-            b.plain_s.add(seconds)
-        if probed:  # a probe that confirms the verdict spaces the next one out; one that overturns it does not
-            b.probe_every = min(2 * b.probe_every, MAX_PROBE_EVERY) if self.pays(batch) == verdict \
-                else self.probe_every
+            b.plain_s.add(seconds, weight)
+        # probes of plain steps while drafting wins are spaced out as long as they confirm it; while drafting
+        # loses it is probed at the base rate (an early, unlucky estimate must not lock drafting out)
+        now = self.pays(batch)
+        b.probe_every = min(2 * b.probe_every, MAX_PROBE_EVERY) if probed and now is True and verdict is True \
+            else (b.probe_every if now is True and verdict is True else self.probe_every)
 
     def report(self) -> dict:
         per_batch = {}
