@@ -32,17 +32,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from gpu_decode import SHAPES as GPU_SHAPES
 
-SHAPES = {
-    "llama3-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
-                      intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,
-                      tie_word_embeddings=False, torch_dtype="float16", bos_token_id=1, eos_token_id=2),
-    "tiny": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=128,
-                 intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=32, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048,
-                 tie_word_embeddings=False, torch_dtype="float32", bos_token_id=1, eos_token_id=2),
-}
+SHAPES = {"llama3-8b": GPU_SHAPES["llama3-8b"],
+          "tiny": dict(GPU_SHAPES["llama3-8b"], vocab_size=512, hidden_size=128, intermediate_size=256,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                       rope_theta=10000.0, torch_dtype="float32")}
 ACCEPTANCE_LENGTHS = (2.0, 3.0, 4.25, 6.55)  # DFlash's published MT-Bench 4.25 and GSM8K 6.55 among them
 DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
 

@@ -6,12 +6,11 @@ version and the file's sha256 let anyone fetch and check the same bytes.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 from pathlib import Path
 
-from onecat.engine.model_source import EMBEDDED_MODELS, EMBEDDED_PREFIX
+from onecat.engine.model_source import EMBEDDED_MODELS, EMBEDDED_PREFIX, ResolvedModel
 
 
 def _version(dist: str) -> str | None:
@@ -21,21 +20,14 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _shipping_package(name: str, sha256: str) -> tuple[str, str] | None:
     """(embedded model name, distribution) whose installed file has this name and these bytes, if any."""
     for model, (dist, filename) in EMBEDDED_MODELS.items():
         if filename != name or _version(dist) is None:
             continue
         for f in importlib.metadata.files(dist) or []:
-            if str(f).endswith(filename) and Path(f.locate()).is_file() and _file_sha256(Path(f.locate())) == sha256:
+            path = Path(f.locate())
+            if str(f).endswith(filename) and path.is_file() and ResolvedModel(filename, path, "gguf").sha256() == sha256:
                 return model, dist
     return None
 
