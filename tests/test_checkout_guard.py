@@ -38,8 +38,8 @@ def test_writes_into_the_checkout():
 def test_writes_what_does_not_count():
     (HERE / "pkg" / "__pycache__").mkdir(parents=True, exist_ok=True)
     (HERE / "pkg" / "__pycache__" / "m.pyc").write_bytes(b"")
-    (HERE / ".hypothesis").mkdir(exist_ok=True)
-    (HERE / ".hypothesis" / "db").write_text("x")
+    (HERE / ".pytest_cache").mkdir(exist_ok=True)
+    (HERE / ".pytest_cache" / "db").write_text("x")
 
 
 def test_writes_under_tmp_path(tmp_path):
@@ -85,7 +85,7 @@ def test_a_run_that_leaves_a_file_in_the_checkout_fails_and_names_it(tmp_path, w
     assert "3 passed" in out, out[-3000:]
     assert result.returncode == 1, out[-3000:]
     assert "files the tests left in the checkout" in out and ".onecat/reports/left-behind.md" in out
-    assert "m.pyc" not in out and ".hypothesis" not in out
+    assert "m.pyc" not in out and ".pytest_cache" not in out
 
 
 def test_a_run_that_writes_only_under_tmp_path_passes(tmp_path):
