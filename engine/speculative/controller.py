@@ -135,9 +135,11 @@ class SpeculationGate:
             b.plain_s.add(seconds, weight)
         # probes of plain steps while drafting wins are spaced out as long as they confirm it; while drafting
         # loses it is probed at the base rate (an early, unlucky estimate must not lock drafting out)
-        now = self.pays(batch)
-        b.probe_every = min(2 * b.probe_every, MAX_PROBE_EVERY) if probed and now is True and verdict is True \
-            else (b.probe_every if now is True and verdict is True else self.probe_every)
+        if verdict is True and self.pays(batch) is True:
+            if probed:
+                b.probe_every = min(2 * b.probe_every, MAX_PROBE_EVERY)
+        else:
+            b.probe_every = self.probe_every
 
     def report(self) -> dict:
         per_batch = {}
