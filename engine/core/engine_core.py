@@ -146,11 +146,12 @@ class EngineCore:
             scheduled = self._schedule()
             if not scheduled:
                 return []
-            decoding = all(s.num_new_tokens == 1 and s.seq.num_computed_tokens + 1 == s.seq.num_tokens
-                           and s.seq.num_computed_tokens >= s.seq.num_prompt_tokens for s in scheduled)
+            decoding = self.proposer is not None and all(
+                s.num_new_tokens == 1 and s.seq.num_computed_tokens + 1 == s.seq.num_tokens
+                and s.seq.num_computed_tokens >= s.seq.num_prompt_tokens for s in scheduled)
             updates = self._run(scheduled)
             touched = self.postprocess(updates)
-            if self.proposer is not None and decoding:  # the proposer's gate weighs rounds against plain steps
+            if decoding:  # the proposer's gate weighs rounds against plain steps
                 self.proposer.step_done(len(scheduled), any(s.num_lookahead for s in scheduled),
                                         time.perf_counter() - started,
                                         sum(len(u.new_tokens) for u in updates) / len(updates))
