@@ -167,7 +167,7 @@ class EngineCore:
         sampled = self._sample(scheduled, result)
         wants_features = self.proposer is not None and self.proposer.wants_features  # block drafters
         features = self.proposer.step_features() if wants_features else None
-        targets = self._greedy_targets(scheduled, result)
+        verified = self._verify(scheduled, result)
         updates, row = [], 0
         for i, s in enumerate(scheduled):
             if i in result.prompt_logprobs:
@@ -176,8 +176,8 @@ class EngineCore:
                 if s.seq.prompt_top_logprobs is not None:
                     s.seq.prompt_top_logprobs.extend(chunk.tops)
                     s.seq.prompt_ranks.extend(chunk.ranks)
-            if i in result.verify_logits:
-                new_tokens = self.proposer.verify(s.seq, s, result.verify_logits[i], targets.get(i))
+            if i in verified:
+                new_tokens = verified[i]
                 if s.seq.logprobs is not None:  # row j of the verify logits chose new token j
                     n = s.seq.params.logprobs
                     s.seq.logprobs.extend(token_logprobs(result.verify_logits[i], new_tokens, [n] * len(new_tokens)))
@@ -189,19 +189,13 @@ class EngineCore:
             row += s.num_new_tokens + s.num_lookahead
         return updates
 
-    @staticmethod
-    def _greedy_targets(scheduled: list[ScheduledSeq], result: StepResult) -> dict[int, list[int]]:
-        """The target's argmax at every verify row of the greedy sequences, read from the device at once
-        (one read a step, not one a sequence)."""
-        greedy = [i for i, s in enumerate(scheduled) if i in result.verify_logits and s.seq.params.greedy]
-        if not greedy:
+    def _verify(self, scheduled: list[ScheduledSeq], result: StepResult) -> dict[int, list[int]]:
+        """The tokens of every sequence that verified drafts this step (scheduled index -> tokens)."""
+        if not result.verify_logits:
             return {}
-        flat = torch.cat([result.verify_logits[i].argmax(dim=-1) for i in greedy]).tolist()
-        targets, at = {}, 0
-        for i in greedy:
-            n = result.verify_logits[i].shape[0]
-            targets[i], at = flat[at:at + n], at + n
-        return targets
+        index = list(result.verify_logits)
+        tokens = self.proposer.verify([(scheduled[i].seq, scheduled[i], result.verify_logits[i]) for i in index])
+        return dict(zip(index, tokens))
 
     def _sample(self, scheduled: list[ScheduledSeq], result: StepResult) -> dict[int, int]:
         """A token for every sequence that reached its end this step (scheduled index -> token); logprobs

@@ -52,22 +52,22 @@ def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     return probs
 
 
-def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Exponential-race sampling (argmax p / E, E ~ Exp(1)): one draw per vocab entry from the request's stream."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+def exponential_race(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """A draw from each row of `probs` [N, V], on the device (argmax p / E, E ~ Exp(1)): one draw per vocab
+    entry from that row's request stream, so a row's token does not depend on the other rows."""
+    noise = torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)])
+    return (probs / noise).argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
+    """A token per row, read back from the device once for the whole batch."""
     logits = logits.float()
-    greedy = [p.greedy for p in params]
-    tokens = logits.argmax(dim=-1).tolist() if any(greedy) else [0] * len(params)
-    rows = [i for i, g in enumerate(greedy) if not g]
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         probs = apply_filters(logits[rows], [params[i] for i in rows])
-        for j, i in enumerate(rows):
-            tokens[i] = sample_from_probs(probs[j], generators[i])
-    return tokens
+        tokens[rows] = exponential_race(probs, [generators[i] for i in rows])
+    return tokens.tolist()
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: list[int | None]) -> list[dict[int, float] | None]:

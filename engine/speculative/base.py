@@ -15,7 +15,7 @@ from onecat.engine.core.scheduler_output import ScheduledSeq
 from onecat.engine.core.sequence import Sequence
 from onecat.engine.errors import ConfigError
 from onecat.engine.speculative.controller import SpeculationGate
-from onecat.engine.speculative.verifier import verify_greedy, verify_sampled
+from onecat.engine.speculative.verifier import DraftBlock, verify_blocks
 
 
 @runtime_checkable
@@ -119,28 +119,30 @@ class SpeculativeDecoder:
         """A pure decode step of `batch` sequences took `seconds` of wall time (for the gate)."""
         self.gate.record(batch, drafted, seconds, tokens_per_seq)
 
-    def verify(self, seq: Sequence, sched: ScheduledSeq, logits: torch.Tensor,
-               target: list[int] | None = None) -> list[int]:
-        """The tokens a verify step emits for `seq`. `target`: the argmax of `logits`' rows when the
-        caller already read them for the whole batch (greedy; one device-to-host read a step)."""
-        draft = seq.draft_tokens[:sched.num_lookahead]
-        if seq.params.greedy:
-            tokens = verify_greedy(draft, logits.argmax(dim=-1).tolist() if target is None else target)
-        else:
-            q = seq.draft_probs[:len(draft)] if seq.draft_probs is not None else None
-            tokens = verify_sampled(draft, q, logits, seq.params, seq.generator)
-        accepted = len(tokens) - 1
+    def verify(self, blocks: list[tuple[Sequence, ScheduledSeq, torch.Tensor]]) -> list[list[int]]:
+        """The tokens one step's verify rows emit, per (sequence, its schedule, its verify logits
+        [num_lookahead + 1, V]): all sequences verified at once on the device, read back in one go."""
+        drafts = [seq.draft_tokens[:sched.num_lookahead] for seq, sched, _ in blocks]
+        results = verify_blocks([
+            DraftBlock(draft, logits, seq.params, seq.generator,
+                       None if seq.params.greedy or seq.draft_probs is None else seq.draft_probs[:len(draft)])
+            for draft, (seq, _, logits) in zip(drafts, blocks)])
+        for draft, (seq, _, _), tokens in zip(drafts, blocks, results):
+            self._count(seq, len(draft), len(tokens) - 1)
+        return results
+
+    def _count(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        """Acceptance statistics of a verified block, and the proposer's feedback; the draft is spent."""
         s = seq.spec
         s.num_drafts += 1
-        s.num_draft_tokens += len(draft)
+        s.num_draft_tokens += drafted
         s.num_accepted_tokens += accepted
         if len(s.accepted_per_position) < self.k:
             s.accepted_per_position.extend([0] * (self.k - len(s.accepted_per_position)))
         for j in range(accepted):
             s.accepted_per_position[j] += 1
-        self.proposer.observe(seq, len(draft), accepted)
+        self.proposer.observe(seq, drafted, accepted)
         seq.draft_tokens, seq.draft_probs = [], None
-        return tokens
 
     def release(self, seq: Sequence) -> None:
         self.proposer.release(seq)

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from onecat.engine.core.sampler import apply_filters, sample_from_probs
+from onecat.engine.core.sampler import apply_filters, exponential_race
 from onecat.engine.errors import ConfigError, ModelNotFoundError
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
@@ -284,17 +284,18 @@ class DFlashProposer(Proposer):
         if logits is None:
             return [([], None)] * len(seqs)
         starts = list(itertools.accumulate(counts, initial=0))
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens = logits.argmax(dim=-1)
         sampled = [i for i, (s, n) in enumerate(zip(seqs, counts)) if n and not s.params.greedy]
         probs = {}
         if sampled:
             rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in sampled]).to(logits.device)
             q = apply_filters(logits[rows], [seqs[i].params for i in sampled for _ in range(counts[i])])
+            tokens[rows] = exponential_race(q, [seqs[i].generator for i in sampled for _ in range(counts[i])])
             at = 0
             for i in sampled:
                 probs[i] = q[at:at + counts[i]]
                 at += counts[i]
-                tokens[starts[i]:starts[i + 1]] = [sample_from_probs(row, seqs[i].generator) for row in probs[i]]
+        tokens = tokens.tolist()  # the drafts of every sequence, read back at once
         return [(tokens[starts[i]:starts[i + 1]], probs.get(i)) for i in range(len(seqs))]
 
     def release(self, seq) -> None:

@@ -1,46 +1,121 @@
-"""Exact verification of a draft block: greedy prefix match, or rejection sampling for sampled decoding.
+"""Exact verification of one step's draft blocks, every sequence at once, on the logits' device.
 
-Rejection sampling (accept d with prob min(1, p(d)/q(d)); on rejection draw from the normalized
-residual max(0, p - q); a bonus token from p when every draft is accepted) makes the emitted tokens
-follow the target distribution p exactly, whatever the proposer's q. A deterministic proposer
-(n-gram) has q = point mass on its draft. Random draws come from the request's own generator.
+Greedy: a draft token is accepted while it equals the target's argmax at its row; the target's argmax
+after the accepted prefix is emitted too. Sampled: rejection sampling (accept d with probability
+min(1, p(d)/q(d)); at the first rejection draw from the normalized residual max(0, p - q); a bonus token
+from p when every draft is accepted) makes the emitted tokens follow the target distribution p exactly,
+whatever the proposer's q. A deterministic proposer (n-gram) has q = point mass on its draft.
+
+Acceptance, the residual and the next token are computed on the device for the whole batch; the host
+reads one tensor per step (each sequence's accepted count and tokens), not one value per draft.
+Every random draw comes from the request's own generator, in an order that does not depend on the
+batch (len(draft) uniforms, then one exponential per vocabulary entry), so a seeded request's tokens
+do not depend on which requests share its step.
 """
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from itertools import accumulate
 
-from onecat.engine.core.sampler import apply_filters, sample_from_probs
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from onecat.engine.core.sampler import apply_filters
 from onecat.engine.sampling_params import SamplingParams
 
 
-def verify_greedy(draft: list[int], target: list[int]) -> list[int]:
-    """target: the target's argmax at each of the len(draft) + 1 verify rows. Longest prefix of the draft
-    equal to it, then the target's next token."""
-    a = 0
-    while a < len(draft) and draft[a] == target[a]:
-        a += 1
-    return draft[:a] + [target[a]]
+@dataclass(slots=True)
+class DraftBlock:
+    """One sequence's verify rows: `logits` [len(draft) + 1, V] of the target at the draft's positions."""
+
+    draft: list[int]
+    logits: torch.Tensor
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    probs: torch.Tensor | None = None  # the proposer's q [len(draft), V]; None: point mass on each draft
 
 
-def verify_sampled(draft: list[int], draft_probs: torch.Tensor | None, logits: torch.Tensor,
-                   params: SamplingParams, generator: torch.Generator | None) -> list[int]:
-    k = len(draft)
-    p = apply_filters(logits.float(), [params] * (k + 1))  # target distributions, same filters as plain sampling
-    out: list[int] = []
-    for j, d in enumerate(draft):
-        q_d = 1.0 if draft_probs is None else float(draft_probs[j, d])
-        u = float(torch.rand((), generator=generator, device=p.device))
-        if q_d > 0 and u * q_d < float(p[j, d]):  # u < p/q without dividing by a tiny q
-            out.append(d)
-            continue
-        if draft_probs is None:
-            residual = p[j].clone()
-            residual[d] = 0.0
-        else:
-            residual = (p[j] - draft_probs[j].to(p.dtype)).clamp_min(0.0)
-        total = residual.sum()
-        residual = p[j] if float(total) <= 0 else residual / total
-        out.append(sample_from_probs(residual, generator))
-        return out
-    out.append(sample_from_probs(p[k], generator))
+def verify_blocks(blocks: list[DraftBlock]) -> list[list[int]]:
+    """The tokens each block emits: its accepted drafts, then one token of the target's."""
+    if not blocks:
+        return []
+    width = max(len(b.draft) for b in blocks) + 2  # accepted count, then up to len + 1 tokens
+    greedy = [i for i, b in enumerate(blocks) if b.params.greedy]
+    sampled = [i for i, b in enumerate(blocks) if not b.params.greedy]
+    parts, order = [], greedy + sampled
+    if greedy:
+        parts.append(_verify_greedy([blocks[i] for i in greedy]))
+    if sampled:
+        parts.append(_verify_sampled([blocks[i] for i in sampled]))
+    rows = torch.cat([_pad_columns(t, width) for t in parts]).tolist()  # the step's one device-to-host read
+    out: list[list[int]] = [[] for _ in blocks]
+    for i, row in zip(order, rows):
+        out[i] = row[1:row[0] + 2]
     return out
+
+
+def _pad_columns(t: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]))
+
+
+def _padded_drafts(blocks: list[DraftBlock], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafts [B, K] (0 past each draft's end) and the mask of real positions [B, K]."""
+    k = max(len(b.draft) for b in blocks)
+    drafts = torch.tensor([b.draft + [0] * (k - len(b.draft)) for b in blocks], dtype=torch.long, device=device)
+    lens = torch.tensor([len(b.draft) for b in blocks], device=device)
+    return drafts, torch.arange(k, device=device).unsqueeze(0) < lens.unsqueeze(1)
+
+
+def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
+    """[B, K] per-position acceptance (False past a draft's end) -> accepted prefix length [B]."""
+    return accept.long().cumprod(dim=1).sum(dim=1)
+
+
+def _verify_greedy(blocks: list[DraftBlock]) -> torch.Tensor:
+    """[B, 1 + K + 1]: accepted count, then the target's argmax at every row (the accepted drafts equal it)."""
+    device = blocks[0].logits.device
+    targets = pad_sequence([b.logits.argmax(dim=-1) for b in blocks], batch_first=True)  # [B, K + 1]
+    drafts, real = _padded_drafts(blocks, device)
+    accepted = _accepted_prefix((drafts == targets[:, :-1]) & real)
+    return torch.cat([accepted.unsqueeze(1), targets], dim=1)
+
+
+def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
+    """[B, 1 + K + 1]: accepted count, then the drafts with the target's token at the accepted count."""
+    device = blocks[0].logits.device
+    lens = [len(b.draft) for b in blocks]
+    starts = torch.tensor(list(accumulate((n + 1 for n in lens[:-1]), initial=0)), device=device)  # first rows
+    p = apply_filters(torch.cat([b.logits for b in blocks]).float(),
+                      [b.params for b in blocks for _ in range(len(b.draft) + 1)])  # [sum(len + 1), V]
+    drafts, real = _padded_drafts(blocks, device)
+    k = drafts.shape[1]
+    rows = (starts.unsqueeze(1) + torch.arange(k, device=device)).clamp_max(p.shape[0] - 1)
+    p_draft = p[rows, drafts]  # [B, K]: p of each draft token at its row
+    q_draft = torch.stack([_pad_to(b.probs[torch.arange(n, device=device), drafts[i, :n]].float(), k)
+                           if b.probs is not None else torch.ones(k, device=device)
+                           for i, (b, n) in enumerate(zip(blocks, lens))])
+    u = torch.stack([_pad_to(torch.rand(len(b.draft), generator=b.generator, device=device), k) for b in blocks])
+    accepted = _accepted_prefix((q_draft > 0) & (u * q_draft < p_draft) & real)  # u < p/q without dividing
+
+    p_next = p[starts + accepted]  # [B, V]: the target's distribution after the accepted prefix
+    rejected = accepted < torch.tensor(lens, device=device)
+    d_rejected = drafts.gather(1, accepted.clamp_max(k - 1).unsqueeze(1))  # the rejected draft token
+    residual = p_next.scatter(1, d_rejected, 0.0)  # point-mass q: p without the rejected token
+    with_q = [i for i, b in enumerate(blocks) if b.probs is not None]
+    if with_q:
+        q_next = torch.stack([blocks[i].probs[accepted[i].clamp_max(len(blocks[i].draft) - 1)].to(p.dtype)
+                              for i in with_q])
+        residual[with_q] = (p_next[with_q] - q_next).clamp_min(0.0)
+    total = residual.sum(dim=1, keepdim=True)
+    residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p_next)
+    law = torch.where(rejected.unsqueeze(1), residual, p_next)
+    noise = torch.stack([torch.empty_like(law[i]).exponential_(generator=b.generator) for i, b in enumerate(blocks)])
+    token = (law / noise).argmax(dim=1)  # exponential race: a draw from `law`
+
+    tokens = torch.cat([drafts, drafts.new_zeros(len(blocks), 1)], dim=1).scatter(1, accepted.unsqueeze(1),
+                                                                                  token.unsqueeze(1))
+    return torch.cat([accepted.unsqueeze(1), tokens], dim=1)
+
+
+def _pad_to(t: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, k - t.shape[0]))
