@@ -74,3 +74,26 @@ def test_verify_graphs_of_every_draft_length_match_eager(tmp_path, batched):
         for le, lg in zip(e.logprobs, g.logprobs):
             assert le.keys() == lg.keys()
             assert [lg[t] for t in le] == pytest.approx([le[t] for t in le], abs=2e-3)
+
+
+def test_draft_model_steps_replay_the_draft_engines_graphs(tmp_path):
+    """With cuda_graph full, the draft model's decode steps replay its own engine's graphs, and greedy
+    speculation keeps target-only's tokens."""
+    from onecat.engine import LLM, SamplingParams
+    from tests.tiny_models import make_tiny_model
+
+    target = make_tiny_model("llama", tmp_path / "target", hidden_size=256, num_attention_heads=8,
+                             num_key_value_heads=2, intermediate_size=512)
+    draft = make_tiny_model("llama", tmp_path / "draft", num_hidden_layers=1)
+    settings = dict(device="cuda", dtype="float16", cuda_graph="full", max_model_len=256, max_num_seqs=4,
+                    kv_cache_memory_gb=0.25)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    with LLM(str(target), **settings) as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, params)]
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3,
+            "disable_when_slower": False}
+    with LLM(str(target), speculative_config=spec, **settings) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        drafter = llm.info()["speculative"]
+    assert got == want
+    assert drafter["cuda_graph"]["used"] and drafter["cuda_graph"]["replays"] > 0, drafter

@@ -1,7 +1,8 @@
 """Draft-model proposer: a smaller model with the same tokenizer, running in its own engine and KV.
 
 Each round the draft engine continues every decoding sequence for up to k tokens. Its prefix cache
-keeps the already-seen context, so a round costs the uncached tail plus k small decode steps.
+keeps the already-seen context, so a round costs the uncached tail plus k small decode steps; with the
+target's cuda_graph setting those decode steps replay the draft engine's own CUDA graphs.
 For sampled requests it samples with the request's settings and returns its distributions q.
 """
 from __future__ import annotations
@@ -25,6 +26,9 @@ class DraftEngine(Protocol):
     def engine_generate(self, token_ids: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
         ...
 
+    def cuda_graph_report(self) -> dict:
+        ...
+
 
 OpenDraftEngine = Callable[..., DraftEngine]
 """`open_engine(model, **engine settings)`: opens the engine for the draft model (the caller passes `LLM`)."""
@@ -40,7 +44,7 @@ class DraftModelProposer(Proposer):
         self.draft = open_engine(model, device=str(target.device), dtype=engine_kwargs.pop("dtype", target.dtype),
                                  max_model_len=target.max_model_len, max_num_seqs=target.cfg.max_num_seqs,
                                  enable_prefix_caching=True, seed=target.cfg.seed, revision=revision,
-                                 **engine_kwargs)
+                                 cuda_graph=target.cfg.cuda_graph, **engine_kwargs)
         if self.draft.model_config.vocab_size != target.model_config.vocab_size:
             raise ConfigError(f"draft model {model!r} has vocabulary size {self.draft.model_config.vocab_size} but "
                               f"the target has {target.model_config.vocab_size}; a draft model must share the "
@@ -60,4 +64,6 @@ class DraftModelProposer(Proposer):
         return [(o.token_ids, o.probs) for o in outs]
 
     def describe(self) -> dict:
-        return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name}
+        graphs = self.draft.cuda_graph_report()
+        return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
+                "cuda_graph": {"used": graphs["used"], "replays": graphs["replays"]}}
