@@ -1,4 +1,4 @@
-"""Turns a model reference (embedded name, local path, hub id) into files on disk, without loading.
+"""Turns a model reference (embedded name, random shape, local path, hub id) into files on disk, without loading.
 
 Resolution never downloads: hub ids are looked up in the local Hugging Face cache, so a machine
 without the model fails here, at once, with the list of places that were searched.
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onecat.engine.errors import ModelNotFoundError
+from onecat.engine.random_models import RANDOM_PREFIX, random_model_dir
 
 EMBEDDED_PREFIX = "embedded:"
 # name -> (distribution that ships the file, file name inside it)
@@ -106,6 +107,8 @@ def resolve_model_source(source: str, revision: str | None = None, weights_requi
     (`weights_required` False: an HF directory's config and tokenizer suffice, for random weights)."""
     if source.startswith(EMBEDDED_PREFIX):
         return _embedded(source[len(EMBEDDED_PREFIX):])
+    if source.startswith(RANDOM_PREFIX):
+        return ResolvedModel(source, random_model_dir(source[len(RANDOM_PREFIX):], weights_required), "hf")
     path = Path(source).expanduser()
     if path.exists():
         return _local(path, source, weights_required)

@@ -7,7 +7,10 @@ continuation for its first n positions and a token the target does not pick afte
 accepts exactly n drafts wherever the target reproduces its known output. n is `accepted` when that is a
 whole number; a fractional `accepted` (3.25: acceptance length 4.25) spreads over each sequence's rounds
 (3, 3, 3, 4, ...: round r takes floor(a (r + 1)) - floor(a r)), so the mean is exact. The continuation comes from `reference(seq)`: the tokens the target emits after `seq`'s
-current end (a benchmark records them from a target-only run first). Everything it reports says
+current end. A benchmark records them from a target-only run first; speculative method `synthetic`
+(engine/args.py) learns them (LearnedContinuations): a greedy request that finished teaches its prompt's
+continuation, so the first run of a prompt drafts nothing and later runs of it are acceptance-controlled
+(contracts warm up on their timed prompts: warmup_prompts timed). Everything it reports says
 `synthetic`: its figures measure the machinery, never what a drafter achieves.
 """
 from __future__ import annotations
@@ -16,6 +19,27 @@ import math
 from collections.abc import Callable
 
 from onecat.engine.speculative.base import Proposer
+
+
+class LearnedContinuations:
+    """The target's greedy continuation of each prompt, from the requests that finished with it."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, ...], list[int]] = {}
+
+    def __call__(self, seq) -> list[int]:
+        return self._known.get(tuple(seq.token_ids[:seq.num_prompt_tokens]), [])[seq.num_output_tokens:]
+
+    def learn(self, seq) -> None:
+        """Keep a finished greedy request's output (the longest one seen per prompt); aborted ones teach nothing."""
+        if not seq.params.greedy or seq.finish_reason not in ("stop", "length"):
+            return
+        prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
+        if len(seq.output_token_ids) > len(self._known.get(prompt, ())):
+            self._known[prompt] = list(seq.output_token_ids)
+
+    def __len__(self) -> int:
+        return len(self._known)
 
 
 class SyntheticProposer(Proposer):
@@ -55,9 +79,14 @@ class SyntheticProposer(Proposer):
         self.compute.observe(seq, num_drafted, num_accepted)
 
     def release(self, seq) -> None:
+        if isinstance(self.reference, LearnedContinuations):
+            self.reference.learn(seq)
         self._rounds.pop(seq.request_id, None)
         self.compute.release(seq)
 
     def describe(self) -> dict:
+        learned = isinstance(self.reference, LearnedContinuations)
         return {"method": self.name, "synthetic": True, "accepted_per_round": self.accepted,
-                "num_speculative_tokens": self.k, "compute": self.compute.describe()}
+                "acceptance_length_set": self.accepted + 1, "num_speculative_tokens": self.k,
+                "compute": self.compute.describe(), "reference": "learned" if learned else "given",
+                **({"prompts_known": len(self.reference)} if learned else {})}

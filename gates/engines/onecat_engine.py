@@ -7,14 +7,14 @@ from onecat.gates.engines.base import EngineAdapter, PromptParams
 from onecat.gates.registry import register_engine
 
 
-def _resolve(source: str, revision: str | None) -> str | None:
+def _resolve(source: str, revision: str | None, weights_required: bool = True) -> str | None:
     """None when the model is found; otherwise the resolver's message (what, where it looked)."""
     try:
         from onecat.engine.model_source import resolve_model_source
     except ImportError as exc:  # pragma: no cover - engine package broken
         return f"onecat engine is not importable ({exc})"
     try:
-        resolve_model_source(source, revision)
+        resolve_model_source(source, revision, weights_required)
     except Exception as exc:  # ModelNotFoundError and friends carry the fix
         return str(exc)
     return None
@@ -24,7 +24,7 @@ def preflight(arm: ArmSettings, args: EngineArgs) -> list[str]:
     """What keeps the onecat engine from running `args` here: settings it does not implement (the engine's
     own list), missing target or drafter files, a CUDA device that is not there. Loads nothing."""
     problems = args.unsupported()
-    miss = _resolve(arm.model.source, arm.model.revision)
+    miss = _resolve(arm.model.source, arm.model.revision, weights_required=args.load_format != "dummy")
     if miss:
         problems.append(f"target model: {miss}")
     spec = arm.speculative
@@ -57,8 +57,9 @@ class OnecatEngine(EngineAdapter):
         from onecat.engine import LLM
 
         self.template_kwargs = arm.reasoning.template_kwargs()
-        self.model_sha256 = _weights_sha256(arm)
-        self.llm = LLM(**arm.engine_args(seed).as_kwargs())
+        args = arm.engine_args(seed)
+        self.model_sha256 = None if args.load_format == "dummy" else _weights_sha256(arm)  # random: no weights
+        self.llm = LLM(**args.as_kwargs())
         self.tokenizer = self.llm.tokenizer
         self.vocab_size = self._vocab_size()
 

@@ -24,6 +24,10 @@ class ThroughputWorkload(WorkloadBase):
     # "random": distinct random tokens; "repeat": a random span followed by its own beginning again, a
     # synthetic repeated-context prompt (like code editing) whose continuation copies earlier tokens
     prompt_style: Literal["random", "repeat"] = "random"
+    # "fresh": warm-up batches of other prompts, 2 tokens each (kernels and allocator); "timed": the timed
+    # batch itself, in full, before it is timed (what a run learns from its prompts, e.g. speculative
+    # method synthetic's greedy continuations, is then in place; the prefix cache may hold them too)
+    warmup_prompts: Literal["fresh", "timed"] = "fresh"
 
     @field_validator("batch_sizes")
     @classmethod
@@ -76,16 +80,20 @@ class ThroughputRunner(Runner):
                  sink: Sink) -> None:
         bs = dict(unit.params)["batch_size"]
         warm_key = (id(engine), workload.id, bs)
-        if warm_key not in self._warm:
-            warm = to_sampling_params(sampling, seed=unit.seed, max_tokens=min(2, self.output_len(workload)),
-                                      ignore_eos=True, stop=None)
-            for w in range(workload.warmup):  # full prompt shapes, few tokens: warms kernels and allocator
-                engine.generate(synthetic_prompts(engine, bs, workload.input_len, 10_000 + w), [warm] * bs)
-            self._warm.add(warm_key)
         # same prompts for both arms and every repeat of a batch size (fresh ids per batch size)
         prompts = synthetic_prompts(engine, bs, workload.input_len, seed=1000 * bs + (unit.seed or 0),
                                     style=workload.prompt_style)
         params = [self._params(workload, sampling, None if unit.seed is None else unit.seed + i) for i in range(bs)]
+        if warm_key not in self._warm:
+            if workload.warmup_prompts == "timed":
+                for _ in range(workload.warmup):
+                    engine.generate(prompts, params)
+            else:
+                warm = to_sampling_params(sampling, seed=unit.seed, max_tokens=min(2, self.output_len(workload)),
+                                          ignore_eos=True, stop=None)
+                for w in range(workload.warmup):  # full prompt shapes, few tokens: warms kernels and allocator
+                    engine.generate(synthetic_prompts(engine, bs, workload.input_len, 10_000 + w), [warm] * bs)
+            self._warm.add(warm_key)
         t0 = time.perf_counter()
         outs = engine.generate(prompts, params)
         wall = time.perf_counter() - t0
