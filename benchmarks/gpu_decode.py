@@ -26,20 +26,11 @@ from pathlib import Path
 
 import torch
 
-SHAPES = {
-    "llama3-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
-                      intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=32768,
-                      tie_word_embeddings=False, torch_dtype="float16", bos_token_id=1, eos_token_id=2),
-    "llama3-70b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=8192,
-                       intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                       head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=32768,
-                       tie_word_embeddings=False, torch_dtype="float16", bos_token_id=1, eos_token_id=2),
-    "qwen3-8b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=4096,
-                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                     head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
-                     tie_word_embeddings=False, torch_dtype="float16", bos_token_id=1, eos_token_id=2),
-}
+from onecat.engine.random_models import SHAPES as RANDOM_SHAPES
+
+# the published shapes (engine/random_models.py), with the special token ids these benchmarks always used
+SHAPES = {name: dict(RANDOM_SHAPES[name], bos_token_id=1, eos_token_id=2) for name in ("llama3-8b", "llama3-70b",
+                                                                                     "qwen3-8b")}
 GEN = 128
 _SAVE = [lambda: None]  # set by main: writes the record so far (a killed run keeps what it measured)
 

@@ -17,7 +17,7 @@ speculative engine with nothing to draft. Per arm: tok/s, the ratio to target-on
 measured acceptance length, speedup / acceptance length, and the round's cost in target steps.
 
     python benchmarks/speculative_gpu_rounds.py                      # H200: writes the record
-    python benchmarks/speculative_gpu_rounds.py --shape tiny --device cpu --batch-sizes 1 --max-tokens 24 \\
+    python benchmarks/speculative_gpu_rounds.py --shape tiny-llama --device cpu --batch-sizes 1 --max-tokens 24 \\
         --out /tmp/rounds.json                                         # a logic check of the plumbing only
 """
 from __future__ import annotations
@@ -26,73 +26,19 @@ import argparse
 import json
 import platform
 import subprocess
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from gpu_decode import SHAPES as GPU_SHAPES
 
-SHAPES = {"llama3-8b": GPU_SHAPES["llama3-8b"],
-          "tiny": dict(GPU_SHAPES["llama3-8b"], vocab_size=512, hidden_size=128, intermediate_size=256,
-                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                       rope_theta=10000.0, torch_dtype="float32")}
+SHAPES = ("llama3-8b", "tiny-llama")  # random:NAME model sources (engine/random_models.py)
 ACCEPTANCE_LENGTHS = (2.0, 3.0, 4.25, 6.55)  # DFlash's published MT-Bench 4.25 and GSM8K 6.55 among them
-DFLASH_LAYERS, DFLASH_BLOCK = 5, 16
+DFLASH_BLOCK = 16  # the drafter's layers: engine/speculative/random_drafter.py
 
 
 def log(*a) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
-
-
-def model_dir(root: Path, cfg: dict) -> Path:
-    """config.json and a word-level tokenizer: the weights come from load_format dummy."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    d = root / "target"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(cfg))
-    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(cfg["vocab_size"])}, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(d / "tokenizer.json"))
-    return d
-
-
-def dflash_dir(root: Path, cfg: dict) -> Path:
-    """A random-weight DFlash drafter of the published 8B-target shape for the target `cfg` (the
-    target's width, heads and MLP, DFLASH_LAYERS layers, block DFLASH_BLOCK, 5 tapped target layers)."""
-    from safetensors.torch import save_file
-
-    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    n = cfg["num_hidden_layers"]
-    taps = sorted({1, n // 4, n // 2, 3 * n // 4, n - 2})
-    dcfg = {**{k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                                   "head_dim", "rms_norm_eps", "rope_theta", "vocab_size")},
-            "num_hidden_layers": DFLASH_LAYERS,
-            "dflash_config": {"block_size": DFLASH_BLOCK, "target_layer_ids": taps, "mask_token_id": 3}}
-    g = torch.Generator().manual_seed(0)
-
-    def rnd(*shape):
-        return (torch.randn(*shape, generator=g) * 0.02).to(torch.float16)
-
-    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    state = {"fc.weight": rnd(h, len(taps) * h), "hidden_norm.weight": torch.ones(h, dtype=torch.float16),
-             "norm.weight": torch.ones(h, dtype=torch.float16)}
-    for i in range(DFLASH_LAYERS):
-        p = f"layers.{i}."
-        for name, shape in (("self_attn.q_proj", (q, h)), ("self_attn.k_proj", (kv, h)), ("self_attn.v_proj", (kv, h)),
-                            ("self_attn.o_proj", (h, q)), ("mlp.gate_proj", (inter, h)), ("mlp.up_proj", (inter, h)),
-                            ("mlp.down_proj", (h, inter))):
-            state[p + name + ".weight"] = rnd(*shape)
-        for name, size in (("input_layernorm", h), ("post_attention_layernorm", h), ("self_attn.q_norm", hd),
-                           ("self_attn.k_norm", hd)):
-            state[p + name + ".weight"] = torch.ones(size, dtype=torch.float16)
-    d = root / "dflash"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(dcfg))
-    save_file(state, str(d / "model.safetensors"))
-    return d
 
 
 def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
@@ -143,12 +89,14 @@ def main() -> None:
     args = ap.parse_args()
 
     from onecat.engine import LLM
+    from onecat.engine.random_models import shape_config
     from onecat.engine.speculative.controller import SpeculationGate
     from onecat.engine.speculative.dflash import DFlashProposer
     from onecat.engine.speculative.ngram import NgramProposer
+    from onecat.engine.speculative.random_drafter import random_dflash_drafter
     from onecat.engine.speculative.synthetic import SyntheticProposer
 
-    cfg = SHAPES[args.shape]
+    cfg = shape_config(args.shape)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     cuda = args.device.startswith("cuda")
     record = {"benchmark": "speculative_gpu_rounds", "synthetic": True, "shape": args.shape, "config": cfg,
@@ -162,58 +110,56 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
 
-    with tempfile.TemporaryDirectory(prefix="onecat-rounds-") as tmp:
-        root = Path(tmp)
-        settings = dict(device=args.device, dtype="float16" if cuda else "float32", load_format="dummy",
-                        max_model_len=args.prompt_len + args.max_tokens + 32, max_num_seqs=max(batches),
-                        enable_prefix_caching=False, async_scheduling=False)
-        if cuda:
-            settings.update(cuda_graph="full", kv_cache_memory_gb=4.0)
-        llm = LLM(str(model_dir(root, cfg)), **settings)
-        drafter = None if args.skip_dflash else dflash_dir(root, cfg)
-        vocab = cfg["vocab_size"]
-        for batch in batches:
-            batch_prompts = prompts(batch, args.prompt_len, vocab)
-            target_tps, ref_outs = 0.0, None
+    settings = dict(device=args.device, dtype="float16" if cuda else "float32", load_format="dummy",
+                    max_model_len=args.prompt_len + args.max_tokens + 32, max_num_seqs=max(batches),
+                    enable_prefix_caching=False, async_scheduling=False)
+    if cuda:
+        settings.update(cuda_graph="full", kv_cache_memory_gb=4.0)
+    llm = LLM(f"random:{args.shape}", **settings)
+    drafter = None if args.skip_dflash else random_dflash_drafter(llm.model_config, DFLASH_BLOCK)
+    vocab = cfg["vocab_size"]
+    for batch in batches:
+        batch_prompts = prompts(batch, args.prompt_len, vocab)
+        target_tps, ref_outs = 0.0, None
+        with llm.cuda_graphs_replaced(cuda):
+            decode(llm, batch_prompts, 16)
+            for _ in range(args.repeats):
+                tps, ref_outs = decode(llm, batch_prompts, args.max_tokens)
+                target_tps = max(target_tps, tps)
+        reference = {tuple(o.prompt_token_ids): o.token_ids for o in ref_outs}
+        log(f"batch {batch}: target-only {target_tps:.1f} tok/s")
+
+        def continuation(seq, reference=reference):
+            return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
+
+        arms = []
+        for a in ACCEPTANCE_LENGTHS + (8.0,):
+            arms.append(("ngram_shaped", a, lambda a=a: SyntheticProposer(NgramProposer(7), a - 1, continuation,
+                                                                            vocab), None))
+        if drafter is not None:
+            for a in ACCEPTANCE_LENGTHS + (16.0,):
+                arms.append(("dflash_shaped", a, lambda a=a: SyntheticProposer(
+                    DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), a - 1, continuation, vocab), None))
+        for k in (3, 7):
+            arms.append((f"ngram_k{k}", None, lambda k=k: NgramProposer(k), SpeculationGate()))
+        arms.append(("no_draft_gated", None, lambda: NgramProposer(3, prompt_lookup_min=64, prompt_lookup_max=64),
+                     SpeculationGate()))
+        for name, target_len, make, gate in arms:
             with llm.cuda_graphs_replaced(cuda):
-                decode(llm, batch_prompts, 16)
-                for _ in range(args.repeats):
-                    tps, ref_outs = decode(llm, batch_prompts, args.max_tokens)
-                    target_tps = max(target_tps, tps)
-            reference = {tuple(o.prompt_token_ids): o.token_ids for o in ref_outs}
-            log(f"batch {batch}: target-only {target_tps:.1f} tok/s")
-
-            def continuation(seq, reference=reference):
-                return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
-
-            arms = []
-            for a in ACCEPTANCE_LENGTHS + (8.0,):
-                arms.append(("ngram_shaped", a, lambda a=a: SyntheticProposer(NgramProposer(7), a - 1, continuation,
-                                                                                vocab), None))
-            if drafter is not None:
-                for a in ACCEPTANCE_LENGTHS + (16.0,):
-                    arms.append(("dflash_shaped", a, lambda a=a: SyntheticProposer(
-                        DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), a - 1, continuation, vocab), None))
-            for k in (3, 7):
-                arms.append((f"ngram_k{k}", None, lambda k=k: NgramProposer(k), SpeculationGate()))
-            arms.append(("no_draft_gated", None, lambda: NgramProposer(3, prompt_lookup_min=64, prompt_lookup_max=64),
-                         SpeculationGate()))
-            for name, target_len, make, gate in arms:
-                with llm.cuda_graphs_replaced(cuda):
-                    res = run_arm(llm, make, gate, batch_prompts, args.max_tokens, args.repeats, reference)
-                llm.model.aux_layer_ids = []  # a DFlash arm taps the target; the next arm does not
-                ratio = res["tok_s"] / target_tps
-                acc = res["acceptance_length"]
-                entry = {"arm": name, "batch": batch, "synthetic": target_len is not None,
-                         "acceptance_length_set": target_len, "target_only_tok_s": round(target_tps, 2), **res,
-                         "speedup": round(ratio, 3),
-                         "speedup_per_acceptance_length": round(ratio / acc, 3) if acc else None,
-                         "round_cost_target_steps": round(acc / ratio, 3) if acc else None}
-                record["arms"].append(entry)
-                save()
-                log(f"batch {batch} {name} acc {acc if acc is None else round(acc, 2)}: {res['tok_s']:.1f} tok/s "
-                    f"= {ratio:.3f}x target-only; identical {res['tokens_identical']}/{res['requests']}")
-        llm.close()
+                res = run_arm(llm, make, gate, batch_prompts, args.max_tokens, args.repeats, reference)
+            llm.model.aux_layer_ids = []  # a DFlash arm taps the target; the next arm does not
+            ratio = res["tok_s"] / target_tps
+            acc = res["acceptance_length"]
+            entry = {"arm": name, "batch": batch, "synthetic": target_len is not None,
+                     "acceptance_length_set": target_len, "target_only_tok_s": round(target_tps, 2), **res,
+                     "speedup": round(ratio, 3),
+                     "speedup_per_acceptance_length": round(ratio / acc, 3) if acc else None,
+                     "round_cost_target_steps": round(acc / ratio, 3) if acc else None}
+            record["arms"].append(entry)
+            save()
+            log(f"batch {batch} {name} acc {acc if acc is None else round(acc, 2)}: {res['tok_s']:.1f} tok/s "
+                f"= {ratio:.3f}x target-only; identical {res['tokens_identical']}/{res['requests']}")
+    llm.close()
     record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     save()
 

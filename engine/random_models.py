@@ -21,6 +21,9 @@ _LLAMA_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_s
                  intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                  head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=32768,
                  tie_word_embeddings=False, torch_dtype="float16")
+_LLAMA_70B = dict(_LLAMA_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64)
+_QWEN3_8B = dict(_LLAMA_8B, architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936,
+                 intermediate_size=12288, num_hidden_layers=36, rms_norm_eps=1e-6, rope_theta=1000000.0)
 _QWEN35_27B = dict(
     architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120,
     intermediate_size=17408, num_hidden_layers=64, layer_types=["linear_attention"] * 3 + ["full_attention"],
@@ -38,6 +41,8 @@ _TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key
 # name -> config.json (layer_types holds one period of the pattern; it repeats over num_hidden_layers)
 SHAPES: dict[str, dict] = {
     "llama3-8b": _LLAMA_8B,
+    "llama3-70b": _LLAMA_70B,
+    "qwen3-8b": _QWEN3_8B,
     "qwen3.5-27b": _QWEN35_27B,
     "qwen3.5-35b-a3b": _QWEN35_35B_A3B,
     "tiny-llama": dict(_LLAMA_8B, **_TINY, intermediate_size=128, rope_theta=10000.0),
