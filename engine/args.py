@@ -21,6 +21,7 @@ from onecat.engine.support_matrix import SPECULATIVE_METHODS, Combination, check
 
 DRAFTER_METHODS = ("draft_model", "dflash")
 NGRAM_ONLY = ("prompt_lookup_min", "prompt_lookup_max", "adaptive", "max_speculative_tokens")
+SYNTHETIC_ONLY = ("acceptance_length", "compute")
 DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -66,7 +67,9 @@ class SpeculativeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: SpeculativeMethod = Field(description="ngram (prompt lookup), draft_model, dflash (block drafter)")
+    method: SpeculativeMethod = Field(description="ngram (prompt lookup), draft_model, dflash (block drafter), mtp "
+                                                  "(the checkpoint's own multi-token-prediction head), synthetic "
+                                                  "(acceptance set by construction, for measuring a round's cost)")
     model: Optional[str] = Field(default=None, description="drafter source: embedded:NAME, a path or a hub id")
     revision: Optional[str] = Field(default=None, description="drafter revision (hub ids)")
     dtype: Dtype = Field(default="auto", description="drafter dtype (draft_model); auto: the target's")
@@ -76,6 +79,14 @@ class SpeculativeConfig(BaseModel):
     prompt_lookup_max: Optional[int] = Field(default=None, ge=1, description="ngram: longest n-gram matched")
     adaptive: Optional[bool] = Field(default=None, description="ngram: widen k after fully accepted drafts")
     max_speculative_tokens: Optional[int] = Field(default=None, ge=1, description="ngram: adaptive ceiling")
+    acceptance_length: Optional[float] = Field(
+        default=None, ge=1.0, description="synthetic: the acceptance length set by construction (drafts accepted "
+                                          "per round + 1; fractional spreads over the rounds)")
+    compute: Optional[Literal["ngram", "dflash", "mtp"]] = Field(
+        default=None, description="synthetic: the drafter whose compute runs every round before its draft is "
+                                  "replaced: ngram (prompt lookup, default), dflash (a random-weight DFlash drafter "
+                                  "of the published shape for the target, block num_speculative_tokens + 1) or mtp "
+                                  "(the target checkpoint's own multi-token-prediction head)")
     disable_when_slower: bool = Field(
         default=True, description="decode greedy steps without drafts while the engine measures a speculative round "
                                   "moving fewer tokens per second than a plain step (re-measured now and then); "
@@ -83,6 +94,11 @@ class SpeculativeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _no_ignored_settings(self) -> "SpeculativeConfig":
+        synthetic_only = [n for n in SYNTHETIC_ONLY if getattr(self, n) is not None]
+        if self.method != "synthetic" and synthetic_only:
+            raise ValueError(f"{', '.join(synthetic_only)}: only method synthetic (acceptance set by construction) "
+                             f"reads {'these' if len(synthetic_only) > 1 else 'this'}; remove "
+                             f"{'them' if len(synthetic_only) > 1 else 'it'} for method {self.method!r}")
         ngram_only = [n for n in NGRAM_ONLY if getattr(self, n) is not None]
         if self.method != "ngram" and ngram_only:
             them = "them" if len(ngram_only) > 1 else "it"
@@ -104,6 +120,25 @@ class SpeculativeConfig(BaseModel):
             if self.max_speculative_tokens is not None and self.max_speculative_tokens < self.num_speculative_tokens:
                 raise ValueError(f"max_speculative_tokens {self.max_speculative_tokens} is below "
                                  f"num_speculative_tokens {self.num_speculative_tokens}")
+        elif self.method == "synthetic":
+            drafter = [n for n in ("model", "revision") if getattr(self, n) is not None]
+            drafter += ["dtype"] if self.dtype != "auto" else []
+            if drafter:
+                raise ValueError(f"method synthetic runs a random drafter of the target's shape (compute) and has no "
+                                 f"drafter model: remove {', '.join(drafter)}")
+            if self.acceptance_length is None:
+                raise ValueError("method synthetic needs acceptance_length: the acceptance length its drafts are "
+                                 "built to reach (e.g. 4.25)")
+            if self.acceptance_length > self.num_speculative_tokens + 1:
+                raise ValueError(f"acceptance_length {self.acceptance_length} is above num_speculative_tokens + 1 "
+                                 f"= {self.num_speculative_tokens + 1}, the most a round can emit: raise "
+                                 "num_speculative_tokens or lower acceptance_length")
+        elif self.method == "mtp":
+            drafter = [n for n in ("model", "revision") if getattr(self, n) is not None]
+            drafter += ["dtype"] if self.dtype != "auto" else []
+            if drafter:
+                raise ValueError(f"method mtp drafts with the target checkpoint's own multi-token-prediction head, in "
+                                 f"the target's dtype, and has no drafter model: remove {', '.join(drafter)}")
         elif self.model is None:
             raise ValueError(f"speculative method {self.method!r} needs a drafter `model` (embedded:NAME, a path "
                              "or a hub id)")

@@ -50,7 +50,7 @@ SHAPES: dict[str, dict] = {
                          linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16),
     "tiny-qwen3.5-moe": dict(_QWEN35_35B_A3B, **_TINY, linear_num_key_heads=2, linear_num_value_heads=4,
                              linear_key_head_dim=16, linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2,
-                             moe_intermediate_size=32, shared_expert_intermediate_size=32),
+                             moe_intermediate_size=64, shared_expert_intermediate_size=64),  # FP4 blocks: 64
 }
 
 

@@ -226,8 +226,6 @@ def test_prefix_caching_is_off_for_hybrid_models_and_said_once(hybrid_dir, caplo
 @pytest.mark.parametrize("settings,needle", [
     ({"mamba_cache_mode": "all"}, "mamba_cache_mode='all'"),
     ({"mamba_cache_mode": "align", "enable_prefix_caching": False}, "enable_prefix_caching true"),
-    ({"speculative_config": {"method": "dflash", "model": "drafter", "num_speculative_tokens": 2}},
-     "dflash on hybrid models"),
 ])
 def test_unimplemented_hybrid_settings_are_refused(hybrid_dir, settings, needle):
     from onecat.engine import LLM

@@ -147,7 +147,7 @@ def rtn_twin(src: Path, out: Path) -> Path:
     quantization='w4a16' computes with from a dense checkpoint (groups as engine/quant/hf_packer.py picks them)."""
     from safetensors.torch import load_file
 
-    from onecat.engine.quant.hf_packer import RTN_GROUPS
+    from onecat.engine.quant.rtn import RTN_GROUPS
     from onecat.engine.quant.w4a16.layout import dequantize, quantize_w4
     from tests.quant_checkpoints import LINEARS, dense_dir
 
@@ -222,9 +222,9 @@ CELLS = {
     "qwen2": [({"enable_prefix_caching": False}, "same")],
     "qwen3": [({"speculative": "dflash"}, "same"), ({"enable_prefix_caching": False}, "same")],
     "qwen3_moe": [({"speculative": "draft_model"}, "same"), ({"enable_prefix_caching": False}, "same")],
-    "qwen3_5": [({"speculative": "draft_model"}, "same"), ({"mamba_cache_mode": "align"}, "same"),
-                ({"dtype": "bfloat16"}, "near")],
-    "qwen3_5_moe": [({"mamba_cache_mode": "align"}, "same")],
+    "qwen3_5": [({"speculative": "draft_model"}, "same"), ({"speculative": "dflash"}, "same"),
+                ({"mamba_cache_mode": "align"}, "same"), ({"dtype": "bfloat16"}, "near")],
+    "qwen3_5_moe": [({"speculative": "dflash"}, "same"), ({"mamba_cache_mode": "align"}, "same")],
 }
 
 

@@ -27,6 +27,9 @@ def drafter_config(model_config, *, block_size: int, layer_ids: list[int], num_l
                           f"(0..{mc.num_hidden_layers - 1})")
     if not 0 <= mask_token_id < mc.vocab_size:
         raise ConfigError(f"mask_token_id {mask_token_id} is outside the target's vocabulary [0, {mc.vocab_size})")
+    if not (intermediate_size or mc.intermediate_size):
+        raise ConfigError(f"the target ({mc.architecture}) has no dense MLP width for the drafter to copy (its MLPs "
+                          "are experts); give the drafter's intermediate_size")
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
         "hidden_size": mc.hidden_size, "intermediate_size": intermediate_size or mc.intermediate_size,

@@ -37,6 +37,20 @@ def gemv_row_limit() -> int:
     return _current.gemv_rows if _current is not None else 1
 
 
+def decode_step_sequences() -> int | None:
+    """The sequences of the current step when each of them decodes (its query is its new token plus the drafts
+    it verifies); None in a step with a prefill chunk, or outside a step. A layer whose kernel depends on its
+    row count counts these instead, so that a verify step computes its rows as the decode step of the same
+    batch does (quant/int4/linear.py)."""
+    c = _current
+    if c is None or c.lookaheads is None or c.meta.query_lens_cpu is None:
+        return None
+    qlens = c.meta.query_lens_cpu
+    if len(qlens) != len(c.lookaheads) or any(q != 1 + d for q, d in zip(qlens, c.lookaheads)):
+        return None
+    return len(qlens)
+
+
 def get_forward_context() -> ForwardContext:
     if _current is None:
         raise RuntimeError("model forward called outside an engine step (no forward context set)")

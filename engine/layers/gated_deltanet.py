@@ -47,6 +47,14 @@ def linear_attention_sizes(cfg: ModelConfig) -> dict:
 
 
 class GatedDeltaNet(nn.Module):
+    """With packed weights (engine/quant/hf_packer.py) in_proj and out_proj run packed; the rows of in_proj
+    named in KEEP_DENSE_PARTS stay dense when a dense checkpoint is quantized at load (a checkpoint's own
+    quantized rows stay packed as stored): beta and the decay are one row per value head, and each is applied
+    to every later token through the recurrent state, so a rounding there is carried on. conv1d, the norm,
+    A_log and dt_bias are not linears and stay dense."""
+
+    KEEP_DENSE_PARTS = ("in_proj_b", "in_proj_a")
+
     def __init__(self, cfg: ModelConfig, state_index: int):
         super().__init__()
         s = linear_attention_sizes(cfg)

@@ -15,6 +15,9 @@ On CUDA the experts run as the fused Triton grouped GEMMs of engine/kernels/trit
 `dot` variant on SM80+, `fma` on SM70); `Experts.variant` forces one ("loop": the per-expert loop). Decode
 steps of up to triton_moe_gemv.MAX_TOKENS tokens take that module's per-pair GEMVs (plain multiply-adds on
 every GPU, whichever variant is asked for). `Experts.path` says which ran last.
+
+`PackedExperts` holds the experts of a packed checkpoint (quantization set): one packed linear per expert and
+projection, only the routed experts run.
 """
 from __future__ import annotations
 
@@ -79,23 +82,68 @@ class Experts(nn.Module):
 
     def _loop(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """The reference: one expert at a time over the tokens sorted by expert."""
-        top_k = experts.shape[1]
-        flat = experts.flatten()
-        order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens ascending in each
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        tokens = order // top_k
-        scales = weights.flatten()[order].unsqueeze(1)
-        out = torch.zeros_like(x)
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            rows = tokens[start:start + n]
-            gate, up = self._linear(x[rows], "gate_up_proj", e).split(self.intermediate, dim=-1)
-            y = self._linear(pointwise(F.silu, gate) * up, "down_proj", e)
-            out.index_add_(0, rows, (y * scales[start:start + n]).to(out.dtype))
-            start += n
-        return out
+        def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+            gate, up = self._linear(rows, "gate_up_proj", e).split(self.intermediate, dim=-1)
+            return self._linear(pointwise(F.silu, gate) * up, "down_proj", e)
+
+        return routed_loop(x, weights, experts, self.num_experts, expert)
+
+
+def routed_loop(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, num_experts: int,
+                expert) -> torch.Tensor:
+    """sum over each token's k experts of weight * expert(e, its rows of x), one expert at a time over the
+    step's (token, slot) pairs sorted by expert (tokens ascending in each), added back per token in expert
+    order. Reads the counts on the host: only the experts that got tokens run."""
+    top_k = experts.shape[1]
+    flat = experts.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    tokens = order // top_k
+    scales = weights.flatten()[order].unsqueeze(1)
+    out = torch.zeros_like(x)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        rows = tokens[start:start + n]
+        y = expert(e, x[rows])
+        out.index_add_(0, rows, (y * scales[start:start + n]).to(out.dtype))
+        start += n
+    return out
+
+
+class PackedExperts(nn.Module):
+    """E SwiGLU experts whose weights stay packed (engine/quant/hf_packer.py builds it): one packed linear per
+    expert for [gate | up] and one for down, each any layer of engine/quant (W4A16, the CPU int4 layer, FP4,
+    FP8). Only the experts that got tokens this step run, each through its layers' own path (decode rows: the
+    packed GEMV; more rows: the dequantized GEMM; CPU: the int4 kernel or the dequantized reference), so their
+    results are those of the dense experts on the packed weights, up to summation order.
+
+    The routing is read on the host to pick the experts, so a CUDA graph cannot capture this layer: the
+    capture fails with the reason below and decode steps run eagerly (the support matrix's
+    packed-experts-eager)."""
+
+    def __init__(self, gate_up: list[nn.Module], down: list[nn.Module], intermediate: int):
+        super().__init__()
+        if len(gate_up) != len(down) or not gate_up:
+            raise ValueError(f"PackedExperts needs one gate_up and one down layer per expert, got {len(gate_up)} "
+                             f"and {len(down)}")
+        self.num_experts, self.intermediate = len(gate_up), intermediate
+        self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
+        self.path = "none"
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("packed MoE experts pick the routed experts on the host, which a CUDA graph cannot "
+                               "capture; decode steps run eagerly")
+        self.path = "packed_loop"
+
+        def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
+            gate, up = self.gate_up[e](rows).split(self.intermediate, dim=-1)
+            return self.down[e](pointwise(F.silu, gate) * up)
+
+        return routed_loop(x, weights, experts, self.num_experts, expert)
 
 
 class SparseMoE(nn.Module):
@@ -103,6 +151,9 @@ class SparseMoE(nn.Module):
     to sum to 1 (else they keep their softmax values over all experts), as the checkpoint's config says."""
 
     use_fused = False  # the engine turns this on per model (CUDA + Triton): the router in one kernel
+    # Children that stay dense when the model's weights are packed: the router (a few rows whose logits pick
+    # the experts: a rounding there changes which experts run) and the shared expert's one-row gate.
+    KEEP_DENSE = ("gate", "shared_expert_gate")
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, norm_topk_prob: bool,
                  shared_intermediate: int = 0):

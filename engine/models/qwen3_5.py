@@ -56,8 +56,8 @@ class Qwen3_5ForCausalLM(nn.Module):
     """Weights are named as in HF checkpoints (a `model.language_model.` prefix is read as `model.`); q/k/v and
     the DeltaNet input projections are fused on load."""
 
-    aux_layer_ids: list[int] = []  # no feature-conditioned drafter on hybrid models (speculation is refused)
-    aux_hidden = None
+    aux_layer_ids: list[int] = []  # layers whose outputs a feature-conditioned drafter (DFlash) reads
+    aux_hidden: torch.Tensor | None = None  # [T, len(aux_layer_ids) * hidden] from the last forward
 
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
@@ -110,8 +110,12 @@ class Qwen3_5ForCausalLM(nn.Module):
             plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots,
                                          ctx.lookaheads)
         h, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux = []
+        for i, layer in enumerate(self.layers):
             h, residual = layer(positions, h, residual, plan)
+            if i in self.aux_layer_ids:  # the layer's output, before the next norm (as llama.py taps it)
+                aux.append(h + residual)
+        self.aux_hidden = torch.cat(aux, dim=-1) if aux else None
         return self.norm(h, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

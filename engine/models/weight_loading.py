@@ -3,13 +3,15 @@ tensors into one parameter (q/k/v, gate/up, per-expert weights into expert-index
 
 `load_by_name` copies each tensor where `route(name)` says, checks shapes, and refuses a checkpoint that
 leaves any parameter (or part of a fused one) unwritten. `fused_route` is the route of the Qwen families:
-HF names, with the fusions of SelfAttention, GatedMLP and the MoE experts.
+HF names, with the fusions of SelfAttention, GatedMLP and the MoE experts. `linear_slot` says the same of a
+whole checkpoint linear, for the packers that keep it packed (engine/quant/hf_packer.py).
 """
 from __future__ import annotations
 
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -24,6 +26,8 @@ Route = Callable[[str], "tuple[str, Select | None] | None"]  # None: the tensor 
 
 EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")  # one expert
 STACKED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")  # all experts in one (GGUF)
+EXPERT_LINEAR = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)$")  # one expert's linear, by module
+CHECKPOINT_PREFIXES = ("model.language_model.", "model.")  # HF prefixes of the decoder (multimodal ones first)
 
 
 def load_by_name(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], route: Route) -> None:
@@ -112,3 +116,34 @@ def _fused_parts(model: nn.Module, owner: str) -> dict[str, tuple[str, int, int]
         i = m.intermediate
         return {"gate_proj": ("gate_up_proj", 0, i), "up_proj": ("gate_up_proj", i, i)}
     return {}
+
+
+@dataclass(frozen=True)
+class LinearSlot:
+    """Where one checkpoint linear's weight sits in a model: rows from `start` of the linear at `module`, or,
+    for an MoE expert, projection `leaf` (gate_proj, up_proj, down_proj) of expert `expert` of the Experts at
+    `module`."""
+
+    module: str
+    start: int = 0
+    expert: int | None = None
+    leaf: str | None = None
+
+
+def linear_slot(model: nn.Module, checkpoint_module: str) -> LinearSlot:
+    """The slot of the checkpoint linear named `checkpoint_module` (HF names, e.g.
+    `model.layers.0.self_attn.k_proj`): the fusions are those `fused_route` loads with."""
+    name = checkpoint_module
+    for p in CHECKPOINT_PREFIXES:
+        if name.startswith(p):
+            name = name[len(p):]
+            break
+    expert = EXPERT_LINEAR.match(name)
+    if expert is not None:
+        return LinearSlot(expert.group(1), expert=int(expert.group(2)), leaf=expert.group(3))
+    owner, _, leaf = name.rpartition(".")
+    parts = _fused_parts(model, owner)
+    if leaf in parts:
+        fused, start, _ = parts[leaf]
+        return LinearSlot(f"{owner}.{fused}" if owner else fused, start)
+    return LinearSlot(name)

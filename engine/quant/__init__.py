@@ -12,8 +12,9 @@ Two axes, one folder kind each:
                         words and their exact dequantization), packing.py (a checkpoint's tensors re-packed
                         without changing a value), linear.py (the layer that runs on them).
 The packers swap a loaded model's linears for packed ones: gguf_packer.py (GGUF Q4_0 / Q4_1 / Q8_0 blocks
-into the CPU int4 layer) and hf_packer.py (HF checkpoints into the W4A16, FP4 and FP8 layers); quantization.py
-names what `quantization` takes. bits.py (bit fields, FP4 codes) serves both axes, tiled_words.py the GPU layers.
+into the CPU int4 layer) and hf_packer.py (HF checkpoints into the W4A16, FP4 and FP8 layers, MoE experts and
+hybrid layers included, through packed_model.py; row_split.py for fused projections stored partly dense);
+quantization.py names what `quantization` takes. bits.py (bit fields, FP4 codes) serves both axes, tiled_words.py the GPU layers.
 """
 from onecat.engine.quant.gguf_packer import WeightPacker
 from onecat.engine.quant.int4.layout import Int4Blocks, QuantizedWeight

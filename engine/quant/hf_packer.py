@@ -1,37 +1,43 @@
 """quantization='w4a16' (or 'awq', 'gptq', 'compressed-tensors'): a 4-bit checkpoint's linears stay packed
 on the GPU and run through the W4A16 kernels (engine/quant/w4a16/linear.py); 'nvfp4' / 'mxfp4' likewise
 keep an NVFP4 (ModelOpt) or MXFP4 checkpoint's linears packed for the FP4 GEMV (engine/quant/fp4/linear.py),
-and 'fp8' an FP8 E4M3 checkpoint's for the packed GEMV's FP8 path (engine/quant/fp8/linear.py).
+and 'fp8' an FP8 E4M3 checkpoint's for the packed GEMV's FP8 path (engine/quant/fp8/linear.py). A ModelOpt
+MIXED_PRECISION checkpoint (say FP8 projections and NVFP4 experts) takes either name: each layer stays packed
+in the format it is stored in, and the layers it left unquantized stay dense.
 
 The packer sits beside the loader like the GGUF one (gguf_packer.py): the loader shows it each quantized
 linear's stored tensors before dequantizing them (the model still loads dense weights, so loading and its
 shape/completeness checks stay the same), it converts them to the packed layout (w4a16/packing.py, which
 re-packs without changing a value), and after loading each linear whose every source shard was packed
-alike (q/k/v and gate/up are fused) is replaced by a `W4A16Linear`. A fused linear whose shards carry
-different act-order permutations stays dense (one input permutation per layer), and so does anything the
-checkpoint stored dense. With 'w4a16' a dense checkpoint (HF, or a GGUF file's dequantized tensors) is
-quantized at load instead: round to nearest, asymmetric, every decoder linear (not the LM head), groups of
-128 input columns (64 or 32 where 128 does not divide in_features).
+alike (q/k/v, gate/up, the Gated DeltaNet's input projections are fused) is replaced by a packed layer
+(packed_model.py). A fused linear with some shards stored dense keeps them dense beside its packed runs
+(row_split.py); one whose shards carry different act-order permutations stays dense (one input permutation
+per layer), and so does anything the checkpoint stored dense. An MoE layer whose every expert was stored
+packed runs its experts packed (engine/layers/moe.py PackedExperts). With 'w4a16', 'nvfp4', 'mxfp4' or
+'fp8' a dense checkpoint (HF, a GGUF file's dequantized tensors, or random weights: load_format dummy) is
+quantized at load instead, round to nearest in that format (rtn.py): every decoder linear (not the LM head)
+and MoE expert, less what the layers keep dense (routers and gates: SparseMoE.KEEP_DENSE; the Gated
+DeltaNet's beta/decay rows: GatedDeltaNet.KEEP_DENSE_PARTS) and what the format's kernel cannot take.
 """
 from __future__ import annotations
-
-from collections import Counter
 
 import torch
 from torch import nn
 
 from onecat.engine.errors import ConfigError
-from onecat.engine.quant.fp4.layout import cat_fp4
-from onecat.engine.quant.fp4.packing import FP4_NAMES, fp4_convert, fp4_unsupported_reason
-from onecat.engine.quant.fp8.packing import FP8_METHODS, cat_fp8, fp8_convert
-from onecat.engine.quant.w4a16.layout import W4A16Weight, quantize_w4
-from onecat.engine.support_matrix import NO_CPU_KERNEL, Combination, refuse  # NO_CPU_KERNEL: refused on CPU
+from onecat.engine.layers.moe import Experts
+from onecat.engine.quant.checkpoint_formats.modelopt import MIXED
+from onecat.engine.quant.fp4.packing import FP4_NAMES, fp4_convert
+from onecat.engine.quant.fp8.packing import FP8_METHODS, fp8_convert
+from onecat.engine.quant.packed_model import replace_experts, replace_rows
+from onecat.engine.quant.rtn import quantize
+from onecat.engine.quant.w4a16.layout import W4A16Weight
+from onecat.engine.support_matrix import NO_CPU_KERNEL, QUANTIZED_AT_LOAD, Combination, refuse  # NO_CPU_KERNEL: refused on CPU
 
 # quantization name -> the checkpoint quant_method it requires (None: any 4-bit one, or a dense checkpoint);
 # nvfp4 / mxfp4 keep FP4 checkpoints packed for the FP4 GEMV (engine/quant/fp4/packing.py)
 W4A16_NAMES = {"w4a16": None, "awq": "awq", "gptq": "gptq", "compressed-tensors": "compressed-tensors",
                "nvfp4": "modelopt", "mxfp4": "mxfp4", "fp8": FP8_METHODS}
-RTN_GROUPS = (128, 64, 32)  # the largest that divides in_features
 # CPU: W4A16 weights run in the GGUF path's int4 layer (bf16 scales). Tests of the loading logic turn it off
 # to get W4A16Linear, which computes on the exactly dequantized weight on any device.
 CPU_INT4_KERNEL = True
@@ -48,19 +54,6 @@ def check_w4a16(quantization: str, model_format: str, device: torch.device) -> N
                        packed_cpu_kernel=cpu_kernel), "weights")
 
 
-def cat_shards(shards: list[W4A16Weight]) -> W4A16Weight | None:
-    """The shards of a fused projection stacked along N (None when their groups or permutations differ)."""
-    first = shards[0]
-    for w in shards[1:]:
-        same_perm = (w.perm is None and first.perm is None) or (
-            w.perm is not None and first.perm is not None and torch.equal(w.perm, first.perm))
-        if w.group != first.group or w.in_features != first.in_features or not same_perm \
-                or w.scales.dtype != first.scales.dtype:
-            return None
-    return W4A16Weight(torch.cat([w.qweight for w in shards]), torch.cat([w.scales for w in shards]),
-                       torch.cat([w.zeros for w in shards]), first.group, first.perm)
-
-
 class W4A16Packer:
     """Collects packed linears while the checkpoint streams (`keep`), then swaps them in (`apply`)."""
 
@@ -73,6 +66,13 @@ class W4A16Packer:
         from onecat.engine.quant.w4a16.packing import convert
 
         want = W4A16_NAMES[self.quantization]
+        if getattr(fmt, "algo", "") == MIXED and self.quantization in ("nvfp4", "fp8"):
+            self.method = fmt.describe()  # each layer packed in the format it is stored in (FP8 or NVFP4)
+            fp8 = fmt.layer_algo(module, fmt.require(module, stored, "weight")[0]) == "FP8"
+            weight = fp8_convert(fmt, module, stored) if fp8 else fp4_convert(fmt, module, stored)
+            if weight is not None:
+                self.packed[f"{module}.weight"] = weight
+            return
         if self.quantization == "fp8":
             self.method = fmt.describe()
             weight = fp8_convert(fmt, module, stored)  # refuses non-FP8 checkpoints by name
@@ -91,58 +91,88 @@ class W4A16Packer:
 
     def apply(self, model: nn.Module) -> dict:
         """Replaces the packed linears of a loaded model; returns what was done (for the engine's info)."""
-        want = W4A16_NAMES[self.quantization]
+        from onecat.engine.models.weight_loading import linear_slot
+
         if not self.packed:
-            if self.quantization == "fp8":
+            if self.quantization == "fp8" and self.method is not None:
                 raise ConfigError("quantization='fp8' needs an FP8 checkpoint with per-tensor or per-channel scales "
-                                  f"(compressed-tensors float-quantized or ModelOpt FP8); {self.method or 'this one'} "
-                                  "has none to pack: leave quantization unset")
-            if want is not None:
-                raise ConfigError(f"quantization={self.quantization!r} needs a {want} checkpoint; this one has no "
-                                  "quantized linears (use quantization='w4a16' to quantize a dense checkpoint at "
-                                  "load, or leave it unset)")
-            return self._quantize_dense(model)
-        fused: dict[str, tuple[str, int]] = getattr(model, "_FUSED", {})
-        need = Counter(target for target, _ in fused.values())
-        groups: dict[str, dict[int, W4A16Weight]] = {}
+                                  f"(compressed-tensors float-quantized or ModelOpt FP8); {self.method} has none to "
+                                  "pack: leave quantization unset")
+            if self.method is not None or self.quantization not in QUANTIZED_AT_LOAD:
+                raise ConfigError(f"quantization={self.quantization!r} needs a {W4A16_NAMES[self.quantization]} "
+                                  "checkpoint; this one has no quantized linears (use quantization='w4a16', 'nvfp4', "
+                                  "'mxfp4' or 'fp8' to quantize a dense checkpoint at load, or leave it unset)")
+            return self._quantize_dense(model)  # a dense checkpoint, or random weights
+        linears: dict[str, list[tuple[int, object]]] = {}
+        experts: dict[str, dict[tuple[int, str], object]] = {}
         for name, weight in self.packed.items():
-            path = name.removeprefix("model.")[: -len(".weight")]
-            parent, _, leaf = path.rpartition(".")
-            target, shard = (f"{parent}.{fused[leaf][0]}", fused[leaf][1]) if leaf in fused else (path, 0)
-            groups.setdefault(target, {})[shard] = weight
-        replaced, kept_dense = 0, []
-        for target, shards in groups.items():
+            slot = linear_slot(model, name[: -len(".weight")])
+            if slot.expert is not None:
+                experts.setdefault(slot.module, {})[(slot.expert, slot.leaf)] = weight
+            else:
+                linears.setdefault(slot.module, []).append((slot.start, weight))
+        self.packed.clear()
+        return self._replace(model, linears, experts, f"checkpoint {self.method}")
+
+    def _replace(self, model: nn.Module, linears: dict[str, list[tuple[int, object]]],
+                 experts: dict[str, dict[tuple[int, str], object]], source: str) -> dict:
+        """Swap in the packed `linears` (module path -> (first row, weight) shards) and `experts` (Experts path
+        -> (expert, projection) -> weight); what cannot be swapped stays dense and is listed."""
+        replaced, partly, packed_experts, kept_dense = 0, [], 0, []
+        for target, shards in linears.items():
             module = _submodule(model, target)
-            n_shards = need.get(target.rpartition(".")[2], 1)
-            weight = None
-            if isinstance(module, nn.Linear) and sorted(shards) == list(range(n_shards)):
-                cat = cat_fp4 if self.quantization in FP4_NAMES else cat_fp8 if self.quantization == "fp8" \
-                    else cat_shards
-                weight = cat([shards[i] for i in range(n_shards)])
-            if weight is None or weight.out_features != module.out_features or fp4_unsupported_reason(weight) \
-                    or not _swap(model, target, module, weight):
+            done = replace_rows(model, target, module, shards, CPU_INT4_KERNEL) \
+                if isinstance(module, nn.Linear) else None
+            if done is None:
                 kept_dense.append(target)
                 continue
             replaced += 1
-        self.packed.clear()
-        return self._report(model, replaced, kept_dense, f"checkpoint {self.method}")
+            if done == "partly packed":
+                partly.append(target)
+        for target, stored in experts.items():
+            module = _submodule(model, target)
+            if isinstance(module, Experts) and replace_experts(model, target, module, stored, CPU_INT4_KERNEL):
+                packed_experts += 1
+            else:
+                kept_dense.append(target)
+        report = self._report(model, replaced, kept_dense, source)
+        if packed_experts:
+            report["packed_experts"] = packed_experts  # MoE layers whose every expert runs packed
+        if partly:
+            report["partly_dense"] = partly  # fused linears with some shards stored (or kept) dense
+        return report
 
     def _quantize_dense(self, model: nn.Module) -> dict:
-        replaced, kept_dense, groups = 0, [], set()
+        """Round to nearest at load (rtn.py): every decoder linear, less what its module keeps dense (KEEP_DENSE
+        children: routers and gates; KEEP_DENSE_PARTS rows of a fused linear), and every MoE expert."""
+        keep = set()
+        for name, m in model.named_modules():
+            keep.update(f"{name}.{child}" for child in getattr(m, "KEEP_DENSE", ()))
+        linears: dict[str, list[tuple[int, object]]] = {}
+        experts: dict[str, dict[tuple[int, str], object]] = {}
+        kept_dense = []
         for name, module in list(model.named_modules()):
-            if not isinstance(module, nn.Linear) or not name.startswith("layers."):
+            if not name.startswith("layers.") or name in keep:
                 continue
-            group = next((g for g in RTN_GROUPS if module.in_features % g == 0), None)
-            if group is None:
+            if isinstance(module, Experts):
+                stored = _quantize_experts(module, self.quantization)
+                if stored is None:
+                    kept_dense.append(name)
+                else:
+                    experts[name] = stored
+                continue
+            if not isinstance(module, nn.Linear):
+                continue
+            shards = [(start, quantize(module.weight[start:start + rows], self.quantization))
+                      for start, rows in _packable_rows(model, name, module.out_features)]
+            if any(w is None for _, w in shards):
                 kept_dense.append(name)
                 continue
-            if not _swap(model, name, module, quantize_w4(module.weight.detach(), group)):
-                kept_dense.append(name)
-                continue
-            groups.add(group)
-            replaced += 1
-        return self._report(model, replaced, kept_dense, "round-to-nearest w4 g" + "/".join(
-            str(g) for g in sorted(groups, reverse=True)) + " at load")
+            linears[name] = shards
+        report = self._replace(model, linears, experts,
+                               f"round-to-nearest {_rtn_detail(self.quantization, linears, experts)} at load")
+        report["kept_dense"] = sorted(set(report["kept_dense"]) | set(kept_dense))
+        return report
 
     def _report(self, model: nn.Module, replaced: int, kept_dense: list[str], source: str) -> dict:
         from onecat.engine.kernels.quant_gemv import MAX_ROWS, backend
@@ -182,29 +212,42 @@ def _submodule(model: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _swap(model: nn.Module, path: str, module: nn.Linear, weight) -> bool:
-    """Replace the linear at `path` by its packed form on the model's device; False (left dense) where that
-    device has no packed form of it (CPU: act-order W4A16 layers)."""
-    from onecat.engine.quant.fp4.layout import FP4Weight
-    from onecat.engine.quant.fp4.linear import FP4Linear
-    from onecat.engine.quant.fp8.layout import FP8Weight
-    from onecat.engine.quant.fp8.linear import FP8Linear
-    from onecat.engine.quant.int4.linear import Int4PackedLinear
-    from onecat.engine.quant.w4a16.cpu import int4_blocks
-    from onecat.engine.quant.w4a16.linear import W4A16Linear
+def _packable_rows(model: nn.Module, path: str, out_features: int) -> list[tuple[int, int]]:
+    """(first row, rows) runs of the linear at `path` that quantization at load packs: all of it, less the rows
+    of the checkpoint parts its owner names in KEEP_DENSE_PARTS (engine/layers/gated_deltanet.py)."""
+    owner_path, _, leaf = path.rpartition(".")
+    owner = _submodule(model, owner_path)
+    dense = [(start, size) for part, (fused, start, size) in getattr(owner, "checkpoint_parts", {}).items()
+             if fused == leaf and part in getattr(owner, "KEEP_DENSE_PARTS", ())]
+    runs, pos = [], 0
+    for start, size in sorted(dense):
+        if start > pos:
+            runs.append((pos, start - pos))
+        pos = max(pos, start + size)
+    if pos < out_features:
+        runs.append((pos, out_features - pos))
+    return runs
 
-    device = module.weight.device
-    bias = None if module.bias is None else module.bias.detach()
-    if device.type == "cpu" and CPU_INT4_KERNEL and isinstance(weight, W4A16Weight):
-        blocks = int4_blocks(weight)
-        if blocks is None:
-            return False
-        layer = Int4PackedLinear([blocks], bias, module.weight.dtype)
-    else:
-        weight = weight.to(device)
-        kind = FP4Linear if isinstance(weight, FP4Weight) else FP8Linear if isinstance(weight, FP8Weight) else W4A16Linear
-        layer = kind(weight, bias)
-        layer.use_tiles(module.weight.dtype)
-    parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, layer)
-    return True
+
+def _quantize_experts(experts: Experts, fmt: str) -> dict[tuple[int, str], object] | None:
+    """Each expert's gate, up and down projections rounded to nearest in `fmt`, as a checkpoint would store
+    them; None when the format cannot take one of them (the layer's experts then all stay dense)."""
+    i = experts.intermediate
+    out = {}
+    for e in range(experts.num_experts):
+        gate_up = experts.gate_up_proj[e]
+        for leaf, weight in (("gate_proj", gate_up[:i]), ("up_proj", gate_up[i:]),
+                             ("down_proj", experts.down_proj[e])):
+            out[(e, leaf)] = quantize(weight, fmt)
+            if out[(e, leaf)] is None:
+                return None
+    return out
+
+
+def _rtn_detail(fmt: str, linears: dict, experts: dict) -> str:
+    """The format and its groups (w4a16) or blocks, for the engine's info."""
+    if fmt != "w4a16":
+        return fmt + {"nvfp4": " (E4M3 scale per 16, tensor scale)", "mxfp4": " (E8M0 scale per 32)",
+                      "fp8": " (E4M3, scale per row)"}[fmt]
+    weights = [w for shards in linears.values() for _, w in shards] + [w for s in experts.values() for w in s.values()]
+    return "w4 g" + "/".join(str(g) for g in sorted({w.group for w in weights}, reverse=True))

@@ -1,4 +1,4 @@
-"""Speculative decoding: proposers (ngram, draft_model, dflash) and one exact verifier."""
+"""Speculative decoding: proposers (ngram, draft_model, dflash, mtp, synthetic) and one exact verifier."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -27,8 +27,36 @@ def build_proposer(spec: SpeculativeConfig, target, open_draft_engine: OpenDraft
         dtype = {} if spec.dtype == "auto" else {"dtype": spec.dtype}  # auto: the target's
         proposer = DraftModelProposer(k, target, spec.model, open_engine=open_draft_engine, revision=spec.revision,
                                       **dtype)
+    elif spec.method == "synthetic":
+        proposer = _synthetic(spec, target)
+    elif spec.method == "mtp":
+        from onecat.engine.speculative.mtp import MTPProposer
+
+        proposer = MTPProposer(k, target)  # the target checkpoint's own head: no drafter model or dtype
     else:
         from onecat.engine.speculative.dflash import DFlashProposer
 
         proposer = DFlashProposer(k, target, spec.model, revision=spec.revision)
     return SpeculativeDecoder(proposer, target.max_model_len, SpeculationGate(enabled=spec.disable_when_slower))
+
+
+def _synthetic(spec: SpeculativeConfig, target) -> Proposer:
+    """Acceptance set by construction over a real drafter's compute (synthetic.py); it learns each prompt's
+    greedy continuation from the requests that finish with it."""
+    from onecat.engine.speculative.ngram import NgramProposer
+    from onecat.engine.speculative.synthetic import LearnedContinuations, SyntheticProposer
+
+    k = spec.num_speculative_tokens
+    if spec.compute == "dflash":
+        from onecat.engine.speculative.dflash import DFlashProposer
+        from onecat.engine.speculative.random_drafter import random_dflash_drafter
+
+        compute: Proposer = DFlashProposer(k, target, str(random_dflash_drafter(target.model_config, k + 1)))
+    elif spec.compute == "mtp":
+        from onecat.engine.speculative.mtp import MTPProposer
+
+        compute = MTPProposer(k, target)
+    else:
+        compute = NgramProposer(k)
+    return SyntheticProposer(compute, spec.acceptance_length - 1, LearnedContinuations(),
+                             target.model_config.vocab_size)

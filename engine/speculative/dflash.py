@@ -11,6 +11,10 @@ The target's features come from its own forward passes (the engine captures the 
 the drafter never recomputes the target. The context's per-layer keys/values are kept per request
 (dflash_cache.py): each round projects only the new feature rows; `sliding_window` bounds the context
 when the config sets it. `forward_blocks` is the one entry point of the math for inference and training.
+Hybrid targets (Qwen3.5, Qwen3.5-MoE) tap the same way, DeltaNet and attention layers alike. A verify pass's row
+of a token depends only on the tokens up to it (the recurrent layers run a verify chunk token by token), so the
+rows of the accepted drafts that the engine keeps are exactly those a plain decode would give, whatever was
+rejected after them; the recurrent state itself is rolled back by its cache.
 Not implemented: the DFlash2 extras (grouped dynamic convolutions, candidate selector).
 """
 from __future__ import annotations

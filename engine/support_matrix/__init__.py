@@ -12,11 +12,12 @@ Pure data and rules: importing it loads neither torch nor pydantic.
 from onecat.engine.support_matrix.axes import (ARCHITECTURES, ATTENTION_BACKENDS, CHECKPOINTS, CUDA_GRAPH_MODES,
                                                DEFAULTS, DEVICES, HYBRID_ARCHITECTURES, KV_CACHE_DTYPES,
                                                MAMBA_CACHE_MODES, MOE_ARCHITECTURES, NO_CPU_KERNEL, QUANTIZATIONS,
-                                               SPECULATIVE_METHODS, STAGES, UNKNOWN, Combination, example)
+                                               QUANTIZED_AT_LOAD, SPECULATIVE_METHODS, STAGES, UNKNOWN, Combination,
+                                               example)
 from onecat.engine.support_matrix.rules import (FALLBACKS, RULES, Fallback, Refusal, Rule, check, fallbacks,
                                                 first_refusals, refuse)
 
 __all__ = ["ARCHITECTURES", "ATTENTION_BACKENDS", "CHECKPOINTS", "CUDA_GRAPH_MODES", "DEFAULTS", "DEVICES",
            "HYBRID_ARCHITECTURES", "KV_CACHE_DTYPES", "MAMBA_CACHE_MODES", "MOE_ARCHITECTURES", "NO_CPU_KERNEL",
-           "QUANTIZATIONS", "SPECULATIVE_METHODS", "STAGES", "UNKNOWN", "Combination", "example", "FALLBACKS", "RULES",
+           "QUANTIZATIONS", "QUANTIZED_AT_LOAD", "SPECULATIVE_METHODS", "STAGES", "UNKNOWN", "Combination", "example", "FALLBACKS", "RULES",
            "Fallback", "Refusal", "Rule", "check", "fallbacks", "first_refusals", "refuse"]

@@ -19,14 +19,16 @@ from typing import Any
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
 MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")  # Gated DeltaNet linear attention + gated full attention
+MTP_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")  # their checkpoints carry a multi-token-prediction head (mtp.*)
 DENSE_DTYPES = ("float32", "bfloat16", "float16")
 # `quantization`: the packed weight formats (unset: the checkpoint runs dequantized in the model dtype)
 QUANTIZATIONS = ("gguf", "w4a16", "awq", "gptq", "compressed-tensors", "nvfp4", "mxfp4", "fp8")
 HF_QUANTIZED_FORMATS = ("awq", "gptq", "compressed-tensors", "nvfp4", "mxfp4", "fp8")  # read from an HF checkpoint
 NO_CPU_KERNEL = ("nvfp4", "mxfp4", "fp8")  # packed formats with a CUDA kernel only
+QUANTIZED_AT_LOAD = ("w4a16", "nvfp4", "mxfp4", "fp8")  # a dense checkpoint or random weights is rounded at load
 CPU_INT4_FORMATS = ("gguf", "w4a16", "awq", "gptq", "compressed-tensors")  # run in the CPU int4 packed layer
 CHECKPOINTS = ("hf", "gguf")
-SPECULATIVE_METHODS = ("ngram", "draft_model", "dflash")
+SPECULATIVE_METHODS = ("ngram", "draft_model", "dflash", "mtp", "synthetic")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 ATTENTION_BACKENDS = ("auto", "TORCH_SDPA_REF", "CPU_PAGED", "FLASH_ATTN_V100", "TRITON_PAGED")
 GRAPH_SAFE_BACKENDS = ("TRITON_PAGED",)  # decode steps under this backend can be captured in a CUDA graph

@@ -13,7 +13,8 @@ from typing import Any, Union
 from onecat.engine.errors import ConfigError
 from onecat.engine.support_matrix.axes import (CPU_INT4_FORMATS, CUDA_BACKENDS, GRAPH_SAFE_BACKENDS,
                                                HF_QUANTIZED_FORMATS, HYBRID_ARCHITECTURES, MOE_ARCHITECTURES,
-                                               NO_CPU_KERNEL, QUANTIZATIONS, STAGES, Combination, label)
+                                               MTP_ARCHITECTURES, NO_CPU_KERNEL, QUANTIZATIONS, QUANTIZED_AT_LOAD,
+                                               STAGES, Combination, label)
 
 Text = Union[str, Callable[[Combination], str]]  # a str.format template over Combination.values(), or a function
 
@@ -120,10 +121,11 @@ RULES: tuple[Rule, ...] = (
          "drop quantization (the checkpoint is dequantized) or use tensor_parallel_size 1",
          example=dict(architecture="qwen2", device="cpu", quantization="w4a16", tensor_parallel_size=2)),
     Rule("packed-weights-dummy", "settings", ("quantization", "load_format"),
-         lambda c: c.quantization is not None and c.load_format == "dummy",
-         "quantization {quantization!r} with load_format dummy is not implemented", "random weights are dense",
-         "drop one of them",
-         example=dict(architecture="qwen3", device="cpu", quantization="w4a16", load_format="dummy")),
+         lambda c: c.quantization is not None and c.quantization not in QUANTIZED_AT_LOAD and c.load_format == "dummy",
+         "quantization {quantization!r} with load_format dummy",
+         "random weights are dense, and {quantization} packs what its own checkpoints store",
+         f"use a format that quantizes at load ({', '.join(QUANTIZED_AT_LOAD)}) or drop one of them",
+         example=dict(architecture="qwen3", device="cpu", quantization="awq", load_format="dummy")),
     Rule("mamba-cache-all", "settings", ("mamba_cache_mode",), lambda c: c.mamba_cache_mode == "all",
          "mamba_cache_mode='all' is not implemented",
          "the recurrent state is saved where chunks end, not at every block boundary inside a chunk",
@@ -146,6 +148,12 @@ RULES: tuple[Rule, ...] = (
          "remove the speculative dtype or set the model dtype to {speculative_dtype}",
          example=dict(architecture="llama", device="cpu", dtype="float32", speculative="dflash",
                       speculative_dtype="float16")),
+    Rule("mtp-tensor-parallel", "settings", ("speculative", "tensor_parallel_size"),
+         lambda c: c.speculative == "mtp" and c.tensor_parallel_size > 1,
+         "speculative method mtp with tensor_parallel_size {tensor_parallel_size} is not implemented",
+         "the multi-token-prediction head runs whole on rank 0, over the target's embedding and LM head, which the "
+         "ranks keep sharded", "use tensor_parallel_size 1, or speculative method ngram",
+         example=dict(architecture="qwen3_5", device="cpu", speculative="mtp", tensor_parallel_size=2)),
     # ---- device: the worker, once the device is resolved
     Rule("cpu-threads-off-cpu", "device", ("cpu_threads", "device", "tensor_parallel_size"),
          lambda c: c.cpu_threads and (c.device != "cpu" or c.tensor_parallel_size > 1),
@@ -196,17 +204,20 @@ RULES: tuple[Rule, ...] = (
          worst_case={"linear_value_heads": 1},
          example=dict(architecture="qwen3_5", device="cpu", tensor_parallel_size=8, linear_value_heads=4)),
     Rule("packed-weights-moe-hybrid", "model", ("architecture", "quantization"),
-         lambda c: c.quantization is not None and c.architecture in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES,
+         lambda c: c.quantization == "gguf" and c.architecture in MOE_ARCHITECTURES + HYBRID_ARCHITECTURES,
          "quantization {quantization!r} is not implemented for {kind} models ({architecture})",
-         "the packed formats replace dense linears of the dense architectures; experts (stacked per projection) "
-         "and the hybrid layers have no packed path", "run the checkpoint unquantized",
-         example=dict(architecture="qwen3_moe", device="cpu", quantization="w4a16")),
-    Rule("dflash-on-hybrid", "model", ("architecture", "speculative"),
-         lambda c: c.hybrid and c.speculative == "dflash",
-         "speculative method dflash on hybrid models ({architecture}) is not implemented",
-         "the DFlash drafter reads hidden states of the target's layers that hybrid models do not tap",
-         "use ngram or draft_model",
-         example=dict(architecture="qwen3_5_moe", device="cpu", speculative="dflash")),
+         "the GGUF packer keeps the 2-D blocks of the dense architectures' linears; MoE experts (stacked 3-D "
+         "blocks) and the hybrid layers have no GGUF packed path",
+         "leave quantization unset (the file runs dequantized), or use quantization='w4a16' (quantized at load, "
+         "kept packed)",
+         example=dict(architecture="qwen3_5", device="cpu", quantization="gguf", checkpoint="gguf")),
+    Rule("mtp-without-mtp-head", "model", ("architecture", "speculative"),
+         lambda c: c.speculative == "mtp" and c.architecture not in MTP_ARCHITECTURES,
+         "speculative method mtp on {architecture}",
+         f"method mtp drafts with the checkpoint's own multi-token-prediction head (mtp.* tensors), which "
+         f"{', '.join(MTP_ARCHITECTURES)} checkpoints carry and {{architecture}} checkpoints do not",
+         "use ngram, draft_model or dflash",
+         example=dict(architecture="qwen3", device="cpu", speculative="mtp")),
     Rule("align-needs-prefix-caching", "model", ("architecture", "mamba_cache_mode", "enable_prefix_caching"),
          lambda c: c.hybrid and c.mamba_cache_mode == "align" and not c.enable_prefix_caching,
          "mamba_cache_mode='align' with prefix caching off",
@@ -235,6 +246,13 @@ FALLBACKS: tuple[Fallback, ...] = (
              "auto selects TRITON_PAGED (graph-safe) on SM80 and newer, FLASH_ATTN_V100 on SM70 and TORCH_SDPA_REF "
              "elsewhere, neither graph-safe",
          example=dict(architecture="qwen3_moe", device="cuda", cuda_graph="full")),
+    Fallback("packed-experts-eager", ("architecture", "quantization", "cuda_graph", "device"),
+             lambda c: c.architecture in MOE_ARCHITECTURES and c.quantization not in (None, "gguf")
+             and c.cuda_graph == "full" and c.device == "cuda",
+             "decode steps run eagerly",
+             "packed MoE experts run one routed expert at a time, picked on the host, which a CUDA graph cannot "
+             "capture",
+         example=dict(architecture="qwen3_5_moe", device="cuda", cuda_graph="full", quantization="w4a16")),
     Fallback("hybrid-verify-eager", ("architecture", "speculative", "cuda_graph", "device"),
              lambda c: c.hybrid and c.speculative is not None and c.cuda_graph == "full" and c.device == "cuda",
              "speculative verify steps run eagerly; decode steps replay graphs",

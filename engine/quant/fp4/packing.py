@@ -17,7 +17,7 @@ FP4_NAMES = {"nvfp4": "modelopt", "mxfp4": "mxfp4"}
 def fp4_convert(fmt, module: str, stored: dict[str, torch.Tensor]) -> FP4Weight:
     """The packed FP4 weight of one stored linear (NVFP4 ModelOpt or MXFP4); FP8 ModelOpt is refused."""
     if fmt.method == "modelopt":
-        if getattr(fmt, "algo", "") != "NVFP4":
+        if getattr(fmt, "algo", "") not in ("NVFP4", "MIXED_PRECISION"):  # mixed: its NVFP4 layers come here
             raise ConfigError(f"quantization='nvfp4' but the checkpoint is {fmt.describe()}; leave quantization "
                               "unset to run it dequantized")
         weight, scale, global_scale = fmt.require(module, stored, "weight", "weight_scale", "weight_scale_2")

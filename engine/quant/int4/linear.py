@@ -9,7 +9,10 @@ the matmul input and output cross into bf16 here.
 That kernel dequantizes the weight again for every input row, so its cost grows with the rows: from
 DENSE_FROM_ROWS rows on (prefill chunks, decode steps of 16+ sequences) a bf16 GEMM on a dequantized
 copy of the same weights is faster (measured on a 2-core AVX512-BF16 CPU, embedded model's shapes: at 16
-rows 1.2-1.7x, at 256 rows 2.4-2.8x; at 4 rows the 4-bit kernel is 1.4-1.9x faster). The copy holds the
+rows 1.2-1.7x, at 256 rows 2.4-2.8x; at 4 rows the 4-bit kernel is 1.4-1.9x faster). The two round the
+weights differently, so a decode or verify step picks by its sequences, not its rows
+(forward_context.decode_step_sequences): a verify step of B sequences and 1 + k rows each runs the kernel
+the decode step of B sequences runs, and greedy speculation keeps target-only's tokens exactly, whatever k. The copy holds the
 kernel's own weights ((q - 8) * scale + zero with its bf16 scale and zero) rounded to bf16, and costs 2
 bytes per weight next to the packed ~0.6. Where torch has oneDNN, the copy is held in oneDNN's blocked
 layout (packed once at load, as torch.compile's freezing does): F.linear would reorder it on every call,
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.attention.forward_context import decode_step_sequences
 from onecat.engine.kernels import onednn
 from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
 
@@ -87,9 +91,10 @@ class Int4PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
-        if x2.shape[0] >= DENSE_FROM_ROWS and self.dense_blocked is not None:
+        dense = (decode_step_sequences() or x2.shape[0]) >= DENSE_FROM_ROWS
+        if dense and self.dense_blocked is not None:
             y = self._dense_blocks(x2)
-        elif x2.shape[0] >= DENSE_FROM_ROWS:
+        elif dense:
             y = F.linear(x2, self.dense)
         else:
             y = self._term(x2, 0)

@@ -128,3 +128,16 @@ def quantize_w4(weight: torch.Tensor, group: int = 128) -> W4A16Weight:
     zeros = (-lo / s).round().clamp(0, 15)
     q = (g / s.unsqueeze(-1) + zeros.unsqueeze(-1)).round().clamp(0, 15).to(torch.int32).reshape(n, k)
     return W4A16Weight(pack_codes(q, group), scales.contiguous(), zeros.half().contiguous(), group)
+
+
+def cat_w4a16(shards: list[W4A16Weight]) -> W4A16Weight | None:
+    """The shards of a fused projection stacked along N (None when their groups or permutations differ)."""
+    first = shards[0]
+    for w in shards[1:]:
+        same_perm = (w.perm is None and first.perm is None) or (
+            w.perm is not None and first.perm is not None and torch.equal(w.perm, first.perm))
+        if w.group != first.group or w.in_features != first.in_features or not same_perm \
+                or w.scales.dtype != first.scales.dtype:
+            return None
+    return W4A16Weight(torch.cat([w.qweight for w in shards]), torch.cat([w.scales for w in shards]),
+                       torch.cat([w.zeros for w in shards]), first.group, first.perm)

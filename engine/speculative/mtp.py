@@ -1,0 +1,110 @@
+"""Method mtp: the checkpoint's own multi-token-prediction head (models/qwen3_5_mtp.py) drafts k tokens.
+
+The head reads the target's last hidden state after its final norm; the target taps it (HiddenStateTap, the
+output of its last layer, before the final norm) and this proposer applies the target's final norm. Every
+computed position i the target keeps is recorded with the token after it, t_{i+1}; the head's keys/values of
+those positions are kept per request in the drafter KV cache (dflash_cache.py), projected for all
+requests at once before drafting.
+
+A round, for every decoding request at once: the first query is the newest kept position p (its input is
+(h_p, t_{p+1}) and its keys/values are in the cache already); draft j + 1 feeds the head its own output
+and draft j at position p + j, attending over the kept positions and the earlier draft rows (those rows
+are the round's only: the next recording replaces them with the target's). Greedy requests draft the
+argmax; sampled ones draw from q = the filtered softmax of the head's logits (the request's own generator),
+and q goes to the exact verifier.
+"""
+from __future__ import annotations
+
+import torch
+
+from onecat.engine.core.sampler import apply_filters, exponential_race
+from onecat.engine.speculative.base import Proposer, hidden_state_tap
+from onecat.engine.speculative.dflash_cache import DrafterKVCache
+from onecat.engine.speculative.mtp_weights import load_mtp_head
+
+
+class MTPProposer(Proposer):
+    name = "mtp"
+
+    def __init__(self, k: int, target):
+        super().__init__(k)
+        model = target.model
+        cfg = target.model_config
+        self.head = load_mtp_head(cfg, type(model).make_mlp, target.source, target.cfg.load_format, target.cfg.seed,
+                                  target.max_model_len + k, target.dtype, target.device)
+        self.embed, self.lm_head = target.vocab_layers()
+        self.final_norm = model.norm
+        self.tap = hidden_state_tap(model)
+        self.tap.aux_layer_ids = [cfg.num_hidden_layers - 1]
+        self.cache = DrafterKVCache(self.head)
+        self.newest: dict[str, tuple[int, torch.Tensor]] = {}  # request -> (its newest kept position, its features)
+
+    @torch.inference_mode()
+    def record_features(self, seq, rows: torch.Tensor) -> None:
+        """`rows`: the tapped hidden states of the positions the step just kept, ending at num_computed_tokens;
+        the token after each is known by now (the prompt's, or the step's output)."""
+        if rows.shape[0] == 0:
+            return
+        end = seq.num_computed_tokens
+        start = end - rows.shape[0]
+        nxt = torch.tensor(seq.token_ids[start + 1:end + 1], device=rows.device)
+        features = torch.cat([self.embed(nxt), self.final_norm(rows.to(self.cache.dtype))], dim=-1)
+        self.cache.add(seq.request_id, start, features)
+        self.newest[seq.request_id] = (end - 1, features[-1].clone())  # not a view that keeps all the rows
+
+    def _ready(self, seq) -> bool:
+        """The request's newest kept position is the one before its last token (the state of a decoding request
+        whose every computed position was recorded)."""
+        newest = self.newest.get(seq.request_id)
+        return newest is not None and newest[0] == seq.num_tokens - 2 and self.cache.has_context(seq.request_id) \
+            and self.cache.context_end(seq.request_id) == seq.num_tokens - 1
+
+    @torch.inference_mode()
+    def propose(self, seqs, budgets):
+        self.cache.flush()
+        counts = [min(b, self.k) if self._ready(s) else 0 for s, b in zip(seqs, budgets)]
+        rows = [i for i, n in enumerate(counts) if n]
+        if not rows:
+            return [([], None)] * len(seqs)
+        picked = [seqs[i] for i in rows]
+        tokens, probs = self._draft([s.request_id for s in picked], [s.num_tokens - 2 for s in picked],
+                                    [s.params for s in picked], [s.generator for s in picked], max(counts))
+        out: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * len(seqs)
+        for r, i in enumerate(rows):
+            n = counts[i]
+            out[i] = (tokens[r][:n], None if probs is None or seqs[i].params.greedy else probs[r, :n])
+        return out
+
+    def _draft(self, request_ids: list[str], last_positions: list[int], params, generators, steps: int):
+        """`steps` drafts for each request: token lists, and q [R, steps, V] when any request samples."""
+        device = self.cache.device
+        layer_kv, ctx_len = self.cache.gather(request_ids)
+        (k_ctx, v_ctx), = layer_kv
+        visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
+        x = self.head.context(torch.stack([self.newest[r][1] for r in request_ids]))
+        positions = torch.tensor(last_positions, device=device)
+        sampled = [r for r, p in enumerate(params) if not p.greedy]
+        own: list[tuple[torch.Tensor, torch.Tensor]] = []
+        drafts, qs = [], []
+        for j in range(steps):
+            y = self.head.draft_step(x, positions + j, k_ctx, v_ctx, visible, own, own_row=j > 0)
+            logits = self.lm_head(y).float()
+            token = logits.argmax(dim=-1)
+            if sampled:
+                q = torch.zeros_like(logits)
+                q[sampled] = apply_filters(logits[sampled], [params[r] for r in sampled])
+                token[sampled] = exponential_race(q[sampled], [generators[r] for r in sampled])
+                qs.append(q)
+            drafts.append(token)
+            if j + 1 < steps:
+                x = self.head.context(torch.cat([self.embed(token), y], dim=-1))
+        tokens = torch.stack(drafts, dim=1).tolist()  # every draft of every request, read back at once
+        return tokens, torch.stack(qs, dim=1) if qs else None
+
+    def release(self, seq) -> None:
+        self.cache.release(seq.request_id)
+        self.newest.pop(seq.request_id, None)
+
+    def describe(self) -> dict:
+        return {"method": self.name, "num_speculative_tokens": self.k, "proposer": "the checkpoint's mtp.* head",
+                "hidden_state_of_layer": self.tap.aux_layer_ids[0]}
