@@ -72,7 +72,7 @@ class SpeculativeConfig(BaseModel):
                                                   "(acceptance set by construction, for measuring a round's cost)")
     model: Optional[str] = Field(default=None, description="drafter source: embedded:NAME, a path or a hub id")
     revision: Optional[str] = Field(default=None, description="drafter revision (hub ids)")
-    dtype: Dtype = Field(default="auto", description="drafter dtype (draft_model); auto: the target's")
+    dtype: Dtype = Field(default="auto", description="drafter dtype (draft_model, dflash); auto: the target's")
     num_speculative_tokens: Annotated[int, AfterValidator(_positive)] = Field(
         description="tokens drafted per step")
     prompt_lookup_min: Optional[int] = Field(default=None, ge=1, description="ngram: shortest n-gram matched")

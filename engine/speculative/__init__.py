@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from onecat.engine.args import NGRAM_ONLY, SpeculativeConfig
 from onecat.engine.speculative.base import Proposer, SpeculativeDecoder
 from onecat.engine.speculative.controller import SpeculationGate
@@ -36,7 +38,8 @@ def build_proposer(spec: SpeculativeConfig, target, open_draft_engine: OpenDraft
     else:
         from onecat.engine.speculative.dflash import DFlashProposer
 
-        proposer = DFlashProposer(k, target, spec.model, revision=spec.revision)
+        dtype = None if spec.dtype == "auto" else getattr(torch, spec.dtype)  # auto: the target's
+        proposer = DFlashProposer(k, target, spec.model, revision=spec.revision, dtype=dtype)
     return SpeculativeDecoder(proposer, target.max_model_len, SpeculationGate(enabled=spec.disable_when_slower))
 
 

@@ -182,6 +182,17 @@ class DFlashDrafter(nn.Module):
                                    ctx_pos, torch.tensor([C], device=dev))[0]
 
 
+class _CastOutput(nn.Module):
+    """A module whose output is cast to `dtype` (the target's embedding feeding a drafter of another dtype)."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.inner, self.dtype = inner, dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x).to(self.dtype)
+
+
 def load_drafter(path: str | Path, target, dtype: torch.dtype, device: torch.device) -> DFlashDrafter:
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -228,15 +239,20 @@ class DFlashProposer(Proposer):
 
     name = "dflash"
 
-    def __init__(self, k: int, target, model: str, revision: str | None = None):
+    def __init__(self, k: int, target, model: str, revision: str | None = None, dtype: torch.dtype | None = None):
+        """`dtype`: the drafter's (None: the target's). Another than the target's meets it at three casts: the
+        embeddings of a block, the tapped features (the context cache casts them) and the hidden states the
+        target's LM head reads."""
         source = resolve_model_source(model, revision)
         if source.format != "hf":
             raise ConfigError(f"DFlash drafter {model!r} resolved to a {source.format} file ({source.path}); a "
                               "drafter is a directory with config.json and model.safetensors")
-        self.drafter = load_drafter(source.path, target, target.dtype, target.device)
+        self.drafter = load_drafter(source.path, target, dtype or target.dtype, target.device)
         super().__init__(min(k, self.drafter.block_size - 1))
         self.model_name = model
-        self.embed, self.lm_head = target.vocab_layers()  # whole even when the target is sharded (TP)
+        embed, self.lm_head = target.vocab_layers()  # whole even when the target is sharded (TP)
+        self.dtype, self.target_dtype = self.drafter.norm.weight.dtype, target.dtype
+        self.embed = embed if self.dtype == target.dtype else _CastOutput(embed, self.dtype)
         self.tap = hidden_state_tap(target.model)
         self.tap.aux_layer_ids = list(self.drafter.target_layer_ids)
         self.cache = DrafterKVCache(self.drafter)
@@ -271,7 +287,7 @@ class DFlashProposer(Proposer):
             B = self.drafter.block_size
             index = [r * B + 1 + j for r, n in enumerate(wanted) for j in range(n)]
             picked = h.view(-1, h.shape[-1])[torch.tensor(index, device=device)]
-        return self.lm_head(picked).float(), counts
+        return self.lm_head(picked.to(self.target_dtype)).float(), counts
 
     def _block_hidden(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str]) -> torch.Tensor:
         """The drafter's [R, block_size, H] output for the blocks, by CUDA graph replay when one fits."""
@@ -308,4 +324,5 @@ class DFlashProposer(Proposer):
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
                 "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
-                "sliding_window": self.drafter.sliding_window, "cuda_graphs": self.graphs is not None}
+                "sliding_window": self.drafter.sliding_window, "cuda_graphs": self.graphs is not None,
+                "dtype": str(self.dtype).removeprefix("torch.")}
