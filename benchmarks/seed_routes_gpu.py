@@ -1,0 +1,175 @@
+"""The seed's two routes on one GPU, with the settings of their contracts (contracts/seed_route_h200.yaml:
+Qwen3.5-27B shape, NVFP4; contracts/seed_moe_route_h200.yaml: Qwen3.5-35B-A3B shape, NVFP4 experts; both
+random weights quantized at load, FP8 E5M2 KV, CUDA graphs, prefix cache with Mamba align, TP=1).
+
+Per route and batch size (1, 8): target-only decode tok/s (the baseline arm's engine) and SYNTHETIC
+speculative decode tok/s (the candidate arm's engine: the route's drafter compute every round, its drafts
+replaced so that the acceptance length is the seed's: 4.27 for DFlash2, 2.5 for MTP), the ratio, the
+measured acceptance length and whether every token equals target-only's. For the target-only batch-1 step,
+the bytes it must read (packed and dense weights less the embedding, the active experts' share, the KV cache
+at the mean context, the recurrent state read and written) and their fraction of the bandwidth limit
+(those bytes per token over the measured device-to-device copy bandwidth). Synthetic figures measure what a
+round of the route costs, never what a drafter achieves.
+
+    python benchmarks/seed_routes_gpu.py                          # writes benchmarks/results/seed_routes_h200.json
+    python benchmarks/seed_routes_gpu.py --tiny --device cpu --prompt-len 64 --max-tokens 24 \\
+        --out /tmp/routes.json                                     # a logic check: tiny shapes, w4a16 on CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+ROUTES = {"seed_route_h200": ("random:tiny-qwen3.5", {"min_fraction": 0.6, "min_speedup": 3.0, "min_tok_s": 400}),
+          "seed_moe_route_h200": ("random:tiny-qwen3.5-moe", {"min_fraction": 0.55, "min_speedup": 1.8})}
+
+
+def log(*a) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def engine_settings(contract, arm: str, tiny: str | None, device: str) -> dict:
+    kw = contract.arm(arm).engine_args(seed=0).as_kwargs()
+    if tiny is not None:  # the route's settings on a tiny shape of the same layer kinds, where the CPU runs them
+        kw.update(model=tiny, device=device, dtype="float32", quantization="w4a16")
+    return kw
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
+
+
+def decode(llm, batch_prompts, max_tokens: int) -> tuple[float, list]:
+    """(decode tok/s, outputs) of one greedy batch: tokens after the first over the slowest decode time."""
+    from onecat.engine import SamplingParams
+
+    outs = llm.generate(batch_prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return len(outs) * (max_tokens - 1) / max(o.timings.decode_s for o in outs), outs
+
+
+def best_of(llm, batch_prompts, max_tokens: int, repeats: int) -> tuple[float, list]:
+    """Best tok/s of `repeats` timed batches after one untimed one (graphs, warm caches; a synthetic proposer
+    learns the prompts' continuations there)."""
+    decode(llm, batch_prompts, max_tokens)
+    runs = [decode(llm, batch_prompts, max_tokens) for _ in range(repeats)]
+    return max(r[0] for r in runs), runs[-1][1]
+
+
+def step_bytes(llm, ctx: int) -> dict:
+    """Bytes a batch-1 decode step reads: every parameter and buffer of the layers and the LM head (packed
+    weights are buffers), the experts at top_k / num_experts of theirs, the KV cache of `ctx` tokens, and each
+    linear-attention layer's recurrent state, read and written."""
+    from onecat.engine.layers.moe import Experts, PackedExperts
+
+    cfg = llm.model_config.raw
+    share = cfg.get("num_experts_per_tok", 0) / cfg["num_experts"] if cfg.get("num_experts") else 0.0
+    experts = {id(t) for m in llm.model.modules() if isinstance(m, (Experts, PackedExperts))
+               for t in [*m.parameters(), *m.buffers()]}
+    states = {id(t) for m in llm.model.modules() for n, t in m.named_buffers(recurse=False) if "state" in n}
+    expert_bytes, other = 0, 0
+    for name, t in [*llm.model.named_parameters(), *llm.model.named_buffers()]:
+        if name.startswith("embed_tokens") or "rotary" in name or id(t) in states or name.endswith(".dense"):
+            continue  # one embedding row; tables; the state (below); the CPU 4-bit layer's copy for 16+ rows
+        size = t.numel() * t.element_size()
+        if id(t) in experts:
+            expert_bytes += size
+        else:
+            other += size
+    mc = llm.model_config
+    kv_elem = 1 if llm.info()["kv_cache_dtype"].startswith("fp8") else torch.finfo(llm.worker.dtype).bits // 8
+    kv = 2 * len(mc.kv_layer_ids) * mc.num_key_value_heads * mc.head_dim * kv_elem * ctx
+    linear = mc.num_hidden_layers - len(mc.kv_layer_ids) if mc.layer_types else 0
+    state = 2 * linear * cfg.get("linear_num_value_heads", 0) * cfg.get("linear_key_head_dim", 0) * \
+        cfg.get("linear_value_head_dim", 0) * 4  # float32 state, read and written
+    active = int(expert_bytes * share)
+    return {"weights_non_expert": other, "experts_active": active, "experts_total": expert_bytes, "kv_cache": kv,
+            "recurrent_state_rw": state, "total": other + active + kv + state}
+
+
+def run_route(name: str, args, bandwidth: float | None) -> dict:
+    from onecat.engine import LLM
+    from onecat.gates.contract import load_contract
+
+    contract = load_contract(ROOT / "contracts" / f"{name}.yaml")
+    tiny = ROUTES[name][0] if args.tiny else None
+    base, cand = (engine_settings(contract, arm, tiny, args.device) for arm in ("baseline", "candidate"))
+    entry = {"contract": f"contracts/{name}.yaml", "targets": ROUTES[name][1], "synthetic": True,
+             "model": base["model"], "quantization": base.get("quantization"),
+             "speculative": contract.arm("candidate").speculative.model_dump(exclude_none=True), "batches": {}}
+    for b in args.batch_sizes:
+        entry["batches"][b] = {}
+    with LLM(**base) as target:
+        vocab = target.model_config.vocab_size
+        entry["target_info"] = {k: target.info().get(k) for k in ("quantization", "cuda_graph", "kv_cache_dtype",
+                                                                  "attention_backend")}
+        entry["step_bytes"] = step_bytes(target, args.prompt_len + args.max_tokens // 2)
+        reference = {}
+        for b in args.batch_sizes:
+            tps, outs = best_of(target, prompts(b, args.prompt_len, vocab, seed=b), args.max_tokens, args.repeats)
+            reference[b] = [o.token_ids for o in outs]
+            entry["batches"][b]["target_only_tok_s"] = round(tps, 2)
+            log(f"{name} batch {b}: target-only {tps:.1f} tok/s")
+    with LLM(**cand) as spec:
+        for b in args.batch_sizes:
+            tps, outs = best_of(spec, prompts(b, args.prompt_len, vocab, seed=b), args.max_tokens, args.repeats)
+            drafts = sum(o.spec.num_drafts for o in outs)
+            e = entry["batches"][b]
+            e.update(speculative_tok_s=round(tps, 2), speedup=round(tps / e["target_only_tok_s"], 3),
+                     acceptance_length=round(1 + sum(o.spec.num_accepted_tokens for o in outs) / drafts, 3)
+                     if drafts else None,
+                     tokens_identical=sum(o.token_ids == r for o, r in zip(outs, reference[b])), requests=len(outs))
+            log(f"{name} batch {b}: synthetic speculation {tps:.1f} tok/s = {e['speedup']}x, acceptance "
+                f"{e['acceptance_length']}, identical {e['tokens_identical']}/{e['requests']}")
+        entry["proposer"] = spec.info()["speculative"]
+    if bandwidth and 1 in entry["batches"]:
+        per_token = entry["step_bytes"]["total"]
+        entry["bandwidth_fraction_batch1"] = round(per_token * entry["batches"][1]["target_only_tok_s"] / bandwidth, 3)
+    return entry
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--routes", default=",".join(ROUTES))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes of the same layer kinds, w4a16 (a logic check)")
+    ap.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[1, 8])
+    ap.add_argument("--prompt-len", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "seed_routes_h200.json")
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    bandwidth = None
+    if cuda:
+        from gpu_decode import ceilings
+
+        bandwidth = ceilings()["copy_bandwidth_GBps"] * 1e9
+    record = {"benchmark": "seed_routes_gpu", "synthetic": True,
+              "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
+              "torch": torch.__version__, "cuda": torch.version.cuda, "copy_bandwidth_GBps":
+              bandwidth / 1e9 if bandwidth else None,
+              "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "routes": {}}
+    for name in args.routes.split(","):
+        record["routes"][name] = run_route(name, args, bandwidth)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    log("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
