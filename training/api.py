@@ -28,7 +28,7 @@ from onecat.training.export import save_drafter
 from onecat.training.features import capture_features
 from onecat.training.options import TrainOptions, spread_layer_ids
 from onecat.training.prompts import SHAREGPT_DISTRIBUTION, load_prompts, parse_data_spec
-from onecat.training.provenance import data_provenance, target_provenance
+from onecat.training.provenance import data_provenance, target_provenance, without_paths
 from onecat.training.regenerate import regenerate
 from onecat.training.samples_file import load_samples, save_samples
 from onecat.training.trainer import DrafterTrainer, Frozen
@@ -273,6 +273,6 @@ def _now() -> str:
 def _write_record(out: Path, record: dict) -> Path:
     path = out / RECORD
     tmp = out / f".{RECORD}.partial"
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.write_text(json.dumps(without_paths(record), indent=2) + "\n")
     tmp.replace(path)
     return path

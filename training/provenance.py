@@ -63,3 +63,21 @@ def data_provenance(kind: str, path: Path | None, count: int | None, sha256: str
         if isinstance(drawn, dict) and drawn.get("name"):
             out["derived_from"] = {"package": drawn["name"], "version": drawn.get("version")}
     return out
+
+
+def _portable(value: str) -> str:
+    """An absolute path (alone or after a `kind:` prefix) reduced to its file name."""
+    kind, sep, rest = value.partition(":")
+    if sep and "/" not in kind and rest.startswith("/"):
+        return f"{kind}:{Path(rest).name}"
+    return Path(value).name if value.startswith("/") else value
+
+
+def without_paths(record):
+    """The training record with every absolute path reduced to its file name: the record travels with the
+    drafter, and its inputs are named by package, version and sha256 beside those names."""
+    if isinstance(record, dict):
+        return {k: without_paths(v) for k, v in record.items()}
+    if isinstance(record, list):
+        return [without_paths(v) for v in record]
+    return _portable(record) if isinstance(record, str) else record
