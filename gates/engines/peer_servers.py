@@ -359,7 +359,8 @@ class ManagedLlamaServer(_LlamaCppPeer):
                 "--port", str(port), "--seed", str(seed), "--parallel", str(e.max_num_seqs), "--cont-batching",
                 "--ctx-size", str((e.max_model_len or 0) * e.max_num_seqs),
                 "--batch-size", str(e.max_num_batched_tokens), "--threads", cls.threads(arm),
-                "--n-gpu-layers", "999" if _on_cuda(arm) else "0", "--jinja"]
+                "--n-gpu-layers", "999" if _on_cuda(arm) else "0", "--jinja",
+                "--log-verbosity", "4"]  # its system_info line (the ISA it runs) is printed from level 4 on
         return args, _device_env(arm)
 
     @classmethod
