@@ -92,6 +92,11 @@ class SpeculativeConfig(BaseModel):
                                   "moving fewer tokens per second than a plain step (re-measured now and then); "
                                   "false: draft every step")
 
+    def _drafter_settings(self) -> list[str]:
+        """The drafter settings given (model, revision, a dtype other than auto)."""
+        return [n for n in ("model", "revision") if getattr(self, n) is not None] + \
+            (["dtype"] if self.dtype != "auto" else [])
+
     @model_validator(mode="after")
     def _no_ignored_settings(self) -> "SpeculativeConfig":
         synthetic_only = [n for n in SYNTHETIC_ONLY if getattr(self, n) is not None]
@@ -105,9 +110,8 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"{', '.join(ngram_only)}: only method ngram (prompt lookup) reads "
                              f"{'these' if len(ngram_only) > 1 else 'this'}; method {self.method!r} ignores "
                              f"{them}: remove {them}")
+        drafter = self._drafter_settings()
         if self.method == "ngram":
-            drafter = [n for n in ("model", "revision") if getattr(self, n) is not None]
-            drafter += ["dtype"] if self.dtype != "auto" else []
             if drafter:
                 raise ValueError(f"method ngram drafts by looking up the prompt and has no drafter model: remove "
                                  f"{', '.join(drafter)} (or choose a drafter method: {', '.join(DRAFTER_METHODS)})")
@@ -121,8 +125,6 @@ class SpeculativeConfig(BaseModel):
                 raise ValueError(f"max_speculative_tokens {self.max_speculative_tokens} is below "
                                  f"num_speculative_tokens {self.num_speculative_tokens}")
         elif self.method == "synthetic":
-            drafter = [n for n in ("model", "revision") if getattr(self, n) is not None]
-            drafter += ["dtype"] if self.dtype != "auto" else []
             if drafter:
                 raise ValueError(f"method synthetic runs a random drafter of the target's shape (compute) and has no "
                                  f"drafter model: remove {', '.join(drafter)}")
@@ -134,8 +136,6 @@ class SpeculativeConfig(BaseModel):
                                  f"= {self.num_speculative_tokens + 1}, the most a round can emit: raise "
                                  "num_speculative_tokens or lower acceptance_length")
         elif self.method == "mtp":
-            drafter = [n for n in ("model", "revision") if getattr(self, n) is not None]
-            drafter += ["dtype"] if self.dtype != "auto" else []
             if drafter:
                 raise ValueError(f"method mtp drafts with the target checkpoint's own multi-token-prediction head, in "
                                  f"the target's dtype, and has no drafter model: remove {', '.join(drafter)}")
