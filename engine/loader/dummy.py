@@ -12,6 +12,8 @@ import zlib
 
 import torch
 
+from onecat.engine.quant.packed_shard import note_full_weight
+
 STD = 0.02
 
 
@@ -30,6 +32,8 @@ def fill_random_weights(model: torch.nn.Module, seed: int) -> None:
         g = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         w = torch.randn(full, generator=g, device=p.device, dtype=torch.float32).mul_(STD)
         rows, cols = getattr(owner, "_tp_rows", None), getattr(owner, "_tp_cols", None)
+        if w.dim() == 2 and (rows is not None or cols is not None):  # for quantization at load of the share
+            note_full_weight(owner, w.to(p.dtype), 0)
         if rows is not None:
             w = w.index_select(0, rows.to(p.device))
         if cols is not None:

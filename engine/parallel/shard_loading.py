@@ -10,21 +10,47 @@ The model's own loader (`load_weights`) then places the slices: q/k/v and gate/u
 offsets of each part inside the rank's fused projection are this rank's (`local_fused_offsets`; for layers
 that name their fused parts themselves, `checkpoint_parts`, sharding made those local). The text model of a
 multimodal checkpoint (`model.language_model.`) is cut as the plain one.
+
+Packed weights (quantization) are cut at the same rows and columns: the packer asks `packed_cut` for each stored
+linear and slices its packed layout (engine/quant/packed_shard.py). With `note_full_weight` on, each sharded layer
+also keeps what a rank that rounds its share at load needs of the full weight (packed_shard.note_full_weight).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
 import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from onecat.engine.layers.moe import Experts
-from onecat.engine.models.weight_loading import EXPERT_TENSOR, STACKED_EXPERTS
+from onecat.engine.models.weight_loading import EXPERT_LINEAR, EXPERT_TENSOR, STACKED_EXPERTS
+from onecat.engine.quant.packed_shard import note_full_weight
 
 PREFIXES = ("model.language_model.", "model.")  # the text model's names (multimodal checkpoints nest it)
 FUSED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")  # the model's own layout: [E, 2I, H] / [E, H, I]
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """What a rank keeps of one checkpoint tensor: its rows and columns (None: all), and the sliced layer it
+    goes into with the tensor's first row in that layer's full weight (for the row maxima)."""
+
+    rows: torch.Tensor | None = None
+    cols: torch.Tensor | None = None
+    layer: nn.Module | None = None
+    first_row: int = 0
+
+
+_WHOLE = _Cut()
+
+
+def _short(name: str) -> str:
+    for prefix in PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
 
 
 def _sliced(module: nn.Module) -> bool:
@@ -66,6 +92,7 @@ class ShardLoader:
         self.full_offset = full_offset.__get__(model) if full_offset is not None else None
         self.keep_full_vocab = keep_full_vocab
         self.full_vocab: dict[str, torch.Tensor] = {}
+        self.note_full_weight = False  # set by a packer that may round the shares at load (module docstring)
         if self.full_offset is not None:  # where load_weights puts each part
             model._shard_offset = local_fused_offsets(model, self.full_offset)
 
@@ -109,42 +136,65 @@ class ShardLoader:
             return fused, self.full_offset(fused, shard)
         return None
 
+    def _cut(self, short: str) -> _Cut | None:
+        """What this rank keeps of the checkpoint tensor `short` (prefix stripped, not an expert's); None: nothing
+        (a row-parallel bias off rank 0, an attention this rank does not run)."""
+        parent, _, rest = short.rpartition(".")  # rest: "weight" / "bias" (or a layer's own parameter)
+        owner, _, leaf = parent.rpartition(".")
+        part = None
+        fused = self._part(owner, leaf)
+        if fused is not None:
+            parent, part = (f"{owner}.{fused[0]}" if owner else fused[0]), fused[1]
+        module = self._module(parent)
+        own = getattr(module, "_tp_param_rows", None) or {}
+        if rest in own:  # a per-head parameter of the layer itself (Gated DeltaNet's A_log, dt_bias)
+            return _Cut(rows=own[rest])
+        if module is None or not _sliced(module):
+            idle = module is None or next(module.parameters(), None) is None
+            # unsliced (norms, q/k norms): every rank loads it whole; else an attention this rank does not run
+            return None if idle and "self_attn" in parent else _WHOLE
+        if rest == "bias" and module.bias is None:
+            return None  # a row-parallel bias is added once, by rank 0
+        rows = module._tp_rows
+        if rows is not None and part:
+            rows = _within(rows, *part)
+        if rest != "weight":
+            return _Cut(rows=rows)
+        return _Cut(rows, module._tp_cols, module, part[0] if part else 0)
+
+    def packed_cut(self, module: str) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
+        """(rows, columns) this rank keeps of the checkpoint linear `module` (None: all of them), or None when the
+        rank does not run it: an expert's gate/up rows and down columns by its intermediate units, any other
+        linear as its dense weight is cut."""
+        short = _short(module)
+        expert = EXPERT_LINEAR.match(short)
+        if expert is not None:
+            experts = self._module(expert.group(1))
+            units = getattr(experts, "_tp_units", None)
+            if units is None:
+                return None, None
+            return (None, units) if expert.group(3) == "down_proj" else (units, None)
+        cut = self._cut(f"{short}.weight")
+        return None if cut is None else (cut.rows, cut.cols)
+
     def weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
-            short = name
-            for prefix in PREFIXES:
-                if short.startswith(prefix):
-                    short = short[len(prefix):]
-                    break
+            short = _short(name)
             expert = self._expert_share(short, tensor)
             if expert is not None:
                 yield name, expert
                 continue
             if self.keep_full_vocab and short in ("embed_tokens.weight", "lm_head.weight"):
                 self.full_vocab[short] = tensor  # the checkpoint's own tensor; the shard gets a slice of it
-            parent, _, rest = short.rpartition(".")  # rest: "weight" / "bias" (or a layer's own parameter)
-            owner, _, leaf = parent.rpartition(".")
-            part = None
-            fused = self._part(owner, leaf)
-            if fused is not None:
-                parent, part = (f"{owner}.{fused[0]}" if owner else fused[0]), fused[1]
-            module = self._module(parent)
-            own = getattr(module, "_tp_param_rows", None) or {}
-            if rest in own:  # a per-head parameter of the layer itself (Gated DeltaNet's A_log, dt_bias)
-                yield name, tensor.index_select(0, own[rest])
+            cut = self._cut(short)
+            if cut is None:
                 continue
-            if module is None or not _sliced(module):
-                idle = module is None or next(module.parameters(), None) is None
-                if not (idle and "self_attn" in parent):  # else: an attention this rank does not run
-                    yield name, tensor  # unsliced (norms, q/k norms): every rank loads it whole
-                continue
-            if rest == "bias" and module.bias is None:
-                continue  # a row-parallel bias is added once, by rank 0
-            rows, cols = module._tp_rows, module._tp_cols
-            if rows is not None:
-                tensor = tensor.index_select(0, _within(rows, *part) if part else rows)
-            if cols is not None and rest == "weight":
-                tensor = tensor.index_select(1, cols)
+            if self.note_full_weight and cut.layer is not None and tensor.dim() == 2:  # as the layer holds it
+                note_full_weight(cut.layer, tensor.to(cut.layer.weight.dtype), cut.first_row)
+            if cut.rows is not None:
+                tensor = tensor.index_select(0, cut.rows)
+            if cut.cols is not None:
+                tensor = tensor.index_select(1, cut.cols)
             yield name, tensor
 
     def full_vocab_layers(self, tied: bool) -> tuple[nn.Module, nn.Module] | None:

@@ -13,7 +13,8 @@ The engine shards the model while it is still on the meta device (shapes only), 
 its share; every sliced layer records which rows / columns of the full weight it keeps (`_tp_rows`,
 `_tp_cols`, `_tp_full`), and shard_loading.py slices the checkpoint's full tensors by them as they stream
 in. Sharding also works on dense weights already loaded (tests), before `pack_weights` (which keeps only a
-oneDNN-blocked copy of CPU float32 weights), and never on quantized layers.
+oneDNN-blocked copy of CPU float32 weights), and never on quantized layers: packed weights are swapped in after
+loading, each cut to the rank's share by these records (engine/quant/packed_shard.py).
 """
 from __future__ import annotations
 

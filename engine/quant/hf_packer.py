@@ -18,6 +18,9 @@ packed runs its experts packed (engine/layers/moe.py PackedExperts). With 'w4a16
 quantized at load instead, round to nearest in that format (rtn.py): every decoder linear (not the LM head)
 and MoE expert, less what the layers keep dense (routers and gates: SparseMoE.KEEP_DENSE; the Gated
 DeltaNet's beta/decay rows: GatedDeltaNet.KEEP_DENSE_PARTS) and what the format's kernel cannot take.
+
+Under tensor parallelism (`tensor_parallel`) each rank keeps only its share of every packed linear, cut as the
+dense sharding cuts it (packed_shard.py), and quantization at load rounds each rank's dense share.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from onecat.engine.quant.checkpoint_formats.modelopt import MIXED
 from onecat.engine.quant.fp4.packing import FP4_NAMES, fp4_convert
 from onecat.engine.quant.fp8.packing import FP8_METHODS, fp8_convert
 from onecat.engine.quant.packed_model import replace_experts, replace_rows
+from onecat.engine.quant.packed_shard import noted, packed_share, round_share
 from onecat.engine.quant.rtn import quantize
 from onecat.engine.quant.w4a16.layout import W4A16Weight
 from onecat.engine.support_matrix import NO_CPU_KERNEL, QUANTIZED_AT_LOAD, Combination, refuse  # NO_CPU_KERNEL: refused on CPU
@@ -61,39 +65,54 @@ class W4A16Packer:
         self.quantization = quantization
         self.method = None  # the checkpoint's quant_method, once a quantized linear was seen
         self.packed: dict[str, W4A16Weight] = {}  # "<module>.weight" in checkpoint names
+        self.cut = None  # tensor parallel: checkpoint linear -> (rows, columns) this rank keeps, or None: none
+        self.dense_by_columns: list[str] = []  # tensor parallel: act-order linears cut by columns, left dense
+
+    def tensor_parallel(self, loader) -> None:
+        """This rank keeps only its share of each packed linear, cut where `loader` (engine/parallel's
+        ShardLoader, of the model sharded on meta) cuts the dense weights, and the loader notes what rounding a
+        share at load needs of each full weight (packed_shard.py)."""
+        self.cut = loader.packed_cut
+        loader.note_full_weight = True
 
     def keep(self, fmt, module: str, stored: dict[str, torch.Tensor]) -> None:
+        weight = self._convert(fmt, module, stored)
+        if weight is not None and self.cut is not None:
+            cut = self.cut(module)
+            if cut is None:  # a layer this rank does not run
+                return
+            weight = packed_share(weight, *cut, module)
+            if weight is None:
+                self.dense_by_columns.append(module)
+        if weight is not None:
+            self.packed[f"{module}.weight"] = weight
+
+    def _convert(self, fmt, module: str, stored: dict[str, torch.Tensor]):
+        """The stored linear in its packed layout, or None where it loads dense."""
         from onecat.engine.quant.w4a16.packing import convert
 
         want = W4A16_NAMES[self.quantization]
         if getattr(fmt, "algo", "") == MIXED and self.quantization in ("nvfp4", "fp8"):
             self.method = fmt.describe()  # each layer packed in the format it is stored in (FP8 or NVFP4)
             fp8 = fmt.layer_algo(module, fmt.require(module, stored, "weight")[0]) == "FP8"
-            weight = fp8_convert(fmt, module, stored) if fp8 else fp4_convert(fmt, module, stored)
-            if weight is not None:
-                self.packed[f"{module}.weight"] = weight
-            return
+            return fp8_convert(fmt, module, stored) if fp8 else fp4_convert(fmt, module, stored)
         if self.quantization == "fp8":
             self.method = fmt.describe()
-            weight = fp8_convert(fmt, module, stored)  # refuses non-FP8 checkpoints by name
-            if weight is not None:  # block-scaled layers load dense
-                self.packed[f"{module}.weight"] = weight
-            return
+            return fp8_convert(fmt, module, stored)  # refuses non-FP8 checkpoints by name; block-scaled: None
         if want is not None and fmt.method != want:
             raise ConfigError(f"quantization={self.quantization!r} but the checkpoint is {fmt.describe()}; use "
                               "quantization='w4a16' (any 4-bit AWQ / GPTQ / compressed-tensors checkpoint) or "
                               f"'{fmt.method}'")
         self.method = fmt.describe()
         if self.quantization in FP4_NAMES:
-            self.packed[f"{module}.weight"] = fp4_convert(fmt, module, stored)  # refuses FP8 ModelOpt by name
-            return
-        self.packed[f"{module}.weight"] = convert(fmt, module, stored)  # refuses non-4-bit variants by name
+            return fp4_convert(fmt, module, stored)  # refuses FP8 ModelOpt by name
+        return convert(fmt, module, stored)  # refuses non-4-bit variants by name
 
     def apply(self, model: nn.Module) -> dict:
         """Replaces the packed linears of a loaded model; returns what was done (for the engine's info)."""
         from onecat.engine.models.weight_loading import linear_slot
 
-        if not self.packed:
+        if not self.packed and not self.dense_by_columns:
             if self.quantization == "fp8" and self.method is not None:
                 raise ConfigError("quantization='fp8' needs an FP8 checkpoint with per-tensor or per-channel scales "
                                   f"(compressed-tensors float-quantized or ModelOpt FP8); {self.method} has none to "
@@ -112,7 +131,10 @@ class W4A16Packer:
             else:
                 linears.setdefault(slot.module, []).append((slot.start, weight))
         self.packed.clear()
-        return self._replace(model, linears, experts, f"checkpoint {self.method}")
+        report = self._replace(model, linears, experts, f"checkpoint {self.method}")
+        if self.dense_by_columns:  # act-order weights a rank would cut by columns (packed_shard.py)
+            report["kept_dense"] = sorted(set(report["kept_dense"]) | set(self.dense_by_columns))
+        return report
 
     def _replace(self, model: nn.Module, linears: dict[str, list[tuple[int, object]]],
                  experts: dict[str, dict[tuple[int, str], object]], source: str) -> dict:
@@ -155,7 +177,7 @@ class W4A16Packer:
             if not name.startswith("layers.") or name in keep:
                 continue
             if isinstance(module, Experts):
-                stored = _quantize_experts(module, self.quantization)
+                stored = _quantize_experts(module, self.quantization, name)
                 if stored is None:
                     kept_dense.append(name)
                 else:
@@ -163,7 +185,7 @@ class W4A16Packer:
                 continue
             if not isinstance(module, nn.Linear):
                 continue
-            shards = [(start, quantize(module.weight[start:start + rows], self.quantization))
+            shards = [(start, _quantize_share(model, name, module, start, rows, self.quantization))
                       for start, rows in _packable_rows(model, name, module.out_features)]
             if any(w is None for _, w in shards):
                 kept_dense.append(name)
@@ -212,12 +234,14 @@ def _submodule(model: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
-def _packable_rows(model: nn.Module, path: str, out_features: int) -> list[tuple[int, int]]:
+def _packable_rows(model: nn.Module, path: str, out_features: int, full: bool = False) -> list[tuple[int, int]]:
     """(first row, rows) runs of the linear at `path` that quantization at load packs: all of it, less the rows
-    of the checkpoint parts its owner names in KEEP_DENSE_PARTS (engine/layers/gated_deltanet.py)."""
+    of the checkpoint parts its owner names in KEEP_DENSE_PARTS (engine/layers/gated_deltanet.py). `full`: the
+    runs of a tensor-parallel shard's full weight (the owner's full layout, `_tp_full_parts`)."""
     owner_path, _, leaf = path.rpartition(".")
     owner = _submodule(model, owner_path)
-    dense = [(start, size) for part, (fused, start, size) in getattr(owner, "checkpoint_parts", {}).items()
+    parts = (getattr(owner, "_tp_full_parts", None) if full else None) or getattr(owner, "checkpoint_parts", {})
+    dense = [(start, size) for part, (fused, start, size) in parts.items()
              if fused == leaf and part in getattr(owner, "KEEP_DENSE_PARTS", ())]
     runs, pos = [], 0
     for start, size in sorted(dense):
@@ -229,16 +253,32 @@ def _packable_rows(model: nn.Module, path: str, out_features: int) -> list[tuple
     return runs
 
 
-def _quantize_experts(experts: Experts, fmt: str) -> dict[tuple[int, str], object] | None:
+def _quantize_share(model: nn.Module, path: str, module: nn.Linear, start: int, rows: int, fmt: str):
+    """Rows [start, start + rows) of the linear at `path` rounded to nearest in `fmt`; a tensor-parallel shard
+    (sharding records `_tp_full`) with the group and the maxima of its full weight (packed_shard.py)."""
+    weight = module.weight[start:start + rows]
+    full = getattr(module, "_tp_full", None)
+    if full is None:
+        return quantize(weight, fmt)
+    known = noted(module, start, rows, _packable_rows(model, path, full[0], full=True))
+    return round_share(weight, fmt, path, module._tp_cols, full[1], known)
+
+
+def _quantize_experts(experts: Experts, fmt: str, path: str) -> dict[tuple[int, str], object] | None:
     """Each expert's gate, up and down projections rounded to nearest in `fmt`, as a checkpoint would store
-    them; None when the format cannot take one of them (the layer's experts then all stay dense)."""
+    them; None when the format cannot take one of them (the layer's experts then all stay dense). A
+    tensor-parallel shard rounds its own share of each (packed_shard.py: no full-weight scales for experts)."""
     i = experts.intermediate
+    units = getattr(experts, "_tp_units", None)
     out = {}
     for e in range(experts.num_experts):
         gate_up = experts.gate_up_proj[e]
-        for leaf, weight in (("gate_proj", gate_up[:i]), ("up_proj", gate_up[i:]),
-                             ("down_proj", experts.down_proj[e])):
-            out[(e, leaf)] = quantize(weight, fmt)
+        for leaf, weight in (("gate_proj", gate_up[:i]), ("up_proj", gate_up[i:]), ("down_proj", experts.down_proj[e])):
+            if units is None:
+                out[(e, leaf)] = quantize(weight, fmt)
+            else:  # the down projection's columns are the rank's units of the full intermediate width
+                cols, width = (units, experts._tp_intermediate) if leaf == "down_proj" else (None, weight.shape[1])
+                out[(e, leaf)] = round_share(weight, fmt, f"{path}.{e}.{leaf}", cols, width, {})
             if out[(e, leaf)] is None:
                 return None
     return out

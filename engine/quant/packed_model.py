@@ -53,8 +53,13 @@ def packed_layer(weight, bias: torch.Tensor | None, dtype: torch.dtype, device: 
 
 
 def _set(model: nn.Module, path: str, layer: nn.Module) -> None:
+    """Put `layer` in the place of the module at `path`, with that module's forward hooks (tensor parallel's sums
+    over the ranks hang on row-parallel layers as hooks: engine/parallel/sharding.py)."""
     parent, _, leaf = path.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+    owner = model.get_submodule(parent) if parent else model
+    for hook in getattr(owner, leaf)._forward_hooks.values():
+        layer.register_forward_hook(hook)
+    setattr(owner, leaf, layer)
 
 
 def replace_rows(model: nn.Module, path: str, module: nn.Linear, shards: list[tuple[int, object]],

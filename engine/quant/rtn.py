@@ -9,7 +9,9 @@
   block's largest value lands in [4, 8) before rounding (OCP MX).
 - fp8: E4M3 values, one float32 scale per output row (row amax / 448).
 Each returns the packed weight, or None where the format's kernel cannot take the layer (in_features not a
-multiple of its block): that linear stays dense and is listed in the engine's info.
+multiple of its block): that linear stays dense and is listed in the engine's info. A tensor-parallel rank rounds
+its share of a weight with the group and the maxima of the full weight where they are given (packed_shard.py), so
+its share equals the slice of the full weight rounded at once.
 """
 from __future__ import annotations
 
@@ -30,15 +32,18 @@ def rtn_group(in_features: int) -> int | None:
     return next((g for g in RTN_GROUPS if in_features % g == 0), None)
 
 
-def quantize(weight: torch.Tensor, fmt: str) -> W4A16Weight | FP4Weight | FP8Weight | None:
-    """The dense [N, K] `weight` rounded to nearest in `fmt` (w4a16 | nvfp4 | mxfp4 | fp8), or None."""
+def quantize(weight: torch.Tensor, fmt: str, group: int | None = None, row_amax: torch.Tensor | None = None,
+             tensor_amax: torch.Tensor | None = None) -> W4A16Weight | FP4Weight | FP8Weight | None:
+    """The dense [N, K] `weight` rounded to nearest in `fmt` (w4a16 | nvfp4 | mxfp4 | fp8), or None. `group`
+    (w4a16; default the largest of RTN_GROUPS that divides K), `row_amax` (fp8: each row's largest magnitude) and
+    `tensor_amax` (nvfp4: the tensor's) default to the weight's own."""
     w = weight.detach().float()
     if fmt == "w4a16":
-        group = rtn_group(w.shape[1])
+        group = group or rtn_group(w.shape[1])
         return None if group is None else quantize_w4(w, group)
     if fmt == "fp8":
-        return quantize_fp8(w)
-    packed = quantize_nvfp4(w) if fmt == "nvfp4" else quantize_mxfp4(w)
+        return quantize_fp8(w, row_amax)
+    packed = quantize_nvfp4(w, tensor_amax) if fmt == "nvfp4" else quantize_mxfp4(w)
     return None if packed is None or fp4_unsupported_reason(packed) else packed
 
 
@@ -54,12 +59,13 @@ def _pairs(codes: torch.Tensor) -> torch.Tensor:
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
-def quantize_nvfp4(w: torch.Tensor) -> FP4Weight | None:
+def quantize_nvfp4(w: torch.Tensor, tensor_amax: torch.Tensor | None = None) -> FP4Weight | None:
     n, k = w.shape
     if k % 16:
         return None
     blocks = w.reshape(n, k // 16, 16)
-    tensor_scale = (w.abs().amax() / (E2M1_MAX * E4M3_MAX)).clamp(min=torch.finfo(torch.float32).tiny)
+    amax = w.abs().amax() if tensor_amax is None else tensor_amax.to(w.device, torch.float32)
+    tensor_scale = (amax / (E2M1_MAX * E4M3_MAX)).clamp(min=torch.finfo(torch.float32).tiny)
     block_scale = (blocks.abs().amax(-1) / E2M1_MAX / tensor_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     effective = block_scale.float() * tensor_scale
     scaled = torch.where(effective[..., None] > 0, blocks / effective[..., None].clamp(min=1e-30), 0.0)
@@ -79,8 +85,9 @@ def quantize_mxfp4(w: torch.Tensor) -> FP4Weight | None:
     return from_mxfp4(codes, (exponent + 127).to(torch.uint8))
 
 
-def quantize_fp8(w: torch.Tensor) -> FP8Weight | None:
+def quantize_fp8(w: torch.Tensor, row_amax: torch.Tensor | None = None) -> FP8Weight | None:
     if w.shape[1] % FP8_BLOCK:
         return None
-    scale = (w.abs().amax(dim=1) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    amax = w.abs().amax(dim=1) if row_amax is None else row_amax.to(w.device, torch.float32)
+    scale = (amax / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
     return pack_fp8((w / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale)

@@ -93,6 +93,8 @@ class Worker:
         if self.tp is not None:  # sharded on meta: a rank allocates and loads only its share
             spec = self.cfg.speculative_config
             loader = self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")
+            if self.w4a16 is not None:  # packed linears: this rank keeps its share of each
+                self.w4a16.tensor_parallel(loader)
         model = model.to_empty(device=self.device).to(self.dtype)
         for m in model.modules():
             if isinstance(m, RotaryEmbedding):
