@@ -8,8 +8,10 @@ from onecat.gates.compare import CompareError, load_compare
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_shipped_peer_comparison_loads():
-    assert load_compare(ROOT / "contracts" / "peers_cpu.yaml").engines
+@pytest.mark.parametrize("name", ["peers_cpu.yaml", "peers_cpu_256.yaml"])
+def test_shipped_peer_comparisons_load(name):
+    short, long = (load_compare(ROOT / "contracts" / n) for n in ("peers_cpu.yaml", name))
+    assert long.engines == short.engines  # the two specs differ in their lengths only
 
 
 @pytest.mark.parametrize("text,message", [
