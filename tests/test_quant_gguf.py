@@ -102,3 +102,23 @@ def test_harness_preflight_names_an_unsupported_quantization():
     problems = OnecatEngine.check(arm("int3"))
     assert any("quantization 'int3'" in p and "gguf" in p for p in problems), problems
     assert OnecatEngine.check(arm("gguf")) == []
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """From DENSE_FROM_ROWS rows on, the layer runs fixed-size bf16 GEMM blocks: a row's bits are the same
+    whatever its step's row count and its offset in it."""
+    from onecat.engine.quant.int4.linear import DENSE_BLOCK_ROWS, DENSE_FROM_ROWS
+
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((96, 256)).astype(np.float32)
+    layer = Int4PackedLinear(QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1),
+                                                       w.shape).terms, None)
+    pool = torch.randn(80, 256)
+    probe = pool[7]
+    results = []
+    for rows in (DENSE_FROM_ROWS, DENSE_FROM_ROWS + 1, DENSE_BLOCK_ROWS * 2 + 3, 80):
+        for at in (0, rows // 2, rows - 1):
+            x = pool[:rows].clone()
+            x[at] = probe
+            results.append(layer(x)[at])
+    assert all(torch.equal(r, results[0]) for r in results)
