@@ -21,19 +21,15 @@ import argparse
 import json
 import platform
 import subprocess
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from speculative_gpu_rounds import decode, log, prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTES = {"seed_route_h200": ("random:tiny-qwen3.5", {"min_fraction": 0.6, "min_speedup": 3.0, "min_tok_s": 400}),
           "seed_moe_route_h200": ("random:tiny-qwen3.5-moe", {"min_fraction": 0.55, "min_speedup": 1.8})}
-
-
-def log(*a) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
 def engine_settings(contract, arm: str, tiny: str | None, device: str) -> dict:
@@ -41,21 +37,6 @@ def engine_settings(contract, arm: str, tiny: str | None, device: str) -> dict:
     if tiny is not None:  # the route's settings on a tiny shape of the same layer kinds, where the CPU runs them
         kw.update(model=tiny, device=device, dtype="float32", quantization="w4a16")
     return kw
-
-
-def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
-
-
-def decode(llm, batch_prompts, max_tokens: int) -> tuple[float, list]:
-    """(decode tok/s, outputs) of one greedy batch: tokens after the first over the slowest decode time."""
-    from onecat.engine import SamplingParams
-
-    outs = llm.generate(batch_prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return len(outs) * (max_tokens - 1) / max(o.timings.decode_s for o in outs), outs
 
 
 def best_of(llm, batch_prompts, max_tokens: int, repeats: int) -> tuple[float, list]:

@@ -41,8 +41,8 @@ def log(*a) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
-def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(0)
+def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
     return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
 
 

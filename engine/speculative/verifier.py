@@ -47,15 +47,16 @@ def verify_blocks(blocks: list[DraftBlock]) -> list[list[int]]:
         parts.append(_verify_greedy([blocks[i] for i in greedy]))
     if sampled:
         parts.append(_verify_sampled([blocks[i] for i in sampled]))
-    rows = torch.cat([_pad_columns(t, width) for t in parts]).tolist()  # the step's one device-to-host read
+    rows = torch.cat([_pad_last(t, width) for t in parts]).tolist()  # the step's one device-to-host read
     out: list[list[int]] = [[] for _ in blocks]
     for i, row in zip(order, rows):
         out[i] = row[1:row[0] + 2]
     return out
 
 
-def _pad_columns(t: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]))
+def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:
+    """`t` with its last dimension zero-padded to `width`."""
+    return torch.nn.functional.pad(t, (0, width - t.shape[-1]))
 
 
 def _padded_drafts(blocks: list[DraftBlock], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,10 +92,10 @@ def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
     k = drafts.shape[1]
     rows = (starts.unsqueeze(1) + torch.arange(k, device=device)).clamp_max(p.shape[0] - 1)
     p_draft = p[rows, drafts]  # [B, K]: p of each draft token at its row
-    q_draft = torch.stack([_pad_to(b.probs[torch.arange(n, device=device), drafts[i, :n]].float(), k)
+    q_draft = torch.stack([_pad_last(b.probs[torch.arange(n, device=device), drafts[i, :n]].float(), k)
                            if b.probs is not None else torch.ones(k, device=device)
                            for i, (b, n) in enumerate(zip(blocks, lens))])
-    u = torch.stack([_pad_to(torch.rand(len(b.draft), generator=b.generator, device=device), k) for b in blocks])
+    u = torch.stack([_pad_last(torch.rand(len(b.draft), generator=b.generator, device=device), k) for b in blocks])
     accepted = _accepted_prefix((q_draft > 0) & (u * q_draft < p_draft) & real)  # u < p/q without dividing
 
     p_next = p[starts + accepted]  # [B, V]: the target's distribution after the accepted prefix
@@ -116,6 +117,3 @@ def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
                                                                                   token.unsqueeze(1))
     return torch.cat([accepted.unsqueeze(1), tokens], dim=1)
 
-
-def _pad_to(t: torch.Tensor, k: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, k - t.shape[0]))
