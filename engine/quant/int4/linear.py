@@ -94,7 +94,8 @@ class Int4PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
-        dense = (decode_step_sequences() or x2.shape[0]) >= DENSE_FROM_ROWS
+        rows = x2.shape[0]  # a step's sequences are never more than its rows: ask only when the rows are many
+        dense = rows >= DENSE_FROM_ROWS and (decode_step_sequences() or rows) >= DENSE_FROM_ROWS
         if dense and self.dense_blocked is not None:
             y = self._dense_blocks(x2)
         elif dense:
