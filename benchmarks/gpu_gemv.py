@@ -13,6 +13,10 @@ the fused GEMV:
   qkv:      add_rmsnorm kernel + cuBLAS             vs  GEMV[norm]
   gate_up:  add_rmsnorm + cuBLAS + silu_mul kernel  vs  GEMV[norm, glu]
 Every Triton arm is checked against an fp32 reference first (relative max error < 1e-2).
+
+With --rows 2,8,16 it also times calls of several rows (a batch-1 verify step's 1 + k rows), plain and
+with the shape's fusion: cuBLAS, the GEMV with one program per row, and the GEMV whose programs walk every
+row of their tile (triton_gemv.ROW_LOOP); both GEMV arms must give each row the bits a one-row call gives.
 """
 from __future__ import annotations
 
@@ -141,11 +145,47 @@ def bench_shape(name: str, n: int, k: int, fused: str | None, sweep: bool) -> di
     return res
 
 
+def bench_rows(n: int, k: int, fused: str | None, rows: list[int]) -> dict:
+    """Calls of several rows: per row count, us of cuBLAS and of both GEMV launch shapes (and the fused
+    variants), each checked bit for bit against one-row calls."""
+    from onecat.engine.kernels import triton_gemv as tg
+
+    dt = torch.float16
+    copies = max(3, -(-L2_FLUSH_BYTES // (n * k * 2)))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    ws = [torch.randn(n, k, device="cuda", dtype=dt, generator=gen) * k ** -0.5 for _ in range(copies)]
+    variants = [("plain", {})]
+    if fused:
+        r = torch.randn(max(rows), k, device="cuda", dtype=dt, generator=gen)
+        nw = torch.rand(k, device="cuda", dtype=dt, generator=gen) + 0.5
+        variants.append((fused, {"norm_weight": nw, "eps": 1e-5, "glu": fused == "norm+glu", "residual": r}))
+    out = {}
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=dt, generator=gen)
+        res = out[m] = {"cublas_us": round(graph_time([lambda w=w: F.linear(x, w) for w in ws]) * 1e6, 2)}
+        for label, kw in variants:
+            kw = {**kw, "residual": kw["residual"][:m]} if "residual" in kw else kw
+            first = lambda y: y[0] if isinstance(y, tuple) else y  # noqa: E731
+            single = torch.cat([first(tg.gemv(x[i:i + 1], ws[0], **{**kw, "residual": kw["residual"][i:i + 1]}
+                                               if "residual" in kw else kw)) for i in range(m)])
+            for loop in (False, True):
+                tg.ROW_LOOP = loop
+                arm = f"{'row_loop' if loop else 'row_programs'}[{label}]"
+                same = torch.equal(first(tg.gemv(x, ws[0], **kw)), single)
+                res[arm] = {"us": round(graph_time([lambda w=w: tg.gemv(x, w, **kw) for w in ws]) * 1e6, 2),
+                            "bits_as_one_row_calls": same}
+        tg.ROW_LOOP = True
+    del ws
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".onecat/gpu_gemv.json")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of tile configs per shape")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--rows", default="", help="also time calls of these row counts (e.g. 2,8,16)")
     ap.add_argument("--pdl", choices=("on", "off"), default="on",
                     help="programmatic dependent launch between the timed calls (SM90+; engine/kernels/pdl.py)")
     args = ap.parse_args()
@@ -166,6 +206,12 @@ def main() -> None:
         n, k, fused = SHAPES[name]
         log(name, n, k)
         r = record["shapes"][name] = bench_shape(name, n, k, fused, args.sweep)
+        if args.rows:
+            r["rows"] = bench_rows(n, k, fused, [int(m) for m in args.rows.split(",")])
+            for m, arms in r["rows"].items():
+                log(f"    {m} rows:", "  ".join(f"{a} {v['us'] if isinstance(v, dict) else v}us"
+                                               + ("" if not isinstance(v, dict) or v["bits_as_one_row_calls"]
+                                                  else " BITS DIFFER") for a, v in arms.items()))
         arms = {a: v for a, v in r.items() if isinstance(v, dict) and "us" in v}
         log("   ", "  ".join(f"{a} {v['us']}us {v['GBps']}GB/s" for a, v in arms.items()))
         with open(args.out, "w") as f:

@@ -9,6 +9,13 @@ random-weight DFlash drafter of the published 8B-target shape: the target's widt
 after them, so the acceptance length is a + 1 by construction (fractional a spreads over the rounds).
 Every synthetic record says `synthetic: true`: it measures the machinery, never a drafter.
 
+With plain random weights the logits of a step are nearly flat, so a verify step (which sums 1 + k rows a
+sequence in another order than a decode step at batch > 1) flips near-ties at once and the outputs part from
+target-only's; the known continuation is then wrong and the set acceptance is never reached. `--weights
+peaked` (the default) keeps every matrix's shape and cost but makes the next token a wide-margin choice:
+the residual-writing projections (o_proj, down_proj) are scaled by 1e-3 and lm_head is the embedding, so
+each step's argmax is far ahead of the next logit and no summation order changes a token.
+
 Arms per batch size (1, 4, 8; 256 prompt tokens, 256 new, CUDA graphs on, the gate off so every step
 drafts): target-only; n-gram-shaped at acceptance 2, 3, 4.25, 6.55 and k + 1; DFlash-shaped at 2, 3, 4.25,
 6.55 and k + 1; the real n-gram method (k = 3 and 7, the gate on) on the random target's own output; and
@@ -57,6 +64,15 @@ def decode(llm, batch_prompts, max_tokens: int) -> tuple[float, list]:
     return len(outs) * (max_tokens - 1) / decode_s, outs
 
 
+@torch.no_grad()
+def peak_the_logits(model: torch.nn.Module) -> None:
+    """Wide-margin next tokens from random weights (the module docstring says why); costs are unchanged."""
+    for name, p in model.named_parameters():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            p.mul_(1e-3)
+    model.lm_head.weight.copy_(model.embed_tokens.weight)
+
+
 def acceptance_length(outs) -> float | None:
     drafts = sum(o.spec.num_drafts for o in outs)
     return None if not drafts else 1 + sum(o.spec.num_accepted_tokens for o in outs) / drafts
@@ -85,8 +101,18 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--skip-dflash", action="store_true", help="leave out the DFlash-shaped arms")
+    ap.add_argument("--weights", choices=("peaked", "random"), default="peaked",
+                    help="peaked: wide-margin next tokens (the module docstring); random: the dummy weights as drawn")
+    ap.add_argument("--arms", default="", help="run only arms whose name starts with one of these (comma list)")
+    ap.add_argument("--gemv-row-loop", choices=("on", "off"), default="on",
+                    help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
+                         "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        from onecat.engine.kernels import triton_gemv
+
+        triton_gemv.ROW_LOOP = args.gemv_row_loop == "on"
 
     from onecat.engine import LLM
     from onecat.engine.random_models import shape_config
@@ -104,7 +130,9 @@ def main() -> None:
               "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
               "torch": torch.__version__, "cuda": torch.version.cuda,
               "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "arms": []}
+              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "gemv_row_loop": args.gemv_row_loop,
+              "weights": args.weights,
+              "arms": []}
 
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +144,8 @@ def main() -> None:
     if cuda:
         settings.update(cuda_graph="full", kv_cache_memory_gb=4.0)
     llm = LLM(f"random:{args.shape}", **settings)
+    if args.weights == "peaked":
+        peak_the_logits(llm.model)
     drafter = None if args.skip_dflash else random_dflash_drafter(llm.model_config, DFLASH_BLOCK)
     vocab = cfg["vocab_size"]
     for batch in batches:
@@ -144,7 +174,10 @@ def main() -> None:
             arms.append((f"ngram_k{k}", None, lambda k=k: NgramProposer(k), SpeculationGate()))
         arms.append(("no_draft_gated", None, lambda: NgramProposer(3, prompt_lookup_min=64, prompt_lookup_max=64),
                      SpeculationGate()))
+        wanted = tuple(a for a in args.arms.split(",") if a)
         for name, target_len, make, gate in arms:
+            if wanted and not name.startswith(wanted):
+                continue
             with llm.cuda_graphs_replaced(cuda):
                 res = run_arm(llm, make, gate, batch_prompts, args.max_tokens, args.repeats, reference)
             llm.model.aux_layer_ids = []  # a DFlash arm taps the target; the next arm does not

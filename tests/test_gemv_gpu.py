@@ -94,11 +94,14 @@ def test_normed_out_is_the_add_rmsnorm_kernels_output(dtype, k, rows):
         tg.gemv(x, w, normed_out=True)
 
 
+@pytest.mark.parametrize("row_loop", [False, True])
 @pytest.mark.parametrize("norm,glu", [(False, False), (True, False), (True, True)])
-def test_each_row_of_a_multi_row_call_equals_that_row_alone(norm, glu):
+def test_each_row_of_a_multi_row_call_equals_that_row_alone(monkeypatch, norm, glu, row_loop):
     """Batch invariance: row m of an M-row call is bit for bit the single-row result (what lets a
-    batch-1 verify step reproduce batch-1 decode); and more rows than MAX_ROWS are refused."""
+    batch-1 verify step reproduce batch-1 decode), with one program per row or programs that walk every
+    row of their tile; and more rows than MAX_ROWS are refused."""
     tg = _gemv()
+    monkeypatch.setattr(tg, "ROW_LOOP", row_loop)
     k, n, rows = 576, 1536, 8
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * k ** -0.5
     nw = torch.randn(k, device="cuda", dtype=torch.float16) * 0.2 + 1

@@ -26,15 +26,19 @@ import triton.language as tl
 from onecat.engine.kernels import pdl
 
 MAX_K = 32768  # the K loop is unrolled: larger inputs take the library GEMM
-MAX_ROWS = 16  # rows of one call (each row is its own program column; the weight tiles come from L2 again)
+MAX_ROWS = 16  # rows of one call
+# Calls of several rows (a batch-1 verify step): one program walks every row of its tile (True) or one
+# program per row (False). Same bits either way; benchmarks flip it to measure both.
+ROW_LOOP = True
 
 
 @triton.jit
-def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
-                K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
-                NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    pid = tl.program_id(0)
-    m = tl.program_id(1).to(tl.int64)  # the input row: every row runs the same code as a single row
+def _gemv_row(m, pid, x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
+              K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+              NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr,
+              W_EVICT: tl.constexpr):
+    """Output rows [pid * BLOCK_N, ...) of input row m: the one body both launch shapes run, so a row's
+    bits are the same whichever runs it (the cache hint W_EVICT changes no arithmetic)."""
     x_ptr += m * K
     r_ptr += m * K
     rout_ptr += m * K
@@ -50,10 +54,10 @@ def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n
     # the first weight tile does not depend on the previous kernel: under PDL (pdl.py) it is in flight
     # while that kernel finishes
     w_first = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=(cols < K)[None, :], other=0.0,
-                      eviction_policy="evict_first")
+                      eviction_policy=W_EVICT)
     if GLU:
         w_up_first = tl.load(w_ptr + (rows + n_out)[:, None] * K + cols[None, :], mask=(cols < K)[None, :],
-                             other=0.0, eviction_policy="evict_first")
+                             other=0.0, eviction_policy=W_EVICT)
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -66,10 +70,10 @@ def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n
                 w_up = w_up_first
         else:
             w = tl.load(w_ptr + rows[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
-                        eviction_policy="evict_first")
+                        eviction_policy=W_EVICT)
             if GLU:
                 w_up = tl.load(w_ptr + (rows + n_out)[:, None] * K + c[None, :], mask=m[None, :], other=0.0,
-                               eviction_policy="evict_first")
+                               eviction_policy=W_EVICT)
         xv = tl.load(x_ptr + c, mask=m, other=0.0)
         if NORM:
             h = xv + tl.load(r_ptr + c, mask=m, other=0.0)
@@ -106,6 +110,31 @@ def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n
         g = y.to(out_ty).to(tl.float32)
         y = (g / (1.0 + tl.exp(-g))).to(out_ty) * up.to(out_ty)
     tl.store(y_ptr + rows, y.to(out_ty), mask=row_ok)
+
+
+@triton.jit
+def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
+                K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+                NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    """One program per (output tile, input row): the batch-1 decode shape."""
+    _gemv_row(tl.program_id(1).to(tl.int64), tl.program_id(0), x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
+              rout_ptr, nout_ptr, n_out, eps, K, BLOCK_N, BLOCK_K, NORM, NORM_OUT, GLU, HAS_BIAS, PDL, "evict_first")
+
+
+@triton.jit
+def gemv_rows_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
+                     N_ROWS: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     NORM: tl.constexpr, NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    """One program per output tile, walking every input row in turn: the tile comes from DRAM once and
+    from the SM's cache for the later rows (a verify step's 1 + k rows), where one program per row
+    fetches it once per row."""
+    pid = tl.program_id(0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    for m in tl.range(0, N_ROWS):  # a loop, not unrolled
+        _gemv_row(m, pid, x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out,
+                  eps, K, BLOCK_N, BLOCK_K, NORM, NORM_OUT, GLU, HAS_BIAS, False, "evict_last")
 
 
 def default_config(n: int, k: int, norm: bool = False) -> tuple[int, int, int]:
@@ -153,10 +182,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     rout = torch.empty_like(x) if norm else y
     nout = torch.empty_like(x) if normed_out else rout
     rows = x.numel() // k
-    gemv_kernel[(-(-n_out // block_n), rows)](
-        x, residual if norm else x, norm_weight if norm else x, weight, bias if bias is not None else weight,
-        y, rout, nout, n_out, eps, K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, NORM_OUT=normed_out, GLU=glu,
-        HAS_BIAS=bias is not None, num_warps=warps, **pdl.options(x.device))
+    args = (x, residual if norm else x, norm_weight if norm else x, weight, bias if bias is not None else weight,
+            y, rout, nout, n_out, eps)
+    meta = dict(K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm, NORM_OUT=normed_out, GLU=glu,
+                HAS_BIAS=bias is not None, num_warps=warps, **pdl.options(x.device))
+    if rows > 1 and ROW_LOOP:
+        gemv_rows_kernel[(-(-n_out // block_n),)](*args, N_ROWS=rows, **meta)
+    else:
+        gemv_kernel[(-(-n_out // block_n), rows)](*args, **meta)
     if normed_out:
         return y, rout, nout
     return (y, rout) if norm else y

@@ -224,7 +224,8 @@ class ModelRunner:
 
     def cuda_graph_report(self) -> dict:
         if self.graphs is None:
-            return {"used": False, "replays": 0, "captured_sizes": [], "disabled_reason": "not enabled (or not CUDA)"}
+            return {"used": False, "replays": 0, "verify_replays": 0, "captured_sizes": [],
+                    "captured_verify_sizes": [], "disabled_reason": "not enabled (or not CUDA)"}
         return self.graphs.report()
 
     def _execute_graph(self, sched: list[ScheduledSeq]) -> StepResult | None:
