@@ -13,7 +13,7 @@ On the GPU machine (the GGUF and the drafter carried there; the prompts saved be
 datasets are, since that machine has no network):
     python benchmarks/speculative_gpu.py --save-prompts .onecat/dflash_prompts.json      # here
     python benchmarks/speculative_gpu.py --target SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --drafter engine/drafters/smollm2-135m-dflash --prompts .onecat/dflash_prompts.json [--drafter-cuda-graphs]
+        --drafter engine/drafters/smollm2-135m-dflash --prompts .onecat/dflash_prompts.json [--drafter-cuda-graphs off]
 The same logic runs on CPU for a check of the plumbing:
     python benchmarks/speculative_gpu.py --device cpu --max-prompts 2 --drafter random --max-tokens 16
 """
@@ -51,17 +51,17 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=180.0, help="start no new repeat after this many seconds")
     ap.add_argument("--prompts", type=Path, default=None, help="prompts saved with --save-prompts")
     ap.add_argument("--save-prompts", type=Path, default=None, help="write the selected prompts to FILE and stop")
-    ap.add_argument("--drafter-cuda-graphs", action="store_true",
-                    help="replay the drafter's block forward from CUDA graphs (sets ONECAT_DFLASH_CUDA_GRAPHS=1)")
+    ap.add_argument("--drafter-cuda-graphs", choices=("on", "off"), default="on",
+                    help="replay the drafter's block forward from CUDA graphs (the default where the target "
+                         "replays its own; off sets ONECAT_DFLASH_CUDA_GRAPHS=0)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_dflash.json"))
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="instead of measuring: profile the DFlash arm at batch 1 (Python call tree and torch "
                          "operator table) and write both into DIR")
     args = ap.parse_args()
-    if args.drafter_cuda_graphs:
-        from onecat.engine.speculative.dflash_graphs import ENV_FLAG
+    from onecat.engine.speculative.dflash_graphs import ENV_FLAG
 
-        os.environ[ENV_FLAG] = "1"  # read when the DFlash proposer is built
+    os.environ[ENV_FLAG] = "1" if args.drafter_cuda_graphs == "on" else "0"  # read when the DFlash proposer is built
     t0 = time.time()
     if args.save_prompts:
         save_prompts(select_prompts(args.max_prompts), args.save_prompts)

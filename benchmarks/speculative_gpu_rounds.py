@@ -78,10 +78,11 @@ def acceptance_length(outs) -> float | None:
     return None if not drafts else 1 + sum(o.spec.num_accepted_tokens for o in outs) / drafts
 
 
-def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: int, reference) -> dict:
+def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: int, reference,
+            exact_batch1: bool) -> dict:
     """The arm's best-of-`repeats` tok/s (after one warm-up batch that captures its graphs)."""
     best, outs = 0.0, None
-    with llm.proposer_swapped(make_proposer(), gate):
+    with llm.proposer_swapped(make_proposer(), gate, exact_batch1):
         decode(llm, batch_prompts, min(max_tokens, 16))  # graphs of this verify width, drafter warm-up
         for _ in range(repeats):
             tps, outs = decode(llm, batch_prompts, max_tokens)
@@ -104,6 +105,8 @@ def main() -> None:
     ap.add_argument("--weights", choices=("peaked", "random"), default="peaked",
                     help="peaked: wide-margin next tokens (the module docstring); random: the dummy weights as drawn")
     ap.add_argument("--arms", default="", help="run only arms whose name starts with one of these (comma list)")
+    ap.add_argument("--exact-batch1", action="store_true",
+                    help="the speculative setting exact_batch1: batch-1 verify rows through the batch-1 GEMV")
     ap.add_argument("--gemv-row-loop", choices=("on", "off"), default="on",
                     help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
                          "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
@@ -131,6 +134,7 @@ def main() -> None:
               "torch": torch.__version__, "cuda": torch.version.cuda,
               "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "gemv_row_loop": args.gemv_row_loop,
+              "exact_batch1": args.exact_batch1,
               "weights": args.weights,
               "arms": []}
 
@@ -179,7 +183,8 @@ def main() -> None:
             if wanted and not name.startswith(wanted):
                 continue
             with llm.cuda_graphs_replaced(cuda):
-                res = run_arm(llm, make, gate, batch_prompts, args.max_tokens, args.repeats, reference)
+                res = run_arm(llm, make, gate, batch_prompts, args.max_tokens, args.repeats, reference,
+                              args.exact_batch1)
             llm.model.aux_layer_ids = []  # a DFlash arm taps the target; the next arm does not
             ratio = res["tok_s"] / target_tps
             acc = res["acceptance_length"]

@@ -87,6 +87,13 @@ class SpeculativeConfig(BaseModel):
                                   "replaced: ngram (prompt lookup, default), dflash (a random-weight DFlash drafter "
                                   "of the published shape for the target, block num_speculative_tokens + 1) or mtp "
                                   "(the target checkpoint's own multi-token-prediction head)")
+    exact_batch1: bool = Field(
+        default=False, description="CUDA with the fused kernels, batch 1: verify the 1 + k rows of a round through "
+                                   "the batch-1 GEMV, row by row as a decode step computes them, so greedy output "
+                                   "equals target-only's bit for bit; the weights are then read again for every row "
+                                   "(a round of 8 rows costs ~4 plain steps on a Llama-3-8B shape on an H200, "
+                                   "docs/speculative.md). false: the library GEMM reads them once, and a near-tie "
+                                   "may break the other way than in target-only decoding, as at batch > 1")
     disable_when_slower: bool = Field(
         default=True, description="decode greedy steps without drafts while the engine measures a speculative round "
                                   "moving fewer tokens per second than a plain step (re-measured now and then); "

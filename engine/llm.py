@@ -52,7 +52,7 @@ class LLM:
         if spec is None:
             return None
         proposer = build_proposer(spec, self.worker, open_draft_engine=LLM)
-        self.worker.setup_verify(proposer.k)
+        self.worker.setup_verify(proposer.k, spec.exact_batch1)
         return proposer
 
     @property
@@ -190,18 +190,20 @@ class LLM:
 
     # ---- a proposer of the caller's, for measurements -----------------------------------------
     @contextmanager
-    def proposer_swapped(self, proposer: Proposer, gate: SpeculationGate | None = None) -> Iterator[None]:
+    def proposer_swapped(self, proposer: Proposer, gate: SpeculationGate | None = None,
+                         exact_batch1: bool = False) -> Iterator[None]:
         """Requests inside the block decode with `proposer` behind the engine's exact verifier (e.g. a
         benchmark's acceptance-controlled proposer, speculative/synthetic.py), with `gate` deciding when to
-        draft (none: every step); afterwards the engine's own proposer and verify width are back."""
+        draft (none: every step) and `exact_batch1` as the speculative setting of that name; afterwards the
+        engine's own proposer and verify settings are back."""
         own = self.engine.proposer
-        self.worker.setup_verify(proposer.k)
+        self.worker.setup_verify(proposer.k, exact_batch1)
         try:
             with self.engine.proposer_swapped(SpeculativeDecoder(proposer, self.max_model_len, gate)):
                 yield
         finally:
             if own is not None:
-                self.worker.setup_verify(own.k)
+                self.worker.setup_verify(own.k, self.cfg.speculative_config.exact_batch1)
 
     def close(self) -> None:
         """Releases the model weights and the KV cache now (not whenever the garbage collector gets to the

@@ -250,15 +250,15 @@ def test_speculative_verify_steps_replay_graphs_with_the_eager_tokens(tmp_path, 
 @pytest.mark.skipif(torch.cuda.is_available() and not _sm80(), reason="verify graphs need TRITON_PAGED (SM80+)")
 @pytest.mark.parametrize("graphs", [False, True])
 def test_batch1_speculation_reproduces_target_only_bit_for_bit(tmp_path, graphs):
-    """At batch 1 a verify step's rows go through the batch-1 GEMV, so the speculative engine computes
-    every token's logits exactly as target-only batch-1 decode does: tokens and their logprobs equal."""
+    """With exact_batch1, a batch-1 verify step's rows go through the batch-1 GEMV, so the speculative engine
+    computes every token's logits exactly as target-only batch-1 decode does: tokens and their logprobs equal."""
     from onecat.engine import SamplingParams
     from tests.tiny_models import make_tiny_model
 
     model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
                                 num_key_value_heads=2)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=0)
-    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3, "exact_batch1": True}
     runs = {}
     for name, extra in (("target_only", {}), ("speculative", {"speculative_config": spec})):
         llm = _llm(model_dir, device="cuda", dtype="float16", cuda_graph=graphs, **extra)

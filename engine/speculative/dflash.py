@@ -260,7 +260,7 @@ class DFlashProposer(Proposer):
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
         self.graphs = DrafterGraphs(self.drafter, self.embed, self.cache, device) \
-            if graphs_wanted(device) else None
+            if graphs_wanted(device, getattr(target.cfg, "cuda_graph", "off") == "full") else None
 
     def record_features(self, seq, rows: torch.Tensor) -> None:
         """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""

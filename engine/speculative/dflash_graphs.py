@@ -1,4 +1,5 @@
-"""CUDA graphs for the DFlash drafter's block forward: off unless ONECAT_DFLASH_CUDA_GRAPHS=1.
+"""CUDA graphs for the DFlash drafter's block forward: on where the target replays full CUDA graphs;
+ONECAT_DFLASH_CUDA_GRAPHS=0 or 1 overrides that (an A/B switch for measurements).
 
 A drafting round is a few dozen small kernels (embedding, per layer: norms, projections, RoPE, two
 score matmuls, softmax, MLP); on a GPU their launches, not their math, set its time. One graph per
@@ -26,8 +27,10 @@ ROW_SIZES = (1, 2, 4, 8, 16)
 MIN_CONTEXT_BUCKET = 256
 
 
-def graphs_wanted(device: torch.device) -> bool:
-    return device.type == "cuda" and os.environ.get(ENV_FLAG, "0") == "1"
+def graphs_wanted(device: torch.device, target_graphs: bool) -> bool:
+    """`target_graphs`: the target runs full CUDA graphs (its cuda_graph setting)."""
+    forced = os.environ.get(ENV_FLAG)
+    return device.type == "cuda" and (forced == "1" if forced in ("0", "1") else target_graphs)
 
 
 class DrafterGraphs:

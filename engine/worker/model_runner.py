@@ -203,10 +203,11 @@ class ModelRunner:
     verify_gemv_rows = 1  # rows of a decode/verify step that may take the batch-1 GEMV
 
     def setup_verify(self, query_len: int, gemv: bool) -> None:
-        """Verify steps run 1 + k tokens per sequence: they replay CUDA graphs too, and with the fused
-        kernels on, a batch-1 verify step's rows go through the batch-1 GEMV, which computes each row as
-        a batch-1 decode step does. Greedy speculation then gives target-only's tokens exactly at batch 1
-        (the library GEMM sums 1 + k rows in another order than 1, and near-ties flip)."""
+        """Verify steps run 1 + k tokens per sequence: they replay CUDA graphs too, and with `gemv` (the
+        fused kernels on and exact batch-1 verification asked for) a batch-1 verify step's rows go through
+        the batch-1 GEMV, which computes each row as a batch-1 decode step does. Greedy speculation then gives
+        target-only's tokens exactly at batch 1 (the library GEMM sums 1 + k rows in another order than 1, and
+        near-ties flip), at the price of reading the weights once per row (triton_gemv.ROW_LOOP: from cache)."""
         self.verify_gemv_rows = query_len if gemv else 1
         if self.graphs is not None:
             self.graphs.verify_query_len = query_len
