@@ -93,6 +93,38 @@ def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: i
             "requests": len(outs), "proposer": described}
 
 
+def profile_round(llm, make_proposer, batch_prompts, max_tokens: int, out: Path) -> None:
+    """Where a synthetic round's time goes: cProfile (Python call tree by cumulative time) over one greedy
+    batch, then torch.profiler (operators by self CPU and by device time) over another, after a warm-up."""
+    import cProfile
+    import io
+    import pstats
+
+    out.mkdir(parents=True, exist_ok=True)
+    with llm.proposer_swapped(make_proposer()):
+        decode(llm, batch_prompts, max_tokens)  # graphs, drafter warm-up
+        prof = cProfile.Profile()
+        prof.enable()
+        tps, outs = decode(llm, batch_prompts, max_tokens)
+        prof.disable()
+        rounds = sum(o.spec.num_drafts for o in outs)
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(70)
+        head = f"{tps:.1f} tok/s under cProfile, {rounds} rounds, acceptance {acceptance_length(outs)}\n"
+        (out / "round_cprofile.txt").write_text(head + text.getvalue())
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as tp:
+            decode(llm, batch_prompts, max_tokens)
+    table = tp.key_averages()
+    sections = [table.table(sort_by="self_cpu_time_total", row_limit=45)]
+    if torch.cuda.is_available():
+        sections.append(table.table(sort_by="self_cuda_time_total", row_limit=45))
+    (out / "round_torch_profile.txt").write_text(head + "\n\n".join(sections))
+    log(head.strip() + f"; profiles in {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES))
@@ -110,6 +142,9 @@ def main() -> None:
     ap.add_argument("--gemv-row-loop", choices=("on", "off"), default="on",
                     help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
                          "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="instead of measuring: profile the first batch size's DFlash-shaped arm at acceptance 4.25 "
+                         "(n-gram-shaped with --skip-dflash) and write the profiles into DIR")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):
@@ -155,6 +190,15 @@ def main() -> None:
     for batch in batches:
         batch_prompts = prompts(batch, args.prompt_len, vocab)
         target_tps, ref_outs = 0.0, None
+        if args.profile:
+            def continuation(seq, reference={tuple(o.prompt_token_ids): o.token_ids
+                                             for o in decode(llm, batch_prompts, args.max_tokens)[1]}):
+                return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
+            compute = NgramProposer(7) if drafter is None else \
+                DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter))
+            profile_round(llm, lambda: SyntheticProposer(compute, 3.25, continuation, vocab), batch_prompts,
+                          args.max_tokens, args.profile)
+            break
         with llm.cuda_graphs_replaced(cuda):
             decode(llm, batch_prompts, 16)
             for _ in range(args.repeats):
