@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a CUDA machine whose python already has torch (+ triton, transformers, pytest): install onecat
 # without touching its packages, run the GPU tests, the GEMV sweep, the step profile and the decode
-# benchmark.   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench]...   (default: all four)
+# benchmark; `speculative` runs the speculative GPU tests and the synthetic rounds on the 8B shape (no checkpoint
+# needed), `routes` the seed routes (benchmarks/seed_routes_gpu.py; Gated DeltaNet needs fla-core).
+#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes]...   (default: the first four)
 set -uo pipefail
 out=${1:?usage: scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench]...}; shift
 steps=${*:-tests gemv profile bench}
@@ -20,5 +22,14 @@ for step in $steps; do
              >"$out/profile.log" 2>&1); echo "profile rc=$?"; tail -25 "$out/profile.log" ;;
     bench) (cd benchmarks && timeout 560 python3 gpu_decode.py --out "$out/gpu_h200.json" ${BENCH_ARGS:-} \
              >"$out/bench.log" 2>&1); echo "bench rc=$?"; tail -12 "$out/bench.log" ;;
+    speculative) timeout 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_gemv_gpu.py \
+             tests/test_speculative_graphs_gpu.py tests/test_gpu_engine.py tests/test_dflash_runtime.py \
+             -k "row or verify or speculation or graphs or bit" >"$out/speculative_tests.log" 2>&1
+           echo "speculative tests rc=$?"; tail -3 "$out/speculative_tests.log"
+           timeout 330 python3 benchmarks/speculative_gpu_rounds.py ${ROUNDS_ARGS:-} \
+             --out "$out/speculative_gpu_rounds.json" >"$out/rounds.log" 2>&1
+           echo "rounds rc=$?"; grep "batch" "$out/rounds.log" | tail -40 ;;
+    routes) timeout 560 python3 benchmarks/seed_routes_gpu.py ${ROUTES_ARGS:-} --out "$out/seed_routes_h200.json" \
+             >"$out/routes.log" 2>&1; echo "routes rc=$?"; tail -12 "$out/routes.log" ;;
   esac
 done
