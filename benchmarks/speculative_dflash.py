@@ -203,7 +203,9 @@ def check_drafter(drafter: str) -> None:
 
 # ---- the record -----------------------------------------------------------------------------------
 def machine_info(device: str) -> dict:
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    from onecat.results.environment import cpu_isa
+
+    info = {"cpu": cpu_isa()["cpu"] or platform.machine(), "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "load_average_1m_start": os.getloadavg()[0],
             "torch": torch.__version__, "cuda": torch.version.cuda}
     if device.startswith("cuda"):
