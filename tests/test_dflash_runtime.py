@@ -343,3 +343,25 @@ def test_drafter_cuda_graphs_replay_the_eager_drafts(tmp_path, monkeypatch):
         report = proposer.graphs.report()
         assert report["disabled_reason"] is None and report["replays"] - replays_before == len(compared) > 0
         assert max(compared) > 1  # batched rounds replayed too
+
+
+@needs_embedded_model
+def test_a_drafter_graph_buffer_that_does_not_fit_leaves_drafting_eager(tmp_path, monkeypatch):
+    """Where the drafter graphs' static context buffer cannot be allocated, the proposer drafts eagerly and
+    says why, instead of failing the engine's start."""
+    from onecat.engine.speculative import dflash
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.25 GiB\nmore detail")
+
+    monkeypatch.setattr(dflash, "graphs_wanted", lambda device, target_graphs: True)
+    monkeypatch.setattr(dflash, "DrafterGraphs", no_room)
+    drafter = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5)
+    with LLM(EMBEDDED, max_model_len=64, speculative_config={"method": "dflash", "num_speculative_tokens": 4,
+                                                             "model": str(drafter)}) as llm:
+        out = llm.generate(CHAT_PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
+        described = llm.info()["speculative"]
+    assert len(out.token_ids) == 8 and out.spec.num_drafts > 0
+    assert described["cuda_graphs"] is False
+    assert described["cuda_graphs_off_reason"].startswith("no memory for the drafter graphs' context buffer")
+    assert "\n" not in described["cuda_graphs_off_reason"]

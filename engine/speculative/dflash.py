@@ -259,8 +259,12 @@ class DFlashProposer(Proposer):
         device = target.device
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
-        self.graphs = DrafterGraphs(self.drafter, self.embed, self.cache, device) \
-            if graphs_wanted(device, getattr(target.cfg, "cuda_graph", "off") == "full") else None
+        self.graphs, self.graphs_off_reason = None, None
+        if graphs_wanted(device, getattr(target.cfg, "cuda_graph", "off") == "full"):
+            try:
+                self.graphs = DrafterGraphs(self.drafter, self.embed, self.cache, device)
+            except torch.OutOfMemoryError as exc:  # its static context buffer did not fit: draft eagerly
+                self.graphs_off_reason = f"no memory for the drafter graphs' context buffer ({exc})".split("\n")[0]
 
     def record_features(self, seq, rows: torch.Tensor) -> None:
         """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""
@@ -325,4 +329,10 @@ class DFlashProposer(Proposer):
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
                 "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
                 "sliding_window": self.drafter.sliding_window, "cuda_graphs": self.graphs is not None,
-                "dtype": str(self.dtype).removeprefix("torch.")}
+                **self._graphs_report(), "dtype": str(self.dtype).removeprefix("torch.")}
+
+    def _graphs_report(self) -> dict:
+        """The drafter graphs' replays, or why they are off (no room for their buffer, a failed capture)."""
+        reason = self.graphs_off_reason or (self.graphs.disabled_reason if self.graphs is not None else None)
+        out = {"cuda_graph_replays": self.graphs.replays} if self.graphs is not None else {}
+        return {**out, "cuda_graphs_off_reason": reason} if reason else out
