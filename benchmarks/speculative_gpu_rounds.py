@@ -220,7 +220,8 @@ def main() -> None:
                     DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), a - 1, continuation, vocab), None))
         for k in (3, 7):
             arms.append((f"ngram_k{k}", None, lambda k=k: NgramProposer(k), SpeculationGate()))
-        arms.append(("no_draft_gated", None, lambda: NgramProposer(3, prompt_lookup_min=64, prompt_lookup_max=64),
+        never = settings["max_model_len"] + 1  # an n-gram longer than any sequence: nothing is ever drafted
+        arms.append(("no_draft_gated", None, lambda: NgramProposer(3, prompt_lookup_min=never, prompt_lookup_max=never),
                      SpeculationGate()))
         wanted = tuple(a for a in args.arms.split(",") if a)
         for name, target_len, make, gate in arms:
