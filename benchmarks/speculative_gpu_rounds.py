@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--arms", default="", help="run only arms whose name starts with one of these (comma list)")
     ap.add_argument("--exact-batch1", action="store_true",
                     help="the speculative setting exact_batch1: batch-1 verify rows through the batch-1 GEMV")
+    ap.add_argument("--skinny", action="store_true",
+                    help="2-16-row projections through the skinny GEMM (engine/kernels/triton_skinny.py ENABLED)")
     ap.add_argument("--gemv-row-loop", choices=("on", "off"), default="on",
                     help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
                          "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
@@ -150,7 +152,10 @@ def main() -> None:
     if args.device.startswith("cuda"):
         from onecat.engine.kernels import triton_gemv
 
+        from onecat.engine.kernels import triton_skinny
+
         triton_gemv.ROW_LOOP = args.gemv_row_loop == "on"
+        triton_skinny.ENABLED = args.skinny
 
     from onecat.engine import LLM
     from onecat.engine.random_models import shape_config
@@ -169,7 +174,7 @@ def main() -> None:
               "torch": torch.__version__, "cuda": torch.version.cuda,
               "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "gemv_row_loop": args.gemv_row_loop,
-              "exact_batch1": args.exact_batch1,
+              "exact_batch1": args.exact_batch1, "skinny": args.skinny,
               "weights": args.weights,
               "arms": []}
 
