@@ -365,3 +365,21 @@ def test_a_drafter_graph_buffer_that_does_not_fit_leaves_drafting_eager(tmp_path
     assert described["cuda_graphs"] is False
     assert described["cuda_graphs_off_reason"].startswith("no memory for the drafter graphs' context buffer")
     assert "\n" not in described["cuda_graphs_off_reason"]
+
+
+def test_stacked_context_projection_equals_the_per_layer_one_and_follows_weight_changes():
+    """Drafting projects every layer's context K/V in one matmul (no gradient wanted); training keeps the
+    per-layer path. Both agree, and the stacked weights follow an in-place weight update."""
+    drafter = tiny_drafter(num_layers=3)
+    ctx = drafter.context(torch.randn(2, 6, FEATURE_LAYERS * HIDDEN)).detach()
+    pos = torch.arange(3, 9).expand(2, 6)
+    for step in range(2):
+        per_layer = drafter.context_kv(ctx, pos)  # gradients on: the per-layer path
+        with torch.no_grad():
+            stacked = drafter.context_kv(ctx, pos)
+        for (k, v), (sk, sv) in zip(per_layer, stacked):
+            torch.testing.assert_close(sk, k, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(sv, v, rtol=1e-5, atol=1e-5)
+        with torch.no_grad():  # a training step's in-place update
+            drafter.layers[1].self_attn.k_proj.weight.mul_(1.5)
+            drafter.layers[2].self_attn.k_norm.weight.add_(0.25)

@@ -149,9 +149,36 @@ class DFlashDrafter(nn.Module):
 
     def context_kv(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per drafter layer, the keys (after k_norm and RoPE at `ctx_pos`) and values of the context rows:
-        ctx [S, C, H] -> [(k, v)] each [S, C, nkv, hd]. Depends only on the context."""
+        ctx [S, C, H] -> [(k, v)] each [S, C, nkv, hd]. Depends only on the context. Where no gradient is
+        wanted (drafting), every layer's K and V projections run as one matmul and the norms and RoPE as one
+        pass over all layers (a few kernels a round instead of a dozen per layer; equal to the per-layer path
+        to rounding); training takes the per-layer path, whose gradients reach each projection."""
         cos, sin = self.rope(ctx_pos)
-        return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        if torch.is_grad_enabled():
+            return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        attn = self.layers[0].self_attn
+        weight, bias, norm_weight = self._stacked_kv_weights()
+        kv = nn.functional.linear(ctx, weight, bias).view(*ctx.shape[:-1], len(self.layers), 2, attn.nkv, attn.hd)
+        k, v = kv.select(-3, 0), kv.select(-3, 1)  # [..., C, layers, nkv, hd]
+        kf = k.float()
+        k = norm_weight[:, None, :] * (kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + attn.k_norm.eps)).to(k.dtype)
+        cos, sin = cos[..., None, None, :], sin[..., None, None, :]
+        k = k * cos + RotaryEmbedding._rotate_half(k) * sin
+        return [(k[..., i, :, :], v[..., i, :, :]) for i in range(len(self.layers))]
+
+    def _stacked_kv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Every layer's [k_proj; v_proj] weights (and biases) stacked, and the k_norm weights [layers, hd];
+        rebuilt whenever a weight was replaced or changed in place (loading, training steps)."""
+        params = [t for layer in self.layers for t in (layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight,
+                                                         layer.self_attn.k_norm.weight)]
+        key = tuple((t.data_ptr(), t._version) for t in params)
+        if getattr(self, "_stacked_key", None) != key:
+            projections = [m for layer in self.layers for m in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
+            bias = None if projections[0].bias is None else torch.cat([m.bias for m in projections])
+            self._stacked = (torch.cat([m.weight for m in projections]), bias,
+                             torch.stack([layer.self_attn.k_norm.weight for layer in self.layers]))
+            self._stacked_key = key
+        return self._stacked
 
     def forward_blocks(self, block_embeds: torch.Tensor, block_pos: torch.Tensor, ctx: torch.Tensor,
                        ctx_pos: torch.Tensor, ctx_len: torch.Tensor) -> torch.Tensor:
