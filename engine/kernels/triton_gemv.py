@@ -124,7 +124,8 @@ def gemv_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n
 @triton.jit
 def gemv_rows_kernel(x_ptr, r_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, rout_ptr, nout_ptr, n_out, eps,
                      N_ROWS: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     NORM: tl.constexpr, NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                     NORM: tl.constexpr, NORM_OUT: tl.constexpr, GLU: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     PDL: tl.constexpr):
     """One program per output tile, walking every input row in turn: the tile comes from DRAM once and
     from the SM's cache for the later rows (a verify step's 1 + k rows), where one program per row
     fetches it once per row."""
@@ -147,16 +148,22 @@ def default_config(n: int, k: int, norm: bool = False) -> tuple[int, int, int]:
     return max(2, min(16, 4096 // block_k)) * (2 if norm else 1), block_k, 4
 
 
-def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why this GEMV cannot take the call (None: it can). Contiguous fp16/bf16 CUDA inputs of at most
-    MAX_ROWS rows."""
+def operands_unsupported_reason(x: torch.Tensor, weight: torch.Tensor, min_rows: int, max_rows: int,
+                                max_k: int) -> str | None:
+    """Why a row-streaming kernel (this GEMV, triton_skinny.py) cannot take x @ weight.T (None: it can):
+    contiguous fp16/bf16 CUDA operands of one dtype, min_rows..max_rows input rows, at most max_k features."""
     if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
         return "CUDA float16/bfloat16 input and weight of one dtype required"
-    if not x.is_contiguous() or x.numel() > MAX_ROWS * x.shape[-1]:
-        return f"contiguous input of at most {MAX_ROWS} rows"
-    if not weight.is_contiguous() or weight.shape[1] > MAX_K:
-        return f"contiguous weight with at most {MAX_K} input features"
+    if not x.is_contiguous() or not min_rows * x.shape[-1] <= x.numel() <= max_rows * x.shape[-1]:
+        return f"contiguous input of {min_rows}..{max_rows} rows"
+    if not weight.is_contiguous() or weight.shape[1] > max_k:
+        return f"contiguous weight with at most {max_k} input features"
     return None
+
+
+def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why this GEMV cannot take the call (None: it can): 1..MAX_ROWS rows."""
+    return operands_unsupported_reason(x, weight, 1, MAX_ROWS, MAX_K)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

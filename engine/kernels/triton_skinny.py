@@ -87,15 +87,10 @@ def default_config(n_out: int, k: int) -> tuple[int, int, int]:
 
 
 def skinny_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why this kernel cannot take the call (None: it can)."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
-        return "CUDA float16/bfloat16 input and weight of one dtype required"
-    if not MIN_ROWS <= rows <= MAX_ROWS or not x.is_contiguous():
-        return f"contiguous input of {MIN_ROWS}..{MAX_ROWS} rows"
-    if not weight.is_contiguous() or weight.shape[1] > MAX_K:
-        return f"contiguous weight with at most {MAX_K} input features"
-    return None
+    """Why this kernel cannot take the call (None: it can): MIN_ROWS..MAX_ROWS rows."""
+    from onecat.engine.kernels.triton_gemv import operands_unsupported_reason
+
+    return operands_unsupported_reason(x, weight, MIN_ROWS, MAX_ROWS, MAX_K)
 
 
 def skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
