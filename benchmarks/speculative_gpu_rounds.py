@@ -150,9 +150,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):
-        from onecat.engine.kernels import triton_gemv
-
-        from onecat.engine.kernels import triton_skinny
+        from onecat.engine.kernels import triton_gemv, triton_skinny
 
         triton_gemv.ROW_LOOP = args.gemv_row_loop == "on"
         triton_skinny.ENABLED = args.skinny
@@ -195,15 +193,6 @@ def main() -> None:
     for batch in batches:
         batch_prompts = prompts(batch, args.prompt_len, vocab)
         target_tps, ref_outs = 0.0, None
-        if args.profile:
-            def continuation(seq, reference={tuple(o.prompt_token_ids): o.token_ids
-                                             for o in decode(llm, batch_prompts, args.max_tokens)[1]}):
-                return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
-            compute = NgramProposer(7) if drafter is None else \
-                DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter))
-            profile_round(llm, lambda: SyntheticProposer(compute, 3.25, continuation, vocab), batch_prompts,
-                          args.max_tokens, args.profile)
-            break
         with llm.cuda_graphs_replaced(cuda):
             decode(llm, batch_prompts, 16)
             for _ in range(args.repeats):
@@ -214,6 +203,13 @@ def main() -> None:
 
         def continuation(seq, reference=reference):
             return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
+
+        if args.profile:
+            compute = NgramProposer(7) if drafter is None else \
+                DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter))
+            profile_round(llm, lambda: SyntheticProposer(compute, 3.25, continuation, vocab), batch_prompts,
+                          args.max_tokens, args.profile)
+            break
 
         arms = []
         for a in ACCEPTANCE_LENGTHS + (8.0,):

@@ -43,8 +43,14 @@ class RMSNorm(nn.Module):
         return self._norm(x)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalize(x, self.weight, self.eps)
+
+    @staticmethod
+    def normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * RMSNorm(x) over the last dim, in fp32 and cast back (weight may broadcast: several norms'
+        weights stacked along a leading dim)."""
         if x.dtype == torch.float32:  # the same arithmetic, without the casts' calls
-            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(self.eps)))
+            return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps)))
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * xf.to(x.dtype)

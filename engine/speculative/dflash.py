@@ -160,8 +160,7 @@ class DFlashDrafter(nn.Module):
         weight, bias, norm_weight = self._stacked_kv_weights()
         kv = nn.functional.linear(ctx, weight, bias).view(*ctx.shape[:-1], len(self.layers), 2, attn.nkv, attn.hd)
         k, v = kv.select(-3, 0), kv.select(-3, 1)  # [..., C, layers, nkv, hd]
-        kf = k.float()
-        k = norm_weight[:, None, :] * (kf * torch.rsqrt(kf.pow(2).mean(-1, keepdim=True) + attn.k_norm.eps)).to(k.dtype)
+        k = RMSNorm.normalize(k, norm_weight[:, None, :], attn.k_norm.eps)
         cos, sin = cos[..., None, None, :], sin[..., None, None, :]
         k = k * cos + RotaryEmbedding._rotate_half(k) * sin
         return [(k[..., i, :, :], v[..., i, :, :]) for i in range(len(self.layers))]
