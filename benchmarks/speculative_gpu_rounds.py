@@ -30,6 +30,7 @@ measured acceptance length, speedup / acceptance length, and the round's cost in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import subprocess
@@ -93,36 +94,26 @@ def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: i
             "requests": len(outs), "proposer": described}
 
 
-def profile_round(llm, make_proposer, batch_prompts, max_tokens: int, out: Path) -> None:
-    """Where a synthetic round's time goes: cProfile (Python call tree by cumulative time) over one greedy
-    batch, then torch.profiler (operators by self CPU and by device time) over another, after a warm-up."""
-    import cProfile
-    import io
-    import pstats
+def profile_round(llm, arms, batch_prompts, max_tokens: int, out: Path, cuda: bool) -> None:
+    """Where each arm's steps go (benchmarks/round_timeline.py): device-busy time per step and the device's
+    idle time charged to the host phase that ran then; `arms` = [(label, proposer factory or None for
+    target-only)]. One warm-up batch per arm, then one profiled batch; the summaries go to DIR/timeline.json."""
+    from round_timeline import profile_steps
 
-    out.mkdir(parents=True, exist_ok=True)
-    with llm.proposer_swapped(make_proposer()):
-        decode(llm, batch_prompts, max_tokens)  # graphs, drafter warm-up
-        prof = cProfile.Profile()
-        prof.enable()
-        tps, outs = decode(llm, batch_prompts, max_tokens)
-        prof.disable()
-        rounds = sum(o.spec.num_drafts for o in outs)
-        text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(70)
-        head = f"{tps:.1f} tok/s under cProfile, {rounds} rounds, acceptance {acceptance_length(outs)}\n"
-        (out / "round_cprofile.txt").write_text(head + text.getvalue())
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as tp:
-            decode(llm, batch_prompts, max_tokens)
-    table = tp.key_averages()
-    sections = [table.table(sort_by="self_cpu_time_total", row_limit=45)]
-    if torch.cuda.is_available():
-        sections.append(table.table(sort_by="self_cuda_time_total", row_limit=45))
-    (out / "round_torch_profile.txt").write_text(head + "\n\n".join(sections))
-    log(head.strip() + f"; profiles in {out}")
+    summaries = {}
+    for label, make in arms:
+        swap = llm.proposer_swapped(make()) if make is not None else contextlib.nullcontext()
+        with llm.cuda_graphs_replaced(cuda), swap:
+            decode(llm, batch_prompts, max_tokens)  # graphs, drafter warm-up
+            result = {}
+            summaries[label] = profile_steps(lambda: result.update(outs=decode(llm, batch_prompts, max_tokens)[1]),
+                                             out, label)
+            summaries[label]["acceptance_length"] = acceptance_length(result["outs"])
+        llm.model.aux_layer_ids = []
+        s = summaries[label]
+        log(f"{label}: {s['wall_per_step_us']:.0f} us a step, device busy {s['device_busy_per_step_us']:.0f}; "
+            f"idle by host phase {s['idle_per_step_us_by_host_phase']}")
+    (out / "timeline.json").write_text(json.dumps(summaries, indent=1) + "\n")
 
 
 def main() -> None:
@@ -145,8 +136,8 @@ def main() -> None:
                     help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
                          "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                    help="instead of measuring: profile the first batch size's DFlash-shaped arm at acceptance 4.25 "
-                         "(n-gram-shaped with --skip-dflash) and write the profiles into DIR")
+                    help="instead of measuring: where the first batch size's steps go (target-only, n-gram- and "
+                         "DFlash-shaped at acceptance 4.25; benchmarks/round_timeline.py), into DIR/timeline.json")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):
@@ -205,10 +196,12 @@ def main() -> None:
             return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
 
         if args.profile:
-            compute = NgramProposer(7) if drafter is None else \
-                DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter))
-            profile_round(llm, lambda: SyntheticProposer(compute, 3.25, continuation, vocab), batch_prompts,
-                          args.max_tokens, args.profile)
+            arms = [("target_only", None),
+                    ("ngram_shaped_4.25", lambda: SyntheticProposer(NgramProposer(7), 3.25, continuation, vocab))]
+            if drafter is not None:
+                arms.append(("dflash_shaped_4.25", lambda: SyntheticProposer(
+                    DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), 3.25, continuation, vocab)))
+            profile_round(llm, arms, batch_prompts, args.max_tokens, args.profile, cuda)
             break
 
         arms = []
@@ -244,8 +237,9 @@ def main() -> None:
             log(f"batch {batch} {name} acc {acc if acc is None else round(acc, 2)}: {res['tok_s']:.1f} tok/s "
                 f"= {ratio:.3f}x target-only; identical {res['tokens_identical']}/{res['requests']}")
     llm.close()
-    record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    save()
+    if not args.profile:  # a profile writes only its timeline
+        record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        save()
 
 
 if __name__ == "__main__":

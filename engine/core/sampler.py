@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from onecat.engine.sampling_params import SamplingParams
+from onecat.engine.transfers import to_device
 
 
 def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
@@ -27,25 +28,25 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
 def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k / top-p / min-p masks -> probabilities, row by row. logits: [N, V] fp32."""
     device = logits.device
-    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
+    temps = to_device([1.0 if p.greedy else p.temperature for p in params], device)
     x = logits / temps.unsqueeze(1)
     V = x.shape[-1]
     top_ks = [p.top_k if 0 < p.top_k < V else V for p in params]
     top_ps = [p.top_p for p in params]
     if any(k < V for k in top_ks) or any(p < 1.0 for p in top_ps):
         sorted_x, order = x.sort(dim=-1, descending=True)
-        ks = torch.tensor(top_ks, device=device)
+        ks = to_device(top_ks, device)
         ranks = torch.arange(V, device=device).unsqueeze(0)
         drop = ranks >= ks.unsqueeze(1)
         if any(p < 1.0 for p in top_ps):
             probs = sorted_x.masked_fill(drop, float("-inf")).softmax(dim=-1)
             before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
-            drop |= before > torch.tensor(top_ps, device=device).unsqueeze(1)
+            drop |= before > to_device(top_ps, device).unsqueeze(1)
         drop[:, 0] = False
         x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
     probs = x.softmax(dim=-1)
     if any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        min_p = to_device([p.min_p for p in params], device)
         keep = probs >= min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
         probs = torch.where(keep, probs, torch.zeros_like(probs))
         probs = probs / probs.sum(dim=-1, keepdim=True)

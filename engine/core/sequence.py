@@ -53,7 +53,9 @@ class Sequence:
         self.text = ""
         self.spec = SpecDecodeCounts()
         self.num_preemptions = 0
-        self.draft_tokens: list[int] = []  # speculative proposal awaiting verification
+        # speculative proposal awaiting verification: host values, or a 1-D tensor where the drafter left it on
+        # the device (its values reach the host only with the verified tokens)
+        self.draft_tokens: list[int] | torch.Tensor = []
         self.draft_probs = None  # [k, V] proposer distribution for sampled verification (None: point mass)
         self.kept_probs: list = []  # sampling distributions, kept only when params.keep_probs
         self.state_slot: int | None = None  # hybrid models: its recurrent-state slot while it runs (state_cache.py)

@@ -15,7 +15,7 @@ from onecat.engine.core.scheduler_output import ScheduledSeq
 from onecat.engine.core.sequence import Sequence
 from onecat.engine.errors import ConfigError
 from onecat.engine.speculative.controller import SpeculationGate
-from onecat.engine.speculative.verifier import DraftBlock, verify_blocks
+from onecat.engine.speculative.verifier import Draft, DraftBlock, verify_blocks
 
 
 @runtime_checkable
@@ -40,6 +40,9 @@ class Proposer(ABC):
 
     name = "abstract"
     tap: HiddenStateTap | None = None  # set by drafters that read the target's hidden states
+    # drafts returned as 1-D device tensors (a drafter that runs on the device: no read-back before the
+    # verify step, whose input ids take them from the device); plain lists otherwise
+    drafts_on_device = False
 
     def __init__(self, k: int):
         self.k = k
@@ -54,8 +57,9 @@ class Proposer(ABC):
         raise NotImplementedError(f"the {self.name} proposer reads no target features (wants_features is False)")
 
     @abstractmethod
-    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[tuple[list[int], torch.Tensor | None]]:
-        """One (draft tokens, q probs [len, V] or None) per sequence, each at most its budget long."""
+    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[tuple[Draft, torch.Tensor | None]]:
+        """One (draft tokens, q probs [len, V] or None) per sequence, each at most its budget long; the
+        tokens a list, or a 1-D device tensor where `drafts_on_device`."""
 
     def observe(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """Feedback after verification (adaptive proposers widen or narrow their k)."""
@@ -103,7 +107,7 @@ class SpeculativeDecoder:
             return {}
         result = {}
         for seq, (draft, q) in zip(seqs, self.proposer.propose(seqs, budgets)):
-            if draft:
+            if len(draft):
                 seq.draft_tokens, seq.draft_probs = draft, q
                 result[seq.request_id] = len(draft)
         if gated:

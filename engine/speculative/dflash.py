@@ -37,6 +37,7 @@ from onecat.engine.model_source import resolve_model_source
 from onecat.engine.speculative.base import Proposer, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
+from onecat.engine.transfers import to_device
 
 
 def dflash_value(cfg: dict, name: str, default=None):
@@ -276,6 +277,7 @@ class DFlashProposer(Proposer):
         self.drafter = load_drafter(source.path, target, dtype or target.dtype, target.device)
         super().__init__(min(k, self.drafter.block_size - 1))
         self.model_name = model
+        self.target = target
         embed, self.lm_head = target.vocab_layers()  # whole even when the target is sharded (TP)
         self.dtype, self.target_dtype = self.drafter.norm.weight.dtype, target.dtype
         self.embed = embed if self.dtype == target.dtype else _CastOutput(embed, self.dtype)
@@ -292,6 +294,11 @@ class DFlashProposer(Proposer):
             except torch.OutOfMemoryError as exc:  # its static context buffer did not fit: draft eagerly
                 self.graphs_off_reason = f"no memory for the drafter graphs' context buffer ({exc})".split("\n")[0]
 
+    @property
+    def drafts_on_device(self) -> bool:
+        """On a GPU the drafts stay there until verified (a tensor-parallel engine sends host lists to its ranks)."""
+        return self.target.device.type == "cuda" and not self.target.has_peer_ranks
+
     def record_features(self, seq, rows: torch.Tensor) -> None:
         """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""
         self.cache.add(seq.request_id, seq.num_computed_tokens - rows.shape[0], rows)
@@ -306,7 +313,7 @@ class DFlashProposer(Proposer):
         if not rows:
             return None, counts
         device = self._mask_block.device
-        anchors = torch.tensor([[seqs[i].token_ids[-1], seqs[i].num_tokens - 1] for i in rows], device=device)
+        anchors = to_device([[seqs[i].token_ids[-1], seqs[i].num_tokens - 1] for i in rows], device)
         block = self._mask_block.repeat(len(rows), 1)
         block[:, 0] = anchors[:, 0]
         h = self._block_hidden(block, anchors[:, 1:] + self._block_offsets, [seqs[i].request_id for i in rows])
@@ -316,7 +323,7 @@ class DFlashProposer(Proposer):
         else:
             B = self.drafter.block_size
             index = [r * B + 1 + j for r, n in enumerate(wanted) for j in range(n)]
-            picked = h.view(-1, h.shape[-1])[torch.tensor(index, device=device)]
+            picked = h.view(-1, h.shape[-1])[to_device(index, device)]
         return self.lm_head(picked.to(self.target_dtype)).float(), counts
 
     def _block_hidden(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str]) -> torch.Tensor:
@@ -345,7 +352,8 @@ class DFlashProposer(Proposer):
             for i in sampled:
                 probs[i] = q[at:at + counts[i]]
                 at += counts[i]
-        tokens = tokens.tolist()  # the drafts of every sequence, read back at once
+        if not self.drafts_on_device:
+            tokens = tokens.tolist()  # the drafts of every sequence, read back at once
         return [(tokens[starts[i]:starts[i + 1]], probs.get(i)) for i in range(len(seqs))]
 
     def release(self, seq) -> None:

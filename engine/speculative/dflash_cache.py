@@ -15,6 +15,7 @@ starts the request's context afresh there. `sliding_window` keeps only the newes
 from __future__ import annotations
 
 import torch
+from onecat.engine.transfers import to_device
 
 FLUSH_ROWS = 1024  # project queued rows once this many wait, so a long prefill holds no big feature tensors
 
@@ -62,7 +63,7 @@ class DrafterKVCache:
             return
         pending, self.pending, self.pending_rows = self.pending, [], 0
         feats = torch.cat([f for _, _, f in pending]) if len(pending) > 1 else pending[0][2]
-        pos = torch.cat([torch.arange(s, s + f.shape[0]) for _, s, f in pending]).to(self.device)
+        pos = torch.cat([torch.arange(s, s + f.shape[0]) for _, s, f in pending]).to(self.device, non_blocking=True)
         layer_kv = self.drafter.context_kv(self.drafter.context(feats.to(self.dtype)), pos)
         rows = torch.stack([torch.stack(kv) for kv in layer_kv])  # [layers, 2, n, nkv, hd]
         at = 0
@@ -142,7 +143,7 @@ class DrafterKVCache:
                                                 dtype=self.dtype, device=self.device)
             kv = buf[:, :, :R, :C]
             lens = self.copy_into(request_ids, kv)
-        return [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])], torch.tensor(lens, device=self.device)
+        return [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])], to_device(lens, self.device)
 
     @torch.inference_mode()
     def copy_into(self, request_ids: list[str], buf: torch.Tensor) -> list[int]:

@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from onecat.engine.transfers import to_device
+
 ENV_FLAG = "ONECAT_DFLASH_CUDA_GRAPHS"
 MAX_ROWS = 16
 MAX_CONTEXT = 4096  # static context capacity (tokens) per row; the sliding window lowers it
@@ -48,7 +50,8 @@ class DrafterGraphs:
         B = drafter.block_size
         layers, two, nkv, hd = cache.row_shape
         self.ids = torch.full((MAX_ROWS, B), drafter.mask_token_id, dtype=torch.long, device=device)
-        self.pos = torch.arange(B, device=device).repeat(MAX_ROWS, 1)
+        self._block_offsets = torch.arange(B, device=device)
+        self.pos = self._block_offsets.repeat(MAX_ROWS, 1)
         self.lens = torch.zeros(MAX_ROWS, dtype=torch.long, device=device)
         self.kv = torch.zeros(layers, two, MAX_ROWS, self.capacity, nkv, hd, dtype=cache.dtype, device=device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -72,10 +75,10 @@ class DrafterGraphs:
         R = block.shape[0]
         self.ids[:R].copy_(block)
         self.pos[:R].copy_(block_pos)
-        self.lens[:R].copy_(torch.tensor(self.cache.copy_into(request_ids, self.kv), device=self.device))
+        self.lens[:R].copy_(to_device(self.cache.copy_into(request_ids, self.kv), self.device))
         if rows > R:
             self.ids[R:rows].fill_(self.drafter.mask_token_id)
-            self.pos[R:rows].copy_(self.pos.new_tensor(range(block.shape[1])).expand(rows - R, -1))
+            self.pos[R:rows].copy_(self._block_offsets.expand(rows - R, -1))
             self.lens[R:rows].zero_()
 
     def run(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str],

@@ -21,6 +21,7 @@ from onecat.engine.core.sampler import apply_filters, exponential_race
 from onecat.engine.speculative.base import Proposer, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.mtp_weights import load_mtp_head
+from onecat.engine.transfers import to_device
 
 
 class MTPProposer(Proposer):
@@ -37,6 +38,7 @@ class MTPProposer(Proposer):
         self.tap = hidden_state_tap(model)
         self.tap.aux_layer_ids = [cfg.num_hidden_layers - 1]
         self.cache = DrafterKVCache(self.head)
+        self.target = target
         self.newest: dict[str, tuple[int, torch.Tensor]] = {}  # request -> (its newest kept position, its features)
 
     @torch.inference_mode()
@@ -47,7 +49,7 @@ class MTPProposer(Proposer):
             return
         end = seq.num_computed_tokens
         start = end - rows.shape[0]
-        nxt = torch.tensor(seq.token_ids[start + 1:end + 1], device=rows.device)
+        nxt = to_device(seq.token_ids[start + 1:end + 1], rows.device)
         features = torch.cat([self.embed(nxt), self.final_norm(rows.to(self.cache.dtype))], dim=-1)
         self.cache.add(seq.request_id, start, features)
         self.newest[seq.request_id] = (end - 1, features[-1].clone())  # not a view that keeps all the rows
@@ -58,6 +60,11 @@ class MTPProposer(Proposer):
         newest = self.newest.get(seq.request_id)
         return newest is not None and newest[0] == seq.num_tokens - 2 and self.cache.has_context(seq.request_id) \
             and self.cache.context_end(seq.request_id) == seq.num_tokens - 1
+
+    @property
+    def drafts_on_device(self) -> bool:
+        """On a GPU the drafts stay there until verified (a tensor-parallel engine sends host lists to its ranks)."""
+        return self.target.device.type == "cuda" and not self.target.has_peer_ranks
 
     @torch.inference_mode()
     def propose(self, seqs, budgets):
@@ -82,7 +89,7 @@ class MTPProposer(Proposer):
         (k_ctx, v_ctx), = layer_kv
         visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
         x = self.head.context(torch.stack([self.newest[r][1] for r in request_ids]))
-        positions = torch.tensor(last_positions, device=device)
+        positions = to_device(last_positions, device)
         sampled = [r for r, p in enumerate(params) if not p.greedy]
         own: list[tuple[torch.Tensor, torch.Tensor]] = []
         drafts, qs = [], []
@@ -98,7 +105,9 @@ class MTPProposer(Proposer):
             drafts.append(token)
             if j + 1 < steps:
                 x = self.head.context(torch.cat([self.embed(token), y], dim=-1))
-        tokens = torch.stack(drafts, dim=1).tolist()  # every draft of every request, read back at once
+        tokens = torch.stack(drafts, dim=1)
+        if not self.drafts_on_device:
+            tokens = tokens.tolist()  # every draft of every request, read back at once
         return tokens, torch.stack(qs, dim=1) if qs else None
 
     def release(self, seq) -> None:

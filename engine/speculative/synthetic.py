@@ -18,7 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
+
 from onecat.engine.speculative.base import Proposer
+from onecat.engine.transfers import to_device
 
 
 class LearnedContinuations:
@@ -57,6 +60,10 @@ class SyntheticProposer(Proposer):
     def wants_features(self) -> bool:
         return self.compute.wants_features
 
+    @property
+    def drafts_on_device(self) -> bool:
+        return self.compute.drafts_on_device
+
     def record_features(self, seq, rows) -> None:
         self.compute.record_features(seq, rows)
 
@@ -64,7 +71,7 @@ class SyntheticProposer(Proposer):
         drafted = self.compute.propose(seqs, budgets)  # the real drafter's work, then its draft is replaced
         out = []
         for seq, budget, (real, _) in zip(seqs, budgets, drafted):
-            n = min(budget, self.k) if (real or not self.compute.wants_features) else 0
+            n = min(budget, self.k) if (len(real) or not self.compute.wants_features) else 0
             known = self.reference(seq)[:n]
             if len(known) < n:  # past the recorded output: nothing known to propose
                 n = len(known)
@@ -72,6 +79,8 @@ class SyntheticProposer(Proposer):
             self._rounds[seq.request_id] = r + 1
             right = math.floor(self.accepted * (r + 1)) - math.floor(self.accepted * r)
             draft = known[:right] + [(t + 1) % self.vocab_size for t in known[right:n]]
+            if isinstance(real, torch.Tensor):  # where the drafter's drafts stay on the device, so do these
+                draft = to_device(draft, real.device, torch.long)
             out.append((draft, None))
         return out
 

@@ -22,13 +22,17 @@ from torch.nn.utils.rnn import pad_sequence
 
 from onecat.engine.core.sampler import apply_filters
 from onecat.engine.sampling_params import SamplingParams
+from onecat.engine.transfers import to_device
+
+
+Draft = list[int] | torch.Tensor  # a proposer's tokens: host values, or a 1-D int64 tensor on the logits' device
 
 
 @dataclass(slots=True)
 class DraftBlock:
     """One sequence's verify rows: `logits` [len(draft) + 1, V] of the target at the draft's positions."""
 
-    draft: list[int]
+    draft: Draft
     logits: torch.Tensor
     params: SamplingParams
     generator: torch.Generator | None = None
@@ -60,10 +64,15 @@ def _pad_last(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _padded_drafts(blocks: list[DraftBlock], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drafts [B, K] (0 past each draft's end) and the mask of real positions [B, K]."""
+    """Drafts [B, K] (0 past each draft's end) and the mask of real positions [B, K]. Drafts already on the
+    device are padded there (nothing is read back)."""
     k = max(len(b.draft) for b in blocks)
-    drafts = torch.tensor([b.draft + [0] * (k - len(b.draft)) for b in blocks], dtype=torch.long, device=device)
-    lens = torch.tensor([len(b.draft) for b in blocks], device=device)
+    if all(isinstance(b.draft, list) for b in blocks):
+        drafts = to_device([b.draft + [0] * (k - len(b.draft)) for b in blocks], device, torch.long)
+    else:
+        drafts = pad_sequence([b.draft if isinstance(b.draft, torch.Tensor) else to_device(b.draft, device, torch.long)
+                               for b in blocks], batch_first=True)
+    lens = to_device([len(b.draft) for b in blocks], device)
     return drafts, torch.arange(k, device=device).unsqueeze(0) < lens.unsqueeze(1)
 
 
@@ -99,7 +108,7 @@ def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
     accepted = _accepted_prefix((q_draft > 0) & (u * q_draft < p_draft) & real)  # u < p/q without dividing
 
     p_next = p[starts + accepted]  # [B, V]: the target's distribution after the accepted prefix
-    rejected = accepted < torch.tensor(lens, device=device)
+    rejected = accepted < to_device(lens, device)
     d_rejected = drafts.gather(1, accepted.clamp_max(k - 1).unsqueeze(1))  # the rejected draft token
     residual = p_next.scatter(1, d_rejected, 0.0)  # point-mass q: p without the rejected token
     with_q = [i for i, b in enumerate(blocks) if b.probs is not None]

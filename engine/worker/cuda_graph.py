@@ -36,6 +36,7 @@ import torch
 
 from onecat.engine.attention.forward_context import ForwardContext, set_forward_context
 from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.transfers import to_device
 
 @dataclass(slots=True)
 class GraphStep:
@@ -49,6 +50,9 @@ class GraphStep:
     gemv_rows: int  # rows that take the batch-1 GEMV (fixed at capture; rank 0's value)
     state_slots: list[int] | None = None  # hybrid models: per row, its recurrent-state slot
     drafts: list[int] | None = None  # verify steps: per row, its drafts (<= q - 1); None: q - 1 each
+    # verify steps whose drafts stayed on the device: per row its draft tensor (`ids` holds 0 in their place);
+    # never sent to other ranks (a tensor-parallel engine drafts to host lists)
+    device_drafts: list[torch.Tensor] | None = None
 
 
 def verify_lead(q: int, drafts: int) -> int:
@@ -64,6 +68,20 @@ def real_rows(q: int, drafts: list[int]) -> list[int]:
 
 
 _SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+def _write_device_drafts(ids: torch.Tensor, drafts: list[torch.Tensor | None]) -> None:
+    """Put device-held drafts at the end of their verify rows (`ids` [rows, q], on the device): one copy when
+    every row has as many, else one per row; rows with None keep what the host wrote."""
+    lens = {None if d is None else d.shape[0] for d in drafts}
+    if len(lens) == 1 and None not in lens:
+        n = lens.pop()
+        if n:
+            ids[:, ids.shape[1] - n:].copy_(torch.stack(drafts))
+        return
+    for row, d in zip(ids, drafts):
+        if d is not None and d.shape[0]:
+            row[row.shape[0] - d.shape[0]:].copy_(d)
 
 
 def fill_rows(step: GraphStep, pos, slots, lens, tables, block_size: int) -> None:
@@ -248,6 +266,8 @@ class DecodeGraphs:
         drafts = [s.num_lookahead for s in sched] if q > 1 else None
         step = self.graph_step([(s.seq, s.seq.num_computed_tokens) for s in sched], size, q, drafts=drafts)
         if announce is not None:
+            if step.device_drafts is not None:  # proposers of a tensor-parallel engine draft to host lists
+                raise RuntimeError("a verify step's drafts are on rank 0's device; other ranks cannot read them")
             if self._key(size, q) not in self.graphs:
                 announce("capture", (size, q, self.verify_gemv_rows))
                 if not self.ensure_captured(size, q):
@@ -277,7 +297,7 @@ class DecodeGraphs:
         first drafts[i] draft tokens (q - 1 each when `drafts` is None), behind `verify_lead` padding."""
         if q > 1 and drafts is None:
             drafts = [q - 1] * len(rows)
-        ids = None
+        ids, on_device = None, None
         if with_ids:
             ids = []
             for i, (seq, p) in enumerate(rows):
@@ -285,11 +305,16 @@ class DecodeGraphs:
                     ids.extend([0] * verify_lead(q, drafts[i]))
                 ids.append(seq.token_ids[p])
                 if q > 1:
-                    ids.extend(seq.draft_tokens[:drafts[i]])
+                    own = seq.draft_tokens[:drafts[i]]
+                    if isinstance(own, torch.Tensor):
+                        on_device = on_device or [None] * len(rows)
+                        on_device[i] = own
+                        own = [0] * drafts[i]
+                    ids.extend(own)
         state_slots = [seq.state_slot for seq, _ in rows] if self.states is not None else None
         # the tables by reference: read at once (or pickled for TP)
         return GraphStep(size, q, ids, [p for _, p in rows], [seq.block_table for seq, _ in rows],
-                         self.verify_gemv_rows, state_slots, drafts)
+                         self.verify_gemv_rows, state_slots, drafts, on_device)
 
     def replay(self, rows: list, size: int, ids_dev: torch.Tensor | None, q: int = 1) -> torch.Tensor | None:
         """One step for `rows` = [(seq, position)]; row tokens from the sequences, or row i of `ids_dev`
@@ -335,6 +360,8 @@ class DecodeGraphs:
         ready.record()
         if ids_dev is not None:
             dev[:rows].copy_(ids_dev[:rows])
+        if step.device_drafts is not None:
+            _write_device_drafts(dev[:rows * q].view(rows, q), step.device_drafts)
         graph, logits, aux = self.graphs[self._key(size, q)]
         graph.replay()
         if q == 1:
@@ -344,7 +371,7 @@ class DecodeGraphs:
         if aux is not None:  # a copy: the drafter may read these rows after a later replay reuses the pool
             own = real_rows(q, step.drafts) if q > 1 and min(step.drafts) < q - 1 else None
             self.model.aux_hidden = aux[:rows * q].clone() if own is None else \
-                aux[torch.tensor(own, device=aux.device)]  # the rows' own tokens, packed as an eager step has them
+                aux[to_device(own, aux.device)]  # the rows' own tokens, packed as an eager step has them
         return logits[:rows * q]
 
     def report(self) -> dict:

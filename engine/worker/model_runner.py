@@ -10,13 +10,14 @@ from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.selector import AttentionDispatcher
 from onecat.engine.core.scheduler_output import ScheduledSeq
 from onecat.engine.core.step_result import PromptLogprobs, StepResult
+from onecat.engine.transfers import to_device
 
 
 def _take(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """t[rows]: a view when the rows are consecutive (the usual case), else a gather."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return t[rows[0]:rows[-1] + 1]
-    return t[torch.tensor(rows, device=t.device)]
+    return t[to_device(rows, t.device)]
 
 
 def _logit_rows(s: ScheduledSeq) -> tuple[int, int]:
@@ -71,7 +72,8 @@ class ModelRunner:
             start = seq.num_computed_tokens
             n = s.num_new_tokens + s.num_lookahead
             ids.extend(seq.token_ids[start:start + s.num_new_tokens])
-            ids.extend(seq.draft_tokens[:s.num_lookahead])
+            drafts = seq.draft_tokens[:s.num_lookahead]
+            ids.extend(drafts.tolist() if isinstance(drafts, torch.Tensor) else drafts)  # an eager step reads them
             table = seq.block_table
             for p in range(start, start + n):
                 pos.append(p)
@@ -92,14 +94,13 @@ class ModelRunner:
     def _metadata(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(x.qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(x.seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(x.tables, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(x.slots, dtype=torch.int64, device=dev),
+            query_start_loc=to_device(x.qsl, dev, torch.int32),
+            seq_lens=to_device(x.seq_lens, dev, torch.int32),
+            block_tables=to_device(x.tables, dev, torch.int32),
+            slot_mapping=to_device(x.slots, dev, torch.int64),
             max_query_len=max(x.qlens), max_seq_len=max(x.seq_lens), block_size=self.block_size,
             query_lens_cpu=x.qlens, seq_lens_cpu=x.seq_lens, extras={})
-        return (torch.tensor(x.ids, dtype=torch.int64, device=dev),
-                torch.tensor(x.pos, dtype=torch.int64, device=dev), meta)
+        return (to_device(x.ids, dev, torch.int64), to_device(x.pos, dev, torch.int64), meta)
 
     def run_inputs(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden [T, H], float32 logits of x.logit_rows [R, V]): the forward every tensor-parallel rank
@@ -190,7 +191,7 @@ class ModelRunner:
         if logits.shape[0] == 0:
             return PromptLogprobs([], [] if top_n else None, [] if top_n else None)
         lp = logits.log_softmax(dim=-1)
-        targets = torch.tensor(seq.token_ids[start + 1:start + 1 + logits.shape[0]], device=lp.device)
+        targets = to_device(seq.token_ids[start + 1:start + 1 + logits.shape[0]], lp.device)
         own = lp.gather(1, targets.unsqueeze(1))
         if not top_n:
             return PromptLogprobs(own.squeeze(1).tolist())
