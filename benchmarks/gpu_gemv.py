@@ -16,8 +16,7 @@ Every Triton arm is checked against an fp32 reference first (relative max error 
 
 With --rows 2,8,16 it also times calls of several rows (a batch-1 verify step's 1 + k rows), plain and
 with the shape's fusion: cuBLAS, the GEMV with one program per row, and the GEMV whose programs walk every
-row of their tile (triton_gemv.ROW_LOOP); both GEMV arms must give each row the bits a one-row call gives;
-and the skinny GEMM (engine/kernels/triton_skinny.py), checked against the one-row calls to rounding.
+row of their tile (triton_gemv.ROW_LOOP); both GEMV arms must give each row the bits a one-row call gives.
 """
 from __future__ import annotations
 
@@ -148,9 +147,8 @@ def bench_shape(name: str, n: int, k: int, fused: str | None, sweep: bool) -> di
 
 def bench_rows(n: int, k: int, fused: str | None, rows: list[int]) -> dict:
     """Calls of several rows: per row count, us of cuBLAS, of both GEMV launch shapes (and the fused
-    variants), each checked bit for bit against one-row calls, and of the skinny GEMM (triton_skinny.py)."""
+    variants), each checked bit for bit against one-row calls."""
     from onecat.engine.kernels import triton_gemv as tg
-    from onecat.engine.kernels import triton_skinny as ts
 
     dt = torch.float16
     copies = max(3, -(-L2_FLUSH_BYTES // (n * k * 2)))
@@ -176,11 +174,6 @@ def bench_rows(n: int, k: int, fused: str | None, rows: list[int]) -> dict:
                 same = torch.equal(first(tg.gemv(x, ws[0], **kw)), single)
                 res[arm] = {"us": round(graph_time([lambda w=w: tg.gemv(x, w, **kw) for w in ws]) * 1e6, 2),
                             "bits_as_one_row_calls": same}
-            if m >= ts.MIN_ROWS:  # the skinny GEMM: rounding differs from the GEMV's; its error against it
-                err = rel_err(first(ts.skinny(x, ws[0], **kw)), single.float())
-                assert err < 1e-2, f"skinny {label} {m} rows: error {err}"
-                res[f"skinny[{label}]"] = {"us": round(graph_time([lambda w=w: ts.skinny(x, w, **kw) for w in ws])
-                                                       * 1e6, 2), "rel_err_vs_gemv": err}
         tg.ROW_LOOP = True
     del ws
     torch.cuda.empty_cache()

@@ -56,8 +56,11 @@ def main() -> None:
                          "replays its own; off sets ONECAT_DFLASH_CUDA_GRAPHS=0)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_dflash.json"))
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                    help="instead of measuring: profile the DFlash arm at batch 1 (Python call tree and torch "
-                         "operator table) and write both into DIR")
+                    help="instead of measuring: where target-only's steps and DFlash's rounds go at batch 1 "
+                         "(benchmarks/round_timeline.py), into DIR/timeline.json")
+    ap.add_argument("--gate", choices=("on", "off"), default="on",
+                    help="on: the engine's default, drafting only while it pays (speculative_config."
+                         "disable_when_slower); off: every round drafts (what a round costs)")
     args = ap.parse_args()
     from onecat.engine.speculative.dflash_graphs import ENV_FLAG
 
@@ -71,18 +74,19 @@ def main() -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     prompts = load_prompts(args.prompts, args.max_prompts) if args.prompts else select_prompts(args.max_prompts)
     settings = engine_settings(args.device, batch_sizes)
-    base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, **settings)
+    base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, gate=args.gate == "on",
+                                  **settings)
     info = spec.info()
     log(f"engines open in {time.time() - t0:.0f}s: {info['device_name']}, dtype {info['dtype']}, cuda graphs "
         f"{info['cuda_graph']} (drafter: {info['speculative'].get('cuda_graphs')}), drafter {label}")
     if args.profile:
-        profile_dflash(spec, prompts, args.max_tokens, args.profile)
+        profile_dflash(base, spec, prompts, args.max_tokens, args.profile)
         return
     rows = compare(base, spec, prompts, batch_sizes, args.max_tokens, args.repeats, deadline=t0 + args.budget_s)
     record = {"benchmark": "speculative_gpu_dflash", "kind": "measured",
               "measured_on": info["device_name"] if args.device != "cpu" else "cpu (logic check, not a GPU figure)",
               "date": datetime.now(timezone.utc).isoformat(), "machine": machine_info(args.device),
-              "target": args.target, "drafter": drafter_info(spec, label),
+              "target": args.target, "drafter": drafter_info(spec, label), "gate": args.gate,
               "engine": {**settings, "effective_dtype": info["dtype"], "cuda_graph_used": info["cuda_graph"],
                          "target_only_cuda_graph_used": base.info()["cuda_graph"],
                          "attention_backend": info["attention_backend"]},
@@ -92,42 +96,23 @@ def main() -> None:
     log(f"done in {time.time() - t0:.0f}s")
 
 
-def profile_dflash(spec, prompts: dict, max_tokens: int, out: Path) -> None:
-    """Where a DFlash round's time goes at batch 1: cProfile (Python call tree, by cumulative time) and
-    torch.profiler (operators by self CPU and by device time) over greedy requests after a warm-up."""
-    import cProfile
-    import io
-    import pstats
+def profile_dflash(base, spec, prompts: dict, max_tokens: int, out: Path) -> None:
+    """Where target-only's steps and DFlash's rounds go at batch 1 (benchmarks/round_timeline.py: device-busy
+    time per step, the device's idle time by host phase), after a warm-up; into DIR/timeline.json."""
+    import json
 
-    import torch
+    from round_timeline import profile_steps
     from speculative_dflash import run_batches, token_ids
 
     ids = [token_ids(spec, p) for p in next(iter(prompts["sets"].values()))[:4]]
-    run_batches(spec, ids[:1], 1, max_tokens)  # warm-up: compiles, graph captures, allocator
-    out.mkdir(parents=True, exist_ok=True)
-    prof = cProfile.Profile()
-    t = time.perf_counter()
-    prof.enable()
-    result = run_batches(spec, ids, 1, max_tokens)
-    prof.disable()
-    wall = time.perf_counter() - t
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
-    rounds = max(result["drafts"] // max(spec.info()["speculative"].get("num_speculative_tokens", 1), 1), 1)
-    head = (f"{len(ids)} requests, {result['decoded']} decoded tokens, {wall:.2f}s wall, "
-            f"{result['decode_tok_s']:.1f} decode tok/s, about {rounds} rounds ({1e3 * wall / rounds:.2f} ms each)\n")
-    (out / "dflash_cprofile.txt").write_text(head + text.getvalue())
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as tp:
-        run_batches(spec, ids[:2], 1, max_tokens)
-    table = tp.key_averages()
-    sections = [table.table(sort_by="self_cpu_time_total", row_limit=40)]
-    if torch.cuda.is_available():
-        sections.append(table.table(sort_by="self_cuda_time_total", row_limit=30))
-    (out / "dflash_torch_profile.txt").write_text("\n\n".join(sections))
-    log(head.strip() + f"; profiles in {out}")
+    summaries = {}
+    for label, llm in (("target_only", base), ("dflash", spec)):
+        run_batches(llm, ids[:1], 1, max_tokens)  # warm-up: compiles, graph captures, allocator
+        summaries[label] = profile_steps(lambda llm=llm: run_batches(llm, ids, 1, max_tokens), out, label)
+        s = summaries[label]
+        log(f"{label}: {s['wall_per_step_us']:.0f} us a step, device busy {s['device_busy_per_step_us']:.0f}; "
+            f"idle by host phase {s['idle_per_step_us_by_host_phase']}")
+    (out / "timeline.json").write_text(json.dumps(summaries, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ the residual-writing projections (o_proj, down_proj) are scaled by 1e-3 and lm_h
 each step's argmax is far ahead of the next logit and no summation order changes a token.
 
 Arms per batch size (1, 4, 8; 256 prompt tokens, 256 new, CUDA graphs on, the gate off so every step
-drafts): target-only; n-gram-shaped at acceptance 2, 3, 4.25, 6.55 and k + 1; DFlash-shaped at 2, 3, 4.25,
+drafts): target-only (with the engine's default one-step-ahead decode pipeline, async_scheduling, which hides
+its host time; speculative rounds cannot use it); n-gram-shaped at acceptance 2, 3, 4.25, 6.55 and k + 1; DFlash-shaped at 2, 3, 4.25,
 6.55 and k + 1; the real n-gram method (k = 3 and 7, the gate on) on the random target's own output; and
 a proposer that never finds a draft (the gate on), whose cost against target-only is the overhead of a
 speculative engine with nothing to draft. Per arm: tok/s, the ratio to target-only in the same run, the
@@ -130,8 +131,6 @@ def main() -> None:
     ap.add_argument("--arms", default="", help="run only arms whose name starts with one of these (comma list)")
     ap.add_argument("--exact-batch1", action="store_true",
                     help="the speculative setting exact_batch1: batch-1 verify rows through the batch-1 GEMV")
-    ap.add_argument("--skinny", action="store_true",
-                    help="2-16-row projections through the skinny GEMM (engine/kernels/triton_skinny.py ENABLED)")
     ap.add_argument("--gemv-row-loop", choices=("on", "off"), default="on",
                     help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
                          "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
@@ -141,10 +140,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):
-        from onecat.engine.kernels import triton_gemv, triton_skinny
+        from onecat.engine.kernels import triton_gemv
 
         triton_gemv.ROW_LOOP = args.gemv_row_loop == "on"
-        triton_skinny.ENABLED = args.skinny
 
     from onecat.engine import LLM
     from onecat.engine.random_models import shape_config
@@ -163,7 +161,7 @@ def main() -> None:
               "torch": torch.__version__, "cuda": torch.version.cuda,
               "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "gemv_row_loop": args.gemv_row_loop,
-              "exact_batch1": args.exact_batch1, "skinny": args.skinny,
+              "exact_batch1": args.exact_batch1, "target_only_async_scheduling": True,
               "weights": args.weights,
               "arms": []}
 
@@ -173,7 +171,7 @@ def main() -> None:
 
     settings = dict(device=args.device, dtype="float16" if cuda else "float32", load_format="dummy",
                     max_model_len=args.prompt_len + args.max_tokens + 32, max_num_seqs=max(batches),
-                    enable_prefix_caching=False, async_scheduling=False)
+                    enable_prefix_caching=False)  # async_scheduling: the default (on), as a user runs target-only
     if cuda:
         settings.update(cuda_graph="full", kv_cache_memory_gb=4.0)
     llm = LLM(f"random:{args.shape}", **settings)

@@ -201,27 +201,3 @@ def test_decode_logprobs_through_gemv_match_prefill_scores(tmp_path, arch):
     scored = torch.tensor(ref.score([prompt + out.token_ids])[0].logprobs[len(prompt) - 1:])
     assert decoded.shape == scored.shape == (24,)
     assert (decoded - scored).abs().max() < 0.05
-
-
-@pytest.mark.parametrize("norm,glu", [(False, False), (True, False), (True, True)])
-def test_skinny_gemm_agrees_with_the_gemv_rows(monkeypatch, norm, glu):
-    """The skinny GEMM (2-16 rows, engine/kernels/triton_skinny.py) gives each row what the batch-1 GEMV gives
-    it to fp16 rounding, returns x + residual exactly, and takes a Linear's rows once switched on."""
-    from onecat.engine.kernels import triton_skinny as ts
-    from onecat.engine.layers.linear import Linear
-
-    tg = _gemv()
-    k, n, rows = 576, 1536, 8
-    w = torch.randn(n, k, device="cuda", dtype=torch.float16) * k ** -0.5
-    nw = torch.randn(k, device="cuda", dtype=torch.float16) * 0.2 + 1
-    x, r = (torch.randn(rows, k, device="cuda", dtype=torch.float16) for _ in range(2))
-    extra = dict(residual=r, norm_weight=nw, eps=1e-6, glu=glu) if norm else {}
-    got, want = ts.skinny(x, w, **extra), tg.gemv(x, w, **extra)
-    if norm:
-        assert torch.equal(got[1], want[1])
-        got, want = got[0], want[0]
-    assert (got.float() - want.float()).abs().max() <= 2e-2 * want.float().abs().max()
-    layer = Linear(k, n, bias=False, device="cuda", dtype=torch.float16)
-    layer.use_fused = True
-    monkeypatch.setattr(ts, "ENABLED", True)
-    assert layer.skinny_ok(x) and torch.equal(layer(x), ts.skinny(x, layer.weight))

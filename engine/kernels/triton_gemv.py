@@ -150,7 +150,7 @@ def default_config(n: int, k: int, norm: bool = False) -> tuple[int, int, int]:
 
 def operands_unsupported_reason(x: torch.Tensor, weight: torch.Tensor, min_rows: int, max_rows: int,
                                 max_k: int) -> str | None:
-    """Why a row-streaming kernel (this GEMV, triton_skinny.py) cannot take x @ weight.T (None: it can):
+    """Why a row-streaming kernel (this GEMV) cannot take x @ weight.T (None: it can):
     contiguous fp16/bf16 CUDA operands of one dtype, min_rows..max_rows input rows, at most max_k features."""
     if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
         return "CUDA float16/bfloat16 input and weight of one dtype required"

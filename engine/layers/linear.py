@@ -1,9 +1,7 @@
 """nn.Linear with a batch-1 decode path: a single row on CUDA (fused kernels on) goes through the
 bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM (so do the rows of a
 step whose forward context allows more: the GEMV computes each row as if alone, so a batch-1 verify
-step's rows equal batch-1 decode bit for bit); 2-16 rows may take the skinny GEMM of
-engine/kernels/triton_skinny.py where it is switched on; float32 on CPU
-goes through the batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
+step's rows equal batch-1 decode bit for bit); float32 on CPU goes through the batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
 gate/up projection, the SiLU*mul after it) into that GEMV, or into the packed layers' CUDA GEMV
@@ -30,23 +28,11 @@ class Linear(nn.Linear):
 
         return gemv_unsupported_reason(x, self.weight) is None
 
-    def skinny_ok(self, x: torch.Tensor) -> bool:
-        """2-16 rows that may take the skinny GEMM (engine/kernels/triton_skinny.py; off unless switched on)."""
-        if not (self.use_fused and x.is_cuda and x.dim() > 0 and x.numel() <= 16 * x.shape[-1]):
-            return False
-        from onecat.engine.kernels import triton_skinny
-
-        return triton_skinny.ENABLED and triton_skinny.skinny_unsupported_reason(x, self.weight) is None
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gemv_ok(x):
             from onecat.engine.kernels.triton_gemv import gemv
 
             return gemv(x, self.weight, self.bias)
-        if self.skinny_ok(x):
-            from onecat.engine.kernels.triton_skinny import skinny
-
-            return skinny(x, self.weight, self.bias)
         if batch_invariant_linear.supported(x, self.weight):
             return batch_invariant_linear.batch_invariant_linear(self, x)
         if self.weight.is_meta:  # F.linear would return uninitialized memory
@@ -63,11 +49,6 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 
         return gemv(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
                     glu=silu_mul is not None)
-    if isinstance(linear, Linear) and residual is not None and linear.skinny_ok(x):
-        from onecat.engine.kernels.triton_skinny import skinny
-
-        return skinny(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
-                      glu=silu_mul is not None)
     folded = getattr(linear, "fused_norm_gemv", None)  # a packed layer (engine/quant/*_linear.py)
     if folded is not None and residual is not None:
         out = folded(x, residual, norm, silu_mul is not None)
