@@ -65,3 +65,22 @@ def test_a_dflash_engine_whose_drafts_stay_on_the_device_decodes_as_target_only(
         outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == want
     assert sum(o.spec.num_drafts for o in outs) > 0 and set(kinds) == {torch.Tensor}
+
+
+def test_a_verify_graph_step_leaves_room_for_device_drafts_and_keeps_host_ones():
+    """Host ids hold 0 where a row's drafts are on the device; those rows' tensors ride along for the replay to
+    copy in; rows of host drafts are written whole."""
+    from types import SimpleNamespace
+
+    from onecat.engine.worker.cuda_graph import DecodeGraphs
+
+    graphs = SimpleNamespace(states=None, verify_gemv_rows=1)
+    on_dev = torch.tensor([21, 22])
+    rows = [(SimpleNamespace(token_ids=[5, 6, 7], draft_tokens=on_dev, block_table=[1]), 2),
+            (SimpleNamespace(token_ids=[8, 9], draft_tokens=[31], block_table=[2]), 1)]
+    step = DecodeGraphs.graph_step(graphs, rows, size=2, q=3, drafts=[2, 1])
+    assert step.ids == [7, 0, 0, 0, 9, 31]  # row 0: token + two device drafts; row 1: lead pad, token, draft
+    assert torch.equal(step.device_drafts[0], on_dev) and step.device_drafts[1] is None
+    ids = torch.tensor(step.ids).view(2, 3)
+    _write_device_drafts(ids, step.device_drafts)
+    assert ids.flatten().tolist() == [7, 21, 22, 0, 9, 31]

@@ -6,6 +6,7 @@ states, `wants_features` / `step_features` / `record_features`.
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +26,18 @@ class HiddenStateTap(Protocol):
 
     aux_layer_ids: list[int]
     aux_hidden: torch.Tensor | None
+
+
+DEVICE_DRAFTS_FLAG = "ONECAT_DRAFTS_ON_DEVICE"
+
+
+def drafts_stay_on_device(target) -> bool:
+    """Whether a drafter running on `target`'s device leaves its drafts there until verified: on a GPU, unless
+    the engine is tensor parallel (its other ranks are sent host lists); ONECAT_DRAFTS_ON_DEVICE=0 reads them
+    back each round instead (an A/B switch for measurements)."""
+    if os.environ.get(DEVICE_DRAFTS_FLAG) == "0":
+        return False
+    return target.device.type == "cuda" and not target.has_peer_ranks
 
 
 def hidden_state_tap(model: torch.nn.Module) -> HiddenStateTap:

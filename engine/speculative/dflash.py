@@ -34,7 +34,7 @@ from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.model_source import resolve_model_source
-from onecat.engine.speculative.base import Proposer, hidden_state_tap
+from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
 from onecat.engine.transfers import to_device
@@ -296,8 +296,7 @@ class DFlashProposer(Proposer):
 
     @property
     def drafts_on_device(self) -> bool:
-        """On a GPU the drafts stay there until verified (a tensor-parallel engine sends host lists to its ranks)."""
-        return self.target.device.type == "cuda" and not self.target.has_peer_ranks
+        return drafts_stay_on_device(self.target)
 
     def record_features(self, seq, rows: torch.Tensor) -> None:
         """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from onecat.engine.core.sampler import apply_filters, exponential_race
-from onecat.engine.speculative.base import Proposer, hidden_state_tap
+from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.mtp_weights import load_mtp_head
 from onecat.engine.transfers import to_device
@@ -63,8 +63,7 @@ class MTPProposer(Proposer):
 
     @property
     def drafts_on_device(self) -> bool:
-        """On a GPU the drafts stay there until verified (a tensor-parallel engine sends host lists to its ranks)."""
-        return self.target.device.type == "cuda" and not self.target.has_peer_ranks
+        return drafts_stay_on_device(self.target)
 
     @torch.inference_mode()
     def propose(self, seqs, budgets):
