@@ -2,8 +2,11 @@
 # On a CUDA machine whose python already has torch (+ triton, transformers, pytest): install onecat
 # without touching its packages, run the GPU tests, the GEMV sweep, the step profile and the decode
 # benchmark; `speculative` runs the speculative GPU tests and the synthetic rounds on the 8B shape (no checkpoint
-# needed), `routes` the seed routes (benchmarks/seed_routes_gpu.py; Gated DeltaNet needs fla-core).
-#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes]...   (default: the first four)
+# needed; with an A/B of drafts read back each round and a timeline profile of batch-1 rounds), `routes` the seed
+# routes (benchmarks/seed_routes_gpu.py; Gated DeltaNet needs fla-core), `embedded` the embedded target with its
+# trained DFlash drafter (EMBEDDED_GGUF=path of the GGUF, DFLASH_PROMPTS=prompts saved by `benchmarks/
+# speculative_gpu.py --save-prompts` where the datasets are): gate on and off, and a timeline profile.
+#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded]...   (default: the first four)
 set -uo pipefail
 out=${1:?usage: scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench]...}; shift
 steps=${*:-tests gemv profile bench}
@@ -28,7 +31,20 @@ for step in $steps; do
            echo "speculative tests rc=$?"; tail -3 "$out/speculative_tests.log"
            timeout 330 python3 benchmarks/speculative_gpu_rounds.py ${ROUNDS_ARGS:-} \
              --out "$out/speculative_gpu_rounds.json" >"$out/rounds.log" 2>&1
-           echo "rounds rc=$?"; grep "batch" "$out/rounds.log" | tail -40 ;;
+           echo "rounds rc=$?"; grep "batch" "$out/rounds.log" | tail -40
+           ONECAT_DRAFTS_ON_DEVICE=0 timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1 \
+             --arms dflash_shaped --out "$out/speculative_gpu_rounds_drafts_read_back.json" >"$out/rounds_ab.log" 2>&1
+           echo "drafts read back each round rc=$?"; grep "batch" "$out/rounds_ab.log"
+           timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1 --profile "$out/rounds_timeline" \
+             >"$out/rounds_timeline.log" 2>&1; echo "timeline rc=$?"; grep "us a step" "$out/rounds_timeline.log" ;;
+    embedded) a="--target ${EMBEDDED_GGUF:?set EMBEDDED_GGUF} --drafter engine/drafters/smollm2-135m-dflash \
+             --prompts ${DFLASH_PROMPTS:?set DFLASH_PROMPTS}"
+           timeout 200 python3 benchmarks/speculative_gpu.py $a --repeats 2 --budget-s 80 \
+             --out "$out/speculative_gpu_dflash.json" >"$out/embedded.log" 2>&1; echo "embedded rc=$?"
+           timeout 130 python3 benchmarks/speculative_gpu.py $a --gate off --repeats 1 --budget-s 30 \
+             --out "$out/speculative_gpu_dflash_gate_off.json" >>"$out/embedded.log" 2>&1; echo "gate off rc=$?"
+           timeout 100 python3 benchmarks/speculative_gpu.py $a --gate off --profile "$out/embedded_timeline" \
+             >>"$out/embedded.log" 2>&1; echo "timeline rc=$?"; grep -E "bs=|us a step" "$out/embedded.log" ;;
     routes) timeout 560 python3 benchmarks/seed_routes_gpu.py ${ROUTES_ARGS:-} --out "$out/seed_routes_h200.json" \
              >"$out/routes.log" 2>&1; echo "routes rc=$?"; tail -12 "$out/routes.log" ;;
   esac

@@ -311,6 +311,24 @@ def test_graph_buffers_pad_rows_and_context_without_changing_the_drafts():
         ids, block, pos, want = ids[::-1], block.flip(0), pos.flip(0), want.flip(0)
 
 
+@torch.inference_mode()
+def test_a_context_projection_padded_to_its_graph_size_gives_the_real_rows_theirs():
+    """The captured context projection (run eagerly here) takes FLUSH_SIZES rows, the tail holding whatever the
+    static buffers held last: the real rows come out as projecting them alone gives them."""
+    from onecat.engine.speculative.dflash_cache import project_rows
+    from onecat.engine.speculative.dflash_graphs import FLUSH_SIZES
+
+    drafter = tiny_drafter()
+    g = torch.Generator().manual_seed(5)
+    feats, pos = torch.randn(5, FEATURE_LAYERS * HIDDEN, generator=g), torch.arange(37, 42)
+    size = next(s for s in FLUSH_SIZES if s >= 5)
+    stale = torch.randn(size, FEATURE_LAYERS * HIDDEN, generator=g) * 50
+    padded, padded_pos = torch.cat([feats, stale[5:]]), torch.cat([pos, torch.arange(size - 5) * 7])
+    alone = project_rows(drafter, feats, pos)
+    assert alone.shape[:3] == (len(drafter.layers), 2, 5)
+    torch.testing.assert_close(project_rows(drafter, padded, padded_pos)[:, :, :5], alone, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.gpu
 @needs_embedded_model
 def test_drafter_cuda_graphs_replay_the_eager_drafts(tmp_path, monkeypatch):
@@ -343,6 +361,7 @@ def test_drafter_cuda_graphs_replay_the_eager_drafts(tmp_path, monkeypatch):
         report = proposer.graphs.report()
         assert report["disabled_reason"] is None and report["replays"] - replays_before == len(compared) > 0
         assert max(compared) > 1  # batched rounds replayed too
+        assert report["flush_replays"] > 0  # and the rounds' context projections
 
 
 @needs_embedded_model

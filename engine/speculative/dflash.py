@@ -367,5 +367,6 @@ class DFlashProposer(Proposer):
     def _graphs_report(self) -> dict:
         """The drafter graphs' replays, or why they are off (no room for their buffer, a failed capture)."""
         reason = self.graphs_off_reason or (self.graphs.disabled_reason if self.graphs is not None else None)
-        out = {"cuda_graph_replays": self.graphs.replays} if self.graphs is not None else {}
+        out = {"cuda_graph_replays": self.graphs.replays, "cuda_graph_context_projections": self.graphs.flush_replays} \
+            if self.graphs is not None else {}
         return {**out, "cuda_graphs_off_reason": reason} if reason else out

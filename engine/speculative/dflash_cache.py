@@ -20,6 +20,12 @@ from onecat.engine.transfers import to_device
 FLUSH_ROWS = 1024  # project queued rows once this many wait, so a long prefill holds no big feature tensors
 
 
+def project_rows(drafter, feats: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Every drafter layer's context keys and values of feature rows `feats` [n, L*H] at positions `pos` [n]:
+    [layers, 2, n, nkv, hd]."""
+    return torch.stack([torch.stack(kv) for kv in drafter.context_kv(drafter.context(feats), pos)])
+
+
 class _Entry:
     """One request's context rows: kv[:, :, head:head + count] are positions first .. first + count - 1."""
 
@@ -44,6 +50,9 @@ class DrafterKVCache:
         self.pending: list[tuple[str, int, torch.Tensor]] = []  # (request id, first position, feature rows)
         self.pending_rows = 0
         self._batch: torch.Tensor | None = None  # reused padding buffer of batched drafting
+        # features [n, L*H] and positions [n] -> rows [layers, 2, n, nkv, hd] by CUDA graph replay, or None to
+        # project eagerly (set by the drafter's graphs, dflash_graphs.py)
+        self.projector = None
 
     # ---- recording ------------------------------------------------------------------------------
     def add(self, request_id: str, start: int, features: torch.Tensor) -> None:
@@ -64,8 +73,9 @@ class DrafterKVCache:
         pending, self.pending, self.pending_rows = self.pending, [], 0
         feats = torch.cat([f for _, _, f in pending]) if len(pending) > 1 else pending[0][2]
         pos = torch.cat([torch.arange(s, s + f.shape[0]) for _, s, f in pending]).to(self.device, non_blocking=True)
-        layer_kv = self.drafter.context_kv(self.drafter.context(feats.to(self.dtype)), pos)
-        rows = torch.stack([torch.stack(kv) for kv in layer_kv])  # [layers, 2, n, nkv, hd]
+        rows = self.projector(feats, pos) if self.projector is not None else None
+        if rows is None:
+            rows = project_rows(self.drafter, feats.to(self.dtype), pos)
         at = 0
         for request_id, start, f in pending:
             n = f.shape[0]

@@ -7,6 +7,11 @@ score matmuls, softmax, MLP); on a GPU their launches, not their math, set its t
 drafter layers -> final norm, [rows, block_size, H]. The target's lm_head stays outside (each request
 keeps only its first n drafts).
 
+The round's context projection (dflash_cache.py `flush`: fc, hidden_norm, every layer's K/V projection, k_norm,
+RoPE) replays a graph too, one per padded row count (FLUSH_SIZES; a longer flush, a prefill's, runs eagerly):
+static feature rows and positions in, [layers, 2, rows, nkv, hd] out, of which the cache keeps the real rows.
+Padding rows project whatever the static buffers held last (finite values at valid positions), never read.
+
 Static inputs: block ids and positions [MAX_ROWS, block_size], context lengths [MAX_ROWS], and one
 context K/V buffer [layers, 2, MAX_ROWS, capacity, nkv, hd] whose [:rows, :ctx] view each graph reads.
 Each round copies the requests' cached context rows into it (a round with more rows or a longer
@@ -20,6 +25,7 @@ import os
 
 import torch
 
+from onecat.engine.speculative.dflash_cache import project_rows
 from onecat.engine.transfers import to_device
 
 ENV_FLAG = "ONECAT_DFLASH_CUDA_GRAPHS"
@@ -27,6 +33,7 @@ MAX_ROWS = 16
 MAX_CONTEXT = 4096  # static context capacity (tokens) per row; the sliding window lowers it
 ROW_SIZES = (1, 2, 4, 8, 16)
 MIN_CONTEXT_BUCKET = 256
+FLUSH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # feature rows a captured context projection takes
 
 
 def graphs_wanted(device: torch.device, target_graphs: bool) -> bool:
@@ -58,11 +65,36 @@ class DrafterGraphs:
         self.pool = None
         self.replays = 0
         self.disabled_reason: str | None = None
+        feature_width = drafter.fc.in_features
+        self.feats = torch.zeros(FLUSH_SIZES[-1], feature_width, dtype=cache.dtype, device=device)
+        self.feat_pos = torch.zeros(FLUSH_SIZES[-1], dtype=torch.long, device=device)
+        self.flush_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.flush_replays = 0
+        cache.projector = self.project
 
     def bucket(self, rows: int, ctx: int) -> tuple[int, int] | None:
         if self.disabled_reason is not None or rows > self.row_sizes[-1] or ctx > self.ctx_sizes[-1]:
             return None
         return (next(s for s in self.row_sizes if s >= rows), next(s for s in self.ctx_sizes if s >= ctx))
+
+    def project(self, feats: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+        """The context projection of `feats` [n, L*H] at `pos` [n] by graph replay: [layers, 2, n, nkv, hd], a
+        view of the graph's output (valid until its next replay), or None: project eagerly."""
+        n = feats.shape[0]
+        size = next((s for s in FLUSH_SIZES if s >= n), None)
+        if size is None or self.disabled_reason is not None or self.device.type != "cuda":
+            return None
+        if size not in self.flush_graphs:
+            captured = self._capture(lambda: project_rows(self.drafter, self.feats[:size], self.feat_pos[:size]))
+            if captured is None:
+                return None
+            self.flush_graphs[size] = captured
+        self.feats[:n].copy_(feats)
+        self.feat_pos[:n].copy_(pos)
+        graph, out = self.flush_graphs[size]
+        graph.replay()
+        self.flush_replays += 1
+        return out[:, :, :n]
 
     def forward(self, rows: int, ctx: int) -> torch.Tensor:
         """The block forward over the static buffers' first `rows` rows and `ctx` context rows."""
@@ -94,26 +126,35 @@ class DrafterGraphs:
         return out[:block.shape[0]]
 
     def _ensure_captured(self, size: tuple[int, int]) -> bool:
-        if size in self.graphs:
-            return True
+        if size not in self.graphs:
+            captured = self._capture(lambda: self.forward(*size), size)
+            if captured is not None:
+                self.graphs[size] = captured
+        return size in self.graphs
+
+    def _capture(self, step, label=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        """(graph, output) of `step` over the static buffers, or None when capture failed (which turns the
+        drafter's graphs off, not the round)."""
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                self.forward(*size)  # warm-up: kernels chosen and allocations settled outside the graph
+                step()  # warm-up: kernels chosen and allocations settled outside the graph
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self.forward(*size)
+                out = step()
             if self.pool is None:
                 self.pool = graph.pool()
-            self.graphs[size] = (graph, out)
-        except Exception as e:  # a capture failure turns the drafter's graphs off, not the round
-            self.disabled_reason = f"capture failed for {size}: {type(e).__name__}: {e}"
+            return graph, out
+        except Exception as e:
+            self.disabled_reason = f"capture failed for {label or 'the context projection'}: {type(e).__name__}: {e}"
             self.graphs.clear()
+            self.flush_graphs.clear()
             torch.cuda.synchronize(self.device)
-        return size in self.graphs
+            return None
 
     def report(self) -> dict:
         return {"replays": self.replays, "captured": sorted(self.graphs), "capacity": self.capacity,
+                "flush_replays": self.flush_replays, "flush_captured": sorted(self.flush_graphs),
                 "disabled_reason": self.disabled_reason}
