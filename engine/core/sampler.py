@@ -66,8 +66,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     tokens = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
-        probs = apply_filters(logits[rows], [params[i] for i in rows])
-        tokens[rows] = exponential_race(probs, [generators[i] for i in rows])
+        index = to_device(rows, logits.device)  # a list index would be copied to the device synchronously
+        probs = apply_filters(logits[index], [params[i] for i in rows])
+        tokens[index] = exponential_race(probs, [generators[i] for i in rows])
     return tokens.tolist()
 
 

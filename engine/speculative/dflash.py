@@ -344,7 +344,7 @@ class DFlashProposer(Proposer):
         sampled = [i for i, (s, n) in enumerate(zip(seqs, counts)) if n and not s.params.greedy]
         probs = {}
         if sampled:
-            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in sampled]).to(logits.device)
+            rows = to_device([r for i in sampled for r in range(starts[i], starts[i + 1])], logits.device)
             q = apply_filters(logits[rows], [seqs[i].params for i in sampled for _ in range(counts[i])])
             tokens[rows] = exponential_race(q, [seqs[i].generator for i in sampled for _ in range(counts[i])])
             at = 0

@@ -90,6 +90,7 @@ class MTPProposer(Proposer):
         x = self.head.context(torch.stack([self.newest[r][1] for r in request_ids]))
         positions = to_device(last_positions, device)
         sampled = [r for r, p in enumerate(params) if not p.greedy]
+        picked = to_device(sampled, device)  # the sampled rows as a device index (a list index copies synchronously)
         own: list[tuple[torch.Tensor, torch.Tensor]] = []
         drafts, qs = [], []
         for j in range(steps):
@@ -98,8 +99,8 @@ class MTPProposer(Proposer):
             token = logits.argmax(dim=-1)
             if sampled:
                 q = torch.zeros_like(logits)
-                q[sampled] = apply_filters(logits[sampled], [params[r] for r in sampled])
-                token[sampled] = exponential_race(q[sampled], [generators[r] for r in sampled])
+                q[picked] = apply_filters(logits[picked], [params[r] for r in sampled])
+                token[picked] = exponential_race(q[picked], [generators[r] for r in sampled])
                 qs.append(q)
             drafts.append(token)
             if j + 1 < steps:

@@ -94,7 +94,7 @@ def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
     """[B, 1 + K + 1]: accepted count, then the drafts with the target's token at the accepted count."""
     device = blocks[0].logits.device
     lens = [len(b.draft) for b in blocks]
-    starts = torch.tensor(list(accumulate((n + 1 for n in lens[:-1]), initial=0)), device=device)  # first rows
+    starts = to_device(list(accumulate((n + 1 for n in lens[:-1]), initial=0)), device)  # first rows
     p = apply_filters(torch.cat([b.logits for b in blocks]).float(),
                       [b.params for b in blocks for _ in range(len(b.draft) + 1)])  # [sum(len + 1), V]
     drafts, real = _padded_drafts(blocks, device)
@@ -113,9 +113,11 @@ def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
     residual = p_next.scatter(1, d_rejected, 0.0)  # point-mass q: p without the rejected token
     with_q = [i for i, b in enumerate(blocks) if b.probs is not None]
     if with_q:
-        q_next = torch.stack([blocks[i].probs[accepted[i].clamp_max(len(blocks[i].draft) - 1)].to(p.dtype)
-                              for i in with_q])
-        residual[with_q] = (p_next[with_q] - q_next).clamp_min(0.0)
+        # one-element index tensors: indexing with a 0-d device tensor would read it back to the host
+        q_next = torch.cat([blocks[i].probs[accepted[i:i + 1].clamp_max(len(blocks[i].draft) - 1)].to(p.dtype)
+                            for i in with_q])
+        index = to_device(with_q, device)
+        residual[index] = (p_next[index] - q_next).clamp_min(0.0)
     total = residual.sum(dim=1, keepdim=True)
     residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p_next)
     law = torch.where(rejected.unsqueeze(1), residual, p_next)
