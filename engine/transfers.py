@@ -2,9 +2,9 @@
 
 `torch.tensor(values, device=cuda)` copies synchronously: the host waits until every kernel queued before
 the copy has run, so it can never prepare the next launches while the device works (a decode step or a
-speculative round then pays its host time on top of its device time). A copy with `non_blocking=True`
-from pageable memory returns once the driver has staged the values: the device reads them in stream
-order, the host goes on.
+speculative round then pays its host time on top of its device time). Here the values go through pinned
+(page-locked) host memory with `non_blocking=True`: the copy is queued in stream order and the host goes on;
+torch's pinned-memory allocator keeps the buffer until the copy has run.
 """
 from __future__ import annotations
 
@@ -13,4 +13,7 @@ import torch
 
 def to_device(values, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
     """`values` (numbers, nested lists, a range) as a tensor of `dtype` on `device`, queued, not waited for."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

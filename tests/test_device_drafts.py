@@ -84,3 +84,34 @@ def test_a_verify_graph_step_leaves_room_for_device_drafts_and_keeps_host_ones()
     ids = torch.tensor(step.ids).view(2, 3)
     _write_device_drafts(ids, step.device_drafts)
     assert ids.flatten().tolist() == [7, 21, 22, 0, 9, 31]
+
+
+def test_small_values_reach_the_host_device_unchanged():
+    from onecat.engine.transfers import to_device
+
+    got = to_device([[1, 2], [3, 4]], "cpu", torch.int32)
+    assert got.dtype == torch.int32 and got.tolist() == [[1, 2], [3, 4]]
+    assert to_device(range(3), torch.device("cpu")).tolist() == [0, 1, 2]
+
+
+@pytest.mark.gpu
+def test_small_values_go_to_the_gpu_without_waiting_for_queued_kernels():
+    """After ~tens of ms of queued matmuls, to_device returns while they still run (the stream is busy), and the
+    values arrive; torch.tensor(device=cuda), for contrast, waits for them."""
+    from onecat.engine.transfers import to_device
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    stream = torch.cuda.current_stream()
+
+    def busy():
+        torch.cuda.synchronize()
+        for _ in range(40):
+            a @ a
+
+    busy()
+    got = to_device(list(range(64)), "cuda")
+    assert not stream.query()  # the host did not wait for the queued work
+    assert got.tolist() == list(range(64))
+    busy()
+    torch.tensor(list(range(64)), device="cuda")
+    assert stream.query()  # the synchronous copy did

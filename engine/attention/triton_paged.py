@@ -17,6 +17,7 @@ from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.sdpa import sdpa
 from onecat.engine.cache.kv import LayerKVCache, dequantize_fp8
 from onecat.engine.kernels.triton_support import triton_unavailable_reason
+from onecat.engine.transfers import to_device
 
 SHORT_QUERY = 16  # chunks up to this many tokens (decode, speculative verify) use the paged kernel
 
@@ -39,7 +40,7 @@ def _short_rows(meta: AttentionMetadata, device: torch.device) -> dict:
     # rows padded to 16 bytes: an unaligned row pointer would make Triton compile another variant
     width = -(-len(toks) // 4) * 4
     pad = [0] * (width - len(toks))
-    packed = torch.tensor([toks + pad, rows + pad, ctxs + pad], dtype=torch.int32).to(device, non_blocking=True)
+    packed = to_device([toks + pad, rows + pad, ctxs + pad], device, torch.int32)
     n = len(toks)
     layout = {"tok": packed[0, :n], "row": packed[1, :n], "ctx": packed[2, :n], "long": long_seqs,
               "max_ctx": max(ctxs) if ctxs else 0}

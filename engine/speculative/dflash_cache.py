@@ -15,6 +15,7 @@ starts the request's context afresh there. `sliding_window` keeps only the newes
 from __future__ import annotations
 
 import torch
+
 from onecat.engine.transfers import to_device
 
 FLUSH_ROWS = 1024  # project queued rows once this many wait, so a long prefill holds no big feature tensors
@@ -72,7 +73,7 @@ class DrafterKVCache:
             return
         pending, self.pending, self.pending_rows = self.pending, [], 0
         feats = torch.cat([f for _, _, f in pending]) if len(pending) > 1 else pending[0][2]
-        pos = torch.cat([torch.arange(s, s + f.shape[0]) for _, s, f in pending]).to(self.device, non_blocking=True)
+        pos = to_device([p for _, s, f in pending for p in range(s, s + f.shape[0])], self.device)
         rows = self.projector(feats, pos) if self.projector is not None else None
         if rows is None:
             rows = project_rows(self.drafter, feats.to(self.dtype), pos)
