@@ -1,6 +1,7 @@
 """Speculative verify steps in CUDA graphs at every draft length (GPU only; skipped without one): rows of
 0..k drafts share the verify graph of width 1 + k, and give the same tokens and logprobs as the eager
-steps, at batch 1 and above, with the drafts' acceptance varying."""
+steps, at batch 1 and above, with the drafts' acceptance varying, whether the drafts come as host lists or stay
+on the device (as DFlash's and MTP's do)."""
 from __future__ import annotations
 
 import itertools
@@ -22,9 +23,9 @@ class CyclingDrafts(Proposer):
 
     name = "cycling"
 
-    def __init__(self, reference, vocab_size: int):
+    def __init__(self, reference, vocab_size: int, on_device: bool = False):
         super().__init__(K)
-        self.reference, self.vocab = reference, vocab_size
+        self.reference, self.vocab, self.drafts_on_device = reference, vocab_size, on_device
         self.calls = itertools.count()
 
     def propose(self, seqs, budgets):
@@ -35,20 +36,22 @@ class CyclingDrafts(Proposer):
             known = self.reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:][:n]
             if known and call % 3 == 0:
                 known = known[:-1] + [(known[-1] + 1) % self.vocab]
-            out.append((known, None))
+            out.append((torch.tensor(known, dtype=torch.long, device="cuda") if self.drafts_on_device else known,
+                        None))
         return out
 
 
-def _run(llm, prompts, params, reference, graphs: bool):
+def _run(llm, prompts, params, reference, graphs: bool, on_device: bool = False):
     with llm.cuda_graphs_replaced(graphs):
-        with llm.proposer_swapped(CyclingDrafts(reference, llm.model_config.vocab_size)):
+        with llm.proposer_swapped(CyclingDrafts(reference, llm.model_config.vocab_size, on_device)):
             outs = llm.generate(prompts, params)
             report = llm.cuda_graph_report()
     return outs, report
 
 
+@pytest.mark.parametrize("on_device", [False, True], ids=["host_drafts", "device_drafts"])
 @pytest.mark.parametrize("batched", [False, True])
-def test_verify_graphs_of_every_draft_length_match_eager(tmp_path, batched):
+def test_verify_graphs_of_every_draft_length_match_eager(tmp_path, batched, on_device):
     from onecat.engine import LLM, SamplingParams
     from tests.tiny_models import make_tiny_model
 
@@ -61,8 +64,8 @@ def test_verify_graphs_of_every_draft_length_match_eager(tmp_path, batched):
         prompts = PROMPTS if batched else PROMPTS[:1]
         ref_outs = llm.generate(prompts, params)
         reference = {tuple(o.prompt_token_ids): o.token_ids for o in ref_outs}
-        eager, eager_report = _run(llm, prompts, params, reference, graphs=False)
-        graphed, report = _run(llm, prompts, params, reference, graphs=True)
+        eager, eager_report = _run(llm, prompts, params, reference, graphs=False, on_device=on_device)
+        graphed, report = _run(llm, prompts, params, reference, graphs=True, on_device=on_device)
     finally:
         llm.close()
     assert eager_report["verify_replays"] == 0
