@@ -1,4 +1,5 @@
-"""CUDA graphs for the DFlash drafter's block forward: on where the target replays full CUDA graphs;
+"""CUDA graphs for the DFlash drafter's round (its block forward and its context projection): on where the
+target replays full CUDA graphs;
 ONECAT_DFLASH_CUDA_GRAPHS=0 or 1 overrides that (an A/B switch for measurements).
 
 A drafting round is a few dozen small kernels (embedding, per layer: norms, projections, RoPE, two
