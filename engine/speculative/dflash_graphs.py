@@ -1,6 +1,5 @@
 """CUDA graphs for the DFlash drafter's round (its block forward and its context projection): on where the
-target replays full CUDA graphs;
-ONECAT_DFLASH_CUDA_GRAPHS=0 or 1 overrides that (an A/B switch for measurements).
+target replays full CUDA graphs; ONECAT_DFLASH_CUDA_GRAPHS=0 or 1 overrides that (an A/B switch for measurements).
 
 A drafting round is a few dozen small kernels (embedding, per layer: norms, projections, RoPE, two
 score matmuls, softmax, MLP); on a GPU their launches, not their math, set its time. One graph per
