@@ -299,3 +299,49 @@ def test_load_format_dummy_gives_a_random_head():
         head = llm.engine.proposer.proposer.head
         assert out.spec.num_drafts > 0
         assert 0.015 < float(head.fc.weight.std()) < 0.025 and bool((head.norm.weight == 1).all())
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_the_graph_buffers_of_a_greedy_round_give_the_eager_drafts(kind, request, monkeypatch):
+    """The CUDA-graph path's static buffers (speculative/mtp_graphs.py, run eagerly here: capture needs a GPU): a
+    round padded to a rows and a context bucket, over buffers still holding an earlier round's rows, drafts for
+    each real request what the eager round drafts."""
+    from onecat.engine.speculative.mtp_graphs import MTPGraphs
+
+    with LLM(str(request.getfixturevalue(kind)), speculative_config=MTP, **SETTINGS) as llm:
+        proposer = llm.engine.proposer.proposer
+        width = 2 * llm.model_config.hidden_size
+        graphs = MTPGraphs(proposer.head, proposer.embed, proposer.lm_head, proposer.cache, width, torch.device("cpu"))
+        eager = proposer._draft
+        compared = []
+
+        def checked(request_ids, last_positions, params, generators, steps):
+            tokens, q = eager(request_ids, last_positions, params, generators, steps)
+            newest = torch.stack([proposer.newest[r][1] for r in request_ids])
+            rows, ctx = graphs.bucket(len(request_ids), max(proposer.cache.lengths(request_ids)))
+            for _ in range(2):
+                graphs.load(request_ids, newest, last_positions, rows)
+                got = graphs.forward(rows, ctx, steps)
+                assert got[:len(request_ids)].tolist() == tokens
+                assert graphs.lens[len(request_ids):rows].tolist() == [1] * (rows - len(request_ids))
+            compared.append((len(request_ids), rows))
+            return tokens, q
+
+        monkeypatch.setattr(proposer, "_draft", checked)
+        llm.generate(PROMPTS[:3], GREEDY)  # three requests: rounds of 3 fill a bucket of 4 with a padding row
+    assert max(n for n, _ in compared) > 1 and any(rows > n for n, rows in compared)
+
+
+@pytest.mark.gpu
+def test_greedy_mtp_rounds_replay_cuda_graphs_and_keep_the_target_tokens(dense):
+    """On a GPU with cuda_graph full, greedy rounds replay the head's graphs (mtp_graphs.py) and the output is
+    target-only's."""
+    settings = dict(SETTINGS, device="cuda", dtype="float32", cuda_graph="full")
+    with LLM(str(dense), **settings) as llm:
+        reference = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    with LLM(str(dense), speculative_config=MTP, **settings) as llm:
+        outs = llm.generate(PROMPTS, GREEDY)
+        described = llm.info()["speculative"]
+    assert [o.token_ids for o in outs] == reference
+    assert described["cuda_graphs"] and described["cuda_graph_replays"] > 0, described
+    assert "cuda_graphs_off_reason" not in described

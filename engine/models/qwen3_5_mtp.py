@@ -99,6 +99,23 @@ class Qwen3_5MTP(nn.Module):
         return [(k, v)]
 
     # ---- drafting --------------------------------------------------------------------------------------
+    def draft(self, embed, lm_head, x: torch.Tensor, positions: torch.Tensor, k_ctx: torch.Tensor,
+              v_ctx: torch.Tensor, visible: torch.Tensor, steps: int, pick=None) -> torch.Tensor:
+        """`steps` drafts [R, steps] from layer inputs x [R, H] at `positions` [R] (the newest kept ones) over the
+        kept context: draft j + 1 feeds the head its own output and draft j at position p + j. `pick(logits)`
+        chooses each step's tokens (None: the argmax). One loop for the eager round and the captured one
+        (speculative/mtp_graphs.py)."""
+        own: list[tuple[torch.Tensor, torch.Tensor]] = []
+        drafts = []
+        for j in range(steps):
+            y = self.draft_step(x, positions + j, k_ctx, v_ctx, visible, own, own_row=j > 0)
+            logits = lm_head(y).float()
+            token = logits.argmax(dim=-1) if pick is None else pick(logits)
+            drafts.append(token)
+            if j + 1 < steps:
+                x = self.context(torch.cat([embed(token), y], dim=-1))
+        return torch.stack(drafts, dim=1)
+
     def draft_step(self, x: torch.Tensor, positions: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
                    ctx_visible: torch.Tensor, own: list[tuple[torch.Tensor, torch.Tensor]], own_row: bool):
         """One query row per request: layer input x [R, H] at `positions` [R], attending over its kept context

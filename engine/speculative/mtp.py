@@ -20,6 +20,7 @@ import torch
 from onecat.engine.core.sampler import apply_filters, exponential_race
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
+from onecat.engine.speculative.mtp_graphs import MTPGraphs
 from onecat.engine.speculative.mtp_weights import load_mtp_head
 from onecat.engine.transfers import to_device
 
@@ -39,6 +40,13 @@ class MTPProposer(Proposer):
         self.tap.aux_layer_ids = [cfg.num_hidden_layers - 1]
         self.cache = DrafterKVCache(self.head)
         self.target = target
+        self.graphs, self.graphs_off_reason = None, None
+        if target.device.type == "cuda" and getattr(target.cfg, "cuda_graph", "off") == "full":
+            try:
+                self.graphs = MTPGraphs(self.head, self.embed, self.lm_head, self.cache, 2 * cfg.hidden_size,
+                                        target.device)
+            except torch.OutOfMemoryError as exc:  # its static context buffer did not fit: draft eagerly
+                self.graphs_off_reason = f"no memory for the MTP graphs' context buffer ({exc})".split("\n")[0]
         self.newest: dict[str, tuple[int, torch.Tensor]] = {}  # request -> (its newest kept position, its features)
 
     @torch.inference_mode()
@@ -84,28 +92,28 @@ class MTPProposer(Proposer):
     def _draft(self, request_ids: list[str], last_positions: list[int], params, generators, steps: int):
         """`steps` drafts for each request: token lists, and q [R, steps, V] when any request samples."""
         device = self.cache.device
-        layer_kv, ctx_len = self.cache.gather(request_ids)
-        (k_ctx, v_ctx), = layer_kv
-        visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
-        x = self.head.context(torch.stack([self.newest[r][1] for r in request_ids]))
-        positions = to_device(last_positions, device)
+        newest = torch.stack([self.newest[r][1] for r in request_ids])
         sampled = [r for r, p in enumerate(params) if not p.greedy]
-        picked = to_device(sampled, device)  # the sampled rows as a device index (a list index copies synchronously)
-        own: list[tuple[torch.Tensor, torch.Tensor]] = []
-        drafts, qs = [], []
-        for j in range(steps):
-            y = self.head.draft_step(x, positions + j, k_ctx, v_ctx, visible, own, own_row=j > 0)
-            logits = self.lm_head(y).float()
-            token = logits.argmax(dim=-1)
-            if sampled:
-                q = torch.zeros_like(logits)
-                q[picked] = apply_filters(logits[picked], [params[r] for r in sampled])
-                token[picked] = exponential_race(q[picked], [generators[r] for r in sampled])
-                qs.append(q)
-            drafts.append(token)
-            if j + 1 < steps:
-                x = self.head.context(torch.cat([self.embed(token), y], dim=-1))
-        tokens = torch.stack(drafts, dim=1)
+        tokens, qs = None, []
+        if self.graphs is not None and not sampled:
+            tokens = self.graphs.run(request_ids, newest, last_positions, steps, max(self.cache.lengths(request_ids)))
+        if tokens is None:
+            layer_kv, ctx_len = self.cache.gather(request_ids)
+            (k_ctx, v_ctx), = layer_kv
+            visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
+            picked = to_device(sampled, device)  # the sampled rows as a device index (a list index copies synchronously)
+
+            def pick(logits: torch.Tensor) -> torch.Tensor:
+                token = logits.argmax(dim=-1)
+                if sampled:
+                    q = torch.zeros_like(logits)
+                    q[picked] = apply_filters(logits[picked], [params[r] for r in sampled])
+                    token[picked] = exponential_race(q[picked], [generators[r] for r in sampled])
+                    qs.append(q)
+                return token
+
+            tokens = self.head.draft(self.embed, self.lm_head, self.head.context(newest),
+                                     to_device(last_positions, device), k_ctx, v_ctx, visible, steps, pick)
         if not self.drafts_on_device:
             tokens = tokens.tolist()  # every draft of every request, read back at once
         return tokens, torch.stack(qs, dim=1) if qs else None
@@ -115,5 +123,11 @@ class MTPProposer(Proposer):
         self.newest.pop(seq.request_id, None)
 
     def describe(self) -> dict:
+        graphs = {"cuda_graphs": self.graphs is not None}
+        if self.graphs is not None:
+            graphs["cuda_graph_replays"] = self.graphs.replays
+        reason = self.graphs_off_reason or (self.graphs.disabled_reason if self.graphs is not None else None)
+        if reason:
+            graphs["cuda_graphs_off_reason"] = reason
         return {"method": self.name, "num_speculative_tokens": self.k, "proposer": "the checkpoint's mtp.* head",
-                "hidden_state_of_layer": self.tap.aux_layer_ids[0]}
+                "hidden_state_of_layer": self.tap.aux_layer_ids[0], **graphs}
