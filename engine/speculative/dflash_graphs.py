@@ -54,7 +54,7 @@ class DrafterGraphs(ContextGraphs):
         view of the graph's output (valid until its next replay), or None: project eagerly."""
         n = feats.shape[0]
         size = next((s for s in FLUSH_SIZES if s >= n), None)
-        if size is None or self.disabled_reason is not None or self.device.type != "cuda":
+        if size is None or self.disabled_reason is not None or not self.capturing:
             return None
         if size not in self.flush_graphs:
             captured = self.capture(lambda: project_rows(self.drafter, self.feats[:size], self.feat_pos[:size]),
@@ -88,7 +88,7 @@ class DrafterGraphs(ContextGraphs):
             max_ctx: int) -> torch.Tensor | None:
         """[R, block_size, H] hidden states by graph replay, or None: run this round eagerly."""
         size = self.bucket(block.shape[0], max_ctx)
-        if size is None:
+        if size is None or not self.capturing:
             return None
         self.load(block, block_pos, request_ids, size[0])
         out = self.replay(size, lambda: self.forward(*size))

@@ -45,7 +45,7 @@ class MTPGraphs(ContextGraphs):
             max_ctx: int) -> torch.Tensor | None:
         """Greedy drafts [R, steps] by graph replay, or None: draft eagerly."""
         size = self.bucket(len(request_ids), max_ctx)
-        if size is None:
+        if size is None or not self.capturing:
             return None
         self.load(request_ids, newest, last_positions, size[0])
         out = self.replay((*size, steps), lambda: self.forward(*size, steps))

@@ -36,11 +36,13 @@ class ContextGraphs:
         self.lens = torch.zeros(MAX_ROWS, dtype=torch.long, device=device)
         self.kv = torch.zeros(layers, two, MAX_ROWS, self.capacity, nkv, hd, dtype=cache.dtype, device=device)
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capturing = device.type == "cuda"  # graphs are captured only on a GPU; elsewhere rounds run eagerly
         self.pool = None
         self.replays = 0
         self.disabled_reason: str | None = None
 
     def bucket(self, rows: int, ctx: int) -> tuple[int, int] | None:
+        """(rows bucket, context bucket) of a round, or None when it does not fit the static buffers."""
         if self.disabled_reason is not None or rows > self.row_sizes[-1] or ctx > self.ctx_sizes[-1]:
             return None
         return (next(s for s in self.row_sizes if s >= rows), next(s for s in self.ctx_sizes if s >= ctx))
@@ -60,6 +62,8 @@ class ContextGraphs:
 
     def replay(self, key: tuple, step) -> torch.Tensor | None:
         """The output of the graph for `key` (captured from `step()` on first use), or None: run eagerly."""
+        if not self.capturing:
+            return None
         if key not in self.graphs:
             captured = self.capture(step, key)
             if captured is None:

@@ -1,0 +1,77 @@
+"""The drafters' CUDA-graph paths end to end on the CPU, capture emulated: a "graph" recomputes its captured step
+into the captured output at each replay. A DFlash and an MTP engine then run their rounds through the static
+buffers, graph keys and output views as on a GPU (dflash_graphs.py, mtp_graphs.py, round_graphs.py), and must
+decode what target-only decodes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.speculative.dflash_graphs import DrafterGraphs
+from onecat.engine.speculative.mtp_graphs import MTPGraphs
+from onecat.engine.speculative.round_graphs import ContextGraphs
+from tests.test_speculative import write_random_dflash
+from tests.tiny_models import make_tiny_model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+PROMPTS = [[5, 9, 3, 7, 5, 9, 3], [1, 2, 3, 4, 1, 2, 3, 4, 1], [8, 8, 8]]
+
+
+class _Replayed:
+    def __init__(self, step, out: torch.Tensor):
+        self.step, self.out = step, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.step())
+
+
+@pytest.fixture
+def emulated_capture(monkeypatch):
+    def capture(self, step, label):
+        out = step()
+        return _Replayed(step, out), out
+
+    monkeypatch.setattr(ContextGraphs, "capture", capture)
+
+
+def _with_graphs(graphs):
+    graphs.capturing = True  # as on a GPU
+    return graphs
+
+
+def test_dflash_rounds_through_the_graph_buffers_decode_as_target_only(tmp_path, emulated_capture):
+    target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
+    drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
+    with LLM(str(target), max_model_len=128) as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
+    with LLM(str(target), max_model_len=128, speculative_config=spec) as llm:
+        proposer = llm.engine.proposer.proposer
+        proposer.graphs = _with_graphs(DrafterGraphs(proposer.drafter, proposer.embed, proposer.cache,
+                                                     torch.device("cpu")))
+        outs = llm.generate(PROMPTS, GREEDY)
+        report = proposer.graphs.report()
+    assert [o.token_ids for o in outs] == want
+    assert report["disabled_reason"] is None and report["replays"] > 0 and report["flush_replays"] > 0
+    assert any(rows > len(PROMPTS) for rows, _ in report["captured"])  # three requests padded to a bucket of four
+
+
+def test_greedy_mtp_rounds_through_the_graph_buffers_decode_as_target_only(emulated_capture):
+    path = str(Path(__file__).parent / "data" / "tiny-qwen35")  # carries an MTP head
+    settings = dict(max_model_len=128, max_num_seqs=4)
+    with LLM(path, **settings) as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
+    spec = {"method": "mtp", "num_speculative_tokens": 3, "disable_when_slower": False}
+    with LLM(path, speculative_config=spec, **settings) as llm:
+        proposer = llm.engine.proposer.proposer
+        proposer.graphs = _with_graphs(MTPGraphs(proposer.head, proposer.embed, proposer.lm_head, proposer.cache,
+                                                 2 * llm.model_config.hidden_size, torch.device("cpu")))
+        outs = llm.generate(PROMPTS, GREEDY)
+        report = proposer.graphs.report()
+        described = llm.info()["speculative"]
+    assert [o.token_ids for o in outs] == want
+    assert report["disabled_reason"] is None and report["replays"] > 0
+    assert described["cuda_graphs"] and described["cuda_graph_replays"] == report["replays"]
