@@ -18,11 +18,11 @@ each step's argmax is far ahead of the next logit and no summation order changes
 
 Arms per batch size (1, 4, 8; 256 prompt tokens, 256 new, CUDA graphs on, the gate off so every step
 drafts): target-only (with the engine's default one-step-ahead decode pipeline, async_scheduling, which hides
-its host time; speculative rounds cannot use it); n-gram-shaped at acceptance 2, 3, 4.25, 6.55 and k + 1; DFlash-shaped at 2, 3, 4.25,
-6.55 and k + 1; the real n-gram method (k = 3 and 7, the gate on) on the random target's own output; and
-a proposer that never finds a draft (the gate on), whose cost against target-only is the overhead of a
-speculative engine with nothing to draft. Per arm: tok/s, the ratio to target-only in the same run, the
-measured acceptance length, speedup / acceptance length, and the round's cost in target steps.
+its host time; speculative rounds cannot use it); n-gram-shaped at acceptance 2, 3, 4.25, 6.55 and k + 1;
+DFlash-shaped at 2, 3, 4.25, 6.55 and k + 1; the real n-gram method (k = 3 and 7, the gate on) on the random
+target's own output; and a proposer that never finds a draft (the gate on), whose cost against target-only is
+the overhead of a speculative engine with nothing to draft. Per arm: tok/s, the ratio to target-only in the
+same run, the measured acceptance length, speedup / acceptance length, and the round's cost in target steps.
 
     python benchmarks/speculative_gpu_rounds.py                      # H200: writes the record
     python benchmarks/speculative_gpu_rounds.py --shape tiny-llama --device cpu --batch-sizes 1 --max-tokens 24 \\

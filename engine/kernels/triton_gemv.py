@@ -148,22 +148,16 @@ def default_config(n: int, k: int, norm: bool = False) -> tuple[int, int, int]:
     return max(2, min(16, 4096 // block_k)) * (2 if norm else 1), block_k, 4
 
 
-def operands_unsupported_reason(x: torch.Tensor, weight: torch.Tensor, min_rows: int, max_rows: int,
-                                max_k: int) -> str | None:
-    """Why a row-streaming kernel (this GEMV) cannot take x @ weight.T (None: it can):
-    contiguous fp16/bf16 CUDA operands of one dtype, min_rows..max_rows input rows, at most max_k features."""
+def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why this GEMV cannot take the call (None: it can). Contiguous fp16/bf16 CUDA inputs of at most
+    MAX_ROWS rows."""
     if not x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
         return "CUDA float16/bfloat16 input and weight of one dtype required"
-    if not x.is_contiguous() or not min_rows * x.shape[-1] <= x.numel() <= max_rows * x.shape[-1]:
-        return f"contiguous input of {min_rows}..{max_rows} rows"
-    if not weight.is_contiguous() or weight.shape[1] > max_k:
-        return f"contiguous weight with at most {max_k} input features"
+    if not x.is_contiguous() or x.numel() > MAX_ROWS * x.shape[-1]:
+        return f"contiguous input of at most {MAX_ROWS} rows"
+    if not weight.is_contiguous() or weight.shape[1] > MAX_K:
+        return f"contiguous weight with at most {MAX_K} input features"
     return None
-
-
-def gemv_unsupported_reason(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why this GEMV cannot take the call (None: it can): 1..MAX_ROWS rows."""
-    return operands_unsupported_reason(x, weight, 1, MAX_ROWS, MAX_K)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

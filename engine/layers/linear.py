@@ -1,7 +1,8 @@
 """nn.Linear with a batch-1 decode path: a single row on CUDA (fused kernels on) goes through the
 bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM (so do the rows of a
 step whose forward context allows more: the GEMV computes each row as if alone, so a batch-1 verify
-step's rows equal batch-1 decode bit for bit); float32 on CPU goes through the batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
+step's rows equal batch-1 decode bit for bit); float32 on CPU goes through the batch-invariant matmul of
+batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
 gate/up projection, the SiLU*mul after it) into that GEMV, or into the packed layers' CUDA GEMV

@@ -37,6 +37,7 @@ from onecat.engine.model_source import resolve_model_source
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
+from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.transfers import to_device
 
 
@@ -289,10 +290,8 @@ class DFlashProposer(Proposer):
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
         self.graphs, self.graphs_off_reason = None, None
         if graphs_wanted(device, getattr(target.cfg, "cuda_graph", "off") == "full"):
-            try:
-                self.graphs = DrafterGraphs(self.drafter, self.embed, self.cache, device)
-            except torch.OutOfMemoryError as exc:  # its static context buffer did not fit: draft eagerly
-                self.graphs_off_reason = f"no memory for the drafter graphs' context buffer ({exc})".split("\n")[0]
+            self.graphs, self.graphs_off_reason = open_graphs(
+                lambda: DrafterGraphs(self.drafter, self.embed, self.cache, device), "the drafter graphs'")
 
     @property
     def drafts_on_device(self) -> bool:
@@ -361,12 +360,6 @@ class DFlashProposer(Proposer):
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
                 "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
-                "sliding_window": self.drafter.sliding_window, "cuda_graphs": self.graphs is not None,
-                **self._graphs_report(), "dtype": str(self.dtype).removeprefix("torch.")}
-
-    def _graphs_report(self) -> dict:
-        """The drafter graphs' replays, or why they are off (no room for their buffer, a failed capture)."""
-        reason = self.graphs_off_reason or (self.graphs.disabled_reason if self.graphs is not None else None)
-        out = {"cuda_graph_replays": self.graphs.replays, "cuda_graph_context_projections": self.graphs.flush_replays} \
-            if self.graphs is not None else {}
-        return {**out, "cuda_graphs_off_reason": reason} if reason else out
+                "sliding_window": self.drafter.sliding_window, **describe_graphs(self.graphs, self.graphs_off_reason),
+                **({"cuda_graph_context_projections": self.graphs.flush_replays} if self.graphs is not None else {}),
+                "dtype": str(self.dtype).removeprefix("torch.")}

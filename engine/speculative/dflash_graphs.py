@@ -54,18 +54,14 @@ class DrafterGraphs(ContextGraphs):
         view of the graph's output (valid until its next replay), or None: project eagerly."""
         n = feats.shape[0]
         size = next((s for s in FLUSH_SIZES if s >= n), None)
-        if size is None or self.disabled_reason is not None or not self.capturing:
+        if size is None or not self.capturing:
             return None
-        if size not in self.flush_graphs:
-            captured = self.capture(lambda: project_rows(self.drafter, self.feats[:size], self.feat_pos[:size]),
-                                    f"the context projection of {size} rows")
-            if captured is None:
-                return None
-            self.flush_graphs[size] = captured
         self.feats[:n].copy_(feats)
         self.feat_pos[:n].copy_(pos)
-        graph, out = self.flush_graphs[size]
-        graph.replay()
+        out = self.replay_in(self.flush_graphs, size,
+                             lambda: project_rows(self.drafter, self.feats[:size], self.feat_pos[:size]))
+        if out is None:
+            return None
         self.flush_replays += 1
         return out[:, :, :n]
 

@@ -22,6 +22,7 @@ from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidd
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.mtp_graphs import MTPGraphs
 from onecat.engine.speculative.mtp_weights import load_mtp_head
+from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.transfers import to_device
 
 
@@ -42,11 +43,9 @@ class MTPProposer(Proposer):
         self.target = target
         self.graphs, self.graphs_off_reason = None, None
         if target.device.type == "cuda" and getattr(target.cfg, "cuda_graph", "off") == "full":
-            try:
-                self.graphs = MTPGraphs(self.head, self.embed, self.lm_head, self.cache, 2 * cfg.hidden_size,
-                                        target.device)
-            except torch.OutOfMemoryError as exc:  # its static context buffer did not fit: draft eagerly
-                self.graphs_off_reason = f"no memory for the MTP graphs' context buffer ({exc})".split("\n")[0]
+            self.graphs, self.graphs_off_reason = open_graphs(
+                lambda: MTPGraphs(self.head, self.embed, self.lm_head, self.cache, 2 * cfg.hidden_size, target.device),
+                "the MTP graphs'")
         self.newest: dict[str, tuple[int, torch.Tensor]] = {}  # request -> (its newest kept position, its features)
 
     @torch.inference_mode()
@@ -101,7 +100,7 @@ class MTPProposer(Proposer):
             layer_kv, ctx_len = self.cache.gather(request_ids)
             (k_ctx, v_ctx), = layer_kv
             visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
-            picked = to_device(sampled, device)  # the sampled rows as a device index (a list index copies synchronously)
+            picked = to_device(sampled, device)  # the sampled rows as a device index (a list index copies in sync)
 
             def pick(logits: torch.Tensor) -> torch.Tensor:
                 token = logits.argmax(dim=-1)
@@ -123,11 +122,6 @@ class MTPProposer(Proposer):
         self.newest.pop(seq.request_id, None)
 
     def describe(self) -> dict:
-        graphs = {"cuda_graphs": self.graphs is not None}
-        if self.graphs is not None:
-            graphs["cuda_graph_replays"] = self.graphs.replays
-        reason = self.graphs_off_reason or (self.graphs.disabled_reason if self.graphs is not None else None)
-        if reason:
-            graphs["cuda_graphs_off_reason"] = reason
         return {"method": self.name, "num_speculative_tokens": self.k, "proposer": "the checkpoint's mtp.* head",
-                "hidden_state_of_layer": self.tap.aux_layer_ids[0], **graphs}
+                "hidden_state_of_layer": self.tap.aux_layer_ids[0],
+                **describe_graphs(self.graphs, self.graphs_off_reason)}

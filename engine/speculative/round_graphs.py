@@ -21,6 +21,26 @@ ROW_SIZES = (1, 2, 4, 8, 16)
 MIN_CONTEXT_BUCKET = 256
 
 
+def open_graphs(make, what: str):
+    """(graphs, None) from `make()`, or (None, why) when their static buffers do not fit in device memory: the
+    drafter then drafts eagerly and says why."""
+    try:
+        return make(), None
+    except torch.OutOfMemoryError as exc:
+        return None, f"no memory for {what} context buffer ({exc})".split("\n")[0]
+
+
+def describe_graphs(graphs: ContextGraphs | None, off_reason: str | None) -> dict:
+    """A drafter's `describe()` entries for its graphs: on or not, their replays, why they are off."""
+    out: dict = {"cuda_graphs": graphs is not None}
+    if graphs is not None:
+        out["cuda_graph_replays"] = graphs.replays
+    reason = off_reason or (graphs.disabled_reason if graphs is not None else None)
+    if reason:
+        out["cuda_graphs_off_reason"] = reason
+    return out
+
+
 class ContextGraphs:
     def __init__(self, cache, device: torch.device, window: int | None):
         self.cache, self.device = cache, device
@@ -61,17 +81,23 @@ class ContextGraphs:
         return [(kv[layer, 0], kv[layer, 1]) for layer in range(kv.shape[0])]
 
     def replay(self, key: tuple, step) -> torch.Tensor | None:
-        """The output of the graph for `key` (captured from `step()` on first use), or None: run eagerly."""
-        if not self.capturing:
+        """The output of the round's graph for `key` (captured from `step()` on first use), or None: run eagerly."""
+        out = self.replay_in(self.graphs, key, step)
+        if out is not None:
+            self.replays += 1
+        return out
+
+    def replay_in(self, graphs: dict, key, step) -> torch.Tensor | None:
+        """Replay the graph `graphs[key]`, capturing it from `step()` first if needed; its output, or None."""
+        if not self.capturing or self.disabled_reason is not None:
             return None
-        if key not in self.graphs:
+        if key not in graphs:
             captured = self.capture(step, key)
             if captured is None:
                 return None
-            self.graphs[key] = captured
-        graph, out = self.graphs[key]
+            graphs[key] = captured
+        graph, out = graphs[key]
         graph.replay()
-        self.replays += 1
         return out
 
     def capture(self, step, label) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:

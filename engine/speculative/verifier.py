@@ -108,7 +108,7 @@ def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
     accepted = _accepted_prefix((q_draft > 0) & (u * q_draft < p_draft) & real)  # u < p/q without dividing
 
     p_next = p[starts + accepted]  # [B, V]: the target's distribution after the accepted prefix
-    rejected = accepted < to_device(lens, device)
+    rejected = accepted < real.sum(dim=1)
     d_rejected = drafts.gather(1, accepted.clamp_max(k - 1).unsqueeze(1))  # the rejected draft token
     residual = p_next.scatter(1, d_rejected, 0.0)  # point-mass q: p without the rejected token
     with_q = [i for i, b in enumerate(blocks) if b.probs is not None]
