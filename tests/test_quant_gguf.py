@@ -104,21 +104,76 @@ def test_harness_preflight_names_an_unsupported_quantization():
     assert OnecatEngine.check(arm("gguf")) == []
 
 
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
-    """From DENSE_FROM_ROWS rows on, the layer runs fixed-size bf16 GEMM blocks: a row's bits are the same
-    whatever its step's row count and its offset in it."""
-    from onecat.engine.quant.int4.linear import DENSE_BLOCK_ROWS, DENSE_FROM_ROWS
+def _q4_1_layer(seed: int = 2) -> Int4PackedLinear:
+    w = np.random.default_rng(seed).standard_normal((96, 256)).astype(np.float32)
+    return Int4PackedLinear(QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1),
+                                                      w.shape).terms, None)
 
-    rng = np.random.default_rng(2)
-    w = rng.standard_normal((96, 256)).astype(np.float32)
-    layer = Int4PackedLinear(QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1),
-                                                       w.shape).terms, None)
-    pool = torch.randn(80, 256)
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """From DENSE_FROM_ROWS rows on, the layer runs fixed-size bf16 GEMM blocks (LARGE_BLOCK_ROWS ones too,
+    where this CPU gives them the same bits): a row's bits are the same whatever its step's row count and its
+    offset in it."""
+    from onecat.engine.quant.int4.linear import DENSE_BLOCK_ROWS, DENSE_FROM_ROWS, LARGE_BLOCK_ROWS
+
+    layer = _q4_1_layer()
+    pool = torch.randn(LARGE_BLOCK_ROWS + 44, 256)
     probe = pool[7]
     results = []
-    for rows in (DENSE_FROM_ROWS, DENSE_FROM_ROWS + 1, DENSE_BLOCK_ROWS * 2 + 3, 80):
+    for rows in (DENSE_FROM_ROWS, DENSE_FROM_ROWS + 1, DENSE_BLOCK_ROWS * 2 + 3, 80, LARGE_BLOCK_ROWS,
+                 LARGE_BLOCK_ROWS + 44):
         for at in (0, rows // 2, rows - 1):
             x = pool[:rows].clone()
             x[at] = probe
             results.append(layer(x)[at])
     assert all(torch.equal(r, results[0]) for r in results)
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_large_gemm_calls_only_where_they_give_the_small_calls_bits(monkeypatch, agree):
+    """Many-row steps take LARGE_BLOCK_ROWS rows a call only when the load-time check found those calls give
+    the same bits as 16-row ones; otherwise every call keeps exactly DENSE_BLOCK_ROWS rows."""
+    from onecat.engine.kernels import onednn
+    from onecat.engine.quant.int4 import linear
+
+    if not onednn.available():
+        pytest.skip("torch has no oneDNN linear here")
+    monkeypatch.setattr(linear, "_large_blocks_agree", {})
+    monkeypatch.setattr(onednn, "row_count_invariant", lambda *a: agree)
+    layer = _q4_1_layer()
+    calls = []
+    real = onednn.onednn_matmul
+    monkeypatch.setattr(onednn, "onednn_matmul", lambda rows, w: calls.append(rows.shape[0]) or real(rows, w))
+    x = torch.randn(linear.LARGE_BLOCK_ROWS * 2 + 20, 256)
+    y = layer(x)
+    expected = [linear.LARGE_BLOCK_ROWS] * 2 + [16, 16] if agree else [16] * (x.shape[0] // 16 + 1)
+    assert calls == expected
+    assert torch.equal(y[-20:], layer(x[-20:]))  # the tail's rows: the same bits as alone
+
+
+def test_the_row_count_check_tells_kernels_apart():
+    """row_count_invariant says yes when a large call computes each row as a small call does, and no when
+    the large call sums K in another order (which shows in the bf16 outputs only where a sum sits near a
+    rounding boundary: ~2e-4 of them at K = 512, so the check takes 256 x 256 outputs)."""
+    import unittest.mock as mock
+
+    from onecat.engine.kernels import onednn
+
+    if not onednn.available():
+        pytest.skip("torch has no oneDNN linear here")
+    w = torch.randn(256, 512).to(torch.bfloat16)
+    blocked = onednn.onednn_blocked(w)
+    real = onednn.onednn_matmul
+    order = torch.randperm(512, generator=torch.Generator().manual_seed(1))
+    reordered_weight = onednn.onednn_blocked(w[:, order])
+
+    def row_by_row(rows, b):  # every call computes its rows 16 at a time: the same bits at any count
+        return torch.cat([real(rows[i:i + 16], b) for i in range(0, rows.shape[0], 16)])
+
+    def reordered(rows, b):  # a large call that walks K in another order
+        return real(rows, b) if rows.shape[0] <= 16 else real(rows[:, order].contiguous(), reordered_weight)
+
+    with mock.patch.object(onednn, "onednn_matmul", row_by_row):
+        assert onednn.row_count_invariant(blocked, 512, 256, 16)
+    with mock.patch.object(onednn, "onednn_matmul", reordered):
+        assert not onednn.row_count_invariant(blocked, 512, 256, 16)
