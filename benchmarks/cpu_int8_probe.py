@@ -118,6 +118,7 @@ def perplexity(mode: str, text: str, segments: int, segment_len: int) -> float:
 
     if mode != "engine":
         linear.Int4PackedLinear._dense_blocks = rounded
+    os.environ["ONECAT_CPU_INT8_MATMUL"] = "0"  # every arm on the bf16 GEMM path this probe rounds the inputs of
     try:
         with LLM(EMBEDDED, quantization="gguf", device="cpu", dtype="float32", max_model_len=1024,
                  enable_prefix_caching=False) as llm:

@@ -110,12 +110,14 @@ def _q4_1_layer(seed: int = 2) -> Int4PackedLinear:
                                                       w.shape).terms, None)
 
 
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(monkeypatch):
     """From DENSE_FROM_ROWS rows on, the layer runs fixed-size bf16 GEMM blocks (LARGE_BLOCK_ROWS ones too,
     where this CPU gives them the same bits): a row's bits are the same whatever its step's row count and its
     offset in it."""
+    from onecat.engine.quant.int4 import int8_matmul
     from onecat.engine.quant.int4.linear import DENSE_BLOCK_ROWS, DENSE_FROM_ROWS, LARGE_BLOCK_ROWS
 
+    monkeypatch.setenv(int8_matmul.ENV, "0")  # the bf16 GEMM path (tests/test_int8_matmul.py: the other)
     layer = _q4_1_layer()
     pool = torch.randn(LARGE_BLOCK_ROWS + 44, 256)
     probe = pool[7]
@@ -134,10 +136,11 @@ def test_large_gemm_calls_only_where_they_give_the_small_calls_bits(monkeypatch,
     """Many-row steps take LARGE_BLOCK_ROWS rows a call only when the load-time check found those calls give
     the same bits as 16-row ones; otherwise every call keeps exactly DENSE_BLOCK_ROWS rows."""
     from onecat.engine.kernels import onednn
-    from onecat.engine.quant.int4 import linear
+    from onecat.engine.quant.int4 import int8_matmul, linear
 
     if not onednn.available():
         pytest.skip("torch has no oneDNN linear here")
+    monkeypatch.setenv(int8_matmul.ENV, "0")
     monkeypatch.setattr(linear, "_large_blocks_agree", {})
     monkeypatch.setattr(onednn, "row_count_invariant", lambda *a: agree)
     layer = _q4_1_layer()

@@ -1,5 +1,6 @@
 """The C++ CPU ops (csrc/cpu/): fused row-wise ops of the float32 decoder layer, the paged attention
-(engine/attention/cpu_paged.py) and the one-call decode step; built on first use.
+(engine/attention/cpu_paged.py), the one-call decode step and the packed layers' int8 many-row matmul
+(engine/quant/int4/int8_matmul.py); built on first use.
 
 In eager torch a decode step's small ops (residual add + RMSNorm, RoPE, the K/V cache write, SiLU * up)
 are ~25 calls per layer whose fixed cost, not their arithmetic, dominates a CPU step at small batches.
@@ -22,7 +23,8 @@ import torch
 from onecat.engine.kernels.cache import cache_root
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
-SOURCES = (SOURCE_DIR / "fused_ops.cpp", SOURCE_DIR / "paged_attention.cpp", SOURCE_DIR / "decode_layers.cpp")
+SOURCES = (SOURCE_DIR / "fused_ops.cpp", SOURCE_DIR / "paged_attention.cpp", SOURCE_DIR / "decode_layers.cpp",
+           SOURCE_DIR / "int8_matmul.cpp")
 _FLAGS = ["-O3", "-ffp-contract=off"]  # no fused multiply-adds: products and sums round as in the torch ops
 _lock = threading.Lock()
 _state: dict = {}  # "ops": torch.ops.onecat_cpu once loaded, or "failure": why it cannot be

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from onecat.engine.quant.int4.layout import QuantizedWeight
-from onecat.engine.quant.int4.linear import DENSE_FROM_ROWS, Int4PackedLinear
+from onecat.engine.quant.int4.linear import Int4PackedLinear
 
 class WeightPacker:
     def __init__(self) -> None:
@@ -60,5 +60,5 @@ class WeightPacker:
         self.blocks.clear()
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
         return {"method": "gguf", "kernel": Int4PackedLinear.kernel, "packed_linears": packed,
-                "large_batch_path": f"bf16 GEMM on a dequantized copy from {DENSE_FROM_ROWS} rows on",
+                "large_batch_path": Int4PackedLinear.large_batch_path(),
                 "dense_linears": dense}

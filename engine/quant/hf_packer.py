@@ -215,11 +215,11 @@ class W4A16Packer:
                     f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
                     "dense_linears": dense}
         if next(model.parameters()).device.type == "cpu" and CPU_INT4_KERNEL:
-            from onecat.engine.quant.int4.linear import DENSE_FROM_ROWS, Int4PackedLinear
+            from onecat.engine.quant.int4.linear import Int4PackedLinear
 
             return {"method": "w4a16", "source": source, "packed_linears": replaced, "kernel":
                     Int4PackedLinear.kernel + "; scales rounded to bfloat16", "large_batch_path":
-                    f"bf16 GEMM on a dequantized copy from {DENSE_FROM_ROWS} rows on", "kept_dense": kept_dense,
+                    Int4PackedLinear.large_batch_path(), "kept_dense": kept_dense,
                     "dense_linears": dense}
         return {"method": "w4a16", "source": source, "packed_linears": replaced,
                 "kernel": gemv, "large_batch_path":

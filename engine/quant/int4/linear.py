@@ -17,6 +17,9 @@ kernel's own weights ((q - 8) * scale + zero with its bf16 scale and zero) round
 bytes per weight next to the packed ~0.6. Where torch has oneDNN, the copy is held in oneDNN's blocked
 layout (packed once at load, as torch.compile's freezing does): F.linear would reorder it on every call,
 which at 16 rows cost ~40% of the GEMM (measured, same CPU; the results are the same to the bit).
+Where the CPU has AVX512-VNNI, one-term layers run those rows on int8 dot products over the codes instead
+(int8_matmul.py: no dense copy, activations rounded to int8 per 32-value block, row-independent by
+construction).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from torch import nn
 
 from onecat.engine.attention.forward_context import decode_step_sequences
 from onecat.engine.kernels import onednn
+from onecat.engine.quant.int4 import int8_matmul
 from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
 
 _KERNEL_DTYPE = torch.bfloat16
@@ -62,7 +66,7 @@ def _onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
 
 class Int4PackedLinear(nn.Module):
     kernel = "aten._weight_int4pack_mm_for_cpu (4-bit, group 32, bf16 activations)"
-    input_dtype = _KERNEL_DTYPE  # what the kernel reads: a producer that can write it directly saves a cast
+    input_dtype = _KERNEL_DTYPE  # what the kernels read best: a producer that can write it directly saves a cast
 
     def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -78,11 +82,22 @@ class Int4PackedLinear(nn.Module):
             scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
             self.register_buffer(f"packed{i}", packed)
             self.register_buffer(f"scale_zero{i}", scale_zero.to(_KERNEL_DTYPE))  # [K/32, N, 2]
-        dense = self._dequantized(terms).to(_KERNEL_DTYPE)  # for DENSE_FROM_ROWS+ rows
-        self.dense_blocked = _onednn_blocked(dense)  # None: plain F.linear on the row-major copy
-        if self.dense_blocked is None:
-            self.register_buffer("dense", dense)
-        self.large_block_rows = LARGE_BLOCK_ROWS if self._large_blocks_agree(dense.shape) else None
+        # DENSE_FROM_ROWS+ rows: int8 dot products on the codes where they run (int8_matmul.py), else a bf16
+        # GEMM on a dequantized copy
+        self.int8 = (int8_matmul.Int8MatmulWeights(terms[0]) if len(terms) == 1
+                     and int8_matmul.unavailable_reason() is None else None)
+        # what the layer's inputs should come as: the int8 path rounds float32 rows to int8 more closely than
+        # bf16 ones (WikiText-2, the embedded model: +0.36-0.49% perplexity against +0.40-0.84%); the 4-bit
+        # kernel casts them to bf16 itself
+        self.input_dtype = torch.float32 if self.int8 is not None else _KERNEL_DTYPE
+        self.dense_blocked = None
+        self.large_block_rows = None
+        if self.int8 is None:
+            dense = self._dequantized(terms).to(_KERNEL_DTYPE)
+            self.dense_blocked = _onednn_blocked(dense)  # None: plain F.linear on the row-major copy
+            if self.dense_blocked is None:
+                self.register_buffer("dense", dense)
+            self.large_block_rows = LARGE_BLOCK_ROWS if self._large_blocks_agree(dense.shape) else None
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @staticmethod
@@ -101,9 +116,12 @@ class Int4PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).to(_KERNEL_DTYPE)
+        x2 = x.reshape(-1, self.in_features)
         rows = x2.shape[0]  # a step's sequences are never more than its rows: ask only when the rows are many
         dense = rows >= DENSE_FROM_ROWS and (decode_step_sequences() or rows) >= DENSE_FROM_ROWS
+        if dense and self.int8 is not None:
+            return self._finish(self.int8(x2), lead)
+        x2 = x2.to(_KERNEL_DTYPE)
         if dense and self.dense_blocked is not None:
             y = self._dense_blocks(x2)
         elif dense:
@@ -114,6 +132,9 @@ class Int4PackedLinear(nn.Module):
                 y = y.float() + self._term(x2, i)  # sum the terms in fp32
         if y.shape[1] != self.out_features:  # drop the padding rows
             y = y[:, : self.out_features]
+        return self._finish(y, lead)
+
+    def _finish(self, y: torch.Tensor, lead: torch.Size) -> torch.Tensor:
         if not self.keep_kernel_output:
             y = y.to(self.dtype)
         if self.bias is not None:
@@ -146,6 +167,16 @@ class Int4PackedLinear(nn.Module):
 
     def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
         return _int4_mm(x2, self._buffers[f"packed{i}"], GROUP, self._buffers[f"scale_zero{i}"])
+
+    @staticmethod
+    def large_batch_path() -> str:
+        """What DENSE_FROM_ROWS+ rows run on here (engine info)."""
+        bf16 = f"bf16 GEMM on a dequantized copy from {DENSE_FROM_ROWS} rows on"
+        why_not = int8_matmul.unavailable_reason()
+        if why_not is not None:
+            return f"{bf16} (int8 dot products off: {why_not})"
+        return (f"int8 dot products on the 4-bit codes (AVX512-VNNI, activations rounded to int8 per "
+                f"{GROUP}-value block) from {DENSE_FROM_ROWS} rows on; two-term (Q8_0) layers: {bf16}")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

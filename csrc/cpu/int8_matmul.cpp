@@ -1,0 +1,182 @@
+// Many-row matmuls of the packed 4-bit layers on int8 dot products (AVX512-VNNI), as llama.cpp multiplies
+// its 4-bit blocks by 8-bit activation blocks.
+//
+// The weights are the layer's own: per 32-value block of K, 4-bit codes q in [0, 15] with a float scale s
+// and offset c (w = s * q + c, engine/quant/int4/layout.py). Each row of activations is rounded to int8 per
+// 32-value block (d = max|a| / 127, a ~ d * qa, ties to even), so
+//   sum_k w_k a_k ~ sum_blocks [ s * d * sum(q * qa) + c * d * sum(qa) ],
+// the inner sums exact in int32 (VPDPBUSD: unsigned codes x signed activations), the outer ones float
+// fused multiply-adds over blocks in one fixed order. A row's result depends only on that row: not on the
+// row count, the other rows or the thread that computes it (batch-invariant by construction).
+//
+// Layout (engine/quant/int4/int8_matmul.py packs it once at load): output columns in tiles of 16 (one int32
+// lane per column); codes [tiles][K / 4][16 columns][4 values], scales and offsets [tiles][K / 32][16].
+// Built on x86-64 only; elsewhere, and on CPUs without AVX512-VNNI, int8_matmul_supported() is false.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ONECAT_VNNI 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kGroup = 32, kTile = 16, kRowGroup = 8, kRowChunk = 128;
+
+#ifdef ONECAT_VNNI
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+template <typename T>  // 16 floats from float32 or bfloat16 (the upper half of a float: widened exactly)
+VNNI_TARGET inline __m512 load16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(p);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// One row rounded to int8 per 32-value block: qa (4 per int32 word, as VPDPBUSD broadcasts them), each
+// block's scale d and d * sum(qa).
+template <typename T>
+VNNI_TARGET void quantize_row(const T* a, int64_t k, int32_t* words, float* scale, float* total) {
+  for (int64_t b = 0; b < k / kGroup; ++b) {
+    const __m512 x0 = load16(a + b * kGroup), x1 = load16(a + b * kGroup + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));  // to nearest, ties to even
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(words + b * 8), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(words + b * 8 + 4), _mm512_cvtsepi32_epi8(q1));
+    scale[b] = amax / 127.0f;
+    total[b] = scale[b] * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+  }
+}
+
+// out[r][one tile's 16 columns] for R rows: per block, R x 8 VPDPBUSD into int32 lanes, then each lane's
+// float sum += int * (s * d) + c * (d * sum qa).
+template <int R>
+VNNI_TARGET void tile_rows(int64_t blocks, const uint8_t* codes, const float* scales, const float* offsets,
+                           const int32_t* words, const float* d, const float* total, float* out, int64_t out_stride,
+                           int64_t columns) {
+  const int64_t row_words = blocks * 8;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i dots[R];
+    for (int r = 0; r < R; ++r) dots[r] = _mm512_setzero_si512();
+    for (int64_t quad = 0; quad < 8; ++quad) {
+      const __m512i w = _mm512_loadu_si512(codes + (b * 8 + quad) * 64);
+      for (int r = 0; r < R; ++r)
+        dots[r] = _mm512_dpbusd_epi32(dots[r], w, _mm512_set1_epi32(words[r * row_words + b * 8 + quad]));
+    }
+    const __m512 s = _mm512_loadu_ps(scales + b * kTile), c = _mm512_loadu_ps(offsets + b * kTile);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(s, _mm512_set1_ps(d[r * blocks + b])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(total[r * blocks + b]), acc[r]);
+    }
+  }
+  const __mmask16 mask = columns >= kTile ? __mmask16(0xFFFF) : __mmask16((1u << columns) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride, mask, acc[r]);
+}
+
+using TileRows = void (*)(int64_t, const uint8_t*, const float*, const float*, const int32_t*, const float*,
+                          const float*, float*, int64_t, int64_t);
+constexpr TileRows kTileRows[kRowGroup + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
+                                               tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+
+void matmul(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets, int64_t tiles,
+            float* out, int64_t n) {
+  const int64_t m = x.size(0), k = x.size(1), blocks = k / kGroup;
+  const int64_t chunk = std::min(m, kRowChunk);
+  std::vector<int32_t> words(chunk * (k / 4));
+  std::vector<float> d(chunk * blocks), total(chunk * blocks);
+  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {  // a chunk of rows at a time: its int8 rows stay in cache
+    const int64_t rows = std::min(kRowChunk, m - r0);
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        int32_t* w = words.data() + r * (k / 4);
+        if (x.scalar_type() == at::kFloat)
+          quantize_row(x.data_ptr<float>() + (r0 + r) * k, k, w, d.data() + r * blocks, total.data() + r * blocks);
+        else
+          quantize_row(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + (r0 + r) * k, k, w,
+                       d.data() + r * blocks, total.data() + r * blocks);
+      }
+    });
+    const int64_t tile_work = rows * k * kTile;  // multiply-adds of one tile
+    at::parallel_for(0, tiles, std::max<int64_t>(1, (1 << 18) / tile_work), [&](int64_t begin, int64_t end) {
+      for (int64_t tile = begin; tile < end; ++tile) {
+        const int64_t columns = std::min(kTile, n - tile * kTile);
+        for (int64_t g = 0; g < rows; g += kRowGroup) {
+          kTileRows[std::min(kRowGroup, rows - g)](
+              blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
+              words.data() + g * (k / 4), d.data() + g * blocks, total.data() + g * blocks,
+              out + (r0 + g) * n + tile * kTile, n, columns);
+        }
+      }
+    });
+  }
+}
+#endif  // ONECAT_VNNI
+
+}  // namespace
+
+namespace onecat_cpu {
+
+bool int8_matmul_supported() {
+#ifdef ONECAT_VNNI
+  static const bool has = cpu_has_vnni();
+  return has;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] float32 or bfloat16; codes uint8 [tiles, K / 4, 64]; scales, offsets float32 [tiles, K / 32, 16];
+// n: the output columns (<= tiles * 16). Returns float32 [M, n].
+at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                       const at::Tensor& offsets, int64_t n) {
+  TORCH_CHECK(int8_matmul_supported(), "int8_matmul needs an x86-64 CPU with AVX512-VNNI");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "x must be a contiguous float32 or bfloat16 CPU matrix");
+  const int64_t k = x.size(1);
+  TORCH_CHECK(k % kGroup == 0, "K must be a multiple of ", kGroup);
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
+                  codes.size(1) == k / 4 && codes.size(2) == 64, "codes must be uint8 [tiles, K / 4, 64]");
+  const int64_t tiles = codes.size(0);
+  for (const at::Tensor* t : {&scales, &offsets})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == tiles &&
+                    t->size(1) == k / kGroup && t->size(2) == kTile,
+                "scales and offsets must be float32 [tiles, K / 32, 16]");
+  TORCH_CHECK(n > 0 && n <= tiles * kTile, "n must be within the packed columns");
+  at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
+#ifdef ONECAT_VNNI
+  if (x.size(0) > 0)
+    matmul(x, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), tiles,
+           out.data_ptr<float>(), n);
+#endif
+  return out;
+}
+
+}  // namespace onecat_cpu
+
+TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
+  m.def("int8_matmul_supported() -> bool", &onecat_cpu::int8_matmul_supported);
+  m.def("int8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int n) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("int8_matmul", &onecat_cpu::int8_matmul); }

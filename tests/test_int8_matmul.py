@@ -1,0 +1,90 @@
+"""The packed layers' int8 many-row matmul (csrc/cpu/int8_matmul.cpp): exact against an integer reference,
+row-independent, and the layer's path where it runs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from onecat.engine.quant import QuantizedWeight
+from onecat.engine.quant.int4 import int8_matmul
+from onecat.engine.quant.int4.layout import Int4Blocks
+from onecat.engine.quant.int4.linear import DENSE_FROM_ROWS, Int4PackedLinear
+
+needs_vnni = pytest.mark.skipif(int8_matmul.unavailable_reason() is not None,
+                                reason=f"int8 matmul unavailable: {int8_matmul.unavailable_reason()}")
+
+
+def reference(x: torch.Tensor, blocks: Int4Blocks) -> torch.Tensor:
+    """The kernel's arithmetic in float64: activations rounded to int8 per 32 values (ties to even), exact
+    integer block sums, bf16-rounded scale and zero."""
+    x = x.float()
+    m, k = x.shape
+    xb = x.view(m, k // 32, 32)
+    amax = xb.abs().amax(2, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    qa = torch.round(xb * inv).clamp(-127, 127).double()
+    d = (amax / 127)[..., 0].double()
+    s = blocks.scale.to(torch.bfloat16).double()
+    c = blocks.zero.to(torch.bfloat16).double() - 8 * s
+    q = blocks.codes.double().view(blocks.shape[0], k // 32, 32)
+    dots = torch.einsum("mbk,nbk->mnb", qa, q)
+    return (dots * s[None] * d[:, None]).sum(2) + (c[None] * (d * qa.sum(2))[:, None]).sum(2)
+
+
+def random_blocks(n: int, k: int, seed: int = 0) -> Int4Blocks:
+    g = torch.Generator().manual_seed(seed)
+    return Int4Blocks(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=g),
+                      torch.rand(n, k // 32, generator=g) * 0.02, torch.randn(n, k // 32, generator=g) * 0.05)
+
+
+@needs_vnni
+@pytest.mark.parametrize("n,k,m", [(40, 64, 3), (96, 576, 16), (576, 1536, 37), (960, 576, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_matmul_matches_its_integer_reference(n, k, m, dtype):
+    blocks = random_blocks(n, k)
+    x = torch.randn(m, k).to(dtype)
+    x[0, :32] = 0  # an all-zero block: scale 0, no division by it
+    y = int8_matmul.Int8MatmulWeights(blocks)(x)
+    ref = reference(x, blocks)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 2e-6
+
+
+@needs_vnni
+def test_a_rows_int8_result_is_the_same_alone_and_in_any_batch():
+    blocks = random_blocks(200, 576, seed=3)
+    weights = int8_matmul.Int8MatmulWeights(blocks)
+    pool = torch.randn(300, 576).to(torch.bfloat16)
+    probe = weights(pool[5:6])[0]
+    for rows, at in ((16, 0), (17, 9), (129, 128), (300, 5)):
+        x = pool[:rows].clone()
+        x[at] = pool[5]
+        assert torch.equal(weights(x)[at], probe)
+
+
+def _q4_1_layer() -> Int4PackedLinear:
+    w = np.random.default_rng(4).standard_normal((96, 256)).astype(np.float32)
+    return Int4PackedLinear(QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1),
+                                                      w.shape).terms, None)
+
+
+@needs_vnni
+def test_the_packed_layer_runs_many_rows_on_int8_and_few_on_the_4bit_kernel():
+    layer = _q4_1_layer()
+    assert layer.int8 is not None and layer.dense_blocked is None  # no bf16 copy kept
+    assert layer.input_dtype == torch.float32  # producers hand it float32 rows to round to int8
+    x = torch.randn(DENSE_FROM_ROWS + 3, 256)
+    assert torch.equal(layer(x), layer.int8(x))
+    few = x[:DENSE_FROM_ROWS - 1]
+    assert not torch.equal(layer(few), layer.int8(few))
+    assert torch.equal(layer(few), layer(few.to(torch.bfloat16)))  # the 4-bit kernel reads bf16
+
+
+def test_the_switch_turns_the_int8_path_off(monkeypatch):
+    monkeypatch.setenv(int8_matmul.ENV, "0")
+    assert int8_matmul.unavailable_reason() == f"{int8_matmul.ENV}=0"
+    layer = _q4_1_layer()
+    assert layer.int8 is None
+    assert "int8 dot products off" in Int4PackedLinear.large_batch_path()
