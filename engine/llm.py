@@ -156,13 +156,18 @@ class LLM:
             "cpu_threads": self.worker.cpu_threads, "cpu_isa": self._cpu_isa() if dev.type == "cpu" else None,
         }
 
-    @staticmethod
-    def _cpu_isa() -> dict:
+    def _cpu_isa(self) -> dict:
         """The CPU instruction sets the computation uses: torch's kernels dispatch on its CPU capability, the
-        C++ CPU ops (engine/kernels/cpu_ops.py) are compiled for theirs."""
+        C++ CPU ops (engine/kernels/cpu_ops.py) are compiled for theirs, and packed 4-bit layers run their
+        many-row steps on AVX512-VNNI where they can (engine/quant/int4/int8_matmul.py)."""
         from onecat.engine.kernels.cpu_ops import vector_isa
 
-        return {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa()}
+        isa = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa()}
+        model = self.worker.model
+        int8 = sum(1 for m in model.modules() if getattr(m, "int8", None) is not None) if model is not None else 0
+        if int8:
+            isa["int8_matmul"] = f"AVX512-VNNI ({int8} packed layers)"
+        return isa
 
     def down_reason(self) -> str | None:
         """Why this engine can no longer run a step (a tensor-parallel rank died, or it was closed); None

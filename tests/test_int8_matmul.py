@@ -88,3 +88,26 @@ def test_the_switch_turns_the_int8_path_off(monkeypatch):
     layer = _q4_1_layer()
     assert layer.int8 is None
     assert "int8 dot products off" in Int4PackedLinear.large_batch_path()
+
+
+@needs_vnni
+def test_the_engine_says_its_packed_layers_run_int8_and_a_prompts_tokens_ignore_its_neighbours():
+    """info() names the path; a prompt's greedy tokens are the same among two different sets of 16 prompts
+    (every step of 16 sequences runs its rows on int8, each row's result independent of the others)."""
+    from conftest import EMBEDDED
+
+    from onecat.engine import LLM, SamplingParams
+    from onecat.reports.compare import _isa_cell
+
+    with LLM(EMBEDDED, device="cpu", quantization="gguf", max_model_len=256, max_num_seqs=16,
+             enable_prefix_caching=False) as llm:
+        info = llm.info()
+        assert info["cpu_isa"]["int8_matmul"].startswith("AVX512-VNNI (")
+        assert "int8 dot products" in info["quantization"]["large_batch_path"]
+        assert "int8 matmul AVX512-VNNI" in _isa_cell(info["cpu_isa"])
+        prompts = [[1000 + (i * 131 + j * 7) % 40000 for j in range(24)] for i in range(32)]
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        first = llm.generate(prompts[:16], params)[3].token_ids
+        others = prompts[16:31]
+        second = llm.generate(others[:9] + [prompts[3]] + others[9:], params)[9].token_ids
+    assert len(first) == 6 and first == second
