@@ -178,8 +178,9 @@ class EngineArgs(BaseModel):
     load_format: Literal["auto", "dummy"] = Field(
         default="auto", description="auto: the checkpoint's weights | dummy: random weights of the checkpoint's "
                                     "shapes (its config and tokenizer only), for speed measurements")
-    kv_cache_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = Field(
-        default="auto", description="auto: the model dtype; fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="auto", description="auto: the model dtype; bfloat16: half the bytes of a float32 model's "
+                                    "(CPU); fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")
     max_model_len: Optional[int] = Field(default=None, ge=1, description="context length; default: the model's")
     max_num_seqs: int = Field(default=64, ge=1, description="sequences decoded together")
     max_num_batched_tokens: int = Field(default=2048, ge=1, description="tokens per engine step (chunked prefill)")

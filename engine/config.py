@@ -140,10 +140,15 @@ def parse_dtype(dtype: str, device: torch.device, checkpoint_dtype: str | None) 
 
 
 def parse_kv_cache_dtype(kv_cache_dtype: str) -> torch.dtype | None:
-    """None means 'same as the model dtype'; otherwise the float8 storage type."""
-    if kv_cache_dtype == "auto":
+    """The float8 storage type, or None for a cache of floats (kv_cache_storage_dtype says which)."""
+    if kv_cache_dtype in ("auto", "bfloat16"):
         return None
     return torch.float8_e5m2 if kv_cache_dtype == "fp8_e5m2" else torch.float8_e4m3fn
+
+
+def kv_cache_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The float type a cache without fp8 holds: bfloat16 when asked for, else the model dtype."""
+    return torch.bfloat16 if kv_cache_dtype == "bfloat16" else model_dtype
 
 
 def resolve_device(device: str) -> torch.device:

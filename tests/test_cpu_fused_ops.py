@@ -40,14 +40,17 @@ def test_add_rms_norm_matches_reference_and_rows_are_independent(with_residual, 
         assert torch.equal(part, out[rows])
 
 
-def test_rope_write_kv_matches_reference_and_writes_the_cache():
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_rope_write_kv_matches_reference_and_writes_the_cache(cache_dtype):
+    """The rows rotated in place, K and V stored at their slots (rounded to nearest even in a bfloat16 cache,
+    as a cast does), every other slot untouched."""
     hq, hkv, d, rows = 9, 3, 64, 6
     rotary = RotaryEmbedding(d, 100000.0, 512, None)
     g = torch.Generator().manual_seed(1)
     qkv = torch.randn(rows, (hq + 2 * hkv) * d, generator=g)
     positions = torch.tensor([0, 1, 7, 100, 300, 511])
     slots = torch.tensor([5, 17, 2, 40, 63, 33])
-    k_cache, v_cache = torch.zeros(4, 16, hkv, d), torch.zeros(4, 16, hkv, d)
+    k_cache, v_cache = torch.zeros(4, 16, hkv, d, dtype=cache_dtype), torch.zeros(4, 16, hkv, d, dtype=cache_dtype)
     q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
     ref_q, ref_k = rotary(positions, q.reshape(rows, hq, d), k.reshape(rows, hkv, d))
     cos_half = rotary.cos[positions].unsqueeze(1)
@@ -61,7 +64,8 @@ def test_rope_write_kv_matches_reference_and_writes_the_cache():
     assert torch.equal(ref_q, textbook_q)
     assert torch.equal(work[:, hq * d:(hq + hkv) * d].view(rows, hkv, d), ref_k)
     flat_k, flat_v = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
-    assert torch.equal(flat_k[slots], ref_k) and torch.equal(flat_v[slots], v_ref.view(rows, hkv, d))
+    assert torch.equal(flat_k[slots], ref_k.to(cache_dtype))
+    assert torch.equal(flat_v[slots], v_ref.view(rows, hkv, d).to(cache_dtype))
     untouched = torch.ones(64, dtype=torch.bool)
     untouched[slots] = False
     assert not flat_k[untouched].any() and not flat_v[untouched].any()
@@ -122,16 +126,20 @@ def test_bfloat16_model_keeps_the_torch_ops_and_says_why():
     assert detail["used"] is False and "float32" in detail["reason"]
 
 
-def test_one_call_decode_step_equals_the_python_layers_bit_for_bit():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])
+def test_one_call_decode_step_equals_the_python_layers_bit_for_bit(kv_cache_dtype):
     """The packed model's batch-1 decode steps in one C++ call give the Python layers' tokens and logprobs
-    exactly (same kernels, same inputs, same order); batched steps keep the Python layers."""
+    exactly (same kernels, same inputs, same order), with a float32 or a bfloat16 KV cache; batched steps keep
+    the Python layers."""
     from onecat.engine import LLM, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=3)
     prompts = [[1000 + (i * 37 + j * 11) % 30000 for j in range(70 + 40 * i)] for i in range(3)]
     # prefix caching off: a cached prefix would leave a short tail to prefill, which takes the 4-bit kernel
     # instead of the dense copy a whole prompt takes (int4/linear.py DENSE_FROM_ROWS), another rounding
-    with LLM(EMBEDDED, dtype="float32", quantization="gguf", max_model_len=512, enable_prefix_caching=False) as llm:
+    with LLM(EMBEDDED, dtype="float32", quantization="gguf", max_model_len=512, enable_prefix_caching=False,
+             kv_cache_dtype=kv_cache_dtype) as llm:
+        assert llm.worker.kv_caches[0].k.dtype == (torch.bfloat16 if kv_cache_dtype == "bfloat16" else torch.float32)
         one_call = llm.model.cpu_decode
         assert one_call is not None, llm.info()["fused_kernels_detail"]
         fast = [llm.generate([p], params)[0] for p in prompts]  # alone: batch-1 decode steps

@@ -62,14 +62,14 @@ STEP = dict(q_lens=[1, 37, 1, 5], seq_lens=[1, 37, 200, 90],  # a first token, a
             tables=[[3], [7, 1, 9], [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26], [30, 5, 11, 13, 15, 17]])
 
 
-@pytest.mark.parametrize("kind,tol", [("fp32", 2e-5), ("bf16", 2e-2), ("fp8", 2e-5)])
-def test_matches_reference_on_ragged_paged_step(kind, tol):
+@pytest.mark.parametrize("kind,q_dtype,tol", [("fp32", torch.float32, 2e-5), ("bf16", torch.bfloat16, 2e-2),
+                                             ("bf16", torch.float32, 2e-5), ("fp8", torch.float32, 2e-5)])
+def test_matches_reference_on_ragged_paged_step(kind, q_dtype, tol):
+    """float32 / bfloat16 queries; float32, bfloat16 (a float32 model's kv_cache_dtype bfloat16) and fp8 caches."""
     gen = torch.Generator().manual_seed(0)
     cache, k, v = _cache(kind, gen)
     meta = _meta(**STEP)
-    q = torch.randn(sum(STEP["q_lens"]), HQ, D, generator=gen)
-    if kind == "bf16":
-        q = q.to(torch.bfloat16)
+    q = torch.randn(sum(STEP["q_lens"]), HQ, D, generator=gen).to(q_dtype)
     backend = CpuPagedBackend()
     assert backend.unsupported_reason(q, cache, meta) is None
     out = backend.forward(q, cache, meta, D ** -0.5)
@@ -78,9 +78,12 @@ def test_matches_reference_on_ragged_paged_step(kind, tol):
     torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
 
 
-def test_token_results_do_not_depend_on_the_step():
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+def test_token_results_do_not_depend_on_the_step(kind):
+    """A token alone, in a step of many (whose bfloat16-cache decode rows read their blocks through a copy,
+    several KV heads a job) or with a strided q: the same bits."""
     gen = torch.Generator().manual_seed(1)
-    cache, _, _ = _cache("fp32", gen)
+    cache, _, _ = _cache(kind, gen)
     meta = _meta(**STEP)
     q = torch.randn(sum(STEP["q_lens"]), HQ, D, generator=gen)
     full = CpuPagedBackend().forward(q, cache, meta, 0.125)

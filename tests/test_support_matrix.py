@@ -166,10 +166,13 @@ def models(tmp_path_factory):
     return Models(tmp_path_factory.mktemp("support_matrix"))
 
 
-def refused_where_the_worker_asks(c: Combination) -> None:
-    """The weights check the worker makes, for a cell this machine cannot open (cuda)."""
+def refused_where_the_worker_asks(c: Combination, stage: str) -> None:
+    """The device or weights check the worker makes, for a cell this machine cannot open (cuda)."""
     from onecat.engine.quant import check_quantization
+    from onecat.engine.support_matrix import refuse
 
+    if stage == "device":  # the worker's call, once the device is resolved
+        refuse(c, "device")
     check_quantization(c.quantization, c.checkpoint, torch.device(c.device))
 
 
@@ -181,8 +184,8 @@ def test_each_rule_refuses_its_cell_with_the_matrix_message(rule, models, monkey
     assert rule in [r.rule for r in expected]  # the engine reports this rule for its cell
     with pytest.raises(ConfigError) as exc:
         if c.device != "cpu":
-            assert rule.stage == "weights", "a cuda cell of another stage needs its own check here"
-            refused_where_the_worker_asks(c)
+            assert rule.stage in ("device", "weights"), "a cuda cell of another stage needs its own check here"
+            refused_where_the_worker_asks(c, rule.stage)
         else:
             if c.packed_cpu_kernel is False:  # a torch without the CPU int4 matmul
                 from onecat.engine.quant.int4.linear import Int4PackedLinear
@@ -218,6 +221,7 @@ EVERY_ARCHITECTURE = [({"speculative": "ngram"}, "same"), ({"cuda_graph": "full"
 CELLS = {
     "llama": [({"speculative": "draft_model"}, "same"), ({"speculative": "dflash"}, "same"),
               ({"enable_prefix_caching": False}, "same"), ({"kv_cache_dtype": "fp8_e5m2"}, "near"),
+              ({"kv_cache_dtype": "bfloat16"}, "near"),
               ({"dtype": "bfloat16"}, "near")],
     "qwen2": [({"enable_prefix_caching": False}, "same")],
     "qwen3": [({"speculative": "dflash"}, "same"), ({"enable_prefix_caching": False}, "same")],

@@ -123,7 +123,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::
 
 // In place on qkv rows [q heads | k heads | v heads] of head_dim each: rotate the q and k heads by the
 // half-split (NeoX/HF) rotation at each row's position, then store the rotated k and the v heads at
-// the row's cache slot (caches [blocks, block_size, kv_heads, head_dim], slot = block * block_size + i).
+// the row's cache slot (caches [blocks, block_size, kv_heads, head_dim] of float32 or bfloat16, slot =
+// block * block_size + i).
 void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                    int64_t q_heads, int64_t kv_heads, at::Tensor k_cache, at::Tensor v_cache,
                    const at::Tensor& slots) {
@@ -138,9 +139,11 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
               "positions must be a contiguous int64 vector, one per row");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == rows,
               "slots must be a contiguous int64 vector, one per row");
+  const bool bf16_cache = k_cache.scalar_type() == at::kBFloat16;
   for (const at::Tensor* c : {&k_cache, &v_cache}) {
-    TORCH_CHECK(c->scalar_type() == at::kFloat && c->is_contiguous() && c->dim() == 4 && c->size(2) == kv_heads &&
-                c->size(3) == dim, "caches must be contiguous float32 [blocks, block_size, kv_heads, head_dim]");
+    TORCH_CHECK(c->scalar_type() == k_cache.scalar_type() && (c->scalar_type() == at::kFloat || bf16_cache) &&
+                c->is_contiguous() && c->dim() == 4 && c->size(2) == kv_heads && c->size(3) == dim,
+                "caches must be contiguous float32 or bfloat16 [blocks, block_size, kv_heads, head_dim]");
   }
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1), row_kv = kv_heads * dim;
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -164,9 +167,16 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
           x[i + half] = p + q;
         }
       }
-      std::memcpy(k_cache.data_ptr<float>() + slot[r] * row_kv, row + q_heads * dim, row_kv * sizeof(float));
-      std::memcpy(v_cache.data_ptr<float>() + slot[r] * row_kv, row + (q_heads + kv_heads) * dim,
-                  row_kv * sizeof(float));
+      const float* k_row = row + q_heads * dim;
+      const float* v_row = row + (q_heads + kv_heads) * dim;
+      if (bf16_cache) {  // rounded to nearest even, as a cast does
+        at::BFloat16* kc = k_cache.data_ptr<at::BFloat16>() + slot[r] * row_kv;
+        at::BFloat16* vc = v_cache.data_ptr<at::BFloat16>() + slot[r] * row_kv;
+        for (int64_t i = 0; i < row_kv; ++i) kc[i] = at::BFloat16(k_row[i]), vc[i] = at::BFloat16(v_row[i]);
+      } else {
+        std::memcpy(k_cache.data_ptr<float>() + slot[r] * row_kv, k_row, row_kv * sizeof(float));
+        std::memcpy(v_cache.data_ptr<float>() + slot[r] * row_kv, v_row, row_kv * sizeof(float));
+      }
     }
   });
 }

@@ -41,7 +41,8 @@ class SelfAttention(nn.Module):
 
     def _cpu_fused_ok(self, qkv: torch.Tensor, cache) -> bool:
         return (self.cpu_ops is not None and not qkv.is_cuda and self.q_norm is None and cache.fp8_dtype is None
-                and qkv.dtype == cache.k.dtype == torch.float32 and qkv.stride(-1) == 1)
+                and qkv.dtype == torch.float32 and cache.k.dtype in (torch.float32, torch.bfloat16)
+                and qkv.stride(-1) == 1)
 
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         """Attention output projected by o_proj, from the qkv_proj output (the caller projects, so it

@@ -5,7 +5,7 @@ calls, views, casts, the attention plan's index ops) than in the 4-bit matmuls a
 csrc/cpu/decode_layers.cpp makes the same ATen calls on the same inputs in the same order, so the step's
 result is the Python path's to the bit (tested), in one call. It applies where the Python layers would do
 exactly what it does: float32 activations, every linear a single-term 4-bit packing (GGUF Q4_0/Q4_1)
-without bias or padding rows, no q/k norm, a float32 KV cache, the CPU paged attention (CPU_PAGED), one
+without bias or padding rows, no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one
 sequence; any other step runs the Python layers.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ class CpuDecodeLayers:
         meta, caches = ctx.meta, ctx.kv_caches
         if h.shape[0] != 1 or meta.num_seqs != 1 or not ctx.attention.runs_cpu_paged():
             return None
-        if caches[0].fp8_dtype is not None or caches[0].k.dtype != torch.float32:
+        if caches[0].fp8_dtype is not None or caches[0].k.dtype not in (torch.float32, torch.bfloat16):
             return None
         flat = [t for w, cache in zip(self.weights, caches) for t in (*w, cache.k, cache.v)]
         out = self.ops.decode_layers_int4(h, positions, meta.slot_mapping, self.rotary.cos, self.rotary.sin, flat,

@@ -34,6 +34,7 @@ ROWS: tuple[tuple[str, str, dict], ...] = (
     ("speculative", "speculative mtp (the checkpoint's multi-token-prediction head)", {"speculative": "mtp"}),
     ("speculative", "speculative synthetic (acceptance set by construction; greedy requests)",
      {"speculative": "synthetic"}),
+    ("kv", "kv_cache_dtype bfloat16", {"kv_cache_dtype": "bfloat16"}),
     ("kv", "kv_cache_dtype fp8_e4m3", {"kv_cache_dtype": "fp8_e4m3"}),
     ("kv", "kv_cache_dtype fp8_e5m2", {"kv_cache_dtype": "fp8_e5m2"}),
     ("attention", "attention TORCH_SDPA_REF", {"attention_backend": "TORCH_SDPA_REF"}),

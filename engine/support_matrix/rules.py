@@ -155,6 +155,12 @@ RULES: tuple[Rule, ...] = (
          lambda c: f"cpu_threads on {_cpu_threads_where(c)}",
          "it sets the threads of a CPU engine of one rank", "remove cpu_threads",
          example=dict(architecture="llama", device="cpu", cpu_threads=True, tensor_parallel_size=2)),
+    Rule("kv-bfloat16-cpu-only", "device", ("kv_cache_dtype", "device"),
+         lambda c: c.kv_cache_dtype == "bfloat16" and c.device != "cpu",
+         "kv_cache_dtype='bfloat16' on {device}",
+         "a bfloat16 cache for another model dtype is a CPU path (the CUDA attention kernels read the model "
+         "dtype or fp8)", "use kv_cache_dtype auto (a bfloat16 model's cache is bfloat16) or fp8_e4m3",
+         example=dict(architecture="llama", device="cuda", kv_cache_dtype="bfloat16")),
     # ---- weights: check_quantization, before the checkpoint is read
     Rule("gguf-needs-gguf-file", "weights", ("quantization", "checkpoint"),
          lambda c: c.quantization == "gguf" and c.checkpoint != "gguf",

@@ -16,7 +16,8 @@ import torch
 from onecat.engine.args import EngineArgs
 from onecat.engine.attention.selector import AttentionDispatcher
 from onecat.engine.cache.kv import allocate_kv_caches, bytes_per_block
-from onecat.engine.config import cpu_kv_cache_budget_gb, parse_dtype, parse_kv_cache_dtype, resolve_device
+from onecat.engine.config import (cpu_kv_cache_budget_gb, kv_cache_storage_dtype, parse_dtype, parse_kv_cache_dtype,
+                                  resolve_device)
 from onecat.engine.core.scheduler_output import ScheduledSeq
 from onecat.engine.core.step_result import StepResult
 from onecat.engine.errors import ConfigError
@@ -51,7 +52,7 @@ class Worker:
                                      peer_collectives=not args.disable_custom_all_reduce)
             self.device = self.tp.device
         self.cpu_threads = None  # CPU, one rank: how many intra-op threads, and why (engine/cpu_threads.py)
-        refuse(Combination.from_settings(args, device=self.device.type), "device")  # cpu_threads off one CPU rank
+        refuse(Combination.from_settings(args, device=self.device.type), "device")  # e.g. cpu_threads off the CPU
         if self.device.type == "cpu" and self.tp is None:
             from onecat.engine.cpu_threads import choose_cpu_threads
 
@@ -139,13 +140,14 @@ class Worker:
         torch.manual_seed(self.cfg.seed)
         self.attention = AttentionDispatcher(self.cfg.attention_backend, self.device)
         self.kv_caches = allocate_kv_caches(len(kv_config.kv_layer_ids), self.num_kv_blocks, self.cfg.block_size,
-                                            kv_config.num_key_value_heads, kv_config.head_dim, self.dtype, fp8,
+                                            kv_config.num_key_value_heads, kv_config.head_dim,
+                                            kv_cache_storage_dtype(self.cfg.kv_cache_dtype, self.dtype), fp8,
                                             self.device)
 
     def _num_kv_blocks(self, fp8: bool, mc) -> int:
         c = self.cfg
         per_block = bytes_per_block(len(mc.kv_layer_ids), c.block_size, mc.num_key_value_heads, mc.head_dim,
-                                    self.dtype, fp8)
+                                    kv_cache_storage_dtype(c.kv_cache_dtype, self.dtype), fp8)
         min_blocks = -(-self.max_model_len // c.block_size) + 1  # + the null block
         if c.num_kv_blocks is not None:
             n = c.num_kv_blocks
