@@ -11,6 +11,8 @@
 //
 // Layout (engine/quant/int4/int8_matmul.py packs it once at load): output columns in tiles of 16 (one int32
 // lane per column); codes [tiles][K / 4][16 columns][4 values], scales and offsets [tiles][K / 32][16].
+// Tiles go two at a time over 4 rows (each broadcast activation word feeds both: 5-10% faster than one
+// tile over 8 rows on a 2-core AMD EPYC, the same bits), an odd last tile alone.
 // Built on x86-64 only; elsewhere, and on CPUs without AVX512-VNNI, int8_matmul_supported() is false.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -93,6 +95,47 @@ VNNI_TARGET void tile_rows(int64_t blocks, const uint8_t* codes, const float* sc
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride, mask, acc[r]);
 }
 
+// Two adjacent tiles (32 columns) for R <= 4 rows: each broadcast activation word feeds two VPDPBUSD.
+template <int R>
+VNNI_TARGET void tile_pair_rows(int64_t blocks, const uint8_t* codes, const float* scales, const float* offsets,
+                                const int32_t* words, const float* d, const float* total, float* out,
+                                int64_t out_stride, int64_t columns, int64_t tile_codes, int64_t tile_scales) {
+  const int64_t row_words = blocks * 8;
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i dots[R][2];
+    for (int r = 0; r < R; ++r) dots[r][0] = dots[r][1] = _mm512_setzero_si512();
+    for (int64_t quad = 0; quad < 8; ++quad) {
+      const __m512i w0 = _mm512_loadu_si512(codes + (b * 8 + quad) * 64);
+      const __m512i w1 = _mm512_loadu_si512(codes + tile_codes + (b * 8 + quad) * 64);
+      for (int r = 0; r < R; ++r) {
+        const __m512i a = _mm512_set1_epi32(words[r * row_words + b * 8 + quad]);
+        dots[r][0] = _mm512_dpbusd_epi32(dots[r][0], w0, a);
+        dots[r][1] = _mm512_dpbusd_epi32(dots[r][1], w1, a);
+      }
+    }
+    for (int t = 0; t < 2; ++t) {
+      const __m512 s = _mm512_loadu_ps(scales + t * tile_scales + b * kTile);
+      const __m512 c = _mm512_loadu_ps(offsets + t * tile_scales + b * kTile);
+      for (int r = 0; r < R; ++r) {
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r][t]), _mm512_mul_ps(s, _mm512_set1_ps(d[r * blocks + b])), acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(c, _mm512_set1_ps(total[r * blocks + b]), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < 2; ++t) {
+    const int64_t cols = std::min<int64_t>(kTile, columns - t * kTile);
+    const __mmask16 mask = cols >= kTile ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride + t * kTile, mask, acc[r][t]);
+  }
+}
+
+using TilePairRows = void (*)(int64_t, const uint8_t*, const float*, const float*, const int32_t*, const float*,
+                              const float*, float*, int64_t, int64_t, int64_t, int64_t);
+constexpr TilePairRows kTilePairRows[5] = {nullptr, tile_pair_rows<1>, tile_pair_rows<2>, tile_pair_rows<3>,
+                                           tile_pair_rows<4>};
+
 using TileRows = void (*)(int64_t, const uint8_t*, const float*, const float*, const int32_t*, const float*,
                           const float*, float*, int64_t, int64_t);
 constexpr TileRows kTileRows[kRowGroup + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
@@ -117,14 +160,22 @@ void matmul(const at::Tensor& x, const uint8_t* codes, const float* scales, cons
       }
     });
     const int64_t tile_work = rows * k * kTile;  // multiply-adds of one tile
-    at::parallel_for(0, tiles, std::max<int64_t>(1, (1 << 18) / tile_work), [&](int64_t begin, int64_t end) {
-      for (int64_t tile = begin; tile < end; ++tile) {
-        const int64_t columns = std::min(kTile, n - tile * kTile);
-        for (int64_t g = 0; g < rows; g += kRowGroup) {
-          kTileRows[std::min(kRowGroup, rows - g)](
-              blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
-              words.data() + g * (k / 4), d.data() + g * blocks, total.data() + g * blocks,
-              out + (r0 + g) * n + tile * kTile, n, columns);
+    const int64_t pairs = (tiles + 1) / 2;  // tiles two at a time; an odd last one alone
+    at::parallel_for(0, pairs, std::max<int64_t>(1, (1 << 17) / tile_work), [&](int64_t begin, int64_t end) {
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t tile = 2 * pair, columns = std::min(2 * kTile, n - tile * kTile);
+        for (int64_t g = 0; g < rows; g += (tile + 1 < tiles ? 4 : kRowGroup)) {
+          if (tile + 1 < tiles) {
+            kTilePairRows[std::min<int64_t>(4, rows - g)](
+                blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
+                words.data() + g * (k / 4), d.data() + g * blocks, total.data() + g * blocks,
+                out + (r0 + g) * n + tile * kTile, n, columns, (k / 4) * 64, blocks * kTile);
+          } else {
+            kTileRows[std::min(kRowGroup, rows - g)](
+                blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
+                words.data() + g * (k / 4), d.data() + g * blocks, total.data() + g * blocks,
+                out + (r0 + g) * n + tile * kTile, n, std::min(kTile, columns));
+          }
         }
       }
     });
