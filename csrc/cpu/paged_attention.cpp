@@ -29,6 +29,7 @@
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+using BVec = at::vec::Vectorized<at::BFloat16>;  // 2 * Vec::size() lanes
 constexpr int64_t kChunk = 16;  // keys per softmax step; a multiple of Vec::size()
 constexpr int kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2;  // engine/attention/cpu_paged.py FP8_KINDS
 
@@ -65,9 +66,15 @@ struct CacheView {
   const float* row(int64_t block, int64_t offset, float* scratch) const {
     const int64_t index = (block * block_size + offset) * kv_heads + head;
     if (dtype == at::kFloat) return static_cast<const float*>(data) + index * dim;
-    if (dtype == at::kBFloat16) {
+    if (dtype == at::kBFloat16) {  // widened exactly, a Vectorized<BFloat16> at a time
       const at::BFloat16* src = static_cast<const at::BFloat16*>(data) + index * dim;
-      for (int64_t d = 0; d < dim; ++d) scratch[d] = static_cast<float>(src[d]);
+      int64_t d = 0;
+      for (; d + BVec::size() <= dim; d += BVec::size()) {
+        auto [lo, hi] = at::vec::convert_bfloat16_float(BVec::loadu(src + d));
+        lo.store(scratch + d);
+        hi.store(scratch + d + Vec::size());
+      }
+      for (; d < dim; ++d) scratch[d] = static_cast<float>(src[d]);
       return scratch;
     }
     const uint8_t* src = static_cast<const uint8_t*>(data) + index * dim;
@@ -119,90 +126,93 @@ inline void chunk_scores(const float* q, const float* const* rows, int64_t dim, 
   for (int64_t j = 0; j < kChunk; ++j) scores[j] = dot(q, rows[j], dim) * scale;
 }
 
-// One token's attention for KV heads [h0, h1): every head keeps its own running softmax (queries in float32,
-// the weighted sum of values, each query head's running maximum and total) and walks the keys chunk by
-// chunk exactly as it would alone, so a head's bits do not depend on which heads share its job. A job
-// that takes all heads of a bfloat16 cache whose blocks are chunks first copies each chunk's K and V block
-// (all heads' rows: one contiguous run each) into a local buffer when it is its sequence's lone query (a
-// decode step; a prefill's queries share their keys, which stay in cache): one sequential stream per block
-// reads from memory faster than the heads' strided rows (measured on a 2-core AMD EPYC, 16 sequences x 176
-// keys, caches of 30 layers: 250-288 against 367-407 us a call; a float32 cache gained nothing from it).
+// Attention of a run of `count` consecutive query tokens of one sequence (positions p0, p0 + 1, ...) for KV
+// heads [h0, h1). Every (token, head) keeps its own running softmax (queries in float32, the weighted sum of
+// values, each query head's running maximum and total) and walks the keys chunk by chunk exactly as it would
+// alone: a chunk's keys past the token's position are zeros, scored and masked. So a token's bits do not
+// depend on the run or the heads that share its job. What the run shares is each chunk's rows: a bfloat16 or
+// fp8 cache's rows are converted to float32 once per chunk for all the run's tokens (a prefill's tokens
+// would otherwise convert every key again), read key by key over the job's heads, which for all heads is one
+// front-to-back pass over the cache block: a decode step's reads stream from memory (measured on a 2-core
+// AMD EPYC, 16 sequences x 176 keys, caches of 30 layers: 250-288 against 367-407 us a call in bfloat16).
 template <typename T>
-void attend_heads(const T* q, int64_t q_head_stride, T* out, int64_t out_head_stride, const CacheView& k,
-                  const CacheView& v, const int32_t* table, int64_t position, int64_t group, int64_t h0, int64_t h1,
-                  float scale, bool lone_query) {
+void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* out, int64_t out_token_stride,
+                int64_t out_head_stride, CacheView k, CacheView v, const int32_t* table, int64_t p0, int64_t count,
+                int64_t group, int64_t h0, int64_t h1, float scale) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const int64_t dim = k.dim, width = group * dim, heads = h1 - h0;  // width: one head's query group
-  std::vector<float> state(heads * (2 * width + 2 * group));
-  float* const qf = state.data();  // [head][g][dim]
-  float* const acc = qf + heads * width;
-  float* const m = acc + heads * width;  // [head][g]
-  float* const l = m + heads * group;
-  float kbuf[kChunk][256], vbuf[kChunk][256], scores[16][kChunk], factor[16];  // factor: the chunk's rescaling
+  const int64_t dim = k.dim, heads = h1 - h0, lanes = heads * group;  // lanes: one token's query heads here
+  std::vector<float> state(count * lanes * (2 * dim + 2));
+  float* const qf = state.data();  // [token][head][g][dim]
+  float* const acc = qf + count * lanes * dim;
+  float* const m = acc + count * lanes * dim;  // [token][head][g]
+  float* const l = m + count * lanes;
+  const bool convert = k.dtype != at::kFloat;  // rows read through float32 copies, once per chunk
+  std::vector<float> converted(convert ? 2 * kChunk * heads * dim : 0);
+  const float* krows[kChunk][16];  // [key][head - h0]: a row in the cache or in `converted`
+  const float* vrows[kChunk][16];
+  float scores[16][kChunk], factor[16];  // factor: the chunk's rescaling of acc
   const float* rows[kChunk];
   static const float zeros[256] = {};
-  const bool copy_blocks = lone_query && heads == k.kv_heads && k.block_size == kChunk && k.dtype == at::kBFloat16;
-  const int64_t block_bytes = kChunk * k.kv_heads * dim * 2;
-  std::vector<char> copies(copy_blocks ? 2 * block_bytes : 0);
-  for (int64_t h = h0; h < h1; ++h)
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t i = (h - h0) * group + g;
-      for (int64_t d = 0; d < dim; ++d) qf[i * dim + d] = static_cast<float>(q[(h * group + g) * q_head_stride + d]);
-      std::fill(acc + i * dim, acc + (i + 1) * dim, 0.0f);
-      m[i] = kNegInf;
-      l[i] = 0.0f;
-    }
-  for (int64_t c0 = 0; c0 <= position; c0 += kChunk) {
-    const int64_t n = std::min(kChunk, position + 1 - c0);
-    int64_t block_of[kChunk], offset_of[kChunk];  // one division per chunk, not per key
-    for (int64_t j = 0, b = c0 / k.block_size, o = c0 % k.block_size; j < n; ++j) {
-      block_of[j] = table[b], offset_of[j] = o;
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = (t * heads + h - h0) * group + g;
+        for (int64_t d = 0; d < dim; ++d) qf[i * dim + d] = static_cast<float>(q[t * q_token_stride + (h * group + g) * q_head_stride + d]);
+        std::fill(acc + i * dim, acc + (i + 1) * dim, 0.0f);
+        m[i] = kNegInf;
+        l[i] = 0.0f;
+      }
+  const int64_t last = p0 + count - 1;
+  for (int64_t c0 = 0; c0 <= last; c0 += kChunk) {
+    const int64_t n_all = std::min(kChunk, last + 1 - c0);  // keys of this chunk any token of the run reads
+    for (int64_t j = 0, b = c0 / k.block_size, o = c0 % k.block_size; j < n_all; ++j) {  // key by key, its heads
+      for (int64_t h = h0; h < h1; ++h) {
+        k.head = v.head = h;
+        float* kbuf = convert ? converted.data() + (j * heads + h - h0) * dim : nullptr;
+        krows[j][h - h0] = k.row(table[b], o, kbuf);
+        vrows[j][h - h0] = v.row(table[b], o, convert ? kbuf + kChunk * heads * dim : nullptr);
+      }
       if (++o == k.block_size) o = 0, ++b;
     }
-    CacheView kc = k, vc = v;
-    if (copy_blocks) {  // the chunk is one cache block (keys 0..n-1 of it): read it from the local copy
-      const int64_t bytes = block_bytes / kChunk * n, start = block_of[0] * block_bytes;
-      std::memcpy(copies.data(), static_cast<const char*>(k.data) + start, bytes);
-      std::memcpy(copies.data() + block_bytes, static_cast<const char*>(v.data) + start, bytes);
-      kc.data = copies.data();
-      vc.data = copies.data() + block_bytes;
-      std::fill(block_of, block_of + n, 0);
-    }
-    for (int64_t h = h0; h < h1; ++h) {
-      kc.head = vc.head = h;
-      const float* hq = qf + (h - h0) * width;
-      float *ha = acc + (h - h0) * width, *hm = m + (h - h0) * group, *hl = l + (h - h0) * group;
-      for (int64_t j = 0; j < n; ++j) rows[j] = kc.row(block_of[j], offset_of[j], kbuf[j]);
-      for (int64_t j = n; j < kChunk; ++j) rows[j] = zeros;  // scored, then masked to -inf
-      for (int64_t g = 0; g < group; ++g) {
-        chunk_scores(hq + g * dim, rows, dim, scale, scores[g]);
-        for (int64_t j = n; j < kChunk; ++j) scores[g][j] = kNegInf;
-        float top = hm[g];
-        for (int64_t j = 0; j < n; ++j) top = std::max(top, scores[g][j]);
-        const float correction = hm[g] == kNegInf ? 0.0f : std::exp(hm[g] - top);
-        for (int64_t j = 0; j < kChunk; j += Vec::size()) (Vec::loadu(scores[g] + j) - Vec(top)).exp().store(scores[g] + j);
-        float total = 0.0f;
-        for (int64_t j = 0; j < n; ++j) total += scores[g][j];
-        hl[g] = hl[g] * correction + total;
-        hm[g] = top;
-        factor[g] = correction;
-      }
-      for (int64_t j = 0; j < n; ++j) rows[j] = vc.row(block_of[j], offset_of[j], vbuf[j]);
-      for (int64_t g = 0; g < group; ++g) {
-        float* a = ha + g * dim;
-        for (int64_t d = 0; d < dim; d += Vec::size()) {
-          Vec x = Vec::loadu(a + d) * Vec(factor[g]);
-          for (int64_t j = 0; j < n; ++j) x = at::vec::fmadd(Vec(scores[g][j]), Vec::loadu(rows[j] + d), x);
-          x.store(a + d);
+    for (int64_t t = std::max<int64_t>(0, c0 - p0); t < count; ++t) {  // the tokens whose keys reach this chunk
+      const int64_t n = std::min(kChunk, p0 + t + 1 - c0);
+      for (int64_t h = h0; h < h1; ++h) {
+        const int64_t base = (t * heads + h - h0) * group;
+        for (int64_t j = 0; j < n; ++j) rows[j] = krows[j][h - h0];
+        for (int64_t j = n; j < kChunk; ++j) rows[j] = zeros;  // scored, then masked to -inf
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t i = base + g;
+          chunk_scores(qf + i * dim, rows, dim, scale, scores[g]);
+          for (int64_t j = n; j < kChunk; ++j) scores[g][j] = kNegInf;
+          float top = m[i];
+          for (int64_t j = 0; j < n; ++j) top = std::max(top, scores[g][j]);
+          const float correction = m[i] == kNegInf ? 0.0f : std::exp(m[i] - top);
+          for (int64_t j = 0; j < kChunk; j += Vec::size()) (Vec::loadu(scores[g] + j) - Vec(top)).exp().store(scores[g] + j);
+          float total = 0.0f;
+          for (int64_t j = 0; j < n; ++j) total += scores[g][j];
+          l[i] = l[i] * correction + total;
+          m[i] = top;
+          factor[g] = correction;
+        }
+        for (int64_t j = 0; j < n; ++j) rows[j] = vrows[j][h - h0];
+        for (int64_t g = 0; g < group; ++g) {
+          float* a = acc + (base + g) * dim;
+          for (int64_t d = 0; d < dim; d += Vec::size()) {
+            Vec x = Vec::loadu(a + d) * Vec(factor[g]);
+            for (int64_t j = 0; j < n; ++j) x = at::vec::fmadd(Vec(scores[g][j]), Vec::loadu(rows[j] + d), x);
+            x.store(a + d);
+          }
         }
       }
     }
   }
-  for (int64_t h = h0; h < h1; ++h)
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t i = (h - h0) * group + g;
-      for (int64_t d = 0; d < dim; ++d) out[(h * group + g) * out_head_stride + d] = static_cast<T>(acc[i * dim + d] / l[i]);
-    }
+  for (int64_t t = 0; t < count; ++t)
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t i = (t * heads + h - h0) * group + g;
+        for (int64_t d = 0; d < dim; ++d)
+          out[t * out_token_stride + (h * group + g) * out_head_stride + d] = static_cast<T>(acc[i * dim + d] / l[i]);
+      }
 }
 
 // The values of a small int32 or int64 CPU tensor (the step's query starts and sequence lengths).
@@ -250,13 +260,17 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   const std::vector<int64_t> s = int_values(query_start_loc), len = int_values(seq_lens);
   const int64_t seqs = static_cast<int64_t>(len.size());
   TORCH_CHECK(static_cast<int64_t>(s.size()) == seqs + 1 && s[seqs] == tokens, "query_start_loc must end at the token count");
-  std::vector<int64_t> seq_of(tokens), position(tokens), q_len_of(tokens);  // each token's sequence, position,
-                                                                             // and its sequence's query length
+  // Jobs: runs of up to kRun consecutive query tokens of one sequence (a decode token is a run of one) times
+  // KV heads, all of a token's heads a job when there are enough runs to keep every thread busy.
+  constexpr int64_t kRun = 16;
+  struct Run { int64_t first, count, seq, position; };
+  std::vector<Run> runs;
   for (int64_t b = 0; b < seqs; ++b) {
     const int64_t q_len = s[b + 1] - s[b];
     TORCH_CHECK(q_len <= len[b] && (len[b] + block_size - 1) / block_size <= tables.size(1), "sequence ", b,
                 " has more tokens than its block table holds");
-    for (int64_t i = 0; i < q_len; ++i) seq_of[s[b] + i] = b, position[s[b] + i] = len[b] - q_len + i, q_len_of[s[b] + i] = q_len;
+    for (int64_t i = 0; i < q_len; i += kRun)
+      runs.push_back({s[b] + i, std::min(kRun, q_len - i), b, len[b] - q_len + i});
   }
   const float* ks = fp8_kind != kFp8None ? k_scale->data_ptr<float>() : nullptr;
   const float* vs = fp8_kind != kFp8None ? v_scale->data_ptr<float>() : nullptr;
@@ -265,13 +279,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            {v_cache.data_ptr(), v_cache.scalar_type(), fp8_values, vs, block_size, kv_heads, dim}};
   const int64_t group = q_heads / kv_heads;
   at::Tensor out = at::empty({tokens, q_heads, dim}, q.options());
-  // A job is one token's KV head, or all its KV heads for a bfloat16 cache when there are enough tokens to keep
-  // every thread busy (each head's arithmetic is the same either way; attend_heads says why).
-  const bool whole_rows = k_cache.scalar_type() == at::kBFloat16 && tokens >= 2 * at::get_num_threads();
-  const int64_t heads_per_job = whole_rows ? kv_heads : 1;
-  const int64_t splits = kv_heads / heads_per_job, jobs = tokens * splits;
+  const int64_t nruns = static_cast<int64_t>(runs.size());
+  const int64_t heads_per_job = nruns >= 2 * at::get_num_threads() && kv_heads <= 16 ? kv_heads : 1;
+  const int64_t splits = kv_heads / heads_per_job, jobs = nruns * splits;
   int64_t work = 0;  // key rows visited, for the grain: small steps stay on the calling thread
-  for (int64_t t = 0; t < tokens; ++t) work += position[t] + 1;
+  for (const Run& r : runs) work += r.count * (r.position + (r.count + 1) / 2);
   const int64_t grain = std::max<int64_t>(1, jobs * 2048 / std::max<int64_t>(1, work * kv_heads * group));
   const int32_t* table0 = tables.data_ptr<int32_t>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "paged_attention", [&] {
@@ -279,10 +291,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, jobs, grain, [&](int64_t begin, int64_t end) {
       for (int64_t job = begin; job < end; ++job) {
-        const int64_t t = job / splits, h0 = job % splits * heads_per_job;
-        attend_heads<scalar_t>(qp + t * q.stride(0), q.stride(1), op + t * q_heads * dim, dim, kv[0], kv[1],
-                               table0 + seq_of[t] * tables.size(1), position[t], group, h0, h0 + heads_per_job,
-                               static_cast<float>(scale), q_len_of[t] == 1);
+        const Run& r = runs[job / splits];
+        const int64_t h0 = job % splits * heads_per_job;
+        attend_run<scalar_t>(qp + r.first * q.stride(0), q.stride(0), q.stride(1), op + r.first * q_heads * dim,
+                             q_heads * dim, dim, kv[0], kv[1], table0 + r.seq * tables.size(1), r.position, r.count,
+                             group, h0, h0 + heads_per_job, static_cast<float>(scale));
       }
     });
   });
