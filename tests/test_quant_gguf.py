@@ -141,7 +141,7 @@ def test_large_gemm_calls_only_where_they_give_the_small_calls_bits(monkeypatch,
     if not onednn.available():
         pytest.skip("torch has no oneDNN linear here")
     monkeypatch.setenv(int8_matmul.ENV, "0")
-    monkeypatch.setattr(linear, "_large_blocks_agree", {})
+    monkeypatch.setattr(linear, "_LARGE_BLOCK_CHECKS", {})
     monkeypatch.setattr(onednn, "row_count_invariant", lambda *a: agree)
     layer = _q4_1_layer()
     calls = []

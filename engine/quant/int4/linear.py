@@ -50,7 +50,7 @@ DENSE_BLOCK_ROWS = 16
 # embedded model's projections ran 1.39x faster over 2048 rows (216-345 GFLOP/s at 16 rows, 400-431 at 256),
 # bit for bit the same. Where the check fails (AMX), every call keeps 16 rows.
 LARGE_BLOCK_ROWS = 256
-_large_blocks_agree: dict[tuple[int, int], bool] = {}  # (out_features, in_features) -> the check's answer
+_LARGE_BLOCK_CHECKS: dict[tuple[int, int], bool] = {}  # (out_features, in_features) -> the check's answer
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") else None
 
 
@@ -146,10 +146,10 @@ class Int4PackedLinear(nn.Module):
         if self.dense_blocked is None:
             return False
         key = (int(shape[0]), int(shape[1]))
-        if key not in _large_blocks_agree:
-            _large_blocks_agree[key] = onednn.row_count_invariant(self.dense_blocked, key[1], LARGE_BLOCK_ROWS,
+        if key not in _LARGE_BLOCK_CHECKS:
+            _LARGE_BLOCK_CHECKS[key] = onednn.row_count_invariant(self.dense_blocked, key[1], LARGE_BLOCK_ROWS,
                                                                   DENSE_BLOCK_ROWS)
-        return _large_blocks_agree[key]
+        return _LARGE_BLOCK_CHECKS[key]
 
     def _dense_blocks(self, x2: torch.Tensor) -> torch.Tensor:
         """The bf16 GEMM on the blocked dense copy, in calls of exactly DENSE_BLOCK_ROWS rows (the last one
