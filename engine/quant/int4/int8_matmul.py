@@ -45,6 +45,9 @@ class Int8MatmulWeights:
     and zero rounded to bf16 first, as the layer's other kernels hold them."""
 
     def __init__(self, blocks: Int4Blocks):
+        from onecat.engine.kernels import cpu_ops
+
+        self.ops = cpu_ops.load()  # loaded once here: a step calls the layer ~120 times
         n, k = blocks.shape
         pad = -n % TILE
         tiles = (n + pad) // TILE
@@ -58,6 +61,4 @@ class Int8MatmulWeights:
 
     def __call__(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 [M, K] float32 or bfloat16 -> float32 [M, N]."""
-        from onecat.engine.kernels import cpu_ops
-
-        return cpu_ops.load().int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features)
+        return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features)
