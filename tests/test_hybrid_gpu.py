@@ -117,7 +117,7 @@ def test_cuda_graphs_replay_hybrid_decode_steps(tmp_path, arch):
     (eager, _, _), (graphs, report, facts) = got["off"], got["full"]
     assert facts["info_graph"] is True and report["used"] and report["disabled_reason"] is None, report
     assert {1, 2, 4} <= set(report["captured_sizes"]) and report["replays"] >= 3 * 11, report
-    assert "hybrid model" in report["verify_disabled_reason"] and facts["pipeline_launches"] > 0, (report, facts)
+    assert report["verify_disabled_reason"] is None and facts["pipeline_launches"] > 0, (report, facts)
     assert facts["paths"] == {"fla"}
     worst = [_agree(graphs[0], eager[0], TOL[torch.bfloat16], strict=True)]  # no padding: the same kernels
     worst += [_agree(g, e, TOL[torch.bfloat16]) for g, e in zip(graphs[1:3], eager[1:3])]
@@ -129,7 +129,8 @@ def test_cuda_graphs_replay_hybrid_decode_steps(tmp_path, arch):
 def test_cuda_graphs_keep_prefix_hits_preemption_and_rollback(tmp_path):
     """With graphs on: mamba_cache_mode align with too little KV for the batch (requests preempted, resumed from
     saved states) and a repeat of the prompts (prefix hits restore saved states, then decode steps replay), and
-    n-gram speculation (verify steps eager, the decode step after rejected drafts rolls the slot back first);
+    n-gram speculation (verify steps replay graphs whose rows put each request's own tokens behind padding; the
+    step after rejected drafts rolls the slot back first, recomputing its state from the row's kept inputs);
     each against the eager engine with the same settings."""
     _fla()
     from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
@@ -147,7 +148,7 @@ def test_cuda_graphs_keep_prefix_hits_preemption_and_rollback(tmp_path):
     got = _graph_runs(d, [([p], _params(24)) for p in spec], enable_prefix_caching=False,
                       speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     (eager, _, _), (graphs, report, facts) = got["off"], got["full"]
-    assert report["replays"] > 0 and report["verify_replays"] == 0 and facts["states"].rollbacks > 0, (report, facts)
+    assert report["replays"] > 0 and report["verify_replays"] > 0 and facts["states"].rollbacks > 0, (report, facts)
     for g, e in zip(graphs, eager):
         _agree(g, e, SCHEDULE_TOL)
 

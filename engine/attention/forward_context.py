@@ -21,6 +21,8 @@ class ForwardContext:
     # hybrid models: each sequence's recurrent-state slot (a CUDA graph's decode step: an int64 device tensor)
     state_slots: "list[int | None] | torch.Tensor | None" = None
     lookaheads: list[int] | None = None  # each sequence's draft tokens under verification (speculative decoding)
+    # hybrid models, a CUDA graph's verify step: each row's padding tokens before its own (int64 device tensor)
+    state_leads: "torch.Tensor | None" = None
 
 
 _current: ForwardContext | None = None

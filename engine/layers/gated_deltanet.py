@@ -5,9 +5,11 @@ the gated delta rule mixes tokens through a per-request state; a gated RMSNorm a
 The state lives in the engine's RecurrentStateCache (engine/cache/recurrent_state.py); the step's StatePlan says which
 rows are one-token steps (run as a batch by the recurrent form: the rows' states gathered from their slots,
 updated, scattered back into the cache) and which are prefill chunks (one request at a time by the chunked
-form); a step of one-token rows only (`all_decode`, which CUDA graphs replay) needs no row indexing; a
-speculative verify chunk runs token by token with the one-token ops and keeps every intermediate state in its
-Trail (the cache rolls back to the accepted tokens' state). On CUDA the gated
+form); a step of one-token rows only (`all_decode`, which CUDA graphs replay) needs no row indexing; speculative
+verify chunks run as rows of tokens (`VerifyRows`: an eager chunk one row, a CUDA graph's verify step all of
+its rows, each request's own tokens behind padding), the convolution over gathered windows and the delta rule
+one token after another as decode steps run it (`delta_rows`), keeping in the cache's trail buffers what a
+rollback to the accepted tokens recomputes from. On CUDA the gated
 delta rule runs through flash-linear-attention where it is installed (engine/kernels/fla_gated_delta.py);
 elsewhere, and when `use_fla` is False, through the torch reference (gated_deltanet_ops.py). `path` says
 which ran last.
@@ -18,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.cache.recurrent_state import StatePlan
+from onecat.engine.cache.recurrent_state import StatePlan, VerifyRows
 from onecat.engine.config import ModelConfig
 from onecat.engine.errors import UnsupportedModelError
 from onecat.engine.kernels import fla_gated_delta as fla
+from onecat.engine.kernels.triton_support import triton_unavailable_reason
 from onecat.engine.layers import gated_deltanet_ops as ops
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
@@ -91,17 +94,19 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
         T = x.shape[0]
         mixed, z, b, a = self.in_proj(x).split(self.split_sizes, dim=-1)
+        beta = pointwise(torch.sigmoid, b).float()
+        g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
+        if plan.rows is not None:  # a CUDA graph's verify step: every token in a verify row
+            return self._finish(self._verify_rows(mixed, g, beta, plan, plan.rows), z, x)
         conv_state, ssm_state = plan.conv[self.state_index], plan.ssm[self.state_index]
-        mixed = self._convolve(mixed, plan, conv_state)
-        q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        convolved = self._convolve(mixed, plan, conv_state)
+        q, k, v = convolved.split([self.key_size, self.key_size, self.value_size], dim=-1)
         chunk_rule, step, prepare = self._rule(x)
         q, k = q.view(T, self.k_heads, self.k_dim), k.view(T, self.k_heads, self.k_dim)
         v = v.reshape(T, self.v_heads, self.v_dim)
         if prepare:
             (q, k), v = ops.prepare_qk(q, k, self.v_heads), v.float()
-        beta = pointwise(torch.sigmoid, b).float()
-        g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
-        if plan.all_decode:  # one token per row: no row indexing (a CUDA graph step is one of these)
+        if plan.all_decode:  # one token per row: no row indexing (a CUDA graph's decode step is one of these)
             slots = plan.decode_slots
             core, ssm_state[slots] = step(q, k, v, g, beta, ssm_state[slots])
             return self._finish(core, z, x)
@@ -109,18 +114,36 @@ class GatedDeltaNet(nn.Module):
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots
             core[r], ssm_state[slots] = step(q[r], k[r], v[r], g[r], beta[r], ssm_state[slots])
-        for start, end, slot, trail in plan.chunks:
-            if trail is None:
-                part = slice(start, end)
+        for start, end, slot, rows in plan.chunks:
+            part = slice(start, end)
+            if rows is None:
                 core[part], ssm_state[slot] = chunk_rule(q[part], k[part], v[part], g[part], beta[part], ssm_state[slot])
-                continue
-            s = ssm_state[slot].unsqueeze(0)
-            for t in range(start, end):
-                o, s = step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1], s)
-                core[t] = o[0]
-                trail.ssm[self.state_index, t - start] = s[0]
-            ssm_state[slot] = s[0]
+            else:  # a speculative verify chunk: one verify row
+                core[part] = self._verify_rows(mixed[part], g[part], beta[part], plan, rows)
         return self._finish(core, z, x)
+
+    def _verify_rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: StatePlan,
+                     rows: VerifyRows) -> torch.Tensor:
+        """The delta rule's outputs [R * W, Hv, Dv] for verify rows of W tokens (the in_proj outputs `mixed`, g
+        and beta of their tokens): the convolution and the rule run over each row's own tokens from its slot's
+        state, which they leave after the last of them; the state before the row and the row's inputs go to
+        the trail buffers (the cache recomputes a rolled-back state from them)."""
+        width = rows.width
+        count = mixed.shape[0] // width
+        layer, trails = self.state_index, plan.trails
+        convolved = self._convolve_rows(mixed.view(count, width, -1), plan.conv[layer], rows, trails.conv[layer])
+        q, k, v = convolved.split([self.key_size, self.key_size, self.value_size], dim=-1)
+        q = q.reshape(count, width, self.k_heads, self.k_dim)
+        k = k.reshape(count, width, self.k_heads, self.k_dim)
+        v = v.reshape(count, width, self.v_heads, self.v_dim)
+        g, beta = g.view(count, width, self.v_heads), beta.view(count, width, self.v_heads)
+        ssm = plan.ssm[layer]
+        trails.pre_ssm[layer].index_copy_(0, rows.slots, ssm.index_select(0, rows.slots))
+        for kept, value in ((trails.k, k), (trails.v, v), (trails.g, g), (trails.beta, beta)):
+            kept[layer][:, :width].index_copy_(0, rows.slots, value.to(kept.dtype))
+        core = delta_rows(q, k, v, g, beta, ssm, rows.slots, ssm, rows.slots, rows.lead,
+                          torch.full_like(rows.lead, width), reference=self.use_fla is False)
+        return core.reshape(count * width, self.v_heads, self.v_dim)
 
     def _finish(self, core: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The gated RMSNorm of the rule's outputs [T, Hv, Dv] and out_proj."""
@@ -129,7 +152,8 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(out.reshape(T, self.value_size))
 
     def _convolve(self, mixed: torch.Tensor, plan: StatePlan, conv_state: torch.Tensor) -> torch.Tensor:
-        """The causal convolution of every row, continuing each request's carried-over inputs."""
+        """The causal convolution of the decode rows and prefill chunks, continuing each request's carried-over
+        inputs (a verify chunk's rows are left for _verify_rows)."""
         weight = self.conv1d.weight.squeeze(1)
         if plan.all_decode:
             slots = plan.decode_slots
@@ -139,18 +163,51 @@ class GatedDeltaNet(nn.Module):
         if plan.decode_rows is not None:
             r, slots = plan.decode_rows, plan.decode_slots
             out[r], conv_state[slots] = ops.causal_conv_step(mixed[r], conv_state[slots], weight)
-        for start, end, slot, trail in plan.chunks:
-            if trail is None:
+        for start, end, slot, rows in plan.chunks:
+            if rows is None:
                 y, conv_state[slot] = ops.causal_conv(mixed[start:end].T, conv_state[slot], weight)
                 out[start:end] = y.T
-                continue
-            trail.conv[self.state_index] = torch.cat([conv_state[slot], mixed[start:end].T.to(conv_state.dtype)], -1)
-            state = conv_state[slot].unsqueeze(0)
-            for t in range(start, end):
-                y, state = ops.causal_conv_step(mixed[t:t + 1], state, weight)
-                out[t] = y[0]
-            conv_state[slot] = state[0]
         return out
+
+    def _convolve_rows(self, x: torch.Tensor, conv_state: torch.Tensor, rows: VerifyRows,
+                       kept: torch.Tensor) -> torch.Tensor:
+        """The causal convolution of verify rows x [R, W, C]: own token j of a row (at row position lead + j)
+        sees the request's inputs j .. j + K-1 of (carried-over K-1, then its own), each window summed as a
+        decode step sums it; padding tokens get any window. Keeps the carried-over inputs then the row's in
+        `kept` [slots, C, K-1 + width] and leaves each slot's last K-1 inputs after the row's own tokens."""
+        weight = self.conv1d.weight.squeeze(1)  # [C, K]
+        taps = weight.shape[1]
+        count, width, channels = x.shape
+        full = torch.cat([conv_state.index_select(0, rows.slots).to(weight.dtype),
+                          x.transpose(1, 2).to(weight.dtype)], dim=-1)  # [R, C, K-1 + W]
+        kept[..., :full.shape[-1]].index_copy_(0, rows.slots, full.to(kept.dtype))
+        lead = rows.lead.view(count, 1, 1)
+        at = (torch.arange(width, device=x.device).view(1, width, 1) - lead
+              + torch.arange(taps, device=x.device).view(1, 1, taps)).clamp_(min=0)  # own-input index [R, W, K]
+        at = torch.where(at < taps - 1, at, at + lead)  # its place in `full`: own inputs sit after the padding
+        windows = full.gather(2, at.view(count, 1, width * taps).expand(count, channels, width * taps))
+        out = (windows.view(count, channels, width, taps) * weight.view(channels, 1, taps)).sum(dim=-1)
+        last = (width - lead.view(count, 1)) + torch.arange(taps - 1, device=x.device).view(1, taps - 1)
+        last = torch.where(last < taps - 1, last, last + lead.view(count, 1))
+        conv_state.index_copy_(0, rows.slots, full.gather(2, last.view(count, 1, taps - 1).expand(
+            count, channels, taps - 1)).to(conv_state.dtype))
+        return pointwise(F.silu, out).to(x.dtype).transpose(1, 2)
+
+
+def delta_rows(q, k, v, g, beta, states_in: torch.Tensor, in_index: torch.Tensor, states_out: torch.Tensor,
+               out_index: torch.Tensor, begin: torch.Tensor, end: torch.Tensor, with_outputs: bool = True,
+               reference: bool = False) -> torch.Tensor | None:
+    """The gated delta rule over rows of tokens (gated_deltanet_ops.rows_recurrence: q, k as projected), row r
+    from states_in[in_index[r]] into states_out[out_index[r]]: the Triton kernel on CUDA
+    (engine/kernels/triton_gated_delta_rows.py), the torch reference elsewhere or when `reference`."""
+    if states_in.is_cuda and not reference and triton_unavailable_reason() is None:
+        from onecat.engine.kernels import triton_gated_delta_rows as kernel
+
+        return kernel.rows_recurrence(q, k, v, g, beta, states_in, in_index, states_out, out_index, begin, end,
+                                      with_outputs)
+    out, states = ops.rows_recurrence(q, k, v, g, beta, states_in.index_select(0, in_index), begin, end)
+    states_out.index_copy_(0, out_index, states)
+    return out if with_outputs else None
 
 
 def _reference_chunk(q, k, v, g, beta, state):

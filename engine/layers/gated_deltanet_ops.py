@@ -38,7 +38,8 @@ def causal_conv_step(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor)
 def prepare_qk(q: torch.Tensor, k: torch.Tensor, value_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [..., Hk, Dk] -> float32, l2-normalized, q scaled by Dk^-1/2, each key head repeated for the
     value heads it serves ([..., Hv, Dk])."""
-    q, k = l2norm(q.float()), l2norm(k.float())
+    # contiguous first: the sums over Dk then run in one order whatever the tensor's other dimensions and strides
+    q, k = l2norm(q.float().contiguous()), l2norm(k.float().contiguous())
     q = q * q.shape[-1] ** -0.5
     groups = value_heads // k.shape[-2]
     if groups > 1:
@@ -86,3 +87,22 @@ def recurrent_gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     delta = (v.float() - predicted) * beta.unsqueeze(-1)
     s = s + k.unsqueeze(-1) * delta.unsqueeze(-2)
     return (s * q.unsqueeze(-1)).sum(dim=-2), s
+
+
+def rows_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                    states: torch.Tensor, begin: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of tokens, each row its own request: q, k [R, W, Hk, Dk] as projected, v [R, W, Hv, Dv], g and beta
+    [R, W, Hv] float32, states [R, Hv, Dk, Dv] float32; token t of row r updates the state only where
+    begin[r] <= t < end[r] (padding before and after a row's own tokens leaves it unchanged). Returns (outputs
+    [R, W, Hv, Dv] float32, the states after each row's own tokens). The one-token step of every token in
+    turn, so a row's states are those of its tokens' decode steps (a speculative verify step's rows, and the
+    recomputed state of a rolled-back request)."""
+    q, k = prepare_qk(q, k, v.shape[-2])
+    v, s = v.float(), states.float()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    steps = torch.arange(q.shape[1], device=q.device)
+    live = (steps >= begin[:, None]) & (steps < end[:, None])  # [R, W]
+    for t in range(q.shape[1]):
+        out[:, t], stepped = recurrent_gated_delta_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], s)
+        s = torch.where(live[:, t, None, None, None], stepped, s)
+    return out, s

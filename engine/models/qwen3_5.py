@@ -5,9 +5,9 @@ zero-centered RMSNorms.
 
 The engine gives a hybrid model one recurrent-state slot per running request (`allocate_recurrent_state`,
 `Sequence.state_slot`); only the full-attention layers have KV caches (ModelConfig.kv_layer_ids). A step's
-slots come as a list (eager steps: the state cache plans the step on the host) or, in a pure decode step
-replayed from a CUDA graph, as a device tensor the graph runner fills before each replay
-(engine/worker/cuda_graph.py).
+slots come as a list (eager steps: the state cache plans the step on the host) or, in a decode or verify step
+replayed from a CUDA graph, as a device tensor the graph runner fills before each replay, with each verify
+row's padding in another (engine/worker/cuda_graph.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from onecat.engine.attention.forward_context import get_forward_context
 from onecat.engine.cache.recurrent_state import RecurrentStateCache, StatePlan
 from onecat.engine.config import ModelConfig
 from onecat.engine.layers.gated_attention import GatedAttention
-from onecat.engine.layers.gated_deltanet import GatedDeltaNet, linear_attention_sizes
+from onecat.engine.layers.gated_deltanet import GatedDeltaNet, delta_rows, linear_attention_sizes
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.moe import SparseMoE
@@ -95,17 +95,22 @@ class Qwen3_5ForCausalLM(nn.Module):
         s = linear_attention_sizes(self.cfg)
         mixer = next((m for m in self.modules() if isinstance(m, GatedDeltaNet)), None)
         if mixer is not None:  # this rank's heads under tensor parallel (engine/parallel/hybrid_sharding.py)
-            s.update(conv_dim=mixer.conv_dim, v_heads=mixer.v_heads)
+            s.update(conv_dim=mixer.conv_dim, v_heads=mixer.v_heads, k_heads=mixer.k_heads)
         self.states = RecurrentStateCache(self.num_linear_layers, num_slots, s["conv_dim"], s["conv_kernel"],
-                                          s["v_heads"], s["k_dim"], s["v_dim"], dtype, device, num_snapshots)
+                                          s["v_heads"], s["k_dim"], s["v_dim"], dtype, device, num_snapshots,
+                                          k_heads=s["k_heads"], recurrence=delta_rows)
 
     # ---- forward ------------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.states is None:
             raise RuntimeError("allocate_recurrent_state before running a hybrid model")
         ctx = get_forward_context()
-        if isinstance(ctx.state_slots, torch.Tensor):  # a CUDA graph's decode step: the rows' slots on the device
-            plan = self.states.decode_plan(ctx.state_slots)
+        if isinstance(ctx.state_slots, torch.Tensor):  # a CUDA graph's step: the rows' slots on the device
+            if ctx.state_leads is None:  # decode
+                plan = self.states.decode_plan(ctx.state_slots)
+            else:  # verify: rows of equal width, each request's own tokens behind its padding
+                plan = self.states.verify_plan(ctx.state_slots, ctx.state_leads,
+                                               input_ids.shape[0] // ctx.state_slots.shape[0])
         else:
             plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots,
                                          ctx.lookaheads)

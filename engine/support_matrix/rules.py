@@ -254,12 +254,6 @@ FALLBACKS: tuple[Fallback, ...] = (
              "packed MoE experts run one routed expert at a time, picked on the host, which a CUDA graph cannot "
              "capture",
          example=dict(architecture="qwen3_5_moe", device="cuda", cuda_graph="full", quantization="w4a16")),
-    Fallback("hybrid-verify-eager", ("architecture", "speculative", "cuda_graph", "device"),
-             lambda c: c.hybrid and c.speculative is not None and c.cuda_graph == "full" and c.device == "cuda",
-             "speculative verify steps run eagerly; decode steps replay graphs",
-             "a verify step runs the drafts token by token and keeps every intermediate recurrent state for the "
-             "rollback",
-         example=dict(architecture="qwen3_5", device="cuda", cuda_graph="full", speculative="ngram")),
     Fallback("attention-backend-off-its-device", ("attention_backend", "device"),
              lambda c: (c.attention_backend in CUDA_BACKENDS and c.device == "cpu")
              or (c.attention_backend == "CPU_PAGED" and c.device == "cuda"),

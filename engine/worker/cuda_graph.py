@@ -18,12 +18,13 @@ sized from shapes; for verify steps it also takes its per-token work items from 
 buffers); otherwise graphs stay off (or verify steps stay eager) and the reason is reported.
 When a block drafter taps hidden states (`aux_layer_ids`), the graph keeps them as an output too and
 each replay hands a copy to the model's `aux_hidden`, as an eager forward would.
-A hybrid model (a recurrent-state cache, engine/cache/recurrent_state.py) replays its pure decode steps too: each row's
-state slot travels in the same buffer (padded rows: the cache's scratch slot), the model takes its step's
-plan from that device tensor, and the layers update the state rows of those slots inside the cache's tensors.
-The host-side part of such a step (zeroing the slot of a request at position 0, rolling a slot back after
-rejected drafts) runs before the replay. Its speculative verify steps stay eager: they run the drafts token by
-token and keep every intermediate state for the rollback (`verify_disabled_reason` says so).
+A hybrid model (a recurrent-state cache, engine/cache/recurrent_state.py) replays its decode and verify steps too:
+each row's state slot travels in the same buffer (padded rows: the cache's scratch slot), and for a verify step
+each row's padding count (`verify_lead`), the model takes its step's plan from those device tensors, and the
+layers update the state rows of those slots inside the cache's tensors (a verify row runs the request's own
+tokens from its slot's state and keeps what a rollback recomputes from). The host-side part of such a step
+(zeroing the slot of a request at position 0, rolling a slot back after rejected drafts) runs before the
+replay.
 Under tensor parallelism every rank holds the same graphs: rank 0 describes each replay as a
 `GraphStep` (plain lists) and sends it to the other ranks, which capture (on first use) and replay
 the same graph with it; the layers' collectives are inside the graphs.
@@ -124,9 +125,6 @@ class DecodeGraphs:
             self.disabled_reason = f"attention backend {attention.primary.name} is not graph-safe"
         elif not getattr(attention.primary, "graph_safe_verify", False):
             self.verify_disabled_reason = f"attention backend {attention.primary.name} has no graph-safe verify path"
-        elif self.states is not None:
-            self.verify_disabled_reason = ("hybrid model: a verify step runs the drafts token by token and keeps "
-                                           "every intermediate recurrent state for the rollback; it runs eagerly")
         self.replays = 0
         self.verify_replays = 0
         self._bufs: dict[int, tuple] = {}
@@ -136,9 +134,9 @@ class DecodeGraphs:
     def _buffers(self, q: int):
         if q not in self._bufs:
             n, w = self.sizes[-1], self.max_blocks
-            # int64 host fields: ids, positions, slots (n * q each), seq_lens (n), recurrent-state slots (n),
-            # then the block table
-            host = torch.zeros(3 * n * q + 2 * n + n * w, dtype=torch.int64, pin_memory=True)
+            # int64 host fields: ids, positions, slots (n * q each), seq_lens (n), recurrent-state slots (n), each
+            # verify row's padding tokens (n), then the block table
+            host = torch.zeros(3 * n * q + 3 * n + n * w, dtype=torch.int64, pin_memory=True)
             dev = torch.zeros_like(host, device=self.device)
             ready = torch.cuda.Event()
             ready.record()
@@ -151,8 +149,9 @@ class DecodeGraphs:
         ids, pos, slots = dev[:t], dev[T:T + t], dev[2 * T:2 * T + t]
         lens = dev[3 * T:3 * T + size]
         states = dev[3 * T + n:3 * T + n + size]
-        tables = dev[3 * T + 2 * n:].view(n, w)[:size]
-        return ids, pos, slots, lens, states, tables
+        leads = dev[3 * T + 2 * n:3 * T + 2 * n + size]
+        tables = dev[3 * T + 3 * n:].view(n, w)[:size]
+        return ids, pos, slots, lens, states, leads, tables
 
     def _int32_views(self, q: int) -> dict:
         """int32 copies the attention metadata wants, refreshed from the int64 buffer inside the graph;
@@ -173,7 +172,7 @@ class DecodeGraphs:
     def _step(self, size: int, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         _, dev, _ = self._buffers(q)
         i32 = self._int32_views(q)
-        ids, pos, slots, lens, states, tables = self._views(dev, q, size)
+        ids, pos, slots, lens, states, leads, tables = self._views(dev, q, size)
         i32["lens"][:size].copy_(lens)
         i32["tables"][:size].copy_(tables)
         meta = AttentionMetadata(
@@ -187,8 +186,9 @@ class DecodeGraphs:
             self.attention.primary.verify_layout(meta, i32["tok"][:t], i32["row"][:t], i32["ctx"][:t],
                                                  self.max_model_len)
         gemv_rows = self.verify_gemv_rows if size == 1 else 1  # a batch-1 verify step: rows as in batch-1 decode
+        hybrid = self.states is not None
         set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, gemv_rows,
-                                           states if self.states is not None else None))
+                                           states if hybrid else None, state_leads=leads if hybrid and q > 1 else None))
         try:
             hidden = self.model(ids, pos)
             return self.model.compute_logits(hidden), getattr(self.model, "aux_hidden", None)
@@ -328,7 +328,7 @@ class DecodeGraphs:
         tapped rows."""
         size, q = step.size, step.q
         self.verify_gemv_rows = step.gemv_rows  # a worker rank captures with rank 0's value
-        if (self.states is not None and q > 1) or not self.ensure_captured(size, q):
+        if not self.ensure_captured(size, q):
             return None
         host, dev, ready = self._buffers(q)
         ready.synchronize()  # the previous step's copy has left the pinned buffer
@@ -338,7 +338,8 @@ class DecodeGraphs:
         ids, pos, slots = arr[:T], arr[T:2 * T], arr[2 * T:3 * T]
         lens = arr[3 * T:3 * T + n]
         states = arr[3 * T + n:3 * T + 2 * n]
-        tables = arr[3 * T + 2 * n:].reshape(n, w)
+        leads = arr[3 * T + 2 * n:3 * T + 3 * n]
+        tables = arr[3 * T + 3 * n:].reshape(n, w)
         for f in (ids, pos, slots):
             f[:size * q] = 0
         pos[:size * q] = list(range(q)) * size  # padded rows: the null block, as at capture
@@ -348,13 +349,19 @@ class DecodeGraphs:
         rows = len(step.starts)
         if self.states is not None:  # padded rows: the scratch slot, as at capture
             # the step's host side first (zero / roll back slots, count positions), queued before the replay
-            self.states.prepare_decode(step.state_slots, [p + 1 for p in step.starts])
+            if q == 1:
+                self.states.prepare_decode(step.state_slots, [p + 1 for p in step.starts])
+            else:
+                own = [d + 1 for d in step.drafts]
+                self.states.prepare_verify(step.state_slots, [p + m for p, m in zip(step.starts, own)], own, q)
+                leads[:size] = 0
+                leads[:rows] = [q - m for m in own]
             states[:size] = self.states.scratch_slot
             states[:rows] = step.state_slots
         if step.ids is not None:
             ids[:rows * q] = step.ids
         fill_rows(step, pos, slots, lens, tables, bs)
-        head = 3 * T + 2 * n
+        head = 3 * T + 3 * n
         dev[:head].copy_(host[:head], non_blocking=True)
         dev[head:head + size * w].copy_(host[head:head + size * w], non_blocking=True)
         ready.record()

@@ -210,6 +210,9 @@ class ModelRunner:
         target-only's tokens exactly at batch 1 (the library GEMM sums 1 + k rows in another order than 1, and
         near-ties flip), at the price of reading the weights once per row (triton_gemv.ROW_LOOP: from cache)."""
         self.verify_gemv_rows = query_len if gemv else 1
+        states = getattr(self.model, "states", None)
+        if states is not None:  # a hybrid model keeps each verify row's inputs: its trail buffers are made now
+            states.reserve_verify(query_len)
         if self.graphs is not None:
             self.graphs.verify_query_len = query_len
             self.graphs.verify_gemv_rows = self.verify_gemv_rows
