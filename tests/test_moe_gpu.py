@@ -207,3 +207,29 @@ def test_fused_router_sends_ties_to_the_lower_expert():
     assert ids.tolist() == [[0, 1, 2, 3]] * 2 and torch.equal(w, torch.full((2, 4), 0.25, device="cuda"))
     with pytest.raises(ValueError, match="top_k <= num_experts"):
         route(torch.zeros(1, 4, device="cuda"), 5, True)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_packed_fp4_experts_are_routed_on_the_device_and_graphs_replay(tmp_path, fmt):
+    """A tiny Qwen3-MoE quantized at load to FP4 (experts packed): steps of few tokens take the routed FP4 GEMV
+    (no host read of the routing), so decode steps replay CUDA graphs, with the eager engine's greedy tokens
+    (both run the same kernels)."""
+    _require()
+    from onecat.engine import LLM, SamplingParams
+    from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
+
+    d = make_tiny_moe_hybrid("qwen3_moe", tmp_path / "m", hidden_size=128, moe_intermediate_size=64,
+                             intermediate_size=128)
+    prompts = [[5, 17, 99, 3], list(range(10, 47)), [200, 7]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens = {}
+    for mode in ("off", "full"):
+        with LLM(str(d), dtype="bfloat16", device="cuda", enable_prefix_caching=False, cuda_graph=mode,
+                 quantization=fmt, max_num_seqs=4) as llm:
+            tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
+            experts = [m for m in llm.model.modules() if type(m).__name__ == "PackedExperts"]
+            assert experts and all(m.routed_format is not None and m.path == "routed_fp4" for m in experts)
+            report = llm.cuda_graph_report()
+            if mode == "full":
+                assert report["replays"] > 0 and report["disabled_reason"] is None, report
+    assert tokens["full"] == tokens["off"]

@@ -248,11 +248,11 @@ FALLBACKS: tuple[Fallback, ...] = (
              "elsewhere, neither graph-safe",
          example=dict(architecture="qwen3_moe", device="cuda", cuda_graph="full")),
     Fallback("packed-experts-eager", ("architecture", "quantization", "cuda_graph", "device"),
-             lambda c: c.architecture in MOE_ARCHITECTURES and c.quantization not in (None, "gguf")
+             lambda c: c.architecture in MOE_ARCHITECTURES and c.quantization not in (None, "gguf", "nvfp4", "mxfp4")
              and c.cuda_graph == "full" and c.device == "cuda",
              "decode steps run eagerly",
-             "packed MoE experts run one routed expert at a time, picked on the host, which a CUDA graph cannot "
-             "capture",
+             "packed MoE experts in this format run one routed expert at a time, picked on the host, which a CUDA "
+             "graph cannot capture (NVFP4 and MXFP4 experts take the routed FP4 GEMV, picked on the device)",
          example=dict(architecture="qwen3_5_moe", device="cuda", cuda_graph="full", quantization="w4a16")),
     Fallback("attention-backend-off-its-device", ("attention_backend", "device"),
              lambda c: (c.attention_backend in CUDA_BACKENDS and c.device == "cpu")
