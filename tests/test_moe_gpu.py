@@ -209,11 +209,11 @@ def test_fused_router_sends_ties_to_the_lower_expert():
         route(torch.zeros(1, 4, device="cuda"), 5, True)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_packed_fp4_experts_are_routed_on_the_device_and_graphs_replay(tmp_path, fmt):
-    """A tiny Qwen3-MoE quantized at load to FP4 (experts packed): steps of few tokens take the routed FP4 GEMV
-    (no host read of the routing), so decode steps replay CUDA graphs, with the eager engine's greedy tokens
-    (both run the same kernels)."""
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16"])
+def test_packed_experts_are_routed_on_the_device_and_graphs_replay(tmp_path, fmt):
+    """A tiny Qwen3-MoE quantized at load (experts packed): steps of few tokens take the routed GEMV (no host
+    read of the routing), so decode steps replay CUDA graphs, with the eager engine's greedy tokens (both run
+    the same kernels)."""
     _require()
     from onecat.engine import LLM, SamplingParams
     from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
@@ -228,7 +228,7 @@ def test_packed_fp4_experts_are_routed_on_the_device_and_graphs_replay(tmp_path,
                  quantization=fmt, max_num_seqs=4) as llm:
             tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
             experts = [m for m in llm.model.modules() if type(m).__name__ == "PackedExperts"]
-            assert experts and all(m.routed_format is not None and m.path == "routed_fp4" for m in experts)
+            assert experts and all(m.routed is not None and m.path == "routed" for m in experts)
             report = llm.cuda_graph_report()
             if mode == "full":
                 assert report["replays"] > 0 and report["disabled_reason"] is None, report

@@ -117,12 +117,13 @@ class PackedExperts(nn.Module):
     expert for [gate | up] and one for down, each any layer of engine/quant (W4A16, the CPU int4 layer, FP4,
     FP8). Steps of many tokens run only the experts that got tokens, each through its layers' own path (more
     rows: the dequantized GEMM; CPU: the int4 kernel or the dequantized reference), reading the routing on the
-    host. On CUDA, FP4 experts (NVFP4 or MXFP4, one format for all) are also kept stacked, [E, N, K/8] (each
-    expert's layer then reads its slice of the stack, row-major), and steps of up to ROUTED_TOKENS tokens take
-    the routed FP4 GEMV (engine/kernels/triton_fp4_routed.py): every (token, expert) pair multiplied by the
-    expert the router picked, read from the device, so a CUDA graph captures the layer. Other formats pick the
-    experts on the host, which a CUDA graph cannot capture: their capture fails with the reason below and
-    decode steps run eagerly (the support matrix's packed-experts-eager)."""
+    host. On CUDA, FP4 experts (NVFP4 or MXFP4) and W4A16 experts (one group size, no act-order permutation)
+    are also kept stacked per projection, [E, N, K/8] words and their scales (each expert's layer then reads
+    its slice of the stack, row-major: no second copy), and steps of up to ROUTED_TOKENS tokens take the
+    routed GEMV (engine/kernels/triton_moe_routed.py): every (token, expert) pair multiplied by the expert the
+    router picked, read from the device, so a CUDA graph captures the layer. FP8 experts (and act-order W4A16)
+    pick the experts on the host, which a CUDA graph cannot capture: their capture fails with the reason below
+    and decode steps run eagerly (the support matrix's packed-experts-eager)."""
 
     ROUTED_TOKENS = 256  # decode and verify steps of up to this many tokens take the routed GEMV
     FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
@@ -134,36 +135,40 @@ class PackedExperts(nn.Module):
                              f"and {len(down)}")
         self.num_experts, self.intermediate = len(gate_up), intermediate
         self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
-        self.routed_format = self._stack_fp4() if getattr(gate_up[0], "qweight", torch.empty(0)).is_cuda else None
+        self.routed = self._stack() if getattr(gate_up[0], "qweight", torch.empty(0)).is_cuda else None
         self.path = "none"
 
-    def _stack_fp4(self) -> int | None:
-        """Stack FP4 experts' words, block scales and global scales per projection (buffers gate_up_words,
-        ...), each expert's layer re-pointed at its slice (no second copy); the format id, or None."""
+    def _stack(self) -> str | None:
+        """Stack the experts' words and scales per projection (buffers gate_up_qweight, down_scales, ...), each
+        expert's layer re-pointed at its slice; the words' format, or None where no routed GEMV takes it."""
         layers = [*self.gate_up, *self.down]
         formats = {getattr(layer, "words_format", None) for layer in layers}
-        if len(formats) != 1 or formats.pop() not in self.FP4_FORMATS:
+        fmt = formats.pop() if len(formats) == 1 else None
+        if fmt in self.FP4_FORMATS:
+            parts = ("qweight", "scales", "gscale")
+        elif fmt == "int4" and all(m.perm is None for m in layers) and len({m.group for m in layers}) == 1:
+            parts = ("qweight", "scale_zero")
+        else:
             return None
         for name, group in (("gate_up", self.gate_up), ("down", self.down)):
-            for part, read in (("words", lambda m: m.row_major_words()), ("scales", lambda m: m.scales),
-                               ("gscale", lambda m: m.gscale)):
-                stacked = torch.stack([read(m) for m in group])
+            for part in parts:
+                stacked = torch.stack([m.row_major_words() if part == "qweight" else getattr(m, part) for m in group])
                 self.register_buffer(f"{name}_{part}", stacked, persistent=False)
                 for e, m in enumerate(group):
-                    setattr(m, {"words": "qweight"}.get(part, part), stacked[e])
+                    setattr(m, part, stacked[e])
             for m in group:
                 m.tiled = 0
-        return self.FP4_FORMATS[self.gate_up[0].words_format]
+        return fmt
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids."""
-        if self.routed_format is not None and x.is_cuda and x.shape[0] <= self.ROUTED_TOKENS \
+        if self.routed is not None and x.is_cuda and x.shape[0] <= self.ROUTED_TOKENS \
                 and x.dtype in (torch.float16, torch.bfloat16):
-            self.path = "routed_fp4"
+            self.path = "routed"
             return self._routed(x, weights, experts)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("packed MoE experts pick the routed experts on the host, which a CUDA graph cannot "
-                               "capture; decode steps run eagerly")
+            raise RuntimeError("packed MoE experts in this format pick the routed experts on the host, which a CUDA "
+                               "graph cannot capture; decode steps run eagerly")
         self.path = "packed_loop"
 
         def expert(e: int, rows: torch.Tensor) -> torch.Tensor:
@@ -173,19 +178,25 @@ class PackedExperts(nn.Module):
         return routed_loop(x, weights, experts, self.num_experts, expert)
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """Every (token, expert) pair through the routed FP4 GEMV; each token's pairs summed in float32 in its
-        top-k order, weighted, rounded once to x's dtype."""
-        from onecat.engine.kernels import triton_fp4_routed as routed
-
+        """Every (token, expert) pair through the routed GEMV; each token's pairs summed in float32 in its top-k
+        order, weighted, rounded once to x's dtype."""
         tokens, top_k = experts.shape
-        ids, fmt = experts.reshape(-1).contiguous(), self.routed_format
-        h = routed.routed_gemv(x.contiguous(), self.gate_up_words, self.gate_up_scales, self.gate_up_gscale, fmt, ids,
-                               top_k, per_pair=False)
+        ids = experts.reshape(-1).contiguous()
+        h = self._routed_gemv("gate_up", x.contiguous(), ids, top_k, per_pair=False)
         gate, up = h.split(self.intermediate, dim=-1)
-        y = routed.routed_gemv((F.silu(gate) * up).contiguous(), self.down_words, self.down_scales,
-                               self.down_gscale, fmt, ids, top_k, per_pair=True)
+        y = self._routed_gemv("down", (F.silu(gate) * up).contiguous(), ids, top_k, per_pair=True)
         out = (y.view(tokens, top_k, -1).float() * weights.float().unsqueeze(-1)).sum(dim=1)
         return out.to(x.dtype)
+
+    def _routed_gemv(self, name: str, x: torch.Tensor, ids: torch.Tensor, top_k: int, per_pair: bool):
+        from onecat.engine.kernels import triton_moe_routed as kernels
+
+        words = getattr(self, f"{name}_qweight")
+        if self.routed == "int4":
+            return kernels.w4a16_routed_gemv(x, words, getattr(self, f"{name}_scale_zero"), self.gate_up[0].group,
+                                             ids, top_k, per_pair)
+        return kernels.fp4_routed_gemv(x, words, getattr(self, f"{name}_scales"), getattr(self, f"{name}_gscale"),
+                                       self.FP4_FORMATS[self.routed], ids, top_k, per_pair)
 
 
 class SparseMoE(nn.Module):

@@ -248,12 +248,13 @@ FALLBACKS: tuple[Fallback, ...] = (
              "elsewhere, neither graph-safe",
          example=dict(architecture="qwen3_moe", device="cuda", cuda_graph="full")),
     Fallback("packed-experts-eager", ("architecture", "quantization", "cuda_graph", "device"),
-             lambda c: c.architecture in MOE_ARCHITECTURES and c.quantization not in (None, "gguf", "nvfp4", "mxfp4")
+             lambda c: c.architecture in MOE_ARCHITECTURES and c.quantization == "fp8"
              and c.cuda_graph == "full" and c.device == "cuda",
              "decode steps run eagerly",
-             "packed MoE experts in this format run one routed expert at a time, picked on the host, which a CUDA "
-             "graph cannot capture (NVFP4 and MXFP4 experts take the routed FP4 GEMV, picked on the device)",
-         example=dict(architecture="qwen3_5_moe", device="cuda", cuda_graph="full", quantization="w4a16")),
+             "packed FP8 MoE experts run one routed expert at a time, picked on the host, which a CUDA graph cannot "
+             "capture (NVFP4, MXFP4 and W4A16 experts take a routed GEMV, picked on the device; W4A16 experts with "
+             "an act-order permutation pick on the host too)",
+         example=dict(architecture="qwen3_5_moe", device="cuda", cuda_graph="full", quantization="fp8")),
     Fallback("attention-backend-off-its-device", ("attention_backend", "device"),
              lambda c: (c.attention_backend in CUDA_BACKENDS and c.device == "cpu")
              or (c.attention_backend == "CPU_PAGED" and c.device == "cuda"),

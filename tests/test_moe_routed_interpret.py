@@ -1,0 +1,62 @@
+"""Packed MoE experts picked on the device (engine/layers/moe.py PackedExperts, engine/kernels/triton_moe_routed.py)
+under Triton's interpreter, on the CPU: NVFP4, MXFP4 and W4A16 experts; every (token, expert) pair against the
+expert's exactly dequantized weight, a pair's result independent of the other pairs, and the layer's routed path
+against its per-expert loop (the path steps of many tokens take). CUDA runs the same kernels (tests/test_moe_gpu.py,
+the seed MoE route's GPU benchmark)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = r"""
+import torch
+from onecat.engine.layers.moe import PackedExperts
+from onecat.engine.quant.fp4.layout import dequantize as fp4_dense
+from onecat.engine.quant.fp4.linear import FP4Linear
+from onecat.engine.quant.rtn import quantize
+from onecat.engine.quant.w4a16.layout import dequantize as w4_dense
+from onecat.engine.quant.w4a16.linear import W4A16Linear
+
+torch.manual_seed(0)
+for fmt in ("nvfp4", "mxfp4", "w4a16"):
+    experts, hidden, inter, tokens, top_k = 5, 128, 64, 3, 2
+    kind, dense = (W4A16Linear, w4_dense) if fmt == "w4a16" else (FP4Linear, fp4_dense)
+    gate_up = [kind(quantize(torch.randn(2 * inter, hidden) * 0.2, fmt, **({"group": 32} if fmt == "w4a16" else {})))
+               for _ in range(experts)]
+    down = [kind(quantize(torch.randn(hidden, inter) * 0.2, fmt, **({"group": 32} if fmt == "w4a16" else {})))
+            for _ in range(experts)]
+    x = torch.randn(tokens, hidden).to(torch.bfloat16)
+    ids = torch.tensor([[4, 1], [1, 1], [0, 3]])
+    weights = torch.softmax(torch.randn(tokens, top_k), -1).to(torch.bfloat16)
+
+    layer = PackedExperts(gate_up, down, inter)
+    assert layer.routed is None  # CPU tensors: the loop, unless stacked on purpose
+    loop = layer(x, weights, ids)
+    dense_gate_up = [dense(m.packed()).float() for m in gate_up]
+    layer.routed = layer._stack()
+    assert layer.routed == {"w4a16": "int4"}.get(fmt, fmt), layer.routed
+    assert layer.gate_up[1].qweight.data_ptr() == layer.gate_up_qweight[1].data_ptr()  # a slice, no copy
+    assert torch.equal(layer(x, weights, ids), loop)  # each expert's layer reads its slice of the stack
+
+    flat = ids.flatten()
+    y = layer._routed_gemv("gate_up", x, flat, top_k, per_pair=False)
+    for p, e in enumerate(flat.tolist()):
+        ref = x[p // top_k].float() @ dense_gate_up[e].T
+        assert (y[p].float() - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3, (fmt, p)
+    alone = layer._routed_gemv("gate_up", x[2:3].contiguous(), ids[2].contiguous(), top_k, per_pair=False)
+    assert torch.equal(alone, y[4:6]), fmt  # a pair's result does not depend on the other pairs
+    got = layer._routed(x, weights, ids)
+    assert (got.float() - loop.float()).abs().max() <= 0.02 * loop.float().abs().max() + 1e-3, fmt
+print("ok")
+"""
+
+
+def test_routed_packed_experts_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
