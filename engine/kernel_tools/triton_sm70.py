@@ -4,8 +4,10 @@ Triton lowers the kernel to PTX for an sm_70 target (no device needed), the proj
 it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check.py. Checked: the
 instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
 and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
-(triton_moe_gemv.py) at the Qwen3-30B-A3B widths; and the tensor-parallel one-shot all-reduce / all-gather at
-TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits.
+(triton_moe_gemv.py) at the Qwen3-30B-A3B widths; the routed GEMVs of packed experts (triton_moe_routed.py:
+NVFP4, MXFP4, W4A16) and the verify rows' gated delta rule (triton_gated_delta_rows.py) at the Qwen3.5
+routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
+(engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits.
 Needs Triton importable (the engine's CUDA extra); without it the check says so and reports nothing.
 """
 from __future__ import annotations
@@ -31,6 +33,16 @@ PEER_SIGNATURE = {"inp": "*fp16", "out": "*fp16", "n": "i32", "bases": "*i64", "
                   "RANK": "constexpr", "WORLD": "constexpr", "GATHER": "constexpr", "HEADER": "constexpr",
                   "CAP": "constexpr", "MAXW": "constexpr", "BLOCK": "constexpr", "TIMEOUT_NS": "constexpr"}
 PEER_WORLD = 4  # the seed's 4x V100 tensor parallel
+ROUTED_SHAPE = {"hidden": 2048, "intermediate": 512, "top_k": 8}  # Qwen3.5-35B-A3B's experts
+ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "y_ptr": "*fp16", "N": "i32",
+                    "TOP_K": "constexpr", "PER_PAIR": "constexpr", "K": "constexpr", "BLOCK_N": "constexpr",
+                    "BLOCK_KW": "constexpr"}
+ROWS_SHAPE = {"W": 16, "HK": 16, "HV": 48, "DK": 128, "DV": 128}  # Qwen3.5-27B's DeltaNet, verify rows of 1 + 15
+ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
+                  "s_in_ptr": "*fp32", "in_idx_ptr": "*i64", "s_out_ptr": "*fp32", "out_idx_ptr": "*i64",
+                  "begin_ptr": "*i64", "end_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32", "W": "constexpr",
+                  "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr", "BK": "constexpr",
+                  "BV": "constexpr", "WRITE_O": "constexpr"}
 MOE_SHAPE = {"hidden": 2048, "intermediate": 768, "top_k": 8}  # Qwen3-30B-A3B's experts
 MOE_GATE_UP_SIGNATURE = {"x_ptr": "*fp16", "w_ptr": "*fp16", "ids_ptr": "*i32", "h_ptr": "*fp16", "top_k": "i32",
                          "inter": "i32", "stride_we": "i32", "K": "constexpr", "BLOCK_N": "constexpr",
@@ -112,6 +124,37 @@ def _moe_ptx(down: bool) -> tuple[str, str, int]:
                     divisible=("inter", "stride_we"))
 
 
+def _routed_ptx(fmt: str, down: bool) -> tuple[str, str, int]:
+    """A routed GEMV of packed experts (gate_up, or down: one input row per pair) at ROUTED_SHAPE, as PackedExperts
+    launches it."""
+    from onecat.engine.kernels import triton_moe_routed as kr
+    from onecat.engine.kernels.triton_w4a16 import _words_per_tile
+
+    h, i, k = ROUTED_SHAPE["hidden"], ROUTED_SHAPE["intermediate"], ROUTED_SHAPE["top_k"]
+    width = i if down else h
+    consts = {"TOP_K": k, "PER_PAIR": down, "K": width, "BLOCK_N": 16}
+    if fmt == "w4a16":
+        sig = dict(ROUTED_SIGNATURE, sz_ptr="*fp16", magic="i32", G="constexpr")
+        return _compile(kr.w4a16_routed_gemv_kernel, _ordered(sig, kr.w4a16_routed_gemv_kernel),
+                        dict(consts, G=GROUP, BLOCK_KW=max(8, _words_per_tile(width // 8, 64))), 2)
+    sig = dict(ROUTED_SIGNATURE, s_ptr="*u8", g_ptr="*fp32", FMT="constexpr")
+    return _compile(kr.fp4_routed_gemv_kernel, _ordered(sig, kr.fp4_routed_gemv_kernel),
+                    dict(consts, FMT={"nvfp4": 0, "mxfp4": 1}[fmt], BLOCK_KW=_words_per_tile(width // 8, 64)), 2)
+
+
+def _ordered(signature: dict, kernel) -> dict:
+    """`signature` in the order of the kernel's arguments."""
+    return {name: signature[name] for name in kernel.arg_names}
+
+
+def _rows_ptx() -> tuple[str, str, int]:
+    """The verify rows' gated delta rule at ROWS_SHAPE, as GatedDeltaNet launches it (outputs written)."""
+    from onecat.engine.kernels import triton_gated_delta_rows as kr
+
+    return _compile(kr.rows_recurrence_kernel, ROWS_SIGNATURE, dict(ROWS_SHAPE, BK=ROWS_SHAPE["DK"], BV=8,
+                                                                     WRITE_O=True), 1)
+
+
 def _cases():
     for k, m in CASES:
         yield f"w4a16_gemv K={k} rows={m} g{GROUP} (Triton)", f"w4a16_gemv_k{k}_m{m}", lambda k=k, m=m: _ptx(k, m)
@@ -123,6 +166,13 @@ def _cases():
         what = "down" if down else "gate_up"
         yield (f"moe_decode_{what} H={MOE_SHAPE['hidden']} I={MOE_SHAPE['intermediate']} k={MOE_SHAPE['top_k']} "
                "(Triton)", f"moe_decode_{what}", lambda d=down: _moe_ptx(d))
+    for fmt in ("nvfp4", "mxfp4", "w4a16"):
+        for down in (False, True):
+            what = "down" if down else "gate_up"
+            yield (f"moe_routed_{fmt}_{what} H={ROUTED_SHAPE['hidden']} I={ROUTED_SHAPE['intermediate']} (Triton)",
+                   f"moe_routed_{fmt}_{what}", lambda f=fmt, d=down: _routed_ptx(f, d))
+    yield (f"gated_delta_rows W={ROWS_SHAPE['W']} Hv={ROWS_SHAPE['HV']} Dk=Dv={ROWS_SHAPE['DK']} (Triton)",
+           "gated_delta_rows", _rows_ptx)
     for gather in (False, True):
         what = "all_gather" if gather else "all_reduce"
         yield f"tp_peer_{what} world={PEER_WORLD} fp16 (Triton)", f"tp_peer_{what}", lambda g=gather: _peer_ptx(g)
