@@ -1,7 +1,7 @@
 """The drafters' CUDA-graph paths end to end on the CPU, capture emulated: a "graph" recomputes its captured step
 into the captured output at each replay. A DFlash and an MTP engine then run their rounds through the static
 buffers, graph keys and output views as on a GPU (dflash_graphs.py, mtp_graphs.py, round_graphs.py), and must
-decode what target-only decodes."""
+decode what target-only decodes. The engines run on the CPU on a GPU machine too."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,10 +45,10 @@ def _with_graphs(graphs):
 def test_dflash_rounds_through_the_graph_buffers_decode_as_target_only(tmp_path, emulated_capture):
     target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
     drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
-    with LLM(str(target), max_model_len=128) as plain:
+    with LLM(str(target), max_model_len=128, device="cpu") as plain:
         want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
     spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
-    with LLM(str(target), max_model_len=128, speculative_config=spec) as llm:
+    with LLM(str(target), max_model_len=128, device="cpu", speculative_config=spec) as llm:
         proposer = llm.engine.proposer.proposer
         proposer.graphs = _with_graphs(DrafterGraphs(proposer.drafter, proposer.embed, proposer.cache,
                                                      torch.device("cpu")))
@@ -61,7 +61,7 @@ def test_dflash_rounds_through_the_graph_buffers_decode_as_target_only(tmp_path,
 
 def test_greedy_mtp_rounds_through_the_graph_buffers_decode_as_target_only(emulated_capture):
     path = str(Path(__file__).parent / "data" / "tiny-qwen35")  # carries an MTP head
-    settings = dict(max_model_len=128, max_num_seqs=4)
+    settings = dict(max_model_len=128, max_num_seqs=4, device="cpu")  # the emulation runs on the CPU, GPU or not
     with LLM(path, **settings) as plain:
         want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
     spec = {"method": "mtp", "num_speculative_tokens": 3, "disable_when_slower": False}

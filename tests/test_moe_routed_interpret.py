@@ -28,8 +28,8 @@ for fmt in ("nvfp4", "mxfp4", "w4a16"):
     kind, dense = (W4A16Linear, w4_dense) if fmt == "w4a16" else (FP4Linear, fp4_dense)
     gate_up = [kind(quantize(torch.randn(2 * inter, hidden) * 0.2, fmt, **({"group": 32} if fmt == "w4a16" else {})))
                for _ in range(experts)]
-    down = [kind(quantize(torch.randn(hidden, inter) * 0.2, fmt, **({"group": 32} if fmt == "w4a16" else {})))
-            for _ in range(experts)]
+    down = [kind(quantize(torch.randn(hidden, inter) * 0.2, fmt, **({"group": 64} if fmt == "w4a16" else {})))
+            for _ in range(experts)]  # W4A16: another group size than gate_up's, as a narrow down projection takes
     x = torch.randn(tokens, hidden).to(torch.bfloat16)
     ids = torch.tensor([[4, 1], [1, 1], [0, 3]])
     weights = torch.softmax(torch.randn(tokens, top_k), -1).to(torch.bfloat16)
@@ -48,6 +48,11 @@ for fmt in ("nvfp4", "mxfp4", "w4a16"):
     for p, e in enumerate(flat.tolist()):
         ref = x[p // top_k].float() @ dense_gate_up[e].T
         assert (y[p].float() - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3, (fmt, p)
+    h = torch.randn(len(flat), inter).to(torch.bfloat16)  # one row per pair
+    z = layer._routed_gemv("down", h, flat, top_k, per_pair=True)
+    for p, e in enumerate(flat.tolist()):
+        ref = h[p].float() @ dense(down[e].packed()).float().T
+        assert (z[p].float() - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3, (fmt, "down", p)
     alone = layer._routed_gemv("gate_up", x[2:3].contiguous(), ids[2].contiguous(), top_k, per_pair=False)
     assert torch.equal(alone, y[4:6]), fmt  # a pair's result does not depend on the other pairs
     got = layer._routed(x, weights, ids)

@@ -117,7 +117,7 @@ class PackedExperts(nn.Module):
     expert for [gate | up] and one for down, each any layer of engine/quant (W4A16, the CPU int4 layer, FP4,
     FP8). Steps of many tokens run only the experts that got tokens, each through its layers' own path (more
     rows: the dequantized GEMM; CPU: the int4 kernel or the dequantized reference), reading the routing on the
-    host. On CUDA, FP4 experts (NVFP4 or MXFP4) and W4A16 experts (one group size, no act-order permutation)
+    host. On CUDA, FP4 experts (NVFP4 or MXFP4) and W4A16 experts (one group size a projection, no act-order)
     are also kept stacked per projection, [E, N, K/8] words and their scales (each expert's layer then reads
     its slice of the stack, row-major: no second copy), and steps of up to ROUTED_TOKENS tokens take the
     routed GEMV (engine/kernels/triton_moe_routed.py): every (token, expert) pair multiplied by the expert the
@@ -146,8 +146,9 @@ class PackedExperts(nn.Module):
         fmt = formats.pop() if len(formats) == 1 else None
         if fmt in self.FP4_FORMATS:
             parts = ("qweight", "scales", "gscale")
-        elif fmt == "int4" and all(m.perm is None for m in layers) and len({m.group for m in layers}) == 1:
-            parts = ("qweight", "scale_zero")
+        elif fmt == "int4" and all(m.perm is None for m in layers) \
+                and all(len({m.group for m in group}) == 1 for group in (self.gate_up, self.down)):
+            parts = ("qweight", "scale_zero")  # one group size per projection (a narrow down may take a smaller one)
         else:
             return None
         for name, group in (("gate_up", self.gate_up), ("down", self.down)):
@@ -193,7 +194,7 @@ class PackedExperts(nn.Module):
 
         words = getattr(self, f"{name}_qweight")
         if self.routed == "int4":
-            return kernels.w4a16_routed_gemv(x, words, getattr(self, f"{name}_scale_zero"), self.gate_up[0].group,
+            return kernels.w4a16_routed_gemv(x, words, getattr(self, f"{name}_scale_zero"), getattr(self, name)[0].group,
                                              ids, top_k, per_pair)
         return kernels.fp4_routed_gemv(x, words, getattr(self, f"{name}_scales"), getattr(self, f"{name}_gscale"),
                                        self.FP4_FORMATS[self.routed], ids, top_k, per_pair)
