@@ -2,8 +2,9 @@
 # On a CUDA machine whose python already has torch (+ triton, transformers, pytest): install onecat
 # without touching its packages, run the GPU tests, the GEMV sweep, the step profile and the decode
 # benchmark; `speculative` runs the speculative GPU tests and the synthetic rounds on the 8B shape (no checkpoint
-# needed; with an A/B of drafts read back each round and a timeline profile of batch-1 rounds), `routes` the seed
-# routes (benchmarks/seed_routes_gpu.py; Gated DeltaNet needs fla-core), `embedded` the embedded target with its
+# needed; with an A/B of drafts read back each round and a timeline profile of batch-1 rounds), `routes` the GPU tests
+# of routed packed experts and hybrid verify graphs, then the seed routes (benchmarks/seed_routes_gpu.py; Gated
+# DeltaNet needs fla-core), `embedded` the embedded target with its
 # trained DFlash drafter (EMBEDDED_GGUF=path of the GGUF, DFLASH_PROMPTS=prompts saved by `benchmarks/
 # speculative_gpu.py --save-prompts` where the datasets are): gate on and off, and a timeline profile.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded]...   (default: the first four)
@@ -45,7 +46,10 @@ for step in $steps; do
              --out "$out/speculative_gpu_dflash_gate_off.json" >>"$out/embedded.log" 2>&1; echo "gate off rc=$?"
            timeout 100 python3 benchmarks/speculative_gpu.py $a --gate off --profile "$out/embedded_timeline" \
              >>"$out/embedded.log" 2>&1; echo "timeline rc=$?"; grep -E "bs=|us a step" "$out/embedded.log" ;;
-    routes) timeout 560 python3 benchmarks/seed_routes_gpu.py ${ROUTES_ARGS:-} --out "$out/seed_routes_h200.json" \
+    routes) timeout 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_moe_gpu.py \
+             tests/test_hybrid_gpu.py -k "packed or rollback" >"$out/routes_tests.log" 2>&1
+           echo "routed experts and hybrid verify graph tests rc=$?"; tail -3 "$out/routes_tests.log"
+           timeout 560 python3 benchmarks/seed_routes_gpu.py ${ROUTES_ARGS:-} --out "$out/seed_routes_h200.json" \
              >"$out/routes.log" 2>&1; echo "routes rc=$?"; tail -12 "$out/routes.log" ;;
   esac
 done
