@@ -30,10 +30,11 @@ def cat_packed(shards: list) -> object | None:
 
 
 def packed_layer(weight, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device,
-                 cpu_int4: bool) -> nn.Module | None:
+                 cpu_int4: bool, tiles: bool = True) -> nn.Module | None:
     """The layer that runs `weight` on `device` with outputs in `dtype`, or None where that device has no packed
     form of it: on CPU (cpu_int4) W4A16 runs in the int4 layer, which act-order weights do not fit; the FP4
-    GEMV does not take every FP4 weight (fp4_unsupported_reason)."""
+    GEMV does not take every FP4 weight (fp4_unsupported_reason). `tiles`: its words in the tensor-core GEMV's
+    tiles where that GEMV takes its calls (off for experts that PackedExperts stacks row-major)."""
     from onecat.engine.quant.fp4.linear import FP4Linear
     from onecat.engine.quant.fp8.linear import FP8Linear
     from onecat.engine.quant.int4.linear import Int4PackedLinear
@@ -48,7 +49,8 @@ def packed_layer(weight, bias: torch.Tensor | None, dtype: torch.dtype, device: 
     weight = weight.to(device)
     kind = FP4Linear if isinstance(weight, FP4Weight) else FP8Linear if isinstance(weight, FP8Weight) else W4A16Linear
     layer = kind(weight, bias)
-    layer.use_tiles(dtype)
+    if tiles:
+        layer.use_tiles(dtype)
     return layer
 
 
@@ -130,7 +132,10 @@ def replace_experts(model: nn.Module, path: str, experts: Experts, stored: dict[
         gu = cat_packed(parts[:2])
         if gu is None or gu.out_features != 2 * experts.intermediate or parts[2].in_features != experts.intermediate:
             return False
-        layers = [packed_layer(w, None, dtype, device, cpu_int4) for w in (gu, parts[2])]
+        # experts a routed GEMV takes are stacked row-major (PackedExperts): no tiles to undo for each
+        stacked = device.type == "cuda" and (isinstance(gu, FP4Weight) or (isinstance(gu, W4A16Weight)
+                                                                           and gu.perm is None))
+        layers = [packed_layer(w, None, dtype, device, cpu_int4, tiles=not stacked) for w in (gu, parts[2])]
         if any(layer is None for layer in layers):
             return False
         gate_up.append(layers[0])
