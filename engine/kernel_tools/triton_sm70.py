@@ -129,6 +129,7 @@ def _routed_ptx(fmt: str, down: bool) -> tuple[str, str, int]:
     launches it."""
     from onecat.engine.kernels import triton_moe_routed as kr
     from onecat.engine.kernels.triton_w4a16 import _words_per_tile
+    from onecat.engine.quant.fp4.linear import FMT_IDS
 
     h, i, k = ROUTED_SHAPE["hidden"], ROUTED_SHAPE["intermediate"], ROUTED_SHAPE["top_k"]
     width = i if down else h
@@ -139,7 +140,7 @@ def _routed_ptx(fmt: str, down: bool) -> tuple[str, str, int]:
                         dict(consts, G=GROUP, BLOCK_KW=max(8, _words_per_tile(width // 8, 64))), 2)
     sig = dict(ROUTED_SIGNATURE, s_ptr="*u8", g_ptr="*fp32", FMT="constexpr")
     return _compile(kr.fp4_routed_gemv_kernel, _ordered(sig, kr.fp4_routed_gemv_kernel),
-                    dict(consts, FMT={"nvfp4": 0, "mxfp4": 1}[fmt], BLOCK_KW=_words_per_tile(width // 8, 64)), 2)
+                    dict(consts, FMT=FMT_IDS[fmt], BLOCK_KW=_words_per_tile(width // 8, 64)), 2)
 
 
 def _ordered(signature: dict, kernel) -> dict:

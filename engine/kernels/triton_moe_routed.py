@@ -49,7 +49,7 @@ def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, y_ptr, N, TOP_K:
 
 
 def fp4_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor, fmt: int,
-                ids: torch.Tensor, top_k: int, per_pair: bool) -> torch.Tensor:
+                    ids: torch.Tensor, top_k: int, per_pair: bool) -> torch.Tensor:
     """y [P, N]: pair p = (token p // top_k, expert ids[p]) of `ids` [P] (the router's [T, top_k] flattened)
     times its expert's weight; x [T, K] (or [P, K], one row per pair, when `per_pair`), contiguous fp16/bf16;
     qweight int32 [E, N, K/8], scales uint8 [E, N, K/B], gscale float32 [E, N] (NVFP4; any tensor for MXFP4)."""
