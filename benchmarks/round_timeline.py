@@ -8,7 +8,8 @@ window of the engine steps: wall time, device-busy time (the union of kernel, co
 idle gaps by the innermost phase active on the host at the gap (`(none)`: between phases, e.g. the
 generate loop itself). A gap inside a phase that waits on the device (a read-back) cannot happen: the device
 is busy then; gaps are host work that the device waited for. CPU and device times in a Kineto trace share one
-clock, so a gap's host phase is read at its midpoint.
+clock, so a gap's host phase is read at its midpoint. Device time is also split by the host phase that
+launched it (the runtime call's correlation id: drafter vs verify work) and by kernel name.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import torch
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_PHASE = "engine.step"
+TOP_KERNELS = 25
+KERNEL_NAME_CHARS = 90
 
 
 def _targets():
@@ -100,22 +103,47 @@ def summarize(trace_path: Path, min_gap_us: float = 2.0) -> dict:
         if b - a < min_gap_us:
             idle_by_phase["(gaps < %g us)" % min_gap_us] += b - a
             continue
-        mid = (a + b) / 2
-        inner, width = "(none)", float("inf")
-        for e in phases[:bisect.bisect_right(starts, mid)]:
-            if e["ts"] + e["dur"] >= mid and e["dur"] < width:
-                inner, width = e["name"], e["dur"]
-        idle_by_phase[inner] += b - a
+        idle_by_phase[_innermost(phases, starts, (a + b) / 2)] += b - a
     host_by_phase: dict[str, float] = defaultdict(float)
     for e in phases:
         host_by_phase[e["name"]] += e["dur"]
+    by_launch, by_kernel = _device_time_by_launch(events, phases, starts, t0, t1)
     n = len(steps)
     return {"steps": n, "wall_us": round(t1 - t0, 1), "device_busy_us": round(busy, 1),
             "wall_per_step_us": round((t1 - t0) / n, 1), "device_busy_per_step_us": round(busy / n, 1),
             "idle_per_step_us_by_host_phase": {k: round(v / n, 1) for k, v in
                                                sorted(idle_by_phase.items(), key=lambda kv: -kv[1])},
             "host_per_step_us_by_phase": {k: round(v / n, 1) for k, v in
-                                          sorted(host_by_phase.items(), key=lambda kv: -kv[1])}}
+                                          sorted(host_by_phase.items(), key=lambda kv: -kv[1])},
+            "device_per_step_us_by_launching_phase": {k: round(v / n, 1) for k, v in
+                                                      sorted(by_launch.items(), key=lambda kv: -kv[1])},
+            "device_per_step_us_top_kernels": {k: round(v / n, 1) for k, v in
+                                               sorted(by_kernel.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]}}
+
+
+def _innermost(phases: list[dict], starts: list[float], t: float) -> str:
+    inner, width = "(none)", float("inf")
+    for e in phases[:bisect.bisect_right(starts, t)]:
+        if e["ts"] + e["dur"] >= t and e["dur"] < width:
+            inner, width = e["name"], e["dur"]
+    return inner
+
+
+def _device_time_by_launch(events: list[dict], phases: list[dict], starts: list[float], t0: float,
+                           t1: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Device time in [t0, t1] by the host phase whose runtime call (kernel launch, graph launch, copy) started
+    it, matched through the trace's correlation ids; and by kernel name (a graph's kernels by their own names)."""
+    launched_at = {e["args"]["correlation"]: e["ts"] for e in events
+                   if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    by_launch: dict[str, float] = defaultdict(float)
+    by_kernel: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("cat") not in DEVICE_CATEGORIES or e.get("ph") != "X" or not t0 <= e["ts"] < t1:
+            continue
+        at = launched_at.get(e.get("args", {}).get("correlation"))
+        by_launch["(unmatched)" if at is None else _innermost(phases, starts, at)] += e["dur"]
+        by_kernel[e["name"][:KERNEL_NAME_CHARS]] += e["dur"]
+    return by_launch, by_kernel
 
 
 def profile_steps(run, out: Path, label: str) -> dict:

@@ -135,8 +135,8 @@ def main() -> None:
                     help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
                          "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                    help="instead of measuring: where the first batch size's steps go (target-only, n-gram- and "
-                         "DFlash-shaped at acceptance 4.25; benchmarks/round_timeline.py), into DIR/timeline.json")
+                    help="instead of measuring: where each batch size's steps go (target-only, n-gram- and DFlash-shaped "
+                         "at acceptance 4.25; benchmarks/round_timeline.py), into DIR/batchN/timeline.json")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):
@@ -199,8 +199,8 @@ def main() -> None:
             if drafter is not None:
                 arms.append(("dflash_shaped_4.25", lambda: SyntheticProposer(
                     DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), 3.25, continuation, vocab)))
-            profile_round(llm, arms, batch_prompts, args.max_tokens, args.profile, cuda)
-            break
+            profile_round(llm, arms, batch_prompts, args.max_tokens, args.profile / f"batch{batch}", cuda)
+            continue
 
         arms = []
         for a in ACCEPTANCE_LENGTHS + (8.0,):
