@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from onecat.engine.speculative.controller import WARMUP, SpeculationGate
+from onecat.engine.speculative.controller import MAX_PROBE_EVERY, PROBE_COST, WARMUP, SpeculationGate
 
 
 def _feed(gate: SpeculationGate, batch: int, steps: int, plain_s: float, round_s: float, tokens: float) -> list[bool]:
@@ -202,3 +202,19 @@ def test_an_unlucky_start_does_not_lock_drafting_out():
     assert gate.pays(1) is False
     later = _feed(gate, 1, 200, plain_s=1.0, round_s=1.1, tokens=2.5)
     assert gate.pays(1) is True and sum(later[100:]) >= 95
+
+
+def test_rounds_that_lose_badly_are_probed_only_as_often_as_the_probe_budget_allows():
+    """A probe round that loses ~4.4 plain steps (round 5.7 steps moving 1.34 tokens) is spaced out until its
+    probes cost about PROBE_COST of the decode time; one near break-even keeps being probed often."""
+    gate = SpeculationGate(probe_every=32)
+    decisions = _feed(gate, 1, 4000, plain_s=1.0, round_s=5.7, tokens=1.34)
+    assert gate.pays(1) is False
+    assert gate.report()["per_batch_size_up_to"][1]["probe_every"] == MAX_PROBE_EVERY
+    probes = sum(decisions[1000:])
+    assert 0 < probes <= 3000 // MAX_PROBE_EVERY + 1
+    lost = probes * (5.7 - 1.34) / 3000  # time the probes cost over plain steps moving the same tokens
+    assert lost < 2 * PROBE_COST
+    near = SpeculationGate(probe_every=32)
+    _feed(near, 1, 4000, plain_s=1.0, round_s=1.1, tokens=1.05)  # loses 0.05 steps a probe
+    assert near.pays(1) is False and near.report()["per_batch_size_up_to"][1]["probe_every"] == 32

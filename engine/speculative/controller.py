@@ -7,10 +7,13 @@ per sequence; a plain step moves one. Both are measured here, per batch size up 
 reading its tokens, so wall time covers the device's work and the host's). Drafting stays on while
 `tokens per round / round time >= 1 / plain step time`. A mode that is off is probed now and then (one step
 every `probe_every`; a probe moves its mode's averages by PROBE_WEIGHT) so that a change in acceptance or
-in cost is noticed. While drafting wins, its plain probes are spaced out (x2 a confirming probe, up to
-`MAX_PROBE_EVERY` steps); while drafting loses, or once the verdict changes, drafting is probed at the base
-rate, so an early unlucky estimate cannot lock drafting out for long. Either way the request gets the
-target's exact distribution: the verifier is exact, plain steps sample from the target.
+in cost is noticed. Probes of a verdict that holds are spaced out (x2 a confirming probe): while drafting
+wins, up to `MAX_PROBE_EVERY` steps; while it loses, up to the spacing at which its probes cost at most
+PROBE_COST of the decode time (a probe round loses `round - tokens x plain step` against plain steps: a
+round near break-even is probed often, one that loses badly rarely). Once the verdict changes, probing starts
+again at the base rate, and a losing verdict is probed twice within 3 x base steps, so an early unlucky
+estimate cannot lock drafting out for long. Either way the request gets the target's exact distribution:
+the verifier is exact, plain steps sample from the target.
 
 Separately, a proposer that keeps finding nothing to draft (prompt lookup over text that never repeats) is
 asked less often: after each empty proposal the next `skip` steps do not call it (doubling, up to
@@ -22,12 +25,14 @@ is due. Steps are counted where they are recorded, so both paths advance the sam
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 WARMUP = 2  # first samples of a (mode, batch size) not averaged: graph capture and first-call costs
 ALPHA = 0.1  # weight of the newest sample in the moving averages
 PROBE_WEIGHT = 0.5  # a probe is the only fresh sample of its mode: it moves that mode's averages further
 MAX_PROBE_EVERY = 256
+PROBE_COST = 0.01  # while drafting loses: the share of decode time its probes may cost
 
 
 @dataclass(slots=True)
@@ -133,13 +138,20 @@ class SpeculationGate:
             b.tokens.add(tokens_per_seq, weight)
         else:
             b.plain_s.add(seconds, weight)
-        # probes of plain steps while drafting wins are spaced out as long as they confirm it; while drafting
-        # loses it is probed at the base rate (an early, unlucky estimate must not lock drafting out)
-        if verdict is True and self.pays(batch) is True:
-            if probed:
-                b.probe_every = min(2 * b.probe_every, MAX_PROBE_EVERY)
+        # probes of a verdict that holds are spaced out as long as they confirm it (a losing one only as far
+        # as its probes stay cheap); a changed or unknown verdict is probed at the base rate again
+        now = self.pays(batch)
+        if verdict is not None and now is verdict:
+            cap = MAX_PROBE_EVERY if verdict else self._losing_spacing(b)
+            b.probe_every = min(2 * b.probe_every if probed else b.probe_every, cap)
         else:
             b.probe_every = self.probe_every
+
+    def _losing_spacing(self, b: _Bucket) -> int:
+        """Steps between draft probes at which they cost PROBE_COST of the decode time: a probe round loses
+        `round - tokens x plain` seconds against the plain steps that move its tokens."""
+        lost = b.round_s.value - b.tokens.value * b.plain_s.value
+        return max(self.probe_every, min(MAX_PROBE_EVERY, math.ceil(lost / (PROBE_COST * b.plain_s.value))))
 
     def report(self) -> dict:
         per_batch = {}
