@@ -239,6 +239,8 @@ def test_speculative_verify_steps_replay_graphs_with_the_eager_tokens(tmp_path, 
             results[graphs] = ([o.token_ids for o in llm.generate(PROMPTS[:2], params)],
                                llm.generate(PROMPTS[2], params)[0].token_ids)
             report = llm.cuda_graph_report()
+            if method == "dflash":  # the drafter drafts through the fused kernels (speculative/dflash_fused.py)
+                assert llm.info()["speculative"]["fused_kernels"] is True
             if graphs:
                 assert report["verify_query_len"] == 4 and report["verify_disabled_reason"] is None, report
                 assert report["verify_replays"] > 0 and {1, 2} <= set(report["captured_verify_sizes"]), report

@@ -36,9 +36,11 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
+from onecat.engine.speculative.dflash_fused import forward_fused, fused_forward_applies
 from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.transfers import to_device
+from onecat.engine.worker.fused_kernels import enable_fused_kernels
 
 
 def dflash_value(cfg: dict, name: str, default=None):
@@ -191,7 +193,10 @@ class DFlashDrafter(nn.Module):
 
     def forward_cached(self, block_embeds: torch.Tensor, block_pos: torch.Tensor,
                        layer_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_len: torch.Tensor) -> torch.Tensor:
-        """`forward_blocks` from context keys/values already projected (`context_kv`, or a runtime cache)."""
+        """`forward_blocks` from context keys/values already projected (`context_kv`, or a runtime cache);
+        through the fused kernels where they apply (dflash_fused.py: drafting on a GPU)."""
+        if layer_kv and fused_forward_applies(self, block_embeds, layer_kv[0][0].shape[0]):
+            return forward_fused(self, block_embeds, block_pos, layer_kv, ctx_len)
         C = layer_kv[0][0].shape[1] if layer_kv else 0
         ctx_visible = torch.arange(C, device=ctx_len.device) < ctx_len.unsqueeze(1)
         cos, sin = self.rope(block_pos)
@@ -235,8 +240,9 @@ def load_drafter(path: str | Path, target, dtype: torch.dtype, device: torch.dev
                           f"{target.model_config.num_hidden_layers} layers")
     drafter = DFlashDrafter(cfg, target.max_model_len + int(dflash_value(cfg, "block_size", 16)))
     load_drafter_weights(drafter, path)
-    drafter.rotary.build_tables(device)
-    return drafter.to(device=device, dtype=dtype).eval()
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    drafter.rotary.build_tables(device)  # float32 tables (`to` cast them): the fused RoPE kernel reads them so
+    return drafter
 
 
 def load_drafter_weights(drafter: DFlashDrafter, path: Path) -> None:
@@ -286,6 +292,9 @@ class DFlashProposer(Proposer):
         self.tap.aux_layer_ids = list(self.drafter.target_layer_ids)
         self.cache = DrafterKVCache(self.drafter)
         device = target.device
+        if device.type == "cuda":  # the target's fused-kernel choice: drafting through dflash_fused.py
+            enable_fused_kernels(self.drafter, device, self.dtype,
+                                 bool((getattr(target, "fused_kernels", None) or {}).get("used")))
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
         self.graphs, self.graphs_off_reason = None, None
@@ -362,4 +371,4 @@ class DFlashProposer(Proposer):
                 "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
                 "sliding_window": self.drafter.sliding_window, **describe_graphs(self.graphs, self.graphs_off_reason),
                 **({"cuda_graph_context_projections": self.graphs.flush_replays} if self.graphs is not None else {}),
-                "dtype": str(self.dtype).removeprefix("torch.")}
+                "fused_kernels": self.drafter.norm.use_fused, "dtype": str(self.dtype).removeprefix("torch.")}

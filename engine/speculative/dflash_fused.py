@@ -1,0 +1,74 @@
+"""The DFlash drafter's block forward with fused kernels: drafting on a GPU, where a round's block (16 rows
+a request) is too small for its math to matter and each kernel's launch and tail set its time.
+
+Per layer, eleven kernels instead of about fifty: the input norm with the previous layer's residual add
+(add_rmsnorm), q/k/v in one matmul over stacked weights, q/k norm and RoPE in one kernel (qk_rope_cache,
+no cache write), attention over [context ; block] in one scaled_dot_product_attention call (the query heads
+grouped per key/value head, the context's padding masked), o_proj, the post-attention residual add with its
+norm, gate/up, SiLU*mul, down. The same math as DFlashDrafter.forward_cached, rounded in other places
+(tests/test_dflash_fused.py). Inference only (training takes the reference path, whose gradients reach
+every weight), and only where the drafter's norms run the fused Triton kernels (`use_fused`, set from the
+target's fused-kernel choice) and every row has its own context (S == R: drafting, never training's packing).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def fused_forward_applies(drafter, block_embeds: torch.Tensor, contexts: int) -> bool:
+    """`use_fused` is set on CUDA only (DFlashProposer); tests set it to run the kernels under Triton's interpreter."""
+    return drafter.norm.use_fused and not torch.is_grad_enabled() and contexts == block_embeds.shape[0]
+
+
+def _stacked_qkv(attn) -> torch.Tensor:
+    """[q_proj; k_proj; v_proj] weights in one matrix (rebuilt when a weight was replaced or changed)."""
+    params = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    key = tuple((t.data_ptr(), t._version) for t in params)
+    if getattr(attn, "_qkv_key", None) != key:
+        attn._qkv = torch.cat(params)
+        attn._qkv_key = key
+    return attn._qkv
+
+
+def _attention(attn, h: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
+               v_ctx: torch.Tensor, visible: torch.Tensor, R: int, B: int) -> torch.Tensor:
+    from onecat.engine.kernels.triton_fused import qk_rope_cache
+
+    nh, nkv, hd = attn.nh, attn.nkv, attn.hd
+    g = nh // nkv
+    qkv = F.linear(h, _stacked_qkv(attn))  # [T, (nh + 2 nkv) hd]
+    if attn.q_proj.bias is not None:
+        qkv = qkv + torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+    qk_rope_cache(qkv, pos, cos, sin, nh, nkv, hd, None, None, None, attn.q_norm.weight, attn.k_norm.weight,
+                  attn.q_norm.eps)
+    q = qkv[:, :nh * hd].view(R, B, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * B, hd)
+    k = qkv[:, nh * hd:(nh + nkv) * hd].view(R, B, nkv, hd)
+    v = qkv[:, (nh + nkv) * hd:].view(R, B, nkv, hd)
+    keys = torch.cat([k_ctx, k], dim=1).transpose(1, 2)  # [R, nkv, C + B, hd]
+    values = torch.cat([v_ctx, v], dim=1).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=attn.scale)  # [R, nkv, gB, hd]
+    out = out.view(R, nkv, g, B, hd).permute(0, 3, 1, 2, 4).reshape(R * B, nh * hd)
+    return attn.o_proj(out)
+
+
+def forward_fused(drafter, block_embeds: torch.Tensor, block_pos: torch.Tensor,
+                  layer_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_len: torch.Tensor) -> torch.Tensor:
+    """DFlashDrafter.forward_cached's result ([R, B, H] after the final norm) through the fused kernels."""
+    R, B, H = block_embeds.shape
+    C = layer_kv[0][0].shape[1] if layer_kv else 0
+    ctx_visible = torch.arange(C, device=ctx_len.device) < ctx_len.unsqueeze(1)
+    visible = torch.cat([ctx_visible, ctx_visible.new_ones(R, B)], dim=1)[:, None, None, :]  # [R, 1, 1, C + B]
+    pos = block_pos.reshape(R * B)
+    cos, sin = drafter.rotary.cos, drafter.rotary.sin
+    x, residual = block_embeds.reshape(R * B, H), None
+    for layer, (k_ctx, v_ctx) in zip(drafter.layers, layer_kv):
+        if residual is None:
+            h, residual = layer.input_layernorm(x), x
+        else:
+            h, residual = layer.input_layernorm(x, residual)
+        x = _attention(layer.self_attn, h, pos, cos, sin, k_ctx, v_ctx, visible, R, B)
+        h, residual = layer.post_attention_layernorm(x, residual)
+        x = layer.mlp(h)
+    out = drafter.norm(x) if residual is None else drafter.norm(x, residual)[0]
+    return out.view(R, B, H)

@@ -1,0 +1,75 @@
+"""The DFlash drafter's fused block forward (engine/speculative/dflash_fused.py) against its reference path,
+with the Triton kernels under the interpreter (CPU): contexts of different lengths padded to one, an empty
+one, several layers, bias-free and biased projections. (On a GPU, tests/test_gpu_engine.py drafts through
+it with and without CUDA graphs.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+SCRIPT = r"""
+import torch
+from onecat.engine.speculative.dflash import DFlashDrafter
+from onecat.engine.speculative.dflash_fused import fused_forward_applies
+
+torch.manual_seed(0)
+for bias in (False, True):
+    cfg = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+           "attention_bias": bias, "dflash_config": {"block_size": 8, "target_layer_ids": [0, 1], "mask_token_id": 0}}
+    drafter = DFlashDrafter(cfg, 128).eval()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+    R, B, C = 3, 8, 12
+    feats = torch.randn(R, C, 2 * 64)
+    ctx_pos = torch.arange(C).expand(R, C) + torch.tensor([[0], [5], [40]])
+    lens = torch.tensor([5, 0, 12])
+    block_pos = torch.tensor([[5], [5], [52]]) + torch.arange(B)
+    embeds = torch.randn(R, B, 64)
+    with torch.inference_mode():
+        layer_kv = drafter.context_kv(drafter.context(feats), ctx_pos)
+        assert not fused_forward_applies(drafter, embeds, R)
+        ref = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
+        for m in drafter.modules():
+            if hasattr(type(m), "use_fused"):
+                m.use_fused = True
+        assert fused_forward_applies(drafter, embeds, R) and not fused_forward_applies(drafter, embeds, 1)
+        got = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
+    with torch.enable_grad():
+        assert not fused_forward_applies(drafter, embeds, R)  # training keeps the reference path
+    err = (got - ref).abs().max().item()
+    assert got.shape == ref.shape and err < 2e-4 * ref.abs().max().item(), (bias, err)
+    # row 1 has no context: its output must not depend on what its padded context rows hold
+    with torch.inference_mode():
+        for k, v in layer_kv:
+            k[1].normal_()
+            v[1].normal_()
+        again = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
+    assert torch.equal(again[1], got[1])
+print("ok")
+"""
+
+
+def test_fused_block_forward_matches_the_reference_path():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_a_drafter_on_the_cpu_keeps_the_reference_path(tmp_path):
+    from onecat.engine.speculative.dflash_fused import fused_forward_applies
+    from tests.test_speculative import write_random_dflash
+    from onecat.engine.speculative.dflash import DFlashDrafter
+    import json
+
+    path = write_random_dflash(tmp_path / "d", 64, 0, [0], block_size=4)
+    drafter = DFlashDrafter(json.loads((path / "config.json").read_text()), 64)
+    with torch.inference_mode():
+        assert not fused_forward_applies(drafter, torch.zeros(2, 4, 64), 2)
