@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from onecat.engine import LLM, SamplingParams
 from onecat.engine.core.sampler import apply_filters
+from onecat.engine.speculative.base import DRAFT_LENGTHS_FLAG
 from onecat.engine.speculative import dflash_cache
 from onecat.engine.speculative.dflash import DFlashDrafter
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
@@ -262,7 +263,8 @@ class DraftChecker:
 
 @pytest.mark.parametrize("case", [pytest.param("window_chunked", marks=pytest.mark.slow), "preemption"])
 @needs_embedded_model
-def test_batched_cached_drafts_equal_recomputing_each_request(case, tmp_path):
+def test_batched_cached_drafts_equal_recomputing_each_request(case, tmp_path, monkeypatch):
+    monkeypatch.setenv(DRAFT_LENGTHS_FLAG, "0")  # whole blocks every round: their KV slots force the preemption
     window = 12 if case == "window_chunked" else None
     drafter = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5, sliding_window=window)
     settings = ({"max_num_batched_tokens": 8} if case == "window_chunked" else

@@ -66,6 +66,20 @@ def spec_config(method, tmp_path_factory, embedded_path):
     return {"method": "dflash", "num_speculative_tokens": 4, "model": str(d)}
 
 
+def test_rejected_block_drafts_shrink_to_one_a_round_and_keep_the_tokens(target_tokens, tmp_path_factory,
+                                                                          embedded_path):
+    """A random block drafter (every draft rejected), drafting every round (gate off): after a few rounds each
+    request drafts one token a round (engine/speculative/draft_length.py), and the tokens stay target-only's."""
+    spec = {**spec_config("dflash", tmp_path_factory, embedded_path), "disable_when_slower": False}
+    with LLM(EMBEDDED, max_model_len=512, speculative_config=spec) as llm:
+        outs = llm.generate(PROMPTS, GREEDY)
+        lengths = llm.info()["speculative"]["draft_lengths"]
+    assert [o.token_ids for o in outs] == target_tokens
+    assert lengths["drafts_asked_per_block"] < 0.5, lengths
+    for o in outs:  # 39 rounds: the first few of all 4 drafts, the rest of 1
+        assert o.spec.num_drafts >= 30 and o.spec.num_draft_tokens < 2 * o.spec.num_drafts
+
+
 @pytest.mark.parametrize("method", ["ngram", pytest.param("ngram_adaptive", marks=pytest.mark.slow),
                                     pytest.param("draft_model", marks=pytest.mark.slow), "dflash"])
 def test_greedy_speculation_is_token_identical(method, target_tokens, tmp_path_factory, embedded_path):
@@ -86,6 +100,8 @@ def _check_greedy_speculation(llm, method, target_tokens):
         assert accepted > 0
     for o in outs:
         assert sum(o.spec.accepted_per_position) == o.spec.num_accepted_tokens
+    if method == "dflash":  # a block drafter's requests draft as far as their rounds say is worth it
+        assert llm.info()["speculative"]["draft_lengths"]["drafts_asked_per_block"] <= 1.0
     # again: now with prefix-cache hits on every prompt
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == target_tokens
 

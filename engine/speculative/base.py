@@ -16,6 +16,7 @@ from onecat.engine.core.scheduler_output import ScheduledSeq
 from onecat.engine.core.sequence import Sequence
 from onecat.engine.errors import ConfigError
 from onecat.engine.speculative.controller import SpeculationGate
+from onecat.engine.speculative.draft_length import DraftLengths
 from onecat.engine.speculative.verifier import Draft, DraftBlock, verify_blocks
 
 
@@ -29,6 +30,7 @@ class HiddenStateTap(Protocol):
 
 
 DEVICE_DRAFTS_FLAG = "ONECAT_DRAFTS_ON_DEVICE"
+DRAFT_LENGTHS_FLAG = "ONECAT_DRAFT_LENGTHS"  # 0: a block drafter drafts its whole block every round (A/B)
 
 
 def drafts_stay_on_device(target) -> bool:
@@ -56,6 +58,9 @@ class Proposer(ABC):
     # drafts returned as 1-D device tensors (a drafter that runs on the device: no read-back before the
     # verify step, whose input ids take them from the device); plain lists otherwise
     drafts_on_device = False
+    # a block drafter whose later drafts are rarely accepted: each request drafts only the positions worth
+    # verifying (draft_length.py)
+    trims_drafts = False
 
     def __init__(self, k: int):
         self.k = k
@@ -95,6 +100,8 @@ class SpeculativeDecoder:
         self.max_model_len = max_model_len
         self.k = proposer.k
         self.gate = gate if gate is not None else SpeculationGate(enabled=False)
+        trim = proposer.trims_drafts and os.environ.get(DRAFT_LENGTHS_FLAG) != "0"
+        self.lengths = DraftLengths(proposer.k) if trim else None
 
     def lookahead(self, running: list[Sequence]) -> dict[str, int]:
         """Draft for every running sequence that is decoding; returns the KV slots each needs."""
@@ -113,6 +120,8 @@ class SpeculativeDecoder:
             p = seq.params
             left = (p.max_tokens - seq.num_output_tokens) if p.max_tokens is not None else self.k + 1
             budget = min(self.k, left - 1, self.max_model_len - seq.num_tokens - 1)
+            if budget > 0 and self.lengths is not None:
+                budget = min(budget, self.lengths.length(seq.request_id))
             if budget > 0:
                 seqs.append(seq)
                 budgets.append(budget)
@@ -159,13 +168,18 @@ class SpeculativeDecoder:
         for j in range(accepted):
             s.accepted_per_position[j] += 1
         self.proposer.observe(seq, drafted, accepted)
+        if self.lengths is not None:
+            self.lengths.observe(seq.request_id, drafted, accepted)
         seq.draft_tokens, seq.draft_probs = [], None
 
     def release(self, seq: Sequence) -> None:
         self.proposer.release(seq)
+        if self.lengths is not None:
+            self.lengths.release(seq.request_id)
 
     def describe(self) -> dict:
-        return {**self.proposer.describe(), "gate": self.gate.report()}
+        lengths = {"draft_lengths": self.lengths.describe()} if self.lengths is not None else {}
+        return {**self.proposer.describe(), **lengths, "gate": self.gate.report()}
 
     # ---- feature capture (block drafters) -------------------------------------------------------
     @property

@@ -272,6 +272,7 @@ class DFlashProposer(Proposer):
     first n drafts; only those rows go through the target's lm_head."""
 
     name = "dflash"
+    trims_drafts = True
 
     def __init__(self, k: int, target, model: str, revision: str | None = None, dtype: torch.dtype | None = None):
         """`dtype`: the drafter's (None: the target's). Another than the target's meets it at three casts: the

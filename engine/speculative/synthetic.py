@@ -64,6 +64,10 @@ class SyntheticProposer(Proposer):
     def drafts_on_device(self) -> bool:
         return self.compute.drafts_on_device
 
+    @property
+    def trims_drafts(self) -> bool:
+        return self.compute.trims_drafts
+
     def record_features(self, seq, rows) -> None:
         self.compute.record_features(seq, rows)
 

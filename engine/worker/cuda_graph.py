@@ -1,10 +1,11 @@
 """Full-step CUDA graphs: capture the whole forward + logits for a set of padded batch sizes, replay.
 
 Two step shapes replay: a pure decode step (every sequence adds one token) and a speculative verify
-step of q = 1 + k query tokens a row (k: the engine's drafts per round). In a verify step each sequence
-brings its last token and d <= k drafts (drafts of any length: n-gram lookups that found fewer, adaptive
-k, a budget cut by max_tokens or max_model_len; d = 0 for a sequence with no draft, whose row is then a
-plain sample): its d + 1 tokens sit at the END of its row of q (`verify_lead` padding tokens first). A
+step of q query tokens a row (q: 2, 4, 8, ... up to 1 + k, k the engine's drafts per round; a step takes
+the narrowest width its longest draft fits, `verify_widths`). In a verify step each sequence brings its last
+token and d <= q - 1 drafts (drafts of any length: n-gram lookups that found fewer, adaptive k, a request's
+draft length, a budget cut by max_tokens or max_model_len; d = 0 for a sequence with no draft, whose row is
+then a plain sample): its d + 1 tokens sit at the END of its row of q (`verify_lead` padding tokens first). A
 padding token reads the sequence's own KV up to an earlier position (its context length is clamped to at
 least 1), writes its K/V into the null block, and its logits are never read, so the real tokens see
 exactly what an eager step of d + 1 tokens shows them. A step with B sequences replays the graph
@@ -195,6 +196,15 @@ class DecodeGraphs:
         finally:
             set_forward_context(None)
 
+    def verify_widths(self) -> list[int]:
+        """The query lengths verify graphs are captured for: 2, 4, 8, ... below 1 + k, and 1 + k, so that rounds
+        with fewer drafts (a request's draft length, speculative/draft_length.py) verify fewer rows. A hybrid
+        model keeps the one width its recurrent-state trails are reserved for."""
+        top = self.verify_query_len
+        if self.states is not None:
+            return [top]
+        return [w for w in (2, 4, 8, 16, 32) if w < top] + [top]
+
     def _key(self, size: int, q: int) -> tuple:
         return size, q, tuple(getattr(self.model, "aux_layer_ids", None) or ())
 
@@ -238,12 +248,12 @@ class DecodeGraphs:
         if self.disabled_reason is not None or not sched or len(sched) > self.sizes[-1]:
             return None
         most = max(s.num_lookahead for s in sched)
-        q = 1  # pure decode, or the verify width every draft length is padded to
+        q = 1  # pure decode, or the narrowest verify width the step's longest draft fits
         if most:
             if self.verify_disabled_reason is not None or self.verify_query_len is None \
                     or most + 1 > self.verify_query_len:
                 return None
-            q = self.verify_query_len
+            q = next(w for w in self.verify_widths() if w >= most + 1)
         for s in sched:
             seq = s.seq
             if s.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:

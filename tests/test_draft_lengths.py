@@ -1,0 +1,74 @@
+"""Per-request draft lengths (engine/speculative/draft_length.py) and the verify widths they replay
+(engine/worker/cuda_graph.py `verify_widths`, checked on the host without a GPU)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from onecat.engine.speculative.draft_length import DraftLengths
+from onecat.engine.worker.cuda_graph import DecodeGraphs
+
+
+def _rounds(lengths: DraftLengths, rid: str, n: int, accepted: int) -> list[int]:
+    """n rounds in which the first `accepted` drafts (at most the length asked) are accepted: the lengths asked."""
+    asked = []
+    for _ in range(n):
+        k = lengths.length(rid)
+        asked.append(k)
+        lengths.observe(rid, k, min(accepted, k))
+    return asked
+
+
+def test_a_new_request_drafts_the_block_and_stops_offering_what_is_never_accepted():
+    lengths = DraftLengths(15)
+    asked = _rounds(lengths, "a", 30, accepted=3)
+    assert asked[0] == 15
+    assert asked[-10:] == [4] * 10  # the three accepted positions and one more, still tried
+    assert lengths.length("other") == 15  # each request on its own
+    assert lengths.describe()["drafts_asked_per_block"] < 0.6
+
+
+def test_a_rise_in_acceptance_is_followed_back_to_the_whole_block():
+    lengths = DraftLengths(15)
+    _rounds(lengths, "a", 30, accepted=1)
+    assert lengths.length("a") == 2
+    asked = _rounds(lengths, "a", 60, accepted=15)
+    assert asked[-1] == 15 and asked == sorted(asked)  # one more position each time the last one was taken
+    assert sum(1 for a in asked if a < 15) <= 20
+
+
+def test_a_released_request_starts_afresh():
+    lengths = DraftLengths(7)
+    _rounds(lengths, "a", 20, accepted=0)
+    assert lengths.length("a") == 1
+    lengths.release("a")
+    assert lengths.length("a") == 7
+
+
+def _graphs(hybrid: bool = False) -> DecodeGraphs:
+    primary = SimpleNamespace(name="fake", graph_safe=True, graph_safe_verify=True)
+    model = SimpleNamespace(states=object() if hybrid else None)
+    return DecodeGraphs(model, None, SimpleNamespace(primary=primary), 16, "cpu", 256, 4)
+
+
+def _sched(drafts: list[int]):
+    seq = SimpleNamespace(num_computed_tokens=9, num_tokens=10, prompt_logprobs=None, num_prompt_tokens=5)
+    return [SimpleNamespace(num_lookahead=d, num_new_tokens=1, seq=seq) for d in drafts]
+
+
+def test_a_verify_step_replays_the_narrowest_width_its_longest_draft_fits():
+    graphs = _graphs()
+    graphs.verify_query_len = 16
+    assert graphs.verify_widths() == [2, 4, 8, 16]
+    assert graphs.eligible(_sched([3, 1])) == (2, 4)
+    assert graphs.eligible(_sched([4, 0, 2])) == (4, 8)
+    assert graphs.eligible(_sched([15])) == (1, 16)
+    assert graphs.eligible(_sched([0, 0])) == (2, 1)  # a plain decode step
+    assert graphs.eligible(_sched([16])) is None  # wider than any captured width: eager
+    graphs.verify_query_len = 6
+    assert graphs.verify_widths() == [2, 4, 6]
+
+
+def test_a_hybrid_model_keeps_one_verify_width():
+    graphs = _graphs(hybrid=True)
+    graphs.verify_query_len = 8
+    assert graphs.verify_widths() == [8] and graphs.eligible(_sched([1])) == (1, 8)
