@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 from onecat.engine.model_source import resolve_model_source
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
-from onecat.engine.speculative.dflash_fused import forward_fused, fused_forward_applies
+from onecat.engine.speculative.dflash_fused import FUSED_FLAG, forward_fused, fused_forward_applies
 from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.transfers import to_device
@@ -294,7 +295,7 @@ class DFlashProposer(Proposer):
         self.cache = DrafterKVCache(self.drafter)
         device = target.device
         if device.type == "cuda":  # the target's fused-kernel choice: drafting through dflash_fused.py
-            enable_fused_kernels(self.drafter, device, self.dtype,
+            enable_fused_kernels(self.drafter, device, self.dtype, os.environ.get(FUSED_FLAG) != "0" and
                                  bool((getattr(target, "fused_kernels", None) or {}).get("used")))
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 
 
+FUSED_FLAG = "ONECAT_DFLASH_FUSED"  # 0: the drafter drafts through the reference ops on a GPU too (A/B)
+
+
 def fused_forward_applies(drafter, block_embeds: torch.Tensor, contexts: int) -> bool:
     """`use_fused` is set on CUDA only (DFlashProposer); tests set it to run the kernels under Triton's interpreter."""
     return drafter.norm.use_fused and not torch.is_grad_enabled() and contexts == block_embeds.shape[0]
