@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from onecat.engine.speculative.draft_length import DraftLengths
-from onecat.engine.worker.cuda_graph import DecodeGraphs
+from onecat.engine.worker.cuda_graph import NARROW_VERIFY_MAX_SIZE, DecodeGraphs
 
 
 def _rounds(lengths: DraftLengths, rid: str, n: int, accepted: int) -> list[int]:
@@ -66,6 +66,7 @@ def test_a_verify_step_replays_the_narrowest_width_its_longest_draft_fits():
     assert graphs.eligible(_sched([16])) is None  # wider than any captured width: eager
     graphs.verify_query_len = 6
     assert graphs.verify_widths() == [2, 4, 6]
+    assert graphs.verify_widths(NARROW_VERIFY_MAX_SIZE + 1) == [6]  # large batches: the full width only
 
 
 def test_a_hybrid_model_keeps_one_verify_width():

@@ -40,6 +40,9 @@ from onecat.engine.attention.forward_context import ForwardContext, set_forward_
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.transfers import to_device
 
+NARROW_VERIFY_MAX_SIZE = 32  # verify graphs of narrower widths than 1 + k up to this batch size
+
+
 @dataclass(slots=True)
 class GraphStep:
     """One replay as plain lists: what every tensor-parallel rank needs to replay it."""
@@ -196,12 +199,13 @@ class DecodeGraphs:
         finally:
             set_forward_context(None)
 
-    def verify_widths(self) -> list[int]:
-        """The query lengths verify graphs are captured for: 2, 4, 8, ... below 1 + k, and 1 + k, so that rounds
-        with fewer drafts (a request's draft length, speculative/draft_length.py) verify fewer rows. A hybrid
-        model keeps the one width its recurrent-state trails are reserved for."""
+    def verify_widths(self, size: int = 1) -> list[int]:
+        """The query lengths verify graphs of batch size `size` are captured for: 2, 4, 8, ... below 1 + k, and
+        1 + k, so that rounds with fewer drafts (a request's draft length, speculative/draft_length.py) verify
+        fewer rows. Above NARROW_VERIFY_MAX_SIZE sequences only 1 + k (each graph keeps its logits, size x q
+        rows of the vocabulary); a hybrid model keeps the one width its recurrent-state trails are reserved for."""
         top = self.verify_query_len
-        if self.states is not None:
+        if self.states is not None or size > NARROW_VERIFY_MAX_SIZE:
             return [top]
         return [w for w in (2, 4, 8, 16, 32) if w < top] + [top]
 
@@ -253,7 +257,8 @@ class DecodeGraphs:
             if self.verify_disabled_reason is not None or self.verify_query_len is None \
                     or most + 1 > self.verify_query_len:
                 return None
-            q = next(w for w in self.verify_widths() if w >= most + 1)
+            size = next(size for size in self.sizes if size >= len(sched))
+            q = next(w for w in self.verify_widths(size) if w >= most + 1)
         for s in sched:
             seq = s.seq
             if s.num_new_tokens != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:

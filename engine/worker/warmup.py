@@ -66,8 +66,8 @@ def warm_up(runner: ModelRunner, vocab: int, max_model_len: int, token_budget: i
                 captured.append(size)
         q = graphs.verify_query_len
         if q and q > 1 and graphs.verify_disabled_reason is None:  # speculative verify steps replay too, at
-            for width in graphs.verify_widths():  # every width; larger sizes on first use
-                for size in sorted(s for s in graphs.sizes if s <= VERIFY_WARM_SIZES):
+            for size in sorted(s for s in graphs.sizes if s <= VERIFY_WARM_SIZES):  # larger ones on first use
+                for width in graphs.verify_widths(size):  # every width
                     runner.ensure_graph(size, width)
     reset_counters()
     seconds = round(time.perf_counter() - t0, 3)
