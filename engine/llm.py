@@ -52,7 +52,7 @@ class LLM:
         if spec is None:
             return None
         proposer = build_proposer(spec, self.worker, open_draft_engine=LLM)
-        self.worker.setup_verify(proposer.k, spec.exact_batch1)
+        self.worker.setup_verify(proposer.k, spec.exact_batch1, proposer.trims_drafts)
         return proposer
 
     @property
@@ -202,13 +202,14 @@ class LLM:
         draft (none: every step) and `exact_batch1` as the speculative setting of that name; afterwards the
         engine's own proposer and verify settings are back."""
         own = self.engine.proposer
-        self.worker.setup_verify(proposer.k, exact_batch1)
+        decoder = SpeculativeDecoder(proposer, self.max_model_len, gate)
+        self.worker.setup_verify(proposer.k, exact_batch1, decoder.trims_drafts)
         try:
-            with self.engine.proposer_swapped(SpeculativeDecoder(proposer, self.max_model_len, gate)):
+            with self.engine.proposer_swapped(decoder):
                 yield
         finally:
             if own is not None:
-                self.worker.setup_verify(own.k, self.cfg.speculative_config.exact_batch1)
+                self.worker.setup_verify(own.k, self.cfg.speculative_config.exact_batch1, own.trims_drafts)
 
     def close(self) -> None:
         """Releases the model weights and the KV cache now (not whenever the garbage collector gets to the

@@ -58,6 +58,8 @@ def _sched(drafts: list[int]):
 def test_a_verify_step_replays_the_narrowest_width_its_longest_draft_fits():
     graphs = _graphs()
     graphs.verify_query_len = 16
+    assert graphs.verify_widths() == [16]  # a proposer whose drafts are not trimmed: one width, as captured
+    graphs.narrow_verify = True
     assert graphs.verify_widths() == [2, 4, 8, 16]
     assert graphs.eligible(_sched([3, 1])) == (2, 4)
     assert graphs.eligible(_sched([4, 0, 2])) == (4, 8)
@@ -71,5 +73,5 @@ def test_a_verify_step_replays_the_narrowest_width_its_longest_draft_fits():
 
 def test_a_hybrid_model_keeps_one_verify_width():
     graphs = _graphs(hybrid=True)
-    graphs.verify_query_len = 8
+    graphs.verify_query_len, graphs.narrow_verify = 8, True
     assert graphs.verify_widths() == [8] and graphs.eligible(_sched([1])) == (1, 8)

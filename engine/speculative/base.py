@@ -103,6 +103,12 @@ class SpeculativeDecoder:
         trim = proposer.trims_drafts and os.environ.get(DRAFT_LENGTHS_FLAG) != "0"
         self.lengths = DraftLengths(proposer.k) if trim else None
 
+    @property
+    def trims_drafts(self) -> bool:
+        """Requests draft fewer than k tokens by their acceptance (draft_length.py): verify steps of narrower
+        widths then replay graphs of their own (worker/cuda_graph.py)."""
+        return self.lengths is not None
+
     def lookahead(self, running: list[Sequence]) -> dict[str, int]:
         """Draft for every running sequence that is decoding; returns the KV slots each needs."""
         for seq in running:

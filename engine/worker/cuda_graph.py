@@ -123,6 +123,7 @@ class DecodeGraphs:
         self.disabled_reason: str | None = None
         self.verify_disabled_reason: str | None = None
         self.verify_query_len: int | None = None  # 1 + drafts per round, set by the engine that verifies
+        self.narrow_verify = False  # also narrower verify widths (a proposer whose requests draft fewer)
         self.verify_gemv_rows = 1  # rows of a verify step that take the batch-1 GEMV (ModelRunner.setup_verify)
         self.states = getattr(model, "states", None)  # a hybrid model's recurrent-state cache
         if not getattr(attention.primary, "graph_safe", False):
@@ -200,12 +201,13 @@ class DecodeGraphs:
             set_forward_context(None)
 
     def verify_widths(self, size: int = 1) -> list[int]:
-        """The query lengths verify graphs of batch size `size` are captured for: 2, 4, 8, ... below 1 + k, and
-        1 + k, so that rounds with fewer drafts (a request's draft length, speculative/draft_length.py) verify
-        fewer rows. Above NARROW_VERIFY_MAX_SIZE sequences only 1 + k (each graph keeps its logits, size x q
-        rows of the vocabulary); a hybrid model keeps the one width its recurrent-state trails are reserved for."""
+        """The query lengths verify graphs of batch size `size` are captured for: 1 + k, and where the proposer's
+        requests draft fewer by their acceptance (`narrow_verify`, speculative/draft_length.py) also 2, 4, 8, ...
+        below it, so that such rounds verify fewer rows. Above NARROW_VERIFY_MAX_SIZE sequences only 1 + k (each
+        graph keeps its logits, size x q rows of the vocabulary); a hybrid model keeps the one width its
+        recurrent-state trails are reserved for."""
         top = self.verify_query_len
-        if self.states is not None or size > NARROW_VERIFY_MAX_SIZE:
+        if not self.narrow_verify or self.states is not None or size > NARROW_VERIFY_MAX_SIZE:
             return [top]
         return [w for w in (2, 4, 8, 16, 32) if w < top] + [top]
 

@@ -203,7 +203,7 @@ class ModelRunner:
     # ---- speculative verify steps ------------------------------------------------------------------
     verify_gemv_rows = 1  # rows of a decode/verify step that may take the batch-1 GEMV
 
-    def setup_verify(self, query_len: int, gemv: bool) -> None:
+    def setup_verify(self, query_len: int, gemv: bool, narrow: bool = False) -> None:
         """Verify steps run 1 + k tokens per sequence: they replay CUDA graphs too, and with `gemv` (the
         fused kernels on and exact batch-1 verification asked for) a batch-1 verify step's rows go through
         the batch-1 GEMV, which computes each row as a batch-1 decode step does. Greedy speculation then gives
@@ -215,6 +215,7 @@ class ModelRunner:
             states.reserve_verify(query_len)
         if self.graphs is not None:
             self.graphs.verify_query_len = query_len
+            self.graphs.narrow_verify = narrow
             self.graphs.verify_gemv_rows = self.verify_gemv_rows
 
     # ---- CUDA graphs for pure decode and uniform verify steps (cuda_graph.py) ---------------

@@ -192,12 +192,13 @@ class Worker:
         finally:
             self.runner.graphs = saved
 
-    def setup_verify(self, num_speculative_tokens: int, exact_batch1: bool = False) -> None:
-        """Speculative decoding verifies 1 + k tokens a step: their graphs, and with `exact_batch1` the batch-1
-        GEMV for them when the Triton fused kernels are on (ModelRunner.setup_verify says why)."""
+    def setup_verify(self, num_speculative_tokens: int, exact_batch1: bool = False, narrow: bool = False) -> None:
+        """Speculative decoding verifies 1 + k tokens a step: their graphs (`narrow`: also narrower ones, for
+        requests that draft fewer), and with `exact_batch1` the batch-1 GEMV for them when the Triton fused
+        kernels are on (ModelRunner.setup_verify says why)."""
         fused = self.fused_kernels
         self.runner.setup_verify(1 + num_speculative_tokens,
-                                 exact_batch1 and fused["used"] and fused["kind"] == "triton")
+                                 exact_batch1 and fused["used"] and fused["kind"] == "triton", narrow)
 
     def warm_up(self, generate: Callable[[list[list[int]], list[SamplingParams]], object],
                 reset_counters: Callable[[], None]) -> dict:
