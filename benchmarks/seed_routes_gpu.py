@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from source_state import source_state
 from speculative_gpu_rounds import decode, log, prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +141,7 @@ def main() -> None:
               "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "copy_bandwidth_GBps":
               bandwidth / 1e9 if bandwidth else None,
-              "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+              **source_state(),
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "routes": {}}
     for name in args.routes.split(","):
         record["routes"][name] = run_route(name, args, bandwidth)

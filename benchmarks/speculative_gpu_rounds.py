@@ -34,12 +34,12 @@ import argparse
 import contextlib
 import json
 import platform
-import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from source_state import source_state
 
 SHAPES = ("llama3-8b", "tiny-llama")  # random:NAME model sources (engine/random_models.py)
 ACCEPTANCE_LENGTHS = (2.0, 3.0, 4.25, 6.55)  # DFlash's published MT-Bench 4.25 and GSM8K 6.55 among them
@@ -159,7 +159,7 @@ def main() -> None:
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
               "torch": torch.__version__, "cuda": torch.version.cuda,
-              "revision": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+              **source_state(),
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "gemv_row_loop": args.gemv_row_loop,
               "exact_batch1": args.exact_batch1, "target_only_async_scheduling": True,
               "weights": args.weights,
