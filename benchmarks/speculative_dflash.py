@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from source_state import source_state
 
 from onecat.engine import LLM, SamplingParams
 from onecat.gates.runners._task_helpers import PromptSpec
@@ -207,7 +208,7 @@ def machine_info(device: str) -> dict:
 
     info = {"cpu": cpu_isa()["cpu"] or platform.machine(), "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "load_average_1m_start": os.getloadavg()[0],
-            "torch": torch.__version__, "cuda": torch.version.cuda}
+            "torch": torch.__version__, "cuda": torch.version.cuda, **source_state()}
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.device(device))
         info.update(gpu=props.name, gpu_memory_GiB=round(props.total_memory / 2**30, 1))
