@@ -237,6 +237,7 @@ class RecurrentStateCache:
         flat = (lambda x: x.view(layers * slots, *x.shape[2:]))
         own = (lambda x: x[:, slot])
         fill = (lambda v: torch.full((layers,), v, dtype=torch.int64, device=self.ssm.device))
+        # q: any (no outputs are wanted), so the kept keys stand in for it
         self.recurrence(own(t.k), own(t.k), own(t.v), own(t.g), own(t.beta), flat(t.pre_ssm), index, flat(self.ssm),
                         index, fill(lead), fill(lead + used), with_outputs=False)
         self.rollbacks += 1

@@ -182,13 +182,15 @@ class GatedDeltaNet(nn.Module):
                           x.transpose(1, 2).to(weight.dtype)], dim=-1)  # [R, C, K-1 + W]
         kept[..., :full.shape[-1]].index_copy_(0, rows.slots, full.to(kept.dtype))
         lead = rows.lead.view(count, 1, 1)
-        at = (torch.arange(width, device=x.device).view(1, width, 1) - lead
-              + torch.arange(taps, device=x.device).view(1, 1, taps)).clamp_(min=0)  # own-input index [R, W, K]
-        at = torch.where(at < taps - 1, at, at + lead)  # its place in `full`: own inputs sit after the padding
+
+        def placed(own: torch.Tensor) -> torch.Tensor:  # own-input index -> its place in `full` (after the padding)
+            return torch.where(own < taps - 1, own, own + lead.view(count, *[1] * (own.dim() - 1)))
+
+        at = placed((torch.arange(width, device=x.device).view(1, width, 1) - lead
+                     + torch.arange(taps, device=x.device).view(1, 1, taps)).clamp_(min=0))  # [R, W, K]
         windows = full.gather(2, at.view(count, 1, width * taps).expand(count, channels, width * taps))
         out = (windows.view(count, channels, width, taps) * weight.view(channels, 1, taps)).sum(dim=-1)
-        last = (width - lead.view(count, 1)) + torch.arange(taps - 1, device=x.device).view(1, taps - 1)
-        last = torch.where(last < taps - 1, last, last + lead.view(count, 1))
+        last = placed((width - lead.view(count, 1)) + torch.arange(taps - 1, device=x.device).view(1, taps - 1))
         conv_state.index_copy_(0, rows.slots, full.gather(2, last.view(count, 1, taps - 1).expand(
             count, channels, taps - 1)).to(conv_state.dtype))
         return pointwise(F.silu, out).to(x.dtype).transpose(1, 2)

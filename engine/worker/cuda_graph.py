@@ -253,13 +253,13 @@ class DecodeGraphs:
         """(graph size, query length q) for this step, or None when it must run eagerly."""
         if self.disabled_reason is not None or not sched or len(sched) > self.sizes[-1]:
             return None
+        size = next(size for size in self.sizes if size >= len(sched))
         most = max(s.num_lookahead for s in sched)
         q = 1  # pure decode, or the narrowest verify width the step's longest draft fits
         if most:
             if self.verify_disabled_reason is not None or self.verify_query_len is None \
                     or most + 1 > self.verify_query_len:
                 return None
-            size = next(size for size in self.sizes if size >= len(sched))
             q = next(w for w in self.verify_widths(size) if w >= most + 1)
         for s in sched:
             seq = s.seq
@@ -267,7 +267,7 @@ class DecodeGraphs:
                 return None
             if seq.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
                 return None
-        return next(size for size in self.sizes if size >= len(sched)), q
+        return size, q
 
     def run(self, sched, announce=None) -> tuple[torch.Tensor, int] | None:
         """(logits [B * q, V] float32, q) for a pure decode (q = 1) or verify step, or None to run it
@@ -372,7 +372,7 @@ class DecodeGraphs:
                 own = [d + 1 for d in step.drafts]
                 self.states.prepare_verify(step.state_slots, [p + m for p, m in zip(step.starts, own)], own, q)
                 leads[:size] = 0
-                leads[:rows] = [q - m for m in own]
+                leads[:rows] = [verify_lead(q, d) for d in step.drafts]
             states[:size] = self.states.scratch_slot
             states[:rows] = step.state_slots
         if step.ids is not None:
