@@ -287,10 +287,11 @@ def test_graph_decode_steps_hand_the_drafter_the_eager_rows(tmp_path):
             rows: dict[str, dict[int, torch.Tensor]] = {}
             record = proposer.record_features
 
-            def keep(seq, feats, rows=rows, record=record):  # every row by position (bf16 drafts not compared)
-                first = seq.num_computed_tokens - feats.shape[0]
-                rows.setdefault(seq.request_id, {}).update({first + i: f.float().cpu() for i, f in enumerate(feats)})
-                record(seq, feats)
+            def keep(seq, span, rows=rows, record=record):  # every row by position (bf16 drafts not compared)
+                first = seq.num_computed_tokens - span.count
+                rows.setdefault(seq.request_id, {}).update(
+                    {first + i: f.float().cpu() for i, f in enumerate(span.rows())})
+                record(seq, span)
 
             proposer.record_features = keep
             steer_drafts(proposer, GRAPH_PROMPTS, reference)

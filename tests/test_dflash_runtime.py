@@ -207,6 +207,26 @@ def test_kv_cache_appends_recomputes_and_windows_like_a_plain_store(window, monk
     assert cache.entries == {} and cache.pending == [] and cache.pending_rows == 0
 
 
+@torch.inference_mode()
+def test_rows_queued_step_by_step_are_stored_with_one_write_per_request(monkeypatch):
+    """A batch decoding without drafts (a paused gate) queues a row per request per step; the flush stores them
+    with one write per request, not one per row, and keeps what a plain store keeps."""
+    drafter = tiny_drafter()
+    cache, store = DrafterKVCache(drafter), PositionStore()
+    g = torch.Generator().manual_seed(5)
+    writes = []
+    real_write = cache._write
+    monkeypatch.setattr(cache, "_write", lambda rid, start, rows: (writes.append(rid), real_write(rid, start, rows)))
+    for step in range(30):
+        for rid, first in (("x", 10), ("y", 4), ("z", 0)):
+            feats = torch.randn(1, FEATURE_LAYERS * HIDDEN, generator=g)
+            cache.add(rid, first + step, feats)
+            store.add(rid, first + step, feats)
+    cache.flush()
+    assert sorted(writes) == ["x", "y", "z"]
+    assert_cache_matches(cache, store, ["x", "y", "z"], [40, 34, 30])
+
+
 # ---- drafting in the engine: cached and batched equals recomputing each request alone ----------------
 CHAT_PROMPTS = ["Once upon a time", "def add(a, b):\n    return", "The capital of France is",
                 "red green blue red green blue red"]
@@ -224,9 +244,9 @@ class DraftChecker:
         self._record, self._propose = proposer.record_features, proposer.propose
         proposer.record_features, proposer.propose = self.record_features, self.propose
 
-    def record_features(self, seq, rows):
-        self.store.add(seq.request_id, seq.num_computed_tokens - rows.shape[0], rows)
-        self._record(seq, rows)
+    def record_features(self, seq, span):
+        self.store.add(seq.request_id, seq.num_computed_tokens - span.count, span.rows())
+        self._record(seq, span)
 
     def recompute(self, seq, n):
         p = self.proposer

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from onecat.engine import SamplingParams
+from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, SpeculativeDecoder, hidden_state_tap
 
 
@@ -74,7 +75,8 @@ class FeatureRecorder(Proposer):
         return [([], None) for _ in seqs]
 
     @torch.no_grad()
-    def record_features(self, seq, rows: torch.Tensor) -> None:
+    def record_features(self, seq, span: FeatureRows) -> None:
+        rows = span.rows()
         end = seq.num_computed_tokens  # rows are the positions just computed: end - len(rows) .. end - 1
         first = self.rows_of[seq.request_id] + end - rows.shape[0]
         span = slice(first, first + rows.shape[0])

@@ -23,7 +23,7 @@ from onecat.engine.core.interfaces import SpeculativeProposer, StepWorker
 from onecat.engine.core.sampler import apply_filters, apply_logits_processors, sample, token_logprobs
 from onecat.engine.core.scheduler import Scheduler
 from onecat.engine.core.scheduler_output import ScheduledSeq
-from onecat.engine.core.sequence import Sequence, SequenceUpdate
+from onecat.engine.core.sequence import FeatureRows, Sequence, SequenceUpdate
 from onecat.engine.core.step_result import StepResult
 from onecat.engine.outputs import RequestOutput, RequestTimings
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -184,7 +184,7 @@ class EngineCore:
             else:
                 new_tokens = [sampled[i]] if i in sampled else []
             kept = s.num_new_tokens + max(0, len(new_tokens) - 1)  # accepted drafts keep their KV
-            rows = features[row:row + kept] if features is not None else None
+            rows = FeatureRows(features, row, kept) if features is not None else None
             updates.append(SequenceUpdate(s.seq, s.num_new_tokens, new_tokens, rows))
             row += s.num_new_tokens + s.num_lookahead
         return updates
@@ -248,7 +248,7 @@ class EngineCore:
             touched.append(seq)
         return touched
 
-    def _keep_computed(self, seq: Sequence, features: torch.Tensor | None) -> None:
+    def _keep_computed(self, seq: Sequence, features: FeatureRows | None) -> None:
         self.blocks.register_computed(seq)
         if features is not None:
             self.proposer.record_features(seq, features)

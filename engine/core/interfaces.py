@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from onecat.engine.cache.recurrent_state import RecurrentStateCache
     from onecat.engine.config import ModelConfig
     from onecat.engine.core.scheduler_output import ScheduledSeq
-    from onecat.engine.core.sequence import Sequence
+    from onecat.engine.core.sequence import FeatureRows, Sequence
     from onecat.engine.core.step_result import StepResult
     from onecat.engine.tokenizer import Tokenizer
 
@@ -69,4 +69,4 @@ class SpeculativeProposer(Protocol):
 
     def step_features(self) -> torch.Tensor | None: ...
 
-    def record_features(self, seq: Sequence, rows: torch.Tensor) -> None: ...
+    def record_features(self, seq: Sequence, rows: FeatureRows) -> None: ...

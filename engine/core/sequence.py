@@ -82,6 +82,20 @@ class Sequence:
 
 
 @dataclass(slots=True)
+class FeatureRows:
+    """Rows first .. first + count - 1 of one step's tapped hidden states (a block drafter's features), kept
+    as the step's tensor and a span rather than a slice: a batch's steps record a span per request, and the
+    drafter gathers all queued spans at once when it drafts (speculative/dflash_cache.py)."""
+
+    source: torch.Tensor  # [rows of the step, features]
+    first: int
+    count: int
+
+    def rows(self) -> torch.Tensor:
+        return self.source[self.first:self.first + self.count]
+
+
+@dataclass(slots=True)
 class SequenceUpdate:
     """What one engine step did for one sequence, before the core applies it (EngineCore.postprocess)."""
 
@@ -90,4 +104,4 @@ class SequenceUpdate:
     # Tokens to append: none for a prefill chunk short of the prompt's end; after verification the
     # accepted drafts (their KV is already written) and the token that follows them.
     new_tokens: list[int]
-    features: torch.Tensor | None = None  # the target's tapped hidden states of the kept positions
+    features: FeatureRows | None = None  # the target's tapped hidden states of the kept positions

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from onecat.engine.core.scheduler_output import ScheduledSeq
-from onecat.engine.core.sequence import Sequence
+from onecat.engine.core.sequence import FeatureRows, Sequence
 from onecat.engine.errors import ConfigError
 from onecat.engine.speculative.controller import SpeculationGate
 from onecat.engine.speculative.draft_length import DraftLengths
@@ -70,7 +70,7 @@ class Proposer(ABC):
         """True when the drafter needs the target's hidden states of every computed position."""
         return self.tap is not None
 
-    def record_features(self, seq: Sequence, rows: torch.Tensor) -> None:
+    def record_features(self, seq: Sequence, rows: FeatureRows) -> None:
         """Keep the target's hidden states of the sequence's newly computed (accepted) positions."""
         raise NotImplementedError(f"the {self.name} proposer reads no target features (wants_features is False)")
 
@@ -197,5 +197,5 @@ class SpeculativeDecoder:
         tap = self.proposer.tap
         return tap.aux_hidden if tap is not None else None
 
-    def record_features(self, seq: Sequence, rows: torch.Tensor) -> None:
+    def record_features(self, seq: Sequence, rows: FeatureRows) -> None:
         self.proposer.record_features(seq, rows)

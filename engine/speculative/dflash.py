@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from onecat.engine.core.sampler import apply_filters, exponential_race
+from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.errors import ConfigError, ModelNotFoundError
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
@@ -308,9 +309,9 @@ class DFlashProposer(Proposer):
     def drafts_on_device(self) -> bool:
         return drafts_stay_on_device(self.target)
 
-    def record_features(self, seq, rows: torch.Tensor) -> None:
+    def record_features(self, seq, rows: FeatureRows) -> None:
         """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""
-        self.cache.add(seq.request_id, seq.num_computed_tokens - rows.shape[0], rows)
+        self.cache.add(seq.request_id, seq.num_computed_tokens - rows.count, rows)
 
     @torch.inference_mode()
     def draft_logits(self, seqs, budgets) -> tuple[torch.Tensor | None, list[int]]:

@@ -6,8 +6,9 @@ never on the block, so they can be kept. Each request holds the rows of one cont
 `first .. end - 1`; the drafter's attention over its context is order-free (non-causal, positions are
 in the keys), so only the count of kept rows matters when attending.
 
-Feature rows arrive after every engine step (`add`), are queued, and are projected for all requests at
-once (`flush`) just before drafting, or earlier once many rows wait (a long prefill). Rows recorded
+Feature rows arrive after every engine step (`add`, as spans of the step's tapped rows), are queued, and are
+projected for all requests at once (`flush`) just before drafting, or earlier once many rows wait (a long
+prefill, or a batch decoding for a while without drafts). Rows recorded
 from a position the request already holds (a preempted request recomputing its tokens) replace the
 held rows from that position on; a later run of positions (the target skipped prefix-cached ones)
 starts the request's context afresh there. `sliding_window` keeps only the newest rows.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.transfers import to_device
 
 FLUSH_ROWS = 1024  # project queued rows once this many wait, so a long prefill holds no big feature tensors
@@ -48,7 +50,7 @@ class DrafterKVCache:
         self.row_shape = (len(drafter.layers), 2, attn.nkv, attn.hd)
         self.dtype, self.device = drafter.norm.weight.dtype, drafter.norm.weight.device
         self.entries: dict[str, _Entry] = {}
-        self.pending: list[tuple[str, int, torch.Tensor]] = []  # (request id, first position, feature rows)
+        self.pending: list[tuple[str, int, FeatureRows]] = []  # (request id, first position, feature rows)
         self.pending_rows = 0
         self._batch: torch.Tensor | None = None  # reused padding buffer of batched drafting
         # features [n, L*H] and positions [n] -> rows [layers, 2, n, nkv, hd] by CUDA graph replay, or None to
@@ -56,32 +58,61 @@ class DrafterKVCache:
         self.projector = None
 
     # ---- recording ------------------------------------------------------------------------------
-    def add(self, request_id: str, start: int, features: torch.Tensor) -> None:
-        """Queue the target's features of positions start .. start + len(features) - 1."""
-        if self.window is not None and features.shape[0] > self.window:  # rows the window drops at once
-            start += features.shape[0] - self.window
-            features = features[-self.window:]
-        self.pending.append((request_id, start, features))
-        self.pending_rows += features.shape[0]
+    def add(self, request_id: str, start: int, features: torch.Tensor | FeatureRows) -> None:
+        """Queue the target's features of positions start .. start + count - 1 (a tensor of those rows, or a
+        span of a step's rows: nothing is copied until the flush)."""
+        rows = features if isinstance(features, FeatureRows) else FeatureRows(features, 0, features.shape[0])
+        if self.window is not None and rows.count > self.window:  # rows the window drops at once
+            drop = rows.count - self.window
+            start, rows = start + drop, FeatureRows(rows.source, rows.first + drop, self.window)
+        self.pending.append((request_id, start, rows))
+        self.pending_rows += rows.count
         if self.pending_rows >= FLUSH_ROWS:
             self.flush()
 
     @torch.inference_mode()  # its buffers are inference tensors: every write to them happens in this mode
     def flush(self) -> None:
-        """Project every queued row (one fc + one K/V projection per layer for all requests) and store it."""
+        """Project every queued row (one fc + one K/V projection per layer for all requests) and store it: the
+        queued spans are gathered request by request in one index, so that each request's rows (queued a row
+        per step while its batch decodes without drafting) are stored with one write per run of positions."""
         if not self.pending:
             return
         pending, self.pending, self.pending_rows = self.pending, [], 0
-        feats = torch.cat([f for _, _, f in pending]) if len(pending) > 1 else pending[0][2]
-        pos = to_device([p for _, s, f in pending for p in range(s, s + f.shape[0])], self.device)
+        feats, pos, runs = self._gathered(pending)
         rows = self.projector(feats, pos) if self.projector is not None else None
         if rows is None:
             rows = project_rows(self.drafter, feats.to(self.dtype), pos)
-        at = 0
-        for request_id, start, f in pending:
-            n = f.shape[0]
+        for request_id, start, at, n in runs:
             self._write(request_id, start, rows[:, :, at:at + n])
-            at += n
+
+    def _gathered(self, pending: list[tuple[str, int, FeatureRows]]):
+        """(feature rows [n, L*H] grouped by request, their positions [n], and per run of consecutive positions
+        of a request, in the order queued: (request, first position, offset in the rows, count))."""
+        sources: dict[int, tuple[int, torch.Tensor]] = {}  # id -> (offset in the concatenation, tensor)
+        total = 0
+        for _, _, r in pending:
+            if id(r.source) not in sources:
+                sources[id(r.source)] = (total, r.source)
+                total += r.source.shape[0]
+        by_request: dict[str, list[list]] = {}  # request -> [[first position, indices in the concatenation]]
+        for request_id, start, r in pending:
+            at = sources[id(r.source)][0] + r.first
+            runs = by_request.setdefault(request_id, [])
+            if runs and runs[-1][0] + len(runs[-1][1]) == start:
+                runs[-1][1].extend(range(at, at + r.count))
+            else:
+                runs.append([start, list(range(at, at + r.count))])
+        index, positions, out = [], [], []
+        for request_id, runs in by_request.items():
+            for start, rows in runs:
+                out.append((request_id, start, len(index), len(rows)))
+                index.extend(rows)
+                positions.extend(range(start, start + len(rows)))
+        tensors = [t for _, t in sources.values()]
+        feats = torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+        if index != list(range(total)):
+            feats = feats.index_select(0, to_device(index, feats.device))
+        return feats, to_device(positions, self.device), out
 
     def _write(self, request_id: str, start: int, rows: torch.Tensor) -> None:
         e = self.entries.get(request_id)
@@ -172,4 +203,5 @@ class DrafterKVCache:
         self.entries.pop(request_id, None)
         if any(r == request_id for r, _, _ in self.pending):
             self.pending = [p for p in self.pending if p[0] != request_id]
-            self.pending_rows = sum(f.shape[0] for _, _, f in self.pending)
+            self.pending_rows = sum(r.count for _, _, r in self.pending)
+

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from onecat.engine.core.sampler import apply_filters, exponential_race
+from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.mtp_graphs import MTPGraphs
@@ -49,11 +50,12 @@ class MTPProposer(Proposer):
         self.newest: dict[str, tuple[int, torch.Tensor]] = {}  # request -> (its newest kept position, its features)
 
     @torch.inference_mode()
-    def record_features(self, seq, rows: torch.Tensor) -> None:
+    def record_features(self, seq, rows: FeatureRows) -> None:
         """`rows`: the tapped hidden states of the positions the step just kept, ending at num_computed_tokens;
         the token after each is known by now (the prompt's, or the step's output)."""
-        if rows.shape[0] == 0:
+        if rows.count == 0:
             return
+        rows = rows.rows()
         end = seq.num_computed_tokens
         start = end - rows.shape[0]
         nxt = to_device(seq.token_ids[start + 1:end + 1], rows.device)
