@@ -20,8 +20,11 @@ Arms per batch size (1, 4, 8; 256 prompt tokens, 256 new, CUDA graphs on, the ga
 drafts): target-only (with the engine's default one-step-ahead decode pipeline, async_scheduling, which hides
 its host time; speculative rounds cannot use it); n-gram-shaped at acceptance 2, 3, 4.25, 6.55 and k + 1;
 DFlash-shaped at 2, 3, 4.25, 6.55 and k + 1; the real n-gram method (k = 3 and 7, the gate on) on the random
-target's own output; and a proposer that never finds a draft (the gate on), whose cost against target-only is
-the overhead of a speculative engine with nothing to draft. Per arm: tok/s, the ratio to target-only in the
+target's own output; a proposer that never finds a draft (the gate on), whose cost against target-only is
+the overhead of a speculative engine with nothing to draft; and a DFlash-shaped drafter whose every draft is
+rejected (the gate on), the cost of a block drafter that never pays (its features recorded every step, its
+drafting probed now and then). `--shape smollm2-135m` runs the same arms on the embedded default's shape,
+where a step is short enough that the engine's host time per step shows. Per arm: tok/s, the ratio to target-only in the
 same run, the measured acceptance length, speedup / acceptance length, and the round's cost in target steps.
 
     python benchmarks/speculative_gpu_rounds.py                      # H200: writes the record
@@ -41,7 +44,7 @@ from pathlib import Path
 import torch
 from source_state import source_state
 
-SHAPES = ("llama3-8b", "tiny-llama")  # random:NAME model sources (engine/random_models.py)
+SHAPES = ("llama3-8b", "smollm2-135m", "tiny-llama")  # random:NAME model sources (engine/random_models.py)
 ACCEPTANCE_LENGTHS = (2.0, 3.0, 4.25, 6.55)  # DFlash's published MT-Bench 4.25 and GSM8K 6.55 among them
 DFLASH_BLOCK = 16  # the drafter's layers: engine/speculative/random_drafter.py
 
@@ -98,12 +101,12 @@ def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: i
 def profile_round(llm, arms, batch_prompts, max_tokens: int, out: Path, cuda: bool) -> None:
     """Where each arm's steps go (benchmarks/round_timeline.py): device-busy time per step and the device's
     idle time charged to the host phase that ran then; `arms` = [(label, proposer factory or None for
-    target-only)]. One warm-up batch per arm, then one profiled batch; the summaries go to DIR/timeline.json."""
+    target-only, gate or None)]. One warm-up batch per arm, then one profiled batch; the summaries go to DIR/timeline.json."""
     from round_timeline import profile_steps
 
     summaries = {}
-    for label, make in arms:
-        swap = llm.proposer_swapped(make()) if make is not None else contextlib.nullcontext()
+    for label, make, gate in arms:
+        swap = llm.proposer_swapped(make(), gate) if make is not None else contextlib.nullcontext()
         with llm.cuda_graphs_replaced(cuda), swap:
             decode(llm, batch_prompts, max_tokens)  # graphs, drafter warm-up
             result = {}
@@ -193,12 +196,16 @@ def main() -> None:
         def continuation(seq, reference=reference):
             return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
 
+        def dflash(accepted: float, continuation=continuation):
+            return SyntheticProposer(DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), accepted,
+                                     continuation, vocab)
+
         if args.profile:
-            arms = [("target_only", None),
-                    ("ngram_shaped_4.25", lambda: SyntheticProposer(NgramProposer(7), 3.25, continuation, vocab))]
+            arms = [("target_only", None, None),
+                    ("ngram_shaped_4.25", lambda: SyntheticProposer(NgramProposer(7), 3.25, continuation, vocab), None)]
             if drafter is not None:
-                arms.append(("dflash_shaped_4.25", lambda: SyntheticProposer(
-                    DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), 3.25, continuation, vocab)))
+                arms += [("dflash_shaped_4.25", lambda: dflash(3.25), None),
+                         ("dflash_rejected_gated", lambda: dflash(0.0), SpeculationGate())]
             profile_round(llm, arms, batch_prompts, args.max_tokens, args.profile / f"batch{batch}", cuda)
             continue
 
@@ -208,8 +215,10 @@ def main() -> None:
                                                                             vocab), None))
         if drafter is not None:
             for a in ACCEPTANCE_LENGTHS + (16.0,):
-                arms.append(("dflash_shaped", a, lambda a=a: SyntheticProposer(
-                    DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), a - 1, continuation, vocab), None))
+                arms.append(("dflash_shaped", a, lambda a=a: dflash(a - 1), None))
+            # every draft rejected, the gate on: what a block drafter that never pays costs (its features are
+            # still recorded every step, its drafting probed now and then)
+            arms.append(("dflash_rejected_gated", 1.0, lambda: dflash(0.0), SpeculationGate()))
         for k in (3, 7):
             arms.append((f"ngram_k{k}", None, lambda k=k: NgramProposer(k), SpeculationGate()))
         never = settings["max_model_len"] + 1  # an n-gram longer than any sequence: nothing is ever drafted

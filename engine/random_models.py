@@ -35,6 +35,9 @@ _QWEN35_35B_A3B = dict(
     {k: v for k, v in _QWEN35_27B.items() if k != "intermediate_size"}, architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", hidden_size=2048,
     num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2, linear_num_value_heads=32,
     num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512)
+_SMOLLM2_135M = dict(_LLAMA_8B, vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                     max_position_embeddings=8192, tie_word_embeddings=True)  # the embedded default's shape
 _TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              vocab_size=2048, torch_dtype="float32")  # runners draw prompt ids up to 1256
 
@@ -43,6 +46,7 @@ SHAPES: dict[str, dict] = {
     "llama3-8b": _LLAMA_8B,
     "llama3-70b": _LLAMA_70B,
     "qwen3-8b": _QWEN3_8B,
+    "smollm2-135m": _SMOLLM2_135M,
     "qwen3.5-27b": _QWEN35_27B,
     "qwen3.5-35b-a3b": _QWEN35_35B_A3B,
     "tiny-llama": dict(_LLAMA_8B, **_TINY, intermediate_size=128, rope_theta=10000.0),
