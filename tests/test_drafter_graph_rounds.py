@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from onecat.engine import LLM, SamplingParams
-from onecat.engine.speculative.dflash_graphs import DrafterGraphs
+from onecat.engine.speculative.dflash_graphs import FLUSH_SIZES, DrafterGraphs
 from onecat.engine.speculative.mtp_graphs import MTPGraphs
 from onecat.engine.speculative.round_graphs import ContextGraphs
 from tests.test_speculative import write_random_dflash
@@ -57,6 +57,27 @@ def test_dflash_rounds_through_the_graph_buffers_decode_as_target_only(tmp_path,
     assert [o.token_ids for o in outs] == want
     assert report["disabled_reason"] is None and report["replays"] > 0 and report["flush_replays"] > 0
     assert any(rows > len(PROMPTS) for rows, _ in report["captured"])  # three requests padded to a bucket of four
+
+
+def test_dflash_graphs_captured_ahead_leave_nothing_to_capture_while_decoding(tmp_path, emulated_capture):
+    """At start-up the drafter captures every (rows, context) bucket its engine can reach and every projection
+    size; decoding then replays only, so no decode step times a capture."""
+    target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
+    drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
+    with LLM(str(target), max_model_len=128, device="cpu") as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
+    with LLM(str(target), max_model_len=128, max_num_seqs=3, device="cpu", speculative_config=spec) as llm:
+        proposer = llm.engine.proposer.proposer
+        graphs = proposer.graphs = _with_graphs(DrafterGraphs(proposer.drafter, proposer.embed, proposer.cache,
+                                                              torch.device("cpu")))
+        with torch.inference_mode():
+            ahead = graphs.capture_ahead(3, 128)
+        assert sorted(graphs.graphs) == [(1, 256), (2, 256), (4, 256)]  # three requests pad to four rows
+        assert ahead == 3 + len(FLUSH_SIZES) == proposer.graph_captures
+        outs = llm.generate(PROMPTS, GREEDY)
+        assert graphs.captures == ahead and graphs.replays > 0 and graphs.flush_replays > 0
+    assert [o.token_ids for o in outs] == want
 
 
 def test_greedy_mtp_rounds_through_the_graph_buffers_decode_as_target_only(emulated_capture):

@@ -218,3 +218,39 @@ def test_rounds_that_lose_badly_are_probed_only_as_often_as_the_probe_budget_all
     near = SpeculationGate(probe_every=32)
     _feed(near, 1, 4000, plain_s=1.0, round_s=1.1, tokens=1.05)  # loses 0.05 steps a probe
     assert near.pays(1) is False and near.report()["per_batch_size_up_to"][1]["probe_every"] == 32
+
+
+def test_a_step_that_captured_a_graph_is_counted_but_not_timed():
+    """A drafter graph captured inside a step costs once, not every round: that step moves no average (a probe
+    round that captured would otherwise keep drafting off long after), yet it counts toward the probe spacing."""
+    gate = SpeculationGate(probe_every=8)
+    _feed(gate, 1, 60, plain_s=1.0, round_s=0.5, tokens=2.0)
+    before = gate.report()["per_batch_size_up_to"][1]
+    assert gate.wants_drafts(1) and before["drafting_pays"]
+    gate.record(1, True, None, 2.0)  # a round that captured a graph: 1000x its cost would flip the verdict
+    gate.record(1, True, None, 2.0)
+    after = gate.report()
+    assert after["per_batch_size_up_to"][1]["round_ms"] == before["round_ms"]
+    assert after["steps"]["untimed"] == 2 and after["per_batch_size_up_to"][1]["drafting_pays"]
+    gate.record(1, True, 1000.0, 2.0)
+    assert gate.pays(1) is False  # the same step timed would have turned drafting off
+
+
+def test_the_decoder_leaves_untimed_the_steps_in_which_its_drafter_captured_graphs():
+    from types import SimpleNamespace
+
+    from onecat.engine.speculative.base import Proposer, SpeculativeDecoder
+
+    class Capturing(Proposer):
+        graphs = SimpleNamespace(captures=4)  # captured at start-up: not a step's
+
+        def propose(self, seqs, budgets):
+            return [([], None) for _ in seqs]
+
+    proposer = Capturing(3)
+    decoder = SpeculativeDecoder(proposer, 64, SpeculationGate())
+    decoder.step_done(1, True, 0.5, 2.0)
+    proposer.graphs.captures += 1  # a new bucket captured during the next step
+    decoder.step_done(1, True, 0.5, 2.0)
+    decoder.step_done(1, True, 0.5, 2.0)
+    assert decoder.gate.report()["steps"]["untimed"] == 1 and decoder.gate.steps["drafted"] == 3

@@ -85,6 +85,12 @@ class Proposer(ABC):
     def release(self, seq: Sequence) -> None:
         """The sequence finished: drop any per-sequence state."""
 
+    @property
+    def graph_captures(self) -> int:
+        """CUDA graphs the drafter has captured so far (a step in which this grows timed a capture, not a round)."""
+        graphs = getattr(self, "graphs", None)
+        return graphs.captures if graphs is not None else 0
+
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k}
 
@@ -102,6 +108,7 @@ class SpeculativeDecoder:
         self.gate = gate if gate is not None else SpeculationGate(enabled=False)
         trim = proposer.trims_drafts and os.environ.get(DRAFT_LENGTHS_FLAG) != "0"
         self.lengths = DraftLengths(proposer.k) if trim else None
+        self._captures = proposer.graph_captures
 
     @property
     def trims_drafts(self) -> bool:
@@ -148,8 +155,11 @@ class SpeculativeDecoder:
         return self.gate.paused(batch)
 
     def step_done(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
-        """A pure decode step of `batch` sequences took `seconds` of wall time (for the gate)."""
-        self.gate.record(batch, drafted, seconds, tokens_per_seq)
+        """A pure decode step of `batch` sequences took `seconds` of wall time (for the gate); a step in which the
+        drafter captured a CUDA graph counts as a step but is no sample of what a round costs."""
+        captures = self.proposer.graph_captures
+        timed, self._captures = captures == self._captures, captures
+        self.gate.record(batch, drafted, seconds if timed else None, tokens_per_seq)
 
     def verify(self, blocks: list[tuple[Sequence, ScheduledSeq, torch.Tensor]]) -> list[list[int]]:
         """The tokens one step's verify rows emit, per (sequence, its schedule, its verify logits

@@ -63,7 +63,7 @@ class SpeculationGate:
         self._empty_backoff = 1
         self._asked = False  # the proposer was asked this step and found nothing
         self.steps = {"drafted": 0, "plain_by_choice": 0, "plain_probes": 0, "draft_probes": 0,
-                      "proposer_skipped": 0}
+                      "proposer_skipped": 0, "untimed": 0}
 
     def _bucket(self, batch: int) -> _Bucket:
         """Batch sizes share a bucket up to the next power of two (1, 2, 3-4, 5-8, ...): a batch that
@@ -112,8 +112,9 @@ class SpeculationGate:
             self._skip, self._asked = self._empty_backoff, True  # skipping starts with the next step
             self._empty_backoff = min(2 * self._empty_backoff, self.probe_every)
 
-    def record(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
-        """One pure decode step's wall time; `drafted` when it verified drafts."""
+    def record(self, batch: int, drafted: bool, seconds: float | None, tokens_per_seq: float) -> None:
+        """One pure decode step's wall time; `drafted` when it verified drafts. `seconds` None: a step that is
+        counted (probe spacing) but not timed (it captured a graph: a one-time cost, not the mode's)."""
         b = self._bucket(batch)
         verdict = self.pays(batch)
         probed = False
@@ -134,6 +135,9 @@ class SpeculationGate:
         weight = PROBE_WEIGHT if probed else ALPHA
         if drafted:
             self.steps["drafted"] += 1
+        if seconds is None:
+            self.steps["untimed"] += 1
+        elif drafted:
             b.round_s.add(seconds, weight)
             b.tokens.add(tokens_per_seq, weight)
         else:

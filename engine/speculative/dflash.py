@@ -304,6 +304,9 @@ class DFlashProposer(Proposer):
         if graphs_wanted(device, getattr(target.cfg, "cuda_graph", "off") == "full"):
             self.graphs, self.graphs_off_reason = open_graphs(
                 lambda: DrafterGraphs(self.drafter, self.embed, self.cache, device), "the drafter graphs'")
+            if self.graphs is not None:
+                with torch.inference_mode():
+                    self.graphs.capture_ahead(target.cfg.max_num_seqs, target.max_model_len)
 
     @property
     def drafts_on_device(self) -> bool:

@@ -12,6 +12,9 @@ RoPE) replays a graph too, one per padded row count (FLUSH_SIZES; a longer flush
 static feature rows and positions in, [layers, 2, rows, nkv, hd] out, of which the cache keeps the real rows.
 Padding rows project whatever the static buffers held last (finite values at valid positions), never read.
 
+The graphs a round of the engine's batch sizes and length limit can reach are captured when the drafter opens
+(`capture_ahead`: rows buckets x context buckets, and the projection sizes); others on first use.
+
 Static inputs (beyond the shared context buffer and lengths, round_graphs.py): block ids and positions
 [MAX_ROWS, block_size]. Padding rows draft mask tokens at positions 0.. with an empty context (their block
 gives them keys).
@@ -58,12 +61,15 @@ class DrafterGraphs(ContextGraphs):
             return None
         self.feats[:n].copy_(feats)
         self.feat_pos[:n].copy_(pos)
-        out = self.replay_in(self.flush_graphs, size,
-                             lambda: project_rows(self.drafter, self.feats[:size], self.feat_pos[:size]))
+        out = self.replay_in(self.flush_graphs, size, self._projection(size))
         if out is None:
             return None
         self.flush_replays += 1
         return out[:, :, :n]
+
+    def _projection(self, size: int):
+        """The context projection of the static feature rows' first `size`, as a step to capture."""
+        return lambda: project_rows(self.drafter, self.feats[:size], self.feat_pos[:size])
 
     def forward(self, rows: int, ctx: int) -> torch.Tensor:
         """The block forward over the static buffers' first `rows` rows and `ctx` context rows."""
@@ -89,6 +95,21 @@ class DrafterGraphs(ContextGraphs):
         self.load(block, block_pos, request_ids, size[0])
         out = self.replay(size, lambda: self.forward(*size))
         return None if out is None else out[:block.shape[0]]
+
+    def capture_ahead(self, max_rows: int, max_ctx: int) -> int:
+        """Capture every block-forward graph a round of up to `max_rows` requests over up to `max_ctx` context
+        rows can replay, and every context projection size, now (at start-up) rather than inside a decode step,
+        where each capture costs milliseconds and the gate would time it as a round. Returns how many."""
+        last = self.bucket(min(max_rows, self.row_sizes[-1]), min(max_ctx, self.ctx_sizes[-1]))
+        if last is None or not self.capturing:
+            return 0
+        before = self.captures
+        for rows in (r for r in self.row_sizes if r <= last[0]):
+            for ctx in (c for c in self.ctx_sizes if c <= last[1]):
+                self.ensure(self.graphs, (rows, ctx), lambda rows=rows, ctx=ctx: self.forward(rows, ctx))
+        for size in FLUSH_SIZES:
+            self.ensure(self.flush_graphs, size, self._projection(size))
+        return self.captures - before
 
     def forget_graphs(self) -> None:
         super().forget_graphs()

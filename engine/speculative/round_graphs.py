@@ -6,8 +6,9 @@ The requests' context keys/values (the drafter KV cache, dflash_cache.py) are co
 buffer [layers, 2, MAX_ROWS, capacity, nkv, hd] whose [:rows, :ctx] view a graph reads, with each row's length
 in a static [MAX_ROWS] tensor (a round with more rows or a longer context than the buffer holds runs eagerly).
 Rows past a request's length hold finite stale values (the buffer starts zeroed) that the length mask removes.
-Graphs are captured lazily, on the first round of each bucket; a capture that fails turns the drafter's graphs
-off (the round runs eagerly) and says why.
+Graphs are captured lazily, on the first round of each bucket (DFlash captures the buckets its engine can
+reach at start-up, dflash_graphs.py); a capture that fails turns the drafter's graphs off (the round runs
+eagerly) and says why. `captures` counts them: a step that captured is no sample of what a round costs.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class ContextGraphs:
         self.capturing = device.type == "cuda"  # graphs are captured only on a GPU; elsewhere rounds run eagerly
         self.pool = None
         self.replays = 0
+        self.captures = 0
         self.disabled_reason: str | None = None
 
     def bucket(self, rows: int, ctx: int) -> tuple[int, int] | None:
@@ -89,16 +91,23 @@ class ContextGraphs:
 
     def replay_in(self, graphs: dict, key, step) -> torch.Tensor | None:
         """Replay the graph `graphs[key]`, capturing it from `step()` first if needed; its output, or None."""
-        if not self.capturing or self.disabled_reason is not None:
+        if not self.ensure(graphs, key, step):
             return None
-        if key not in graphs:
-            captured = self.capture(step, key)
-            if captured is None:
-                return None
-            graphs[key] = captured
         graph, out = graphs[key]
         graph.replay()
         return out
+
+    def ensure(self, graphs: dict, key, step) -> bool:
+        """`graphs[key]` captured from `step()` if it was not yet; False where graphs are off or capture failed."""
+        if not self.capturing or self.disabled_reason is not None:
+            return False
+        if key not in graphs:
+            captured = self.capture(step, key)
+            if captured is None:
+                return False
+            graphs[key] = captured
+            self.captures += 1
+        return True
 
     def capture(self, step, label) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
         """(graph, output) of `step` over the static buffers, or None when capture failed (which turns the

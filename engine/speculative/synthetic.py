@@ -68,6 +68,10 @@ class SyntheticProposer(Proposer):
     def trims_drafts(self) -> bool:
         return self.compute.trims_drafts
 
+    @property
+    def graph_captures(self) -> int:
+        return self.compute.graph_captures
+
     def record_features(self, seq, rows) -> None:
         self.compute.record_features(seq, rows)
 
