@@ -3,9 +3,12 @@
 either way, and an acceptance length that is exactly the one asked for."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from onecat.engine.speculative.controller import MAX_PROBE_EVERY, PROBE_COST, WARMUP, SpeculationGate
+from onecat.engine.speculative.controller import (MAX_LOSING_PROBE_EVERY, MAX_PROBE_EVERY, PROBE_COST, WARMUP,
+                                                  SpeculationGate)
 
 
 def _feed(gate: SpeculationGate, batch: int, steps: int, plain_s: float, round_s: float, tokens: float) -> list[bool]:
@@ -208,13 +211,17 @@ def test_rounds_that_lose_badly_are_probed_only_as_often_as_the_probe_budget_all
     """A probe round that loses ~4.4 plain steps (round 5.7 steps moving 1.34 tokens) is spaced out until its
     probes cost about PROBE_COST of the decode time; one near break-even keeps being probed often."""
     gate = SpeculationGate(probe_every=32)
-    decisions = _feed(gate, 1, 4000, plain_s=1.0, round_s=5.7, tokens=1.34)
+    decisions = _feed(gate, 1, 6000, plain_s=1.0, round_s=5.7, tokens=1.34)
     assert gate.pays(1) is False
-    assert gate.report()["per_batch_size_up_to"][1]["probe_every"] == MAX_PROBE_EVERY
-    probes = sum(decisions[1000:])
-    assert 0 < probes <= 3000 // MAX_PROBE_EVERY + 1
+    spacing = gate.report()["per_batch_size_up_to"][1]["probe_every"]
+    assert spacing == math.ceil((5.7 - 1.34) / PROBE_COST) > MAX_PROBE_EVERY  # 436 steps: not held at 256
+    probes = sum(decisions[3000:])
+    assert 0 < probes <= 3000 // spacing + 1
     lost = probes * (5.7 - 1.34) / 3000  # time the probes cost over plain steps moving the same tokens
-    assert lost < 2 * PROBE_COST
+    assert lost < 1.5 * PROBE_COST
+    worse = SpeculationGate(probe_every=32)
+    _feed(worse, 1, 8000, plain_s=1.0, round_s=40.0, tokens=1.0)  # the budget alone would probe 1 in 3900
+    assert worse.report()["per_batch_size_up_to"][1]["probe_every"] == MAX_LOSING_PROBE_EVERY
     near = SpeculationGate(probe_every=32)
     _feed(near, 1, 4000, plain_s=1.0, round_s=1.1, tokens=1.05)  # loses 0.05 steps a probe
     assert near.pays(1) is False and near.report()["per_batch_size_up_to"][1]["probe_every"] == 32

@@ -9,7 +9,7 @@ reading its tokens, so wall time covers the device's work and the host's). Draft
 every `probe_every`; a probe moves its mode's averages by PROBE_WEIGHT) so that a change in acceptance or
 in cost is noticed. Probes of a verdict that holds are spaced out (x2 a confirming probe): while drafting
 wins, up to `MAX_PROBE_EVERY` steps; while it loses, up to the spacing at which its probes cost at most
-PROBE_COST of the decode time (a probe round loses `round - tokens x plain step` against plain steps: a
+PROBE_COST of the decode time (at most MAX_LOSING_PROBE_EVERY steps apart) (a probe round loses `round - tokens x plain step` against plain steps: a
 round near break-even is probed often, one that loses badly rarely). Once the verdict changes, probing starts
 again at the base rate, and a losing verdict is probed twice within 3 x base steps, so an early unlucky
 estimate cannot lock drafting out for long. Either way the request gets the target's exact distribution:
@@ -33,6 +33,7 @@ ALPHA = 0.1  # weight of the newest sample in the moving averages
 PROBE_WEIGHT = 0.5  # a probe is the only fresh sample of its mode: it moves that mode's averages further
 MAX_PROBE_EVERY = 256
 PROBE_COST = 0.01  # while drafting loses: the share of decode time its probes may cost
+MAX_LOSING_PROBE_EVERY = 1024  # ... and yet a rise in acceptance is noticed within this many steps
 
 
 @dataclass(slots=True)
@@ -68,13 +69,18 @@ class SpeculationGate:
     def _bucket(self, batch: int) -> _Bucket:
         """Batch sizes share a bucket up to the next power of two (1, 2, 3-4, 5-8, ...): a batch that
         shrinks as its requests finish is not measured afresh at every size."""
-        b = self._buckets.setdefault(1 << max(0, batch - 1).bit_length(), _Bucket())
-        b.probe_every = b.probe_every or self.probe_every
+        key = 1 << max(0, batch - 1).bit_length()
+        b = self._buckets.get(key)  # (asked a few times every decode step: no bucket is built to be dropped)
+        if b is None:
+            b = self._buckets[key] = _Bucket(probe_every=self.probe_every)
         return b
 
     def pays(self, batch: int) -> bool | None:
         """True / False once both modes are measured at this batch size; None before."""
-        b = self._bucket(batch)
+        return self._verdict(self._bucket(batch))
+
+    @staticmethod
+    def _verdict(b: _Bucket) -> bool | None:
         if b.plain_s.value is None or b.round_s.value is None or b.tokens.value is None:
             return None
         return b.tokens.value / b.round_s.value >= 1.0 / b.plain_s.value
@@ -86,7 +92,7 @@ class SpeculationGate:
         if self._skip > 0:
             return False
         b = self._bucket(batch)
-        verdict = self.pays(batch)
+        verdict = self._verdict(b)
         if verdict is None:  # measure rounds first, then plain steps
             return b.round_s.value is None or b.tokens.value is None or b.plain_s.value is not None
         if b.since_probe >= b.probe_every:  # now and then the other mode, to notice a change
@@ -101,7 +107,7 @@ class SpeculationGate:
         if self._skip > 0:
             return True
         b = self._bucket(batch)
-        return self.pays(batch) is False and b.since_probe + 1 < b.probe_every
+        return self._verdict(b) is False and b.since_probe + 1 < b.probe_every
 
     def proposed(self, found_any: bool) -> None:
         """After a proposer call: back off while it finds nothing to draft."""
@@ -116,7 +122,7 @@ class SpeculationGate:
         """One pure decode step's wall time; `drafted` when it verified drafts. `seconds` None: a step that is
         counted (probe spacing) but not timed (it captured a graph: a one-time cost, not the mode's)."""
         b = self._bucket(batch)
-        verdict = self.pays(batch)
+        verdict = self._verdict(b)
         probed = False
         if self._asked:
             self._asked = False
@@ -144,7 +150,7 @@ class SpeculationGate:
             b.plain_s.add(seconds, weight)
         # probes of a verdict that holds are spaced out as long as they confirm it (a losing one only as far
         # as its probes stay cheap); a changed or unknown verdict is probed at the base rate again
-        now = self.pays(batch)
+        now = self._verdict(b)
         if verdict is not None and now is verdict:
             cap = MAX_PROBE_EVERY if verdict else self._losing_spacing(b)
             b.probe_every = min(2 * b.probe_every if probed else b.probe_every, cap)
@@ -155,7 +161,7 @@ class SpeculationGate:
         """Steps between draft probes at which they cost PROBE_COST of the decode time: a probe round loses
         `round - tokens x plain` seconds against the plain steps that move its tokens."""
         lost = b.round_s.value - b.tokens.value * b.plain_s.value
-        return max(self.probe_every, min(MAX_PROBE_EVERY, math.ceil(lost / (PROBE_COST * b.plain_s.value))))
+        return max(self.probe_every, min(MAX_LOSING_PROBE_EVERY, math.ceil(lost / (PROBE_COST * b.plain_s.value))))
 
     def report(self) -> dict:
         per_batch = {}
