@@ -424,3 +424,26 @@ def test_stacked_context_projection_equals_the_per_layer_one_and_follows_weight_
         with torch.no_grad():  # a training step's in-place update
             drafter.layers[1].self_attn.k_proj.weight.mul_(1.5)
             drafter.layers[2].self_attn.k_norm.weight.add_(0.25)
+
+
+def test_llama_taps_are_its_layers_outputs(tmp_path):
+    """The tap of a Llama-family target (each tapped layer's output as the next layer's input norm forms it, the
+    last layer's as the final norm forms it) gives transformers' layer outputs, first, middle and last layer."""
+    transformers = pytest.importorskip("transformers")
+    from onecat.training.features import capture_features
+    from tests.tiny_models import make_tiny_model
+
+    target = make_tiny_model("llama", tmp_path / "llama", vocab_size=64, num_hidden_layers=3)
+    taps, ids = [0, 1, 2], list(range(5, 29))
+    with LLM(str(target), dtype="float32", max_model_len=64, enable_prefix_caching=False) as llm:
+        feats, _ = capture_features(llm, [(ids, 4, False)], taps, torch.float32, log=lambda line: None)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    seen = {}
+    for i in taps:
+        model.model.layers[i].register_forward_hook(
+            lambda mod, args, out, i=i: seen.__setitem__(i, out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        model(torch.tensor([ids]))
+    want = torch.cat([seen[i][0] for i in taps], dim=-1)
+    start, n = feats.starts[0], feats.lengths[0]
+    torch.testing.assert_close(feats.features[start:start + n], want, rtol=1e-4, atol=1e-4)

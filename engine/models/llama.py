@@ -23,17 +23,30 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
+                keep_input: list[torch.Tensor] | None = None):
         """Returns (this layer's MLP output, the residual stream before it); their sum is the layer's
         output. Keeping them apart lets each residual add fuse into the next RMSNorm (and, at one
-        token, that norm into the projection after it)."""
+        token, that norm into the projection after it). `keep_input` gets the sum this layer's input norm
+        forms, the previous layer's output (a drafter's tap: no add of its own)."""
         attn = self.self_attn
         if residual is None:
             residual = h
             qkv = attn.qkv_proj(self.input_layernorm(h))
         else:
             qkv, residual = norm_then_linear(self.input_layernorm, attn.qkv_proj, h, residual)
+        if keep_input is not None:
+            keep_input.append(residual)
         return self.mlp.after_norm(self.post_attention_layernorm, attn(positions, qkv), residual)
+
+
+def tapped_layers(taps: list[torch.Tensor], last: torch.Tensor, last_tapped: bool) -> torch.Tensor | None:
+    """[T, tapped layers * hidden]: each tapped layer's output side by side, in layer order. A layer's output
+    h + residual is the sum the next layer's input norm forms (`keep_input`), or the final norm's for the last
+    layer, so a tap adds no kernel of its own."""
+    if last_tapped:
+        taps.append(last)
+    return torch.cat(taps, dim=-1) if taps else None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -64,13 +77,13 @@ class LlamaForCausalLM(nn.Module):
             self.aux_hidden = None
             return self.norm(*one_call)[0]
         residual = None
-        aux = []
+        taps = []  # the tapped layers' outputs, as the next norm forms them (tapped_layers)
+        tapped = self.aux_layer_ids
         for i, layer in enumerate(self.layers):
-            h, residual = layer(positions, h, residual)
-            if i in self.aux_layer_ids:
-                aux.append(h + residual)
-        self.aux_hidden = torch.cat(aux, dim=-1) if aux else None
-        return self.norm(h, residual)[0]
+            h, residual = layer(positions, h, residual, taps if (i - 1) in tapped else None)
+        normed, total = self.norm(h, residual)
+        self.aux_hidden = tapped_layers(taps, total, (len(self.layers) - 1) in tapped)
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

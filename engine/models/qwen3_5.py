@@ -26,6 +26,7 @@ from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.moe import SparseMoE
 from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
+from onecat.engine.models.llama import tapped_layers
 from onecat.engine.models.qwen3_moe import moe_settings
 from onecat.engine.models.weight_loading import fused_route, load_by_name
 
@@ -41,12 +42,16 @@ class HybridDecoderLayer(nn.Module):
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, plan: StatePlan):
-        """(this layer's MLP output, the residual stream before it), as the Llama layers return them."""
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, plan: StatePlan,
+                keep_input: list[torch.Tensor] | None = None):
+        """(this layer's MLP output, the residual stream before it), as the Llama layers return them (and
+        `keep_input` as they keep it)."""
         if residual is None:
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm(h, residual)
+        if keep_input is not None:
+            keep_input.append(residual)
         mixed = self.linear_attn(h, plan) if hasattr(self, "linear_attn") else self.self_attn(positions, h)
         h, residual = self.post_attention_layernorm(mixed, residual)
         return self.mlp(h), residual
@@ -115,13 +120,13 @@ class Qwen3_5ForCausalLM(nn.Module):
             plan = self.states.step_plan(ctx.meta.query_lens_cpu, ctx.meta.seq_lens_cpu, ctx.state_slots,
                                          ctx.lookaheads)
         h, residual = self.embed_tokens(input_ids), None
-        aux = []
+        taps = []  # the tapped layers' outputs, as the next norm forms them (llama.py tapped_layers)
+        tapped = self.aux_layer_ids
         for i, layer in enumerate(self.layers):
-            h, residual = layer(positions, h, residual, plan)
-            if i in self.aux_layer_ids:  # the layer's output, before the next norm (as llama.py taps it)
-                aux.append(h + residual)
-        self.aux_hidden = torch.cat(aux, dim=-1) if aux else None
-        return self.norm(h, residual)[0]
+            h, residual = layer(positions, h, residual, plan, taps if (i - 1) in tapped else None)
+        normed, total = self.norm(h, residual)
+        self.aux_hidden = tapped_layers(taps, total, (len(self.layers) - 1) in tapped)
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -204,4 +204,3 @@ class DrafterKVCache:
         if any(r == request_id for r, _, _ in self.pending):
             self.pending = [p for p in self.pending if p[0] != request_id]
             self.pending_rows = sum(r.count for _, _, r in self.pending)
-
