@@ -2,11 +2,13 @@
 # On a CUDA machine whose python already has torch (+ triton, transformers, pytest): install onecat
 # without touching its packages, run the GPU tests, the GEMV sweep, the step profile and the decode
 # benchmark; `speculative` runs the speculative GPU tests and the synthetic rounds on the 8B shape (no checkpoint
-# needed; with an A/B of drafts read back each round and a timeline profile of batch-1 rounds), `routes` the GPU tests
+# needed; with an A/B of drafts read back each round, a timeline profile of batch-1 rounds and the embedded default's
+# shape with a drafter whose drafts are all rejected), `routes` the GPU tests
 # of routed packed experts and hybrid verify graphs, then the seed routes (benchmarks/seed_routes_gpu.py; Gated
 # DeltaNet needs fla-core), `embedded` the embedded target with its
 # trained DFlash drafter (EMBEDDED_GGUF=path of the GGUF, DFLASH_PROMPTS=prompts saved by `benchmarks/
-# speculative_gpu.py --save-prompts` where the datasets are): gate on and off, and a timeline profile.
+# speculative_gpu.py --save-prompts` where the datasets are): gate on (batch 1 and 8; batch 1 again with more
+# repeats, its runs being short and noisy) and off, and a timeline profile.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded]...   (default: the first four)
 set -uo pipefail
 out=${1:?usage: scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench]...}; shift
@@ -37,11 +39,16 @@ for step in $steps; do
              --arms dflash_shaped --out "$out/speculative_gpu_rounds_drafts_read_back.json" >"$out/rounds_ab.log" 2>&1
            echo "drafts read back each round rc=$?"; grep "batch" "$out/rounds_ab.log"
            timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1 --profile "$out/rounds_timeline" \
-             >"$out/rounds_timeline.log" 2>&1; echo "timeline rc=$?"; grep "us a step" "$out/rounds_timeline.log" ;;
+             >"$out/rounds_timeline.log" 2>&1; echo "timeline rc=$?"; grep "us a step" "$out/rounds_timeline.log"
+           timeout 150 python3 benchmarks/speculative_gpu_rounds.py --shape smollm2-135m --batch-sizes 1,8 --repeats 3 \
+             --arms dflash_rejected,no_draft,dflash_shaped --out "$out/speculative_gpu_rounds_smollm2.json" \
+             >"$out/rounds_smollm2.log" 2>&1; echo "smollm2 shape rc=$?"; grep "batch" "$out/rounds_smollm2.log" ;;
     embedded) a="--target ${EMBEDDED_GGUF:?set EMBEDDED_GGUF} --drafter engine/drafters/smollm2-135m-dflash \
              --prompts ${DFLASH_PROMPTS:?set DFLASH_PROMPTS}"
-           timeout 200 python3 benchmarks/speculative_gpu.py $a --repeats 2 --budget-s 80 \
+           timeout 200 python3 benchmarks/speculative_gpu.py $a --repeats 3 --budget-s 100 \
              --out "$out/speculative_gpu_dflash.json" >"$out/embedded.log" 2>&1; echo "embedded rc=$?"
+           timeout 120 python3 benchmarks/speculative_gpu.py $a --batch-sizes 1 --repeats 6 --budget-s 50 \
+             --out "$out/speculative_gpu_dflash_b1.json" >>"$out/embedded.log" 2>&1; echo "batch 1 repeats rc=$?"
            timeout 130 python3 benchmarks/speculative_gpu.py $a --gate off --repeats 1 --budget-s 30 \
              --out "$out/speculative_gpu_dflash_gate_off.json" >>"$out/embedded.log" 2>&1; echo "gate off rc=$?"
            timeout 100 python3 benchmarks/speculative_gpu.py $a --gate off --profile "$out/embedded_timeline" \
