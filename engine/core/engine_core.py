@@ -10,6 +10,7 @@ model and runs each step (interfaces.StepWorker), and the speculative proposer, 
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -167,7 +168,7 @@ class EngineCore:
         sampled = self._sample(scheduled, result)
         wants_features = self.proposer is not None and self.proposer.wants_features  # block drafters
         features = self.proposer.step_features() if wants_features else None
-        verified = self._verify(scheduled, result)
+        verified = self._verify(scheduled, result, features)
         updates, row = [], 0
         for i, s in enumerate(scheduled):
             if i in result.prompt_logprobs:
@@ -189,12 +190,20 @@ class EngineCore:
             row += s.num_new_tokens + s.num_lookahead
         return updates
 
-    def _verify(self, scheduled: list[ScheduledSeq], result: StepResult) -> dict[int, list[int]]:
-        """The tokens of every sequence that verified drafts this step (scheduled index -> tokens)."""
+    def _verify(self, scheduled: list[ScheduledSeq], result: StepResult,
+                features: torch.Tensor | None) -> dict[int, list[int]]:
+        """The tokens of every sequence that verified drafts this step (scheduled index -> tokens); a block
+        drafter gets each one's tapped rows of the step too (it may draft the next round from them at once)."""
         if not result.verify_logits:
             return {}
         index = list(result.verify_logits)
-        tokens = self.proposer.verify([(scheduled[i].seq, scheduled[i], result.verify_logits[i]) for i in index])
+        spans = None
+        if features is not None:
+            first = list(itertools.accumulate((s.num_new_tokens + s.num_lookahead for s in scheduled), initial=0))
+            spans = [FeatureRows(features, first[i], scheduled[i].num_new_tokens + scheduled[i].num_lookahead)
+                     for i in index]
+        tokens = self.proposer.verify([(scheduled[i].seq, scheduled[i], result.verify_logits[i]) for i in index],
+                                      spans)
         return dict(zip(index, tokens))
 
     def _sample(self, scheduled: list[ScheduledSeq], result: StepResult) -> dict[int, int]:

@@ -17,7 +17,8 @@ from onecat.engine.core.sequence import FeatureRows, Sequence
 from onecat.engine.errors import ConfigError
 from onecat.engine.speculative.controller import SpeculationGate
 from onecat.engine.speculative.draft_length import DraftLengths
-from onecat.engine.speculative.verifier import Draft, DraftBlock, verify_blocks
+from onecat.engine.speculative.draft_ahead import VerifiedRead
+from onecat.engine.speculative.verifier import Draft, DraftBlock, emitted_tokens, verified_on_device
 
 
 @runtime_checkable
@@ -84,6 +85,13 @@ class Proposer(ABC):
 
     def release(self, seq: Sequence) -> None:
         """The sequence finished: drop any per-sequence state."""
+
+    drafts_ahead = False  # verify steps launch its next round before their tokens are read (draft_ahead.py)
+
+    def draft_ahead(self, seqs: list[Sequence], spans: list[FeatureRows], accepted: torch.Tensor,
+                    bonus: torch.Tensor) -> None:
+        """Launch the next round for `seqs` from a verify step's device results (where `drafts_ahead`)."""
+        raise NotImplementedError(f"the {self.name} proposer does not draft ahead")
 
     @property
     def graph_captures(self) -> int:
@@ -161,14 +169,27 @@ class SpeculativeDecoder:
         timed, self._captures = captures == self._captures, captures
         self.gate.record(batch, drafted, seconds if timed else None, tokens_per_seq)
 
-    def verify(self, blocks: list[tuple[Sequence, ScheduledSeq, torch.Tensor]]) -> list[list[int]]:
+    def verify(self, blocks: list[tuple[Sequence, ScheduledSeq, torch.Tensor]],
+               spans: list[FeatureRows] | None = None) -> list[list[int]]:
         """The tokens one step's verify rows emit, per (sequence, its schedule, its verify logits
-        [num_lookahead + 1, V]): all sequences verified at once on the device, read back in one go."""
+        [num_lookahead + 1, V]): all sequences verified at once on the device, read back in one go. With the
+        sequences' tapped rows of the step (`spans`) a proposer that drafts ahead launches its next round
+        before that read (greedy steps)."""
         drafts = [seq.draft_tokens[:sched.num_lookahead] for seq, sched, _ in blocks]
-        results = verify_blocks([
+        if not blocks:
+            return []
+        rows, order = verified_on_device([
             DraftBlock(draft, logits, seq.params, seq.generator,
                        None if seq.params.greedy or seq.draft_probs is None else seq.draft_probs[:len(draft)])
             for draft, (seq, _, logits) in zip(drafts, blocks)])
+        if spans is not None and self.proposer.drafts_ahead and all(seq.params.greedy for seq, _, _ in blocks):
+            read = VerifiedRead(rows)  # before the drafter's kernels, which the read does not wait for
+            accepted = rows[:, 0]  # all greedy: row i is block i
+            self.proposer.draft_ahead([seq for seq, _, _ in blocks], spans, accepted,
+                                      rows.gather(1, accepted.unsqueeze(1) + 1).squeeze(1))
+            results = emitted_tokens(read.tolist(), order)
+        else:
+            results = emitted_tokens(rows.tolist(), order)
         for draft, (seq, _, _), tokens in zip(drafts, blocks, results):
             self._count(seq, len(draft), len(tokens) - 1)
         return results

@@ -40,6 +40,8 @@ from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidd
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.dflash_fused import FUSED_FLAG, forward_fused, fused_forward_applies
 from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
+from onecat.engine.speculative.draft_ahead import (Ahead, ahead_wanted, draft_ahead, kept_from_ahead,
+                                                  propose_with_ahead)
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.transfers import to_device
 from onecat.engine.worker.fused_kernels import enable_fused_kernels
@@ -294,6 +296,9 @@ class DFlashProposer(Proposer):
         self.tap = hidden_state_tap(target.model)
         self.tap.aux_layer_ids = list(self.drafter.target_layer_ids)
         self.cache = DrafterKVCache(self.drafter)
+        self.ahead: dict[str, Ahead] = {}  # the next round's drafts, launched before a verify step was read
+        self._ahead_on = ahead_wanted() and self.drafter.sliding_window is None and not target.has_peer_ranks
+        self.ahead_served = 0  # requests' rounds whose drafts were drafted ahead
         device = target.device
         if device.type == "cuda":  # the target's fused-kernel choice: drafting through dflash_fused.py
             enable_fused_kernels(self.drafter, device, self.dtype, os.environ.get(FUSED_FLAG) != "0" and
@@ -312,9 +317,20 @@ class DFlashProposer(Proposer):
     def drafts_on_device(self) -> bool:
         return drafts_stay_on_device(self.target)
 
+    @property
+    def drafts_ahead(self) -> bool:
+        """Whether verify steps launch the next round's drafter before their tokens are read (draft_ahead.py)."""
+        return self._ahead_on
+
+    def draft_ahead(self, seqs, spans: list[FeatureRows], accepted: torch.Tensor, bonus: torch.Tensor) -> None:
+        self.ahead = draft_ahead(self, seqs, spans, accepted, bonus)
+
     def record_features(self, seq, rows: FeatureRows) -> None:
-        """`rows` are the features of the positions the step just computed: they end at num_computed_tokens."""
-        self.cache.add(seq.request_id, seq.num_computed_tokens - rows.count, rows)
+        """`rows` are the features of the positions the step just computed: they end at num_computed_tokens. Rows
+        a round drafted ahead already projected are stored as they are."""
+        start = seq.num_computed_tokens - rows.count
+        if not kept_from_ahead(self, seq, start, rows.count):
+            self.cache.add(seq.request_id, start, rows)
 
     @torch.inference_mode()
     def draft_logits(self, seqs, budgets) -> tuple[torch.Tensor | None, list[int]]:
@@ -350,6 +366,9 @@ class DFlashProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, seqs, budgets):
+        return propose_with_ahead(self, seqs, budgets, self._propose)
+
+    def _propose(self, seqs, budgets):
         logits, counts = self.draft_logits(seqs, budgets)
         if logits is None:
             return [([], None)] * len(seqs)
@@ -371,10 +390,12 @@ class DFlashProposer(Proposer):
 
     def release(self, seq) -> None:
         self.cache.release(seq.request_id)
+        self.ahead.pop(seq.request_id, None)
 
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
                 "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
                 "sliding_window": self.drafter.sliding_window, **describe_graphs(self.graphs, self.graphs_off_reason),
                 **({"cuda_graph_context_projections": self.graphs.flush_replays} if self.graphs is not None else {}),
-                "fused_kernels": self.drafter.norm.use_fused, "dtype": str(self.dtype).removeprefix("torch.")}
+                "fused_kernels": self.drafter.norm.use_fused, "dtype": str(self.dtype).removeprefix("torch."),
+                "drafts_ahead": self._ahead_on, "rounds_drafted_ahead": self.ahead_served}

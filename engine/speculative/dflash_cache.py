@@ -114,6 +114,12 @@ class DrafterKVCache:
             feats = feats.index_select(0, to_device(index, feats.device))
         return feats, to_device(positions, self.device), out
 
+    @torch.inference_mode()
+    def store(self, request_id: str, start: int, rows: torch.Tensor) -> None:
+        """Keep rows already projected ([layers, 2, n, nkv, hd], positions start .. start + n - 1), as a flush
+        would; rows of the request still queued must be flushed first."""
+        self._write(request_id, start, rows)
+
     def _write(self, request_id: str, start: int, rows: torch.Tensor) -> None:
         e = self.entries.get(request_id)
         if e is None:

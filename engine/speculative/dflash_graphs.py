@@ -96,6 +96,21 @@ class DrafterGraphs(ContextGraphs):
         out = self.replay(size, lambda: self.forward(*size))
         return None if out is None else out[:block.shape[0]]
 
+    def run_ahead(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str],
+                  extra: list[torch.Tensor], lens: torch.Tensor, max_ctx: int) -> torch.Tensor | None:
+        """`run` for a round drafted before its context lengths reach the host (draft_ahead.py): each request's
+        `extra` projected rows [layers, 2, n, nkv, hd] behind its held context, its length `lens` [R] on the device."""
+        size = self.bucket(block.shape[0], max_ctx)
+        if size is None or not self.capturing:
+            return None
+        self.load(block, block_pos, request_ids, size[0])
+        counts = self.cache.lengths(request_ids)
+        for r, (n, e) in enumerate(zip(counts, extra)):
+            self.kv[:, :, r, n:n + e.shape[2]].copy_(e)
+        self.lens[:len(request_ids)].copy_(lens)
+        out = self.replay(size, lambda: self.forward(*size))
+        return None if out is None else out[:block.shape[0]]
+
     def capture_ahead(self, max_rows: int, max_ctx: int) -> int:
         """Capture every block-forward graph a round of up to `max_rows` requests over up to `max_ctx` context
         rows can replay, and every context projection size, now (at start-up) rather than inside a decode step,

@@ -72,6 +72,13 @@ class SyntheticProposer(Proposer):
     def graph_captures(self) -> int:
         return self.compute.graph_captures
 
+    @property
+    def drafts_ahead(self) -> bool:
+        return self.compute.drafts_ahead
+
+    def draft_ahead(self, seqs, spans, accepted, bonus) -> None:
+        self.compute.draft_ahead(seqs, spans, accepted, bonus)
+
     def record_features(self, seq, rows) -> None:
         self.compute.record_features(seq, rows)
 

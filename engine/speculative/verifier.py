@@ -43,16 +43,27 @@ def verify_blocks(blocks: list[DraftBlock]) -> list[list[int]]:
     """The tokens each block emits: its accepted drafts, then one token of the target's."""
     if not blocks:
         return []
+    rows, order = verified_on_device(blocks)
+    return emitted_tokens(rows.tolist(), order)  # the step's one device-to-host read
+
+
+def verified_on_device(blocks: list[DraftBlock]) -> tuple[torch.Tensor, list[int]]:
+    """[B, 2 + longest draft] on the device: per block its accepted count, then the tokens it emits (row i is
+    block order[i]: the greedy blocks first, in order, then the sampled ones)."""
     width = max(len(b.draft) for b in blocks) + 2  # accepted count, then up to len + 1 tokens
     greedy = [i for i, b in enumerate(blocks) if b.params.greedy]
     sampled = [i for i, b in enumerate(blocks) if not b.params.greedy]
-    parts, order = [], greedy + sampled
+    parts = []
     if greedy:
         parts.append(_verify_greedy([blocks[i] for i in greedy]))
     if sampled:
         parts.append(_verify_sampled([blocks[i] for i in sampled]))
-    rows = torch.cat([_pad_last(t, width) for t in parts]).tolist()  # the step's one device-to-host read
-    out: list[list[int]] = [[] for _ in blocks]
+    return torch.cat([_pad_last(t, width) for t in parts]), greedy + sampled
+
+
+def emitted_tokens(rows: list[list[int]], order: list[int]) -> list[list[int]]:
+    """Each block's tokens from the rows `verified_on_device` gave, read to the host."""
+    out: list[list[int]] = [[] for _ in rows]
     for i, row in zip(order, rows):
         out[i] = row[1:row[0] + 2]
     return out

@@ -1,0 +1,116 @@
+"""A block drafter's next round drafted before the verify step is read (engine/speculative/draft_ahead.py), on the
+CPU: the drafts it hands out equal a fresh round's over the request's whole context, the engine decodes
+target-only's tokens, and a request whose state moved on is drafted afresh."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.speculative.dflash_graphs import DrafterGraphs
+from onecat.engine.speculative.draft_ahead import AHEAD_FLAG
+from tests.test_dflash_hybrid import steer_drafts
+from tests.test_dflash_runtime import PositionStore
+from tests.test_drafter_graph_rounds import _with_graphs, emulated_capture  # noqa: F401 (a fixture)
+from tests.test_speculative import write_random_dflash
+from tests.tiny_models import make_tiny_model
+
+PROMPTS = [[5, 9, 3, 7, 5, 9, 3], [1, 2, 3, 4, 1, 2, 3, 4, 1], [8, 8, 8]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+class AheadChecker:
+    """Keeps every tapped row by position and, whenever the proposer hands out drafts it drafted ahead, recomputes
+    them over the request's whole context (forward_blocks from the kept rows): logits close, tokens equal."""
+
+    def __init__(self, proposer):
+        self.proposer, self.checked, self.fresh = proposer, 0, 0
+        self.store = PositionStore()
+        self._record, self._propose = proposer.record_features, proposer.propose
+        proposer.record_features, proposer.propose = self.record_features, self.propose
+
+    def record_features(self, seq, span):
+        self.store.add(seq.request_id, seq.num_computed_tokens - span.count, span.rows())
+        self._record(seq, span)
+
+    def recompute(self, seq, n):
+        p, d = self.proposer, self.proposer.drafter
+        feats, pos = self.store.context(seq.request_id, seq.num_tokens - 1)
+        block = torch.tensor([[seq.token_ids[-1]] + [d.mask_token_id] * (d.block_size - 1)])
+        h = d.forward_blocks(p.embed(block), seq.num_tokens - 1 + torch.arange(d.block_size)[None],
+                             d.context(feats)[None], pos[None], torch.tensor([len(pos)]))
+        return p.lm_head(h[0, 1:1 + n]).float()
+
+    def propose(self, seqs, budgets):
+        ahead = dict(self.proposer.ahead)
+        out = self._propose(seqs, budgets)
+        for seq, budget, (draft, _) in zip(seqs, budgets, out):
+            a = ahead.get(seq.request_id)
+            if a is None or a.anchor != seq.num_tokens - 1:
+                self.fresh += 1
+                continue
+            n = min(budget, self.proposer.k)
+            want = self.recompute(seq, n)
+            torch.testing.assert_close(a.logits[:n], want, rtol=1e-4, atol=1e-4)
+            assert list(draft) == want.argmax(-1).tolist()
+            self.checked += 1
+        return out
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_drafts_ahead_equal_a_fresh_round_and_decode_as_target_only(batch, tmp_path, monkeypatch):
+    monkeypatch.setenv(AHEAD_FLAG, "1")
+    target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
+    drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
+    prompts = PROMPTS[:batch]
+    with LLM(str(target), max_model_len=128, device="cpu") as plain:
+        want = [o.token_ids for o in plain.generate(prompts, GREEDY)]
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
+    with LLM(str(target), max_model_len=128, device="cpu", speculative_config=spec) as llm:
+        proposer = llm.engine.proposer.proposer
+        assert proposer.drafts_ahead
+        checker = AheadChecker(proposer)
+        steer_drafts(proposer, prompts, want)  # acceptance that moves from round to round; some plain steps
+        outs = llm.generate(prompts, GREEDY)
+        assert not proposer.ahead and proposer.cache.entries == {}  # finished requests leave nothing behind
+        described = llm.info()["speculative"]
+        assert described["drafts_ahead"] and described["rounds_drafted_ahead"] == checker.checked
+    assert [o.token_ids for o in outs] == want
+    assert checker.checked >= 5 and checker.fresh > 0  # drafted ahead, and afresh after the plain steps
+    assert sum(o.spec.num_accepted_tokens for o in outs) > 0
+
+
+def test_without_the_flag_nothing_is_drafted_ahead(tmp_path, monkeypatch):
+    monkeypatch.delenv(AHEAD_FLAG, raising=False)
+    target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
+    drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
+    with LLM(str(target), max_model_len=128, device="cpu", speculative_config=spec) as llm:
+        proposer = llm.engine.proposer.proposer
+        calls = []
+        proposer.draft_ahead = lambda *a: calls.append(a)
+        llm.generate(PROMPTS, GREEDY)
+    assert not proposer.drafts_ahead and not calls
+
+
+def test_drafts_ahead_through_the_graph_buffers(tmp_path, monkeypatch, emulated_capture):
+    """The graph path (run_ahead: the step's projected rows behind each held context in the static buffer, the
+    lengths from the device), capture emulated on the CPU: the same checks."""
+    monkeypatch.setenv(AHEAD_FLAG, "1")
+    target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
+    drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
+    with LLM(str(target), max_model_len=128, device="cpu") as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
+    with LLM(str(target), max_model_len=128, device="cpu", speculative_config=spec) as llm:
+        proposer = llm.engine.proposer.proposer
+        proposer.graphs = _with_graphs(DrafterGraphs(proposer.drafter, proposer.embed, proposer.cache,
+                                                     torch.device("cpu")))
+        ahead_rounds = []
+        run_ahead = proposer.graphs.run_ahead
+        proposer.graphs.run_ahead = lambda *a: ahead_rounds.append(1) or run_ahead(*a)
+        checker = AheadChecker(proposer)
+        steer_drafts(proposer, PROMPTS, want)
+        outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == want
+    assert checker.checked >= 5 and len(ahead_rounds) > 0 and proposer.graphs.replays > 0
