@@ -51,7 +51,7 @@ class AheadChecker:
                 continue
             n = min(budget, self.proposer.k)
             want = self.recompute(seq, n)
-            torch.testing.assert_close(a.logits[:n], want, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(a.logits[:n].float(), want, rtol=1e-4, atol=1e-4)
             assert list(draft) == want.argmax(-1).tolist()
             self.checked += 1
         return out

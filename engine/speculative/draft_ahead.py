@@ -40,7 +40,7 @@ class Ahead:
     start: int  # the verify step's first position
     rows: torch.Tensor  # [layers, 2, 1 + drafts, nkv, hd]: the step's projected context rows
     drafts: torch.Tensor  # [k] int64, on the drafter's device
-    logits: torch.Tensor  # [k, V] float32 (what checks compare)
+    logits: torch.Tensor  # [k, V] in the target's dtype (what checks compare)
     anchor: int | None = None  # the anchor's position, once the host has applied the step
 
 
@@ -96,7 +96,8 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
     if h is None:
         h = drafter.forward_cached(proposer.embed(block), block_pos, _context_with(cache, rids, extra), lens)
     k = proposer.k
-    logits = proposer.lm_head(h[:, 1:1 + k].reshape(-1, h.shape[-1]).to(proposer.target_dtype)).float()
+    # greedy: the argmax of the target dtype's logits is that of their float32 copy (the cast is exact)
+    logits = proposer.lm_head(h[:, 1:1 + k].reshape(-1, h.shape[-1]).to(proposer.target_dtype))
     tokens = logits.argmax(dim=-1).view(len(seqs), k)
     return {rid: Ahead(c, ext, tokens[r], logits[r * k:(r + 1) * k])
             for r, (rid, c, ext) in enumerate(zip(rids, starts, extra))}
