@@ -94,7 +94,7 @@ def test_without_the_flag_nothing_is_drafted_ahead(tmp_path, monkeypatch):
 
 
 def test_drafts_ahead_through_the_graph_buffers(tmp_path, monkeypatch, emulated_capture):
-    """The graph path (run_ahead: the step's projected rows behind each held context in the static buffer, the
+    """The graph path (DrafterGraphs.run with the step's projected rows behind each held context in the static buffer, the
     lengths from the device), capture emulated on the CPU: the same checks."""
     monkeypatch.setenv(AHEAD_FLAG, "1")
     target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
@@ -107,8 +107,8 @@ def test_drafts_ahead_through_the_graph_buffers(tmp_path, monkeypatch, emulated_
         proposer.graphs = _with_graphs(DrafterGraphs(proposer.drafter, proposer.embed, proposer.cache,
                                                      torch.device("cpu")))
         ahead_rounds = []
-        run_ahead = proposer.graphs.run_ahead
-        proposer.graphs.run_ahead = lambda *a: ahead_rounds.append(1) or run_ahead(*a)
+        run = proposer.graphs.run
+        proposer.graphs.run = lambda *a: (ahead_rounds.append(1) if len(a) > 4 else None) or run(*a)
         checker = AheadChecker(proposer)
         steer_drafts(proposer, PROMPTS, want)
         outs = llm.generate(PROMPTS, GREEDY)

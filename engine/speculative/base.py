@@ -175,9 +175,9 @@ class SpeculativeDecoder:
         [num_lookahead + 1, V]): all sequences verified at once on the device, read back in one go. With the
         sequences' tapped rows of the step (`spans`) a proposer that drafts ahead launches its next round
         before that read (greedy steps)."""
-        drafts = [seq.draft_tokens[:sched.num_lookahead] for seq, sched, _ in blocks]
         if not blocks:
             return []
+        drafts = [seq.draft_tokens[:sched.num_lookahead] for seq, sched, _ in blocks]
         rows, order = verified_on_device([
             DraftBlock(draft, logits, seq.params, seq.generator,
                        None if seq.params.greedy or seq.draft_probs is None else seq.draft_probs[:len(draft)])

@@ -86,28 +86,19 @@ class DrafterGraphs(ContextGraphs):
             self.ids[R:rows].fill_(self.drafter.mask_token_id)
             self.pos[R:rows].copy_(self._block_offsets.expand(rows - R, -1))
 
-    def run(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str],
-            max_ctx: int) -> torch.Tensor | None:
-        """[R, block_size, H] hidden states by graph replay, or None: run this round eagerly."""
+    def run(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str], max_ctx: int,
+            extra: list[torch.Tensor] | None = None, lens: torch.Tensor | None = None) -> torch.Tensor | None:
+        """[R, block_size, H] hidden states by graph replay, or None: run this round eagerly. A round drafted
+        before its context lengths reach the host (draft_ahead.py) brings each request's `extra` projected rows
+        [layers, 2, n, nkv, hd], placed behind its held context, and the lengths `lens` [R] on the device."""
         size = self.bucket(block.shape[0], max_ctx)
         if size is None or not self.capturing:
             return None
         self.load(block, block_pos, request_ids, size[0])
-        out = self.replay(size, lambda: self.forward(*size))
-        return None if out is None else out[:block.shape[0]]
-
-    def run_ahead(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str],
-                  extra: list[torch.Tensor], lens: torch.Tensor, max_ctx: int) -> torch.Tensor | None:
-        """`run` for a round drafted before its context lengths reach the host (draft_ahead.py): each request's
-        `extra` projected rows [layers, 2, n, nkv, hd] behind its held context, its length `lens` [R] on the device."""
-        size = self.bucket(block.shape[0], max_ctx)
-        if size is None or not self.capturing:
-            return None
-        self.load(block, block_pos, request_ids, size[0])
-        counts = self.cache.lengths(request_ids)
-        for r, (n, e) in enumerate(zip(counts, extra)):
-            self.kv[:, :, r, n:n + e.shape[2]].copy_(e)
-        self.lens[:len(request_ids)].copy_(lens)
+        if extra is not None:
+            for r, (n, e) in enumerate(zip(self.cache.lengths(request_ids), extra)):
+                self.kv[:, :, r, n:n + e.shape[2]].copy_(e)
+            self.lens[:len(request_ids)].copy_(lens)
         out = self.replay(size, lambda: self.forward(*size))
         return None if out is None else out[:block.shape[0]]
 

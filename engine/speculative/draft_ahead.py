@@ -92,7 +92,7 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
     block_pos = first.unsqueeze(1) + proposer._block_offsets
     h = None
     if proposer.graphs is not None:
-        h = proposer.graphs.run_ahead(block, block_pos, rids, extra, lens, max(n + w for n, w in zip(counts, widths)))
+        h = proposer.graphs.run(block, block_pos, rids, max(n + w for n, w in zip(counts, widths)), extra, lens)
     if h is None:
         h = drafter.forward_cached(proposer.embed(block), block_pos, _context_with(cache, rids, extra), lens)
     k = proposer.k
