@@ -6,40 +6,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onecat.engine import LLM, SamplingParams
-from onecat.engine.speculative.dflash_graphs import DrafterGraphs
+from onecat.engine import LLM
 from onecat.engine.speculative.draft_ahead import AHEAD_FLAG
 from tests.test_dflash_hybrid import steer_drafts
-from tests.test_dflash_runtime import PositionStore
-from tests.test_drafter_graph_rounds import _with_graphs, emulated_capture  # noqa: F401 (a fixture)
+from tests.test_dflash_runtime import DraftChecker
+from tests.test_drafter_graph_rounds import GREEDY, PROMPTS, dflash_through_graphs, emulated_capture  # noqa: F401
 from tests.test_speculative import write_random_dflash
 from tests.tiny_models import make_tiny_model
 
-PROMPTS = [[5, 9, 3, 7, 5, 9, 3], [1, 2, 3, 4, 1, 2, 3, 4, 1], [8, 8, 8]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
-
-class AheadChecker:
-    """Keeps every tapped row by position and, whenever the proposer hands out drafts it drafted ahead, recomputes
-    them over the request's whole context (forward_blocks from the kept rows): logits close, tokens equal."""
+class AheadChecker(DraftChecker):
+    """Keeps every tapped row by position (DraftChecker) and, whenever the proposer hands out drafts it drafted
+    ahead, recomputes them over the request's whole context: logits close, tokens equal."""
 
     def __init__(self, proposer):
-        self.proposer, self.checked, self.fresh = proposer, 0, 0
-        self.store = PositionStore()
-        self._record, self._propose = proposer.record_features, proposer.propose
-        proposer.record_features, proposer.propose = self.record_features, self.propose
-
-    def record_features(self, seq, span):
-        self.store.add(seq.request_id, seq.num_computed_tokens - span.count, span.rows())
-        self._record(seq, span)
-
-    def recompute(self, seq, n):
-        p, d = self.proposer, self.proposer.drafter
-        feats, pos = self.store.context(seq.request_id, seq.num_tokens - 1)
-        block = torch.tensor([[seq.token_ids[-1]] + [d.mask_token_id] * (d.block_size - 1)])
-        h = d.forward_blocks(p.embed(block), seq.num_tokens - 1 + torch.arange(d.block_size)[None],
-                             d.context(feats)[None], pos[None], torch.tensor([len(pos)]))
-        return p.lm_head(h[0, 1:1 + n]).float()
+        super().__init__(proposer)
+        self.checked, self.fresh = 0, 0
 
     def propose(self, seqs, budgets):
         ahead = dict(self.proposer.ahead)
@@ -94,18 +76,11 @@ def test_without_the_flag_nothing_is_drafted_ahead(tmp_path, monkeypatch):
 
 
 def test_drafts_ahead_through_the_graph_buffers(tmp_path, monkeypatch, emulated_capture):
-    """The graph path (DrafterGraphs.run with the step's projected rows behind each held context in the static buffer, the
-    lengths from the device), capture emulated on the CPU: the same checks."""
+    """The graph path (DrafterGraphs.run with the step's projected rows behind each held context in the static
+    buffer, the lengths from the device), capture emulated on the CPU: the same checks."""
     monkeypatch.setenv(AHEAD_FLAG, "1")
-    target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
-    drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
-    with LLM(str(target), max_model_len=128, device="cpu") as plain:
-        want = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
-    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
-    with LLM(str(target), max_model_len=128, device="cpu", speculative_config=spec) as llm:
+    with dflash_through_graphs(tmp_path) as (want, llm):
         proposer = llm.engine.proposer.proposer
-        proposer.graphs = _with_graphs(DrafterGraphs(proposer.drafter, proposer.embed, proposer.cache,
-                                                     torch.device("cpu")))
         ahead_rounds = []
         run = proposer.graphs.run
         proposer.graphs.run = lambda *a: (ahead_rounds.append(1) if len(a) > 4 else None) or run(*a)

@@ -4,6 +4,7 @@ buffers, graph keys and output views as on a GPU (dflash_graphs.py, mtp_graphs.p
 decode what target-only decodes. The engines run on the CPU on a GPU machine too."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,10 @@ def _with_graphs(graphs):
     return graphs
 
 
-def test_dflash_rounds_through_the_graph_buffers_decode_as_target_only(tmp_path, emulated_capture):
+@contextmanager
+def dflash_through_graphs(tmp_path: Path):
+    """(target-only's greedy tokens of PROMPTS, an open DFlash engine on the same tiny target whose drafter runs
+    its rounds through the graph buffers, capture emulated)."""
     target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
     drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
     with LLM(str(target), max_model_len=128, device="cpu") as plain:
@@ -52,6 +56,12 @@ def test_dflash_rounds_through_the_graph_buffers_decode_as_target_only(tmp_path,
         proposer = llm.engine.proposer.proposer
         proposer.graphs = _with_graphs(DrafterGraphs(proposer.drafter, proposer.embed, proposer.cache,
                                                      torch.device("cpu")))
+        yield want, llm
+
+
+def test_dflash_rounds_through_the_graph_buffers_decode_as_target_only(tmp_path, emulated_capture):
+    with dflash_through_graphs(tmp_path) as (want, llm):
+        proposer = llm.engine.proposer.proposer
         outs = llm.generate(PROMPTS, GREEDY)
         report = proposer.graphs.report()
     assert [o.token_ids for o in outs] == want
