@@ -17,6 +17,7 @@ round's and its tokens against target-only.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -82,8 +83,7 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
     pos = to_device([c + j for c, w in zip(starts, widths) for j in range(w)], device)
     rows = cache.projector(feats, pos) if cache.projector is not None else None
     rows = rows.clone() if rows is not None else project_rows(drafter, feats.to(cache.dtype), pos)
-    offsets = [sum(widths[:i]) for i in range(len(widths))]
-    extra = [rows[:, :, at:at + w] for at, w in zip(offsets, widths)]
+    extra = [rows[:, :, at:at + w] for at, w in zip(itertools.accumulate(widths, initial=0), widths)]
     counts = cache.lengths(rids)
     lens = to_device(counts, device) + 1 + accepted
     first = to_device(starts, device) + 1 + accepted  # each anchor's position
@@ -94,7 +94,7 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
     if proposer.graphs is not None:
         h = proposer.graphs.run(block, block_pos, rids, max(n + w for n, w in zip(counts, widths)), extra, lens)
     if h is None:
-        h = drafter.forward_cached(proposer.embed(block), block_pos, _context_with(cache, rids, extra), lens)
+        h = drafter.forward_cached(proposer.embed(block), block_pos, _context_with(cache, rids, counts, extra), lens)
     k = proposer.k
     # greedy: the argmax of the target dtype's logits is that of their float32 copy (the cast is exact)
     logits = proposer.lm_head(h[:, 1:1 + k].reshape(-1, h.shape[-1]).to(proposer.target_dtype))
@@ -103,9 +103,10 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
             for r, (rid, c, ext) in enumerate(zip(rids, starts, extra))}
 
 
-def _context_with(cache, request_ids: list[str], extra: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per drafter layer (keys, values) [R, C, nkv, hd]: each request's held context, then its `extra` rows."""
-    counts = cache.lengths(request_ids)
+def _context_with(cache, request_ids: list[str], counts: list[int],
+                  extra: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per drafter layer (keys, values) [R, C, nkv, hd]: each request's held context (`counts` rows), then its
+    `extra` rows."""
     C = max(n + e.shape[2] for n, e in zip(counts, extra))
     layers, two, nkv, hd = cache.row_shape
     buf = torch.zeros(layers, two, len(request_ids), C, nkv, hd, dtype=cache.dtype, device=cache.device)
@@ -131,8 +132,9 @@ def propose_with_ahead(proposer, seqs, budgets, fresh) -> list:
     """`propose`: the drafts drafted ahead for requests whose anchor is where that round put it, trimmed to their
     budgets; `fresh(seqs, budgets)` drafts the others. Rounds drafted ahead and not handed out now are dropped."""
     ahead, proposer.ahead = proposer.ahead, {}
-    ready = {i: ahead[s.request_id] for i, s in enumerate(seqs)
-             if s.request_id in ahead and ahead[s.request_id].anchor == s.num_tokens - 1 and s.params.greedy}
+    found = {i: ahead.get(s.request_id) for i, s in enumerate(seqs)}
+    ready = {i: a for i, a in found.items() if a is not None and a.anchor == seqs[i].num_tokens - 1
+             and seqs[i].params.greedy}
     if not ready:
         return fresh(seqs, budgets)
     proposer.ahead_served += len(ready)
