@@ -2,7 +2,7 @@
 # On a CUDA machine whose python already has torch (+ triton, transformers, pytest): install onecat
 # without touching its packages, run the GPU tests, the GEMV sweep, the step profile and the decode
 # benchmark; `speculative` runs the speculative GPU tests and the synthetic rounds on the 8B shape (no checkpoint
-# needed; with A/Bs of drafts read back each round and of the next round drafted ahead (ONECAT_DRAFT_AHEAD=1), a
+# needed; with A/Bs of drafts read back each round and of the next round not drafted ahead (ONECAT_DRAFT_AHEAD=0), a
 # timeline profile of batch-1 rounds and the embedded default's
 # shape with a drafter whose drafts are all rejected), `routes` the GPU tests
 # of routed packed experts and hybrid verify graphs, then the seed routes (benchmarks/seed_routes_gpu.py; Gated
@@ -39,9 +39,9 @@ for step in $steps; do
            ONECAT_DRAFTS_ON_DEVICE=0 timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1 \
              --arms dflash_shaped --out "$out/speculative_gpu_rounds_drafts_read_back.json" >"$out/rounds_ab.log" 2>&1
            echo "drafts read back each round rc=$?"; grep "batch" "$out/rounds_ab.log"
-           ONECAT_DRAFT_AHEAD=1 timeout 200 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1,8 \
-             --arms dflash_shaped --out "$out/speculative_gpu_rounds_draft_ahead.json" >"$out/rounds_ahead.log" 2>&1
-           echo "next round drafted ahead rc=$?"; grep "batch" "$out/rounds_ahead.log"
+           ONECAT_DRAFT_AHEAD=0 timeout 200 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1,8 \
+             --arms dflash_shaped --out "$out/speculative_gpu_rounds_not_ahead.json" >"$out/rounds_not_ahead.log" 2>&1
+           echo "next round not drafted ahead rc=$?"; grep "batch" "$out/rounds_not_ahead.log"
            timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1 --profile "$out/rounds_timeline" \
              >"$out/rounds_timeline.log" 2>&1; echo "timeline rc=$?"; grep "us a step" "$out/rounds_timeline.log"
            timeout 150 python3 benchmarks/speculative_gpu_rounds.py --shape smollm2-135m --batch-sizes 1,8 --repeats 3 \

@@ -83,7 +83,7 @@ def steer_drafts(proposer, prompts: list[list[int]], outputs: list[list[int]]) -
         if calls[0] % 3 == 0:
             return [([], None)] * len(seqs)
         for i, (seq, (draft, q)) in enumerate(zip(seqs, out)):
-            if not draft or not seq.params.greedy:
+            if len(draft) == 0 or not seq.params.greedy:
                 continue
             n = seq.num_output_tokens
             right = by_prompt[tuple(seq.token_ids[:seq.num_prompt_tokens])][n:n + len(draft)]

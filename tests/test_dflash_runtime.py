@@ -252,9 +252,10 @@ class DraftChecker:
         p = self.proposer
         d = p.drafter
         feats, pos = self.store.context(seq.request_id, seq.num_tokens - 1)
-        block = torch.tensor([[seq.token_ids[-1]] + [d.mask_token_id] * (d.block_size - 1)])
-        h = d.forward_blocks(p.embed(block), seq.num_tokens - 1 + torch.arange(d.block_size)[None],
-                             d.context(feats)[None], pos[None], torch.tensor([len(pos)]))
+        dev = feats.device
+        block = torch.tensor([[seq.token_ids[-1]] + [d.mask_token_id] * (d.block_size - 1)], device=dev)
+        h = d.forward_blocks(p.embed(block), seq.num_tokens - 1 + torch.arange(d.block_size, device=dev)[None],
+                             d.context(feats)[None], pos.to(dev)[None], torch.tensor([len(pos)], device=dev))
         return p.lm_head(h[0, 1:1 + n]).float()
 
     def propose(self, seqs, budgets):

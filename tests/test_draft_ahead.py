@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from onecat.engine import LLM
-from onecat.engine.speculative.draft_ahead import AHEAD_FLAG
+from onecat.engine.speculative.draft_ahead import AHEAD_FLAG, ahead_wanted
 from tests.test_dflash_hybrid import steer_drafts
 from tests.test_dflash_runtime import DraftChecker
 from tests.test_drafter_graph_rounds import GREEDY, PROMPTS, dflash_through_graphs, emulated_capture  # noqa: F401
@@ -39,16 +39,18 @@ class AheadChecker(DraftChecker):
         return out
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_drafts_ahead_equal_a_fresh_round_and_decode_as_target_only(batch, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device,batch", [("cpu", 1), ("cpu", 3), pytest.param("cuda", 3, marks=pytest.mark.gpu)])
+def test_drafts_ahead_equal_a_fresh_round_and_decode_as_target_only(device, batch, tmp_path, monkeypatch):
+    """On a GPU (float32) the round drafted ahead runs through the drafter's CUDA graphs and the verified read
+    behind its event."""
     monkeypatch.setenv(AHEAD_FLAG, "1")
     target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
     drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
     prompts = PROMPTS[:batch]
-    with LLM(str(target), max_model_len=128, device="cpu") as plain:
+    with LLM(str(target), max_model_len=128, device=device, dtype="float32") as plain:
         want = [o.token_ids for o in plain.generate(prompts, GREEDY)]
     spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
-    with LLM(str(target), max_model_len=128, device="cpu", speculative_config=spec) as llm:
+    with LLM(str(target), max_model_len=128, device=device, dtype="float32", speculative_config=spec) as llm:
         proposer = llm.engine.proposer.proposer
         assert proposer.drafts_ahead
         checker = AheadChecker(proposer)
@@ -62,8 +64,13 @@ def test_drafts_ahead_equal_a_fresh_round_and_decode_as_target_only(batch, tmp_p
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0
 
 
-def test_without_the_flag_nothing_is_drafted_ahead(tmp_path, monkeypatch):
-    monkeypatch.delenv(AHEAD_FLAG, raising=False)
+@pytest.mark.parametrize("flag", [None, "0"])
+def test_on_a_cpu_without_the_flag_nothing_is_drafted_ahead(flag, tmp_path, monkeypatch):
+    """The default on a CPU (and =0 anywhere): no round is launched ahead."""
+    if flag is None:
+        monkeypatch.delenv(AHEAD_FLAG, raising=False)
+    else:
+        monkeypatch.setenv(AHEAD_FLAG, flag)
     target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
     drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
     spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
@@ -73,6 +80,15 @@ def test_without_the_flag_nothing_is_drafted_ahead(tmp_path, monkeypatch):
         proposer.draft_ahead = lambda *a: calls.append(a)
         llm.generate(PROMPTS, GREEDY)
     assert not proposer.drafts_ahead and not calls
+
+
+@pytest.mark.parametrize("flag,on_gpu,on_cpu", [(None, True, False), ("0", False, False), ("1", True, True)])
+def test_drafting_ahead_is_the_default_on_a_gpu_only(flag, on_gpu, on_cpu, monkeypatch):
+    if flag is None:
+        monkeypatch.delenv(AHEAD_FLAG, raising=False)
+    else:
+        monkeypatch.setenv(AHEAD_FLAG, flag)
+    assert ahead_wanted(torch.device("cuda")) is on_gpu and ahead_wanted(torch.device("cpu")) is on_cpu
 
 
 def test_drafts_ahead_through_the_graph_buffers(tmp_path, monkeypatch, emulated_capture):

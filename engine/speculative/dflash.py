@@ -297,7 +297,8 @@ class DFlashProposer(Proposer):
         self.tap.aux_layer_ids = list(self.drafter.target_layer_ids)
         self.cache = DrafterKVCache(self.drafter)
         self.ahead: dict[str, Ahead] = {}  # the next round's drafts, launched before a verify step was read
-        self._ahead_on = ahead_wanted() and self.drafter.sliding_window is None and not target.has_peer_ranks
+        self._ahead_on = (ahead_wanted(target.device) and self.drafter.sliding_window is None
+                          and not target.has_peer_ranks)
         self.ahead_served = 0  # requests' rounds whose drafts were drafted ahead
         device = target.device
         if device.type == "cuda":  # the target's fused-kernel choice: drafting through dflash_fused.py
