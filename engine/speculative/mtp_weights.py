@@ -79,7 +79,7 @@ def load_mtp_head(cfg: ModelConfig, make_mlp, source, load_format: str, seed: in
                           f"head of one layer; {ALTERNATIVES}")
     with torch.device("meta"):
         head = Qwen3_5MTP(cfg, make_mlp, max_positions)
-    head = head.to_empty(device=device).to(dtype).requires_grad_(False)
+    head = head.to(dtype).to_empty(device=device).requires_grad_(False)
     head.rotary.build_tables(device)
     if load_format == "dummy":
         fill_random_weights(head, seed)

@@ -36,6 +36,22 @@ from onecat.engine.worker.fused_kernels import enable_fused_kernels
 from onecat.engine.worker.model_runner import ModelRunner
 
 
+def check_model_fits(model: torch.nn.Module, free: int, total: int, device, quantization: str | None) -> None:
+    """Refuse, before allocating, a model whose parameters (still on meta) outgrow the device's free memory: the
+    model is materialized in the engine's dtype before any packing, so a packed or quantized-at-load model needs
+    its dense bytes at load too. A clear error instead of an out-of-memory traceback halfway through the load."""
+    need = sum(t.numel() * t.element_size() for t in model.parameters()) + \
+        sum(t.numel() * t.element_size() for t in model.buffers())
+    if need <= free:
+        return
+    gib = 2 ** 30
+    packed = (f" (with quantization={quantization!r} the weights are packed only after they are loaded in "
+              "the engine's dtype)") if quantization else ""
+    raise ConfigError(f"the model needs {need / gib:.1f} GiB of {device} memory to load{packed}, but only "
+                      f"{free / gib:.1f} of {total / gib:.1f} GiB are free; spread it over more GPUs "
+                      "(tensor_parallel_size), load a smaller model, or free the GPU's memory")
+
+
 class Worker:
     """Built from validated settings (`EngineArgs.unsupported()` already asked); the settings it runs,
     after what the model allows, are `cfg`."""
@@ -96,7 +112,11 @@ class Worker:
             loader = self.tp.shard(model, keep_full_vocab=spec is not None and spec.method == "dflash")
             if self.w4a16 is not None:  # packed linears: this rank keeps its share of each
                 self.w4a16.tensor_parallel(loader)
-        model = model.to_empty(device=self.device).to(self.dtype)
+        model = model.to(self.dtype)  # on meta: storage comes once, in the engine's dtype (no float32 copy first)
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            check_model_fits(model, free, total, self.device, self.cfg.quantization)
+        model = model.to_empty(device=self.device)
         for m in model.modules():
             if isinstance(m, RotaryEmbedding):
                 m.build_tables(self.device)
