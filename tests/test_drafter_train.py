@@ -167,6 +167,29 @@ def test_features_are_the_targets_teacher_forced_states(tiny_target):
             capture_features(cached, seqs, [0], torch.float32)
 
 
+def test_extra_sampled_answers_follow_their_seeds_and_repeats_are_kept_once(tiny_target):
+    """Each prompt gets its first answer and `extra_sampled_answers` sampled ones, each from a seed of its own
+    (the same run gives the same answers); an answer equal to another of its prompt is dropped and counted."""
+    prompts = tiny_prompts(6, seed=5)
+    runs = []
+    for extra, temperature in ((2, 1.0), (2, 1.0), (2, 1e-4)):
+        with LLM(str(tiny_target), max_model_len=128) as gen:
+            runs.append(regenerate(gen, prompts, max_new_tokens=12, sampled_fraction=0.0, temperature=temperature,
+                                   top_p=1.0, seed=0, extra_sampled_answers=extra, log=lambda s: None))
+    (hot, stats), (again, _), (cold, cold_stats) = runs
+    assert hot == again
+    by_prompt: dict[tuple, list] = {}
+    for s in hot:
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
+    assert len(by_prompt) == len(prompts)
+    assert all(sum(not s.sampled for s in group) == 1 and len(group) <= 3 for group in by_prompt.values())
+    assert all(len({tuple(s.response_ids) for s in group}) == len(group) for group in by_prompt.values())
+    assert stats["sequences"] + stats["repeated_answers_dropped"] == 3 * len(prompts)
+    assert len({tuple(s.response_ids) for s in hot if s.sampled}) > len(prompts)  # the seeds differ
+    # near-greedy sampling repeats the greedy answer: kept once
+    assert cold_stats["repeated_answers_dropped"] > 0 and cold_stats["sequences"] < 3 * len(prompts)
+
+
 def test_a_deadline_ends_training_with_the_schedule_decayed_and_checkpoints_taken():
     H, V, n, length, response = 32, 50, 4, 20, 5
     target = SimpleNamespace(num_hidden_layers=4, vocab_size=V, hidden_size=H, intermediate_size=64,

@@ -82,7 +82,8 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-SAMPLE_SETTINGS = ("max_new_tokens", "sampled_fraction", "temperature", "top_p", "seed", "min_prompt_tokens",
+SAMPLE_SETTINGS = ("max_new_tokens", "sampled_fraction", "extra_sampled_answers", "temperature", "top_p", "seed",
+                   "min_prompt_tokens",
                    "max_prompt_tokens")  # the options that shape the regenerated samples
 
 
@@ -184,7 +185,9 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
         regen_deadline = clock.t0 + opts.regen_share * opts.time_budget_s if opts.time_budget_s else None
         samples, regen_stats = regenerate(llm, [p.text for p in prompts], max_new_tokens=opts.max_new_tokens,
                                           sampled_fraction=opts.sampled_fraction, temperature=opts.temperature,
-                                          top_p=opts.top_p, seed=opts.seed, deadline=regen_deadline, log=clock.log)
+                                          top_p=opts.top_p, seed=opts.seed,
+                                          extra_sampled_answers=opts.extra_sampled_answers, deadline=regen_deadline,
+                                          log=clock.log)
         record["regeneration"] = regen_stats
         if samples_path is not None and samples:
             save_samples(samples_path, samples, samples_header)

@@ -49,6 +49,8 @@ class TrainOptions:
     # regeneration (responses written by the target itself)
     max_new_tokens: int = opt(256, "longest regenerated response, in tokens")
     sampled_fraction: float = opt(0.25, "share of prompts answered by sampling instead of greedily")
+    extra_sampled_answers: int = opt(0, "sampled answers per prompt on top of its first answer (greedy or "
+                                        "sampled), each with its own seed; exact repeats are kept once")
     temperature: float = opt(0.8, "temperature of the sampled responses")
     top_p: float = opt(0.95, "top_p of the sampled responses")
     min_prompt_tokens: int = opt(4, "shortest ShareGPT prompt, in target tokens")
@@ -61,9 +63,10 @@ class TrainOptions:
     time_budget_s: float | None = opt(None, "wall clock of the whole run; training stops early and still saves")
     regen_share: float = opt(0.45, "share of the time budget that regeneration may use")
     checkpoint_every_s: float = opt(60.0, "a loadable drafter is saved at least this often while training")
-    samples_file: str | None = opt(None, "JSON-lines file of regenerated responses: read instead of regenerating "
-                                         "when it exists (made for the same target, prompts and settings), written "
-                                         "after regeneration when it does not")
+    samples_file: str | None = opt(None, "regenerated responses kept on disk: read instead of regenerating when "
+                                         "it exists (made for the same target, prompts and settings), written after "
+                                         "regeneration when it does not; NAME.jsonl is JSON lines, any other path a "
+                                         "folder of compressed parts of at most 15 MiB (for size-limited transfers)")
     init_from: str | None = opt(None, "continue training this drafter directory (config.json + model.safetensors) "
                                       "instead of a random one; its block size, layers, tap layers and mask token "
                                       "must equal the options'")
@@ -89,6 +92,8 @@ class TrainOptions:
         for name in ("lr", "gamma", "temperature", "grad_clip", "checkpoint_every_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name}={getattr(self, name)} must be > 0")
+        if not isinstance(self.extra_sampled_answers, int) or self.extra_sampled_answers < 0:
+            problems.append(f"extra_sampled_answers={self.extra_sampled_answers} must be an integer >= 0")
         for name in ("kl_weight", "weight_decay"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0")

@@ -41,10 +41,13 @@ def chat_prompt_ids(llm, text: str) -> list[int]:
 
 
 def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction: float, temperature: float,
-               top_p: float, seed: int, deadline: float | None = None,
+               top_p: float, seed: int, extra_sampled_answers: int = 0, deadline: float | None = None,
                log: Callable[[str], None] = print) -> tuple[list[Sample], dict]:
-    """The target's responses to `prompts` (greedy first, then the sampled share, each its own phase so
-    the greedy phase keeps the engine's fast all-greedy decode path); and counts for the record."""
+    """The target's responses to `prompts` (greedy first, then the sampled ones, each its own phase so
+    the greedy phase keeps the engine's fast all-greedy decode path); and counts for the record. Each
+    prompt gets one answer (greedy, or sampled for the `sampled_fraction` share) and `extra_sampled_answers`
+    more, sampled with seeds of their own: more of the target's own text per prompt, as DFlash's and EAGLE's
+    regenerated sets have. An answer that repeats another of its prompt exactly is kept once."""
     room = llm.max_model_len - max_new_tokens
     encoded = [chat_prompt_ids(llm, p) for p in prompts]
     keep = [i for i, ids in enumerate(encoded) if len(ids) < room]
@@ -57,6 +60,9 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
     jobs = [(encoded[i], greedy_params, False) for i in keep if i not in sampled]
     jobs += [(encoded[i], SamplingParams(temperature=temperature, top_p=top_p, seed=seed * 1_000_003 + i,
                                          max_tokens=max_new_tokens), True) for i in sorted(sampled)]
+    jobs += [(encoded[i], SamplingParams(temperature=temperature, top_p=top_p,
+                                         seed=(seed * 1_000_003 + i) * 131 + extra, max_tokens=max_new_tokens), True)
+             for extra in range(1, extra_sampled_answers + 1) for i in keep]
     t0 = time.perf_counter()
     samples: list[Sample] = []
     not_started = 0
@@ -71,9 +77,17 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
         samples += got
         not_started += left
     seconds = time.perf_counter() - t0
+    seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    unique = []
+    for s in samples:
+        key = (tuple(s.prompt_ids), tuple(s.response_ids))
+        if key not in seen:
+            seen.add(key)
+            unique.append(s)
+    repeats, samples = len(samples) - len(unique), unique
     response_tokens = sum(len(s.response_ids) for s in samples)
     stats = {"prompts": len(prompts), "too_long_for_context": len(prompts) - len(keep), "sequences": len(samples),
-             "sampled_sequences": sum(s.sampled for s in samples),
+             "sampled_sequences": sum(s.sampled for s in samples), "repeated_answers_dropped": repeats,
              "cut_by_deadline": sum(not s.finished for s in samples),
              "not_started_by_deadline": not_started,
              "prompt_tokens": sum(len(s.prompt_ids) for s in samples), "response_tokens": response_tokens,

@@ -1,45 +1,141 @@
 """Regenerated responses kept on disk, so a later run (longer training, another recipe) skips the
-slowest phase. JSON lines: a header naming the target (sha256 of its weights), the prompt source and
-the regeneration settings, then one sample per line. A file made for another target or other
-settings is refused, never silently mixed in: the drafter must learn this target's own answers."""
+slowest phase. Every form names the target (sha256 of its weights), the prompt source and the
+regeneration settings; samples made for another target or other settings are refused, never silently
+mixed in: the drafter must learn this target's own answers.
+
+Two forms, chosen by the path:
+- `NAME.jsonl`: JSON lines, a header then one sample per line (readable, ~6 bytes a token).
+- any other path: a folder of compact parts, for data regenerated on one machine and trained on another
+  through size-limited transfers: `header.json` (the header, the token dtype, and each part's file, sample
+  count and sha256) and `part-NNN.npz` files, each a compressed numpy archive of the parts' token ids (uint16
+  where the vocabulary allows), prompt and response lengths and flags, none larger than `max_part_bytes`
+  (a part is cut by its raw size, which compression only shrinks). A missing or altered part is named.
+"""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
+
+import numpy as np
 
 from onecat.engine.errors import ConfigError
 from onecat.training.regenerate import Sample
 
 FORMAT = "onecat-drafter-samples/1"
+PARTS_FORMAT = "onecat-drafter-samples-parts/1"
+MAX_PART_BYTES = 15 * 2**20  # under a 16 MiB per-file transfer limit
+SAMPLED, FINISHED = 1, 2  # flag bits
 
 
-def save_samples(path: Path, samples: list[Sample], header: dict) -> None:
+def save_samples(path: Path, samples: list[Sample], header: dict, max_part_bytes: int = MAX_PART_BYTES) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    with tmp.open("w") as f:
-        f.write(json.dumps({"format": FORMAT, **header}) + "\n")
-        for s in samples:
-            f.write(json.dumps({"p": s.prompt_ids, "r": s.response_ids, "s": s.sampled, "f": s.finished}) + "\n")
+    if path.suffix == ".jsonl":
+        with tmp.open("w") as f:
+            f.write(json.dumps({"format": FORMAT, **header}) + "\n")
+            for s in samples:
+                f.write(json.dumps({"p": s.prompt_ids, "r": s.response_ids, "s": s.sampled, "f": s.finished}) + "\n")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write_parts(tmp, samples, header, max_part_bytes)
     os.replace(tmp, path)
 
 
 def load_samples(path: Path, header: dict) -> list[Sample]:
     """The samples of `path`; a ConfigError when its header disagrees with `header` on any key."""
-    with path.open() as f:
-        try:
-            head = json.loads(f.readline())
-        except json.JSONDecodeError:
-            head = {}
-        if head.get("format") != FORMAT:
-            raise ConfigError(f"samples_file {path} is not a file of regenerated samples ({FORMAT}); "
-                              "delete it or give another path")
-        wrong = {k: (head.get(k), v) for k, v in header.items() if head.get(k) != v}
-        if wrong:
-            detail = "; ".join(f"{k}: file has {a!r}, this run {b!r}" for k, (a, b) in wrong.items())
-            raise ConfigError(f"samples_file {path} was made for another run ({detail}); delete it to regenerate, "
-                              "or give another path")
-        samples = [Sample(row["p"], row["r"], row["s"], row["f"]) for row in map(json.loads, f)]
+    if path.is_dir():
+        samples = _read_parts(path, header)
+    else:
+        with path.open() as f:
+            try:
+                head = json.loads(f.readline())
+            except json.JSONDecodeError:
+                head = {}
+            _check_header(path, head, FORMAT, header)
+            samples = [Sample(row["p"], row["r"], row["s"], row["f"]) for row in map(json.loads, f)]
     if not samples:
         raise ConfigError(f"samples_file {path} holds no sample; delete it to regenerate")
     return samples
+
+
+def _check_header(path: Path, head: dict, form: str, header: dict) -> None:
+    if head.get("format") != form:
+        raise ConfigError(f"samples_file {path} is not a file of regenerated samples ({form}); "
+                          "delete it or give another path")
+    wrong = {k: (head.get(k), v) for k, v in header.items() if head.get(k) != v}
+    if wrong:
+        detail = "; ".join(f"{k}: file has {a!r}, this run {b!r}" for k, (a, b) in wrong.items())
+        raise ConfigError(f"samples_file {path} was made for another run ({detail}); delete it to regenerate, "
+                          "or give another path")
+
+
+def _chunks(samples: list[Sample], itemsize: int, budget: int):
+    """Consecutive runs of samples whose raw bytes (ids, two int32 lengths and a flag byte each) fit `budget`
+    (a larger sample is a run of its own)."""
+    run, size = [], 0
+    for s in samples:
+        n = (len(s.prompt_ids) + len(s.response_ids)) * itemsize + 9
+        if run and size + n > budget:
+            yield run
+            run, size = [], 0
+        run.append(s)
+        size += n
+    if run:
+        yield run
+
+
+def _write_parts(folder: Path, samples: list[Sample], header: dict, max_part_bytes: int) -> None:
+    top = max((max(s.prompt_ids + s.response_ids, default=0) for s in samples), default=0)
+    dtype = np.dtype(np.uint16 if top < 2**16 else np.uint32)
+    parts = []
+    for i, run in enumerate(_chunks(samples, dtype.itemsize, max_part_bytes - 4096)):  # 4 KiB: the archive's own
+        name = f"part-{i:03d}.npz"
+        ids = np.fromiter((t for s in run for t in s.prompt_ids + s.response_ids), dtype=dtype)
+        np.savez_compressed(folder / name, ids=ids,
+                            prompt_lens=np.array([len(s.prompt_ids) for s in run], dtype=np.int32),
+                            response_lens=np.array([len(s.response_ids) for s in run], dtype=np.int32),
+                            flags=np.array([SAMPLED * s.sampled | FINISHED * s.finished for s in run], dtype=np.uint8))
+        parts.append({"file": name, "samples": len(run), "sha256": _sha256(folder / name)})
+    (folder / "header.json").write_text(json.dumps({"format": PARTS_FORMAT, **header, "token_dtype": dtype.name,
+                                                    "parts": parts}, indent=1) + "\n")
+
+
+def _read_parts(folder: Path, header: dict) -> list[Sample]:
+    try:
+        head = json.loads((folder / "header.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        head = {}
+    _check_header(folder, head, PARTS_FORMAT, header)
+    samples = []
+    for part in head["parts"]:
+        f = folder / part["file"]
+        if not f.is_file():
+            raise ConfigError(f"samples_file {folder}: part {part['file']} is missing; copy every part that "
+                              "header.json lists into the folder, or delete the folder to regenerate")
+        if _sha256(f) != part["sha256"]:
+            raise ConfigError(f"samples_file {folder}: part {part['file']} is not the part that was written (its "
+                              "sha256 differs: cut short or altered in transfer); copy it again, or delete the "
+                              "folder to regenerate")
+        with np.load(f) as z:
+            ids, plens, rlens, flags = (z["ids"].tolist(), z["prompt_lens"].tolist(), z["response_lens"].tolist(),
+                                        z["flags"].tolist())
+        at = 0
+        for p, r, fl in zip(plens, rlens, flags):
+            samples.append(Sample(ids[at:at + p], ids[at + p:at + p + r], bool(fl & SAMPLED), bool(fl & FINISHED)))
+            at += p + r
+        if len(plens) != part["samples"] or at != len(ids):
+            raise ConfigError(f"samples_file {folder}: part {part['file']} holds {len(plens)} samples where "
+                              f"header.json says {part['samples']}; delete the folder to regenerate")
+    return samples
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
