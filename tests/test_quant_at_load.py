@@ -91,6 +91,37 @@ def test_random_weights_are_quantized_at_load(monkeypatch, fmt):
     torch.testing.assert_close(got, DEQUANTIZE[fmt](want), rtol=0, atol=0)
 
 
+def test_each_module_is_packed_as_soon_as_it_is_rounded(monkeypatch):
+    """The dense weights leave one module at a time: when a linear or a layer's experts are rounded, every one
+    rounded before is already packed (the load's peak is the dense model and one module's packed weights)."""
+    import onecat.engine.quant.hf_packer as packer
+    import onecat.engine.quant.quantization as quantization
+
+    monkeypatch.setattr(quantization, "check_w4a16", lambda *a: None)
+    monkeypatch.setattr(packer, "CPU_INT4_KERNEL", False)
+    rounded, still_dense = [], []
+    share, experts = packer._quantize_share, packer._quantize_experts
+
+    def dense_now(model):
+        return {n for n, m in model.named_modules() if n in rounded and (isinstance(m, torch.nn.Linear) or
+                                                                         type(m).__name__ == "Experts")}
+
+    def recording_share(model, path, module, start, rows, fmt):
+        still_dense.append(dense_now(model) - {path})
+        if path not in rounded:
+            rounded.append(path)
+        return share(model, path, module, start, rows, fmt)
+
+    monkeypatch.setattr(packer, "_quantize_share", recording_share)
+    monkeypatch.setattr(packer, "_quantize_experts", lambda m, fmt, path: rounded.append(path) or experts(m, fmt, path))
+    with LLM("random:tiny-qwen3.5-moe", load_format="dummy", quantization="nvfp4", max_model_len=64) as llm:
+        info = llm.info()["quantization"]
+        remaining = dense_now(llm.model)
+    assert len(rounded) > 10 and info["packed_experts"] == 4
+    assert not any(still_dense), [d for d in still_dense if d][:3]
+    assert not remaining
+
+
 def test_formats_that_pack_their_own_checkpoints_refuse_random_weights():
     with pytest.raises(ConfigError, match=r"packed-weights-dummy.*quantizes at load|quantizes at load"):
         LLM("random:tiny-llama", load_format="dummy", quantization="awq", max_model_len=64)

@@ -140,60 +140,56 @@ class W4A16Packer:
                  experts: dict[str, dict[tuple[int, str], object]], source: str) -> dict:
         """Swap in the packed `linears` (module path -> (first row, weight) shards) and `experts` (Experts path
         -> (expert, projection) -> weight); what cannot be swapped stays dense and is listed."""
-        replaced, partly, packed_experts, kept_dense = 0, [], 0, []
-        for target, shards in linears.items():
-            module = _submodule(model, target)
-            done = replace_rows(model, target, module, shards, CPU_INT4_KERNEL) \
-                if isinstance(module, nn.Linear) else None
-            if done is None:
-                kept_dense.append(target)
-                continue
-            replaced += 1
-            if done == "partly packed":
-                partly.append(target)
-        for target, stored in experts.items():
-            module = _submodule(model, target)
-            if isinstance(module, Experts) and replace_experts(model, target, module, stored, CPU_INT4_KERNEL):
-                packed_experts += 1
-            else:
-                kept_dense.append(target)
-        report = self._report(model, replaced, kept_dense, source)
-        if packed_experts:
-            report["packed_experts"] = packed_experts  # MoE layers whose every expert runs packed
-        if partly:
-            report["partly_dense"] = partly  # fused linears with some shards stored (or kept) dense
+        tally = _Tally()
+        tally.swap(model, linears, experts)
+        return self._tally_report(model, tally, source)
+
+    def _tally_report(self, model: nn.Module, tally: _Tally, source: str) -> dict:
+        report = self._report(model, tally.replaced, tally.kept_dense, source)
+        if tally.packed_experts:
+            report["packed_experts"] = tally.packed_experts  # MoE layers whose every expert runs packed
+        if tally.partly:
+            report["partly_dense"] = tally.partly  # fused linears with some shards stored (or kept) dense
         return report
 
     def _quantize_dense(self, model: nn.Module) -> dict:
         """Round to nearest at load (rtn.py): every decoder linear, less what its module keeps dense (KEEP_DENSE
-        children: routers and gates; KEEP_DENSE_PARTS rows of a fused linear), and every MoE expert."""
+        children: routers and gates; KEEP_DENSE_PARTS rows of a fused linear), and every MoE expert. Each module
+        is swapped for its packed form as soon as it is rounded, so the dense weights go one module at a time:
+        the load's peak is the dense model and one module's packed weights, not the dense model and all of them."""
         keep = set()
         for name, m in model.named_modules():
             keep.update(f"{name}.{child}" for child in getattr(m, "KEEP_DENSE", ()))
-        linears: dict[str, list[tuple[int, object]]] = {}
-        experts: dict[str, dict[tuple[int, str], object]] = {}
-        kept_dense = []
-        for name, module in list(model.named_modules()):
+        tally, groups = _Tally(), set()
+        names = [name for name, _ in model.named_modules()]  # names only: no reference keeps a swapped module
+        for name in names:
             if not name.startswith("layers.") or name in keep:
+                continue
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:  # inside a module already swapped
                 continue
             if isinstance(module, Experts):
                 stored = _quantize_experts(module, self.quantization, name)
                 if stored is None:
-                    kept_dense.append(name)
+                    tally.kept_dense.append(name)
                 else:
-                    experts[name] = stored
+                    groups.update(getattr(w, "group", None) for w in stored.values())
+                    tally.swap(model, {}, {name: stored})
                 continue
             if not isinstance(module, nn.Linear):
                 continue
             shards = [(start, _quantize_share(model, name, module, start, rows, self.quantization))
                       for start, rows in _packable_rows(model, name, module.out_features)]
             if any(w is None for _, w in shards):
-                kept_dense.append(name)
+                tally.kept_dense.append(name)
                 continue
-            linears[name] = shards
-        report = self._replace(model, linears, experts,
-                               f"round-to-nearest {_rtn_detail(self.quantization, linears, experts)} at load")
-        report["kept_dense"] = sorted(set(report["kept_dense"]) | set(kept_dense))
+            groups.update(getattr(w, "group", None) for _, w in shards)
+            del module
+            tally.swap(model, {name: shards}, {})
+        report = self._tally_report(model, tally,
+                                    f"round-to-nearest {_rtn_detail(self.quantization, groups)} at load")
+        report["kept_dense"] = sorted(set(report["kept_dense"]))
         return report
 
     def _report(self, model: nn.Module, replaced: int, kept_dense: list[str], source: str) -> dict:
@@ -284,10 +280,35 @@ def _quantize_experts(experts: Experts, fmt: str, path: str) -> dict[tuple[int, 
     return out
 
 
-def _rtn_detail(fmt: str, linears: dict, experts: dict) -> str:
+def _rtn_detail(fmt: str, groups: set) -> str:
     """The format and its groups (w4a16) or blocks, for the engine's info."""
     if fmt != "w4a16":
         return fmt + {"nvfp4": " (E4M3 scale per 16, tensor scale)", "mxfp4": " (E8M0 scale per 32)",
                       "fp8": " (E4M3, scale per row)"}[fmt]
-    weights = [w for shards in linears.values() for _, w in shards] + [w for s in experts.values() for w in s.values()]
-    return "w4 g" + "/".join(str(g) for g in sorted({w.group for w in weights}, reverse=True))
+    return "w4 g" + "/".join(str(g) for g in sorted((g for g in groups if g is not None), reverse=True))
+
+
+class _Tally:
+    """What swapping packed weights in has done so far (for the engine's info)."""
+
+    def __init__(self):
+        self.replaced, self.packed_experts, self.partly, self.kept_dense = 0, 0, [], []
+
+    def swap(self, model: nn.Module, linears: dict[str, list[tuple[int, object]]],
+             experts: dict[str, dict[tuple[int, str], object]]) -> None:
+        for target, shards in linears.items():
+            module = _submodule(model, target)
+            done = replace_rows(model, target, module, shards, CPU_INT4_KERNEL) \
+                if isinstance(module, nn.Linear) else None
+            if done is None:
+                self.kept_dense.append(target)
+                continue
+            self.replaced += 1
+            if done == "partly packed":
+                self.partly.append(target)
+        for target, stored in experts.items():
+            module = _submodule(model, target)
+            if isinstance(module, Experts) and replace_experts(model, target, module, stored, CPU_INT4_KERNEL):
+                self.packed_experts += 1
+            else:
+                self.kept_dense.append(target)
