@@ -25,7 +25,8 @@ from onecat.training.features import FeatureSet, capture_features
 from onecat.training.options import TrainOptions
 from onecat.training.prompts import (Prompt, load_prompts, normalize_text, parse_data_spec, read_jsonl_prompts,
                                      select_prompts, sharegpt_path, text_hash, write_jsonl_prompts)
-from onecat.training.regenerate import regenerate
+from onecat.training.regenerate import regenerate, unique_answers
+from onecat.training.samples_file import load_samples, save_samples, stored_header
 from onecat.training.trainer import DrafterTrainer, Frozen
 from tests.conftest import EMBEDDED
 from tests.tiny_models import make_tiny_model
@@ -169,25 +170,47 @@ def test_features_are_the_targets_teacher_forced_states(tiny_target):
 
 def test_extra_sampled_answers_follow_their_seeds_and_repeats_are_kept_once(tiny_target):
     """Each prompt gets its first answer and `extra_sampled_answers` sampled ones, each from a seed of its own
-    (the same run gives the same answers); an answer equal to another of its prompt is dropped and counted."""
+    (the same run gives the same answers); `unique_answers` keeps an answer that repeats another once."""
     prompts = tiny_prompts(6, seed=5)
     runs = []
-    for extra, temperature in ((2, 1.0), (2, 1.0), (2, 1e-4)):
+    for temperature in (1.0, 1.0, 1e-4):
         with LLM(str(tiny_target), max_model_len=128) as gen:
             runs.append(regenerate(gen, prompts, max_new_tokens=12, sampled_fraction=0.0, temperature=temperature,
-                                   top_p=1.0, seed=0, extra_sampled_answers=extra, log=lambda s: None))
-    (hot, stats), (again, _), (cold, cold_stats) = runs
-    assert hot == again
-    by_prompt: dict[tuple, list] = {}
-    for s in hot:
-        by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
-    assert len(by_prompt) == len(prompts)
-    assert all(sum(not s.sampled for s in group) == 1 and len(group) <= 3 for group in by_prompt.values())
-    assert all(len({tuple(s.response_ids) for s in group}) == len(group) for group in by_prompt.values())
-    assert stats["sequences"] + stats["repeated_answers_dropped"] == 3 * len(prompts)
+                                   top_p=1.0, seed=0, extra_sampled_answers=2, log=lambda s: None))
+    (hot, stats), (again, _), (cold, _) = runs
+    assert hot == again and stats["complete"] and stats["answers_asked"] == 3 * len(prompts)
+    assert sorted(s.key for s in hot) == sorted((i, a) for i in range(len(prompts)) for a in range(3))
+    assert all(s.sampled == (s.answer > 0) for s in hot)
     assert len({tuple(s.response_ids) for s in hot if s.sampled}) > len(prompts)  # the seeds differ
-    # near-greedy sampling repeats the greedy answer: kept once
-    assert cold_stats["repeated_answers_dropped"] > 0 and cold_stats["sequences"] < 3 * len(prompts)
+    kept, dropped = unique_answers(cold)  # near-greedy sampling repeats the greedy answer: kept once
+    assert dropped > 0 and len(kept) == len(cold) - dropped
+    assert len({(tuple(s.prompt_ids), tuple(s.response_ids)) for s in kept}) == len(kept)
+
+
+def test_regeneration_cut_short_is_continued_by_the_next_run(tiny_target, tmp_path):
+    """regenerate_only keeps the samples in samples_file and marks whether every answer exists; a run that
+    finds a partial file regenerates only the missing answers: the union is what one uncut run gives."""
+    prompts = [Prompt(t, str(i)) for i, t in enumerate(tiny_prompts(10, seed=2))]
+    data = write_jsonl_prompts(prompts, tmp_path / "prompts.jsonl", {"made_by": "test"})
+    run = {**TINY_RUN, "extra_sampled_answers": 1, "regenerate_only": True}
+    whole = train_drafter(str(tiny_target), f"jsonl:{data}", tmp_path / "a", device="cpu", log=lambda s: None,
+                          samples_file=str(tmp_path / "whole"), **run)
+    assert whole.stopped_by == "regenerate_only" and not (tmp_path / "a" / "config.json").exists()
+    header = stored_header(tmp_path / "whole")
+    everything = load_samples(tmp_path / "whole", {k: header[k] for k in ("prompts", "max_new_tokens")})
+    assert header["complete"] and len(everything) == 20
+    save_samples(tmp_path / "cut", everything[:7], {**header, "complete": False})  # as a deadline leaves it
+    lines = []
+    train_drafter(str(tiny_target), f"jsonl:{data}", tmp_path / "b", device="cpu", log=lines.append,
+                  samples_file=str(tmp_path / "cut"), **run)
+    record = json.loads((tmp_path / "b" / "training_record.json").read_text())
+    assert record["status"] == "regenerated" and record["regeneration"]["answers_existing"] == 7
+    assert record["regeneration"]["sequences"] == 13 and any("continuing: 7 of 20" in x for x in lines)
+    continued = load_samples(tmp_path / "cut", {"prompts": 10})
+    assert stored_header(tmp_path / "cut")["complete"]
+    assert sorted(continued, key=lambda s: s.key) == sorted(everything, key=lambda s: s.key)
+    with pytest.raises(ConfigError, match="regenerate_only needs samples_file"):
+        train_drafter(str(tiny_target), f"jsonl:{data}", tmp_path / "c", device="cpu", **run)
 
 
 def test_a_deadline_ends_training_with_the_schedule_decayed_and_checkpoints_taken():

@@ -17,8 +17,9 @@ HEADER = {"target_sha256": "ab" * 32, "prompts": 40, "max_new_tokens": 64}
 def _samples(n: int, vocab: int, seed: int = 0) -> list[Sample]:
     r = random.Random(seed)
     return [Sample([r.randrange(vocab) for _ in range(r.randrange(4, 90))],
-                   [r.randrange(vocab) for _ in range(r.randrange(2, 120))], r.random() < 0.3, r.random() < 0.8)
-            for _ in range(n)]
+                   [r.randrange(vocab) for _ in range(r.randrange(2, 120))], r.random() < 0.3, r.random() < 0.8,
+                   i, r.randrange(3))  # keys kept: a later run continues by them
+            for i in range(n)]
 
 
 @pytest.mark.parametrize("name", ["samples.jsonl", "samples"])

@@ -29,8 +29,8 @@ from onecat.training.features import capture_features
 from onecat.training.options import TrainOptions, spread_layer_ids
 from onecat.training.prompts import SHAREGPT_DISTRIBUTION, load_prompts, parse_data_spec
 from onecat.training.provenance import data_provenance, target_provenance, without_paths
-from onecat.training.regenerate import regenerate
-from onecat.training.samples_file import load_samples, save_samples
+from onecat.training.regenerate import regenerate, unique_answers
+from onecat.training.samples_file import load_samples, save_samples, stored_header
 from onecat.training.trainer import DrafterTrainer, Frozen
 
 RECORD = "training_record.json"
@@ -47,7 +47,7 @@ class TrainResult:
     out_dir: Path
     record_path: Path
     steps: int
-    stopped_by: str  # "steps" | "time_budget" | "interrupted"
+    stopped_by: str  # "steps" | "time_budget" | "interrupted" | "regenerate_only"
     final_eval: dict | None
     phase_seconds: dict
     weights_bytes: int
@@ -173,29 +173,24 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
     clock.log(f"{len(prompts)} prompts from {spec}")
 
     started = time.perf_counter()
-    samples_path = Path(opts.samples_file) if opts.samples_file else None
     samples_header = {"target_sha256": record["target"]["sha256"], "prompts_sha256": prompt_summary.get("sha256"),
                       "prompts": len(prompts), **{k: getattr(opts, k) for k in SAMPLE_SETTINGS}}
-    if samples_path is not None and samples_path.exists():
-        samples = load_samples(samples_path, samples_header)
-        record["regeneration"] = {"from_file": str(samples_path), "sequences": len(samples),
-                                  "response_tokens": sum(len(s.response_ids) for s in samples)}
-        clock.log(f"{len(samples)} regenerated samples read from {samples_path}")
-    else:
-        regen_deadline = clock.t0 + opts.regen_share * opts.time_budget_s if opts.time_budget_s else None
-        samples, regen_stats = regenerate(llm, [p.text for p in prompts], max_new_tokens=opts.max_new_tokens,
-                                          sampled_fraction=opts.sampled_fraction, temperature=opts.temperature,
-                                          top_p=opts.top_p, seed=opts.seed,
-                                          extra_sampled_answers=opts.extra_sampled_answers, deadline=regen_deadline,
-                                          log=clock.log)
-        record["regeneration"] = regen_stats
-        if samples_path is not None and samples:
-            save_samples(samples_path, samples, samples_header)
-            record["regeneration"]["written_to"] = str(samples_path)
+    regen_deadline = clock.t0 + opts.regen_share * opts.time_budget_s if opts.time_budget_s else None
+    if opts.regenerate_only:
+        regen_deadline = deadline - SAVE_RESERVE_S if deadline is not None else None
+    samples, record["regeneration"] = _samples(llm, prompts, opts, samples_header, regen_deadline, clock.log)
     llm.close()
     clock.phase("regenerate", started)
     if not samples:
         raise RuntimeError("regeneration produced no usable response; raise time_budget_s or check the target")
+    if opts.regenerate_only:
+        record.update(status="regenerated", phase_seconds=clock.phases, finished_at=_now(),
+                      total_seconds=round(time.perf_counter() - clock.t0, 2))
+        path = _write_record(out, record)
+        state = "complete" if record["regeneration"]["complete"] else "partial: run again to continue"
+        clock.log(f"samples in {opts.samples_file} ({state}); record {path.name}")
+        return TrainResult(out, path, 0, "regenerate_only", None, dict(clock.phases), 0)
+    samples, record["regeneration"]["repeated_answers_dropped"] = unique_answers(samples)
 
     started = time.perf_counter()
     layer_ids = (list(opts.target_layer_ids) if opts.target_layer_ids is not None
@@ -263,6 +258,29 @@ def train_drafter(target: str, data: str, out: str | Path, *, exclude: Callable[
               f"{result['steps']} steps, stopped by {result['stopped_by']}")
     return TrainResult(out, path, result["steps"], result["stopped_by"],
                        trainer.evals[-1] if trainer.evals else None, dict(clock.phases), saved["weights_bytes"])
+
+
+def _samples(llm, prompts: list, opts: TrainOptions, header: dict, deadline: float | None,
+             log: Callable[[str], None]) -> tuple[list, dict]:
+    """The regenerated samples and their record: read from `samples_file` when it holds every answer; else
+    regenerated, continuing what the file holds (a run cut by its deadline), and saved there when given."""
+    path = Path(opts.samples_file) if opts.samples_file else None
+    existing = load_samples(path, header) if path is not None and path.exists() else []
+    if existing and stored_header(path).get("complete", True):
+        log(f"{len(existing)} regenerated samples read from {path}")
+        return existing, {"from_file": str(path), "sequences": len(existing), "complete": True,
+                          "response_tokens": sum(len(s.response_ids) for s in existing)}
+    new, stats = regenerate(llm, [p.text for p in prompts], max_new_tokens=opts.max_new_tokens,
+                            sampled_fraction=opts.sampled_fraction, temperature=opts.temperature, top_p=opts.top_p,
+                            seed=opts.seed, extra_sampled_answers=opts.extra_sampled_answers, deadline=deadline,
+                            done={s.key for s in existing}, log=log)
+    samples = existing + new
+    if existing:
+        stats["continued_from"] = {"file": str(path), "sequences": len(existing)}
+    if path is not None and samples:
+        save_samples(path, samples, {**header, "complete": stats["complete"]})
+        stats["written_to"] = str(path)
+    return samples, stats
 
 
 def _progress(trainer: DrafterTrainer) -> dict:

@@ -67,6 +67,9 @@ class TrainOptions:
                                          "it exists (made for the same target, prompts and settings), written after "
                                          "regeneration when it does not; NAME.jsonl is JSON lines, any other path a "
                                          "folder of compressed parts of at most 15 MiB (for size-limited transfers)")
+    regenerate_only: bool = opt(False, "stop once the responses are regenerated and saved in samples_file (which "
+                                       "it needs), using the whole time budget: a run cut by its budget is "
+                                       "continued by the next one, and a later run trains on the samples")
     init_from: str | None = opt(None, "continue training this drafter directory (config.json + model.safetensors) "
                                       "instead of a random one; its block size, layers, tap layers and mask token "
                                       "must equal the options'")
@@ -101,6 +104,8 @@ class TrainOptions:
             problems.append(f"time_budget_s={self.time_budget_s} must be > 0 (or unset: no limit)")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             problems.append(f"intermediate_size={self.intermediate_size} must be a positive integer")
+        if self.regenerate_only and not self.samples_file:
+            problems.append("regenerate_only needs samples_file: where the regenerated responses are kept")
         if problems:
             raise ConfigError("; ".join(problems))
 

@@ -28,6 +28,12 @@ class Sample:
     response_ids: list[int]
     sampled: bool  # answered by sampling (else greedy)
     finished: bool  # the response ended (stop token or max_new_tokens), not cut by the deadline
+    prompt_index: int = -1  # which prompt (its place in the run's prompt list; -1: not recorded)
+    answer: int = 0  # which of the prompt's answers: 0 its first, 1.. its extra sampled ones
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.prompt_index, self.answer
 
     @property
     def token_ids(self) -> list[int]:
@@ -42,12 +48,14 @@ def chat_prompt_ids(llm, text: str) -> list[int]:
 
 def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction: float, temperature: float,
                top_p: float, seed: int, extra_sampled_answers: int = 0, deadline: float | None = None,
-               log: Callable[[str], None] = print) -> tuple[list[Sample], dict]:
+               done: set[tuple[int, int]] = frozenset(), log: Callable[[str], None] = print
+               ) -> tuple[list[Sample], dict]:
     """The target's responses to `prompts` (greedy first, then the sampled ones, each its own phase so
     the greedy phase keeps the engine's fast all-greedy decode path); and counts for the record. Each
     prompt gets one answer (greedy, or sampled for the `sampled_fraction` share) and `extra_sampled_answers`
     more, sampled with seeds of their own: more of the target's own text per prompt, as DFlash's and EAGLE's
-    regenerated sets have. An answer that repeats another of its prompt exactly is kept once."""
+    regenerated sets have. Answers whose (prompt index, answer) key is in `done` are skipped, so a run cut by
+    its deadline is continued by the next one; `stats["complete"]` says whether every answer now exists."""
     room = llm.max_model_len - max_new_tokens
     encoded = [chat_prompt_ids(llm, p) for p in prompts]
     keep = [i for i, ids in enumerate(encoded) if len(ids) < room]
@@ -57,16 +65,21 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
     n_sampled = round(sampled_fraction * len(keep))
     sampled = set(rng.sample(keep, n_sampled))
     greedy_params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
-    jobs = [(encoded[i], greedy_params, False) for i in keep if i not in sampled]
-    jobs += [(encoded[i], SamplingParams(temperature=temperature, top_p=top_p, seed=seed * 1_000_003 + i,
-                                         max_tokens=max_new_tokens), True) for i in sorted(sampled)]
-    jobs += [(encoded[i], SamplingParams(temperature=temperature, top_p=top_p,
-                                         seed=(seed * 1_000_003 + i) * 131 + extra, max_tokens=max_new_tokens), True)
+    jobs = [_Job(i, 0, encoded[i], greedy_params, False) for i in keep if i not in sampled]
+    jobs += [_Job(i, 0, encoded[i], SamplingParams(temperature=temperature, top_p=top_p, seed=seed * 1_000_003 + i,
+                                                   max_tokens=max_new_tokens), True) for i in sorted(sampled)]
+    jobs += [_Job(i, extra, encoded[i], SamplingParams(temperature=temperature, top_p=top_p,
+                                                       seed=(seed * 1_000_003 + i) * 131 + extra,
+                                                       max_tokens=max_new_tokens), True)
              for extra in range(1, extra_sampled_answers + 1) for i in keep]
+    total = len(jobs)
+    jobs = [j for j in jobs if (j.prompt_index, j.answer) not in done]
+    if done:
+        log(f"[regen] continuing: {total - len(jobs)} of {total} answers exist, {len(jobs)} to go")
     t0 = time.perf_counter()
     samples: list[Sample] = []
     not_started = 0
-    phases = [[j for j in jobs if not j[2]], [j for j in jobs if j[2]]]
+    phases = [[j for j in jobs if not j.sampled], [j for j in jobs if j.sampled]]
     for phase_index, phase in enumerate(phases):
         if not phase:
             continue
@@ -77,22 +90,37 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
         samples += got
         not_started += left
     seconds = time.perf_counter() - t0
+    response_tokens = sum(len(s.response_ids) for s in samples)
+    stats = {"prompts": len(prompts), "too_long_for_context": len(prompts) - len(keep), "answers_asked": total,
+             "answers_existing": total - len(jobs), "sequences": len(samples),
+             "sampled_sequences": sum(s.sampled for s in samples),
+             "cut_by_deadline": sum(not s.finished for s in samples),
+             "not_started_by_deadline": not_started, "complete": not_started == 0,
+             "prompt_tokens": sum(len(s.prompt_ids) for s in samples), "response_tokens": response_tokens,
+             "seconds": round(seconds, 2), "response_tokens_per_s": round(response_tokens / max(seconds, 1e-9), 1)}
+    return samples, stats
+
+
+def unique_answers(samples: list[Sample]) -> tuple[list[Sample], int]:
+    """The samples less those that repeat an earlier answer to the same prompt exactly (near-greedy sampling
+    repeats the greedy answer): (kept, how many were dropped). Training on a repeat only weights it twice."""
     seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
-    unique = []
+    kept = []
     for s in samples:
         key = (tuple(s.prompt_ids), tuple(s.response_ids))
         if key not in seen:
             seen.add(key)
-            unique.append(s)
-    repeats, samples = len(samples) - len(unique), unique
-    response_tokens = sum(len(s.response_ids) for s in samples)
-    stats = {"prompts": len(prompts), "too_long_for_context": len(prompts) - len(keep), "sequences": len(samples),
-             "sampled_sequences": sum(s.sampled for s in samples), "repeated_answers_dropped": repeats,
-             "cut_by_deadline": sum(not s.finished for s in samples),
-             "not_started_by_deadline": not_started,
-             "prompt_tokens": sum(len(s.prompt_ids) for s in samples), "response_tokens": response_tokens,
-             "seconds": round(seconds, 2), "response_tokens_per_s": round(response_tokens / max(seconds, 1e-9), 1)}
-    return samples, stats
+            kept.append(s)
+    return kept, len(samples) - len(kept)
+
+
+@dataclass(frozen=True)
+class _Job:
+    prompt_index: int
+    answer: int
+    ids: list[int]
+    params: SamplingParams
+    sampled: bool
 
 
 def _run_phase(llm, jobs: list, deadline: float | None, log: Callable[[str], None], name: str
@@ -100,7 +128,7 @@ def _run_phase(llm, jobs: list, deadline: float | None, log: Callable[[str], Non
     """Run `jobs` through the engine until done or the deadline; (samples, jobs never started). All are
     queued at once: the engine's scheduler keeps max_num_seqs of them decoding together."""
     core = llm.engine
-    rids = [llm.add_request({"prompt_token_ids": ids}, params, add_special_tokens=False) for ids, params, _ in jobs]
+    rids = [llm.add_request({"prompt_token_ids": j.ids}, j.params, add_special_tokens=False) for j in jobs]
     t0 = last_log = time.perf_counter()
     tokens0 = core.stats["generation_tokens"]
     while core.has_unfinished():
@@ -114,12 +142,13 @@ def _run_phase(llm, jobs: list, deadline: float | None, log: Callable[[str], Non
             tokens = core.stats["generation_tokens"] - tokens0
             log(f"[regen] {name}: {tokens} response tokens, {tokens / (now - t0):.0f} tok/s")
     samples, not_started = [], 0
-    for rid, (ids, _, sampled) in zip(rids, jobs):
+    for rid, job in zip(rids, jobs):
         out = core.pop_output(rid)  # an unfinished request is aborted: what it generated stays
         if out.error or len(out.token_ids) < MIN_RESPONSE_TOKENS:
             not_started += not out.token_ids
             continue
-        samples.append(Sample(list(ids), list(out.token_ids), sampled, out.finish_reason in ("stop", "length")))
+        samples.append(Sample(list(job.ids), list(out.token_ids), job.sampled, out.finish_reason in ("stop", "length"),
+                              job.prompt_index, job.answer))
     log(f"[regen] {name}: {len(samples)} sequences, {sum(len(s.response_ids) for s in samples)} response tokens "
         f"in {time.perf_counter() - t0:.1f} s")
     return samples, not_started

@@ -8,7 +8,7 @@ Two forms, chosen by the path:
 - any other path: a folder of compact parts, for data regenerated on one machine and trained on another
   through size-limited transfers: `header.json` (the header, the token dtype, and each part's file, sample
   count and sha256) and `part-NNN.npz` files, each a compressed numpy archive of the parts' token ids (uint16
-  where the vocabulary allows), prompt and response lengths and flags, none larger than `max_part_bytes`
+  where the vocabulary allows), prompt and response lengths, flags and keys, none larger than `max_part_bytes`
   (a part is cut by its raw size, which compression only shrinks). A missing or altered part is named.
 """
 from __future__ import annotations
@@ -37,11 +37,19 @@ def save_samples(path: Path, samples: list[Sample], header: dict, max_part_bytes
         with tmp.open("w") as f:
             f.write(json.dumps({"format": FORMAT, **header}) + "\n")
             for s in samples:
-                f.write(json.dumps({"p": s.prompt_ids, "r": s.response_ids, "s": s.sampled, "f": s.finished}) + "\n")
+                f.write(json.dumps({"p": s.prompt_ids, "r": s.response_ids, "s": s.sampled, "f": s.finished,
+                                    "i": s.prompt_index, "a": s.answer}) + "\n")
     else:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         _write_parts(tmp, samples, header, max_part_bytes)
+        if path.is_dir():  # a folder cannot be replaced in one step: the old one steps aside, then goes
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+            return
     os.replace(tmp, path)
 
 
@@ -56,10 +64,19 @@ def load_samples(path: Path, header: dict) -> list[Sample]:
             except json.JSONDecodeError:
                 head = {}
             _check_header(path, head, FORMAT, header)
-            samples = [Sample(row["p"], row["r"], row["s"], row["f"]) for row in map(json.loads, f)]
+            samples = [Sample(row["p"], row["r"], row["s"], row["f"], row.get("i", -1), row.get("a", 0))
+                       for row in map(json.loads, f)]
     if not samples:
         raise ConfigError(f"samples_file {path} holds no sample; delete it to regenerate")
     return samples
+
+
+def stored_header(path: Path) -> dict:
+    """The header `path` was saved with (its settings, and `complete`: whether every answer asked exists)."""
+    if path.is_dir():
+        return json.loads((path / "header.json").read_text())
+    with path.open() as f:
+        return json.loads(f.readline())
 
 
 def _check_header(path: Path, head: dict, form: str, header: dict) -> None:
@@ -74,11 +91,11 @@ def _check_header(path: Path, head: dict, form: str, header: dict) -> None:
 
 
 def _chunks(samples: list[Sample], itemsize: int, budget: int):
-    """Consecutive runs of samples whose raw bytes (ids, two int32 lengths and a flag byte each) fit `budget`
-    (a larger sample is a run of its own)."""
+    """Consecutive runs of samples whose raw bytes (ids; two int32 lengths, a flag byte, an int32 prompt index and
+    answer each) fit `budget` (a larger sample is a run of its own)."""
     run, size = [], 0
     for s in samples:
-        n = (len(s.prompt_ids) + len(s.response_ids)) * itemsize + 9
+        n = (len(s.prompt_ids) + len(s.response_ids)) * itemsize + 17
         if run and size + n > budget:
             yield run
             run, size = [], 0
@@ -98,7 +115,9 @@ def _write_parts(folder: Path, samples: list[Sample], header: dict, max_part_byt
         np.savez_compressed(folder / name, ids=ids,
                             prompt_lens=np.array([len(s.prompt_ids) for s in run], dtype=np.int32),
                             response_lens=np.array([len(s.response_ids) for s in run], dtype=np.int32),
-                            flags=np.array([SAMPLED * s.sampled | FINISHED * s.finished for s in run], dtype=np.uint8))
+                            flags=np.array([SAMPLED * s.sampled | FINISHED * s.finished for s in run], dtype=np.uint8),
+                            prompt_index=np.array([s.prompt_index for s in run], dtype=np.int32),
+                            answer=np.array([s.answer for s in run], dtype=np.int32))
         parts.append({"file": name, "samples": len(run), "sha256": _sha256(folder / name)})
     (folder / "header.json").write_text(json.dumps({"format": PARTS_FORMAT, **header, "token_dtype": dtype.name,
                                                     "parts": parts}, indent=1) + "\n")
@@ -121,11 +140,12 @@ def _read_parts(folder: Path, header: dict) -> list[Sample]:
                               "sha256 differs: cut short or altered in transfer); copy it again, or delete the "
                               "folder to regenerate")
         with np.load(f) as z:
-            ids, plens, rlens, flags = (z["ids"].tolist(), z["prompt_lens"].tolist(), z["response_lens"].tolist(),
-                                        z["flags"].tolist())
+            ids, plens, rlens, flags, index, answer = (z[k].tolist() for k in ("ids", "prompt_lens", "response_lens",
+                                                                              "flags", "prompt_index", "answer"))
         at = 0
-        for p, r, fl in zip(plens, rlens, flags):
-            samples.append(Sample(ids[at:at + p], ids[at + p:at + p + r], bool(fl & SAMPLED), bool(fl & FINISHED)))
+        for p, r, fl, i, a in zip(plens, rlens, flags, index, answer):
+            samples.append(Sample(ids[at:at + p], ids[at + p:at + p + r], bool(fl & SAMPLED), bool(fl & FINISHED),
+                                  i, a))
             at += p + r
         if len(plens) != part["samples"] or at != len(ids):
             raise ConfigError(f"samples_file {folder}: part {part['file']} holds {len(plens)} samples where "
