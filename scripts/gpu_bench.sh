@@ -9,8 +9,11 @@
 # DeltaNet needs fla-core), `embedded` the embedded target with its
 # trained DFlash drafter (EMBEDDED_GGUF=path of the GGUF, DFLASH_PROMPTS=prompts saved by `benchmarks/
 # speculative_gpu.py --save-prompts` where the datasets are): gate on (batch 1 and 8; batch 1 again with more
-# repeats, its runs being short and noisy) and off, and a timeline profile.
-#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded]...   (default: the first four)
+# repeats, its runs being short and noisy) and off, and a timeline profile; `merge` the GPU test of the paged
+# decode's merge in its split kernel (ONECAT_MERGE_IN_SPLIT) and its A/B on target-only decode, alternated twice,
+# batch 1 and 8, on the 8B and the embedded default's shapes.
+#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge]...
+#   (default: the first four)
 set -uo pipefail
 out=${1:?usage: scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench]...}; shift
 steps=${*:-tests gemv profile bench}
@@ -57,6 +60,14 @@ for step in $steps; do
              --out "$out/speculative_gpu_dflash_gate_off.json" >>"$out/embedded.log" 2>&1; echo "gate off rc=$?"
            timeout 100 python3 benchmarks/speculative_gpu.py $a --gate off --profile "$out/embedded_timeline" \
              >>"$out/embedded.log" 2>&1; echo "timeline rc=$?"; grep -E "bs=|us a step" "$out/embedded.log" ;;
+    merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
+             >"$out/merge_tests.log" 2>&1; echo "merge tests rc=$?"; tail -3 "$out/merge_tests.log"
+           for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do
+             ONECAT_MERGE_IN_SPLIT=$flag timeout 100 python3 benchmarks/speculative_gpu_rounds.py --shape $shape \
+               --batch-sizes 1,8 --repeats 3 --arms no_draft --out "$out/merge_${shape}_${flag}_$round.json" \
+               >"$out/merge_${shape}_${flag}_$round.log" 2>&1
+             echo "merge in split=$flag $shape round $round rc=$?"; grep "target-only" "$out/merge_${shape}_${flag}_$round.log"
+           done; done; done ;;
     routes) timeout 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_moe_gpu.py \
              tests/test_hybrid_gpu.py -k "packed or rollback" >"$out/routes_tests.log" 2>&1
            echo "routed experts and hybrid verify graph tests rc=$?"; tail -3 "$out/routes_tests.log"

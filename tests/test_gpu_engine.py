@@ -120,6 +120,53 @@ def test_one_pass_merge_changes_no_bit(monkeypatch, wide, graph):
     assert torch.equal(results[True], results[False])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not _sm80(), reason="TRITON_PAGED needs SM80+")
+@pytest.mark.parametrize("indirect", [False, True])
+def test_merge_in_split_matches_the_merge_kernel(monkeypatch, indirect):
+    """MERGE_IN_SPLIT (each (token, KV head)'s last split program merges): the merge kernel's result to rounding
+    (its reductions run on another warp layout), the same bits eagerly and replayed in a CUDA graph, each row's
+    bits alone as in the batch, and every counter zero again after each launch."""
+    from onecat.engine.kernels import triton_paged_decode as tpd
+
+    hq, hkv, d, dt = 32, 8, 128, torch.bfloat16
+    qlens, slens = ([1] * 8, CASES[0][1]) if not indirect else ([4, 4], [300, 1000])
+    q, cache, meta = _paged_case(qlens, slens, hq, hkv, d, 16, None, dt, seed=3)
+    t = q.shape[0]
+    if indirect:  # the verify layout: work item j is token j of its sequence, seeing its context up to itself
+        row = torch.repeat_interleave(torch.arange(len(qlens), device="cuda"), torch.tensor(qlens, device="cuda"))
+        ctx = torch.cat([torch.arange(s - n + 1, s + 1) for n, s in zip(qlens, slens)]).to("cuda", torch.int32)
+        extra = dict(tok_idx=torch.arange(t, device="cuda", dtype=torch.int32), row_idx=row.to(torch.int32))
+    else:
+        ctx, extra = meta.seq_lens, {}
+
+    def run(rows=slice(None)):  # direct: rows of the batch; indirect: always all work items
+        if indirect:
+            out = torch.zeros(t, hq, d, dtype=dt, device="cuda")
+            tpd.paged_decode(out, q, cache, meta.block_tables, ctx, meta.max_seq_len, d ** -0.5, **extra)
+            return out
+        lens = ctx[rows]
+        out = torch.zeros(lens.numel(), hq, d, dtype=dt, device="cuda")
+        tpd.paged_decode(out, q[rows], cache, meta.block_tables[rows], lens, meta.max_seq_len, d ** -0.5)
+        return out
+
+    monkeypatch.setattr(tpd, "MERGE_IN_SPLIT", False)
+    want = run()
+    monkeypatch.setattr(tpd, "MERGE_IN_SPLIT", True)
+    got = run()
+    assert int(tpd._COUNTERS[got.device].abs().sum()) == 0
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    torch.cuda.synchronize()
+    cg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cg):
+        replayed = run()
+    for _ in range(3):
+        cg.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, got) and int(tpd._COUNTERS[got.device].abs().sum()) == 0
+    if not indirect:
+        assert torch.equal(run(slice(3, 4))[0], got[3])  # a row's bits do not depend on its batch
+
+
 def _llm(model_dir, **kw):
     from onecat.engine import LLM
 

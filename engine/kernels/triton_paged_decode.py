@@ -6,10 +6,17 @@ Each program takes one query token, one KV head with all its GQA query heads, an
 partitions by their log-sum-exp. A partition boundary depends only on the sequence's own length,
 never on the batch or the launch grid, so results are batch-invariant and identical inside and
 outside CUDA graphs.
+
+With MERGE_IN_SPLIT the split kernel merges too, one kernel a layer fewer: each program counts itself
+done on its (token, KV head)'s counter (an atomic, after a barrier over its stores), and the program that
+finds itself last merges that token's partitions for the head's GQA group, in the same fixed order as the
+merge kernel, and puts the counter back to zero for the next launch (so it works inside CUDA graphs). Which
+program is last never changes the result.
 """
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -29,16 +36,20 @@ WIDE_MAX_HEAD_DIM = 128
 FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # 8-bit KV storage dtypes the kernel reads
 MERGE_ONE_PASS = True  # up to MERGE_BLOCK partitions merged after one load of each: the two-pass loop's arithmetic
 #                        with one memory round trip fewer (the A/B switch)
+MERGE_IN_SPLIT = os.environ.get("ONECAT_MERGE_IN_SPLIT") == "1"  # the split kernel's last program merges (A/B;
+#                        off until measured on a GPU)
+COUNTERS_MIN = 1 << 16  # (token, KV head) counters kept per device; zero between launches
 
 
 # integers that change from step to step (block-table width, context splits) are plain runtime values:
 # Triton would otherwise compile a variant for each "== 1" / "divisible by 16" pattern of them
 @triton.jit(do_not_specialize=["stride_bt", "max_splits", "splits_per_prog"])
 def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, row_ptr, po_ptr, plse_ptr,
-                 stride_qt, stride_qh, stride_bt, num_kv_heads, max_splits, splits_per_prog, qk_scale,
+                 out_ptr, cnt_ptr, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_kv_heads, max_splits,
+                 splits_per_prog, qk_scale,
                  GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
-                 PDL: tl.constexpr):
+                 MERGE: tl.constexpr, S_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -97,22 +108,20 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
             base = (i * num_kv_heads * GROUP + qh) * max_splits + s
             tl.store(po_ptr + base[:, None] * D + d[None, :], acc / l_i[:, None], mask=gmask[:, None])
             tl.store(plse_ptr + base, m_i + tl.log2(l_i), mask=gmask)
+    if MERGE:
+        tl.debug_barrier()  # every thread's partials are stored before the program counts itself done
+        counter = cnt_ptr + i * num_kv_heads + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel") == num_split_progs - 1:  # the last: all partials are in
+            for g0 in tl.static_range(GROUP):
+                h = kvh * GROUP + g0
+                _merge_head(out_ptr, po_ptr, plse_ptr, tok, h, n_parts, (i * num_kv_heads * GROUP + h) * max_splits,
+                            stride_ot, stride_oh, D, S_BLOCK, ONE_PASS)
+            tl.atomic_xchg(counter, 0, sem="relaxed")  # zero again for the next launch
 
-@triton.jit(do_not_specialize=["max_splits"])
-def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
-                 D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr,
-                 ONE_PASS: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    i = tl.program_id(0)
-    h = tl.program_id(1)
-    if INDIRECT:
-        tok = tl.load(tok_ptr + i).to(tl.int64)
-    else:
-        tok = i.to(tl.int64)
-    n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
-    base = (i * num_heads + h) * max_splits
+@triton.jit
+def _merge_head(out_ptr, po_ptr, plse_ptr, tok, h, n_parts, base, stride_ot, stride_oh, D: tl.constexpr,
+                S_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    """out[tok, h] from the n_parts partitions stored at `base`: weighted by exp2(lse - max lse), in order."""
     sl = tl.arange(0, S_BLOCK)
     d = tl.arange(0, D)
     m = tl.max(tl.full([S_BLOCK], float("-inf"), tl.float32), 0)
@@ -137,6 +146,40 @@ def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_
             acc += tl.sum(w[:, None] * po, 0)
             total += tl.sum(w, 0)
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["max_splits"])
+def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
+                 D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr,
+                 ONE_PASS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    if INDIRECT:
+        tok = tl.load(tok_ptr + i).to(tl.int64)
+    else:
+        tok = i.to(tl.int64)
+    n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
+    _merge_head(out_ptr, po_ptr, plse_ptr, tok, h, n_parts, (i * num_heads + h) * max_splits, stride_ot, stride_oh,
+                D, S_BLOCK, ONE_PASS)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
+    """The device's (token, KV head) counters, all zero between launches (each launch's last programs zero
+    theirs). Grown outside CUDA-graph capture only: a capture that needs more is refused."""
+    have = _COUNTERS.get(device)
+    if have is None or have.numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the paged decode's merge counters hold {0 if have is None else have.numel()} "
+                               f"(token, KV head) pairs, this capture needs {needed}; run the step once eagerly "
+                               "first (warm-up) so that they are allocated outside the capture")
+        _COUNTERS[device] = have = torch.zeros(max(needed, COUNTERS_MIN), dtype=torch.int32, device=device)
+    return have
 
 
 @functools.lru_cache(maxsize=8)
@@ -174,13 +217,17 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
     launch = pdl.options(q.device)
     tok = tok_idx if indirect else ctx_lens
     row = row_idx if indirect else ctx_lens
+    merge_in_split = MERGE_IN_SPLIT
+    counters = _counters(q.device, n * num_kv_heads) if merge_in_split else ctx_lens  # a dummy when unread
     split_kernel[(n, num_kv_heads, split_progs)](
-        q, k, v, ks, vs, block_tables, ctx_lens, tok, row, po, plse,
-        q.stride(0), q.stride(1), block_tables.stride(0), num_kv_heads, max_splits, per_prog,
-        float(scale) * 1.4426950408889634,
+        q, k, v, ks, vs, block_tables, ctx_lens, tok, row, po, plse, out, counters,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_kv_heads, max_splits,
+        per_prog, float(scale) * 1.4426950408889634,
         GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page,
-        BLOCK=PARTITION if wide else BLOCK_N, PART=PARTITION, KV_KIND=kind, INDIRECT=indirect, num_warps=4,
+        BLOCK=PARTITION if wide else BLOCK_N, PART=PARTITION, KV_KIND=kind, INDIRECT=indirect,
+        MERGE=merge_in_split, S_BLOCK=MERGE_BLOCK, ONE_PASS=MERGE_ONE_PASS, num_warps=4,
         num_stages=1 if wide else 2, **launch)
-    merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads, max_splits,
-                                 D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK,
-                                 ONE_PASS=MERGE_ONE_PASS, num_warps=2, **launch)
+    if not merge_in_split:
+        merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads,
+                                     max_splits, D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK,
+                                     ONE_PASS=MERGE_ONE_PASS, num_warps=2, **launch)
