@@ -59,3 +59,10 @@ def test_a_missing_or_altered_part_or_another_run_is_refused_by_name(tmp_path):
     (tmp_path / "other").mkdir()
     with pytest.raises(ConfigError, match="not a file of regenerated samples"):
         load_samples(tmp_path / "other", HEADER)
+
+
+def test_a_setting_newer_than_the_file_reads_as_its_old_default(tmp_path):
+    save_samples(tmp_path / "old.jsonl", _samples(5, 100), HEADER)  # written before extra_sampled_answers existed
+    assert len(load_samples(tmp_path / "old.jsonl", {**HEADER, "extra_sampled_answers": 0})) == 5
+    with pytest.raises(ConfigError, match="extra_sampled_answers: file has 0, this run 2"):
+        load_samples(tmp_path / "old.jsonl", {**HEADER, "extra_sampled_answers": 2})

@@ -83,8 +83,7 @@ def sigterm_interrupts() -> Iterator[None]:
 
 
 SAMPLE_SETTINGS = ("max_new_tokens", "sampled_fraction", "extra_sampled_answers", "temperature", "top_p", "seed",
-                   "min_prompt_tokens",
-                   "max_prompt_tokens")  # the options that shape the regenerated samples
+                   "min_prompt_tokens", "max_prompt_tokens")  # the options that shape the regenerated samples
 
 
 def _print(message: str) -> None:

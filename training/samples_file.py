@@ -28,6 +28,7 @@ FORMAT = "onecat-drafter-samples/1"
 PARTS_FORMAT = "onecat-drafter-samples-parts/1"
 MAX_PART_BYTES = 15 * 2**20  # under a 16 MiB per-file transfer limit
 SAMPLED, FINISHED = 1, 2  # flag bits
+UNRECORDED = {"extra_sampled_answers": 0}  # settings that files written before they existed were made with
 
 
 def save_samples(path: Path, samples: list[Sample], header: dict, max_part_bytes: int = MAX_PART_BYTES) -> None:
@@ -83,7 +84,8 @@ def _check_header(path: Path, head: dict, form: str, header: dict) -> None:
     if head.get("format") != form:
         raise ConfigError(f"samples_file {path} is not a file of regenerated samples ({form}); "
                           "delete it or give another path")
-    wrong = {k: (head.get(k), v) for k, v in header.items() if head.get(k) != v}
+    stored = {**UNRECORDED, **head}
+    wrong = {k: (stored.get(k), v) for k, v in header.items() if stored.get(k) != v}
     if wrong:
         detail = "; ".join(f"{k}: file has {a!r}, this run {b!r}" for k, (a, b) in wrong.items())
         raise ConfigError(f"samples_file {path} was made for another run ({detail}); delete it to regenerate, "

@@ -175,6 +175,7 @@ class W4A16Packer:
                     tally.kept_dense.append(name)
                 else:
                     groups.update(getattr(w, "group", None) for w in stored.values())
+                    del module
                     tally.swap(model, {}, {name: stored})
                 continue
             if not isinstance(module, nn.Linear):
