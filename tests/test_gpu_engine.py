@@ -72,6 +72,18 @@ def test_triton_paged_matches_reference(fp8_dtype, case, heads):
     assert err < 5e-3, err
 
 
+def _replayed(step):
+    """`step` captured in a CUDA graph and replayed three times: its output buffer, as the replays left it."""
+    torch.cuda.synchronize()
+    cg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cg):
+        out = step()
+    for _ in range(3):
+        cg.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not _sm80(), reason="TRITON_PAGED needs SM80+")
 @pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("graph", [False, True])
@@ -106,13 +118,7 @@ def test_one_pass_merge_changes_no_bit(monkeypatch, wide, graph):
         monkeypatch.setattr(tpd, "MERGE_ONE_PASS", one_pass)
         if graph:
             step()
-            torch.cuda.synchronize()
-            cg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cg):
-                out = step()
-            for _ in range(3):
-                cg.replay()
-            torch.cuda.synchronize()
+            out = _replayed(step)
         else:
             out = step()
         results[one_pass] = out.clone()
@@ -155,13 +161,7 @@ def test_merge_in_split_matches_the_merge_kernel(monkeypatch, indirect):
     got = run()
     assert int(tpd._COUNTERS[got.device].abs().sum()) == 0
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
-    torch.cuda.synchronize()
-    cg = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(cg):
-        replayed = run()
-    for _ in range(3):
-        cg.replay()
-    torch.cuda.synchronize()
+    replayed = _replayed(run)
     assert torch.equal(replayed, got) and int(tpd._COUNTERS[got.device].abs().sum()) == 0
     if not indirect:
         assert torch.equal(run(slice(3, 4))[0], got[3])  # a row's bits do not depend on its batch
