@@ -25,7 +25,7 @@ from onecat.training.features import FeatureSet, capture_features
 from onecat.training.options import TrainOptions
 from onecat.training.prompts import (Prompt, load_prompts, normalize_text, parse_data_spec, read_jsonl_prompts,
                                      select_prompts, sharegpt_path, text_hash, write_jsonl_prompts)
-from onecat.training.regenerate import regenerate, unique_answers
+from onecat.training.regenerate import Sample, regenerate, unique_answers
 from onecat.training.samples_file import load_samples, save_samples, stored_header
 from onecat.training.trainer import DrafterTrainer, Frozen
 from tests.conftest import EMBEDDED
@@ -188,8 +188,9 @@ def test_extra_sampled_answers_follow_their_seeds_and_repeats_are_kept_once(tiny
 
 
 def test_regeneration_cut_short_is_continued_by_the_next_run(tiny_target, tmp_path):
-    """regenerate_only keeps the samples in samples_file and marks whether every answer exists; a run that
-    finds a partial file regenerates only the missing answers: the union is what one uncut run gives."""
+    """regenerate_only keeps the samples in samples_file and marks whether every answer exists whole; a run that
+    finds a partial file regenerates only the missing answers and those the deadline cut: the result is what one
+    uncut run gives."""
     prompts = [Prompt(t, str(i)) for i, t in enumerate(tiny_prompts(10, seed=2))]
     data = write_jsonl_prompts(prompts, tmp_path / "prompts.jsonl", {"made_by": "test"})
     run = {**TINY_RUN, "extra_sampled_answers": 1, "regenerate_only": True}
@@ -199,18 +200,36 @@ def test_regeneration_cut_short_is_continued_by_the_next_run(tiny_target, tmp_pa
     header = stored_header(tmp_path / "whole")
     everything = load_samples(tmp_path / "whole", {k: header[k] for k in ("prompts", "max_new_tokens")})
     assert header["complete"] and len(everything) == 20
-    save_samples(tmp_path / "cut", everything[:7], {**header, "complete": False})  # as a deadline leaves it
+    last = everything[6]  # as a deadline leaves it: six answers whole, the seventh cut short
+    cut = Sample(last.prompt_ids, last.response_ids[:2], last.sampled, False, last.prompt_index, last.answer)
+    save_samples(tmp_path / "cut", everything[:6] + [cut], {**header, "complete": False})
     lines = []
     train_drafter(str(tiny_target), f"jsonl:{data}", tmp_path / "b", device="cpu", log=lines.append,
                   samples_file=str(tmp_path / "cut"), **run)
     record = json.loads((tmp_path / "b" / "training_record.json").read_text())
-    assert record["status"] == "regenerated" and record["regeneration"]["answers_existing"] == 7
-    assert record["regeneration"]["sequences"] == 13 and any("continuing: 7 of 20" in x for x in lines)
+    assert record["status"] == "regenerated" and record["regeneration"]["answers_existing"] == 6
+    assert record["regeneration"]["continued_from"]["cut_asked_again"] == 1
+    assert record["regeneration"]["sequences"] == 14 and any("continuing: 6 of 20" in x for x in lines)
     continued = load_samples(tmp_path / "cut", {"prompts": 10})
     assert stored_header(tmp_path / "cut")["complete"]
     assert sorted(continued, key=lambda s: s.key) == sorted(everything, key=lambda s: s.key)
     with pytest.raises(ConfigError, match="regenerate_only needs samples_file"):
         train_drafter(str(tiny_target), f"jsonl:{data}", tmp_path / "c", device="cpu", **run)
+
+
+def test_regenerate_only_refuses_a_run_in_which_no_answer_finished(tiny_target, tmp_path, monkeypatch):
+    """Every answer cut by the deadline is asked again by the next run: a budget that finishes none would never
+    progress, so it is refused with what to change (and nothing is saved)."""
+    import onecat.training.api as api
+
+    cut = [Sample([5, 6], [7, 8, 9], False, False, i, 0) for i in range(3)]
+    monkeypatch.setattr(api, "regenerate", lambda llm, prompts, **kw: (cut, {"complete": False}))
+    data = write_jsonl_prompts([Prompt(t, str(i)) for i, t in enumerate(tiny_prompts(3, seed=4))],
+                               tmp_path / "prompts.jsonl", {})
+    with pytest.raises(RuntimeError, match="no answer finished within the time budget .*raise time_budget_s"):
+        train_drafter(str(tiny_target), f"jsonl:{data}", tmp_path / "out", device="cpu", log=lambda s: None,
+                      samples_file=str(tmp_path / "samples"), **{**TINY_RUN, "regenerate_only": True})
+    assert not (tmp_path / "samples").exists()
 
 
 def test_a_deadline_ends_training_with_the_schedule_decayed_and_checkpoints_taken():

@@ -269,13 +269,19 @@ def _samples(llm, prompts: list, opts: TrainOptions, header: dict, deadline: flo
         log(f"{len(existing)} regenerated samples read from {path}")
         return existing, {"from_file": str(path), "sequences": len(existing), "complete": True,
                           "response_tokens": sum(len(s.response_ids) for s in existing)}
+    whole = [s for s in existing if s.finished]  # an answer the deadline cut is asked again, whole this time
     new, stats = regenerate(llm, [p.text for p in prompts], max_new_tokens=opts.max_new_tokens,
                             sampled_fraction=opts.sampled_fraction, temperature=opts.temperature, top_p=opts.top_p,
                             seed=opts.seed, extra_sampled_answers=opts.extra_sampled_answers, deadline=deadline,
-                            done={s.key for s in existing}, log=log)
-    samples = existing + new
+                            done={s.key for s in whole}, log=log)
+    samples = whole + new
+    if opts.regenerate_only and new and not any(s.finished for s in new):
+        raise RuntimeError(f"no answer finished within the time budget ({len(new)} were cut short, and a cut answer "
+                           "is asked again whole by the next run): raise time_budget_s, or lower max_new_tokens or "
+                           "regen_batch")
     if existing:
-        stats["continued_from"] = {"file": str(path), "sequences": len(existing)}
+        stats["continued_from"] = {"file": str(path), "sequences": len(whole), "cut_asked_again": len(existing) -
+                                   len(whole)}
     if path is not None and samples:
         save_samples(path, samples, {**header, "complete": stats["complete"]})
         stats["written_to"] = str(path)

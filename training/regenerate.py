@@ -55,7 +55,8 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
     prompt gets one answer (greedy, or sampled for the `sampled_fraction` share) and `extra_sampled_answers`
     more, sampled with seeds of their own: more of the target's own text per prompt, as DFlash's and EAGLE's
     regenerated sets have. Answers whose (prompt index, answer) key is in `done` are skipped, so a run cut by
-    its deadline is continued by the next one; `stats["complete"]` says whether every answer now exists."""
+    its deadline is continued by the next one; `stats["complete"]` says whether every answer now exists whole
+    (none cut by the deadline)."""
     room = llm.max_model_len - max_new_tokens
     encoded = [chat_prompt_ids(llm, p) for p in prompts]
     keep = [i for i, ids in enumerate(encoded) if len(ids) < room]
@@ -95,7 +96,8 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
              "answers_existing": total - len(jobs), "sequences": len(samples),
              "sampled_sequences": sum(s.sampled for s in samples),
              "cut_by_deadline": sum(not s.finished for s in samples),
-             "not_started_by_deadline": not_started, "complete": not_started == 0,
+             "not_started_by_deadline": not_started,
+             "complete": not_started == 0 and all(s.finished for s in samples),
              "prompt_tokens": sum(len(s.prompt_ids) for s in samples), "response_tokens": response_tokens,
              "seconds": round(seconds, 2), "response_tokens_per_s": round(response_tokens / max(seconds, 1e-9), 1)}
     return samples, stats
