@@ -13,7 +13,8 @@
 # decode's merge in its split kernel (ONECAT_MERGE_IN_SPLIT) and its A/B on target-only decode, alternated twice,
 # batch 1 and 8, on the 8B and the embedded default's shapes.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge]...
-#   (default: the first four)
+#   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
+#   return only a few)
 set -uo pipefail
 out=${1:?usage: scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench]...}; shift
 steps=${*:-tests gemv profile bench}
@@ -75,3 +76,6 @@ for step in $steps; do
              >"$out/routes.log" 2>&1; echo "routes rc=$?"; tail -12 "$out/routes.log" ;;
   esac
 done
+if [ "${BENCH_TAR:-0}" = 1 ]; then
+  tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && echo "packed $out.tgz"
+fi
