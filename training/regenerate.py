@@ -127,8 +127,8 @@ class _Job:
 
 def _run_phase(llm, jobs: list, deadline: float | None, log: Callable[[str], None], name: str
                ) -> tuple[list[Sample], int]:
-    """Run `jobs` through the engine until done or the deadline; (samples, jobs never started). All are
-    queued at once: the engine's scheduler keeps max_num_seqs of them decoding together."""
+    """Run `jobs` through the engine until done or the deadline; (samples, jobs left without an answer by the
+    deadline). All are queued at once: the engine's scheduler keeps max_num_seqs of them decoding together."""
     core = llm.engine
     rids = [llm.add_request({"prompt_token_ids": j.ids}, j.params, add_special_tokens=False) for j in jobs]
     t0 = last_log = time.perf_counter()
@@ -146,11 +146,12 @@ def _run_phase(llm, jobs: list, deadline: float | None, log: Callable[[str], Non
     samples, not_started = [], 0
     for rid, job in zip(rids, jobs):
         out = core.pop_output(rid)  # an unfinished request is aborted: what it generated stays
+        finished = out.finish_reason in ("stop", "length")
         if out.error or len(out.token_ids) < MIN_RESPONSE_TOKENS:
-            not_started += not out.token_ids
+            not_started += not finished  # a too-short answer the deadline cut is asked again; a finished one is not
             continue
-        samples.append(Sample(list(job.ids), list(out.token_ids), job.sampled, out.finish_reason in ("stop", "length"),
-                              job.prompt_index, job.answer))
+        samples.append(Sample(list(job.ids), list(out.token_ids), job.sampled, finished, job.prompt_index,
+                              job.answer))
     log(f"[regen] {name}: {len(samples)} sequences, {sum(len(s.response_ids) for s in samples)} response tokens "
         f"in {time.perf_counter() - t0:.1f} s")
     return samples, not_started
