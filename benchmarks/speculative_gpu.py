@@ -94,7 +94,8 @@ def main() -> None:
                          "target_only_cuda_graph_used": base.info()["cuda_graph"],
                          "attention_backend": info["attention_backend"]},
               "prompts": prompts["datasets"], "greedy": True, "max_tokens": args.max_tokens,
-              "warmup": "each prompt set once per batch size, un-timed, for both engines", "repeats_asked": args.repeats, "budget_s": args.budget_s, "rows": rows, "wall_s": time.time() - t0}
+              "warmup": "each prompt set once per batch size, un-timed, for both engines",
+              "repeats_asked": args.repeats, "budget_s": args.budget_s, "rows": rows, "wall_s": time.time() - t0}
     write_record(record, args.out)  # compare() printed one summary line per figure as it measured it
     log(f"done in {time.time() - t0:.0f}s")
 

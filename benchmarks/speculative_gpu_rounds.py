@@ -101,7 +101,8 @@ def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: i
 def profile_round(llm, arms, batch_prompts, max_tokens: int, out: Path, cuda: bool) -> None:
     """Where each arm's steps go (benchmarks/round_timeline.py): device-busy time per step and the device's
     idle time charged to the host phase that ran then; `arms` = [(label, proposer factory or None for
-    target-only, gate or None)]. One warm-up batch per arm, then one profiled batch; the summaries go to DIR/timeline.json."""
+    target-only, gate or None)]. One warm-up batch per arm, then one profiled batch; the summaries go to
+    DIR/timeline.json."""
     from round_timeline import profile_steps
 
     summaries = {}
@@ -138,8 +139,9 @@ def main() -> None:
                     help="a batch-1 verify step's rows: one GEMV program walks all rows of its tile (on) or one "
                          "program per row (off); engine/kernels/triton_gemv.py ROW_LOOP")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
-                    help="instead of measuring: where each batch size's steps go (target-only, n-gram- and DFlash-shaped "
-                         "at acceptance 4.25; benchmarks/round_timeline.py), into DIR/batchN/timeline.json")
+                    help="instead of measuring: where each batch size's steps go (target-only, n-gram- and "
+                         "DFlash-shaped at acceptance 4.25; benchmarks/round_timeline.py), into "
+                         "DIR/batchN/timeline.json")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):

@@ -127,6 +127,6 @@ class DecodePipeline:
         rows = enumerate(zip(cur.seqs, cur.positions, cur.host_tokens.tolist()))
         feats = cur.features
         # a row whose request stopped or was aborted at an earlier step is dropped
-        updates = [SequenceUpdate(seq, 1, [tok], None if feats is None else FeatureRows(feats, i, 1)) for i, (seq, p, tok) in rows
-                   if not seq.is_finished and seq.num_computed_tokens == p]
+        updates = [SequenceUpdate(seq, 1, [tok], None if feats is None else FeatureRows(feats, i, 1))
+                   for i, (seq, p, tok) in rows if not seq.is_finished and seq.num_computed_tokens == p]
         return self.core.postprocess(updates)

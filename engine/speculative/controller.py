@@ -1,18 +1,18 @@
 """When drafting pays: the engine times its own decode steps with and without drafts and drafts only while
 a speculative round moves more tokens per second than a plain step.
 
-A round costs more than a plain step (the drafter's work, 1 + k rows to verify) and moves 1 + accepted tokens
-per sequence; a plain step moves one. Both are measured here, per batch size up to the next power of two
-(pure decode steps only: a step that also prefills is not comparable), as moving averages of wall time per step (the step ends with the host
-reading its tokens, so wall time covers the device's work and the host's). Drafting stays on while
-`tokens per round / round time >= 1 / plain step time`. A mode that is off is probed now and then (one step
-every `probe_every`; a probe moves its mode's averages by PROBE_WEIGHT) so that a change in acceptance or
-in cost is noticed. Probes of a verdict that holds are spaced out (x2 a confirming probe): while drafting
-wins, up to `MAX_PROBE_EVERY` steps; while it loses, up to the spacing at which its probes cost at most
-PROBE_COST of the decode time, and at most MAX_LOSING_PROBE_EVERY steps (a probe round loses `round - tokens x
-plain step` against plain steps: a round near break-even is probed often, one that loses badly rarely). Once
-the verdict changes, probing starts again at the base rate, and a losing verdict is probed twice within
-3 x base steps, so an early unlucky estimate cannot lock drafting out for long. Either way the request gets the target's exact distribution:
+A round costs more than a plain step (the drafter's work, 1 + k rows to verify) and moves 1 + accepted tokens per
+sequence; a plain step moves one. Both are measured here, per batch size up to the next power of two (pure decode
+steps only: a step that also prefills is not comparable), as moving averages of wall time per step (the step ends
+with the host reading its tokens, so wall time covers the device's work and the host's). Drafting stays on while
+`tokens per round / round time >= 1 / plain step time`. A mode that is off is probed now and then (one step every
+`probe_every`; a probe moves its mode's averages by PROBE_WEIGHT) so that a change in acceptance or in cost is
+noticed. Probes of a verdict that holds are spaced out (x2 a confirming probe): while drafting wins, up to
+`MAX_PROBE_EVERY` steps; while it loses, up to the spacing at which its probes cost at most PROBE_COST of the
+decode time, and at most MAX_LOSING_PROBE_EVERY steps (a probe round loses `round - tokens x plain step` against
+plain steps: a round near break-even is probed often, one that loses badly rarely). Once the verdict changes,
+probing starts again at the base rate, and a losing verdict is probed twice within 3 x base steps, so an early
+unlucky estimate cannot lock drafting out for long. Either way the request gets the target's exact distribution:
 the verifier is exact, plain steps sample from the target.
 
 Separately, a proposer that keeps finding nothing to draft (prompt lookup over text that never repeats) is
