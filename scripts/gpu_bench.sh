@@ -11,8 +11,10 @@
 # speculative_gpu.py --save-prompts` where the datasets are): gate on (batch 1 and 8; batch 1 again with more
 # repeats, its runs being short and noisy) and off, and a timeline profile; `merge` the GPU test of the paged
 # decode's merge in its split kernel (ONECAT_MERGE_IN_SPLIT) and its A/B on target-only decode, alternated twice,
-# batch 1 and 8, on the 8B and the embedded default's shapes.
-#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge]...
+# batch 1 and 8, on the 8B and the embedded default's shapes; `rows` the few-row GEMM's GPU tests (and the speculative
+# ones it serves) and its timing against cuBLAS with a tile sweep; `rows_ab` the synthetic 8B rounds (batch 1 and 8,
+# n-gram- and DFlash-shaped) with the few-row GEMM off and on (ONECAT_ROWS_GEMM), alternated twice.
+#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -69,6 +71,18 @@ for step in $steps; do
                >"$out/merge_${shape}_${flag}_$round.log" 2>&1
              echo "merge in split=$flag $shape round $round rc=$?"; grep "target-only" "$out/merge_${shape}_${flag}_$round.log"
            done; done; done ;;
+    rows) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_rows_gemm_gpu.py \
+             tests/test_gemv_gpu.py tests/test_speculative_graphs_gpu.py tests/test_dflash_runtime.py \
+             tests/test_gpu_engine.py -k "rows or row or verify or speculation or graphs or bit or draft" \
+             >"$out/rows_tests.log" 2>&1; echo "rows tests rc=$?"; tail -3 "$out/rows_tests.log"
+           (cd benchmarks && timeout 300 python3 gpu_rows_gemm.py --sweep ${ROWS_ARGS:-} --out "$out/rows_gemm.json" \
+             >"$out/rows_gemm.log" 2>&1); echo "rows gemm rc=$?"; grep -E "rows:" "$out/rows_gemm.log" | cut -c1-400 ;;
+    rows_ab) for round in ${ROWS_AB_ROUNDS:-1 2}; do for flag in 0 1; do
+             ONECAT_ROWS_GEMM=$flag timeout 140 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes ${ROWS_AB_BATCH:-1,8} \
+               --arms ngram_shaped,dflash_shaped,no_draft --out "$out/rows_ab_${flag}_$round.json" \
+               >"$out/rows_ab_${flag}_$round.log" 2>&1
+             echo "rows gemm=$flag round $round rc=$?"; grep "batch" "$out/rows_ab_${flag}_$round.log"
+           done; done ;;
     routes) timeout 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_moe_gpu.py \
              tests/test_hybrid_gpu.py -k "packed or rollback" >"$out/routes_tests.log" 2>&1
            echo "routed experts and hybrid verify graph tests rc=$?"; tail -3 "$out/routes_tests.log"

@@ -1,15 +1,19 @@
 """nn.Linear with a batch-1 decode path: a single row on CUDA (fused kernels on) goes through the
 bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM (so do the rows of a
 step whose forward context allows more: the GEMV computes each row as if alone, so a batch-1 verify
-step's rows equal batch-1 decode bit for bit); float32 on CPU goes through the batch-invariant matmul of
-batch_invariant_linear.py; everything else is F.linear.
+step's rows equal batch-1 decode bit for bit); 2-32 rows on CUDA (a verify step, a drafter's block, a small
+batch) through the few-row GEMM of engine/kernels/triton_rows_gemm.py (ONECAT_ROWS_GEMM=0: the library GEMM,
+for A/B runs); float32 on CPU goes through the batch-invariant matmul of batch_invariant_linear.py;
+everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
-gate/up projection, the SiLU*mul after it) into that GEMV, or into the packed layers' CUDA GEMV
-(their `fused_norm_gemv`); for any other module or input it runs the steps one after the other. `pack_weights` prepares a CPU model's float32 layers for the
-batch-invariant matmul.
+gate/up projection, the SiLU*mul after it) into those kernels, or into the packed layers' CUDA GEMV
+(their `fused_norm_gemv`); for any other module or input it runs the steps one after the other.
+`pack_weights` prepares a CPU model's float32 layers for the batch-invariant matmul.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +21,28 @@ from torch import nn
 
 from onecat.engine.attention.forward_context import gemv_row_limit
 from onecat.engine.layers import batch_invariant_linear
+
+
+ROWS_GEMM = os.environ.get("ONECAT_ROWS_GEMM") != "0"  # read once: benchmarks set it per process
+
+
+def rows_gemm_ok(x: torch.Tensor, weight: torch.Tensor, fused: bool) -> bool:
+    """Whether the few-row GEMM takes this call (fused kernels on, CUDA, 2-32 rows of fp16/bf16)."""
+    if not (fused and ROWS_GEMM and x.is_cuda):
+        return False
+    from onecat.engine.kernels.triton_rows_gemm import rows_gemm_unsupported_reason
+
+    return rows_gemm_unsupported_reason(x, weight) is None
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> torch.Tensor:
+    """F.linear(x, weight, bias), through the few-row GEMM where it takes the call (a weight no Linear
+    holds: a drafter's stacked q/k/v)."""
+    if rows_gemm_ok(x, weight, fused):
+        from onecat.engine.kernels.triton_rows_gemm import rows_gemm
+
+        return rows_gemm(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class Linear(nn.Linear):
@@ -34,6 +60,10 @@ class Linear(nn.Linear):
             from onecat.engine.kernels.triton_gemv import gemv
 
             return gemv(x, self.weight, self.bias)
+        if rows_gemm_ok(x, self.weight, self.use_fused):
+            from onecat.engine.kernels.triton_rows_gemm import rows_gemm
+
+            return rows_gemm(x, self.weight, self.bias)
         if batch_invariant_linear.supported(x, self.weight):
             return batch_invariant_linear.batch_invariant_linear(self, x)
         if self.weight.is_meta:  # F.linear would return uninitialized memory
@@ -50,6 +80,11 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 
         return gemv(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
                     glu=silu_mul is not None)
+    if isinstance(linear, Linear) and residual is not None and rows_gemm_ok(x, linear.weight, linear.use_fused):
+        from onecat.engine.kernels.triton_rows_gemm import rows_gemm
+
+        return rows_gemm(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
+                         glu=silu_mul is not None)
     folded = getattr(linear, "fused_norm_gemv", None)  # a packed layer (engine/quant/*_linear.py)
     if folded is not None and residual is not None:
         out = folded(x, residual, norm, silu_mul is not None)
@@ -66,9 +101,13 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 
 
 def glu_in_gemv(linear: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor | None:
-    """SiLU(gate) * up of a packed [gate | up] layer's output, computed in its GEMV (engine/quant/tiled_words.py
-    glu_gemv: one kernel fewer a decode step, the same bits), or None: fused ops off, or a layer or call that GEMV
-    does not take."""
+    """SiLU(gate) * up of a [gate | up] layer's output, computed in its matmul: a packed layer's GEMV
+    (engine/quant/tiled_words.py glu_gemv: one kernel fewer a decode step, the same bits) or a dense layer's
+    few-row GEMM; None: fused ops off, or a layer or call those kernels do not take."""
+    if isinstance(linear, Linear) and rows_gemm_ok(x, linear.weight, fused and linear.use_fused):
+        from onecat.engine.kernels.triton_rows_gemm import rows_gemm
+
+        return rows_gemm(x, linear.weight, linear.bias, glu=True)
     glu = getattr(linear, "glu_gemv", None) if fused else None
     return None if glu is None else glu(x)
 

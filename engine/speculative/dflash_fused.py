@@ -5,7 +5,8 @@ Per layer, eleven kernels instead of about fifty: the input norm with the previo
 (add_rmsnorm), q/k/v in one matmul over stacked weights, q/k norm and RoPE in one kernel (qk_rope_cache,
 no cache write), attention over [context ; block] in one scaled_dot_product_attention call (the query heads
 grouped per key/value head, the context's padding masked), o_proj, the post-attention residual add with its
-norm, gate/up, SiLU*mul, down. The same math as DFlashDrafter.forward_cached, rounded in other places
+norm, gate/up, SiLU*mul, down. On a GPU the few-row GEMM (engine/kernels/triton_rows_gemm.py) also takes
+the norms into q/k/v and gate/up and SiLU*mul into gate/up: seven. The same math as DFlashDrafter.forward_cached, rounded in other places
 (tests/test_dflash_fused.py). Inference only (training takes the reference path, whose gradients reach
 every weight), and only where the drafter's norms run the fused Triton kernels (`use_fused`, set from the
 target's fused-kernel choice) and every row has its own context (S == R: drafting, never training's packing).
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from onecat.engine.layers.linear import project, rows_gemm_ok
 
 
 FUSED_FLAG = "ONECAT_DFLASH_FUSED"  # 0: the drafter drafts through the reference ops on a GPU too (A/B)
@@ -34,15 +37,29 @@ def _stacked_qkv(attn) -> torch.Tensor:
     return attn._qkv
 
 
-def _attention(attn, h: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
+def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q/k/v of input_layernorm(x + residual), x + residual): on a GPU the add and the norm run inside the
+    few-row GEMM (engine/kernels/triton_rows_gemm.py), one kernel for the three."""
+    attn, norm = layer.self_attn, layer.input_layernorm
+    weight, fused = _stacked_qkv(attn), attn.q_proj.use_fused
+    if residual is not None and rows_gemm_ok(x, weight, fused):
+        from onecat.engine.kernels.triton_rows_gemm import rows_gemm
+
+        qkv, residual = rows_gemm(x, weight, residual=residual, norm_weight=norm.weight, eps=norm.eps)
+    else:
+        h, residual = (norm(x), x) if residual is None else norm(x, residual)
+        qkv = project(h, weight, None, fused)
+    if attn.q_proj.bias is not None:
+        qkv = qkv + torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+    return qkv, residual
+
+
+def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
                v_ctx: torch.Tensor, visible: torch.Tensor, R: int, B: int) -> torch.Tensor:
     from onecat.engine.kernels.triton_fused import qk_rope_cache
 
     nh, nkv, hd = attn.nh, attn.nkv, attn.hd
     g = nh // nkv
-    qkv = F.linear(h, _stacked_qkv(attn))  # [T, (nh + 2 nkv) hd]
-    if attn.q_proj.bias is not None:
-        qkv = qkv + torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
     qk_rope_cache(qkv, pos, cos, sin, nh, nkv, hd, None, None, None, attn.q_norm.weight, attn.k_norm.weight,
                   attn.q_norm.eps)
     q = qkv[:, :nh * hd].view(R, B, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * B, hd)
@@ -66,12 +83,8 @@ def forward_fused(drafter, block_embeds: torch.Tensor, block_pos: torch.Tensor,
     cos, sin = drafter.rotary.cos, drafter.rotary.sin
     x, residual = block_embeds.reshape(R * B, H), None
     for layer, (k_ctx, v_ctx) in zip(drafter.layers, layer_kv):
-        if residual is None:
-            h, residual = layer.input_layernorm(x), x
-        else:
-            h, residual = layer.input_layernorm(x, residual)
-        x = _attention(layer.self_attn, h, pos, cos, sin, k_ctx, v_ctx, visible, R, B)
-        h, residual = layer.post_attention_layernorm(x, residual)
-        x = layer.mlp(h)
+        qkv, residual = _qkv(layer, x, residual)  # [T, (nh + 2 nkv) hd]
+        x = _attention(layer.self_attn, qkv, pos, cos, sin, k_ctx, v_ctx, visible, R, B)
+        x, residual = layer.mlp.after_norm(layer.post_attention_layernorm, x, residual)
     out = drafter.norm(x) if residual is None else drafter.norm(x, residual)[0]
     return out.view(R, B, H)

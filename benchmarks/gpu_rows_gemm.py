@@ -1,0 +1,124 @@
+"""Few-row GEMM on a CUDA GPU: onecat's Triton kernel (engine/kernels/triton_rows_gemm.py) against cuBLAS for
+the 8B projections at the row counts of a verify step, a drafter's block and a small batch.
+
+    python benchmarks/gpu_rows_gemm.py --out results.json [--rows 2,4,8,16,32] [--sweep]
+
+Timed as benchmarks/gpu_gemv.py times (a CUDA graph over rotating weight copies that L2 cannot hold), so a
+figure is what a step pays: DRAM streaming plus each kernel's launch and tail. Per shape and row count:
+  gemv_1row          the batch-1 GEMV on one row (what a plain batch-1 step pays for this projection)
+  cublas             F.linear
+  rows_gemm          the few-row GEMM, default tile config
+and for the projections the engine fuses with their neighbours:
+  separate[...]      add_rmsnorm kernel + cuBLAS (+ silu_mul kernel): the step before this kernel
+  rows_gemm[...]     the few-row GEMM with the norm (and SiLU*mul) folded in
+With --sweep, the plain kernel over a grid of tile configs at 8 and 16 rows; the best is reported. Every
+Triton arm is checked against an fp32 reference first (relative max error < 1e-2).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+
+import torch
+import torch.nn.functional as F
+from gpu_gemv import L2_FLUSH_BYTES, SHAPES, graph_time, log, rel_err
+
+DEFAULT_SHAPES = "llama3-8b.qkv,llama3-8b.o,llama3-8b.gate_up,llama3-8b.down,llama3-8b.lm_head"
+
+
+def sweep_configs() -> list[tuple[int, int, int, int]]:
+    """(BLOCK_N, BLOCK_K, STAGES, num_warps)."""
+    return [(bn, bk, st, w) for bn in (16, 32, 64, 128) for bk in (64, 128, 256) for st in (3, 5)
+            for w in ((4, 8) if bn >= 64 else (4,)) if bn * bk <= 16384]
+
+
+def bench(name: str, rows: list[int], sweep: bool) -> dict:
+    from onecat.engine.kernels import triton_fused as tf
+    from onecat.engine.kernels import triton_gemv as tg
+    from onecat.engine.kernels import triton_rows_gemm as rg
+
+    n, k, fused = SHAPES[name]
+    glu = fused == "norm+glu"
+    dt = torch.float16
+    copies = max(3, -(-L2_FLUSH_BYTES // (n * k * 2)))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ws = [torch.randn(n, k, device="cuda", dtype=dt, generator=gen) * k ** -0.5 for _ in range(copies)]
+    r_all = torch.randn(max(rows), k, device="cuda", dtype=dt, generator=gen)
+    nw = torch.rand(k, device="cuda", dtype=dt, generator=gen) + 0.5
+    x1 = torch.randn(1, k, device="cuda", dtype=dt, generator=gen)
+    us = lambda calls: round(graph_time(calls) * 1e6, 2)  # noqa: E731
+    out = {"N": n, "K": k, "weight_MB": n * k * 2 / 1e6, "fused": fused,
+           "gemv_1row_us": us([lambda w=w: tg.gemv(x1, w) for w in ws])}
+    if fused:
+        out[f"gemv_1row[{fused}]_us"] = us([lambda w=w: tg.gemv(x1, w, residual=r_all[:1], norm_weight=nw, eps=1e-5,
+                                                                glu=glu) for w in ws])
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=dt, generator=gen)
+        r = r_all[:m]
+        ref = x.float() @ ws[0].float().T
+        err = rel_err(rg.rows_gemm(x, ws[0]), ref)
+        assert err < 1e-2, f"{name} {m} rows: error {err}"
+        res = out[str(m)] = {"config": list(rg.default_config(m, n, k, False)), "rel_err": err,
+                             "cublas_us": us([lambda w=w: F.linear(x, w) for w in ws]),
+                             "rows_gemm_us": us([lambda w=w: rg.rows_gemm(x, w) for w in ws])}
+        if fused:
+            normed, h = tf.add_rmsnorm(x, r, nw, 1e-5)
+            fref = normed.float() @ ws[0].float().T
+            if glu:
+                fref = F.silu(fref[:, :n // 2]) * fref[:, n // 2:]
+            y, hout = rg.rows_gemm(x, ws[0], residual=r, norm_weight=nw, eps=1e-5, glu=glu)
+            ferr = rel_err(y, fref)
+            assert ferr < 1e-2 and torch.equal(hout, h), f"{name} {m} rows fused: error {ferr}"
+
+            def separate(w):
+                y = F.linear(tf.add_rmsnorm(x, r, nw, 1e-5)[0], w)
+                return tf.silu_mul(y) if glu else y
+
+            res[f"separate[{fused}]_us"] = us([lambda w=w: separate(w) for w in ws])
+            res[f"rows_gemm[{fused}]_us"] = us([lambda w=w: rg.rows_gemm(x, w, residual=r, norm_weight=nw, eps=1e-5,
+                                                                         glu=glu) for w in ws])
+            res[f"rows_gemm[{fused}]_rel_err"] = ferr
+        if sweep and m in (8, 16):
+            grid = {}
+            for bn, bk, st, wp in sweep_configs():
+                cfg = (16, bn, bk, st, wp)
+                if rel_err(rg.rows_gemm(x, ws[0], config=cfg), ref) >= 1e-2:
+                    grid[str(cfg)] = "error"
+                    continue
+                grid[str(cfg)] = us([lambda w=w, c=cfg: rg.rows_gemm(x, w, config=c) for w in ws])
+            timed = {c: t for c, t in grid.items() if t != "error"}
+            best = min(timed, key=timed.get)
+            res["sweep_us"], res["sweep_best"] = grid, {"config": best, "us": timed[best]}
+        log(f"  {name} {m} rows:", {a: v for a, v in res.items() if a.endswith("_us") or a == "sweep_best"})
+    del ws
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".onecat/gpu_rows_gemm.json")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--rows", default="2,4,8,16,32")
+    ap.add_argument("--sweep", action="store_true", help="also time a grid of tile configs at 8 and 16 rows")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_rows_gemm.py needs a CUDA GPU (none visible to torch)")
+    import triton
+
+    record = {"machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node(), "torch": torch.__version__,
+                          "cuda": torch.version.cuda, "triton": triton.__version__},
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "note": "random fp16 weights; CUDA-graph timing over rotating weight copies", "shapes": {}}
+    for name in args.shapes.split(","):
+        log(name)
+        record["shapes"][name] = bench(name, [int(m) for m in args.rows.split(",")], args.sweep)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    log("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

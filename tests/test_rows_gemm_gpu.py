@@ -1,0 +1,86 @@
+"""The few-row GEMM (engine/kernels/triton_rows_gemm.py) on a GPU (skipped without CUDA + Triton): against
+torch for the 8B projections' shapes and odd ones, both half dtypes, bias, the folded norm and SiLU*mul
+against the separate kernels, and which calls Linear and norm_then_linear send to it (2-32 rows with the fused
+kernels on; one row to the GEMV; more rows, or ONECAT_ROWS_GEMM=0, to the library GEMM)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gpu_kernels import half_tolerance, require_fused_kernels
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _rg():
+    from onecat.engine.kernels import triton_rows_gemm
+
+    require_fused_kernels()
+    return triton_rows_gemm
+
+
+def _close(y, ref, dtype):
+    err = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+    assert err < half_tolerance(dtype), err
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,k,bias,rows", [(6144, 4096, False, 8), (4096, 14336, False, 16), (1000, 576, True, 2),
+                                           (130, 4096, True, 32), (49152, 960, False, 5)])
+def test_rows_gemm_matches_linear(dtype, n, k, bias, rows):
+    rg = _rg()
+    w = torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5
+    b = torch.randn(n, device="cuda", dtype=dtype) if bias else None
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
+    assert rg.rows_gemm_unsupported_reason(x, w) is None
+    y = rg.rows_gemm(x, w, b)
+    assert y.shape == (rows, n) and y.dtype == dtype
+    _close(y, F.linear(x.float(), w.float(), None if b is None else b.float()), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("rows", [3, 16, 24])
+def test_norm_and_glu_match_separate_kernels(dtype, glu, rows):
+    from onecat.engine.kernels import triton_fused as tf
+
+    rg = _rg()
+    n, k = (2 * 1408, 2048) if glu else (1536, 2048)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5
+    x, r = (torch.randn(rows, k, device="cuda", dtype=dtype) for _ in range(2))
+    nw = torch.rand(k, device="cuda", dtype=dtype) + 0.5
+    normed, h = tf.add_rmsnorm(x, r, nw, 1e-5)
+    ref = F.linear(normed.float(), w.float())
+    if glu:
+        ref = F.silu(ref[:, :n // 2]) * ref[:, n // 2:]
+    y, hout = rg.rows_gemm(x, w, residual=r, norm_weight=nw, eps=1e-5, glu=glu)
+    assert torch.equal(hout, h) and y.shape == (rows, n // 2 if glu else n)
+    _close(y, ref, dtype)
+
+
+def test_linear_routes_two_to_32_rows(monkeypatch):
+    from onecat.engine.kernels import triton_rows_gemm as rg
+    from onecat.engine.layers import linear as linear_mod
+    from onecat.engine.layers.linear import Linear, norm_then_linear
+    from onecat.engine.layers.norm import RMSNorm
+
+    _rg()
+    calls = []
+    real = rg.rows_gemm
+    monkeypatch.setattr(rg, "rows_gemm", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    lin = Linear(256, 320, bias=True).to("cuda", torch.float16)
+    x = {m: torch.randn(m, 256, device="cuda", dtype=torch.float16) for m in (1, 2, 32, 33)}
+    lin(x[2])
+    assert calls == []  # fused kernels off
+    lin.use_fused = True
+    for m in (1, 2, 32, 33):
+        _close(lin(x[m]), F.linear(x[m].float(), lin.weight.float(), lin.bias.float()), torch.float16)
+    assert calls == [2, 32]
+    norm = RMSNorm(256, 1e-5).to("cuda", torch.float16)
+    ref_x, ref_h = norm(x[32], x[32])
+    y, h = norm_then_linear(norm, lin, x[32], x[32])
+    assert calls[-1] == 32 and torch.equal(h, ref_h)
+    _close(y, F.linear(ref_x.float(), lin.weight.float(), lin.bias.float()), torch.float16)
+    monkeypatch.setattr(linear_mod, "ROWS_GEMM", False)
+    lin(x[2])
+    assert calls == [2, 32, 32]
