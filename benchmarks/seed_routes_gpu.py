@@ -9,7 +9,9 @@ measured acceptance length and whether every token equals target-only's. For the
 the bytes it must read (packed and dense weights less the embedding, the active experts' share, the KV cache
 at the mean context, the recurrent state read and written) and their fraction of the bandwidth limit
 (those bytes per token over the measured device-to-device copy bandwidth). Synthetic figures measure what a
-round of the route costs, never what a drafter achieves.
+round of the route costs, never what a drafter achieves. The weights are peaked by default (peak_the_logits:
+every layer runs on zero inputs, next tokens with a wide margin), so target-only and speculation give the same
+tokens and the set acceptance is reached; `--weights random` keeps the drawn weights, whose near-ties flip.
 
     python benchmarks/seed_routes_gpu.py                          # writes benchmarks/results/seed_routes_h200.json
     python benchmarks/seed_routes_gpu.py --tiny --device cpu --prompt-len 64 --max-tokens 24 \\
@@ -45,6 +47,26 @@ def best_of(llm, batch_prompts, max_tokens: int, repeats: int) -> tuple[float, l
     decode(llm, batch_prompts, max_tokens)
     runs = [decode(llm, batch_prompts, max_tokens) for _ in range(repeats)]
     return max(r[0] for r in runs), runs[-1][1]
+
+
+@torch.no_grad()
+def peak_the_logits(llm) -> None:
+    """Wide-margin next tokens for any weight format (speculative_gpu_rounds.py says why plain random weights
+    cannot measure a round: their near-ties flip between a verify step's and a decode step's summation orders).
+    Each decoder layer's two norms output zeros, so every layer runs all its kernels over the same bytes and adds
+    nothing; the last hidden state is the token's embedding, and the LM head (set to the embedding) puts the
+    next token far ahead of every other."""
+    from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
+
+    model = llm.model
+    for name, m in model.named_modules():
+        if name.endswith(("input_layernorm", "post_attention_layernorm")):
+            m.weight.fill_(-1.0 if isinstance(m, ZeroCenteredRMSNorm) else 0.0)
+    head, embed = getattr(model.lm_head, "weight", None), model.embed_tokens.weight
+    if not isinstance(head, torch.Tensor) or head.shape != embed.shape:
+        raise SystemExit("peaked logits need a dense LM head of the embedding's shape; run with --weights random")
+    if head is not embed:
+        head.copy_(embed)
 
 
 def step_bytes(llm, ctx: int) -> dict:
@@ -91,6 +113,8 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
     for b in args.batch_sizes:
         entry["batches"][b] = {}
     with LLM(**base) as target:
+        if args.weights == "peaked":
+            peak_the_logits(target)
         vocab = target.model_config.vocab_size
         entry["target_info"] = {k: target.info().get(k) for k in ("quantization", "cuda_graph", "kv_cache_dtype",
                                                                   "attention_backend")}
@@ -102,6 +126,8 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
             entry["batches"][b]["target_only_tok_s"] = round(tps, 2)
             log(f"{name} batch {b}: target-only {tps:.1f} tok/s")
     with LLM(**cand) as spec:
+        if args.weights == "peaked":
+            peak_the_logits(spec)
         for b in args.batch_sizes:
             tps, outs = best_of(spec, prompts(b, args.prompt_len, vocab, seed=b), args.max_tokens, args.repeats)
             drafts = sum(o.spec.num_drafts for o in outs)
@@ -128,6 +154,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--weights", choices=("peaked", "random"), default="peaked",
+                    help="peaked: wide-margin next tokens (peak_the_logits); random: the dummy weights as drawn")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "seed_routes_h200.json")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
@@ -142,7 +170,7 @@ def main() -> None:
               "torch": torch.__version__, "cuda": torch.version.cuda, "copy_bandwidth_GBps":
               bandwidth / 1e9 if bandwidth else None,
               **source_state(),
-              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "routes": {}}
+              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "weights": args.weights, "routes": {}}
     for name in args.routes.split(","):
         record["routes"][name] = run_route(name, args, bandwidth)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """The few-row GEMM (engine/kernels/triton_rows_gemm.py) on a GPU (skipped without CUDA + Triton): against
-torch for the 8B projections' shapes and odd ones, both half dtypes, bias, the folded norm and SiLU*mul
-against the separate kernels, and which calls Linear and norm_then_linear send to it (2-32 rows with the fused
-kernels on; one row to the GEMV; more rows, or ONECAT_ROWS_GEMM=0, to the library GEMM)."""
+torch for the 8B projections' shapes and odd ones, both half dtypes, bias, both operand orders, the folded
+SiLU*mul against the separate kernel, and which calls Linear and norm_then_linear send to it when it is on
+(ONECAT_ROWS_GEMM=1: 2-32 rows with the fused kernels on; one row to the GEMV; more rows, or the switch off, to
+the library GEMM)."""
 from __future__ import annotations
 
 import pytest
@@ -39,22 +40,19 @@ def test_rows_gemm_matches_linear(dtype, n, k, bias, rows):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("glu", [False, True])
+@pytest.mark.parametrize("swap", [False, True])
 @pytest.mark.parametrize("rows", [3, 16, 24])
-def test_norm_and_glu_match_separate_kernels(dtype, glu, rows):
+def test_glu_matches_the_separate_kernel(dtype, swap, rows):
     from onecat.engine.kernels import triton_fused as tf
 
     rg = _rg()
-    n, k = (2 * 1408, 2048) if glu else (1536, 2048)
+    n, k = 2 * 1408, 2048
     w = torch.randn(n, k, device="cuda", dtype=dtype) * k ** -0.5
-    x, r = (torch.randn(rows, k, device="cuda", dtype=dtype) for _ in range(2))
-    nw = torch.rand(k, device="cuda", dtype=dtype) + 0.5
-    normed, h = tf.add_rmsnorm(x, r, nw, 1e-5)
-    ref = F.linear(normed.float(), w.float())
-    if glu:
-        ref = F.silu(ref[:, :n // 2]) * ref[:, n // 2:]
-    y, hout = rg.rows_gemm(x, w, residual=r, norm_weight=nw, eps=1e-5, glu=glu)
-    assert torch.equal(hout, h) and y.shape == (rows, n // 2 if glu else n)
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
+    ref = tf.silu_mul(F.linear(x, w))
+    m, bn, bk, st, wp, _ = rg.default_config(rows, n // 2, k, True)
+    y = rg.rows_gemm(x, w, glu=True, config=(m, bn, bk, st, wp, swap))
+    assert y.shape == (rows, n // 2)
     _close(y, ref, dtype)
 
 
@@ -65,6 +63,7 @@ def test_linear_routes_two_to_32_rows(monkeypatch):
     from onecat.engine.layers.norm import RMSNorm
 
     _rg()
+    monkeypatch.setattr(linear_mod, "ROWS_GEMM", True)
     calls = []
     real = rg.rows_gemm
     monkeypatch.setattr(rg, "rows_gemm", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))

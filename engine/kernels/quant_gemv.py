@@ -27,6 +27,10 @@ from onecat.engine.kernels.device import capability
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
+# a call of up to BLOCKED_ROWS rows (a verify step's 1 + k: a DFlash block is 16) takes the GEMV in blocks of
+# MAX_ROWS (packed_gemv_blocks): each block reads the packed weight once, where the library GEMM would need it
+# dequantized (written and read at 4-8x its packed bytes) on every call
+BLOCKED_ROWS = 16
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
@@ -210,6 +214,22 @@ def mma_untile(tiles: torch.Tensor, fmt: str) -> torch.Tensor:
     n, kw = tiles.shape
     wpr = _words_per_run(fmt)
     return tiles.view(n // 16, kw // wpr, 16, wpr).transpose(1, 2).contiguous().view(n, kw)
+
+
+def packed_gemv_blocks(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
+                       row_scale: torch.Tensor | None = None, group: int = 0, *, tiled: int = ROW_MAJOR) -> torch.Tensor:
+    """packed_gemv (plain) of up to BLOCKED_ROWS rows, MAX_ROWS rows a call. The GEMV is batch-invariant, so each
+    row's result is the one it gets alone."""
+    k = x.shape[-1]
+    m = x.numel() // k
+    if m <= MAX_ROWS:
+        return packed_gemv(x, fmt, qweight, scales, row_scale, group, tiled=tiled)
+    if m > BLOCKED_ROWS:
+        raise ValueError(f"packed_gemv_blocks takes 1 to {BLOCKED_ROWS} rows, got {m}")
+    rows = x.reshape(m, k)
+    y = torch.cat([packed_gemv(rows[i:i + MAX_ROWS], fmt, qweight, scales, row_scale, group, tiled=tiled)
+                   for i in range(0, m, MAX_ROWS)])
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,

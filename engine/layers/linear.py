@@ -1,15 +1,17 @@
 """nn.Linear with a batch-1 decode path: a single row on CUDA (fused kernels on) goes through the
 bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM (so do the rows of a
 step whose forward context allows more: the GEMV computes each row as if alone, so a batch-1 verify
-step's rows equal batch-1 decode bit for bit); 2-32 rows on CUDA (a verify step, a drafter's block, a small
-batch) through the few-row GEMM of engine/kernels/triton_rows_gemm.py (ONECAT_ROWS_GEMM=0: the library GEMM,
-for A/B runs); float32 on CPU goes through the batch-invariant matmul of batch_invariant_linear.py;
-everything else is F.linear.
+step's rows equal batch-1 decode bit for bit); 2-32 rows on CUDA (a verify step, a drafter's block, a
+small batch) take the library GEMM, or with ONECAT_ROWS_GEMM=1 the few-row GEMM of
+engine/kernels/triton_rows_gemm.py (measured no faster end to end on an H100:
+benchmarks/results/speculative_gpu_rounds_h100_rows_gemm_ab.json); float32 on CPU goes through the
+batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
-gate/up projection, the SiLU*mul after it) into those kernels, or into the packed layers' CUDA GEMV
-(their `fused_norm_gemv`); for any other module or input it runs the steps one after the other.
-`pack_weights` prepares a CPU model's float32 layers for the batch-invariant matmul.
+gate/up projection, the SiLU*mul after it) into that GEMV (the few-row GEMM takes only the SiLU*mul), or
+into the packed layers' CUDA GEMV (their `fused_norm_gemv`); for any other module or input it runs the
+steps one after the other. `pack_weights` prepares a CPU model's float32 layers for the batch-invariant
+matmul.
 """
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ from onecat.engine.attention.forward_context import gemv_row_limit
 from onecat.engine.layers import batch_invariant_linear
 
 
-ROWS_GEMM = os.environ.get("ONECAT_ROWS_GEMM") != "0"  # read once: benchmarks set it per process
+ROWS_GEMM = os.environ.get("ONECAT_ROWS_GEMM") == "1"  # read once: benchmarks set it per process
 
 
 def rows_gemm_ok(x: torch.Tensor, weight: torch.Tensor, fused: bool) -> bool:
-    """Whether the few-row GEMM takes this call (fused kernels on, CUDA, 2-32 rows of fp16/bf16)."""
+    """Whether the few-row GEMM takes this call (ONECAT_ROWS_GEMM=1, fused kernels on, CUDA, 2-32 rows of
+    fp16/bf16)."""
     if not (fused and ROWS_GEMM and x.is_cuda):
         return False
     from onecat.engine.kernels.triton_rows_gemm import rows_gemm_unsupported_reason
@@ -80,11 +83,6 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 
         return gemv(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
                     glu=silu_mul is not None)
-    if isinstance(linear, Linear) and residual is not None and rows_gemm_ok(x, linear.weight, linear.use_fused):
-        from onecat.engine.kernels.triton_rows_gemm import rows_gemm
-
-        return rows_gemm(x, linear.weight, linear.bias, residual=residual, norm_weight=norm.weight, eps=norm.eps,
-                         glu=silu_mul is not None)
     folded = getattr(linear, "fused_norm_gemv", None)  # a packed layer (engine/quant/*_linear.py)
     if folded is not None and residual is not None:
         out = folded(x, residual, norm, silu_mul is not None)

@@ -194,22 +194,24 @@ class W4A16Packer:
         return report
 
     def _report(self, model: nn.Module, replaced: int, kept_dense: list[str], source: str) -> dict:
-        from onecat.engine.kernels.quant_gemv import MAX_ROWS, backend
+        from onecat.engine.kernels.quant_gemv import BLOCKED_ROWS, MAX_ROWS, backend
 
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
 
         kind, why = backend() if next(model.parameters()).is_cuda else ("", "")
-        gemv = (f"packed GEMV up to {MAX_ROWS} rows: {why}" if kind in ("auto", "folded")
+        cuda_rows = f"up to {BLOCKED_ROWS} rows, {MAX_ROWS} a call"
+        gemv = (f"packed GEMV {cuda_rows}: {why}" if kind in ("auto", "folded")
                 else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
+        above = BLOCKED_ROWS if kind in ("auto", "folded") else MAX_ROWS
         if self.quantization == "fp8":
             return {"method": "fp8", "source": source, "packed_linears": replaced,
                     "kernel": gemv if kind in ("auto", "folded") else f"weight dequantized per call, cuBLAS ({why})",
-                    "large_batch_path": f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows",
+                    "large_batch_path": f"weight dequantized per call, cuBLAS, above {above} rows",
                     "kept_dense": kept_dense, "dense_linears": dense}
         if self.quantization in FP4_NAMES:
             return {"method": self.quantization, "source": source, "packed_linears": replaced,
                     "kernel": gemv, "large_batch_path":
-                    f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
+                    f"weight dequantized per call, cuBLAS, above {above} rows", "kept_dense": kept_dense,
                     "dense_linears": dense}
         if next(model.parameters()).device.type == "cpu" and CPU_INT4_KERNEL:
             from onecat.engine.quant.int4.linear import Int4PackedLinear
@@ -220,7 +222,7 @@ class W4A16Packer:
                     "dense_linears": dense}
         return {"method": "w4a16", "source": source, "packed_linears": replaced,
                 "kernel": gemv, "large_batch_path":
-                f"weight dequantized per call, cuBLAS, above {MAX_ROWS} rows", "kept_dense": kept_dense,
+                f"weight dequantized per call, cuBLAS, above {above} rows", "kept_dense": kept_dense,
                 "dense_linears": dense}
 
 

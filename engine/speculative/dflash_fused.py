@@ -5,8 +5,8 @@ Per layer, eleven kernels instead of about fifty: the input norm with the previo
 (add_rmsnorm), q/k/v in one matmul over stacked weights, q/k norm and RoPE in one kernel (qk_rope_cache,
 no cache write), attention over [context ; block] in one scaled_dot_product_attention call (the query heads
 grouped per key/value head, the context's padding masked), o_proj, the post-attention residual add with its
-norm, gate/up, SiLU*mul, down. On a GPU the few-row GEMM (engine/kernels/triton_rows_gemm.py) also takes
-the norms into q/k/v and gate/up and SiLU*mul into gate/up: seven. The same math as DFlashDrafter.forward_cached, rounded in other places
+norm, gate/up, SiLU*mul, down; on a GPU the matmuls run the few-row GEMM (engine/kernels/triton_rows_gemm.py),
+which also takes SiLU*mul into gate/up: ten. The same math as DFlashDrafter.forward_cached, rounded in other places
 (tests/test_dflash_fused.py). Inference only (training takes the reference path, whose gradients reach
 every weight), and only where the drafter's norms run the fused Triton kernels (`use_fused`, set from the
 target's fused-kernel choice) and every row has its own context (S == R: drafting, never training's packing).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from onecat.engine.layers.linear import project, rows_gemm_ok
+from onecat.engine.layers.linear import project
 
 
 FUSED_FLAG = "ONECAT_DFLASH_FUSED"  # 0: the drafter drafts through the reference ops on a GPU too (A/B)
@@ -38,17 +38,10 @@ def _stacked_qkv(attn) -> torch.Tensor:
 
 
 def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q/k/v of input_layernorm(x + residual), x + residual): on a GPU the add and the norm run inside the
-    few-row GEMM (engine/kernels/triton_rows_gemm.py), one kernel for the three."""
+    """(q/k/v of input_layernorm(x + residual), x + residual): one matmul over the stacked weights."""
     attn, norm = layer.self_attn, layer.input_layernorm
-    weight, fused = _stacked_qkv(attn), attn.q_proj.use_fused
-    if residual is not None and rows_gemm_ok(x, weight, fused):
-        from onecat.engine.kernels.triton_rows_gemm import rows_gemm
-
-        qkv, residual = rows_gemm(x, weight, residual=residual, norm_weight=norm.weight, eps=norm.eps)
-    else:
-        h, residual = (norm(x), x) if residual is None else norm(x, residual)
-        qkv = project(h, weight, None, fused)
+    h, residual = (norm(x), x) if residual is None else norm(x, residual)
+    qkv = project(h, _stacked_qkv(attn), None, attn.q_proj.use_fused)
     if attn.q_proj.bias is not None:
         qkv = qkv + torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
     return qkv, residual

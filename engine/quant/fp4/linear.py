@@ -1,7 +1,7 @@
 """A linear layer whose NVFP4 / MXFP4 weight stays packed in GPU memory (engine/quant/fp4/layout.py).
 
-Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py; one kernel at every
-row count, so batch-invariant), or the FP4 GEMV of engine/kernels/triton_fp4.py where the CUDA one cannot be
+Up to 16 rows (decode and verify steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py, 8 rows a call;
+one kernel at every row count, so batch-invariant), or the FP4 GEMV of engine/kernels/triton_fp4.py where the CUDA one cannot be
 built or ONECAT_QUANT_GEMV=triton; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
 decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). More rows (prefill) dequantize
 the weight into the activation dtype per call (a Triton kernel, engine/kernels/triton_fp4.py) and take the
@@ -78,15 +78,17 @@ class FP4Linear(TiledWords, nn.Module):
             return F.linear(x, dequantize(self.packed()).to(x.dtype), self.bias)
         x = x.contiguous()
         m = x.numel() // self.in_features
-        if m <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16) and self.tiles_take(x, self.scales):
-            from onecat.engine.kernels import quant_gemv
+        from onecat.engine.kernels import quant_gemv
 
+        if m <= quant_gemv.BLOCKED_ROWS and x.dtype in (torch.float16, torch.bfloat16) and \
+                self.tiles_take(x, self.scales):
             if quant_gemv.use_cuda() and self.in_features % 32 == 0:
                 fmt, scales, row_scale, _ = self.gemv_operands()
-                y = quant_gemv.packed_gemv(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)
-            else:
+                y = quant_gemv.packed_gemv_blocks(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)
+                return y if self.bias is None else y + self.bias
+            if m <= MAX_ROWS:
                 y = fp4_gemv(x, self.packed())
-            return y if self.bias is None else y + self.bias
+                return y if self.bias is None else y + self.bias
         return F.linear(x, self.dense_weight(x.dtype), self.bias)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:

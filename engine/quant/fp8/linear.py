@@ -50,10 +50,10 @@ class FP8Linear(TiledWords, nn.Module):
             from onecat.engine.kernels import quant_gemv
 
             x = x.contiguous()
-            if (x.numel() <= quant_gemv.MAX_ROWS * self.in_features and quant_gemv.use_cuda()
+            if (x.numel() <= quant_gemv.BLOCKED_ROWS * self.in_features and quant_gemv.use_cuda()
                     and self.tiles_take(x, self.scale)):
                 fmt, scales, row_scale, _ = self.gemv_operands()
-                y = quant_gemv.packed_gemv(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)
+                y = quant_gemv.packed_gemv_blocks(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)
                 return y if self.bias is None else y + self.bias
         return F.linear(x, self.dense_weight(x.dtype), self.bias)
 

@@ -63,10 +63,10 @@ class W4A16Linear(TiledWords, nn.Module):
             x = x.index_select(-1, self.perm)
         x = x.contiguous()
         if self._cuda_gemv_takes(x):
-            from onecat.engine.kernels.quant_gemv import packed_gemv
+            from onecat.engine.kernels.quant_gemv import packed_gemv_blocks
 
             fmt, scales, row_scale, group = self.gemv_operands()
-            y = packed_gemv(x, fmt, self.qweight, scales, row_scale, group, tiled=self.tiled)
+            y = packed_gemv_blocks(x, fmt, self.qweight, scales, row_scale, group, tiled=self.tiled)
             return y if self.bias is None else y + self.bias
         from onecat.engine.kernels import triton_w4a16 as kw
 
@@ -86,11 +86,11 @@ class W4A16Linear(TiledWords, nn.Module):
                                       group=self.group)
 
     def _cuda_gemv_takes(self, x: torch.Tensor) -> bool:
-        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-8 fp16/bf16 rows with fp16/bf16 scales,
-        wherever they are built and on (quant_gemv.use_cuda): the same kernel at every row count."""
+        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-16 fp16/bf16 rows (in blocks of 8) with
+        fp16/bf16 scales, wherever they are built and on (quant_gemv.use_cuda): the same kernel at every row count."""
         from onecat.engine.kernels import quant_gemv
 
-        return (x.numel() <= quant_gemv.MAX_ROWS * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
+        return (x.numel() <= quant_gemv.BLOCKED_ROWS * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
                 and self.scale_zero.dtype in (torch.float16, torch.bfloat16) and self.in_features % 32 == 0
                 and quant_gemv.use_cuda() and self.tiles_take(x, self.scale_zero, self.group))
 
