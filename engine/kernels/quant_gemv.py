@@ -217,7 +217,8 @@ def mma_untile(tiles: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def packed_gemv_blocks(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
-                       row_scale: torch.Tensor | None = None, group: int = 0, *, tiled: int = ROW_MAJOR) -> torch.Tensor:
+                       row_scale: torch.Tensor | None = None, group: int = 0, *,
+                       tiled: int = ROW_MAJOR) -> torch.Tensor:
     """packed_gemv (plain) of up to BLOCKED_ROWS rows, MAX_ROWS rows a call. The GEMV is batch-invariant, so each
     row's result is the one it gets alone."""
     k = x.shape[-1]
