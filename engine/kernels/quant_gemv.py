@@ -27,10 +27,12 @@ from onecat.engine.kernels.device import capability
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
-# a call of up to BLOCKED_ROWS rows (a verify step's 1 + k: a DFlash block is 16) takes the GEMV in blocks of
-# MAX_ROWS (packed_gemv_blocks): each block reads the packed weight once, where the library GEMM would need it
-# dequantized (written and read at 4-8x its packed bytes) on every call
-BLOCKED_ROWS = 16
+# a call of up to BLOCKED_ROWS rows (a verify step's 1 + k: a DFlash block is 16, two of them 32) takes the GEMV in
+# blocks of MAX_ROWS (packed_gemv_blocks): each block reads the packed weight once (4 blocks of NVFP4: ~2.3 bytes a
+# weight), where the library GEMM needs it dequantized on every call (read, then the fp16 copy written and read:
+# ~4.6). Measured on route 1 (one H100, benchmarks/results/seed_routes_h100.json): 16 rows in 2 blocks, a round of
+# 37.3 ms against 117.7 dequantizing; 32 rows (4 blocks) follows from the bytes, not yet timed
+BLOCKED_ROWS = 32
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
