@@ -23,8 +23,8 @@ class DraftLengths:
         self.k = k
         self._offered: dict[str, list[float]] = {}
         self._accepted: dict[str, list[float]] = {}
-        self.proposed = 0  # drafts asked for, and the block's worth of them (for describe())
-        self.full = 0
+        self.proposed = 0  # drafts verified, and the blocks' worth of them (for describe()): a round in which the
+        self.full = 0  # proposer had nothing to offer asks for none
 
     def length(self, request_id: str) -> int:
         """Drafts worth proposing for the request's next round (1..k)."""
@@ -33,12 +33,12 @@ class DraftLengths:
         if offered is not None:
             n = next((j + 1 for j in range(self.k)
                       if (accepted[j] + PRIOR) / (offered[j] + 2 * PRIOR) < KEEP_RATE), self.k)
-        self.proposed += n
-        self.full += self.k
         return n
 
     def observe(self, request_id: str, drafted: int, accepted: int) -> None:
         """A verified round: `drafted` positions offered, the first `accepted` of them accepted."""
+        self.proposed += drafted
+        self.full += self.k
         offered = self._offered.setdefault(request_id, [0.0] * self.k)
         taken = self._accepted.setdefault(request_id, [0.0] * self.k)
         for j in range(self.k):
