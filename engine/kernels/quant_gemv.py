@@ -30,8 +30,7 @@ MAX_ROWS = 8
 # a call of up to BLOCKED_ROWS rows (a verify step's 1 + k: a DFlash block is 16, two of them 32) takes the GEMV in
 # blocks of MAX_ROWS (packed_gemv_blocks): each block reads the packed weight once (4 blocks of NVFP4: ~2.3 bytes a
 # weight), where the library GEMM needs it dequantized on every call (read, then the fp16 copy written and read:
-# ~4.6). Measured on route 1 (one H100, benchmarks/results/seed_routes_h100.json): 16 rows in 2 blocks, a round of
-# 37.3 ms against 117.7 dequantizing; 32 rows (4 blocks) follows from the bytes, not yet timed
+# ~4.6). Chosen from those bytes; not yet timed against the dequantizing path
 BLOCKED_ROWS = 32
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
