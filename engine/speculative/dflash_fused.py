@@ -5,8 +5,8 @@ Per layer, eleven kernels instead of about fifty: the input norm with the previo
 (add_rmsnorm), q/k/v in one matmul over stacked weights, q/k norm and RoPE in one kernel (qk_rope_cache,
 no cache write), attention over [context ; block] in one scaled_dot_product_attention call (the query heads
 grouped per key/value head, the context's padding masked), o_proj, the post-attention residual add with its
-norm, gate/up, SiLU*mul, down; on a GPU the matmuls run the few-row GEMM (engine/kernels/triton_rows_gemm.py),
-which also takes SiLU*mul into gate/up: ten. The same math as DFlashDrafter.forward_cached, rounded in other places
+norm, gate/up, SiLU*mul, down; with ONECAT_ROWS_GEMM=1 the matmuls run the few-row GEMM
+(engine/kernels/triton_rows_gemm.py), which also takes SiLU*mul into gate/up: ten. The same math as DFlashDrafter.forward_cached, rounded in other places
 (tests/test_dflash_fused.py). Inference only (training takes the reference path, whose gradients reach
 every weight), and only where the drafter's norms run the fused Triton kernels (`use_fused`, set from the
 target's fused-kernel choice) and every row has its own context (S == R: drafting, never training's packing).
