@@ -6,27 +6,13 @@ float64 softmax; the counters are all zero again after every launch. (The GPU's 
 replay are checked in tests/test_gpu_engine.py.)"""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from triton_interpret import run_interpreted
 
 pytest.importorskip("triton")
 
 SCRIPT = r"""
 import torch
-import triton.runtime.interpreter as interpreter
-
-_patch = interpreter._patch_lang_tensor
-
-
-def _scalar_index(tensor, scope):  # a runtime loop bound: Triton 3.6's interpreter takes int() of a 1-element
-    _patch(tensor, scope)          # array, which NumPy 2.x refuses; read the element instead
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-interpreter._patch_lang_tensor = _scalar_index
 from onecat.engine.cache.kv import LayerKVCache
 from onecat.engine.kernels import triton_paged_decode as tpd
 
@@ -73,6 +59,4 @@ print("ok")
 
 
 def test_the_last_split_program_merges_as_the_merge_kernel_does():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_interpreted(SCRIPT)

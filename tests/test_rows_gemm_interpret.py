@@ -3,27 +3,13 @@ with SiLU*up, in both operand orders (SWAP), for row counts from 2 to 32 and sha
 against a float32 product. (The GPU is checked in tests/test_rows_gemm_gpu.py.)"""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+from triton_interpret import run_interpreted
 
 pytest.importorskip("triton")
 
 SCRIPT = r"""
 import torch
-import triton.runtime.interpreter as interpreter
-
-_patch = interpreter._patch_lang_tensor
-
-
-def _scalar_index(tensor, scope):  # a runtime loop bound: Triton 3.6's interpreter takes int() of a 1-element
-    _patch(tensor, scope)          # array, which NumPy 2.x refuses; read the element instead
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-interpreter._patch_lang_tensor = _scalar_index
 from onecat.engine.kernels import triton_rows_gemm as rg
 
 torch.manual_seed(0)
@@ -46,6 +32,4 @@ print("ok")
 
 
 def test_rows_gemm_matches_the_float32_product_in_both_operand_orders():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_interpreted(SCRIPT)
