@@ -9,9 +9,10 @@ measured acceptance length and whether every token equals target-only's. For the
 the bytes it must read (packed and dense weights less the embedding, the active experts' share, the KV cache
 at the mean context, the recurrent state read and written) and their fraction of the bandwidth limit
 (those bytes per token over the measured device-to-device copy bandwidth). Synthetic figures measure what a
-round of the route costs, never what a drafter achieves. The weights are peaked by default (peak_the_logits:
-every layer runs on zero inputs, next tokens with a wide margin), so target-only and speculation give the same
-tokens and the set acceptance is reached; `--weights random` keeps the drawn weights, whose near-ties flip.
+round of the route costs, never what a drafter achieves. The weights are peaked (load_format dummy_peaked, as
+the contracts set it: every layer runs on zero inputs, next tokens win by a wide margin), so target-only and
+speculation give the same tokens and the set acceptance is reached; `--weights random` (load_format dummy) keeps
+the drawn weights, whose near-ties flip.
 
     python benchmarks/seed_routes_gpu.py                          # writes benchmarks/results/seed_routes_h200.json
     python benchmarks/seed_routes_gpu.py --tiny --device cpu --prompt-len 64 --max-tokens 24 \\
@@ -34,8 +35,9 @@ ROUTES = {"seed_route_h200": ("random:tiny-qwen3.5", {"min_fraction": 0.6, "min_
           "seed_moe_route_h200": ("random:tiny-qwen3.5-moe", {"min_fraction": 0.55, "min_speedup": 1.8})}
 
 
-def engine_settings(contract, arm: str, tiny: str | None, device: str) -> dict:
+def engine_settings(contract, arm: str, tiny: str | None, device: str, weights: str) -> dict:
     kw = contract.arm(arm).engine_args(seed=0).as_kwargs()
+    kw["load_format"] = "dummy_peaked" if weights == "peaked" else "dummy"
     if tiny is not None:  # the route's settings on a tiny shape of the same layer kinds, where the CPU runs them
         kw.update(model=tiny, device=device, dtype="float32", quantization="w4a16")
     return kw
@@ -47,26 +49,6 @@ def best_of(llm, batch_prompts, max_tokens: int, repeats: int) -> tuple[float, l
     decode(llm, batch_prompts, max_tokens)
     runs = [decode(llm, batch_prompts, max_tokens) for _ in range(repeats)]
     return max(r[0] for r in runs), runs[-1][1]
-
-
-@torch.no_grad()
-def peak_the_logits(llm) -> None:
-    """Wide-margin next tokens for any weight format (speculative_gpu_rounds.py says why plain random weights
-    cannot measure a round: their near-ties flip between a verify step's and a decode step's summation orders).
-    Each decoder layer's two norms output zeros, so every layer runs all its kernels over the same bytes and adds
-    nothing; the last hidden state is the token's embedding, and the LM head (set to the embedding) puts the
-    next token far ahead of every other."""
-    from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
-
-    model = llm.model
-    for name, m in model.named_modules():
-        if name.endswith(("input_layernorm", "post_attention_layernorm")):
-            m.weight.fill_(-1.0 if isinstance(m, ZeroCenteredRMSNorm) else 0.0)
-    head, embed = getattr(model.lm_head, "weight", None), model.embed_tokens.weight
-    if not isinstance(head, torch.Tensor) or head.shape != embed.shape:
-        raise SystemExit("peaked logits need a dense LM head of the embedding's shape; run with --weights random")
-    if head is not embed:
-        head.copy_(embed)
 
 
 def step_bytes(llm, ctx: int) -> dict:
@@ -106,15 +88,13 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
 
     contract = load_contract(ROOT / "contracts" / f"{name}.yaml")
     tiny = ROUTES[name][0] if args.tiny else None
-    base, cand = (engine_settings(contract, arm, tiny, args.device) for arm in ("baseline", "candidate"))
+    base, cand = (engine_settings(contract, arm, tiny, args.device, args.weights) for arm in ("baseline", "candidate"))
     entry = {"contract": f"contracts/{name}.yaml", "targets": ROUTES[name][1], "synthetic": True,
              "model": base["model"], "quantization": base.get("quantization"),
              "speculative": contract.arm("candidate").speculative.model_dump(exclude_none=True), "batches": {}}
     for b in args.batch_sizes:
         entry["batches"][b] = {}
     with LLM(**base) as target:
-        if args.weights == "peaked":
-            peak_the_logits(target)
         vocab = target.model_config.vocab_size
         entry["target_info"] = {k: target.info().get(k) for k in ("quantization", "cuda_graph", "kv_cache_dtype",
                                                                   "attention_backend")}
@@ -126,8 +106,6 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
             entry["batches"][b]["target_only_tok_s"] = round(tps, 2)
             log(f"{name} batch {b}: target-only {tps:.1f} tok/s")
     with LLM(**cand) as spec:
-        if args.weights == "peaked":
-            peak_the_logits(spec)
         for b in args.batch_sizes:
             tps, outs = best_of(spec, prompts(b, args.prompt_len, vocab, seed=b), args.max_tokens, args.repeats)
             drafts = sum(o.spec.num_drafts for o in outs)
@@ -155,7 +133,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--weights", choices=("peaked", "random"), default="peaked",
-                    help="peaked: wide-margin next tokens (peak_the_logits); random: the dummy weights as drawn")
+                    help="peaked: load_format dummy_peaked (wide-margin next tokens); random: dummy (as drawn)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "seed_routes_h200.json")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")

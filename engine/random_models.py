@@ -76,7 +76,8 @@ def random_model_dir(name: str, weights_required: bool) -> Path:
     """The shape's folder (config.json + tokenizer.json), written once into the onecat cache."""
     if weights_required:
         raise ModelNotFoundError(f"{RANDOM_PREFIX}{name} is a model shape without weights: set load_format dummy "
-                                 "(engine.options.load_format in a contract) to run it with random weights")
+                                 "or dummy_peaked (engine.options.load_format in a contract) to run it with random "
+                                 "weights")
     cfg = shape_config(name)
     text = json.dumps(cfg, indent=1, sort_keys=True)
     folder = cache_root() / "random-models" / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"

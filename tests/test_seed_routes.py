@@ -40,7 +40,7 @@ def test_route_contracts_state_the_routes_settings(name):
     assert c.model.source == source and c.model.quantization is not None
     assert (c.engine.kv_cache_dtype, c.engine.cuda_graph, c.engine.mamba_cache_mode) == ("fp8_e5m2", "full", "align")
     assert c.engine.enable_prefix_caching and c.engine.tensor_parallel_size == 1
-    assert c.engine.options["load_format"] == "dummy"
+    assert c.engine.options["load_format"] == "dummy_peaked"
     spec = c.arm("candidate").speculative
     assert (spec.method, spec.compute, spec.acceptance_length) == ("synthetic", compute, acceptance)
     assert {g.check for g in c.gates} >= {"token_hash_equal", "acceptance_min", "speedup"}

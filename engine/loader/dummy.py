@@ -5,6 +5,12 @@ the layers), every vector that scales (norm weights) is one and every bias zero.
 own generator, seeded from the engine seed and the parameter's name, on the parameter's device: every
 tensor-parallel rank draws the same full model and keeps its shard of it. The weights mean nothing; only
 the speed of the model that holds them does.
+
+Drawn this way, a deep model's logits are nearly flat: a verify step (several rows a sequence) and a decode
+step sum in different orders and part at the first near-tie, so speculation cannot be timed against
+target-only on them. `peaked` (load_format dummy_peaked) then sets each decoder layer's two norms to output
+zeros (every kernel still runs over the same bytes, and adds nothing) and the LM head to the embedding: the
+last hidden state is the token's own embedding, and the next token wins by a wide margin.
 """
 from __future__ import annotations
 
@@ -12,15 +18,17 @@ import zlib
 
 import torch
 
+from onecat.engine.errors import ConfigError
 from onecat.engine.quant.packed_shard import note_full_weight
 
 STD = 0.02
 
 
 @torch.no_grad()
-def fill_random_weights(model: torch.nn.Module, seed: int) -> None:
+def fill_random_weights(model: torch.nn.Module, seed: int, peaked: bool = False) -> None:
     """A tensor-parallel shard (its layers record their share of the full weight, engine/parallel/sharding.py)
-    draws the full matrix and keeps its share, so every rank holds a slice of the same model."""
+    draws the full matrix and keeps its share, so every rank holds a slice of the same model. `peaked`: wide-margin
+    next tokens (the module docstring)."""
     for name, p in model.named_parameters():
         if not p.is_floating_point():
             continue
@@ -39,3 +47,21 @@ def fill_random_weights(model: torch.nn.Module, seed: int) -> None:
         if cols is not None:
             w = w.index_select(1, cols.to(p.device))
         p.copy_(w)
+    if peaked:
+        _peak(model)
+
+
+PEAKED_NORMS = ("input_layernorm", "post_attention_layernorm")  # the norms in front of a layer's mixers
+
+
+def _peak(model: torch.nn.Module) -> None:
+    for name, m in model.named_modules():
+        if name.rpartition(".")[2] in PEAKED_NORMS:
+            m.weight.fill_(getattr(type(m), "ZERO_OUTPUT_WEIGHT", 0.0))
+    head, embed = getattr(model.lm_head, "weight", None), model.embed_tokens.weight
+    if head is embed:
+        return
+    if not isinstance(head, torch.Tensor) or head.shape != embed.shape:
+        raise ConfigError("load_format dummy_peaked sets the LM head to the embedding, which this model's LM head "
+                          f"({type(model.lm_head).__name__}) cannot take; use load_format dummy")
+    head.copy_(embed)

@@ -15,6 +15,7 @@ from onecat.engine.errors import ConfigError, CorruptModelError
 from onecat.engine.loader.dummy import fill_random_weights
 from onecat.engine.loader.hf import read_hf_config
 from onecat.engine.models.qwen3_5_mtp import Qwen3_5MTP
+from onecat.engine.support_matrix.axes import RANDOM_LOAD_FORMATS
 from onecat.engine.models.weight_loading import fused_route, load_by_name
 from onecat.engine.quant.checkpoint_formats import dense_weights, quant_format
 
@@ -81,7 +82,7 @@ def load_mtp_head(cfg: ModelConfig, make_mlp, source, load_format: str, seed: in
         head = Qwen3_5MTP(cfg, make_mlp, max_positions)
     head = head.to(dtype).to_empty(device=device).requires_grad_(False)
     head.rotary.build_tables(device)
-    if load_format == "dummy":
+    if load_format in RANDOM_LOAD_FORMATS:  # the head itself is never peaked: it proposes, the target decides
         fill_random_weights(head, seed)
         return head.eval()
     if source.format != "hf":

@@ -28,6 +28,8 @@ NO_CPU_KERNEL = ("nvfp4", "mxfp4", "fp8")  # packed formats with a CUDA kernel o
 QUANTIZED_AT_LOAD = ("w4a16", "nvfp4", "mxfp4", "fp8")  # a dense checkpoint or random weights is rounded at load
 CPU_INT4_FORMATS = ("gguf", "w4a16", "awq", "gptq", "compressed-tensors")  # run in the CPU int4 packed layer
 CHECKPOINTS = ("hf", "gguf")
+# `load_format`s of random weights (engine/loader/dummy.py): as drawn, or peaked (each next token by a wide margin)
+RANDOM_LOAD_FORMATS = ("dummy", "dummy_peaked")
 SPECULATIVE_METHODS = ("ngram", "draft_model", "dflash", "mtp", "synthetic")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 ATTENTION_BACKENDS = ("auto", "TORCH_SDPA_REF", "CPU_PAGED", "FLASH_ATTN_V100", "TRITON_PAGED")

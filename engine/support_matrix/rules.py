@@ -14,7 +14,7 @@ from onecat.engine.errors import ConfigError
 from onecat.engine.support_matrix.axes import (CPU_INT4_FORMATS, CUDA_BACKENDS, GRAPH_SAFE_BACKENDS,
                                                HF_QUANTIZED_FORMATS, HYBRID_ARCHITECTURES, MOE_ARCHITECTURES,
                                                MTP_ARCHITECTURES, NO_CPU_KERNEL, QUANTIZATIONS, QUANTIZED_AT_LOAD,
-                                               STAGES, Combination, label)
+                                               RANDOM_LOAD_FORMATS, STAGES, Combination, label)
 
 Text = Union[str, Callable[[Combination], str]]  # a str.format template over Combination.values(), or a function
 
@@ -123,8 +123,9 @@ RULES: tuple[Rule, ...] = (
          example=dict(architecture="llama", device="cpu", quantization="gguf", checkpoint="gguf",
                       tensor_parallel_size=2)),
     Rule("packed-weights-dummy", "settings", ("quantization", "load_format"),
-         lambda c: c.quantization is not None and c.quantization not in QUANTIZED_AT_LOAD and c.load_format == "dummy",
-         "quantization {quantization!r} with load_format dummy",
+         lambda c: c.quantization is not None and c.quantization not in QUANTIZED_AT_LOAD
+         and c.load_format in RANDOM_LOAD_FORMATS,
+         "quantization {quantization!r} with load_format {load_format}",
          "random weights are dense, and {quantization} packs what its own checkpoints store",
          f"use a format that quantizes at load ({', '.join(QUANTIZED_AT_LOAD)}) or drop one of them",
          example=dict(architecture="qwen3", device="cpu", quantization="awq", load_format="dummy")),

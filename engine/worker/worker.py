@@ -32,6 +32,7 @@ from onecat.engine.quant import WeightPacker, check_quantization
 from onecat.engine.quant.hf_packer import W4A16_NAMES, W4A16Packer
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.support_matrix import Combination, refuse
+from onecat.engine.support_matrix.axes import RANDOM_LOAD_FORMATS
 from onecat.engine.worker.fused_kernels import enable_fused_kernels
 from onecat.engine.worker.model_runner import ModelRunner
 
@@ -58,7 +59,7 @@ class Worker:
 
     def __init__(self, args: EngineArgs):
         self.cfg = args
-        self.source = resolve_model_source(args.model, args.revision, weights_required=args.load_format != "dummy")
+        self.source = resolve_model_source(args.model, args.revision, weights_required=args.load_format not in RANDOM_LOAD_FORMATS)
         self.device = resolve_device(args.device)
         self.tp = None  # tensor parallel: this process's rank (engine/parallel)
         if args.tensor_parallel_size > 1:
@@ -126,8 +127,8 @@ class Worker:
             packer = WeightPacker()
             model.load_weights(packer.intercept(ckpt.weights))
             self.packing = packer.apply(model)
-        elif self.cfg.load_format == "dummy":
-            fill_random_weights(model, self.cfg.seed)
+        elif self.cfg.load_format in RANDOM_LOAD_FORMATS:
+            fill_random_weights(model, self.cfg.seed, peaked=self.cfg.load_format == "dummy_peaked")
         else:
             model.load_weights(loader.weights(ckpt.weights) if loader is not None else ckpt.weights)
         if loader is not None:

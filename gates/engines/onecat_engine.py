@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from onecat.engine.args import EngineArgs
+from onecat.engine.support_matrix.axes import RANDOM_LOAD_FORMATS
 from onecat.gates.contract import ArmSettings
 from onecat.gates.engines.base import EngineAdapter, PromptParams
 from onecat.gates.registry import register_engine
@@ -24,7 +25,7 @@ def preflight(arm: ArmSettings, args: EngineArgs) -> list[str]:
     """What keeps the onecat engine from running `args` here: settings it does not implement (the engine's
     own list), missing target or drafter files, a CUDA device that is not there. Loads nothing."""
     problems = args.unsupported()
-    miss = _resolve(arm.model.source, arm.model.revision, weights_required=args.load_format != "dummy")
+    miss = _resolve(arm.model.source, arm.model.revision, weights_required=args.load_format not in RANDOM_LOAD_FORMATS)
     if miss:
         problems.append(f"target model: {miss}")
     spec = arm.speculative
@@ -58,7 +59,8 @@ class OnecatEngine(EngineAdapter):
 
         self.template_kwargs = arm.reasoning.template_kwargs()
         args = arm.engine_args(seed)
-        self.model_sha256 = None if args.load_format == "dummy" else _weights_sha256(arm)  # random: no weights
+        random_weights = args.load_format in RANDOM_LOAD_FORMATS
+        self.model_sha256 = None if random_weights else _weights_sha256(arm)  # random: no weights
         self.llm = LLM(**args.as_kwargs())
         self.tokenizer = self.llm.tokenizer
         self.vocab_size = self._vocab_size()
