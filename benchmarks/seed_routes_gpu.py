@@ -10,8 +10,8 @@ the bytes it must read (packed and dense weights less the embedding, the active 
 at the mean context, the recurrent state read and written) and their fraction of the bandwidth limit
 (those bytes per token over the measured device-to-device copy bandwidth). Synthetic figures measure what a
 round of the route costs, never what a drafter achieves. The weights are peaked (load_format dummy_peaked, as
-the contracts set it: every layer runs on zero inputs, next tokens win by a wide margin), so target-only and
-speculation give the same tokens and the set acceptance is reached; `--weights random` (load_format dummy) keeps
+the contracts set it: the same bytes and kernels, next tokens by a wide margin), so target-only and speculation
+give the same tokens and the set acceptance is reached; `--weights random` (load_format dummy) keeps
 the drawn weights, whose near-ties flip.
 
     python benchmarks/seed_routes_gpu.py                          # writes benchmarks/results/seed_routes_h200.json

@@ -179,8 +179,9 @@ class EngineArgs(BaseModel):
         default="auto", description="auto: the checkpoint's weights | dummy: random weights of the checkpoint's "
                                     "shapes (its config and tokenizer only), for speed measurements | "
                                     "dummy_peaked: the same, with each next token chosen by a wide margin (the "
-                                    "decoder layers' norms output zeros, the LM head is the embedding), so no "
-                                    "summation order flips a token: speculation's speed against target-only")
+                                    "projections writing the residual stream scaled down, the LM head the "
+                                    "embedding), so no summation order flips a token: speculation's speed "
+                                    "against target-only")
     kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="auto: the model dtype; bfloat16: half the bytes of a float32 model's "
                                     "(CPU); fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")

@@ -1,8 +1,8 @@
 """load_format dummy_peaked (engine/loader/dummy.py): random weights whose next token wins by a wide margin, so
-speculation can be timed against target-only on them. Each decoder layer's two norms output zeros (the Qwen3.5
-zero-centered norms at weight -1, Llama's at 0), the LM head is the embedding, every other weight is drawn as
-load_format dummy draws it; greedy decoding then repeats the prompt's last token, alone, in a batch and through
-speculation alike; an LM head that cannot take the embedding is refused with the reason."""
+speculation can be timed against target-only on them. The projections that write the residual stream are drawn
+as load_format dummy draws them and scaled by PEAK_SCALE, everything else (norms included) as dummy draws it, and
+the LM head is the embedding; greedy decoding then repeats the prompt's last token, alone, in a batch and through
+speculation alike (a dense, a hybrid and a MoE shape); an LM head that cannot take the embedding is refused."""
 from __future__ import annotations
 
 import pytest
@@ -10,8 +10,7 @@ import torch
 
 from onecat.engine import LLM, SamplingParams
 from onecat.engine.errors import ConfigError
-from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
-from onecat.engine.loader.dummy import fill_random_weights
+from onecat.engine.loader.dummy import PEAK_SCALE, RESIDUAL_WRITERS, fill_random_weights
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -21,14 +20,11 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ONECAT_CACHE_DIR", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3.5"])
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3.5", "tiny-qwen3.5-moe"])
 def test_peaked_weights_repeat_the_last_token_alone_in_a_batch_and_speculating(shape):
     prompts = ["t5 t6 t7 t8", "t9 t10 t11", "t12 t40"]
     spec = {"method": "synthetic", "num_speculative_tokens": 3, "acceptance_length": 3.0, "disable_when_slower": False}
     with LLM(f"random:{shape}", load_format="dummy_peaked", max_model_len=128) as llm:
-        norms = [m for n, m in llm.model.named_modules() if n.endswith(("input_layernorm", "post_attention_layernorm"))]
-        zero = -1.0 if isinstance(norms[0], ZeroCenteredRMSNorm) else 0.0
-        assert norms and all(bool((m.weight == zero).all()) for m in norms)
         alone = [llm.generate([p], GREEDY)[0] for p in prompts]
         batch = llm.generate(prompts, GREEDY)
     for o in alone:
@@ -41,9 +37,27 @@ def test_peaked_weights_repeat_the_last_token_alone_in_a_batch_and_speculating(s
     assert sum(o.spec.num_accepted_tokens for o in spec_outs) > 0
 
 
-def test_plain_dummy_weights_keep_the_norms_at_one():
-    with LLM("random:tiny-llama", load_format="dummy", max_model_len=64) as llm:
-        assert all(bool((m.weight == 1).all()) for n, m in llm.model.named_modules() if n.endswith("input_layernorm"))
+def test_peaked_weights_are_the_dummy_draw_with_the_residual_writers_scaled():
+    def model():
+        m = torch.nn.Module()
+        m.embed_tokens = torch.nn.Embedding(10, 8)
+        m.layer = torch.nn.Module()
+        m.layer.o_proj, m.layer.down_proj, m.layer.up_proj = (torch.nn.Linear(8, 8, bias=False) for _ in range(3))
+        m.norm = torch.nn.LayerNorm(8)
+        m.lm_head = torch.nn.Linear(8, 10, bias=False)
+        return m
+
+    plain, peaked = model(), model()
+    fill_random_weights(plain, seed=3)
+    fill_random_weights(peaked, seed=3, peaked=True)
+    drawn, got = dict(plain.named_parameters()), dict(peaked.named_parameters())
+    for name, p in got.items():
+        if name == "lm_head.weight":
+            assert torch.equal(p, got["embed_tokens.weight"])
+        elif name.endswith(RESIDUAL_WRITERS):
+            assert torch.allclose(p, drawn[name] * PEAK_SCALE)
+        else:
+            assert torch.equal(p, drawn[name]), name
 
 
 def test_an_lm_head_that_cannot_take_the_embedding_is_refused():

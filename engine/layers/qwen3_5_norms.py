@@ -11,8 +11,6 @@ from onecat.engine.layers.pointwise import pointwise
 
 
 class ZeroCenteredRMSNorm(nn.Module):
-    ZERO_OUTPUT_WEIGHT = -1.0  # the weight whose output is all zeros (load_format dummy_peaked)
-
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))

@@ -8,9 +8,11 @@ the speed of the model that holds them does.
 
 Drawn this way, a deep model's logits are nearly flat: a verify step (several rows a sequence) and a decode
 step sum in different orders and part at the first near-tie, so speculation cannot be timed against
-target-only on them. `peaked` (load_format dummy_peaked) then sets each decoder layer's two norms to output
-zeros (every kernel still runs over the same bytes, and adds nothing) and the LM head to the embedding: the
-last hidden state is the token's own embedding, and the next token wins by a wide margin.
+target-only on them. `peaked` (load_format dummy_peaked) scales the projections that write the residual stream
+(attention o_proj, Gated DeltaNet out_proj, MLP and expert down_proj) by PEAK_SCALE and sets the LM head to the
+embedding: every kernel still runs over the same bytes, routers still spread tokens over experts as they would,
+but the last hidden state stays close to the token's own embedding, whose logit is then far ahead (~100 against
+~7 for the best other token of a Qwen3.5-27B shape; the writers move it by ~0.2).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from onecat.engine.errors import ConfigError
 from onecat.engine.quant.packed_shard import note_full_weight
 
 STD = 0.02
+PEAK_SCALE = 1e-4  # peaked: the residual writers' share of the drawn weights
+RESIDUAL_WRITERS = ("o_proj.weight", "out_proj.weight", "down_proj.weight", "experts.down_proj")
 
 
 @torch.no_grad()
@@ -39,6 +43,8 @@ def fill_random_weights(model: torch.nn.Module, seed: int, peaked: bool = False)
         full = getattr(owner, "_tp_full", None) or tuple(p.shape)
         g = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         w = torch.randn(full, generator=g, device=p.device, dtype=torch.float32).mul_(STD)
+        if peaked and name.endswith(RESIDUAL_WRITERS):
+            w.mul_(PEAK_SCALE)
         rows, cols = getattr(owner, "_tp_rows", None), getattr(owner, "_tp_cols", None)
         if w.dim() == 2 and (rows is not None or cols is not None):  # for quantization at load of the share
             note_full_weight(owner, w.to(p.dtype), 0)
@@ -51,13 +57,8 @@ def fill_random_weights(model: torch.nn.Module, seed: int, peaked: bool = False)
         _peak(model)
 
 
-PEAKED_NORMS = ("input_layernorm", "post_attention_layernorm")  # the norms in front of a layer's mixers
-
-
 def _peak(model: torch.nn.Module) -> None:
-    for name, m in model.named_modules():
-        if name.rpartition(".")[2] in PEAKED_NORMS:
-            m.weight.fill_(getattr(type(m), "ZERO_OUTPUT_WEIGHT", 0.0))
+    """The LM head becomes the embedding (the residual writers were scaled as they were drawn)."""
     head, embed = getattr(model.lm_head, "weight", None), model.embed_tokens.weight
     if head is embed:
         return
