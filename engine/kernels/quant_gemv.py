@@ -27,11 +27,12 @@ from onecat.engine.kernels.device import capability
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
-# a call of up to BLOCKED_ROWS rows (a verify step's 1 + k: a DFlash block is 16, two of them 32) takes the GEMV in
-# blocks of MAX_ROWS (packed_gemv_blocks): each block reads the packed weight once (4 blocks of NVFP4: ~2.3 bytes a
-# weight), where the library GEMM needs it dequantized on every call (read, then the fp16 copy written and read:
-# ~4.6). Chosen from those bytes; not yet timed against the dequantizing path
-BLOCKED_ROWS = 32
+# a call of up to BLOCKED_ROWS rows (a verify step's 1 + k: a DFlash block is 16) takes the GEMV in blocks of
+# MAX_ROWS (packed_gemv_blocks), where the library GEMM needs the weight dequantized on every call (the packed bytes
+# read, the fp16 copy written and read: ~2.3 fp16 reads of the weight). Two blocks cost at most two fp16 reads even
+# where the 8-row GEMV is no faster than cuBLAS on fp16 weights (the slowest format measured: 1.0x,
+# benchmarks/results/quant_gemv_h200.json); four could cost four, so more rows keep the dequantizing path
+BLOCKED_ROWS = 16
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there

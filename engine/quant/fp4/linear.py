@@ -1,6 +1,6 @@
 """A linear layer whose NVFP4 / MXFP4 weight stays packed in GPU memory (engine/quant/fp4/layout.py).
 
-Up to 32 rows (decode and verify steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py, 8 rows a
+Up to 16 rows (decode and verify steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py, 8 rows a
 call; one kernel at every row count, so batch-invariant), or, up to 8 rows, the FP4 GEMV of
 engine/kernels/triton_fp4.py where the CUDA one cannot be built or ONECAT_QUANT_GEMV=triton; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
 decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). More rows (prefill) dequantize

@@ -86,7 +86,7 @@ class W4A16Linear(TiledWords, nn.Module):
                                       group=self.group)
 
     def _cuda_gemv_takes(self, x: torch.Tensor) -> bool:
-        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-32 fp16/bf16 rows (in blocks of 8) with
+        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-16 fp16/bf16 rows (in blocks of 8) with
         fp16/bf16 scales, wherever they are built and on (quant_gemv.use_cuda): the same kernel at every row count."""
         from onecat.engine.kernels import quant_gemv
 
