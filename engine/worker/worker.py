@@ -41,8 +41,7 @@ def check_model_fits(model: torch.nn.Module, free: int, total: int, device, quan
     """Refuse, before allocating, a model whose parameters (still on meta) outgrow the device's free memory: the
     model is materialized in the engine's dtype before any packing, so a packed or quantized-at-load model needs
     its dense bytes at load too. A clear error instead of an out-of-memory traceback halfway through the load."""
-    need = sum(t.numel() * t.element_size() for t in model.parameters()) + \
-        sum(t.numel() * t.element_size() for t in model.buffers())
+    need = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     if need <= free:
         return
     gib = 2 ** 30
@@ -59,7 +58,8 @@ class Worker:
 
     def __init__(self, args: EngineArgs):
         self.cfg = args
-        self.source = resolve_model_source(args.model, args.revision, weights_required=args.load_format not in RANDOM_LOAD_FORMATS)
+        self.source = resolve_model_source(args.model, args.revision,
+                                           weights_required=args.load_format not in RANDOM_LOAD_FORMATS)
         self.device = resolve_device(args.device)
         self.tp = None  # tensor parallel: this process's rank (engine/parallel)
         if args.tensor_parallel_size > 1:
