@@ -5,8 +5,8 @@ it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check
 instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
 and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
 (triton_moe_gemv.py) at the Qwen3-30B-A3B widths; the routed GEMVs of packed experts (triton_moe_routed.py:
-NVFP4, MXFP4, W4A16) and the verify rows' gated delta rule (triton_gated_delta_rows.py) at the Qwen3.5
-routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
+NVFP4, MXFP4, W4A16), the verify rows' gated delta rule (triton_gated_delta_rows.py) and the fused one-token
+decode step's two kernels (triton_gated_delta_decode.py) at the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits.
 Needs Triton importable (the engine's CUDA extra); without it the check says so and reports nothing.
 """
@@ -43,6 +43,15 @@ ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr":
                   "begin_ptr": "*i64", "end_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32", "W": "constexpr",
                   "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr", "BK": "constexpr",
                   "BV": "constexpr", "WRITE_O": "constexpr"}
+DECODE_SHAPE = {"HK": 16, "HV": 48, "DK": 128, "DV": 128, "TAPS": 4}  # Qwen3.5-27B's DeltaNet, one-token rows
+DECODE_STEP_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16", "conv_w_ptr": "*fp16",
+                         "ssm_ptr": "*fp32", "slots_ptr": "*i64", "a_log_ptr": "*fp16", "dt_bias_ptr": "*fp16",
+                         "o_ptr": "*fp32", "scale": "fp32", "HK": "constexpr", "HV": "constexpr", "DK": "constexpr",
+                         "DV": "constexpr", "TAPS": "constexpr", "BK": "constexpr", "BV": "constexpr"}
+DECODE_FINISH_SIGNATURE = {"o_ptr": "*fp32", "proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16",
+                           "slots_ptr": "*i64", "norm_w_ptr": "*fp16", "out_ptr": "*fp16", "eps": "fp32",
+                           "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr",
+                           "TAPS": "constexpr", "BK": "constexpr", "BD": "constexpr"}
 MOE_SHAPE = {"hidden": 2048, "intermediate": 768, "top_k": 8}  # Qwen3-30B-A3B's experts
 MOE_GATE_UP_SIGNATURE = {"x_ptr": "*fp16", "w_ptr": "*fp16", "ids_ptr": "*i32", "h_ptr": "*fp16", "top_k": "i32",
                          "inter": "i32", "stride_we": "i32", "K": "constexpr", "BLOCK_N": "constexpr",
@@ -156,6 +165,19 @@ def _rows_ptx() -> tuple[str, str, int]:
                                                                      WRITE_O=True), 1)
 
 
+def _decode_ptx(finish: bool) -> tuple[str, str, int]:
+    """The fused Gated DeltaNet decode step's two kernels at DECODE_SHAPE, as GatedDeltaNet launches them
+    (the projection's row stride a multiple of 16, as in_proj's width is)."""
+    from onecat.engine.kernels import triton_gated_delta_decode as kd
+
+    consts = dict(DECODE_SHAPE, BK=DECODE_SHAPE["DK"])
+    if finish:
+        return _compile(kd.decode_finish_kernel, DECODE_FINISH_SIGNATURE, dict(consts, BD=DECODE_SHAPE["DV"]), 1,
+                        divisible=("proj_stride",))
+    return _compile(kd.decode_step_kernel, DECODE_STEP_SIGNATURE, dict(consts, BV=kd.step_tile(DECODE_SHAPE["DV"])),
+                    1, divisible=("proj_stride",))
+
+
 def _cases():
     for k, m in CASES:
         yield f"w4a16_gemv K={k} rows={m} g{GROUP} (Triton)", f"w4a16_gemv_k{k}_m{m}", lambda k=k, m=m: _ptx(k, m)
@@ -174,6 +196,10 @@ def _cases():
                    f"moe_routed_{fmt}_{what}", lambda f=fmt, d=down: _routed_ptx(f, d))
     yield (f"gated_delta_rows W={ROWS_SHAPE['W']} Hv={ROWS_SHAPE['HV']} Dk=Dv={ROWS_SHAPE['DK']} (Triton)",
            "gated_delta_rows", _rows_ptx)
+    for finish in (False, True):
+        what = "finish" if finish else "step"
+        yield (f"gated_delta_decode_{what} Hv={DECODE_SHAPE['HV']} Dk=Dv={DECODE_SHAPE['DK']} (Triton)",
+               f"gated_delta_decode_{what}", lambda f=finish: _decode_ptx(f))
     for gather in (False, True):
         what = "all_gather" if gather else "all_reduce"
         yield f"tp_peer_{what} world={PEER_WORLD} fp16 (Triton)", f"tp_peer_{what}", lambda g=gather: _peer_ptx(g)

@@ -16,6 +16,8 @@ which ran last.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,10 @@ from onecat.engine.layers import gated_deltanet_ops as ops
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
+
+# the one-token decode step between the projections in two kernels (engine/kernels/triton_gated_delta_decode.py)
+# instead of the torch path's ~30; read once: benchmarks set it per process for their A/B arms
+FUSED_DECODE = os.environ.get("ONECAT_FUSED_GDN_DECODE") == "1"
 
 
 def linear_attention_sizes(cfg: ModelConfig) -> dict:
@@ -57,6 +63,7 @@ class GatedDeltaNet(nn.Module):
     A_log and dt_bias are not linears and stay dense."""
 
     KEEP_DENSE_PARTS = ("in_proj_b", "in_proj_a")
+    use_fused = False  # the engine turns this on per model (CUDA + Triton); the decode kernels also need FUSED_DECODE
 
     def __init__(self, cfg: ModelConfig, state_index: int):
         super().__init__()
@@ -76,7 +83,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
         self.out_proj = Linear(self.value_size, cfg.hidden_size, bias=False)
         self.use_fla: bool | None = None  # None: where it can run; True: required; False: the torch reference
-        self.path = "none"  # "fla" or "torch": what ran last
+        self.path = "none"  # "fla", "torch" or "fused decode": what ran last
 
     def _rule(self, x: torch.Tensor):
         """(chunk fn, one-token step fn) of the gated delta rule for this call, and whether q/k go in as
@@ -93,7 +100,10 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
         T = x.shape[0]
-        mixed, z, b, a = self.in_proj(x).split(self.split_sizes, dim=-1)
+        projected = self.in_proj(x)
+        if plan.all_decode and self.use_fused and FUSED_DECODE and x.is_cuda:
+            return self.out_proj(self.fused_decode(projected, plan))
+        mixed, z, b, a = projected.split(self.split_sizes, dim=-1)
         beta = pointwise(torch.sigmoid, b).float()
         g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
         if plan.rows is not None:  # a CUDA graph's verify step: every token in a verify row
@@ -121,6 +131,17 @@ class GatedDeltaNet(nn.Module):
             else:  # a speculative verify chunk: one verify row
                 core[part] = self._verify_rows(mixed[part], g[part], beta[part], plan, rows)
         return self._finish(core, z, x)
+
+    def fused_decode(self, projected: torch.Tensor, plan: StatePlan) -> torch.Tensor:
+        """out_proj's input for a step of one-token rows (`plan.all_decode`), from in_proj's output, through the
+        two decode kernels; the slots' convolution inputs and states are updated in the cache."""
+        from onecat.engine.kernels import triton_gated_delta_decode as kernel
+
+        self.path = "fused decode"
+        layer = self.state_index
+        return kernel.decode(projected, plan.conv[layer], self.conv1d.weight.squeeze(1), plan.ssm[layer],
+                             plan.decode_slots, self.A_log, self.dt_bias, self.norm.weight, self.norm.eps,
+                             self.k_heads, self.v_heads, self.k_dim, self.v_dim)
 
     def _verify_rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: StatePlan,
                      rows: VerifyRows) -> torch.Tensor:
