@@ -80,6 +80,8 @@ def test_graphs_with_the_fused_decode_give_the_engine_without_it(tmp_path, monke
             outs[fused] = [llm.generate(GRAPH_PROMPTS, _params()), llm.generate(GRAPH_PROMPTS[:3], _params())]
             paths[fused] = {m.path for m in llm.model.modules() if isinstance(m, gated_deltanet.GatedDeltaNet)}
             assert llm.cuda_graph_report()["used"]
+            detail = llm.info()["fused_kernels_detail"]["gated_deltanet_decode"]
+            assert detail.startswith("two fused kernels") == fused, detail
     assert "fused decode" in paths[True] and "fused decode" not in paths[False], paths
     worst = [_agree(a, b, SCHEDULE_TOL) for a, b in zip(outs[True], outs[False])]
     print(f"fused vs torch decode steps: worst logprob difference per run {worst}")

@@ -37,6 +37,13 @@ from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
 FUSED_DECODE = os.environ.get("ONECAT_FUSED_GDN_DECODE") == "1"
 
 
+def decode_path(fused_kernels: bool) -> str:
+    """What a CUDA decode step runs between a DeltaNet layer's projections (LLM.info()'s fused_kernels_detail)."""
+    if fused_kernels and FUSED_DECODE:
+        return "two fused kernels (ONECAT_FUSED_GDN_DECODE=1)"
+    return "torch ops around the recurrent kernel (ONECAT_FUSED_GDN_DECODE=1 fuses them into two kernels)"
+
+
 def linear_attention_sizes(cfg: ModelConfig) -> dict:
     """The Gated DeltaNet sizes of an HF config (linear_* keys)."""
     raw = cfg.raw
