@@ -14,8 +14,8 @@
 # batch 1 and 8, on the 8B and the embedded default's shapes; `rows` the few-row GEMM's GPU tests (and the speculative
 # ones it serves) and its timing against cuBLAS with a tile sweep; `rows_ab` the synthetic 8B rounds (batch 1 and 8,
 # n-gram- and DFlash-shaped) with the few-row GEMM off and on (ONECAT_ROWS_GEMM), alternated twice; `gdn` the fused
-# Gated DeltaNet decode step's GPU tests, its timing against the torch path (benchmarks/gpu_gdn_decode.py) and
-# route 1 at batch 1 with it off, on, off, on (ONECAT_FUSED_GDN_DECODE).
+# Gated DeltaNet decode and verify steps' GPU tests, their timing against the torch path (benchmarks/gpu_gdn_step.py)
+# and route 1 at batch 1 with them off, on, off, on (ONECAT_FUSED_GDN_DECODE).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
@@ -28,10 +28,10 @@ python3 -m pip install --no-deps --no-build-isolation -q -e . >"$out/install.log
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
 for step in $steps; do
   case $step in
-    gdn) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_gated_delta_decode_gpu.py \
+    gdn) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_gated_delta_step_gpu.py \
              >"$out/gdn_tests.log" 2>&1; echo "gdn tests rc=$?"; tail -3 "$out/gdn_tests.log"
-         (cd benchmarks && timeout 150 python3 gpu_gdn_decode.py --out "$out/gpu_gdn_decode.json" \
-             >"$out/gdn_decode.log" 2>&1); echo "gdn decode rc=$?"; grep "rows" "$out/gdn_decode.log"
+         (cd benchmarks && timeout 150 python3 gpu_gdn_step.py --out "$out/gpu_gdn_step.json" \
+             >"$out/gdn_step.log" 2>&1); echo "gdn step rc=$?"; grep "rows" "$out/gdn_step.log"
          for run in 1_0 2_1 3_0 4_1; do
            ONECAT_FUSED_GDN_DECODE=${run#*_} timeout 200 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
              --batch-sizes 1 --repeats 1 --out "$out/seed_route_gdn_$run.json" >"$out/gdn_route_$run.log" 2>&1

@@ -6,7 +6,7 @@ instantiations the engine launches on a V100 for the Llama-3-8B projections (K =
 and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
 (triton_moe_gemv.py) at the Qwen3-30B-A3B widths; the routed GEMVs of packed experts (triton_moe_routed.py:
 NVFP4, MXFP4, W4A16), the verify rows' gated delta rule (triton_gated_delta_rows.py) and the fused one-token
-decode step's two kernels (triton_gated_delta_decode.py) at the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
+and verify steps' kernels (triton_gated_delta_step.py) at the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits.
 Needs Triton importable (the engine's CUDA extra); without it the check says so and reports nothing.
 """
@@ -43,15 +43,18 @@ ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr":
                   "begin_ptr": "*i64", "end_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32", "W": "constexpr",
                   "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr", "BK": "constexpr",
                   "BV": "constexpr", "WRITE_O": "constexpr"}
-DECODE_SHAPE = {"HK": 16, "HV": 48, "DK": 128, "DV": 128, "TAPS": 4}  # Qwen3.5-27B's DeltaNet, one-token rows
-DECODE_STEP_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16", "conv_w_ptr": "*fp16",
-                         "ssm_ptr": "*fp32", "slots_ptr": "*i64", "a_log_ptr": "*fp16", "dt_bias_ptr": "*fp16",
-                         "o_ptr": "*fp32", "scale": "fp32", "HK": "constexpr", "HV": "constexpr", "DK": "constexpr",
-                         "DV": "constexpr", "TAPS": "constexpr", "BK": "constexpr", "BV": "constexpr"}
-DECODE_FINISH_SIGNATURE = {"o_ptr": "*fp32", "proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16",
-                           "slots_ptr": "*i64", "norm_w_ptr": "*fp16", "out_ptr": "*fp16", "eps": "fp32",
-                           "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr",
-                           "TAPS": "constexpr", "BK": "constexpr", "BD": "constexpr"}
+STEP_SHAPE = {"HK": 16, "HV": 48, "DK": 128, "DV": 128, "TAPS": 4}  # Qwen3.5-27B's DeltaNet
+STEP_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16", "conv_w_ptr": "*fp16",
+                  "ssm_ptr": "*fp32", "slots_ptr": "*i64", "lead_ptr": "*i64", "a_log_ptr": "*fp16",
+                  "dt_bias_ptr": "*fp16", "o_ptr": "*fp32", "scale": "fp32", "pre_ptr": "*fp32", "tconv_ptr": "*fp16",
+                  "tk_ptr": "*fp16", "tv_ptr": "*fp16", "tg_ptr": "*fp32", "tbeta_ptr": "*fp32", "W": "constexpr",
+                  "TW": "constexpr", "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr",
+                  "TAPS": "constexpr", "BK": "constexpr", "BV": "constexpr", "TRAILS": "constexpr"}
+FINISH_SIGNATURE = {"o_ptr": "*fp32", "proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16",
+                    "slots_ptr": "*i64", "lead_ptr": "*i64", "norm_w_ptr": "*fp16", "out_ptr": "*fp16", "eps": "fp32",
+                    "tconv_ptr": "*fp16", "W": "constexpr", "TW": "constexpr", "HK": "constexpr", "HV": "constexpr",
+                    "DK": "constexpr", "DV": "constexpr", "TAPS": "constexpr", "BK": "constexpr", "BD": "constexpr",
+                    "TRAILS": "constexpr"}
 MOE_SHAPE = {"hidden": 2048, "intermediate": 768, "top_k": 8}  # Qwen3-30B-A3B's experts
 MOE_GATE_UP_SIGNATURE = {"x_ptr": "*fp16", "w_ptr": "*fp16", "ids_ptr": "*i32", "h_ptr": "*fp16", "top_k": "i32",
                          "inter": "i32", "stride_we": "i32", "K": "constexpr", "BLOCK_N": "constexpr",
@@ -165,17 +168,18 @@ def _rows_ptx() -> tuple[str, str, int]:
                                                                      WRITE_O=True), 1)
 
 
-def _decode_ptx(finish: bool) -> tuple[str, str, int]:
-    """The fused Gated DeltaNet decode step's two kernels at DECODE_SHAPE, as GatedDeltaNet launches them
-    (the projection's row stride a multiple of 16, as in_proj's width is)."""
-    from onecat.engine.kernels import triton_gated_delta_decode as kd
+def _step_ptx(finish: bool, width: int) -> tuple[str, str, int]:
+    """The fused DeltaNet step's kernels at STEP_SHAPE, as GatedDeltaNet launches them: a decode step (one token
+    a row) or a verify step of rows of `width` (trails written); the projection's row stride a multiple of 16,
+    as in_proj's width is."""
+    from onecat.engine.kernels import triton_gated_delta_step as ks
 
-    consts = dict(DECODE_SHAPE, BK=DECODE_SHAPE["DK"])
+    consts = dict(STEP_SHAPE, BK=STEP_SHAPE["DK"], W=width, TW=width, TRAILS=width > 1)
     if finish:
-        return _compile(kd.decode_finish_kernel, DECODE_FINISH_SIGNATURE, dict(consts, BD=DECODE_SHAPE["DV"]), 1,
+        return _compile(ks.finish_kernel, FINISH_SIGNATURE, dict(consts, BD=STEP_SHAPE["DV"]), 1,
                         divisible=("proj_stride",))
-    return _compile(kd.decode_step_kernel, DECODE_STEP_SIGNATURE, dict(consts, BV=kd.step_tile(DECODE_SHAPE["DV"])),
-                    1, divisible=("proj_stride",))
+    return _compile(ks.step_kernel, STEP_SIGNATURE, dict(consts, BV=ks.step_tile(STEP_SHAPE["DV"])), 1,
+                    divisible=("proj_stride",))
 
 
 def _cases():
@@ -196,10 +200,11 @@ def _cases():
                    f"moe_routed_{fmt}_{what}", lambda f=fmt, d=down: _routed_ptx(f, d))
     yield (f"gated_delta_rows W={ROWS_SHAPE['W']} Hv={ROWS_SHAPE['HV']} Dk=Dv={ROWS_SHAPE['DK']} (Triton)",
            "gated_delta_rows", _rows_ptx)
-    for finish in (False, True):
-        what = "finish" if finish else "step"
-        yield (f"gated_delta_decode_{what} Hv={DECODE_SHAPE['HV']} Dk=Dv={DECODE_SHAPE['DK']} (Triton)",
-               f"gated_delta_decode_{what}", lambda f=finish: _decode_ptx(f))
+    for width in (1, ROWS_SHAPE["W"]):
+        for finish in (False, True):
+            what = ("finish" if finish else "step") + ("" if width == 1 else f"_verify W={width}")
+            yield (f"gated_delta_{what} Hv={STEP_SHAPE['HV']} Dk=Dv={STEP_SHAPE['DK']} (Triton)",
+                   f"gated_delta_{what.replace(' W=', '_w')}", lambda f=finish, w=width: _step_ptx(f, w))
     for gather in (False, True):
         what = "all_gather" if gather else "all_reduce"
         yield f"tp_peer_{what} world={PEER_WORLD} fp16 (Triton)", f"tp_peer_{what}", lambda g=gather: _peer_ptx(g)

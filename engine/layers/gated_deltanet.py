@@ -32,16 +32,17 @@ from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
 
-# the one-token decode step between the projections in two kernels (engine/kernels/triton_gated_delta_decode.py)
-# instead of the torch path's ~30; read once: benchmarks set it per process for their A/B arms
+# decode and graph verify steps between the projections in two kernels (engine/kernels/triton_gated_delta_step.py)
+# instead of the torch path's ~30-50; read once: benchmarks set it per process for their A/B arms
 FUSED_DECODE = os.environ.get("ONECAT_FUSED_GDN_DECODE") == "1"
 
 
 def decode_path(fused_kernels: bool) -> str:
-    """What a CUDA decode step runs between a DeltaNet layer's projections (LLM.info()'s fused_kernels_detail)."""
+    """What a CUDA decode or graph verify step runs between a DeltaNet layer's projections (LLM.info()'s
+    fused_kernels_detail)."""
     if fused_kernels and FUSED_DECODE:
-        return "two fused kernels (ONECAT_FUSED_GDN_DECODE=1)"
-    return "torch ops around the recurrent kernel (ONECAT_FUSED_GDN_DECODE=1 fuses them into two kernels)"
+        return "two fused kernels a step, decode and graph verify (ONECAT_FUSED_GDN_DECODE=1)"
+    return "torch ops around the recurrent kernels (ONECAT_FUSED_GDN_DECODE=1 fuses them into two kernels)"
 
 
 def linear_attention_sizes(cfg: ModelConfig) -> dict:
@@ -90,7 +91,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.v_dim, cfg.rms_norm_eps)
         self.out_proj = Linear(self.value_size, cfg.hidden_size, bias=False)
         self.use_fla: bool | None = None  # None: where it can run; True: required; False: the torch reference
-        self.path = "none"  # "fla", "torch" or "fused decode": what ran last
+        self.path = "none"  # "fla", "torch" or "fused step": what ran last
 
     def _rule(self, x: torch.Tensor):
         """(chunk fn, one-token step fn) of the gated delta rule for this call, and whether q/k go in as
@@ -108,8 +109,8 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
         T = x.shape[0]
         projected = self.in_proj(x)
-        if plan.all_decode and self.use_fused and FUSED_DECODE and x.is_cuda:
-            return self.out_proj(self.fused_decode(projected, plan))
+        if (plan.all_decode or plan.rows is not None) and self.use_fused and FUSED_DECODE and x.is_cuda:
+            return self.out_proj(self.fused_step(projected, plan))
         mixed, z, b, a = projected.split(self.split_sizes, dim=-1)
         beta = pointwise(torch.sigmoid, b).float()
         g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
@@ -139,16 +140,23 @@ class GatedDeltaNet(nn.Module):
                 core[part] = self._verify_rows(mixed[part], g[part], beta[part], plan, rows)
         return self._finish(core, z, x)
 
-    def fused_decode(self, projected: torch.Tensor, plan: StatePlan) -> torch.Tensor:
-        """out_proj's input for a step of one-token rows (`plan.all_decode`), from in_proj's output, through the
-        two decode kernels; the slots' convolution inputs and states are updated in the cache."""
-        from onecat.engine.kernels import triton_gated_delta_decode as kernel
+    def fused_step(self, projected: torch.Tensor, plan: StatePlan) -> torch.Tensor:
+        """out_proj's input for a step of one-token rows (`plan.all_decode`) or a graph's verify rows (`plan.rows`),
+        from in_proj's output, through the two kernels of triton_gated_delta_step.py; the slots' convolution
+        inputs and states (and a verify step's trails) are updated in the cache."""
+        from onecat.engine.kernels import triton_gated_delta_step as kernel
 
-        self.path = "fused decode"
-        layer = self.state_index
-        return kernel.decode(projected, plan.conv[layer], self.conv1d.weight.squeeze(1), plan.ssm[layer],
-                             plan.decode_slots, self.A_log, self.dt_bias, self.norm.weight, self.norm.eps,
-                             self.k_heads, self.v_heads, self.k_dim, self.v_dim)
+        self.path = "fused step"
+        layer, rows = self.state_index, plan.rows
+        verify = {}
+        if rows is not None:
+            t = plan.trails
+            verify = dict(width=rows.width, lead=rows.lead, trails=tuple(
+                buffer[layer] for buffer in (t.pre_ssm, t.conv, t.k, t.v, t.g, t.beta)))
+        return kernel.fused_step(projected, plan.conv[layer], self.conv1d.weight.squeeze(1), plan.ssm[layer],
+                                 plan.decode_slots if rows is None else rows.slots, self.A_log, self.dt_bias,
+                                 self.norm.weight, self.norm.eps, self.k_heads, self.v_heads, self.k_dim, self.v_dim,
+                                 **verify)
 
     def _verify_rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: StatePlan,
                      rows: VerifyRows) -> torch.Tensor:

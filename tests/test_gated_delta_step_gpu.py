@@ -1,6 +1,8 @@
-"""The fused Gated DeltaNet decode step (engine/kernels/triton_gated_delta_decode.py, ONECAT_FUSED_GDN_DECODE=1)
-on a GPU: at Qwen3.5-27B's DeltaNet widths against the layer's torch path on the same inputs and cache, and an
-engine whose decode steps replay CUDA graphs with it against the engine without it (greedy, logprobs)."""
+"""The fused Gated DeltaNet decode and verify steps (engine/kernels/triton_gated_delta_step.py,
+ONECAT_FUSED_GDN_DECODE=1) on a GPU: at Qwen3.5-27B's DeltaNet widths against the layer's torch path on the same
+inputs and cache, and engines whose decode and verify steps replay CUDA graphs with them against engines
+without them (greedy, logprobs; n-gram speculation with rejections, so rolled-back slots are recomputed from
+the fused step's trails)."""
 from __future__ import annotations
 
 import pytest
@@ -22,7 +24,9 @@ def _triton():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_fused_decode_matches_the_torch_path_at_the_route_widths(dtype, rows):
+@pytest.mark.parametrize("width", [1, 16])
+def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, width):
+    """A decode step (width 1) or a verify step of rows of 16 tokens (padded rows: leads 0, 5, 12)."""
     _triton()
     from onecat.engine.cache.recurrent_state import RecurrentStateCache
     from onecat.engine.config import ModelConfig
@@ -47,24 +51,35 @@ def test_fused_decode_matches_the_torch_path_at_the_route_widths(dtype, rows):
         c.conv.copy_(conv)
         c.ssm.copy_(ssm)
     slots = torch.tensor([2, 0, 3][:rows], device="cuda")
-    x = torch.randn(rows, cfg.hidden_size, device="cuda", dtype=dtype)
+    lead = torch.tensor([0, 5, 12][:rows], device="cuda")
+    plans = [c.decode_plan(slots) if width == 1 else c.verify_plan(slots, lead, width) for c in caches]
+    x = torch.randn(rows * width, cfg.hidden_size, device="cuda", dtype=dtype)
     with torch.no_grad():
         seen = []
         project = layer.out_proj.forward
         layer.out_proj.forward = lambda t: seen.append(t) or project(t)
-        layer(x, caches[0].decode_plan(slots))
-        got = layer.fused_decode(layer.in_proj(x), caches[1].decode_plan(slots))
-    want = seen[0]
+        layer(x, plans[0])
+        got = layer.fused_step(layer.in_proj(x), plans[1])
+    own = torch.cat([torch.arange(r * width + int(lead[r]) * (width > 1), (r + 1) * width) for r in range(rows)])
+    got, want = got[own.cuda()], seen[0][own.cuda()]
     err = ((got.double() - want.double()).norm() / want.double().norm()).item()
     ssm_err = ((caches[1].ssm - caches[0].ssm).norm() / caches[0].ssm.norm()).item()
-    print(f"{dtype} rows={rows}: relative error {err:.2e}, state {ssm_err:.2e}, bit-equal {torch.equal(got, want)}")
+    if width > 1:
+        t0, t1 = caches[0].verify_trails, caches[1].verify_trails
+        assert torch.equal(t1.pre_ssm, t0.pre_ssm) and torch.equal(t1.conv, t0.conv)
+        for name in ("k", "v", "g", "beta"):
+            a, b = getattr(t1, name)[0, slots], getattr(t0, name)[0, slots]
+            assert ((a.double() - b.double()).norm() / b.double().norm()).item() < TOL[dtype], name
+    print(f"{dtype} rows={rows} width={width}: relative error {err:.2e}, state {ssm_err:.2e}, bit-equal {torch.equal(got, want)}")
     assert err < TOL[dtype] and ssm_err < TOL[dtype]
     assert torch.equal(caches[1].conv, caches[0].conv)  # the carried-over inputs move, never computed
 
 
-def test_graphs_with_the_fused_decode_give_the_engine_without_it(tmp_path, monkeypatch):
-    """Graph-replayed decode steps through the fused kernels (padded rows on the scratch slot included) against
-    the same engine on the torch path: tokens equal up to a near-tie, logprobs within bf16 rounding."""
+@pytest.mark.parametrize("speculative", [False, True])
+def test_graphs_with_the_fused_step_give_the_engine_without_it(tmp_path, monkeypatch, speculative):
+    """Graph-replayed decode (and verify) steps through the fused kernels (padded rows on the scratch slot
+    included) against the same engine on the torch path: tokens equal up to a near-tie, logprobs within bf16
+    rounding; with speculation, the same tokens as plain decoding."""
     _triton()
     from onecat.engine import LLM
     from onecat.engine.layers import gated_deltanet
@@ -72,16 +87,20 @@ def test_graphs_with_the_fused_decode_give_the_engine_without_it(tmp_path, monke
     from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
 
     d = make_tiny_moe_hybrid("qwen3_5", tmp_path / "qwen3_5", **GRAPH_MODEL)
+    spec = dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                    "prompt_lookup_max": 2}) if speculative else {}
     outs, paths = {}, {}
     for fused in (False, True):
         monkeypatch.setattr(gated_deltanet, "FUSED_DECODE", fused)
         with LLM(str(d), dtype="bfloat16", device="cuda", cuda_graph="full", max_num_seqs=4,
-                 enable_prefix_caching=False) as llm:
+                 enable_prefix_caching=False, **spec) as llm:
             outs[fused] = [llm.generate(GRAPH_PROMPTS, _params()), llm.generate(GRAPH_PROMPTS[:3], _params())]
             paths[fused] = {m.path for m in llm.model.modules() if isinstance(m, gated_deltanet.GatedDeltaNet)}
             assert llm.cuda_graph_report()["used"]
             detail = llm.info()["fused_kernels_detail"]["gated_deltanet_decode"]
             assert detail.startswith("two fused kernels") == fused, detail
-    assert "fused decode" in paths[True] and "fused decode" not in paths[False], paths
+            if speculative:
+                assert llm.cuda_graph_report()["verify_disabled_reason"] is None
+    assert "fused step" in paths[True] and "fused step" not in paths[False], paths
     worst = [_agree(a, b, SCHEDULE_TOL) for a, b in zip(outs[True], outs[False])]
-    print(f"fused vs torch decode steps: worst logprob difference per run {worst}")
+    print(f"fused vs torch steps (speculative {speculative}): worst logprob difference per run {worst}")

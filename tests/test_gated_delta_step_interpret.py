@@ -1,0 +1,139 @@
+"""The fused decode and verify steps of a Gated DeltaNet layer (engine/kernels/triton_gated_delta_step.py) under
+Triton's interpreter on the CPU, against the layer's torch path on the same inputs and cache: out_proj's input,
+the convolution inputs and delta-rule states left in the rows' slots (other slots and layers untouched) and a
+verify step's trail buffers; and a fused verify row's own tokens against fused decode steps of them. Grouped
+and ungrouped key heads, widths that are not powers of two, padded verify rows. In float16 the interpreter
+rounds as IEEE does, and out_proj's input is the torch path's bit for bit; in float32 it is close to its last
+bits (the taps and transcendentals summed or evaluated in another order); in bfloat16 the interpreter truncates
+where a GPU rounds to nearest, so only closeness is checked there."""
+from __future__ import annotations
+
+import pytest
+
+from tests.triton_interpret import run_interpreted
+
+COMMON = r"""
+import torch
+torch.set_grad_enabled(False)
+from onecat.engine.cache.recurrent_state import RecurrentStateCache
+from onecat.engine.config import ModelConfig
+from onecat.engine.layers.gated_deltanet import GatedDeltaNet, delta_rows, linear_attention_sizes
+from onecat.engine.random_models import shape_config
+
+SLOTS = 6
+
+def setup(dtype, **shape):
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_hf(dict(shape_config("tiny-qwen3.5"), **shape))
+    layer = GatedDeltaNet(cfg, state_index=1)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.3)
+    layer.A_log.data.uniform_(-2, 0)
+    layer = layer.to(dtype)
+    layer.use_fla = False
+    s = linear_attention_sizes(cfg)
+    caches = [RecurrentStateCache(2, SLOTS, s["conv_dim"], s["conv_kernel"], s["v_heads"], s["k_dim"], s["v_dim"],
+                                  dtype, torch.device("cpu"), k_heads=s["k_heads"], recurrence=delta_rows)
+              for _ in range(2)]
+    conv, ssm = torch.randn(caches[0].conv.shape).to(dtype), torch.randn(caches[0].ssm.shape) * 0.3
+    for c in caches:
+        c.conv.copy_(conv)
+        c.ssm.copy_(ssm)
+    return cfg, layer, caches
+
+def torch_path(layer, x, plan):
+    seen = []
+    project = layer.out_proj.forward
+    layer.out_proj.forward = lambda t: seen.append(t) or project(t)  # out_proj's input
+    layer(x, plan)
+    layer.out_proj.forward = project
+    assert layer.path != "fused step"
+    return seen[0]
+
+def fused(layer, x, plan):
+    out = layer.fused_step(layer.in_proj(x), plan)
+    assert layer.path == "fused step"
+    return out
+
+def agree(got, want, tol, exact, what):
+    if exact:
+        assert torch.equal(got, want), (what, float((got.float() - want.float()).abs().max()))
+    err = (got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-30)
+    assert err < tol, (what, float(err))
+
+def untouched(cache, before, rows):
+    others = [i for i in range(SLOTS + 1) if i not in rows]
+    for now, was in zip((cache.conv, cache.ssm), before):
+        assert torch.equal(now[:, others], was[:, others]) and torch.equal(now[0], was[0])
+"""
+
+DECODE = COMMON + r"""
+def check(dtype, tol, exact, **shape):
+    cfg, layer, caches = setup(dtype, **shape)
+    before = (caches[1].conv.clone(), caches[1].ssm.clone())
+    rows = torch.tensor([3, 0, 5])
+    x = torch.randn(len(rows), cfg.hidden_size).to(dtype)
+    want = torch_path(layer, x, caches[0].decode_plan(rows))
+    got = fused(layer, x, caches[1].decode_plan(rows))
+    agree(got, want, tol, exact, (dtype, shape, "output"))
+    assert torch.equal(caches[1].conv, caches[0].conv)  # the inputs are moved, never computed
+    agree(caches[1].ssm, caches[0].ssm, tol, False, (dtype, shape, "state"))
+    untouched(caches[1], before, rows.tolist())
+
+check(torch.float32, 1e-5, False)
+check(torch.float32, 1e-5, False, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
+check(torch.float32, 1e-5, False, linear_num_key_heads=4, linear_key_head_dim=8)
+check(torch.float16, 1e-5, True)
+check(torch.float16, 1e-5, True, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
+check(torch.bfloat16, 5e-2, False)
+print("ok")
+"""
+
+VERIFY = COMMON + r"""
+WIDTH = 5
+
+def check(dtype, tol, exact, **shape):
+    cfg, layer, caches = setup(dtype, **shape)
+    before = (caches[1].conv.clone(), caches[1].ssm.clone())
+    slots, own = [4, 1, 2], [WIDTH, 2, 1]  # a full row and padded ones
+    rows, lead = torch.tensor(slots), torch.tensor([WIDTH - m for m in own])
+    x = torch.randn(len(slots) * WIDTH, cfg.hidden_size).to(dtype)
+    start = [(c.conv[:, slots].clone(), c.ssm[:, slots].clone()) for c in caches][0]
+    want = torch_path(layer, x, caches[0].verify_plan(rows, lead, WIDTH))
+    got = fused(layer, x, caches[1].verify_plan(rows, lead, WIDTH))
+    mine = torch.cat([torch.arange(i * WIDTH + WIDTH - m, (i + 1) * WIDTH) for i, m in enumerate(own)])
+    agree(got[mine], want[mine], tol, exact, (dtype, shape, "own tokens' outputs"))
+    assert torch.equal(caches[1].conv, caches[0].conv), (dtype, shape, "carried-over inputs")
+    agree(caches[1].ssm, caches[0].ssm, tol, False, (dtype, shape, "state"))
+    untouched(caches[1], before, slots)
+    t0, t1 = caches[0].verify_trails, caches[1].verify_trails
+    assert torch.equal(t1.pre_ssm[1, slots], start[1][1]) and torch.equal(t1.conv[1, slots], t0.conv[1, slots])
+    for name in ("k", "v", "g", "beta"):  # g: softplus's log1p evaluated in another way
+        agree(getattr(t1, name)[1, slots], getattr(t0, name)[1, slots], tol, exact and name != "g", (dtype, shape, name))
+
+    # the same own tokens through fused decode steps, one after another from the same start: the same bits
+    for c in caches:
+        c.conv[:, slots], c.ssm[:, slots] = start
+    got = fused(layer, x, caches[1].verify_plan(rows, lead, WIDTH))
+    for i, (slot, m) in enumerate(zip(slots, own)):
+        for j in range(m):
+            step = fused(layer, x[i * WIDTH + WIDTH - m + j][None], caches[0].decode_plan(torch.tensor([slot])))
+            assert torch.equal(step[0], got[i * WIDTH + WIDTH - m + j]), (dtype, shape, slot, j)
+        assert torch.equal(caches[0].ssm[1, slot], caches[1].ssm[1, slot]), (dtype, shape, slot)
+        assert torch.equal(caches[0].conv[1, slot], caches[1].conv[1, slot]), (dtype, shape, slot)
+
+check(torch.float32, 1e-5, False, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
+check(torch.float16, 1e-5, True)
+check(torch.float16, 1e-5, True, linear_num_key_heads=4, linear_key_head_dim=8)
+print("ok")
+"""
+
+
+def test_fused_decode_step_matches_the_torch_path_under_the_interpreter():
+    pytest.importorskip("triton")
+    run_interpreted(DECODE, timeout=600)
+
+
+def test_fused_verify_rows_match_the_torch_path_and_fused_decode_steps_under_the_interpreter():
+    pytest.importorskip("triton")
+    run_interpreted(VERIFY, timeout=600)
