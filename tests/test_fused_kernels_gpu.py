@@ -40,6 +40,27 @@ def test_add_rmsnorm_matches_reference(dtype, rows, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,n", [(1, 5120), (7, 576)])
+def test_zero_centered_add_rmsnorm_matches_reference(dtype, rows, n):
+    """Qwen3.5's norm: the decoder layers' (with the residual) and the per-head q/k norms (a strided view)."""
+    from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
+
+    fused = _fused()
+    norm = ZeroCenteredRMSNorm(n, 1e-6).to("cuda", dtype)
+    torch.nn.init.normal_(norm.weight, 0.0, 0.2)
+    x = torch.randn(rows, n, device="cuda", dtype=dtype)
+    r = torch.randn(rows, n, device="cuda", dtype=dtype) * 4
+    ref_out, ref_res = norm(x, r)  # use_fused is off: the torch reference
+    out, res = fused.add_rmsnorm(x, r, norm.weight, 1e-6, zero_centered=True)
+    assert torch.equal(res, ref_res)
+    _close(out, ref_out, dtype)
+    heads = torch.randn(rows, 4, 2 * n, device="cuda", dtype=dtype)[..., :n]  # q beside its gate, as q_proj gives
+    _close(fused.add_rmsnorm(heads, None, norm.weight, 1e-6, zero_centered=True), norm(heads), dtype)
+    norm.use_fused = True
+    _close(norm(heads), fused.add_rmsnorm(heads, None, norm.weight, 1e-6, zero_centered=True), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_silu_mul_matches_reference(dtype):
     fused = _fused()
     gu = torch.randn(5, 2 * 3000, device="cuda", dtype=dtype) * 3

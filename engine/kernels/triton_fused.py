@@ -3,7 +3,8 @@
 At batch 1 a decoder layer is 4 weight GEMMs and attention; the rest (residual adds, RMSNorm, RoPE,
 q/k norm, the KV-cache write, SiLU*mul) is ~35 tiny kernels whose launch and latency cost more than
 their bytes. Three kernels replace them:
-  add_rmsnorm      residual add + RMSNorm (fp32 statistics, cast, weight multiply as the reference)
+  add_rmsnorm      residual add + RMSNorm (fp32 statistics, cast, weight multiply as the reference; or
+                   Qwen3.5's zero-centered form, (1 + weight) multiplied before the cast)
   silu_mul         SiLU(gate) * up from the fused gate/up output
   qk_rope_cache    optional per-head q/k RMSNorm, NeoX RoPE on q and k (in place), K/V store into the
                    paged cache at the step's slots
@@ -26,7 +27,8 @@ from onecat.engine.kernels import pdl
 
 @triton.jit
 def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_r, n_cols, eps,
-                       HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                       HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                       ZERO_CENTERED: tl.constexpr = False):
     if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -40,7 +42,10 @@ def add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, rout_ptr, stride_x, stride_
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * n_cols + cols, (xf * rstd).to(x.dtype) * w, mask=mask)
+    if ZERO_CENTERED:  # Qwen3.5's norm: the weight stored as an offset from 1, the product in fp32, then the cast
+        tl.store(out_ptr + row * n_cols + cols, (xf * rstd * (1.0 + w.to(tl.float32))).to(x.dtype), mask=mask)
+    else:
+        tl.store(out_ptr + row * n_cols + cols, (xf * rstd).to(x.dtype) * w, mask=mask)
 
 @triton.jit
 def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -134,8 +139,10 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """normed = RMSNorm(x + residual); returns (normed, x + residual), or normed when residual is None."""
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                zero_centered: bool = False):
+    """normed = RMSNorm(x + residual); returns (normed, x + residual), or normed when residual is None.
+    zero_centered: (1 + weight) multiplies the fp32 normed rows before the cast (qwen3_5_norms.py)."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     out = torch.empty_like(x2)
@@ -146,7 +153,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Te
     rows = x2.shape[0]
     if rows:
         add_rmsnorm_kernel[(rows,)](x2, r2, weight, out, rout, x2.stride(0), r2.stride(0), n, eps,
-                                    HAS_RES=residual is not None, BLOCK=_pow2(n),
+                                    HAS_RES=residual is not None, BLOCK=_pow2(n), ZERO_CENTERED=zero_centered,
                                     num_warps=4 if n <= 4096 else 8, **pdl.options(x.device))
     if residual is None:
         return out.view(x.shape)

@@ -11,6 +11,8 @@ from onecat.engine.layers.pointwise import pointwise
 
 
 class ZeroCenteredRMSNorm(nn.Module):
+    use_fused = False  # the engine turns this on per model (CUDA + Triton): add + norm in one kernel
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
@@ -23,6 +25,10 @@ class ZeroCenteredRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """RMSNorm(x); with `residual`: (RMSNorm(x + residual), x + residual)."""
+        if self.use_fused and x.is_cuda:  # one kernel for the ~10 of the ops below (triton_fused.py)
+            from onecat.engine.kernels.triton_fused import add_rmsnorm
+
+            return add_rmsnorm(x, residual, self.weight, self.eps, zero_centered=True)
         if residual is None:
             return self.normed(x)
         x = x + residual
