@@ -14,8 +14,9 @@
 # batch 1 and 8, on the 8B and the embedded default's shapes; `rows` the few-row GEMM's GPU tests (and the speculative
 # ones it serves) and its timing against cuBLAS with a tile sweep; `rows_ab` the synthetic 8B rounds (batch 1 and 8,
 # n-gram- and DFlash-shaped) with the few-row GEMM off and on (ONECAT_ROWS_GEMM), alternated twice; `gdn` the fused
-# Gated DeltaNet decode and verify steps' GPU tests, their timing against the torch path (benchmarks/gpu_gdn_step.py)
-# and route 1 at batch 1 with them off, on, off, on (ONECAT_FUSED_GDN_DECODE).
+# Gated DeltaNet decode and verify steps' GPU tests (and the zero-centered norm's and gated attention's), their timing
+# against the torch path (benchmarks/gpu_gdn_step.py) and route 1 at batch 1 with Qwen3.5's fused kernels off, on,
+# off, on (ONECAT_FUSED_HYBRID).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
@@ -29,13 +30,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$ou
 for step in $steps; do
   case $step in
     gdn) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_gated_delta_step_gpu.py \
+             tests/test_fused_kernels_gpu.py tests/test_hybrid_gpu.py \
              >"$out/gdn_tests.log" 2>&1; echo "gdn tests rc=$?"; tail -3 "$out/gdn_tests.log"
          (cd benchmarks && timeout 150 python3 gpu_gdn_step.py --out "$out/gpu_gdn_step.json" \
              >"$out/gdn_step.log" 2>&1); echo "gdn step rc=$?"; grep "rows" "$out/gdn_step.log"
          for run in 1_0 2_1 3_0 4_1; do
-           ONECAT_FUSED_GDN_DECODE=${run#*_} timeout 200 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+           ONECAT_FUSED_HYBRID=${run#*_} timeout 200 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
              --batch-sizes 1 --repeats 1 --out "$out/seed_route_gdn_$run.json" >"$out/gdn_route_$run.log" 2>&1
-           echo "route 1 run ${run%_*} fused decode=${run#*_} rc=$?"; grep -i "tok/s" "$out/gdn_route_$run.log" | tail -2
+           echo "route 1 run ${run%_*} fused hybrid kernels=${run#*_} rc=$?"; grep -i "tok/s" "$out/gdn_route_$run.log" | tail -2
          done ;;
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" \
              tests/test_fused_kernels_gpu.py tests/test_gemv_gpu.py tests/test_gpu_engine.py >"$out/tests.log" 2>&1

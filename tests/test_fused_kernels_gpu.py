@@ -56,8 +56,61 @@ def test_zero_centered_add_rmsnorm_matches_reference(dtype, rows, n):
     _close(out, ref_out, dtype)
     heads = torch.randn(rows, 4, 2 * n, device="cuda", dtype=dtype)[..., :n]  # q beside its gate, as q_proj gives
     _close(fused.add_rmsnorm(heads, None, norm.weight, 1e-6, zero_centered=True), norm(heads), dtype)
-    norm.use_fused = True
-    _close(norm(heads), fused.add_rmsnorm(heads, None, norm.weight, 1e-6, zero_centered=True), dtype)
+    from onecat.engine.layers import hybrid_kernels
+
+    norm.use_fused, enabled = True, hybrid_kernels.ENABLED
+    try:
+        hybrid_kernels.ENABLED = True
+        assert torch.equal(norm(heads), fused.add_rmsnorm(heads, None, norm.weight, 1e-6, zero_centered=True))
+    finally:
+        hybrid_kernels.ENABLED = enabled
+
+
+@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_gated_attention_kernels_match_reference(fp8):
+    """Qwen3.5-27B's attention heads (24 query, 4 KV, 256 wide, RoPE on the first 64): q, the cache rows (bytes
+    and scales where fp8) and the sigmoid gate against GatedAttention's torch ops, in bf16."""
+    from onecat.engine.cache.kv import allocate_kv_caches, write_kv
+    from onecat.engine.config import ModelConfig
+    from onecat.engine.kernels import triton_gated_attention as ga
+    from onecat.engine.layers.gated_attention import GatedAttention
+    from onecat.engine.layers.rotary import RotaryEmbedding
+    from onecat.engine.random_models import shape_config
+
+    require_fused_kernels()
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    if ga.unsupported_reason(256, 64, fp8, dev):
+        pytest.skip(ga.unsupported_reason(256, 64, fp8, dev))
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_hf(dict(shape_config("tiny-qwen3.5"), head_dim=256, num_attention_heads=24,
+                                   num_key_value_heads=4))
+    rot = RotaryEmbedding(64, cfg.rope_theta, 4096, cfg.rope_scaling)
+    attn = GatedAttention(cfg, 0, rot)
+    for p in attn.parameters():
+        p.data.normal_(0, 0.3)
+    attn = attn.to(dev, dtype)
+    H, Hkv, d, T = 24, 4, 256, 9
+    qkv = torch.randn(T, 2 * H * d + 2 * Hkv * d, device=dev, dtype=dtype) * 2
+    positions = torch.tensor([0, 1, 5, 77, 300, 1000, 2047, 3000, 4095], device=dev)
+    slots = torch.randperm(64, device=dev)[:T]
+    caches = [allocate_kv_caches(1, 8, 8, Hkv, d, dtype, fp8, dev)[0] for _ in range(2)]
+    qg, k, v = qkv.split([2 * H * d, Hkv * d, Hkv * d], dim=-1)
+    qg = qg.view(T, H, 2 * d)
+    want_q = attn._rope(positions, attn.q_norm(qg[..., :d]))
+    write_kv(caches[0], attn._rope(positions, attn.k_norm(k.view(T, Hkv, d))), v.view(T, Hkv, d), slots)
+    q = ga.qk_norm_rope_cache(qkv, positions, rot.cos, rot.sin, H, Hkv, d, attn.q_norm.weight, attn.k_norm.weight,
+                              attn.q_norm.eps, caches[1], slots)
+    _close(q, want_q, dtype)
+    if fp8 is None:
+        _close(caches[1].k, caches[0].k, dtype)
+        assert torch.equal(caches[1].v, caches[0].v)
+    else:
+        for name in ("k", "v"):
+            got, want = (getattr(c, name).view(fp8).float() for c in caches)
+            assert (got != want).float().mean() < 0.01, name  # a cast of the same value: equal but near ties
+            _close(getattr(caches[1], name + "_scale"), getattr(caches[0], name + "_scale"), dtype)
+    o = torch.randn(T, H, d, device=dev, dtype=dtype)
+    _close(ga.sigmoid_gate(o, qkv, H, d), o.reshape(T, H * d) * torch.sigmoid(qg[..., d:].reshape(T, H * d)), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -1,5 +1,5 @@
 """The fused Gated DeltaNet decode and verify steps (engine/kernels/triton_gated_delta_step.py,
-ONECAT_FUSED_GDN_DECODE=1) on a GPU: at Qwen3.5-27B's DeltaNet widths against the layer's torch path on the same
+ONECAT_FUSED_HYBRID=1, with the hybrid's other fused kernels) on a GPU: at Qwen3.5-27B's DeltaNet widths against the layer's torch path on the same
 inputs and cache, and engines whose decode and verify steps replay CUDA graphs with them against engines
 without them (greedy, logprobs; n-gram speculation with rejections, so rolled-back slots are recomputed from
 the fused step's trails)."""
@@ -82,7 +82,7 @@ def test_graphs_with_the_fused_step_give_the_engine_without_it(tmp_path, monkeyp
     rounding; with speculation, the same tokens as plain decoding."""
     _triton()
     from onecat.engine import LLM
-    from onecat.engine.layers import gated_deltanet
+    from onecat.engine.layers import gated_deltanet, hybrid_kernels
     from tests.test_hybrid_gpu import GRAPH_MODEL, GRAPH_PROMPTS, SCHEDULE_TOL, _agree, _params
     from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
 
@@ -91,14 +91,14 @@ def test_graphs_with_the_fused_step_give_the_engine_without_it(tmp_path, monkeyp
                                     "prompt_lookup_max": 2}) if speculative else {}
     outs, paths = {}, {}
     for fused in (False, True):
-        monkeypatch.setattr(gated_deltanet, "FUSED_DECODE", fused)
+        monkeypatch.setattr(hybrid_kernels, "ENABLED", fused)
         with LLM(str(d), dtype="bfloat16", device="cuda", cuda_graph="full", max_num_seqs=4,
                  enable_prefix_caching=False, **spec) as llm:
             outs[fused] = [llm.generate(GRAPH_PROMPTS, _params()), llm.generate(GRAPH_PROMPTS[:3], _params())]
             paths[fused] = {m.path for m in llm.model.modules() if isinstance(m, gated_deltanet.GatedDeltaNet)}
             assert llm.cuda_graph_report()["used"]
-            detail = llm.info()["fused_kernels_detail"]["gated_deltanet_decode"]
-            assert detail.startswith("two fused kernels") == fused, detail
+            detail = llm.info()["fused_kernels_detail"]["hybrid"]
+            assert detail.startswith("fused:") == fused, detail
             if speculative:
                 assert llm.cuda_graph_report()["verify_disabled_reason"] is None
     assert "fused step" in paths[True] and "fused step" not in paths[False], paths

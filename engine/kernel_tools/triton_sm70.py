@@ -6,7 +6,8 @@ instantiations the engine launches on a V100 for the Llama-3-8B projections (K =
 and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
 (triton_moe_gemv.py) at the Qwen3-30B-A3B widths; the routed GEMVs of packed experts (triton_moe_routed.py:
 NVFP4, MXFP4, W4A16), the verify rows' gated delta rule (triton_gated_delta_rows.py) and the fused one-token
-and verify steps' kernels (triton_gated_delta_step.py) at the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
+and verify steps' kernels (triton_gated_delta_step.py) and the gated attention's (triton_gated_attention.py) at
+the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits.
 Needs Triton importable (the engine's CUDA extra); without it the check says so and reports nothing.
 """
@@ -55,6 +56,14 @@ FINISH_SIGNATURE = {"o_ptr": "*fp32", "proj_ptr": "*fp16", "proj_stride": "i32",
                     "tconv_ptr": "*fp16", "W": "constexpr", "TW": "constexpr", "HK": "constexpr", "HV": "constexpr",
                     "DK": "constexpr", "DV": "constexpr", "TAPS": "constexpr", "BK": "constexpr", "BD": "constexpr",
                     "TRAILS": "constexpr"}
+ATTN_SHAPE = {"H": 24, "HKV": 4, "D": 256, "R": 64}  # Qwen3.5-27B's gated attention (fp16 cache: no fp8 on sm_70)
+ATTN_SIGNATURE = {"qkv_ptr": "*fp16", "pos_ptr": "*i64", "cos_ptr": "*fp16", "sin_ptr": "*fp16", "slot_ptr": "*i64",
+                  "q_ptr": "*fp16", "kc_ptr": "*fp16", "vc_ptr": "*fp16", "ks_ptr": "*fp16", "vs_ptr": "*fp16",
+                  "qw_ptr": "*fp16", "kw_ptr": "*fp16", "stride_t": "i32", "eps": "fp32", "fp8_max": "fp32",
+                  "H": "constexpr", "HKV": "constexpr", "D": "constexpr", "R": "constexpr", "BREST": "constexpr",
+                  "FP8": "constexpr", "PDL": "constexpr"}
+GATE_SIGNATURE = {"o_ptr": "*fp16", "qkv_ptr": "*fp16", "out_ptr": "*fp16", "stride_t": "i32", "H": "constexpr",
+                  "D": "constexpr", "BLOCK": "constexpr", "PDL": "constexpr"}
 MOE_SHAPE = {"hidden": 2048, "intermediate": 768, "top_k": 8}  # Qwen3-30B-A3B's experts
 MOE_GATE_UP_SIGNATURE = {"x_ptr": "*fp16", "w_ptr": "*fp16", "ids_ptr": "*i32", "h_ptr": "*fp16", "top_k": "i32",
                          "inter": "i32", "stride_we": "i32", "K": "constexpr", "BLOCK_N": "constexpr",
@@ -182,6 +191,18 @@ def _step_ptx(finish: bool, width: int) -> tuple[str, str, int]:
                     divisible=("proj_stride",))
 
 
+def _attention_ptx(gate: bool) -> tuple[str, str, int]:
+    """Qwen3.5's gated attention kernels at ATTN_SHAPE, as GatedAttention launches them on a V100 (no PDL)."""
+    from onecat.engine.kernels import triton_gated_attention as ka
+
+    if gate:
+        return _compile(ka.sigmoid_gate_kernel, GATE_SIGNATURE, dict(H=ATTN_SHAPE["H"], D=ATTN_SHAPE["D"], BLOCK=1024,
+                                                                   PDL=False), 4, divisible=("stride_t",))
+    return _compile(ka.qk_norm_rope_cache_kernel, ATTN_SIGNATURE,
+                    dict(ATTN_SHAPE, BREST=256, FP8=0, PDL=False), 1,  # BREST: D - R = 192, to a power of two
+                    divisible=("stride_t",))
+
+
 def _cases():
     for k, m in CASES:
         yield f"w4a16_gemv K={k} rows={m} g{GROUP} (Triton)", f"w4a16_gemv_k{k}_m{m}", lambda k=k, m=m: _ptx(k, m)
@@ -205,6 +226,10 @@ def _cases():
             what = ("finish" if finish else "step") + ("" if width == 1 else f"_verify W={width}")
             yield (f"gated_delta_{what} Hv={STEP_SHAPE['HV']} Dk=Dv={STEP_SHAPE['DK']} (Triton)",
                    f"gated_delta_{what.replace(' W=', '_w')}", lambda f=finish, w=width: _step_ptx(f, w))
+    for gate in (False, True):
+        what = "sigmoid_gate" if gate else "qk_norm_rope_cache"
+        yield (f"gated_attention_{what} H={ATTN_SHAPE['H']} D={ATTN_SHAPE['D']} (Triton)", f"gated_attention_{what}",
+               lambda g=gate: _attention_ptx(g))
     for gather in (False, True):
         what = "all_gather" if gather else "all_reduce"
         yield f"tp_peer_{what} world={PEER_WORLD} fp16 (Triton)", f"tp_peer_{what}", lambda g=gather: _peer_ptx(g)

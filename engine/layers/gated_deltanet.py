@@ -16,8 +16,6 @@ which ran last.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,22 +26,10 @@ from onecat.engine.errors import UnsupportedModelError
 from onecat.engine.kernels import fla_gated_delta as fla
 from onecat.engine.kernels.triton_support import triton_unavailable_reason
 from onecat.engine.layers import gated_deltanet_ops as ops
+from onecat.engine.layers import hybrid_kernels
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
-
-# decode and graph verify steps between the projections in two kernels (engine/kernels/triton_gated_delta_step.py)
-# instead of the torch path's ~30-50; read once: benchmarks set it per process for their A/B arms
-FUSED_DECODE = os.environ.get("ONECAT_FUSED_GDN_DECODE") == "1"
-
-
-def decode_path(fused_kernels: bool) -> str:
-    """What a CUDA decode or graph verify step runs between a DeltaNet layer's projections (LLM.info()'s
-    fused_kernels_detail)."""
-    if fused_kernels and FUSED_DECODE:
-        return "two fused kernels a step, decode and graph verify (ONECAT_FUSED_GDN_DECODE=1)"
-    return "torch ops around the recurrent kernels (ONECAT_FUSED_GDN_DECODE=1 fuses them into two kernels)"
-
 
 def linear_attention_sizes(cfg: ModelConfig) -> dict:
     """The Gated DeltaNet sizes of an HF config (linear_* keys)."""
@@ -71,7 +57,7 @@ class GatedDeltaNet(nn.Module):
     A_log and dt_bias are not linears and stay dense."""
 
     KEEP_DENSE_PARTS = ("in_proj_b", "in_proj_a")
-    use_fused = False  # the engine turns this on per model (CUDA + Triton); the decode kernels also need FUSED_DECODE
+    use_fused = False  # the engine turns this on per model (CUDA + Triton); the fused step also hybrid_kernels.ENABLED
 
     def __init__(self, cfg: ModelConfig, state_index: int):
         super().__init__()
@@ -109,7 +95,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
         T = x.shape[0]
         projected = self.in_proj(x)
-        if (plan.all_decode or plan.rows is not None) and self.use_fused and FUSED_DECODE and x.is_cuda:
+        if (plan.all_decode or plan.rows is not None) and self.use_fused and hybrid_kernels.ENABLED and x.is_cuda:
             return self.out_proj(self.fused_step(projected, plan))
         mixed, z, b, a = projected.split(self.split_sizes, dim=-1)
         beta = pointwise(torch.sigmoid, b).float()

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onecat.engine.layers import hybrid_kernels
 from onecat.engine.layers.pointwise import pointwise
 
 
 class ZeroCenteredRMSNorm(nn.Module):
-    use_fused = False  # the engine turns this on per model (CUDA + Triton): add + norm in one kernel
+    use_fused = False  # the engine turns this on per model (CUDA + Triton); one kernel also hybrid_kernels.ENABLED
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -25,7 +26,7 @@ class ZeroCenteredRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """RMSNorm(x); with `residual`: (RMSNorm(x + residual), x + residual)."""
-        if self.use_fused and x.is_cuda:  # one kernel for the ~10 of the ops below (triton_fused.py)
+        if self.use_fused and hybrid_kernels.ENABLED and x.is_cuda:  # one kernel for the ~10 ops below
             from onecat.engine.kernels.triton_fused import add_rmsnorm
 
             return add_rmsnorm(x, residual, self.weight, self.eps, zero_centered=True)

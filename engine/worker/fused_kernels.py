@@ -12,14 +12,14 @@ def enable_fused_kernels(model: torch.nn.Module, device: torch.device, dtype: to
         from onecat.engine.kernels.triton_support import fused_unavailable_reason
 
         reason = "turned off (fused_kernels=False)" if not wanted else fused_unavailable_reason()
-        from onecat.engine.layers import gated_deltanet
+        from onecat.engine.layers import gated_deltanet, hybrid_kernels
 
         for m in model.modules():
             if hasattr(type(m), "use_fused"):
                 m.use_fused = reason is None
         report = {"used": reason is None, "kind": "triton", "reason": reason}
         if any(isinstance(m, gated_deltanet.GatedDeltaNet) for m in model.modules()):
-            report["gated_deltanet_decode"] = gated_deltanet.decode_path(reason is None)
+            report["hybrid"] = hybrid_kernels.describe(reason is None)
         return report
     from onecat.engine.kernels import cpu_ops
 

@@ -1,0 +1,18 @@
+"""The A/B switch of Qwen3.5's fused CUDA kernels: the zero-centered add + RMSNorm (triton_fused.py), the ops
+around the gated attention (triton_gated_attention.py) and the Gated DeltaNet step between its projections
+(triton_gated_delta_step.py). Each replaces tens of small torch kernels a layer; they run where fused kernels
+are on and ONECAT_FUSED_HYBRID=1, until a GPU A/B (scripts/gpu_bench.sh OUT gdn) shows them faster. Read once:
+benchmarks set it per process for their arms; tests set ENABLED."""
+from __future__ import annotations
+
+import os
+
+ENABLED = os.environ.get("ONECAT_FUSED_HYBRID") == "1"
+
+
+def describe(fused_kernels: bool) -> str:
+    """What a CUDA step of a hybrid model runs around its projections (LLM.info()'s fused_kernels_detail)."""
+    if fused_kernels and ENABLED:
+        return ("fused: zero-centered norms, gated attention's q/k norm + RoPE + cache write and sigmoid gate, "
+                "DeltaNet decode and graph verify steps (ONECAT_FUSED_HYBRID=1)")
+    return "torch ops around the projections and recurrent kernels (ONECAT_FUSED_HYBRID=1 fuses them)"
