@@ -19,6 +19,7 @@ measure (timings on a busy 2-core CPU mean little) unless --allow-loaded, which 
 
     python benchmarks/speculative_cpu.py [--repeats 3] [--threads 2]
     python benchmarks/speculative_cpu.py --arm dflash [--drafter DIR] [--max-prompts 8] [--threads 2]
+        [--draft-vocab-sizes 0,4096]  (drafter arms over draft vocabularies, each against target-only)
 """
 from __future__ import annotations
 
@@ -121,12 +122,24 @@ def dflash_arm(args) -> dict:
     """Trained DFlash drafter vs target-only on held-out chat prompts, batch 1 (speculative_dflash.compare)."""
     check_drafter(args.drafter)
     prompts = load_prompts(args.prompts, args.max_prompts) if args.prompts else select_prompts(args.max_prompts)
-    base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, not args.no_gate, device="cpu",
-                                  dtype="float32", max_model_len=1024, enable_prefix_caching=False)
+    settings = dict(device="cpu", dtype="float32", max_model_len=1024, enable_prefix_caching=False)
+    sizes = args.draft_vocab_sizes or [0]
     max_tokens = args.max_tokens or 128
-    rows = compare(base, spec, prompts, [1], max_tokens, args.repeats)
-    return {"benchmark": "speculative_cpu_dflash", "target": args.target, "drafter": drafter_info(spec, label),
-            "engine": {k: spec.info()[k] for k in ("device", "dtype", "attention_backend", "cuda_graph")},
+    rows, drafters, base = [], {}, None
+    for size in sizes:  # each size against the same target-only engine, interleaved with it
+        pair = open_pair(args.target, args.drafter, args.num_speculative_tokens, not args.no_gate, size, **settings)
+        if base is None:
+            base = pair[0]
+        else:
+            pair[0].close()
+        spec, label = pair[1], pair[2]
+        for row in compare(base, spec, prompts, [1], max_tokens, args.repeats):
+            rows.append({"draft_vocab_size": size or None, **row})
+        drafters[size or "whole vocabulary"] = drafter_info(spec, label)
+        engine = {k: spec.info()[k] for k in ("device", "dtype", "attention_backend", "cuda_graph")}
+        spec.close()
+    return {"benchmark": "speculative_cpu_dflash", "target": args.target,
+            "drafter": drafters[sizes[0] or "whole vocabulary"] if len(sizes) == 1 else drafters, "engine": engine,
             "prompts": prompts["datasets"], "greedy": True, "batch_size": 1, "max_tokens": max_tokens,
             "repeats": args.repeats, "rows": rows}
 
@@ -158,6 +171,8 @@ def main() -> None:
                                                                 "'random' (random weights: plumbing only)")
     ap.add_argument("--num-speculative-tokens", type=int, default=7, help="dflash arm: drafts per round (block - 1)")
     ap.add_argument("--max-prompts", type=int, default=8, help="dflash arm: prompts per set (GSM8K, HumanEval+)")
+    ap.add_argument("--draft-vocab-sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="dflash arm: drafter arms, each a draft_vocab_size (0: the whole vocabulary), e.g. 0,4096")
     ap.add_argument("--prompts", type=Path, default=None, help="dflash arm: prompts saved by speculative_gpu.py "
                                                                "--save-prompts (instead of the datasets)")
     ap.add_argument("--no-gate", action="store_true",

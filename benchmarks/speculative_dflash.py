@@ -179,10 +179,12 @@ def random_dflash(dirpath: Path, llm: LLM, block_size: int = 5, target_layer_ids
     return dirpath
 
 
-def open_pair(target: str, drafter: str, k: int, gate: bool = True, **settings) -> tuple[LLM, LLM, str]:
+def open_pair(target: str, drafter: str, k: int, gate: bool = True, draft_vocab_size: int | None = None,
+              **settings) -> tuple[LLM, LLM, str]:
     """(target-only LLM, DFlash LLM, drafter label) with the same target settings. drafter "random": a
     random-weight drafter of block k + 1 written to a temporary folder (plumbing only, labelled so).
-    `gate` False: the DFlash engine drafts every round (speculative_config.disable_when_slower false)."""
+    `gate` False: the DFlash engine drafts every round (speculative_config.disable_when_slower false).
+    `draft_vocab_size`: drafts over the drafter's ranked ids (its draft_vocab.json)."""
     import tempfile
 
     base = LLM(target, **settings)
@@ -191,7 +193,9 @@ def open_pair(target: str, drafter: str, k: int, gate: bool = True, **settings) 
         drafter = str(random_dflash(Path(tempfile.mkdtemp()) / "dflash", base, block_size=k + 1))
         label = f"random weights, block {k + 1} (plumbing only: near-zero acceptance)"
     spec = LLM(target, speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": k,
-                                           "disable_when_slower": gate}, **settings)
+                                           "disable_when_slower": gate,
+                                           **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size else {})},
+               **settings)
     return base, spec, label
 
 

@@ -94,6 +94,11 @@ class SpeculativeConfig(BaseModel):
                                    "(a round of 8 rows costs ~4 plain steps on a Llama-3-8B shape on an H200, "
                                    "docs/speculative.md). false: the library GEMM reads them once, and a near-tie "
                                    "may break the other way than in target-only decoding, as at batch > 1")
+    draft_vocab_size: Optional[int] = Field(
+        default=None, ge=1, description="dflash (and synthetic with compute dflash): score drafts over the drafter's "
+                                        "N most frequent target tokens (its folder's draft_vocab.json) instead of the "
+                                        "whole LM head; the verifier still scores every token, so outputs keep the "
+                                        "target's law")
     disable_when_slower: bool = Field(
         default=True, description="decode greedy steps without drafts while the engine measures a speculative round "
                                   "moving fewer tokens per second than a plain step (re-measured now and then); "
@@ -117,6 +122,11 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"{', '.join(ngram_only)}: only method ngram (prompt lookup) reads "
                              f"{'these' if len(ngram_only) > 1 else 'this'}; method {self.method!r} ignores "
                              f"{them}: remove {them}")
+        if self.draft_vocab_size is not None and not (
+                self.method == "dflash" or (self.method == "synthetic" and self.compute == "dflash")):
+            raise ValueError(f"draft_vocab_size: only a DFlash drafter (method dflash, or synthetic with compute "
+                             f"dflash) scores drafts over a draft vocabulary; method {self.method!r} ignores it: "
+                             "remove it")
         drafter = self._drafter_settings()
         if self.method == "ngram":
             if drafter:

@@ -1,8 +1,8 @@
 """The fused Gated DeltaNet decode and verify steps (engine/kernels/triton_gated_delta_step.py,
-ONECAT_FUSED_HYBRID=1, with the hybrid's other fused kernels) on a GPU: at Qwen3.5-27B's DeltaNet widths against the layer's torch path on the same
-inputs and cache, and engines whose decode and verify steps replay CUDA graphs with them against engines
-without them (greedy, logprobs; n-gram speculation with rejections, so rolled-back slots are recomputed from
-the fused step's trails)."""
+ONECAT_FUSED_HYBRID=1, with the hybrid's other fused kernels) on a GPU: at Qwen3.5-27B's DeltaNet widths against
+the layer's torch path on the same inputs and cache, and engines whose decode and verify steps replay CUDA
+graphs with them against engines without them (greedy, logprobs; n-gram speculation with rejections, so
+rolled-back slots are recomputed from the fused step's trails)."""
 from __future__ import annotations
 
 import pytest
@@ -70,7 +70,8 @@ def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, widt
         for name in ("k", "v", "g", "beta"):
             a, b = getattr(t1, name)[0, slots], getattr(t0, name)[0, slots]
             assert ((a.double() - b.double()).norm() / b.double().norm()).item() < TOL[dtype], name
-    print(f"{dtype} rows={rows} width={width}: relative error {err:.2e}, state {ssm_err:.2e}, bit-equal {torch.equal(got, want)}")
+    print(f"{dtype} rows={rows} width={width}: relative error {err:.2e}, state {ssm_err:.2e}, "
+          f"bit-equal {torch.equal(got, want)}")
     assert err < TOL[dtype] and ssm_err < TOL[dtype]
     assert torch.equal(caches[1].conv, caches[0].conv)  # the carried-over inputs move, never computed
 

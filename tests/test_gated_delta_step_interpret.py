@@ -109,7 +109,8 @@ def check(dtype, tol, exact, **shape):
     t0, t1 = caches[0].verify_trails, caches[1].verify_trails
     assert torch.equal(t1.pre_ssm[1, slots], start[1][1]) and torch.equal(t1.conv[1, slots], t0.conv[1, slots])
     for name in ("k", "v", "g", "beta"):  # g: softplus's log1p evaluated in another way
-        agree(getattr(t1, name)[1, slots], getattr(t0, name)[1, slots], tol, exact and name != "g", (dtype, shape, name))
+        agree(getattr(t1, name)[1, slots], getattr(t0, name)[1, slots], tol, exact and name != "g",
+              (dtype, shape, name))
 
     # the same own tokens through fused decode steps, one after another from the same start: the same bits
     for c in caches:

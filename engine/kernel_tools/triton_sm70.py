@@ -5,11 +5,12 @@ it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check
 instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
 and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
 (triton_moe_gemv.py) at the Qwen3-30B-A3B widths; the routed GEMVs of packed experts (triton_moe_routed.py:
-NVFP4, MXFP4, W4A16), the verify rows' gated delta rule (triton_gated_delta_rows.py) and the fused one-token
-and verify steps' kernels (triton_gated_delta_step.py) and the gated attention's (triton_gated_attention.py) at
-the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce / all-gather at TP=4
-(engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at V100 limits.
-Needs Triton importable (the engine's CUDA extra); without it the check says so and reports nothing.
+NVFP4, MXFP4, W4A16), the verify rows' gated delta rule (triton_gated_delta_rows.py), the fused DeltaNet
+decode and verify steps' kernels (triton_gated_delta_step.py) and the gated attention's
+(triton_gated_attention.py) at the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce /
+all-gather at TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at
+V100 limits. Needs Triton importable (the engine's CUDA extra); without it the check says so and reports
+nothing.
 """
 from __future__ import annotations
 

@@ -147,7 +147,8 @@ def sigmoid_gate_kernel(o_ptr, qkv_ptr, out_ptr, stride_t, H: tl.constexpr, D: t
 FP8_FORMATS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}
 
 
-def unsupported_reason(head_dim: int, rotary_dim: int, fp8_dtype: torch.dtype | None, device: torch.device) -> str | None:
+def unsupported_reason(head_dim: int, rotary_dim: int, fp8_dtype: torch.dtype | None,
+                       device: torch.device) -> str | None:
     """Why the kernels cannot take this attention's shape and cache (None: they can)."""
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim or (rotary_dim // 2) & (rotary_dim // 2 - 1):
         return f"rotary_dim {rotary_dim}: a power-of-two half of at most head_dim is needed"

@@ -42,6 +42,7 @@ from onecat.engine.speculative.dflash_fused import FUSED_FLAG, forward_fused, fu
 from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
 from onecat.engine.speculative.draft_ahead import (Ahead, ahead_wanted, draft_ahead, kept_from_ahead,
                                                   propose_with_ahead)
+from onecat.engine.speculative.draft_vocab import DraftVocab, ranked_ids
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.transfers import to_device
 from onecat.engine.worker.fused_kernels import enable_fused_kernels
@@ -278,10 +279,12 @@ class DFlashProposer(Proposer):
     name = "dflash"
     trims_drafts = True
 
-    def __init__(self, k: int, target, model: str, revision: str | None = None, dtype: torch.dtype | None = None):
+    def __init__(self, k: int, target, model: str, revision: str | None = None, dtype: torch.dtype | None = None,
+                 draft_vocab_size: int | None = None, draft_ids: tuple[list[int], str] | None = None):
         """`dtype`: the drafter's (None: the target's). Another than the target's meets it at three casts: the
         embeddings of a block, the tapped features (the context cache casts them) and the hidden states the
-        target's LM head reads."""
+        target's LM head reads. `draft_vocab_size`: score drafts over that many of the drafter's ranked token
+        ids (draft_vocab.py; `draft_ids`: (ids, their source) given instead of the folder's file)."""
         source = resolve_model_source(model, revision)
         if source.format != "hf":
             raise ConfigError(f"DFlash drafter {model!r} resolved to a {source.format} file ({source.path}); a "
@@ -291,6 +294,8 @@ class DFlashProposer(Proposer):
         self.model_name = model
         self.target = target
         embed, self.lm_head = target.vocab_layers()  # whole even when the target is sharded (TP)
+        self.vocab = None if draft_vocab_size is None else DraftVocab.first(
+            self.lm_head, draft_ids or ranked_ids(source.path), draft_vocab_size, target.model_config.vocab_size)
         self.dtype, self.target_dtype = self.drafter.norm.weight.dtype, target.dtype
         self.embed = embed if self.dtype == target.dtype else _CastOutput(embed, self.dtype)
         self.tap = hidden_state_tap(target.model)
@@ -354,7 +359,16 @@ class DFlashProposer(Proposer):
             B = self.drafter.block_size
             index = [r * B + 1 + j for r, n in enumerate(wanted) for j in range(n)]
             picked = h.view(-1, h.shape[-1])[to_device(index, device)]
-        return self.lm_head(picked.to(self.target_dtype)).float(), counts
+        return self.score(picked).float(), counts
+
+    def score(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The drafts' logits from the drafter's outputs: over the target's vocabulary, or the draft vocabulary."""
+        head = self.lm_head if self.vocab is None else self.vocab
+        return head(hidden.to(self.target_dtype))
+
+    def token_ids(self, picked: torch.Tensor) -> torch.Tensor:
+        """Positions in `score`'s logits -> the target's token ids."""
+        return picked if self.vocab is None else self.vocab.token_ids(picked)
 
     def _block_hidden(self, block: torch.Tensor, block_pos: torch.Tensor, request_ids: list[str]) -> torch.Tensor:
         """The drafter's [R, block_size, H] output for the blocks, by CUDA graph replay when one fits."""
@@ -381,10 +395,12 @@ class DFlashProposer(Proposer):
             rows = to_device([r for i in sampled for r in range(starts[i], starts[i + 1])], logits.device)
             q = apply_filters(logits[rows], [seqs[i].params for i in sampled for _ in range(counts[i])])
             tokens[rows] = exponential_race(q, [seqs[i].generator for i in sampled for _ in range(counts[i])])
+            q = q if self.vocab is None else self.vocab.widen(q)  # the verifier's proposal: over its vocabulary
             at = 0
             for i in sampled:
                 probs[i] = q[at:at + counts[i]]
                 at += counts[i]
+        tokens = self.token_ids(tokens)
         if not self.drafts_on_device:
             tokens = tokens.tolist()  # the drafts of every sequence, read back at once
         return [(tokens[starts[i]:starts[i + 1]], probs.get(i)) for i in range(len(seqs))]
@@ -399,4 +415,5 @@ class DFlashProposer(Proposer):
                 "sliding_window": self.drafter.sliding_window, **describe_graphs(self.graphs, self.graphs_off_reason),
                 **({"cuda_graph_context_projections": self.graphs.flush_replays} if self.graphs is not None else {}),
                 "fused_kernels": self.drafter.norm.use_fused, "dtype": str(self.dtype).removeprefix("torch."),
-                "drafts_ahead": self._ahead_on, "rounds_drafted_ahead": self.ahead_served}
+                "drafts_ahead": self._ahead_on, "rounds_drafted_ahead": self.ahead_served,
+                "draft_vocab": self.vocab.describe() if self.vocab is not None else None}

@@ -1,0 +1,87 @@
+"""A DFlash drafter's draft vocabulary (`speculative_config.draft_vocab_size`): drafts scored over the N token ids
+the target writes most often instead of over the target's whole LM head (EAGLE-3's draft vocabulary).
+
+Every draft reads the LM head once per round for its rows, and on a small target or a large vocabulary that is
+a large share of the round (SmolLM2-135M: 49,152 x 576, as many bytes as the packed target; Qwen3.5-27B: 248K x
+5120, 2.5 GB of bf16 a round). The ids come ranked from the drafter's folder (`draft_vocab.json`, written by
+training/draft_vocab.py from the target's own answers). Exactness does not depend on them: the verifier scores
+the target's whole vocabulary, a greedy draft outside the ids is never proposed (an early rejection at most),
+and a sampled draft's proposal distribution is the subset's, zero elsewhere, which is what the verifier's
+rejection sampling is given.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from onecat.engine.errors import ConfigError
+from onecat.engine.layers.linear import Linear, pack_weights
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def ranked_ids(folder: Path) -> tuple[list[int], str]:
+    """The drafter folder's ranked token ids, most frequent first, and where they came from."""
+    path = Path(folder) / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        raise ConfigError(f"draft_vocab_size needs the drafter's ranked vocabulary {path}, which does not exist: "
+                          "write it with `python -m onecat.training.draft_vocab TARGET sharegpt:N "
+                          f"{path}` or leave draft_vocab_size unset")
+    try:
+        record = json.loads(path.read_text())
+        ids = [int(i) for i in record["ids"]]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a draft vocabulary (a JSON object whose `ids` lists token ids): {exc}") \
+            from None
+    return ids, f"{DRAFT_VOCAB_FILE} ({record.get('tokens', '?')} response tokens ranked)"
+
+
+class DraftVocab(nn.Module):
+    """The target LM head's rows of `ids` as a Linear of their own (the engine's matmul paths: the CPU packed
+    float32 matmul, the CUDA GEMV), and the maps from its outputs back to the target's vocabulary."""
+
+    def __init__(self, lm_head: nn.Module, ids: list[int], vocab_size: int, source: str):
+        super().__init__()
+        if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) >= vocab_size:
+            raise ConfigError(f"the draft vocabulary ({source}) must list distinct token ids below the target's "
+                              f"vocabulary size {vocab_size}")
+        weight = getattr(lm_head, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.is_meta:
+            raise ConfigError("draft_vocab_size needs the target's LM head as a dense matrix; this target keeps it "
+                              "packed only: leave draft_vocab_size unset")
+        self.vocab_size, self.source = vocab_size, source
+        self.register_buffer("ids", torch.tensor(ids, dtype=torch.int64, device=weight.device), persistent=False)
+        self.head = Linear(weight.shape[1], len(ids), bias=False, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            self.head.weight.copy_(weight[self.ids])
+        self.head.requires_grad_(False)
+        self.head.use_fused = getattr(lm_head, "use_fused", False)
+        pack_weights(self)  # float32 on CPU: the batch-invariant packed matmul, as the target's head
+
+    @classmethod
+    def first(cls, lm_head: nn.Module, ranked: tuple[list[int], str], size: int, vocab_size: int) -> "DraftVocab":
+        """The draft vocabulary of the `size` first of the ranked ids (`ranked`: ids, where they came from)."""
+        ids, source = ranked
+        if size > len(ids):
+            raise ConfigError(f"draft_vocab_size {size} is above the {len(ids)} token ids the draft vocabulary "
+                              f"ranks ({source}): ask for at most {len(ids)}")
+        return cls(lm_head, ids[:size], vocab_size, source)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [rows, N]."""
+        return self.head(hidden)
+
+    def token_ids(self, picked: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary positions -> the target's token ids."""
+        return self.ids[picked]
+
+    def widen(self, probs: torch.Tensor) -> torch.Tensor:
+        """A distribution over the draft vocabulary [rows, N] as one over the target's [rows, V] (zero elsewhere)."""
+        out = probs.new_zeros(probs.shape[0], self.vocab_size)
+        return out.scatter_(1, self.ids.expand(probs.shape[0], -1), probs)
+
+    def describe(self) -> dict:
+        return {"size": int(self.ids.numel()), "of": self.vocab_size, "source": self.source}

@@ -1,0 +1,95 @@
+"""A DFlash drafter's draft vocabulary (engine/speculative/draft_vocab.py, speculative_config.draft_vocab_size):
+drafts come from the ranked ids only, greedy output stays the target's, sampled drafts hand the verifier a
+distribution over the whole vocabulary that is zero outside the ids, and every wrong setting is refused with
+what to do; the ranking itself (training/draft_vocab.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.args import SpeculativeConfig
+from onecat.engine.errors import ConfigError
+from onecat.training.draft_vocab import rank_tokens
+from tests.embedded_model import EMBEDDED, needs_embedded_model
+from tests.test_speculative import write_random_dflash
+
+PROMPTS = ["Once upon a time", "def add(a, b):\n    return", "The capital of France is"]
+VOCAB = 49152  # the embedded target's
+
+
+def test_tokens_are_ranked_by_count_then_id():
+    assert rank_tokens([[5, 3, 5], [3, 9, 5], []]) == ([5, 3, 9], [3, 2, 1])
+
+
+def test_only_a_dflash_drafter_takes_a_draft_vocabulary():
+    with pytest.raises(ValueError, match="draft_vocab_size: only a DFlash drafter"):
+        SpeculativeConfig(method="ngram", num_speculative_tokens=3, draft_vocab_size=100)
+    with pytest.raises(ValueError, match="draft_vocab_size: only a DFlash drafter"):
+        SpeculativeConfig(method="synthetic", num_speculative_tokens=3, acceptance_length=2.0, draft_vocab_size=100)
+    SpeculativeConfig(method="synthetic", num_speculative_tokens=3, acceptance_length=2.0, compute="dflash",
+                      draft_vocab_size=100)
+
+
+def _drafter(tmp_path, ids: list[int] | None):
+    folder = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5)
+    if ids is not None:
+        (folder / "draft_vocab.json").write_text(json.dumps({"ids": ids, "tokens": 1000}))
+    return folder
+
+
+def _llm(drafter, size: int | None, dtype: str = "float32"):
+    spec = {"method": "dflash", "num_speculative_tokens": 4, "model": str(drafter), "disable_when_slower": False}
+    if size is not None:
+        spec["draft_vocab_size"] = size
+    return LLM(EMBEDDED, dtype=dtype, max_model_len=128, enable_prefix_caching=False, speculative_config=spec)
+
+
+@needs_embedded_model
+def test_drafts_come_from_the_draft_vocabulary_and_greedy_output_stays_the_targets(tmp_path):
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:3000].tolist()
+    drafter = _drafter(tmp_path, ids)
+    allowed = set(ids[:2000])
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=24, ignore_eos=True)]
+    with LLM(EMBEDDED, dtype="float32", max_model_len=128, enable_prefix_caching=False) as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, params[0])]
+    with _llm(drafter, 2000) as llm:
+        proposer = llm.engine.proposer.proposer
+        seen = {"drafts": 0, "sampled": 0}
+        propose = proposer._propose
+
+        def checked(seqs, budgets):
+            out = propose(seqs, budgets)
+            for draft, q in out:
+                tokens = draft.tolist() if isinstance(draft, torch.Tensor) else draft
+                assert set(tokens) <= allowed
+                seen["drafts"] += len(tokens)
+                if q is not None:  # the verifier's proposal: over the whole vocabulary, zero outside the ids
+                    seen["sampled"] += 1
+                    assert q.shape[-1] == VOCAB
+                    outside = torch.ones(VOCAB, dtype=torch.bool)
+                    outside[ids[:2000]] = False
+                    assert q[:, outside].abs().max() == 0
+                    torch.testing.assert_close(q.sum(-1), torch.ones(q.shape[0]), rtol=1e-5, atol=1e-5)
+            return out
+
+        proposer._propose = checked
+        got = [o.token_ids for o in llm.generate(PROMPTS, params[0])]
+        llm.generate(PROMPTS, params[1])
+        described = llm.info()["speculative"]["draft_vocab"]
+    assert got == want
+    assert seen["drafts"] > 0 and seen["sampled"] > 0
+    assert described == {"size": 2000, "of": VOCAB, "source": "draft_vocab.json (1000 response tokens ranked)"}
+
+
+@needs_embedded_model
+def test_a_missing_or_short_draft_vocabulary_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match="python -m onecat.training.draft_vocab"):
+        _llm(_drafter(tmp_path / "a", None), 100)
+    with pytest.raises(ConfigError, match="ask for at most 50"):
+        _llm(_drafter(tmp_path / "b", list(range(50))), 100)
+    with pytest.raises(ConfigError, match="distinct token ids"):
+        _llm(_drafter(tmp_path / "c", [1, 1, 2]), 3)
