@@ -16,5 +16,5 @@ for folder, name in FOLDERS.items():
         package_dir[f"{name}.{sub}"] = str(Path(folder, *sub.split(".")))
 
 setup(packages=packages, package_dir=package_dir,
-      package_data={"onecat.contracts": ["*.yaml"], "onecat.engine.drafters": ["*/config.json", "*/*.safetensors"]},
+      package_data={"onecat.contracts": ["*.yaml"], "onecat.engine.drafters": ["*/config.json", "*/*.safetensors", "*/draft_vocab.json"]},
       include_package_data=True)

@@ -207,3 +207,27 @@ prompts.__signature__ = inspect.Signature([
     *[_option(n) for n in ("seed", "min_prompt_tokens", "max_prompt_tokens")],
 ])
 app.command("prompts")(prompts)
+
+
+@app.command("vocab")
+def vocab(target: str = typer.Option(DEFAULT_TARGET, "--target", help="the drafter's target"),
+          data: str = typer.Option("sharegpt:600", "--data", help="sharegpt:N, the prompts the target answers"),
+          out: Path = typer.Option(..., "--out", help="the file to write: the drafter folder's draft_vocab.json"),
+          max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1)) -> None:
+    """Rank the tokens of the target's greedy answers by frequency into OUT: the draft vocabulary that
+    speculative_config.draft_vocab_size reads (prompts overlapping an evaluation set are not chosen)."""
+    from onecat.engine.errors import ConfigError, EngineError
+    from onecat.training.draft_vocab import build_draft_vocab
+
+    check, described = evaluation_overlap()
+    try:
+        record = build_draft_vocab(target, data, out, max_new_tokens=max_new_tokens, exclude=check,
+                                   exclude_description=described)
+    except (ConfigError, ValueError) as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    except EngineError as exc:
+        raise _fail(str(exc), EXIT_RUNTIME) from None
+    counts, total = record["counts"], max(record["tokens"], 1)
+    for n in (1024, 4096, 8192):
+        typer.echo(f"the first {n} ids: {sum(counts[:n]) / total:.4f} of the {record['tokens']} answer tokens")
+    typer.echo(f"{len(record['ids'])} distinct ids ranked; wrote {out}")

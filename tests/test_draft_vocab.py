@@ -87,7 +87,7 @@ def test_drafts_come_from_the_draft_vocabulary_and_greedy_output_stays_the_targe
 
 @needs_embedded_model
 def test_a_missing_or_short_draft_vocabulary_is_refused_with_the_fix(tmp_path):
-    with pytest.raises(ConfigError, match="python -m onecat.training.draft_vocab"):
+    with pytest.raises(ConfigError, match="onecat drafter vocab"):
         _llm(_drafter(tmp_path / "a", None), 100)
     with pytest.raises(ConfigError, match="ask for at most 50"):
         _llm(_drafter(tmp_path / "b", list(range(50))), 100)

@@ -7,14 +7,13 @@ The verifier still scores the target's whole vocabulary, so a token outside the 
 most an early rejection, never a wrong token. The ranking comes from the target's answers to ShareGPT
 prompts (the drafter's training source, never an evaluation set), written to the drafter's folder as
 `draft_vocab.json`, which `speculative_config.draft_vocab_size` reads (engine/speculative/draft_vocab.py).
-
-    python -m onecat.training.draft_vocab TARGET sharegpt:N OUT_JSON [MAX_NEW_TOKENS]
+`onecat drafter vocab` runs it with the evaluation sets excluded from the prompts, as training does.
 """
 from __future__ import annotations
 
 import collections
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from onecat.training.prompts import SHAREGPT_DISTRIBUTION, load_prompts, parse_data_spec
@@ -30,8 +29,10 @@ def rank_tokens(responses: list[list[int]]) -> tuple[list[int], list[int]]:
 
 
 def build_draft_vocab(target: str, data: str, out: str | Path, *, max_new_tokens: int = 128, batch: int = 16,
-                      seed: int = 0) -> dict:
-    """Answer the prompts of `data` (sharegpt:N, greedy) with `target` on the CPU and write the ranking to `out`."""
+                      seed: int = 0, exclude: Callable[[str], str | None] | None = None,
+                      exclude_description: dict | None = None) -> dict:
+    """Answer the prompts of `data` (sharegpt:N, greedy) with `target` on the CPU and write the ranking to `out`.
+    `exclude(text)` names the evaluation set a prompt overlaps (such prompts are not chosen)."""
     from onecat.engine import LLM
 
     llm = LLM(target, dtype="auto", max_model_len=1024, max_num_seqs=batch, seed=seed)
@@ -39,7 +40,9 @@ def build_draft_vocab(target: str, data: str, out: str | Path, *, max_new_tokens
     if spec.kind != "sharegpt":
         raise ValueError(f"{data}: the draft vocabulary is ranked on ShareGPT prompts (sharegpt:N), never on a "
                          "prompt file that could hold evaluation questions")
-    prompts, summary = load_prompts(spec, lambda text: len(llm.tokenizer.encode(text)), seed=seed)
+    prompts, summary = load_prompts(spec, lambda text: len(llm.tokenizer.encode(text)), seed=seed, exclude=exclude)
+    if exclude_description is not None:
+        summary["evaluation_exclusion"] = exclude_description
     samples, stats = regenerate(llm, [p.text for p in prompts], max_new_tokens=max_new_tokens, sampled_fraction=0.0,
                                 temperature=1.0, top_p=1.0, seed=seed)
     ids, counts = rank_tokens([s.response_ids for s in samples])
@@ -54,19 +57,3 @@ def build_draft_vocab(target: str, data: str, out: str | Path, *, max_new_tokens
     llm.close()
     Path(out).write_text(json.dumps(record) + "\n")
     return record
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) not in (3, 4):
-        print(__doc__, file=sys.stderr)
-        return 2
-    record = build_draft_vocab(argv[0], argv[1], argv[2], max_new_tokens=int(argv[3]) if len(argv) == 4 else 128)
-    top = record["counts"]
-    for n in (1024, 4096, 8192, 16384):
-        print(f"top {n}: {sum(top[:n]) / max(record['tokens'], 1):.4f} of {record['tokens']} response tokens")
-    print(f"{len(record['ids'])} distinct ids; wrote {argv[2]}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

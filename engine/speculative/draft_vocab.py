@@ -28,8 +28,8 @@ def ranked_ids(folder: Path) -> tuple[list[int], str]:
     path = Path(folder) / DRAFT_VOCAB_FILE
     if not path.is_file():
         raise ConfigError(f"draft_vocab_size needs the drafter's ranked vocabulary {path}, which does not exist: "
-                          "write it with `python -m onecat.training.draft_vocab TARGET sharegpt:N "
-                          f"{path}` or leave draft_vocab_size unset")
+                          f"write it with `onecat drafter vocab --target TARGET --out {path}` or leave "
+                          "draft_vocab_size unset")
     try:
         record = json.loads(path.read_text())
         ids = [int(i) for i in record["ids"]]
