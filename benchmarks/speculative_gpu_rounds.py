@@ -142,6 +142,8 @@ def main() -> None:
                     help="instead of measuring: where each batch size's steps go (target-only, n-gram- and "
                          "DFlash-shaped at acceptance 4.25; benchmarks/round_timeline.py), into "
                          "DIR/batchN/timeline.json")
+    ap.add_argument("--draft-vocab-size", type=int, default=None,
+                    help="DFlash-shaped arms: score drafts over this many ids instead of the whole LM head")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):
@@ -167,7 +169,7 @@ def main() -> None:
               **source_state(),
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "gemv_row_loop": args.gemv_row_loop,
               "exact_batch1": args.exact_batch1, "target_only_async_scheduling": True,
-              "weights": args.weights,
+              "weights": args.weights, "draft_vocab_size": args.draft_vocab_size,
               "arms": []}
 
     def save() -> None:
@@ -199,8 +201,10 @@ def main() -> None:
             return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
 
         def dflash(accepted: float, continuation=continuation):
-            return SyntheticProposer(DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter)), accepted,
-                                     continuation, vocab)
+            n = args.draft_vocab_size  # a random drafter ranks nothing: ids in order, the head's size is what counts
+            ranked = None if n is None else (list(range(vocab)), "synthetic: ids in order")
+            return SyntheticProposer(DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter), draft_vocab_size=n,
+                                                    draft_ids=ranked), accepted, continuation, vocab)
 
         if args.profile:
             arms = [("target_only", None, None),

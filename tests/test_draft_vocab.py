@@ -1,5 +1,5 @@
 """A DFlash drafter's draft vocabulary (engine/speculative/draft_vocab.py, speculative_config.draft_vocab_size):
-drafts come from the ranked ids only, greedy output stays the target's, sampled drafts hand the verifier a
+drafts come from the ranked ids and the requests' own tokens only, greedy output stays the target's, sampled drafts hand the verifier a
 distribution over the whole vocabulary that is zero outside the ids, and every wrong setting is refused with
 what to do; the ranking itself (training/draft_vocab.py)."""
 from __future__ import annotations
@@ -62,16 +62,18 @@ def test_drafts_come_from_the_draft_vocabulary_and_greedy_output_stays_the_targe
         propose = proposer._propose
 
         def checked(seqs, budgets):
+            own = set().union(*(s.token_ids for s in seqs))
             out = propose(seqs, budgets)
             for draft, q in out:
                 tokens = draft.tolist() if isinstance(draft, torch.Tensor) else draft
-                assert set(tokens) <= allowed
+                assert set(tokens) <= allowed | own
                 seen["drafts"] += len(tokens)
-                if q is not None:  # the verifier's proposal: over the whole vocabulary, zero outside the ids
+                if q is not None:  # the verifier's proposal: over the whole vocabulary, zero outside the round's
                     seen["sampled"] += 1
                     assert q.shape[-1] == VOCAB
                     outside = torch.ones(VOCAB, dtype=torch.bool)
                     outside[ids[:2000]] = False
+                    outside[sorted(own)] = False
                     assert q[:, outside].abs().max() == 0
                     torch.testing.assert_close(q.sum(-1), torch.ones(q.shape[0]), rtol=1e-5, atol=1e-5)
             return out
@@ -82,7 +84,9 @@ def test_drafts_come_from_the_draft_vocabulary_and_greedy_output_stays_the_targe
         described = llm.info()["speculative"]["draft_vocab"]
     assert got == want
     assert seen["drafts"] > 0 and seen["sampled"] > 0
-    assert described == {"size": 2000, "of": VOCAB, "source": "draft_vocab.json (1000 response tokens ranked)"}
+    assert {k: described[k] for k in ("size", "of", "source")} == {
+        "size": 2000, "of": VOCAB, "source": "draft_vocab.json (1000 response tokens ranked)"}
+    assert described["own_tokens_scored"] > 0
 
 
 @needs_embedded_model

@@ -352,6 +352,8 @@ class DFlashProposer(Proposer):
         block = self._mask_block.repeat(len(rows), 1)
         block[:, 0] = anchors[:, 0]
         h = self._block_hidden(block, anchors[:, 1:] + self._block_offsets, [seqs[i].request_id for i in rows])
+        if self.vocab is not None:
+            self.vocab.round([seqs[i].token_ids for i in rows])
         wanted = [counts[i] for i in rows]
         if min(wanted) == max(wanted):
             picked = h[:, 1:1 + wanted[0]].reshape(-1, h.shape[-1])

@@ -4,7 +4,9 @@ the target writes most often instead of over the target's whole LM head (EAGLE-3
 Every draft reads the LM head once per round for its rows, and on a small target or a large vocabulary that is
 a large share of the round (SmolLM2-135M: 49,152 x 576, as many bytes as the packed target; Qwen3.5-27B: 248K x
 5120, 2.5 GB of bf16 a round). The ids come ranked from the drafter's folder (`draft_vocab.json`, written by
-training/draft_vocab.py from the target's own answers). Exactness does not depend on them: the verifier scores
+training/draft_vocab.py from the target's own answers), and each round adds its requests' own tokens (a
+prompt's names and numbers: the drafts a drafter gets right most often, by copying). Exactness does not depend
+on them: the verifier scores
 the target's whole vocabulary, a greedy draft outside the ids is never proposed (an early rejection at most),
 and a sampled draft's proposal distribution is the subset's, zero elsewhere, which is what the verifier's
 rejection sampling is given.
@@ -15,6 +17,7 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from onecat.engine.errors import ConfigError
@@ -41,7 +44,9 @@ def ranked_ids(folder: Path) -> tuple[list[int], str]:
 
 class DraftVocab(nn.Module):
     """The target LM head's rows of `ids` as a Linear of their own (the engine's matmul paths: the CPU packed
-    float32 matmul, the CUDA GEMV), and the maps from its outputs back to the target's vocabulary."""
+    float32 matmul, the CUDA GEMV), and the maps from its outputs back to the target's vocabulary. A round's
+    vocabulary adds its requests' own tokens outside the ranked ids (`round`): the names and numbers of a prompt,
+    which a drafter copies and no frequency list holds."""
 
     def __init__(self, lm_head: nn.Module, ids: list[int], vocab_size: int, source: str):
         super().__init__()
@@ -60,6 +65,12 @@ class DraftVocab(nn.Module):
         self.head.requires_grad_(False)
         self.head.use_fused = getattr(lm_head, "use_fused", False)
         pack_weights(self)  # float32 on CPU: the batch-invariant packed matmul, as the target's head
+        self.full = weight  # the target's head, for a round's own tokens
+        self.register_buffer("ranked", torch.zeros(vocab_size, dtype=torch.bool, device=weight.device),
+                             persistent=False)
+        self.ranked[self.ids] = True
+        self.round_ids, self.own_rows = self.ids, None  # this round's ids and the head rows of its own tokens
+        self.own_tokens = 0  # own tokens scored over every round (for describe)
 
     @classmethod
     def first(cls, lm_head: nn.Module, ranked: tuple[list[int], str], size: int, vocab_size: int) -> "DraftVocab":
@@ -70,18 +81,29 @@ class DraftVocab(nn.Module):
                               f"ranks ({source}): ask for at most {len(ids)}")
         return cls(lm_head, ids[:size], vocab_size, source)
 
+    def round(self, token_lists: list[list[int]]) -> None:
+        """Set this round's vocabulary: the ranked ids, then the tokens of the round's requests (prompt and
+        output so far) that are not among them."""
+        own = torch.tensor(sorted(set().union(*token_lists)), dtype=torch.int64, device=self.ids.device)
+        own = own[~self.ranked[own]] if own.numel() else own
+        self.round_ids = torch.cat([self.ids, own]) if own.numel() else self.ids
+        self.own_rows = self.full[own] if own.numel() else None
+        self.own_tokens += int(own.numel())
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary [rows, N]."""
-        return self.head(hidden)
+        """Logits over this round's vocabulary [rows, N + its own tokens]."""
+        logits = self.head(hidden)
+        return logits if self.own_rows is None else torch.cat([logits, F.linear(hidden, self.own_rows)], dim=-1)
 
     def token_ids(self, picked: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary positions -> the target's token ids."""
-        return self.ids[picked]
+        """Positions in this round's vocabulary -> the target's token ids."""
+        return self.round_ids[picked]
 
     def widen(self, probs: torch.Tensor) -> torch.Tensor:
-        """A distribution over the draft vocabulary [rows, N] as one over the target's [rows, V] (zero elsewhere)."""
+        """A distribution over this round's vocabulary as one over the target's [rows, V] (zero elsewhere)."""
         out = probs.new_zeros(probs.shape[0], self.vocab_size)
-        return out.scatter_(1, self.ids.expand(probs.shape[0], -1), probs)
+        return out.scatter_(1, self.round_ids.expand(probs.shape[0], -1), probs)
 
     def describe(self) -> dict:
-        return {"size": int(self.ids.numel()), "of": self.vocab_size, "source": self.source}
+        return {"size": int(self.ids.numel()), "of": self.vocab_size, "source": self.source,
+                "plus": "each round's requests' own tokens", "own_tokens_scored": self.own_tokens}
