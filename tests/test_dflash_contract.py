@@ -6,6 +6,7 @@ candidate is not promoted."""
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,8 @@ def test_cpu_contract_with_a_random_drafter_is_not_promoted(tmp_path):
     from onecat.results.store import Store
 
     drafter = write_random_dflash(tmp_path / "drafter", 576, 0, [1, 15, 28], block_size=8)
+    # the contract drafts over the shipped drafter's ranked vocabulary: the same target, so the same ids serve
+    shutil.copy(ROOT / "engine" / "drafters" / "smollm2-135m-dflash" / "draft_vocab.json", drafter)
     db = tmp_path / "r.duckdb"
     result = CliRunner().invoke(app, ["gate", "run", str(shrunken_cpu_contract(tmp_path, drafter)), "--db", str(db),
                                       "--out", str(tmp_path / "reports"), "--no-progress"])
