@@ -1,7 +1,8 @@
 """Full attention of Qwen3.5: q_proj gives each head its query and a gate side by side; q and k get a
 zero-centered RMSNorm per head and RoPE on their first `rotary_dim` dims only (partial rotary); the paged
 attention output is multiplied by SIGMOID(gate) before o_proj. With fused kernels on (CUDA; and
-hybrid_kernels.ENABLED) the ops around the attention run in two kernels (engine/kernels/triton_gated_attention.py)."""
+hybrid_kernels.ENABLED) the ops around the attention run in two kernels
+(engine/kernels/triton_gated_attention.py)."""
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,7 @@ from onecat.engine.layers.rotary import RotaryEmbedding
 
 
 class GatedAttention(nn.Module):
-    use_fused = False  # the engine turns this on per model (CUDA + Triton); the two kernels also hybrid_kernels.ENABLED
+    use_fused = False  # the engine turns this on per model (CUDA + Triton); the two kernels need hybrid_kernels too
 
     def __init__(self, cfg: ModelConfig, kv_index: int, rotary: RotaryEmbedding):
         super().__init__()
@@ -65,7 +66,8 @@ class GatedAttention(nn.Module):
         if self._fused_why is None or self._fused_why[0] != key:
             from onecat.engine.kernels.triton_gated_attention import unsupported_reason
 
-            self._fused_why = (key, unsupported_reason(self.head_dim, self.rotary_dim, cache.fp8_dtype, cache.k.device))
+            why = unsupported_reason(self.head_dim, self.rotary_dim, cache.fp8_dtype, cache.k.device)
+            self._fused_why = (key, why)
         return self._fused_why[1]
 
     def _fused(self, positions: torch.Tensor, qkv: torch.Tensor, cache, ctx) -> torch.Tensor:

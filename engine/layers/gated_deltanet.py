@@ -31,6 +31,7 @@ from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.pointwise import pointwise
 from onecat.engine.layers.qwen3_5_norms import GatedRMSNorm
 
+
 def linear_attention_sizes(cfg: ModelConfig) -> dict:
     """The Gated DeltaNet sizes of an HF config (linear_* keys)."""
     raw = cfg.raw
@@ -57,7 +58,7 @@ class GatedDeltaNet(nn.Module):
     A_log and dt_bias are not linears and stay dense."""
 
     KEEP_DENSE_PARTS = ("in_proj_b", "in_proj_a")
-    use_fused = False  # the engine turns this on per model (CUDA + Triton); the fused step also hybrid_kernels.ENABLED
+    use_fused = False  # the engine turns this on per model (CUDA + Triton); the fused step needs hybrid_kernels too
 
     def __init__(self, cfg: ModelConfig, state_index: int):
         super().__init__()

@@ -12,7 +12,7 @@ from onecat.engine.layers.pointwise import pointwise
 
 
 class ZeroCenteredRMSNorm(nn.Module):
-    use_fused = False  # the engine turns this on per model (CUDA + Triton); one kernel also hybrid_kernels.ENABLED
+    use_fused = False  # the engine turns this on per model (CUDA + Triton); one kernel needs hybrid_kernels too
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
