@@ -24,44 +24,34 @@ def _close(a, b, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows,n", [(1, 4096), (7, 576), (33, 5120)])
-def test_add_rmsnorm_matches_reference(dtype, rows, n):
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_add_rmsnorm_matches_reference(dtype, rows, n, zero_centered):
+    """Llama's RMSNorm, and Qwen3.5's zero-centered one: the decoder layers' (with the residual) and the per-head
+    q/k norms (a strided view, as q sits beside its gate)."""
+    from onecat.engine.layers import hybrid_kernels
     from onecat.engine.layers.norm import RMSNorm
-
-    fused = _fused()
-    norm = RMSNorm(n, 1e-5).to("cuda", dtype)
-    torch.nn.init.normal_(norm.weight, 1.0, 0.2)
-    x = torch.randn(rows, n, device="cuda", dtype=dtype)
-    r = torch.randn(rows, n, device="cuda", dtype=dtype) * 4
-    ref_out, ref_res = norm(x, r)  # use_fused is off: the torch reference
-    out, res = fused.add_rmsnorm(x, r, norm.weight, 1e-5)
-    assert torch.equal(res, ref_res)  # the residual add is one rounding either way
-    _close(out, ref_out, dtype)
-    _close(fused.add_rmsnorm(x, None, norm.weight, 1e-5), norm(x), dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows,n", [(1, 5120), (7, 576)])
-def test_zero_centered_add_rmsnorm_matches_reference(dtype, rows, n):
-    """Qwen3.5's norm: the decoder layers' (with the residual) and the per-head q/k norms (a strided view)."""
     from onecat.engine.layers.qwen3_5_norms import ZeroCenteredRMSNorm
 
     fused = _fused()
-    norm = ZeroCenteredRMSNorm(n, 1e-6).to("cuda", dtype)
-    torch.nn.init.normal_(norm.weight, 0.0, 0.2)
+    eps = 1e-6 if zero_centered else 1e-5
+    norm = (ZeroCenteredRMSNorm if zero_centered else RMSNorm)(n, eps).to("cuda", dtype)
+    torch.nn.init.normal_(norm.weight, 0.0 if zero_centered else 1.0, 0.2)
     x = torch.randn(rows, n, device="cuda", dtype=dtype)
     r = torch.randn(rows, n, device="cuda", dtype=dtype) * 4
     ref_out, ref_res = norm(x, r)  # use_fused is off: the torch reference
-    out, res = fused.add_rmsnorm(x, r, norm.weight, 1e-6, zero_centered=True)
-    assert torch.equal(res, ref_res)
+    out, res = fused.add_rmsnorm(x, r, norm.weight, eps, zero_centered=zero_centered)
+    assert torch.equal(res, ref_res)  # the residual add is one rounding either way
     _close(out, ref_out, dtype)
-    heads = torch.randn(rows, 4, 2 * n, device="cuda", dtype=dtype)[..., :n]  # q beside its gate, as q_proj gives
-    _close(fused.add_rmsnorm(heads, None, norm.weight, 1e-6, zero_centered=True), norm(heads), dtype)
-    from onecat.engine.layers import hybrid_kernels
-
+    _close(fused.add_rmsnorm(x, None, norm.weight, eps, zero_centered=zero_centered), norm(x), dtype)
+    if not zero_centered:
+        return
+    heads = torch.randn(rows, 4, 2 * n, device="cuda", dtype=dtype)[..., :n]
+    fused_heads = fused.add_rmsnorm(heads, None, norm.weight, eps, zero_centered=True)
+    _close(fused_heads, norm(heads), dtype)
     norm.use_fused, enabled = True, hybrid_kernels.ENABLED
-    try:
+    try:  # the layer itself takes the kernel when the hybrid kernels are on
         hybrid_kernels.ENABLED = True
-        assert torch.equal(norm(heads), fused.add_rmsnorm(heads, None, norm.weight, 1e-6, zero_centered=True))
+        assert torch.equal(norm(heads), fused_heads)
     finally:
         hybrid_kernels.ENABLED = enabled
 
