@@ -80,8 +80,6 @@ def check(dtype, tol, exact, **shape):
     agree(caches[1].ssm, caches[0].ssm, tol, False, (dtype, shape, "state"))
     untouched(caches[1], before, rows.tolist())
 
-check(torch.float32, 1e-5, False)
-check(torch.float32, 1e-5, False, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
 check(torch.float32, 1e-5, False, linear_num_key_heads=4, linear_key_head_dim=8)
 check(torch.float16, 1e-5, True)
 check(torch.float16, 1e-5, True, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
@@ -124,7 +122,6 @@ def check(dtype, tol, exact, **shape):
         assert torch.equal(caches[0].conv[1, slot], caches[1].conv[1, slot]), (dtype, shape, slot)
 
 check(torch.float32, 1e-5, False, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
-check(torch.float16, 1e-5, True)
 check(torch.float16, 1e-5, True, linear_num_key_heads=4, linear_key_head_dim=8)
 print("ok")
 """
