@@ -89,9 +89,11 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
     contract = load_contract(ROOT / "contracts" / f"{name}.yaml")
     tiny = ROUTES[name][0] if args.tiny else None
     base, cand = (engine_settings(contract, arm, tiny, args.device, args.weights) for arm in ("baseline", "candidate"))
+    if args.draft_vocab_size:  # the drafter's compute over that many ids instead of the whole LM head
+        cand["speculative_config"] = {**cand["speculative_config"], "draft_vocab_size": args.draft_vocab_size}
     entry = {"contract": f"contracts/{name}.yaml", "targets": ROUTES[name][1], "synthetic": True,
              "model": base["model"], "quantization": base.get("quantization"),
-             "speculative": contract.arm("candidate").speculative.model_dump(exclude_none=True), "batches": {}}
+             "speculative": cand["speculative_config"], "batches": {}}
     for b in args.batch_sizes:
         entry["batches"][b] = {}
     with LLM(**base) as target:
@@ -134,6 +136,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--weights", choices=("peaked", "random"), default="peaked",
                     help="peaked: load_format dummy_peaked (wide-margin next tokens); random: dummy (as drawn)")
+    ap.add_argument("--draft-vocab-size", type=int, default=None,
+                    help="the DFlash compute's drafts over this many ids instead of the whole LM head")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "seed_routes_h200.json")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")

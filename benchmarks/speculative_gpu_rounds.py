@@ -201,7 +201,7 @@ def main() -> None:
             return reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:]
 
         def dflash(accepted: float, continuation=continuation):
-            n = args.draft_vocab_size  # a random drafter ranks nothing: ids in order, the head's size is what counts
+            n = args.draft_vocab_size or None  # a random drafter ranks nothing: ids in order, the head's size is what counts
             ranked = None if n is None else (list(range(vocab)), "synthetic: ids in order")
             return SyntheticProposer(DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter), draft_vocab_size=n,
                                                     draft_ids=ranked), accepted, continuation, vocab)

@@ -14,10 +14,12 @@
 # batch 1 and 8, on the 8B and the embedded default's shapes; `rows` the few-row GEMM's GPU tests (and the speculative
 # ones it serves) and its timing against cuBLAS with a tile sweep; `rows_ab` the synthetic 8B rounds (batch 1 and 8,
 # n-gram- and DFlash-shaped) with the few-row GEMM off and on (ONECAT_ROWS_GEMM), alternated twice; `gdn` the fused
-# Gated DeltaNet decode and verify steps' GPU tests (and the zero-centered norm's and gated attention's), their timing
-# against the torch path (benchmarks/gpu_gdn_step.py) and route 1 at batch 1 with Qwen3.5's fused kernels off, on,
-# off, on (ONECAT_FUSED_HYBRID).
-#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn]...
+# Gated DeltaNet decode and verify steps' GPU tests (and the zero-centered norm's and gated attention's) and their
+# timing against the torch path (benchmarks/gpu_gdn_step.py); `gdn_route` route 1 at batch 1 with Qwen3.5's fused
+# kernels off, on, off, on (ONECAT_FUSED_HYBRID); `draft_vocab` route 1 at batch 1 with the DFlash compute over the
+# whole LM head and over 32K ids, then the 8B DFlash-shaped rounds likewise.
+#   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
+#                                gdn_route|draft_vocab]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -33,11 +35,19 @@ for step in $steps; do
              tests/test_fused_kernels_gpu.py tests/test_hybrid_gpu.py \
              >"$out/gdn_tests.log" 2>&1; echo "gdn tests rc=$?"; tail -3 "$out/gdn_tests.log"
          (cd benchmarks && timeout 150 python3 gpu_gdn_step.py --out "$out/gpu_gdn_step.json" \
-             >"$out/gdn_step.log" 2>&1); echo "gdn step rc=$?"; grep "rows" "$out/gdn_step.log"
-         for run in 1_0 2_1 3_0 4_1; do
-           ONECAT_FUSED_HYBRID=${run#*_} timeout 200 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+             >"$out/gdn_step.log" 2>&1); echo "gdn step rc=$?"; grep "rows" "$out/gdn_step.log" ;;
+    gdn_route) for run in 1_0 2_1 3_0 4_1; do
+           ONECAT_FUSED_HYBRID=${run#*_} timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
              --batch-sizes 1 --repeats 1 --out "$out/seed_route_gdn_$run.json" >"$out/gdn_route_$run.log" 2>&1
            echo "route 1 run ${run%_*} fused hybrid kernels=${run#*_} rc=$?"; grep -i "tok/s" "$out/gdn_route_$run.log" | tail -2
+         done ;;
+    draft_vocab) for n in 0 32768; do
+           timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 --batch-sizes 1 --repeats 1 \
+             --draft-vocab-size $n --out "$out/seed_route_vocab_$n.json" >"$out/route_vocab_$n.log" 2>&1
+           echo "route 1 draft vocab=$n rc=$?"; grep -i "tok/s" "$out/route_vocab_$n.log" | tail -2
+           timeout 120 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1 --arms dflash_shaped \
+             --draft-vocab-size $n --out "$out/rounds_vocab_$n.json" >"$out/rounds_vocab_$n.log" 2>&1
+           echo "8B DFlash-shaped draft vocab=$n rc=$?"; grep "batch" "$out/rounds_vocab_$n.log" | tail -5
          done ;;
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" \
              tests/test_fused_kernels_gpu.py tests/test_gemv_gpu.py tests/test_gpu_engine.py >"$out/tests.log" 2>&1
