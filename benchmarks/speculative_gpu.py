@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--drafter-cuda-graphs", choices=("on", "off"), default="on",
                     help="replay the drafter's block forward from CUDA graphs (the default where the target "
                          "replays its own; off sets ONECAT_DFLASH_CUDA_GRAPHS=0)")
+    ap.add_argument("--draft-vocab-size", type=int, default=None,
+                    help="drafts over the drafter's N ranked ids plus each request's own tokens (draft_vocab.json)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_dflash.json"))
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="instead of measuring: where target-only's steps and DFlash's rounds go at batch 1 "
@@ -77,7 +79,7 @@ def main() -> None:
     prompts = load_prompts(args.prompts, args.max_prompts) if args.prompts else select_prompts(args.max_prompts)
     settings = engine_settings(args.device, batch_sizes)
     base, spec, label = open_pair(args.target, args.drafter, args.num_speculative_tokens, gate=args.gate == "on",
-                                  **settings)
+                                  draft_vocab_size=args.draft_vocab_size, **settings)
     info = spec.info()
     log(f"engines open in {time.time() - t0:.0f}s: {info['device_name']}, dtype {info['dtype']}, cuda graphs "
         f"{info['cuda_graph']} (drafter: {info['speculative'].get('cuda_graphs')}), drafter {label}")

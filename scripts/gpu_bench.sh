@@ -17,9 +17,10 @@
 # Gated DeltaNet decode and verify steps' GPU tests (and the zero-centered norm's and gated attention's) and their
 # timing against the torch path (benchmarks/gpu_gdn_step.py); `gdn_route` route 1 at batch 1 with Qwen3.5's fused
 # kernels off, on, off, on (ONECAT_FUSED_HYBRID); `draft_vocab` route 1 at batch 1 with the DFlash compute over the
-# whole LM head and over 32K ids, then the 8B DFlash-shaped rounds likewise.
+# whole LM head and over 32K ids, then the 8B DFlash-shaped rounds likewise; `draft_vocab_embedded` the embedded
+# target with its trained drafter over the whole head and its 6,207 ranked ids (EMBEDDED_GGUF, DFLASH_PROMPTS).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
-#                                gdn_route|draft_vocab]...
+#                                gdn_route|draft_vocab|draft_vocab_embedded]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -49,6 +50,13 @@ for step in $steps; do
              --draft-vocab-size $n --out "$out/rounds_vocab_$n.json" >"$out/rounds_vocab_$n.log" 2>&1
            echo "8B DFlash-shaped draft vocab=$n rc=$?"; grep "batch" "$out/rounds_vocab_$n.log" | tail -5
          done ;;
+    draft_vocab_embedded) for n in 0 6207; do
+             timeout 100 python3 benchmarks/speculative_gpu.py --target "${EMBEDDED_GGUF:?set EMBEDDED_GGUF}" \
+               --prompts "${DFLASH_PROMPTS:?set DFLASH_PROMPTS}" \
+               --drafter engine/drafters/smollm2-135m-dflash --batch-sizes 1 --repeats 3 --budget-s 50 \
+               --draft-vocab-size $n --out "$out/embedded_vocab_$n.json" >"$out/embedded_vocab_$n.log" 2>&1
+             echo "embedded draft vocab=$n rc=$?"; grep "bs=" "$out/embedded_vocab_$n.log" | tail -2
+           done ;;
     tests) timeout 420 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" \
              tests/test_fused_kernels_gpu.py tests/test_gemv_gpu.py tests/test_gpu_engine.py >"$out/tests.log" 2>&1
            echo "tests rc=$?"; tail -3 "$out/tests.log" ;;
