@@ -25,11 +25,7 @@ import triton
 import triton.language as tl
 
 from onecat.engine.kernels import pdl
-
-
-@triton.jit
-def _rounded(x, dtype: tl.constexpr):
-    return x.to(dtype).to(tl.float32)
+from onecat.engine.kernels.triton_gated_delta_step import _rounded
 
 
 @triton.jit
@@ -81,33 +77,31 @@ def qk_norm_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, q_pt
         va = tl.load(vsrc + c)
         vb = tl.load(vsrc + HALF + c)
         vr = tl.load(vsrc + rest, mask=rest_ok, other=0.0)
-        if FP8:  # one scale per token and head: amax / the format's max (quantize_fp8)
-            k_scale = tl.maximum(tl.maximum(tl.max(tl.abs(oa.to(tl.float32)), 0), tl.max(tl.abs(ob.to(tl.float32)), 0)),
-                                 tl.max(tl.abs(yr.to(tl.float32)), 0)) / fp8_max
-            k_scale = tl.maximum(k_scale, 1e-12)
-            v_scale = tl.maximum(tl.maximum(tl.max(tl.abs(va.to(tl.float32)), 0), tl.max(tl.abs(vb.to(tl.float32)), 0)),
-                                 tl.max(tl.abs(vr.to(tl.float32)), 0)) / fp8_max
-            v_scale = tl.maximum(v_scale, 1e-12)
+        k_scale = _store_head(kc_ptr + at, c, rest, rest_ok, oa, ob, yr, fp8_max, HALF, FP8)
+        v_scale = _store_head(vc_ptr + at, c, rest, rest_ok, va, vb, vr, fp8_max, HALF, FP8)
+        if FP8:
             tl.store(ks_ptr + slot * HKV + kvh, k_scale)
             tl.store(vs_ptr + slot * HKV + kvh, v_scale)
-            _store_fp8(kc_ptr + at, c, oa, k_scale, FP8)
-            _store_fp8(kc_ptr + at + HALF, c, ob, k_scale, FP8)
-            _store_fp8_masked(kc_ptr + at, rest, rest_ok, yr, k_scale, FP8)
-            _store_fp8(vc_ptr + at, c, va, v_scale, FP8)
-            _store_fp8(vc_ptr + at + HALF, c, vb, v_scale, FP8)
-            _store_fp8_masked(vc_ptr + at, rest, rest_ok, vr, v_scale, FP8)
-        else:
-            tl.store(kc_ptr + at + c, oa)
-            tl.store(kc_ptr + at + HALF + c, ob)
-            tl.store(kc_ptr + at + rest, yr, mask=rest_ok)
-            tl.store(vc_ptr + at + c, va)
-            tl.store(vc_ptr + at + HALF + c, vb)
-            tl.store(vc_ptr + at + rest, vr, mask=rest_ok)
     else:
-        out = q_ptr + (t * H + h) * D
-        tl.store(out + c, oa)
-        tl.store(out + HALF + c, ob)
-        tl.store(out + rest, yr, mask=rest_ok)
+        _store_head(q_ptr + (t * H + h) * D, c, rest, rest_ok, oa, ob, yr, fp8_max, HALF, 0)
+
+
+@triton.jit
+def _store_head(ptr, c, rest, rest_ok, a, b, r, fp8_max, HALF: tl.constexpr, FP8: tl.constexpr):
+    """One head's values (the rotary part's halves a and b, then the rest r) at ptr: as they are, or (FP8 1:
+    e4m3fn, 2: e5m2) as float8 bytes of x / scale with one scale, amax / the format's max (quantize_fp8), which
+    it returns."""
+    if FP8:
+        amax = tl.maximum(tl.maximum(tl.max(tl.abs(a.to(tl.float32)), 0), tl.max(tl.abs(b.to(tl.float32)), 0)),
+                          tl.max(tl.abs(r.to(tl.float32)), 0))
+        scale = tl.maximum(amax / fp8_max, 1e-12)
+        a, b, r = _fp8_bytes(a, scale, FP8), _fp8_bytes(b, scale, FP8), _fp8_bytes(r, scale, FP8)
+    else:
+        scale = 1.0
+    tl.store(ptr + c, a)
+    tl.store(ptr + HALF + c, b)
+    tl.store(ptr + rest, r, mask=rest_ok)
+    return scale
 
 
 @triton.jit
@@ -117,16 +111,6 @@ def _fp8_bytes(x, scale, FP8: tl.constexpr):
     if FP8 == 1:
         return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     return y.to(tl.float8e5).to(tl.uint8, bitcast=True)
-
-
-@triton.jit
-def _store_fp8(ptr, c, x, scale, FP8: tl.constexpr):
-    tl.store(ptr + c, _fp8_bytes(x, scale, FP8))
-
-
-@triton.jit
-def _store_fp8_masked(ptr, c, ok, x, scale, FP8: tl.constexpr):
-    tl.store(ptr + c, _fp8_bytes(x, scale, FP8), mask=ok)
 
 
 @triton.jit
