@@ -1,7 +1,8 @@
 """The fused decode and verify steps of a Gated DeltaNet layer (engine/kernels/triton_gated_delta_step.py) under
 Triton's interpreter on the CPU, against the layer's torch path on the same inputs and cache: out_proj's input,
 the convolution inputs and delta-rule states left in the rows' slots (other slots and layers untouched) and a
-verify step's trail buffers; and, in float16, a fused verify row's own tokens against fused decode steps of them.
+verify step's trail buffers; the same bits with in_proj's b|a columns handed over apart (a projection stored in
+two parts); and, in float16, a fused verify row's own tokens against fused decode steps of them.
 Grouped and ungrouped key heads, widths that are not powers of two, padded verify rows. In float16 the interpreter
 rounds as IEEE does, and out_proj's input is the torch path's bit for bit; in float32 it is close to its last
 bits (the taps and transcendentals summed or evaluated in another order); in bfloat16 the interpreter truncates
@@ -34,7 +35,7 @@ def setup(dtype, **shape):
     s = linear_attention_sizes(cfg)
     caches = [RecurrentStateCache(2, SLOTS, s["conv_dim"], s["conv_kernel"], s["v_heads"], s["k_dim"], s["v_dim"],
                                   dtype, torch.device("cpu"), k_heads=s["k_heads"], recurrence=delta_rows)
-              for _ in range(2)]
+              for _ in range(3)]  # the torch path's, the fused step's, the fused step's with the gates apart
     conv, ssm = torch.randn(caches[0].conv.shape).to(dtype), torch.randn(caches[0].ssm.shape) * 0.3
     for c in caches:
         c.conv.copy_(conv)
@@ -50,8 +51,13 @@ def torch_path(layer, x, plan):
     assert layer.path != "fused step"
     return seen[0]
 
-def fused(layer, x, plan):
-    out = layer.fused_step(layer.in_proj(x), plan)
+def fused(layer, x, plan, apart=False):
+    projected = layer.in_proj(x)
+    if apart:  # b|a in a tensor of their own, as a projection stored in two parts gives them
+        split = projected.shape[1] - 2 * layer.v_heads
+        out = layer.fused_step(projected[:, :split].clone(), plan, gates=projected[:, split:].clone())
+    else:
+        out = layer.fused_step(projected, plan)
     assert layer.path == "fused step"
     return out
 
@@ -60,6 +66,13 @@ def agree(got, want, tol, exact, what):
         assert torch.equal(got, want), (what, float((got.float() - want.float()).abs().max()))
     err = (got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-30)
     assert err < tol, (what, float(err))
+
+def same_apart(layer, x, caches, plan, got):
+    assert torch.equal(fused(layer, x, plan, apart=True), got)
+    assert torch.equal(caches[2].conv, caches[1].conv) and torch.equal(caches[2].ssm, caches[1].ssm)
+    if plan.rows is not None:
+        for name in ("pre_ssm", "conv", "k", "v", "g", "beta"):
+            assert torch.equal(getattr(caches[2].verify_trails, name), getattr(caches[1].verify_trails, name)), name
 
 def untouched(cache, before, rows):
     others = [i for i in range(SLOTS + 1) if i not in rows]
@@ -76,6 +89,7 @@ def check(dtype, tol, exact, **shape):
     want = torch_path(layer, x, caches[0].decode_plan(rows))
     got = fused(layer, x, caches[1].decode_plan(rows))
     agree(got, want, tol, exact, (dtype, shape, "output"))
+    same_apart(layer, x, caches, caches[2].decode_plan(rows), got)
     assert torch.equal(caches[1].conv, caches[0].conv)  # the inputs are moved, never computed
     agree(caches[1].ssm, caches[0].ssm, tol, False, (dtype, shape, "state"))
     untouched(caches[1], before, rows.tolist())
@@ -99,6 +113,7 @@ def check(dtype, tol, exact, **shape):
     start = [(c.conv[:, slots].clone(), c.ssm[:, slots].clone()) for c in caches][0]
     want = torch_path(layer, x, caches[0].verify_plan(rows, lead, WIDTH))
     got = fused(layer, x, caches[1].verify_plan(rows, lead, WIDTH))
+    same_apart(layer, x, caches, caches[2].verify_plan(rows, lead, WIDTH), got)
     mine = torch.cat([torch.arange(i * WIDTH + WIDTH - m, (i + 1) * WIDTH) for i, m in enumerate(own)])
     agree(got[mine], want[mine], tol, exact, (dtype, shape, "own tokens' outputs"))
     assert torch.equal(caches[1].conv, caches[0].conv), (dtype, shape, "carried-over inputs")

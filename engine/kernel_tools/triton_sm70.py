@@ -46,10 +46,10 @@ ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr":
                   "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr", "BK": "constexpr",
                   "BV": "constexpr", "WRITE_O": "constexpr"}
 STEP_SHAPE = {"HK": 16, "HV": 48, "DK": 128, "DV": 128, "TAPS": 4}  # Qwen3.5-27B's DeltaNet
-STEP_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16", "conv_w_ptr": "*fp16",
-                  "ssm_ptr": "*fp32", "slots_ptr": "*i64", "lead_ptr": "*i64", "a_log_ptr": "*fp16",
-                  "dt_bias_ptr": "*fp16", "o_ptr": "*fp32", "scale": "fp32", "pre_ptr": "*fp32", "tconv_ptr": "*fp16",
-                  "tk_ptr": "*fp16", "tv_ptr": "*fp16", "tg_ptr": "*fp32", "tbeta_ptr": "*fp32", "W": "constexpr",
+STEP_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "gates_ptr": "*fp16", "gates_stride": "i32",
+                  "conv_ptr": "*fp16", "conv_w_ptr": "*fp16", "ssm_ptr": "*fp32", "slots_ptr": "*i64",
+                  "lead_ptr": "*i64", "a_log_ptr": "*fp16", "dt_bias_ptr": "*fp16", "o_ptr": "*fp32", "scale": "fp32",
+                  "pre_ptr": "*fp32", "tconv_ptr": "*fp16", "tk_ptr": "*fp16", "tv_ptr": "*fp16", "tg_ptr": "*fp32", "tbeta_ptr": "*fp32", "W": "constexpr",
                   "TW": "constexpr", "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr",
                   "TAPS": "constexpr", "BK": "constexpr", "BV": "constexpr", "TRAILS": "constexpr"}
 FINISH_SIGNATURE = {"o_ptr": "*fp32", "proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16",
@@ -189,7 +189,7 @@ def _step_ptx(finish: bool, width: int) -> tuple[str, str, int]:
         return _compile(ks.finish_kernel, FINISH_SIGNATURE, dict(consts, BD=STEP_SHAPE["DV"]), 1,
                         divisible=("proj_stride",))
     return _compile(ks.step_kernel, STEP_SIGNATURE, dict(consts, BV=ks.step_tile(STEP_SHAPE["DV"])), 1,
-                    divisible=("proj_stride",))
+                    divisible=("proj_stride", "gates_stride"))
 
 
 def _attention_ptx(gate: bool) -> tuple[str, str, int]:

@@ -76,9 +76,9 @@ def _keep_inputs(proj, conv, tconv, c, ok, lead, proj_stride, W: tl.constexpr, T
 
 
 @triton.jit
-def step_kernel(proj_ptr, proj_stride, conv_ptr, conv_w_ptr, ssm_ptr, slots_ptr, lead_ptr, a_log_ptr, dt_bias_ptr,
-                o_ptr, scale, pre_ptr, tconv_ptr, tk_ptr, tv_ptr, tg_ptr, tbeta_ptr, W: tl.constexpr,
-                TW: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+def step_kernel(proj_ptr, proj_stride, gates_ptr, gates_stride, conv_ptr, conv_w_ptr, ssm_ptr, slots_ptr, lead_ptr,
+                a_log_ptr, dt_bias_ptr, o_ptr, scale, pre_ptr, tconv_ptr, tk_ptr, tv_ptr, tg_ptr, tbeta_ptr,
+                W: tl.constexpr, TW: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                 TAPS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TRAILS: tl.constexpr):
     NV: tl.constexpr = (DV + BV - 1) // BV
     KEYS: tl.constexpr = HK * DK
@@ -98,6 +98,7 @@ def step_kernel(proj_ptr, proj_stride, conv_ptr, conv_w_ptr, ssm_ptr, slots_ptr,
     else:
         lead = tl.full([], 0, tl.int32)
     proj = proj_ptr + row.to(tl.int64) * W * proj_stride  # the row's first token
+    gates = gates_ptr + row.to(tl.int64) * W * gates_stride
     conv = conv_ptr + slot * CONV_DIM * (TAPS - 1)
     c_q, c_k, c_v = i_hk * DK + ck, KEYS + i_hk * DK + ck, 2 * KEYS + i_h * DV + cv
     tile = (slot * HV + i_h) * DK * DV + ck[:, None] * DV + cv[None, :]
@@ -111,14 +112,13 @@ def step_kernel(proj_ptr, proj_stride, conv_ptr, conv_w_ptr, ssm_ptr, slots_ptr,
     neg_a = -tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
     for t in range(W):  # a loop, not unrolled (a verify row's 16 tokens unrolled spill on sm_70)
-        tok = proj + t * proj_stride
         q = _conv_silu(proj, conv, conv_w_ptr, c_q, k_ok, t, lead, proj_stride, BK, TAPS)
         k = _conv_silu(proj, conv, conv_w_ptr, c_k, k_ok, t, lead, proj_stride, BK, TAPS)
         v = _conv_silu(proj, conv, conv_w_ptr, c_v, v_ok, t, lead, proj_stride, BV, TAPS)
         # the gates: beta = sigmoid(b) in the model dtype; g = -exp(A_log) * softplus(a + dt_bias) in float32
-        b = tl.load(tok + 2 * KEYS + 2 * VALUES + i_h).to(tl.float32)
+        b = tl.load(gates + t * gates_stride + i_h).to(proj_ptr.dtype.element_ty).to(tl.float32)
         beta = _rounded(1.0 / (1.0 + tl.exp(-b)), proj_ptr.dtype.element_ty)
-        a = tl.load(tok + 2 * KEYS + 2 * VALUES + HV + i_h).to(tl.float32) + dt_bias
+        a = tl.load(gates + t * gates_stride + HV + i_h).to(proj_ptr.dtype.element_ty).to(tl.float32) + dt_bias
         e = tl.exp(tl.minimum(a, 20.0))
         u = 1.0 + e  # log1p(e) without losing a small e: log(u) * e / (u - 1)
         g = neg_a * tl.where(a > 20.0, a, tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0)))
@@ -206,9 +206,11 @@ def step_tile(dv: int) -> int:
 def fused_step(proj: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.Tensor, ssm_state: torch.Tensor,
                slots: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                k_heads: int, v_heads: int, k_dim: int, v_dim: int, width: int = 1, lead: torch.Tensor | None = None,
-               trails: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+               trails: tuple[torch.Tensor, ...] | None = None, gates: torch.Tensor | None = None) -> torch.Tensor:
     """Rows of `width` tokens (row r: proj rows r * width ...; its first lead[r] tokens padding), one request each.
-    proj [R * width, 2 Hk Dk + 2 Hv Dv + 2 Hv]: in_proj's output (q | k | v | z | b | a; columns contiguous);
+    proj [R * width, 2 Hk Dk + 2 Hv Dv + 2 Hv]: in_proj's output (q | k | v | z | b | a; columns contiguous), or
+    [R * width, 2 Hk Dk + 2 Hv Dv] with `gates` [R * width, 2 Hv] (b | a) apart, as a projection stored in two
+    parts computes them (engine/quant/row_split.py), so they need not be concatenated first;
     conv_state [S, C, K-1] and ssm_state [S, Hv, Dk, Dv] float32: this layer's cache tensors, updated in place at
     the rows' `slots` [R]; conv_weight [C, K]. A verify step (width > 1, or `trails` given) needs `lead` [R] and
     `trails`: this layer's (pre_ssm [S, Hv, Dk, Dv], conv [S, C, K-1 + TW], k [S, TW, Hk, Dk], v [S, TW, Hv, Dv],
@@ -219,7 +221,13 @@ def fused_step(proj: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.
     if keep != (lead is not None) or (width > 1 and not keep):
         raise ValueError("a verify step (width > 1) needs both lead and trails; a decode step neither")
     tensors = (conv_state, ssm_state, conv_weight) + (tuple(trails) if keep else ())
-    if proj.stride(1) != 1 or tokens % width or not all(t.is_contiguous() for t in tensors):
+    values = 2 * k_heads * k_dim + 2 * v_heads * v_dim
+    gates = proj[:, values:] if gates is None else gates
+    if gates.shape != (tokens, 2 * v_heads) or proj.shape[1] < values:
+        raise ValueError(f"the projection has {proj.shape[1]} columns and the gates {tuple(gates.shape)}: expected "
+                         f"{values} (+ {2 * v_heads} gate columns unless the gates are apart) and ({tokens}, "
+                         f"{2 * v_heads})")
+    if proj.stride(1) != 1 or gates.stride(1) != 1 or tokens % width or not all(t.is_contiguous() for t in tensors):
         raise ValueError("the projection's columns, the state, weight and trail tensors must be contiguous, and "
                          "the projection's rows whole rows of `width` tokens")
     trail_width = trails[2].shape[1] if keep else width
@@ -230,8 +238,8 @@ def fused_step(proj: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.
     bk, bv = triton.next_power_of_2(k_dim), step_tile(v_dim)
     shape = dict(W=width, TW=trail_width, HK=k_heads, HV=v_heads, DK=k_dim, DV=v_dim, TAPS=taps, BK=bk, TRAILS=keep)
     step_kernel[(tokens // width * v_heads * triton.cdiv(v_dim, bv),)](
-        proj, proj.stride(0), conv_state, conv_weight, ssm_state, slots, lead, a_log, dt_bias, core, k_dim ** -0.5,
-        pre, tconv, tk, tv, tg, tbeta, BV=bv, num_warps=1, **shape)
+        proj, proj.stride(0), gates, gates.stride(0), conv_state, conv_weight, ssm_state, slots, lead, a_log,
+        dt_bias, core, k_dim ** -0.5, pre, tconv, tk, tv, tg, tbeta, BV=bv, num_warps=1, **shape)
     finish_kernel[(tokens * v_heads,)](core, proj, proj.stride(0), conv_state, slots, lead, norm_weight, out, eps,
                                        tconv, BD=triton.next_power_of_2(v_dim), num_warps=1, **shape)
     return out

@@ -95,9 +95,9 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
         T = x.shape[0]
-        projected = self.in_proj(x)
         if (plan.all_decode or plan.rows is not None) and self.use_fused and hybrid_kernels.ENABLED and x.is_cuda:
-            return self.out_proj(self.fused_step(projected, plan))
+            return self.out_proj(self.fused_step(*self._project_apart(x), plan))
+        projected = self.in_proj(x)
         mixed, z, b, a = projected.split(self.split_sizes, dim=-1)
         beta = pointwise(torch.sigmoid, b).float()
         g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias.float())
@@ -127,10 +127,22 @@ class GatedDeltaNet(nn.Module):
                 core[part] = self._verify_rows(mixed[part], g[part], beta[part], plan, rows)
         return self._finish(core, z, x)
 
-    def fused_step(self, projected: torch.Tensor, plan: StatePlan) -> torch.Tensor:
+    def _project_apart(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """in_proj's output for the fused step: where in_proj is stored in two parts, q|k|v|z packed and b|a dense
+        (KEEP_DENSE_PARTS, engine/quant/row_split.py), each part's output as it comes, which the step reads where
+        it lies (no concatenation kernel); otherwise the whole output and None."""
+        parts = getattr(self.in_proj, "parts", None)
+        if parts is not None and [p.out_features for p in parts] == [self.conv_dim + self.value_size,
+                                                                     2 * self.v_heads]:
+            return parts[0](x), parts[1](x)
+        return self.in_proj(x), None
+
+    def fused_step(self, projected: torch.Tensor, plan: StatePlan,
+                   gates: torch.Tensor | None = None) -> torch.Tensor:
         """out_proj's input for a step of one-token rows (`plan.all_decode`) or a graph's verify rows (`plan.rows`),
-        from in_proj's output, through the two kernels of triton_gated_delta_step.py; the slots' convolution
-        inputs and states (and a verify step's trails) are updated in the cache."""
+        from in_proj's output (or its q|k|v|z columns and, apart, its b|a `gates`), through the two kernels of
+        triton_gated_delta_step.py; the slots' convolution inputs and states (and a verify step's trails) are
+        updated in the cache."""
         from onecat.engine.kernels import triton_gated_delta_step as kernel
 
         self.path = "fused step"
@@ -143,7 +155,7 @@ class GatedDeltaNet(nn.Module):
         return kernel.fused_step(projected, plan.conv[layer], self.conv1d.weight.squeeze(1), plan.ssm[layer],
                                  plan.decode_slots if rows is None else rows.slots, self.A_log, self.dt_bias,
                                  self.norm.weight, self.norm.eps, self.k_heads, self.v_heads, self.k_dim, self.v_dim,
-                                 **verify)
+                                 gates=gates, **verify)
 
     def _verify_rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, plan: StatePlan,
                      rows: VerifyRows) -> torch.Tensor:
