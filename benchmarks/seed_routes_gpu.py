@@ -21,6 +21,7 @@ the drawn weights, whose near-ties flip.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 from datetime import datetime, timezone
@@ -99,13 +100,15 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
     with LLM(**base) as target:
         vocab = target.model_config.vocab_size
         entry["target_info"] = {k: target.info().get(k) for k in ("quantization", "cuda_graph", "kv_cache_dtype",
-                                                                  "attention_backend")}
+                                                                  "attention_backend", "fused_kernels_detail")}
         entry["step_bytes"] = step_bytes(target, args.prompt_len + args.max_tokens // 2)
         reference = {}
         for b in args.batch_sizes:
             tps, outs = best_of(target, prompts(b, args.prompt_len, vocab, seed=b), args.max_tokens, args.repeats)
             reference[b] = [o.token_ids for o in outs]
             entry["batches"][b]["target_only_tok_s"] = round(tps, 2)
+            # the same weights and prompts in every run: equal digests across runs of two settings, equal tokens
+            entry["batches"][b]["target_tokens_sha256"] = hashlib.sha256(repr(reference[b]).encode()).hexdigest()[:16]
             log(f"{name} batch {b}: target-only {tps:.1f} tok/s")
     with LLM(**cand) as spec:
         for b in args.batch_sizes:
