@@ -19,6 +19,7 @@ torch.set_grad_enabled(False)
 from onecat.engine.cache.recurrent_state import RecurrentStateCache
 from onecat.engine.config import ModelConfig
 from onecat.engine.layers.gated_deltanet import GatedDeltaNet, delta_rows, linear_attention_sizes
+from onecat.engine.quant.row_split import RowSplitLinear
 from onecat.engine.random_models import shape_config
 
 SLOTS = 6
@@ -51,13 +52,26 @@ def torch_path(layer, x, plan):
     assert layer.path != "fused step"
     return seen[0]
 
+class Columns(torch.nn.Module):
+    # a part of a two-part in_proj: columns [start, start + out_features) of the whole one's output in a tensor of
+    # their own (the same bits, so the fused step's outputs must match exactly)
+    def __init__(self, whole, start, out_features):
+        super().__init__()
+        self.whole, self.start, self.out_features, self.in_features = [whole], start, out_features, whole.in_features
+
+    def forward(self, x):
+        return self.whole[0](x)[:, self.start:self.start + self.out_features].clone()
+
 def fused(layer, x, plan, apart=False):
-    projected = layer.in_proj(x)
-    if apart:  # b|a in a tensor of their own, as a projection stored in two parts gives them
-        split = projected.shape[1] - 2 * layer.v_heads
-        out = layer.fused_step(projected[:, :split].clone(), plan, gates=projected[:, split:].clone())
+    if apart:  # in_proj stored in two parts (q|k|v|z, b|a) as a packed checkpoint keeps it: the layer reads them apart
+        whole, split = layer.in_proj, layer.in_proj.out_features - 2 * layer.v_heads
+        layer.in_proj = RowSplitLinear([Columns(whole, 0, split), Columns(whole, split, 2 * layer.v_heads)])
+        projected, gates = layer._project_apart(x)
+        layer.in_proj = whole
+        assert gates is not None and projected.shape[1] == split
+        out = layer.fused_step(projected, plan, gates=gates)
     else:
-        out = layer.fused_step(projected, plan)
+        out = layer.fused_step(layer.in_proj(x), plan)
     assert layer.path == "fused step"
     return out
 
