@@ -127,7 +127,8 @@ def check(dtype, tol, exact, **shape):
     start = [(c.conv[:, slots].clone(), c.ssm[:, slots].clone()) for c in caches][0]
     want = torch_path(layer, x, caches[0].verify_plan(rows, lead, WIDTH))
     got = fused(layer, x, caches[1].verify_plan(rows, lead, WIDTH))
-    same_apart(layer, x, caches, caches[2].verify_plan(rows, lead, WIDTH), got)
+    if not exact:  # the gates' addressing, once (float32)
+        same_apart(layer, x, caches, caches[2].verify_plan(rows, lead, WIDTH), got)
     mine = torch.cat([torch.arange(i * WIDTH + WIDTH - m, (i + 1) * WIDTH) for i, m in enumerate(own)])
     agree(got[mine], want[mine], tol, exact, (dtype, shape, "own tokens' outputs"))
     assert torch.equal(caches[1].conv, caches[0].conv), (dtype, shape, "carried-over inputs")
@@ -141,16 +142,14 @@ def check(dtype, tol, exact, **shape):
 
     if not exact:
         return
-    # the same own tokens through fused decode steps, one after another from the same start: the same bits
-    for c in caches:
-        c.conv[:, slots], c.ssm[:, slots] = start
-    got = fused(layer, x, caches[1].verify_plan(rows, lead, WIDTH))
+    # the same own tokens through fused decode steps, one after another from the same start (caches[2], not yet
+    # stepped in float16): the same bits
     for i, (slot, m) in enumerate(zip(slots, own)):
         for j in range(m):
-            step = fused(layer, x[i * WIDTH + WIDTH - m + j][None], caches[0].decode_plan(torch.tensor([slot])))
+            step = fused(layer, x[i * WIDTH + WIDTH - m + j][None], caches[2].decode_plan(torch.tensor([slot])))
             assert torch.equal(step[0], got[i * WIDTH + WIDTH - m + j]), (dtype, shape, slot, j)
-        assert torch.equal(caches[0].ssm[1, slot], caches[1].ssm[1, slot]), (dtype, shape, slot)
-        assert torch.equal(caches[0].conv[1, slot], caches[1].conv[1, slot]), (dtype, shape, slot)
+        assert torch.equal(caches[2].ssm[1, slot], caches[1].ssm[1, slot]), (dtype, shape, slot)
+        assert torch.equal(caches[2].conv[1, slot], caches[1].conv[1, slot]), (dtype, shape, slot)
 
 check(torch.float32, 1e-5, False, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
 check(torch.float16, 1e-5, True, linear_num_key_heads=4, linear_key_head_dim=8)
