@@ -25,8 +25,10 @@ def _triton():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("width", [1, 16])
-def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, width):
-    """A decode step (width 1) or a verify step of rows of 16 tokens (padded rows: leads 0, 5, 12)."""
+@pytest.mark.parametrize("apart", [False, True])
+def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, width, apart):
+    """A decode step (width 1) or a verify step of rows of 16 tokens (padded rows: leads 0, 5, 12); `apart`:
+    in_proj stored in two parts (q|k|v|z, b|a), whose outputs the fused step reads where they lie."""
     _triton()
     from onecat.engine.cache.recurrent_state import RecurrentStateCache
     from onecat.engine.config import ModelConfig
@@ -59,7 +61,20 @@ def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, widt
         project = layer.out_proj.forward
         layer.out_proj.forward = lambda t: seen.append(t) or project(t)
         layer(x, plans[0])
-        got = layer.fused_step(layer.in_proj(x), plans[1])
+        if apart:
+            from onecat.engine.quant.row_split import RowSplitLinear
+
+            whole, split = layer.in_proj, layer.conv_dim + layer.value_size
+            parts = [torch.nn.Linear(whole.in_features, n, bias=False, device="cuda", dtype=dtype)
+                     for n in (split, 2 * HV)]
+            parts[0].weight.copy_(whole.weight[:split])
+            parts[1].weight.copy_(whole.weight[split:])
+            layer.in_proj = RowSplitLinear(parts)
+            projected, gates = layer._project_apart(x)
+            assert gates is not None and gates.shape == (x.shape[0], 2 * HV)
+            got = layer.fused_step(projected, plans[1], gates=gates)
+        else:
+            got = layer.fused_step(layer.in_proj(x), plans[1])
     own = torch.cat([torch.arange(r * width + int(lead[r]) * (width > 1), (r + 1) * width) for r in range(rows)])
     got, want = got[own.cuda()], seen[0][own.cuda()]
     err = ((got.double() - want.double()).norm() / want.double().norm()).item()
@@ -76,11 +91,12 @@ def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, widt
     assert torch.equal(caches[1].conv, caches[0].conv)  # the carried-over inputs move, never computed
 
 
-@pytest.mark.parametrize("speculative", [False, True])
-def test_graphs_with_the_fused_step_give_the_engine_without_it(tmp_path, monkeypatch, speculative):
+@pytest.mark.parametrize("speculative,quantization", [(False, None), (True, None), (False, "nvfp4")])
+def test_graphs_with_the_fused_step_give_the_engine_without_it(tmp_path, monkeypatch, speculative, quantization):
     """Graph-replayed decode (and verify) steps through the fused kernels (padded rows on the scratch slot
     included) against the same engine on the torch path: tokens equal up to a near-tie, logprobs within bf16
-    rounding; with speculation, the same tokens as plain decoding."""
+    rounding; with speculation, the same tokens as plain decoding. NVFP4 quantized at load, as route 1 runs:
+    in_proj in two parts (q|k|v|z packed, b|a dense), read apart by the fused step."""
     _triton()
     from onecat.engine import LLM
     from onecat.engine.layers import gated_deltanet, hybrid_kernels
@@ -94,9 +110,12 @@ def test_graphs_with_the_fused_step_give_the_engine_without_it(tmp_path, monkeyp
     for fused in (False, True):
         monkeypatch.setattr(hybrid_kernels, "ENABLED", fused)
         with LLM(str(d), dtype="bfloat16", device="cuda", cuda_graph="full", max_num_seqs=4,
-                 enable_prefix_caching=False, **spec) as llm:
+                 enable_prefix_caching=False, quantization=quantization, **spec) as llm:
+            layers = [m for m in llm.model.modules() if isinstance(m, gated_deltanet.GatedDeltaNet)]
+            if quantization:
+                assert all(hasattr(m.in_proj, "parts") for m in layers), "in_proj not stored in two parts"
             outs[fused] = [llm.generate(GRAPH_PROMPTS, _params()), llm.generate(GRAPH_PROMPTS[:3], _params())]
-            paths[fused] = {m.path for m in llm.model.modules() if isinstance(m, gated_deltanet.GatedDeltaNet)}
+            paths[fused] = {m.path for m in layers}
             assert llm.cuda_graph_report()["used"]
             detail = llm.info()["fused_kernels_detail"]["hybrid"]
             assert detail.startswith("fused:") == fused, detail
