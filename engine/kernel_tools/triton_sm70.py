@@ -49,9 +49,10 @@ STEP_SHAPE = {"HK": 16, "HV": 48, "DK": 128, "DV": 128, "TAPS": 4}  # Qwen3.5-27
 STEP_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "gates_ptr": "*fp16", "gates_stride": "i32",
                   "conv_ptr": "*fp16", "conv_w_ptr": "*fp16", "ssm_ptr": "*fp32", "slots_ptr": "*i64",
                   "lead_ptr": "*i64", "a_log_ptr": "*fp16", "dt_bias_ptr": "*fp16", "o_ptr": "*fp32", "scale": "fp32",
-                  "pre_ptr": "*fp32", "tconv_ptr": "*fp16", "tk_ptr": "*fp16", "tv_ptr": "*fp16", "tg_ptr": "*fp32", "tbeta_ptr": "*fp32", "W": "constexpr",
-                  "TW": "constexpr", "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr",
-                  "TAPS": "constexpr", "BK": "constexpr", "BV": "constexpr", "TRAILS": "constexpr"}
+                  "pre_ptr": "*fp32", "tconv_ptr": "*fp16", "tk_ptr": "*fp16", "tv_ptr": "*fp16", "tg_ptr": "*fp32",
+                  "tbeta_ptr": "*fp32", "W": "constexpr", "TW": "constexpr", "HK": "constexpr", "HV": "constexpr",
+                  "DK": "constexpr", "DV": "constexpr", "TAPS": "constexpr", "BK": "constexpr", "BV": "constexpr",
+                  "TRAILS": "constexpr"}
 FINISH_SIGNATURE = {"o_ptr": "*fp32", "proj_ptr": "*fp16", "proj_stride": "i32", "conv_ptr": "*fp16",
                     "slots_ptr": "*i64", "lead_ptr": "*i64", "norm_w_ptr": "*fp16", "out_ptr": "*fp16", "eps": "fp32",
                     "tconv_ptr": "*fp16", "W": "constexpr", "TW": "constexpr", "HK": "constexpr", "HV": "constexpr",

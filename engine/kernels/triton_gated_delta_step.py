@@ -78,8 +78,8 @@ def _keep_inputs(proj, conv, tconv, c, ok, lead, proj_stride, W: tl.constexpr, T
 @triton.jit
 def step_kernel(proj_ptr, proj_stride, gates_ptr, gates_stride, conv_ptr, conv_w_ptr, ssm_ptr, slots_ptr, lead_ptr,
                 a_log_ptr, dt_bias_ptr, o_ptr, scale, pre_ptr, tconv_ptr, tk_ptr, tv_ptr, tg_ptr, tbeta_ptr,
-                W: tl.constexpr, TW: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                TAPS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TRAILS: tl.constexpr):
+                W: tl.constexpr, TW: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
+                DV: tl.constexpr, TAPS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TRAILS: tl.constexpr):
     NV: tl.constexpr = (DV + BV - 1) // BV
     KEYS: tl.constexpr = HK * DK
     VALUES: tl.constexpr = HV * DV
