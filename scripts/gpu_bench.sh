@@ -18,9 +18,10 @@
 # timing against the torch path (benchmarks/gpu_gdn_step.py); `gdn_route` route 1 at batch 1 with Qwen3.5's fused
 # kernels off, on, off, on (ONECAT_FUSED_HYBRID); `draft_vocab` route 1 at batch 1 with the DFlash compute over the
 # whole LM head and over 32K ids, then the 8B DFlash-shaped rounds likewise; `draft_vocab_embedded` the embedded
-# target with its trained drafter over the whole head and its 6,207 ranked ids (EMBEDDED_GGUF, DFLASH_PROMPTS).
+# target with its trained drafter over the whole head and its 6,207 ranked ids (EMBEDDED_GGUF, DFLASH_PROMPTS);
+# `route_ab` both route-1 A/Bs in four runs (fused hybrid kernels off, on, on with a 32K draft vocabulary, off).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
-#                                gdn_route|draft_vocab|draft_vocab_embedded]...
+#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -41,6 +42,14 @@ for step in $steps; do
            ONECAT_FUSED_HYBRID=${run#*_} timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
              --batch-sizes 1 --repeats 1 --out "$out/seed_route_gdn_$run.json" >"$out/gdn_route_$run.log" 2>&1
            echo "route 1 run ${run%_*} fused hybrid kernels=${run#*_} rc=$?"; grep -i "tok/s" "$out/gdn_route_$run.log" | tail -2
+         done ;;
+    route_ab) for run in 1_0_0 2_1_0 3_1_32768 4_0_0; do  # run_fused-hybrid-kernels_draft-vocab-size
+           f=${run#*_}; f=${f%_*}; n=${run##*_}
+           ONECAT_FUSED_HYBRID=$f timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+             --batch-sizes 1 --repeats 1 --draft-vocab-size $n --out "$out/seed_route_ab_$run.json" \
+             >"$out/route_ab_$run.log" 2>&1
+           echo "route 1 run ${run%%_*} fused hybrid kernels=$f draft vocab=$n rc=$?"
+           grep -i "tok/s" "$out/route_ab_$run.log" | tail -2
          done ;;
     draft_vocab) for n in 0 32768; do
            timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 --batch-sizes 1 --repeats 1 \
