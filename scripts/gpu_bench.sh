@@ -31,6 +31,18 @@ mkdir -p "$out"
 python3 -m pip install --no-deps --no-build-isolation -q -e . >"$out/install.log" 2>&1 || {
   echo "install failed, see $out/install.log"; tail -5 "$out/install.log"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
+# route 1 at batch 1, one run per argument RUN_FUSED_VOCAB (run number, fused hybrid kernels 0/1, draft vocab size)
+route_runs() {
+  local tag=$1 run f n; shift
+  for run in "$@"; do
+    f=${run#*_}; f=${f%_*}; n=${run##*_}
+    ONECAT_FUSED_HYBRID=$f timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+      --batch-sizes 1 --repeats 1 --draft-vocab-size "$n" --out "$out/seed_route_${tag}_$run.json" \
+      >"$out/route_${tag}_$run.log" 2>&1
+    echo "route 1 run ${run%%_*} fused hybrid kernels=$f draft vocab=$n rc=$?"
+    grep -i "tok/s" "$out/route_${tag}_$run.log" | tail -2
+  done
+}
 for step in $steps; do
   case $step in
     gdn) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_gated_delta_step_gpu.py \
@@ -38,19 +50,8 @@ for step in $steps; do
              >"$out/gdn_tests.log" 2>&1; echo "gdn tests rc=$?"; tail -3 "$out/gdn_tests.log"
          (cd benchmarks && timeout 150 python3 gpu_gdn_step.py --out "$out/gpu_gdn_step.json" \
              >"$out/gdn_step.log" 2>&1); echo "gdn step rc=$?"; grep "rows" "$out/gdn_step.log" ;;
-    gdn_route) for run in 1_0 2_1 3_0 4_1; do
-           ONECAT_FUSED_HYBRID=${run#*_} timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-             --batch-sizes 1 --repeats 1 --out "$out/seed_route_gdn_$run.json" >"$out/gdn_route_$run.log" 2>&1
-           echo "route 1 run ${run%_*} fused hybrid kernels=${run#*_} rc=$?"; grep -i "tok/s" "$out/gdn_route_$run.log" | tail -2
-         done ;;
-    route_ab) for run in 1_0_0 2_1_0 3_1_32768 4_0_0; do  # run_fused-hybrid-kernels_draft-vocab-size
-           f=${run#*_}; f=${f%_*}; n=${run##*_}
-           ONECAT_FUSED_HYBRID=$f timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-             --batch-sizes 1 --repeats 1 --draft-vocab-size $n --out "$out/seed_route_ab_$run.json" \
-             >"$out/route_ab_$run.log" 2>&1
-           echo "route 1 run ${run%%_*} fused hybrid kernels=$f draft vocab=$n rc=$?"
-           grep -i "tok/s" "$out/route_ab_$run.log" | tail -2
-         done ;;
+    gdn_route) route_runs gdn 1_0_0 2_1_0 3_0_0 4_1_0 ;;
+    route_ab) route_runs ab 1_0_0 2_1_0 3_1_32768 4_0_0 ;;
     draft_vocab) for n in 0 32768; do
            timeout 140 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 --batch-sizes 1 --repeats 1 \
              --draft-vocab-size $n --out "$out/seed_route_vocab_$n.json" >"$out/route_vocab_$n.log" 2>&1

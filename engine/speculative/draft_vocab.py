@@ -66,9 +66,7 @@ class DraftVocab(nn.Module):
         self.head.use_fused = getattr(lm_head, "use_fused", False)
         pack_weights(self)  # float32 on CPU: the batch-invariant packed matmul, as the target's head
         self.full = weight  # the target's head, for a round's own tokens
-        self.register_buffer("ranked", torch.zeros(vocab_size, dtype=torch.bool, device=weight.device),
-                             persistent=False)
-        self.ranked[self.ids] = True
+        self.ranked = frozenset(ids)  # on the host: a round's own tokens are picked there, with no device sync
         self.round_ids, self.own_rows = self.ids, None  # this round's ids and the head rows of its own tokens
         self.own_tokens = 0  # own tokens scored over every round (for describe)
 
@@ -84,11 +82,13 @@ class DraftVocab(nn.Module):
     def round(self, token_lists: list[list[int]]) -> None:
         """Set this round's vocabulary: the ranked ids, then the tokens of the round's requests (prompt and
         output so far) that are not among them."""
-        own = torch.tensor(sorted(set().union(*token_lists)), dtype=torch.int64, device=self.ids.device)
-        own = own[~self.ranked[own]] if own.numel() else own
-        self.round_ids = torch.cat([self.ids, own]) if own.numel() else self.ids
-        self.own_rows = self.full[own] if own.numel() else None
-        self.own_tokens += int(own.numel())
+        own = sorted(set().union(*token_lists) - self.ranked)
+        if own:
+            rows = torch.tensor(own, dtype=torch.int64, device=self.ids.device)
+            self.round_ids, self.own_rows = torch.cat([self.ids, rows]), self.full[rows]
+        else:
+            self.round_ids, self.own_rows = self.ids, None
+        self.own_tokens += len(own)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over this round's vocabulary [rows, N + its own tokens]."""
