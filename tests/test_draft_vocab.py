@@ -97,3 +97,32 @@ def test_a_missing_or_short_draft_vocabulary_is_refused_with_the_fix(tmp_path):
         _llm(_drafter(tmp_path / "b", list(range(50))), 100)
     with pytest.raises(ConfigError, match="distinct token ids"):
         _llm(_drafter(tmp_path / "c", [1, 1, 2]), 3)
+
+
+class _Seq:
+    def __init__(self, request_id: str, token_ids: list[int]):
+        self.request_id, self.token_ids = request_id, token_ids
+
+
+def test_a_rounds_own_tokens_follow_each_requests_new_tokens_and_drop_finished_requests():
+    from onecat.engine.speculative.draft_vocab import DraftVocab
+    head = torch.nn.Linear(8, 50, bias=False)
+    vocab = DraftVocab(head, [1, 2, 3], 50, "test")
+    a, b = _Seq("a", [1, 7, 2]), _Seq("b", [9, 3])
+    vocab.round([a, b])
+    assert vocab.round_ids.tolist() == [1, 2, 3, 7, 9]
+    torch.testing.assert_close(vocab.own_rows, head.weight[[7, 9]])
+    rows_before = vocab.own_rows
+    a.token_ids += [1, 9]  # nothing new outside the ranked ids: the round's rows are kept as they are
+    vocab.round([a, b])
+    assert vocab.own_rows is rows_before and vocab.round_ids.tolist() == [1, 2, 3, 7, 9]
+    a.token_ids.append(11)
+    vocab.round([a])  # b not in this round: its tokens are not this round's
+    assert vocab.round_ids.tolist() == [1, 2, 3, 7, 9, 11]
+    vocab.round([b])
+    assert vocab.round_ids.tolist() == [1, 2, 3, 9]
+    vocab.forget("b")
+    vocab.round([_Seq("b", [3])])  # a new request of the same id starts afresh
+    assert vocab.round_ids.tolist() == [1, 2, 3] and vocab.own_rows is None
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(vocab(x), head(x)[:, [1, 2, 3]])

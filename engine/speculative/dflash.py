@@ -353,7 +353,7 @@ class DFlashProposer(Proposer):
         block[:, 0] = anchors[:, 0]
         h = self._block_hidden(block, anchors[:, 1:] + self._block_offsets, [seqs[i].request_id for i in rows])
         if self.vocab is not None:
-            self.vocab.round([seqs[i].token_ids for i in rows])
+            self.vocab.round([seqs[i] for i in rows])
         wanted = [counts[i] for i in rows]
         if min(wanted) == max(wanted):
             picked = h[:, 1:1 + wanted[0]].reshape(-1, h.shape[-1])
@@ -410,6 +410,8 @@ class DFlashProposer(Proposer):
     def release(self, seq) -> None:
         self.cache.release(seq.request_id)
         self.ahead.pop(seq.request_id, None)
+        if self.vocab is not None:
+            self.vocab.forget(seq.request_id)
 
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,

@@ -102,7 +102,7 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
     k = proposer.k
     # greedy: the argmax of the target dtype's logits is that of their float32 copy (the cast is exact)
     if proposer.vocab is not None:
-        proposer.vocab.round([s.token_ids for s in seqs])
+        proposer.vocab.round(seqs)
     logits = proposer.score(h[:, 1:1 + k].reshape(-1, h.shape[-1]))
     tokens = proposer.token_ids(logits.argmax(dim=-1)).view(len(seqs), k)
     return {rid: Ahead(c, ext, tokens[r], logits[r * k:(r + 1) * k])

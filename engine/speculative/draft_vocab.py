@@ -69,6 +69,8 @@ class DraftVocab(nn.Module):
         self.ranked = frozenset(ids)  # on the host: a round's own tokens are picked there, with no device sync
         self.round_ids, self.own_rows = self.ids, None  # this round's ids and the head rows of its own tokens
         self.own_tokens = 0  # own tokens scored over every round (for describe)
+        self.seen: dict[str, tuple[int, set[int]]] = {}  # request -> (tokens read, its own tokens so far)
+        self.round_own: set[int] = set()  # the own tokens this round's rows hold
 
     @classmethod
     def first(cls, lm_head: nn.Module, ranked: tuple[list[int], str], size: int, vocab_size: int) -> "DraftVocab":
@@ -79,16 +81,31 @@ class DraftVocab(nn.Module):
                               f"ranks ({source}): ask for at most {len(ids)}")
         return cls(lm_head, ids[:size], vocab_size, source)
 
-    def round(self, token_lists: list[list[int]]) -> None:
+    def round(self, seqs) -> None:
         """Set this round's vocabulary: the ranked ids, then the tokens of the round's requests (prompt and
-        output so far) that are not among them."""
-        own = sorted(set().union(*token_lists) - self.ranked)
-        if own:
-            rows = torch.tensor(own, dtype=torch.int64, device=self.ids.device)
-            self.round_ids, self.own_rows = torch.cat([self.ids, rows]), self.full[rows]
-        else:
-            self.round_ids, self.own_rows = self.ids, None
+        output so far) that are not among them. Each request's own tokens are gathered once, as they arrive
+        (host work per round grows with the new tokens, not with the context), and the round's rows are rebuilt
+        only when their union changes."""
+        own: set[int] = set()
+        for seq in seqs:
+            seen, mine = self.seen.get(seq.request_id, (0, set()))
+            tokens = seq.token_ids
+            if len(tokens) > seen:
+                mine.update(t for t in tokens[seen:] if t not in self.ranked)
+                self.seen[seq.request_id] = (len(tokens), mine)
+            own |= mine
+        if own != self.round_own:
+            self.round_own = own
+            if own:
+                rows = torch.tensor(sorted(own), dtype=torch.int64, device=self.ids.device)
+                self.round_ids, self.own_rows = torch.cat([self.ids, rows]), self.full[rows]
+            else:
+                self.round_ids, self.own_rows = self.ids, None
         self.own_tokens += len(own)
+
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request's own tokens."""
+        self.seen.pop(request_id, None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over this round's vocabulary [rows, N + its own tokens]."""
