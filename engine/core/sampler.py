@@ -25,50 +25,133 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
     return logits
 
 
+CANDIDATES = 1024  # a row's nucleus is looked for among its this-many largest logits first
+
+
 def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Temperature, then top-k / top-p / min-p masks -> probabilities, row by row. logits: [N, V] fp32."""
+    """Temperature, then top-k / top-p / min-p masks -> probabilities over the vocabulary, row by row.
+    logits: [N, V] fp32."""
+    out = None
+    for rows, probs, ids in filtered(logits, params):
+        if ids is None and len(rows) == logits.shape[0]:
+            return probs
+        if out is None:
+            out = logits.new_zeros(logits.shape)
+        index = to_device(rows, logits.device)
+        out[index] = probs if ids is None else probs.new_zeros(len(rows), logits.shape[1]).scatter_(1, ids, probs)
+    return out
+
+
+def filtered(logits: torch.Tensor, params: list[SamplingParams]
+             ) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
+    """Each row's sampling distribution after temperature, top-k, top-p and min-p, in groups of rows:
+    (rows, probabilities [len(rows), C], their token ids [len(rows), C], or None when C is the whole
+    vocabulary in id order). A row that keeps its top k or nucleus gets its CANDIDATES (or top_k) largest
+    logits, selected without sorting the vocabulary (the sort was most of a sampled step at batch 256 on a
+    CPU); only a row whose candidates hold less than its top_p of the mass is sorted whole. Which group a
+    row lands in depends on its own logits and settings alone, so its tokens do not depend on its batch."""
+    V = logits.shape[-1]
     device = logits.device
     temps = to_device([1.0 if p.greedy else p.temperature for p in params], device)
     x = logits / temps.unsqueeze(1)
-    V = x.shape[-1]
     top_ks = [p.top_k if 0 < p.top_k < V else V for p in params]
+    if all(k == V for k in top_ks) and all(p.top_p >= 1.0 for p in params):
+        return [(list(range(len(params))), _min_p(x.softmax(dim=-1), params), None)]
+    width = min(V, max([CANDIDATES] + [k for k in top_ks if k < V]))
+    vals, ids = x.topk(width, dim=-1)  # largest first
+    probs, short = _nucleus(x, vals, top_ks, params)
+    groups = []
+    fits = [i for i in range(len(params)) if i not in short]
+    if fits:
+        keep = to_device(fits, device) if short else None
+        groups.append((fits, _min_p(probs if keep is None else probs[keep], [params[i] for i in fits]),
+                       ids if keep is None else ids[keep]))
+    if short:  # every token may be in the nucleus: sort the whole vocabulary
+        index = to_device(short, device)
+        vals, ids = x[index].sort(dim=-1, descending=True)
+        sub = [params[i] for i in short]
+        probs, _ = _nucleus(x[index], vals, [top_ks[i] for i in short], sub)
+        groups.append((short, _min_p(probs, sub), ids))
+    return groups
+
+
+def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_ks: list[int], params: list[SamplingParams]
+             ) -> tuple[torch.Tensor, list[int]]:
+    """Probabilities over each row's largest logits `vals` [N, C] (descending) after its top-k and top-p, and the
+    rows whose top-p nucleus may reach past the C candidates (top_k not set and the candidates' mass within
+    top_p). A token is dropped when the mass strictly ahead of it exceeds top_p (the first is always kept)."""
+    device = x.device
+    V, C = x.shape[-1], vals.shape[-1]
+    drop = torch.arange(C, device=device).unsqueeze(0) >= to_device(top_ks, device).unsqueeze(1)
+    short: list[int] = []
     top_ps = [p.top_p for p in params]
-    if any(k < V for k in top_ks) or any(p < 1.0 for p in top_ps):
-        sorted_x, order = x.sort(dim=-1, descending=True)
-        ks = to_device(top_ks, device)
-        ranks = torch.arange(V, device=device).unsqueeze(0)
-        drop = ranks >= ks.unsqueeze(1)
-        if any(p < 1.0 for p in top_ps):
-            probs = sorted_x.masked_fill(drop, float("-inf")).softmax(dim=-1)
-            before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
-            drop |= before > to_device(top_ps, device).unsqueeze(1)
-        drop[:, 0] = False
-        x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
-    probs = x.softmax(dim=-1)
-    if any(p.min_p > 0 for p in params):
-        min_p = to_device([p.min_p for p in params], device)
-        keep = probs >= min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
-        probs = torch.where(keep, probs, torch.zeros_like(probs))
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+    if any(p < 1.0 for p in top_ps):
+        whole = [i for i, k in enumerate(top_ks) if k >= V]  # top-k not set: mass over the whole vocabulary
+        if len(whole) == len(top_ks):
+            log_total = x.logsumexp(dim=-1)
+        else:
+            log_total = vals.masked_fill(drop, float("-inf")).logsumexp(dim=-1)
+            if whole:
+                index = to_device(whole, device)
+                log_total[index] = x[index].logsumexp(dim=-1)
+        probs = (vals - log_total.unsqueeze(1)).exp().masked_fill(drop, 0.0)
+        before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
+        ps = to_device(top_ps, device).unsqueeze(1)
+        drop |= before > ps
+        if C < V and whole:  # the token after the last candidate is kept unless the candidates' mass > top_p
+            reach = (before[:, -1] + probs[:, -1] <= ps[:, 0]).tolist()
+            short = [i for i in whole if reach[i] and top_ps[i] < 1.0]
+    drop[:, 0] = False
+    return vals.masked_fill(drop, float("-inf")).softmax(dim=-1), short
+
+
+def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Drop tokens below min_p x the row's most likely token's probability, and renormalize."""
+    if not any(p.min_p > 0 for p in params):
+        return probs
+    min_p = to_device([p.min_p for p in params], probs.device)
+    keep = probs >= min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    probs = torch.where(keep, probs, torch.zeros_like(probs))
+    return probs / probs.sum(dim=-1, keepdim=True)
 
 
 def exponential_race(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """A draw from each row of `probs` [N, V], on the device (argmax p / E, E ~ Exp(1)): one draw per vocab
-    entry from that row's request stream, so a row's token does not depend on the other rows."""
+    """A draw from each row of `probs` [N, C], on the device (argmax p / E, E ~ Exp(1)): one draw per entry
+    from that row's request stream, so a row's token does not depend on the other rows."""
     noise = torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)])
     return (probs / noise).argmax(dim=-1)
 
 
+def inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """A draw from each row of `probs` [N, C], on the device: one uniform from that row's request stream, placed
+    on the row's cumulative sum in float64 (exact to float64 rounding; one random number a row, where a race
+    takes one per entry: most of a temperature-only sampled step on a CPU). The index is always an entry of
+    positive probability."""
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1]
+    # below the total, the first entry whose cumulative sum passes the point is one where the sum grew
+    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point.unsqueeze(1), right=True).squeeze(1)
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """A token per row, read back from the device once for the whole batch."""
+    """A token per row, read back from the device once for the whole batch. A sampled row draws once from
+    its stream, over the candidates its filters keep (or the whole vocabulary when it keeps that)."""
     logits = logits.float()
-    tokens = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
+    if len(rows) < len(params):
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = torch.empty(len(params), dtype=torch.int64, device=logits.device)
     if rows:
         index = to_device(rows, logits.device)  # a list index would be copied to the device synchronously
-        probs = apply_filters(logits[index], [params[i] for i in rows])
-        tokens[index] = exponential_race(probs, [generators[i] for i in rows])
+        sub = logits if len(rows) == len(params) else logits[index]
+        for group, probs, ids in filtered(sub, [params[i] for i in rows]):
+            picked = inverse_cdf(probs, [generators[rows[j]] for j in group])
+            if ids is not None:
+                picked = ids.gather(1, picked.unsqueeze(1)).squeeze(1)
+            tokens[to_device([rows[j] for j in group], logits.device)] = picked
     return tokens.tolist()
 
 

@@ -1,0 +1,99 @@
+"""The sampler's filters (engine/core/sampler.py) look for each row's top-k / nucleus among its largest logits
+instead of sorting the vocabulary: the same distribution as the sorted definition, rows whose nucleus reaches past
+the candidates sorted whole, a row's result independent of its batch, and draws that follow the distribution."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onecat.engine.core import sampler
+from onecat.engine.core.sampler import apply_filters, sample
+from onecat.engine.sampling_params import SamplingParams
+
+V = 5000
+
+
+def sorted_reference(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The definition on one row: sort the whole vocabulary, keep the top k, then every token whose mass strictly
+    ahead is at most top_p (the first always), then min_p against the most likely token."""
+    x = logits / (1.0 if p.greedy else p.temperature)
+    vals, order = x.sort(descending=True)
+    k = p.top_k if 0 < p.top_k < V else V
+    keep = torch.arange(V) < k
+    probs = vals.masked_fill(~keep, float("-inf")).softmax(-1)
+    if p.top_p < 1.0:
+        keep &= (probs.cumsum(-1) - probs) <= p.top_p
+    keep[0] = True
+    probs = vals.masked_fill(~keep, float("-inf")).softmax(-1)
+    if p.min_p > 0:
+        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
+        probs = probs / probs.sum()
+    return torch.zeros(V).scatter(0, order, probs)
+
+
+def _rows(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    peaky = torch.randn(n, V, generator=g) * 4
+    flat = torch.randn(n, V, generator=g) * 0.05  # a nucleus of thousands of tokens: past the candidates
+    return torch.cat([peaky, flat])
+
+
+SETTINGS = [dict(temperature=0.8, top_p=0.95), dict(temperature=1.0, top_k=20), dict(temperature=1.0, top_k=20,
+            top_p=0.9), dict(temperature=0.7, top_p=0.9, min_p=0.05), dict(temperature=1.3),
+            dict(temperature=1.0, top_k=3000, top_p=0.99), dict(temperature=0.0)]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_filters_equal_the_sorted_definition(setting, monkeypatch):
+    monkeypatch.setattr(sampler, "CANDIDATES", 256)
+    logits = _rows(6, 0)
+    params = [SamplingParams(**setting)] * len(logits)
+    got = apply_filters(logits, params)
+    for row, p in zip(range(len(logits)), params):
+        want = sorted_reference(logits[row], p)
+        assert torch.equal(got[row] > 0, want > 0), f"row {row}: another set of tokens kept"
+        torch.testing.assert_close(got[row], want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_flat_rows_nucleus_is_looked_for_in_the_whole_vocabulary(monkeypatch):
+    monkeypatch.setattr(sampler, "CANDIDATES", 256)
+    logits = _rows(2, 1)
+    groups = sampler.filtered(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * len(logits))
+    widths = {tuple(rows): probs.shape[1] for rows, probs, _ in groups}
+    assert widths == {(0, 1): 256, (2, 3): V}
+    assert all(int((p > 0).sum()) > 256 for rows, p, _ in groups if p.shape[1] == V)
+
+
+def test_a_rows_distribution_and_draw_do_not_depend_on_its_batch(monkeypatch):
+    monkeypatch.setattr(sampler, "CANDIDATES", 256)
+    logits = _rows(3, 2)
+    params = [SamplingParams(temperature=0.9, top_p=0.95, seed=i) for i in range(len(logits))]
+    whole = apply_filters(logits, params)
+    gens = lambda rows: [torch.Generator().manual_seed(100 + i) for i in rows]  # noqa: E731
+    together = sample(logits, params, gens(range(len(logits))))
+    for i in range(len(logits)):
+        assert torch.equal(apply_filters(logits[i:i + 1], params[i:i + 1])[0], whole[i])
+        assert sample(logits[i:i + 1], params[i:i + 1], gens([i])) == [together[i]]
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=1.0, top_k=8, top_p=0.9), dict(temperature=2.0)])
+def test_draws_follow_the_filtered_distribution(setting):
+    torch.manual_seed(0)
+    row = torch.randn(1, V) * 3
+    if "top_k" not in setting:
+        row[0, 10:] = -30.0  # temperature alone: the mass on ten tokens, so each is checked
+    p = SamplingParams(**setting)
+    want = apply_filters(row, [p])[0]
+    n = 6000
+    tokens = sample(row.expand(n, V), [p] * n, [torch.Generator().manual_seed(s) for s in range(n)])
+    counts = torch.bincount(torch.tensor(tokens), minlength=V).float() / n
+    assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(want).flatten().tolist())
+    assert (counts - want).abs().max() < 4 * (want * (1 - want) / n).sqrt().max() + 1e-3
+
+
+def test_a_draw_never_lands_on_a_token_of_zero_probability():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0]] * 64)
+    gens = [torch.Generator().manual_seed(s) for s in range(64)]
+    assert set(sampler.inverse_cdf(probs, gens).tolist()) == {1, 3}
+    one = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    assert sampler.inverse_cdf(one, [None]).tolist() == [2]
