@@ -115,13 +115,6 @@ def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def exponential_race(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """A draw from each row of `probs` [N, C], on the device (argmax p / E, E ~ Exp(1)): one draw per entry
-    from that row's request stream, so a row's token does not depend on the other rows."""
-    noise = torch.stack([torch.empty_like(row).exponential_(generator=g) for row, g in zip(probs, generators)])
-    return (probs / noise).argmax(dim=-1)
-
-
 def inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """A draw from each row of `probs` [N, C], on the device: one uniform from that row's request stream, placed
     on the row's cumulative sum in float64 (exact to float64 rounding; one random number a row, where a race

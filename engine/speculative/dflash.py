@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from onecat.engine.core.sampler import apply_filters, exponential_race
+from onecat.engine.core.sampler import apply_filters, inverse_cdf
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.errors import ConfigError, ModelNotFoundError
 from onecat.engine.layers.linear import Linear
@@ -396,7 +396,7 @@ class DFlashProposer(Proposer):
         if sampled:
             rows = to_device([r for i in sampled for r in range(starts[i], starts[i + 1])], logits.device)
             q = apply_filters(logits[rows], [seqs[i].params for i in sampled for _ in range(counts[i])])
-            tokens[rows] = exponential_race(q, [seqs[i].generator for i in sampled for _ in range(counts[i])])
+            tokens[rows] = inverse_cdf(q, [seqs[i].generator for i in sampled for _ in range(counts[i])])
             q = q if self.vocab is None else self.vocab.widen(q)  # the verifier's proposal: over its vocabulary
             at = 0
             for i in sampled:

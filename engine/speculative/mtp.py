@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from onecat.engine.core.sampler import apply_filters, exponential_race
+from onecat.engine.core.sampler import apply_filters, inverse_cdf
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
@@ -109,7 +109,7 @@ class MTPProposer(Proposer):
                 if sampled:
                     q = torch.zeros_like(logits)
                     q[picked] = apply_filters(logits[picked], [params[r] for r in sampled])
-                    token[picked] = exponential_race(q[picked], [generators[r] for r in sampled])
+                    token[picked] = inverse_cdf(q[picked], [generators[r] for r in sampled])
                     qs.append(q)
                 return token
 
