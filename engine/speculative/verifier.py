@@ -9,7 +9,7 @@ whatever the proposer's q. A deterministic proposer (n-gram) has q = point mass 
 Acceptance, the residual and the next token are computed on the device for the whole batch; the host
 reads one tensor per step (each sequence's accepted count and tokens), not one value per draft.
 Every random draw comes from the request's own generator, in an order that does not depend on the
-batch (len(draft) uniforms, then one exponential per vocabulary entry), so a seeded request's tokens
+batch (len(draft) uniforms, then one uniform placed on the emitted token's law), so a seeded request's tokens
 do not depend on which requests share its step.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from itertools import accumulate
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from onecat.engine.core.sampler import apply_filters
+from onecat.engine.core.sampler import apply_filters, inverse_cdf
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.transfers import to_device
 
@@ -132,8 +132,7 @@ def _verify_sampled(blocks: list[DraftBlock]) -> torch.Tensor:
     total = residual.sum(dim=1, keepdim=True)
     residual = torch.where(total > 0, residual / total.clamp_min(torch.finfo(p.dtype).tiny), p_next)
     law = torch.where(rejected.unsqueeze(1), residual, p_next)
-    noise = torch.stack([torch.empty_like(law[i]).exponential_(generator=b.generator) for i, b in enumerate(blocks)])
-    token = (law / noise).argmax(dim=1)  # exponential race: a draw from `law`
+    token = inverse_cdf(law, [b.generator for b in blocks])  # a draw from `law`
 
     tokens = torch.cat([drafts, drafts.new_zeros(len(blocks), 1)], dim=1).scatter(1, accepted.unsqueeze(1),
                                                                                   token.unsqueeze(1))
