@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from onecat.engine import LLM, SamplingParams
-from speculative_dflash import (EMBEDDED_DRAFTER, LOAD_LIMIT, check_drafter, compare, drafter_info, load_prompts,
-                                machine_info, open_pair, random_dflash, select_prompts, write_record)
+from speculative_dflash import (EMBEDDED_DRAFTER, LOAD_LIMIT, SAMPLING, check_drafter, compare, drafter_info,
+                                load_prompts, machine_info, open_pair, random_dflash, select_prompts, write_record)
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
 SNIPPETS = [
@@ -133,14 +133,15 @@ def dflash_arm(args) -> dict:
         else:
             pair[0].close()
         spec, label = pair[1], pair[2]
-        for row in compare(base, spec, prompts, [1], max_tokens, args.repeats):
+        for row in compare(base, spec, prompts, [1], max_tokens, args.repeats, sampling=args.sampling):
             rows.append({"draft_vocab_size": size or None, **row})
         drafters[size or "whole vocabulary"] = drafter_info(spec, label)
         engine = {k: spec.info()[k] for k in ("device", "dtype", "attention_backend", "cuda_graph")}
         spec.close()
     return {"benchmark": "speculative_cpu_dflash", "target": args.target,
             "drafter": drafters[sizes[0] or "whole vocabulary"] if len(sizes) == 1 else drafters, "engine": engine,
-            "prompts": prompts["datasets"], "greedy": True, "batch_size": 1, "max_tokens": max_tokens,
+            "prompts": prompts["datasets"], "greedy": args.sampling == "greedy",
+            "sampling": {"name": args.sampling, **SAMPLING[args.sampling]}, "batch_size": 1, "max_tokens": max_tokens,
             "repeats": args.repeats, "rows": rows}
 
 
@@ -175,6 +176,9 @@ def main() -> None:
                     help="dflash arm: drafter arms, each a draft_vocab_size (0: the whole vocabulary), e.g. 0,4096")
     ap.add_argument("--prompts", type=Path, default=None, help="dflash arm: prompts saved by speculative_gpu.py "
                                                                "--save-prompts (instead of the datasets)")
+    ap.add_argument("--sampling", choices=sorted(SAMPLING), default="greedy",
+                    help="dflash arm: greedy (tokens checked against target-only), or seed_route: T 1.0, top-p 0.95, "
+                         "top-k 20, a seed per prompt (exact rejection sampling; each engine checked against itself)")
     ap.add_argument("--no-gate", action="store_true",
                     help="dflash arm: draft every round (disable_when_slower false), as the drafter contracts do")
     ap.add_argument("--allow-loaded", action="store_true", help=f"measure even at load >= {LOAD_LIMIT} (marked)")

@@ -80,10 +80,18 @@ def token_ids(llm: LLM, prompt: dict) -> list[int]:
 
 
 # ---- measurement ----------------------------------------------------------------------------------
-def run_batches(llm: LLM, prompts: list[list[int]], batch_size: int, max_tokens: int) -> dict:
-    """All prompts, `batch_size` at a time, greedy: decode tok/s, tokens, speculative counts."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    batches = [llm.generate(prompts[i:i + batch_size], params) for i in range(0, len(prompts), batch_size)]
+SAMPLING = {"greedy": {"temperature": 0.0},
+            "seed_route": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}  # contracts/dflash2_16k.yaml's
+
+
+def run_batches(llm: LLM, prompts: list[list[int]], batch_size: int, max_tokens: int,
+                sampling: str = "greedy") -> dict:
+    """All prompts, `batch_size` at a time (greedy, or sampled with one seed per prompt): decode tok/s, tokens,
+    speculative counts."""
+    params = [SamplingParams(**SAMPLING[sampling], max_tokens=max_tokens,
+                             **({"seed": i} if sampling != "greedy" else {})) for i in range(len(prompts))]
+    batches = [llm.generate(prompts[i:i + batch_size], params[i:i + batch_size])
+               for i in range(0, len(prompts), batch_size)]
     outs = [o for b in batches for o in b]
     errors = [o.error for o in outs if o.error]
     if errors:
@@ -99,38 +107,44 @@ def run_batches(llm: LLM, prompts: list[list[int]], batch_size: int, max_tokens:
 
 
 def compare(base: LLM, spec: LLM, prompts: dict, batch_sizes: list[int], max_tokens: int, repeats: int,
-            deadline: float | None = None, warm_whole_set: bool = False) -> list[dict]:
+            deadline: float | None = None, warm_whole_set: bool = False, sampling: str = "greedy") -> list[dict]:
     """One row per (prompt set, batch size); repeats stop early (never below one) past `deadline`. Before the
     timed repeats both engines run a short batch un-timed, or with `warm_whole_set` the whole set once: a
     speculative engine's gate learns each batch size's round and plain-step costs once in its life (as graphs
-    are captured once), which a short timed set would otherwise charge to its first repeat."""
+    are captured once), which a short timed set would otherwise charge to its first repeat. Sampled
+    (`sampling` other than greedy), the two engines draw differently, so their tokens are not compared with each
+    other: each engine's repeats must give its own first repeat's tokens (seeded requests)."""
     rows = []
     for set_name, items in prompts["sets"].items():
         ids = [token_ids(base, p) for p in items]
         for bs in batch_sizes:
             for llm in (base, spec):  # un-timed: first shapes, graph replays, allocator (and the gate's learning)
                 if warm_whole_set:
-                    run_batches(llm, ids, bs, max_tokens)
+                    run_batches(llm, ids, bs, max_tokens, sampling)
                 else:
-                    run_batches(llm, ids[:bs], bs, min(16, max_tokens))
+                    run_batches(llm, ids[:bs], bs, min(16, max_tokens), sampling)
             runs: dict[str, list[dict]] = {"target_only": [], "dflash": []}
             for r in range(repeats):
                 if r and deadline is not None and time.time() > deadline:
                     log(f"{set_name} bs={bs}: time budget reached after {r} repeat(s)")
                     break
-                runs["target_only"].append(run_batches(base, ids, bs, max_tokens))
-                runs["dflash"].append(run_batches(spec, ids, bs, max_tokens))
-            rows.append(figures(set_name, bs, [p["id"] for p in items], runs))
+                runs["target_only"].append(run_batches(base, ids, bs, max_tokens, sampling))
+                runs["dflash"].append(run_batches(spec, ids, bs, max_tokens, sampling))
+            rows.append(figures(set_name, bs, [p["id"] for p in items], runs, sampling))
             log(summary_line(rows[-1]))
     return rows
 
 
-def figures(set_name: str, bs: int, item_ids: list[str], runs: dict[str, list[dict]]) -> dict:
+def figures(set_name: str, bs: int, item_ids: list[str], runs: dict[str, list[dict]], sampling: str = "greedy"
+            ) -> dict:
     b = [r["decode_tok_s"] for r in runs["target_only"]]
     s = [r["decode_tok_s"] for r in runs["dflash"]]
     reference = runs["target_only"][0]["tokens"]
-    mismatched = sorted({item_ids[i] for run in runs["target_only"] + runs["dflash"]
-                         for i, toks in enumerate(run["tokens"]) if toks != reference[i]})
+    if sampling == "greedy":  # every run of either engine gives target-only's tokens
+        pairs = [(run, reference) for run in runs["target_only"] + runs["dflash"]]
+    else:  # each engine's repeats give its own first repeat's tokens
+        pairs = [(run, arm[0]["tokens"]) for arm in runs.values() for run in arm]
+    mismatched = sorted({item_ids[i] for run, want in pairs for i, toks in enumerate(run["tokens"]) if toks != want[i]})
     drafts = sum(r["drafts"] for r in runs["dflash"])
     accepted = sum(r["accepted"] for r in runs["dflash"])
     per_pos = [sum(col) for col in zip(*[r["accepted_per_position"] for r in runs["dflash"]])]
@@ -141,7 +155,9 @@ def figures(set_name: str, bs: int, item_ids: list[str], runs: dict[str, list[di
             "mean_new_tokens": sum(len(t) for t in reference) / len(reference),
             "acceptance_length": 1 + accepted / drafts if drafts else None, "verify_rounds": drafts,
             "acceptance_per_position": [n / drafts for n in per_pos] if drafts else [],
-            "tokens_identical": not mismatched, "mismatched_prompts": mismatched}
+            "sampling": {"name": sampling, **SAMPLING[sampling]},
+            "tokens_identical": not mismatched, "mismatched_prompts": mismatched,
+            "tokens_compared": "against target-only" if sampling == "greedy" else "each engine against its first repeat"}
 
 
 def summary_line(row: dict) -> str:

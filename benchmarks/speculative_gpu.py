@@ -27,8 +27,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from speculative_dflash import (EMBEDDED_DRAFTER, EMBEDDED_TARGET, check_drafter, compare, drafter_info, load_prompts,
-                                log, machine_info, open_pair, save_prompts, select_prompts, write_record)
+from speculative_dflash import (EMBEDDED_DRAFTER, EMBEDDED_TARGET, SAMPLING, check_drafter, compare, drafter_info,
+                                load_prompts, log, machine_info, open_pair, save_prompts, select_prompts, write_record)
 
 
 def engine_settings(device: str, batch_sizes: list[int]) -> dict:
@@ -62,6 +62,9 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="instead of measuring: where target-only's steps and DFlash's rounds go at batch 1 "
                          "(benchmarks/round_timeline.py), into DIR/timeline.json")
+    ap.add_argument("--sampling", choices=sorted(SAMPLING), default="greedy",
+                    help="greedy (tokens checked against target-only), or seed_route: T 1.0, top-p 0.95, top-k 20, a "
+                         "seed per prompt (exact rejection sampling; each engine checked against its own first repeat)")
     ap.add_argument("--gate", choices=("on", "off"), default="on",
                     help="on: the engine's default, drafting only while it pays (speculative_config."
                          "disable_when_slower); off: every round drafts (what a round costs)")
@@ -87,7 +90,7 @@ def main() -> None:
         profile_dflash(base, spec, prompts, args.max_tokens, args.profile)
         return
     rows = compare(base, spec, prompts, batch_sizes, args.max_tokens, args.repeats, deadline=t0 + args.budget_s,
-                   warm_whole_set=True)
+                   warm_whole_set=True, sampling=args.sampling)
     record = {"benchmark": "speculative_gpu_dflash", "kind": "measured",
               "measured_on": info["device_name"] if args.device != "cpu" else "cpu (logic check, not a GPU figure)",
               "date": datetime.now(timezone.utc).isoformat(), "machine": machine_info(args.device),
@@ -95,7 +98,8 @@ def main() -> None:
               "engine": {**settings, "effective_dtype": info["dtype"], "cuda_graph_used": info["cuda_graph"],
                          "target_only_cuda_graph_used": base.info()["cuda_graph"],
                          "attention_backend": info["attention_backend"]},
-              "prompts": prompts["datasets"], "greedy": True, "max_tokens": args.max_tokens,
+              "prompts": prompts["datasets"], "greedy": args.sampling == "greedy",
+              "sampling": {"name": args.sampling, **SAMPLING[args.sampling]}, "max_tokens": args.max_tokens,
               "warmup": "each prompt set once per batch size, un-timed, for both engines",
               "repeats_asked": args.repeats, "budget_s": args.budget_s, "rows": rows, "wall_s": time.time() - t0}
     write_record(record, args.out)  # compare() printed one summary line per figure as it measured it
