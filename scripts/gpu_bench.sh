@@ -19,9 +19,11 @@
 # kernels off, on, off, on (ONECAT_FUSED_HYBRID); `draft_vocab` route 1 at batch 1 with the DFlash compute over the
 # whole LM head and over 32K ids, then the 8B DFlash-shaped rounds likewise; `draft_vocab_embedded` the embedded
 # target with its trained drafter over the whole head and its 6,207 ranked ids (EMBEDDED_GGUF, DFLASH_PROMPTS);
-# `route_ab` both route-1 A/Bs in four runs (fused hybrid kernels off, on, on with a 32K draft vocabulary, off).
+# `route_ab` both route-1 A/Bs in four runs (fused hybrid kernels off, on, on with a 32K draft vocabulary, off);
+# `sampling` the sampler's and verifier's tests on the GPU, then the embedded target with its drafter sampled at the
+# seed route's settings (T 1, top-p 0.95, top-k 20; EMBEDDED_GGUF, DFLASH_PROMPTS).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
-#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab]...
+#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -104,6 +106,14 @@ for step in $steps; do
              --out "$out/speculative_gpu_dflash_gate_off.json" >>"$out/embedded.log" 2>&1; echo "gate off rc=$?"
            timeout 100 python3 benchmarks/speculative_gpu.py $a --gate off --profile "$out/embedded_timeline" \
              >>"$out/embedded.log" 2>&1; echo "timeline rc=$?"; grep -E "bs=|us a step" "$out/embedded.log" ;;
+    sampling) timeout 120 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_sampler_filters.py \
+             tests/test_verifier_batch.py >"$out/sampling_tests.log" 2>&1; echo "sampling tests rc=$?"
+           tail -2 "$out/sampling_tests.log"
+           a="--target ${EMBEDDED_GGUF:?set EMBEDDED_GGUF} --drafter engine/drafters/smollm2-135m-dflash \
+             --prompts ${DFLASH_PROMPTS:?set DFLASH_PROMPTS} --sampling seed_route"
+           timeout 200 python3 benchmarks/speculative_gpu.py $a --repeats 3 --budget-s 100 \
+             --out "$out/speculative_gpu_dflash_sampled.json" >"$out/sampled.log" 2>&1; echo "sampled rc=$?"
+           grep "bs=" "$out/sampled.log" ;;
     merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
              >"$out/merge_tests.log" 2>&1; echo "merge tests rc=$?"; tail -3 "$out/merge_tests.log"
            for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do

@@ -64,12 +64,13 @@ def test_a_flat_rows_nucleus_is_looked_for_in_the_whole_vocabulary(monkeypatch):
     assert all(int((p > 0).sum()) > 256 for rows, p, _ in groups if p.shape[1] == V)
 
 
-def test_a_rows_distribution_and_draw_do_not_depend_on_its_batch(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_rows_distribution_and_draw_do_not_depend_on_its_batch(monkeypatch, device):
     monkeypatch.setattr(sampler, "CANDIDATES", 256)
-    logits = _rows(3, 2)
+    logits = _rows(3, 2).to(device)
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=i) for i in range(len(logits))]
     whole = apply_filters(logits, params)
-    gens = lambda rows: [torch.Generator().manual_seed(100 + i) for i in rows]  # noqa: E731
+    gens = lambda rows: [torch.Generator(device).manual_seed(100 + i) for i in rows]  # noqa: E731
     together = sample(logits, params, gens(range(len(logits))))
     for i in range(len(logits)):
         assert torch.equal(apply_filters(logits[i:i + 1], params[i:i + 1])[0], whole[i])
