@@ -98,3 +98,16 @@ def test_a_draw_never_lands_on_a_token_of_zero_probability():
     assert set(sampler.inverse_cdf(probs, gens).tolist()) == {1, 3}
     one = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
     assert sampler.inverse_cdf(one, [None]).tolist() == [2]
+
+
+def test_a_row_without_top_k_or_top_p_keeps_every_token_next_to_rows_that_have_them(monkeypatch):
+    monkeypatch.setattr(sampler, "CANDIDATES", 256)
+    logits = _rows(2, 3)
+    params = [SamplingParams(temperature=0.9, top_p=0.9), SamplingParams(temperature=0.9),
+              SamplingParams(temperature=0.9, top_k=20), SamplingParams(temperature=0.9, top_k=40, top_p=0.5)]
+    together = apply_filters(logits, params)
+    assert int((together[1] > 0).sum()) == V
+    for i, p in enumerate(params):
+        alone = apply_filters(logits[i:i + 1], [p])[0]
+        assert torch.equal(together[i], alone)
+        torch.testing.assert_close(alone, sorted_reference(logits[i], p), rtol=1e-5, atol=1e-7)

@@ -55,23 +55,30 @@ def filtered(logits: torch.Tensor, params: list[SamplingParams]
     temps = to_device([1.0 if p.greedy else p.temperature for p in params], device)
     x = logits / temps.unsqueeze(1)
     top_ks = [p.top_k if 0 < p.top_k < V else V for p in params]
-    if all(k == V for k in top_ks) and all(p.top_p >= 1.0 for p in params):
-        return [(list(range(len(params))), _min_p(x.softmax(dim=-1), params), None)]
-    width = min(V, max([CANDIDATES] + [k for k in top_ks if k < V]))
-    vals, ids = x.topk(width, dim=-1)  # largest first
-    probs, short = _nucleus(x, vals, top_ks, params)
+    cut = [i for i, p in enumerate(params) if top_ks[i] < V or p.top_p < 1.0]  # rows with a top-k or nucleus
     groups = []
-    fits = [i for i in range(len(params)) if i not in short]
+    whole = [i for i in range(len(params)) if top_ks[i] == V and params[i].top_p >= 1.0]
+    if whole:  # every token stays: the whole vocabulary in id order
+        xs = x if not cut else x[to_device(whole, device)]
+        groups.append((whole, _min_p(xs.softmax(dim=-1), [params[i] for i in whole]), None))
+    if not cut:
+        return groups
+    xc = x if not whole else x[to_device(cut, device)]
+    pc, kc = [params[i] for i in cut], [top_ks[i] for i in cut]
+    width = min(V, max([CANDIDATES] + [k for k in kc if k < V]))
+    vals, ids = xc.topk(width, dim=-1)  # largest first
+    probs, short = _nucleus(xc, vals, kc, pc)
+    fits = [j for j in range(len(cut)) if j not in short]
     if fits:
         keep = to_device(fits, device) if short else None
-        groups.append((fits, _min_p(probs if keep is None else probs[keep], [params[i] for i in fits]),
+        groups.append(([cut[j] for j in fits], _min_p(probs if keep is None else probs[keep], [pc[j] for j in fits]),
                        ids if keep is None else ids[keep]))
     if short:  # every token may be in the nucleus: sort the whole vocabulary
         index = to_device(short, device)
-        vals, ids = x[index].sort(dim=-1, descending=True)
-        sub = [params[i] for i in short]
-        probs, _ = _nucleus(x[index], vals, [top_ks[i] for i in short], sub)
-        groups.append((short, _min_p(probs, sub), ids))
+        vals, ids = xc[index].sort(dim=-1, descending=True)
+        sub = [pc[j] for j in short]
+        probs, _ = _nucleus(xc[index], vals, [kc[j] for j in short], sub)
+        groups.append(([cut[j] for j in short], _min_p(probs, sub), ids))
     return groups
 
 
@@ -97,7 +104,7 @@ def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_ks: list[int], params: lis
         probs = (vals - log_total.unsqueeze(1)).exp().masked_fill(drop, 0.0)
         before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
         ps = to_device(top_ps, device).unsqueeze(1)
-        drop |= before > ps
+        drop |= (before > ps) & (ps < 1.0)  # a row without top_p keeps its top k (cumsum may round past 1)
         if C < V and whole:  # the token after the last candidate is kept unless the candidates' mass > top_p
             reach = (before[:, -1] + probs[:, -1] <= ps[:, 0]).tolist()
             short = [i for i in whole if reach[i] and top_ps[i] < 1.0]
