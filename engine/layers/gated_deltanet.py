@@ -96,7 +96,8 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, plan: StatePlan) -> torch.Tensor:
         T = x.shape[0]
         if (plan.all_decode or plan.rows is not None) and self.use_fused and hybrid_kernels.ENABLED and x.is_cuda:
-            return self.out_proj(self.fused_step(*self._project_apart(x), plan))
+            projected, gates = self._project_apart(x)
+            return self.out_proj(self.fused_step(projected, plan, gates=gates))
         projected = self.in_proj(x)
         mixed, z, b, a = projected.split(self.split_sizes, dim=-1)
         beta = pointwise(torch.sigmoid, b).float()
