@@ -178,7 +178,7 @@ def main() -> None:
                                                                "--save-prompts (instead of the datasets)")
     ap.add_argument("--sampling", choices=sorted(SAMPLING), default="greedy",
                     help="dflash arm: greedy (tokens checked against target-only), or seed_route: T 1.0, top-p 0.95, "
-                         "top-k 20, a seed per prompt (exact rejection sampling; each engine checked against itself)")
+                         "top-k 20, a seed per prompt (keyed draws: tokens checked against target-only too)")
     ap.add_argument("--no-gate", action="store_true",
                     help="dflash arm: draft every round (disable_when_slower false), as the drafter contracts do")
     ap.add_argument("--allow-loaded", action="store_true", help=f"measure even at load >= {LOAD_LIMIT} (marked)")

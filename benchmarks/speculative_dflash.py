@@ -111,9 +111,9 @@ def compare(base: LLM, spec: LLM, prompts: dict, batch_sizes: list[int], max_tok
     """One row per (prompt set, batch size); repeats stop early (never below one) past `deadline`. Before the
     timed repeats both engines run a short batch un-timed, or with `warm_whole_set` the whole set once: a
     speculative engine's gate learns each batch size's round and plain-step costs once in its life (as graphs
-    are captured once), which a short timed set would otherwise charge to its first repeat. Sampled
-    (`sampling` other than greedy), the two engines draw differently, so their tokens are not compared with each
-    other: each engine's repeats must give its own first repeat's tokens (seeded requests)."""
+    are captured once), which a short timed set would otherwise charge to its first repeat. Greedy or sampled
+    (seeded requests, whose draws are keyed by seed and position), every run of either engine must give
+    target-only's first repeat's tokens."""
     rows = []
     for set_name, items in prompts["sets"].items():
         ids = [token_ids(base, p) for p in items]
@@ -140,10 +140,7 @@ def figures(set_name: str, bs: int, item_ids: list[str], runs: dict[str, list[di
     b = [r["decode_tok_s"] for r in runs["target_only"]]
     s = [r["decode_tok_s"] for r in runs["dflash"]]
     reference = runs["target_only"][0]["tokens"]
-    if sampling == "greedy":  # every run of either engine gives target-only's tokens
-        pairs = [(run, reference) for run in runs["target_only"] + runs["dflash"]]
-    else:  # each engine's repeats give its own first repeat's tokens
-        pairs = [(run, arm[0]["tokens"]) for arm in runs.values() for run in arm]
+    pairs = [(run, reference) for run in runs["target_only"] + runs["dflash"]]  # keyed draws: the same tokens
     mismatched = sorted({item_ids[i] for run, want in pairs for i, toks in enumerate(run["tokens"]) if toks != want[i]})
     drafts = sum(r["drafts"] for r in runs["dflash"])
     accepted = sum(r["accepted"] for r in runs["dflash"])
@@ -157,7 +154,7 @@ def figures(set_name: str, bs: int, item_ids: list[str], runs: dict[str, list[di
             "acceptance_per_position": [n / drafts for n in per_pos] if drafts else [],
             "sampling": {"name": sampling, **SAMPLING[sampling]},
             "tokens_identical": not mismatched, "mismatched_prompts": mismatched,
-            "tokens_compared": "against target-only" if sampling == "greedy" else "each engine against its first repeat"}
+            "tokens_compared": "against target-only"}
 
 
 def summary_line(row: dict) -> str:

@@ -64,7 +64,7 @@ def main() -> None:
                          "(benchmarks/round_timeline.py), into DIR/timeline.json")
     ap.add_argument("--sampling", choices=sorted(SAMPLING), default="greedy",
                     help="greedy (tokens checked against target-only), or seed_route: T 1.0, top-p 0.95, top-k 20, a "
-                         "seed per prompt (exact rejection sampling; each engine checked against its own first repeat)")
+                         "seed per prompt (draws keyed by seed and position: tokens checked against target-only too)")
     ap.add_argument("--gate", choices=("on", "off"), default="on",
                     help="on: the engine's default, drafting only while it pays (speculative_config."
                          "disable_when_slower); off: every round drafts (what a round costs)")
@@ -87,7 +87,7 @@ def main() -> None:
     log(f"engines open in {time.time() - t0:.0f}s: {info['device_name']}, dtype {info['dtype']}, cuda graphs "
         f"{info['cuda_graph']} (drafter: {info['speculative'].get('cuda_graphs')}), drafter {label}")
     if args.profile:
-        profile_dflash(base, spec, prompts, args.max_tokens, args.profile)
+        profile_dflash(base, spec, prompts, args.max_tokens, args.profile, args.sampling)
         return
     rows = compare(base, spec, prompts, batch_sizes, args.max_tokens, args.repeats, deadline=t0 + args.budget_s,
                    warm_whole_set=True, sampling=args.sampling)
@@ -106,7 +106,7 @@ def main() -> None:
     log(f"done in {time.time() - t0:.0f}s")
 
 
-def profile_dflash(base, spec, prompts: dict, max_tokens: int, out: Path) -> None:
+def profile_dflash(base, spec, prompts: dict, max_tokens: int, out: Path, sampling: str = "greedy") -> None:
     """Where target-only's steps and DFlash's rounds go at batch 1 (benchmarks/round_timeline.py: device-busy
     time per step, the device's idle time by host phase), after a warm-up; into DIR/timeline.json."""
     import json
@@ -117,8 +117,8 @@ def profile_dflash(base, spec, prompts: dict, max_tokens: int, out: Path) -> Non
     ids = [token_ids(spec, p) for p in next(iter(prompts["sets"].values()))[:4]]
     summaries = {}
     for label, llm in (("target_only", base), ("dflash", spec)):
-        run_batches(llm, ids[:1], 1, max_tokens)  # warm-up: compiles, graph captures, allocator
-        summaries[label] = profile_steps(lambda llm=llm: run_batches(llm, ids, 1, max_tokens), out, label)
+        run_batches(llm, ids[:1], 1, max_tokens, sampling)  # warm-up: compiles, graph captures, allocator
+        summaries[label] = profile_steps(lambda llm=llm: run_batches(llm, ids, 1, max_tokens, sampling), out, label)
         s = summaries[label]
         log(f"{label}: {s['wall_per_step_us']:.0f} us a step, device busy {s['device_busy_per_step_us']:.0f}; "
             f"idle by host phase {s['idle_per_step_us_by_host_phase']}")

@@ -88,7 +88,7 @@ class SamplingParams:
     logits_processors: list[Callable[[list[int], torch.Tensor], torch.Tensor]] = _setting(
         help="functions fn(output_token_ids, logits_row) -> logits_row run before sampling",
         default_factory=list)
-    keep_probs: bool = _setting(False, "hand back each step's sampling distribution (a draft engine's q)")
+    keep_probs: bool = _setting(False, "hand back each step's sampling distribution (after temperature and the filters)")
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -25,7 +25,7 @@ def _blocks(as_tensor):
         draft = logits.argmax(dim=-1)[:k].tolist()
         draft[k // 2] = (draft[k // 2] + i) % 7  # some rejected, some accepted
         d = torch.tensor(draft) if as_tensor(i) else draft
-        out.append(DraftBlock(d, logits, params, torch.Generator().manual_seed(10 + i)))
+        out.append(DraftBlock(d, logits, params, 10 + i, 20))
     return out
 
 
@@ -55,7 +55,7 @@ def test_a_dflash_engine_whose_drafts_stay_on_the_device_decodes_as_target_only(
 
     def spy(self, seqs, budgets):
         out = propose(self, seqs, budgets)
-        kinds.extend(type(d) for d, _ in out)
+        kinds.extend(type(d) for d in out)
         return out
 
     monkeypatch.setattr(DFlashProposer, "drafts_on_device", property(lambda self: True))

@@ -81,14 +81,14 @@ def steer_drafts(proposer, prompts: list[list[int]], outputs: list[list[int]]) -
         out = drafted(seqs, budgets)
         calls[0] += 1
         if calls[0] % 3 == 0:
-            return [([], None)] * len(seqs)
-        for i, (seq, (draft, q)) in enumerate(zip(seqs, out)):
+            return [[]] * len(seqs)
+        for i, (seq, draft) in enumerate(zip(seqs, out)):
             if len(draft) == 0 or not seq.params.greedy:
                 continue
             n = seq.num_output_tokens
             right = by_prompt[tuple(seq.token_ids[:seq.num_prompt_tokens])][n:n + len(draft)]
             wrong_at = rounds[0] % (len(draft) + 2)  # past the end: every draft right
-            out[i] = ([t if j != wrong_at else t ^ 1 for j, t in enumerate(right)], None)  # t ^ 1: another token
+            out[i] = [t if j != wrong_at else t ^ 1 for j, t in enumerate(right)]  # t ^ 1: another token
             rounds[0] += 1
         return out
 

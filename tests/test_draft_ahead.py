@@ -26,7 +26,7 @@ class AheadChecker(DraftChecker):
     def propose(self, seqs, budgets):
         ahead = dict(self.proposer.ahead)
         out = self._propose(seqs, budgets)
-        for seq, budget, (draft, _) in zip(seqs, budgets, out):
+        for seq, budget, draft in zip(seqs, budgets, out):
             a = ahead.get(seq.request_id)
             if a is None or a.anchor != seq.num_tokens - 1:
                 self.fresh += 1

@@ -234,7 +234,8 @@ def test_cuda_graphs_on_off_greedy_identical(tmp_path, kv_cache_dtype):
 
 def test_async_scheduling_on_off_identical(tmp_path):
     """One-step-ahead decoding changes no token: early stops by length and by stop token, a sampled
-    request in the batch (which pauses the pipeline), and a later call after a dropped step."""
+    request beside a greedy one, a batch of sampled requests (keyed draws: the pipeline runs them too), and a
+    later call after a dropped step."""
     from onecat.engine import SamplingParams
     from tests.tiny_models import make_tiny_model
 
@@ -253,13 +254,19 @@ def test_async_scheduling_on_off_identical(tmp_path):
             first = [(o.token_ids, o.finish_reason) for o in llm.generate(PROMPTS, params)]
             mixed = [o.token_ids for o in llm.generate(
                 PROMPTS[:2], [greedy, SamplingParams(temperature=0.9, max_tokens=12, seed=5, ignore_eos=True)])]
+            before = llm.info()["async_scheduling"]["launches"]
+            sampled = [o.token_ids for o in llm.generate(PROMPTS[:3], [  # top-k, whole vocabulary, top-p alone
+                SamplingParams(temperature=0.9, top_k=40, max_tokens=30, seed=1, ignore_eos=True),
+                SamplingParams(temperature=1.0, max_tokens=30, seed=2, ignore_eos=True),
+                SamplingParams(temperature=0.7, top_p=0.9, max_tokens=30, seed=3, ignore_eos=True)])]
+            sampled_launches = llm.info()["async_scheduling"]["launches"] - before
             again = llm.generate(PROMPTS[3], greedy)[0].token_ids
-            results[on] = (first, mixed, again)
-            launches[on] = llm.info()["async_scheduling"]["launches"]
+            results[on] = (first, mixed, sampled, again)
+            launches[on] = (llm.info()["async_scheduling"]["launches"], sampled_launches)
         finally:
             llm.close()
     assert results[True] == results[False]
-    assert launches[False] == 0 and launches[True] > 40, launches
+    assert launches[False] == (0, 0) and launches[True][0] > 40 and launches[True][1] > 20, launches
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and not _sm80(), reason="verify graphs need TRITON_PAGED (SM80+)")

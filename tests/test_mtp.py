@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from safetensors.torch import load_file, save_file
 from scipy.stats import chisquare
 
 from onecat.engine import LLM, SamplingParams
+from onecat.engine.core.keyed_draws import row_keys
+from onecat.engine.core.sampler import sample
 from onecat.engine.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
@@ -139,8 +142,8 @@ def ref_input(w, tokens, hidden):
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_head_matches_the_plain_torch_reference(kind, request):
-    """Two requests (9 and 5 kept positions) draft 3 tokens together, sampled at temperature 1: each step's q
-    is the softmax of the reference's logits, whose input sequence grows by the drafted token and the head's
+    """Two requests (9 and 5 kept positions) draft 3 tokens together, sampled at temperature 1: each step's draft
+    is the keyed draw from the reference's logits, whose input sequence grows by the drafted token and the head's
     own output."""
     path = request.getfixturevalue(kind)
     w, cfg = load_file(str(path / "model.safetensors")), json.loads((path / "config.json").read_text())
@@ -155,23 +158,25 @@ def test_head_matches_the_plain_torch_reference(kind, request):
             proposer.newest[str(r)] = (n - 1, features[-1])
         proposer.cache.flush()
         params = SamplingParams(temperature=1.0, seed=0)
-        drafts, q = proposer._draft(["0", "1"], [n - 1 for n in lengths], [params, params],
-                                    [torch.Generator().manual_seed(r) for r in range(2)], 3)
+        # a request with n kept positions holds n + 1 tokens; its drafts are the tokens at n + 1, n + 2, ...
+        seqs = [SimpleNamespace(request_id=str(r), params=params, seed=40 + r, num_tokens=n + 1)
+                for r, n in enumerate(lengths)]
+        drafts = proposer._draft(seqs, 3)
         for r, n in enumerate(lengths):
             x = ref_input(w, tokens[r][1:], hidden[r])
             for j in range(3):
                 y = ref_head(w, cfg, x)[-1]
-                expected = torch.softmax(y @ w["lm_head.weight"].T, -1)
-                torch.testing.assert_close(q[r, j], expected, atol=2e-5, rtol=1e-4)
+                key = row_keys([40 + r], [n + 1 + j], "cpu")  # drawn as the target draws that position
+                assert drafts[r][j] == sample((y @ w["lm_head.weight"].T)[None], [params], key)[0]
                 x = torch.cat([x, ref_input(w, torch.tensor([drafts[r][j]]), y[None])])
-        greedy = SamplingParams(temperature=0.0)
-        drafts, q = proposer._draft(["1"], [lengths[1] - 1], [greedy], [None], 3)
+        greedy = SimpleNamespace(request_id="1", params=SamplingParams(temperature=0.0), seed=0,
+                                 num_tokens=lengths[1] + 1)
+        drafts = proposer._draft([greedy], 3)
         x = ref_input(w, tokens[1][1:], hidden[1])
         for j in range(3):
             y = ref_head(w, cfg, x)[-1]
             assert drafts[0][j] == int((y @ w["lm_head.weight"].T).argmax())
             x = torch.cat([x, ref_input(w, torch.tensor([drafts[0][j]]), y[None])])
-        assert q is None
 
 
 # ---- the engine with method mtp --------------------------------------------------------------------------
@@ -256,10 +261,13 @@ def test_sampled_mtp_matches_the_target_distribution(tmp_path):
     (path / "config.json").write_text(json.dumps({**cfg, "vocab_size": VOCAB}))
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     settings = dict(max_model_len=32, max_num_seqs=256)
-    law = exact_two_token_law(LLM(str(path), **settings), prompt).flatten()
+    target_only = LLM(str(path), **settings)
+    law = exact_two_token_law(target_only, prompt).flatten()
     llm = LLM(str(path), speculative_config={**MTP, "num_speculative_tokens": 2}, **settings)
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=3, ignore_eos=True) for s in range(N_SAMPLES)]
     outs = llm.generate([prompt] * N_SAMPLES, params)
+    # drafter-invariant: each seeded request's tokens are target-only's (keyed draws)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in target_only.generate([prompt] * N_SAMPLES, params)]
     assert sum(o.spec.num_drafts for o in outs) >= N_SAMPLES * 0.9  # speculation really ran
     assert any(o.spec.num_accepted_tokens < o.spec.num_draft_tokens for o in outs)  # and rejected sometimes
     assert any(o.spec.num_accepted_tokens > 0 for o in outs)  # and accepted sometimes
@@ -315,8 +323,9 @@ def test_the_graph_buffers_of_a_greedy_round_give_the_eager_drafts(kind, request
         eager = proposer._draft
         compared = []
 
-        def checked(request_ids, last_positions, params, generators, steps):
-            tokens, q = eager(request_ids, last_positions, params, generators, steps)
+        def checked(seqs, steps):
+            tokens = eager(seqs, steps)
+            request_ids, last_positions = [s.request_id for s in seqs], [s.num_tokens - 2 for s in seqs]
             newest = torch.stack([proposer.newest[r][1] for r in request_ids])
             rows, ctx = graphs.bucket(len(request_ids), max(proposer.cache.lengths(request_ids)))
             for _ in range(2):
@@ -325,7 +334,7 @@ def test_the_graph_buffers_of_a_greedy_round_give_the_eager_drafts(kind, request
                 assert got[:len(request_ids)].tolist() == tokens
                 assert graphs.lens[len(request_ids):rows].tolist() == [1] * (rows - len(request_ids))
             compared.append((len(request_ids), rows))
-            return tokens, q
+            return tokens
 
         monkeypatch.setattr(proposer, "_draft", checked)
         llm.generate(PROMPTS[:3], GREEDY)  # three requests: rounds of 3 fill a bucket of 4 with a padding row

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from onecat.engine.core import sampler
+from onecat.engine.core.keyed_draws import draw, row_keys
 from onecat.engine.core.sampler import apply_filters, sample
 from onecat.engine.sampling_params import SamplingParams
 
@@ -70,11 +71,11 @@ def test_a_rows_distribution_and_draw_do_not_depend_on_its_batch(monkeypatch, de
     logits = _rows(3, 2).to(device)
     params = [SamplingParams(temperature=0.9, top_p=0.95, seed=i) for i in range(len(logits))]
     whole = apply_filters(logits, params)
-    gens = lambda rows: [torch.Generator(device).manual_seed(100 + i) for i in rows]  # noqa: E731
-    together = sample(logits, params, gens(range(len(logits))))
+    keys = lambda rows: row_keys([100 + i for i in rows], [7] * len(rows), device)  # noqa: E731
+    together = sample(logits, params, keys(range(len(logits))))
     for i in range(len(logits)):
         assert torch.equal(apply_filters(logits[i:i + 1], params[i:i + 1])[0], whole[i])
-        assert sample(logits[i:i + 1], params[i:i + 1], gens([i])) == [together[i]]
+        assert sample(logits[i:i + 1], params[i:i + 1], keys([i])) == [together[i]]
 
 
 @pytest.mark.parametrize("setting", [dict(temperature=1.0, top_k=8, top_p=0.9), dict(temperature=2.0)])
@@ -86,18 +87,19 @@ def test_draws_follow_the_filtered_distribution(setting):
     p = SamplingParams(**setting)
     want = apply_filters(row, [p])[0]
     n = 6000
-    tokens = sample(row.expand(n, V), [p] * n, [torch.Generator().manual_seed(s) for s in range(n)])
+    tokens = sample(row.expand(n, V), [p] * n, row_keys(range(n), [0] * n, "cpu"))
     counts = torch.bincount(torch.tensor(tokens), minlength=V).float() / n
     assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(want).flatten().tolist())
     assert (counts - want).abs().max() < 4 * (want * (1 - want) / n).sqrt().max() + 1e-3
 
 
-def test_a_draw_never_lands_on_a_token_of_zero_probability():
+@pytest.mark.parametrize("candidates", [False, True], ids=["whole-vocabulary", "candidates"])
+def test_a_draw_never_lands_on_a_token_of_zero_probability(candidates):
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0]] * 64)
-    gens = [torch.Generator().manual_seed(s) for s in range(64)]
-    assert set(sampler.inverse_cdf(probs, gens).tolist()) == {1, 3}
+    ids = torch.arange(6).expand(64, -1) if candidates else None
+    assert set(draw(probs, ids, row_keys(range(64), [3] * 64, "cpu")).tolist()) == {1, 3}
     one = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
-    assert sampler.inverse_cdf(one, [None]).tolist() == [2]
+    assert draw(one, torch.arange(4)[None] if candidates else None, row_keys([5], [0], "cpu")).tolist() == [2]
 
 
 def test_a_row_without_top_k_or_top_p_keeps_every_token_next_to_rows_that_have_them(monkeypatch):

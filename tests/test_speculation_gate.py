@@ -165,16 +165,21 @@ def test_the_engine_reports_each_decode_step_to_the_gate_and_plain_steps_keep_th
     assert {r[0] for r in gate.records} <= {1, 2, 3}
 
 
-def test_sampled_requests_draft_whatever_the_gate_says(engine):
-    """A seeded sampled request's draws must not depend on timing: the gate is not asked for them."""
+@pytest.mark.parametrize("filters", [dict(top_k=40), {}], ids=["top-k", "whole-vocabulary"])
+def test_a_seeded_sampled_requests_tokens_do_not_depend_on_the_gate(engine, filters):
+    """Sampled requests are gated as greedy ones are: their draws are keyed by seed and position, so the steps the
+    gate left plain and the rounds it let draft give target-only's tokens."""
     from onecat.engine import SamplingParams
 
     llm, _, reference = engine
+    sampled = SamplingParams(temperature=0.8, seed=5, max_tokens=24, **filters)
+    plain = llm.generate(PROMPTS, sampled)
     gate = _ScriptedGate()
-    sampled = SamplingParams(temperature=0.8, seed=5, max_tokens=12)
-    with llm.proposer_swapped(_synthetic(llm, reference, accepted=1), gate):
-        first = llm.generate(PROMPTS[:1], sampled)[0]
-    assert gate.asked == 0 and first.spec.num_drafts > 0
+    with llm.proposer_swapped(_synthetic(llm, reference, accepted=3), gate):
+        gated = llm.generate(PROMPTS, sampled)
+    assert gate.asked > 0 and any(r[1] for r in gate.records) and any(not r[1] for r in gate.records)
+    assert sum(o.spec.num_accepted_tokens for o in gated) > 0
+    assert [o.token_ids for o in gated] == [o.token_ids for o in plain]
 
 
 def test_a_fractional_acceptance_is_spread_over_each_sequences_rounds(engine):
@@ -252,7 +257,7 @@ def test_the_decoder_leaves_untimed_the_steps_in_which_its_drafter_captured_grap
         graphs = SimpleNamespace(captures=4)  # captured at start-up: not a step's
 
         def propose(self, seqs, budgets):
-            return [([], None) for _ in seqs]
+            return [[] for _ in seqs]
 
     proposer = Capturing(3)
     decoder = SpeculativeDecoder(proposer, 64, SpeculationGate())

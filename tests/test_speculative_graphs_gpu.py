@@ -36,8 +36,7 @@ class CyclingDrafts(Proposer):
             known = self.reference[tuple(seq.token_ids[:seq.num_prompt_tokens])][seq.num_output_tokens:][:n]
             if known and call % 3 == 0:
                 known = known[:-1] + [(known[-1] + 1) % self.vocab]
-            out.append((torch.tensor(known, dtype=torch.long, device="cuda") if self.drafts_on_device else known,
-                        None))
+            out.append(torch.tensor(known, dtype=torch.long, device="cuda") if self.drafts_on_device else known)
         return out
 
 

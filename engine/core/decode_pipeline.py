@@ -1,19 +1,19 @@
 """One-step-ahead decoding: launch step N+1 on the GPU before the host has read step N's tokens.
 
 In a plain step loop the GPU idles while the host reads the sampled tokens, updates sequences,
-schedules and prepares the next launch. For a steady batch of greedy decodes on CUDA graphs that
-host work does not depend on the token values, only the input ids do, and those can stay on the
-device: step N's argmax is copied into step N+1's graph inputs by the GPU itself. So each engine
+schedules and prepares the next launch. For a steady batch of decodes on CUDA graphs that host work
+does not depend on the token values, only the input ids do, and those can stay on the device: step N's
+token (an argmax, or a draw keyed by the request's seed and the token's position, core/keyed_draws.py,
+which needs no host value of step N) is copied into step N+1's graph inputs by the GPU itself. So each engine
 step launches the next decode, then reads and applies the previous one while the GPU computes.
 
 It runs only when the batch is steady: CUDA graphs on, nothing waiting to be admitted, no
 speculative proposer or one whose gate has paused drafting for this batch size (its plain steps then
 decode as target-only's do; a block drafter's tapped features are recorded from the graph's output as
-in a plain step), every request greedy with no logits processors, logprobs or kept
-distributions. Anything else drains it (the step in flight is applied, nothing new launched) and
+in a plain step), no request with logits processors, logprobs or kept distributions. Anything else drains it (the step in flight is applied, nothing new launched) and
 the normal scheduler takes over. A request that stops at step N has had step N+1 computed for it;
-that result is dropped and its KV slot goes back with the request's blocks. Greedy tokens are the
-argmax of the same logits as in the plain loop, and they are applied by the same post-processing
+that result is dropped and its KV slot goes back with the request's blocks. Tokens are drawn from the
+same logits with the same keys as in the plain loop, and applied by the same post-processing
 (EngineCore.postprocess), so outputs are identical. KV room for the step ahead comes from the
 scheduler (`reserve_decode`).
 """
@@ -25,6 +25,8 @@ from typing import Protocol
 import torch
 
 from onecat.engine.core.interfaces import SpeculativeProposer, StepWorker
+from onecat.engine.core.keyed_draws import row_keys
+from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.core.scheduler import Scheduler
 from onecat.engine.core.sequence import FeatureRows, Sequence, SequenceUpdate
 
@@ -45,7 +47,7 @@ class SteppingCore(Protocol):
 class _InFlight:
     seqs: list[Sequence]
     positions: list[int]  # the KV position each row computes; its output token is position + 1
-    tokens: torch.Tensor  # [B] int64 on the device: the argmax
+    tokens: torch.Tensor  # [B] int64 on the device: each row's token
     host_tokens: torch.Tensor  # pinned copy, valid once `ready` has completed
     ready: torch.cuda.Event
     features: torch.Tensor | None = None  # a block drafter's tapped hidden states of the rows
@@ -72,7 +74,7 @@ class DecodePipeline:
             return False
         for seq in c.scheduler.running:
             p = seq.params
-            if not p.greedy or p.logprobs is not None or p.logits_processors or p.keep_probs:
+            if p.logprobs is not None or p.logits_processors or p.keep_probs:
                 return False
         return True
 
@@ -111,7 +113,12 @@ class DecodePipeline:
         logits = graphs.replay(list(zip(seqs, positions)), size, ids_dev)
         if logits is None:
             return None
-        tokens = c.worker.greedy_tokens(logits)
+        params = [seq.params for seq in seqs]
+        if all(p.greedy for p in params):
+            tokens = c.worker.greedy_tokens(logits)
+        else:  # the token at position p + 1, keyed as the plain step keys it (its num_tokens then)
+            keys = row_keys([seq.seed for seq in seqs], [p + 1 for p in positions], logits.device)
+            tokens = sample_on_device(logits[:len(seqs)], params, keys)
         features = c.proposer.step_features() if c.proposer is not None and c.proposer.wants_features else None
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)

@@ -21,6 +21,7 @@ from onecat.engine.config import EngineConfig
 from onecat.engine.core.block_manager import BlockManager
 from onecat.engine.core.decode_pipeline import DecodePipeline
 from onecat.engine.core.interfaces import SpeculativeProposer, StepWorker
+from onecat.engine.core.keyed_draws import row_keys
 from onecat.engine.core.sampler import apply_filters, apply_logits_processors, sample, token_logprobs
 from onecat.engine.core.scheduler import Scheduler
 from onecat.engine.core.scheduler_output import ScheduledSeq
@@ -61,7 +62,7 @@ class EngineCore:
         """Admit a request, or raise InvalidRequestError saying what to change (nothing is kept then).
         `arrival_time` (perf_counter) backdates the request to when its caller received it."""
         self._check_request(request_id, token_ids, params)
-        seq = Sequence(request_id, prompt, token_ids, params, self._make_generator(params.seed))
+        seq = Sequence(request_id, prompt, token_ids, params, self._request_seed(params.seed))
         if arrival_time is not None:
             seq.arrival_time = min(seq.arrival_time, arrival_time)
         self._seqs[request_id] = seq
@@ -89,10 +90,11 @@ class EngineCore:
         if bad:
             raise InvalidRequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})")
 
-    def _make_generator(self, seed: int | None) -> torch.Generator:
-        if seed is None:  # unseeded requests still get their own stream, drawn from the engine seed
+    def _request_seed(self, seed: int | None) -> int:
+        """The request's own seed, or one drawn from the engine seed for an unseeded request."""
+        if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        return torch.Generator(device=self.device).manual_seed(seed)
+        return seed
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._seqs
@@ -213,7 +215,8 @@ class EngineCore:
             return {}
         seqs = [scheduled[i].seq for i in result.sample_rows]
         params = [seq.params for seq in seqs]
-        tokens = sample(apply_logits_processors(result.logits, seqs), params, [seq.generator for seq in seqs])
+        keys = row_keys([seq.seed for seq in seqs], [seq.num_tokens for seq in seqs], result.logits.device)
+        tokens = sample(apply_logits_processors(result.logits, seqs), params, keys)
         if any(p.logprobs is not None for p in params):
             for seq, lp in zip(seqs, token_logprobs(result.logits, tokens, [p.logprobs for p in params])):
                 if lp is not None:

@@ -1,12 +1,13 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, with per-request random streams.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, each draw keyed by (request seed, position).
 
-Every row is processed on its own (row-wise ops and a per-request torch.Generator), so a
-request's tokens do not depend on which other requests share its batch.
+Every row is processed on its own (row-wise ops and a keyed draw, keyed_draws.py), so a request's tokens
+do not depend on which other requests share its batch, nor on which step or speculative round drew them.
 """
 from __future__ import annotations
 
 import torch
 
+from onecat.engine.core.keyed_draws import draw
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.transfers import to_device
 
@@ -122,22 +123,11 @@ def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """A draw from each row of `probs` [N, C], on the device: one uniform from that row's request stream, placed
-    on the row's cumulative sum in float64 (exact to float64 rounding; one random number a row, where a race
-    takes one per entry: most of a temperature-only sampled step on a CPU). The index is always an entry of
-    positive probability."""
-    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
-    cdf = probs.double().cumsum(dim=-1)
-    total = cdf[:, -1]
-    # below the total, the first entry whose cumulative sum passes the point is one where the sum grew
-    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, point.unsqueeze(1), right=True).squeeze(1)
-
-
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """A token per row, read back from the device once for the whole batch. A sampled row draws once from
-    its stream, over the candidates its filters keep (or the whole vocabulary when it keeps that)."""
+def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor | None) -> torch.Tensor:
+    """A token per row [N] int64, left on the device: the argmax for a greedy row; for a sampled one a draw
+    keyed by its (seed, position) key in `keys` [N] (keyed_draws.py) over the candidates its filters keep (or
+    the whole vocabulary when it keeps that). Nothing is read back unless a top-p row without top-k needs its
+    whole vocabulary sorted (filtered())."""
     logits = logits.float()
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if len(rows) < len(params):
@@ -145,14 +135,21 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     else:
         tokens = torch.empty(len(params), dtype=torch.int64, device=logits.device)
     if rows:
+        assert keys is not None, "sampled rows need their (seed, position) keys"
         index = to_device(rows, logits.device)  # a list index would be copied to the device synchronously
-        sub = logits if len(rows) == len(params) else logits[index]
+        sub, sub_keys = (logits, keys) if len(rows) == len(params) else (logits[index], keys[index])
         for group, probs, ids in filtered(sub, [params[i] for i in rows]):
-            picked = inverse_cdf(probs, [generators[rows[j]] for j in group])
+            at = to_device(group, logits.device) if len(group) < len(rows) else None
+            picked = draw(probs, ids, sub_keys if at is None else sub_keys[at])
             if ids is not None:
                 picked = ids.gather(1, picked.unsqueeze(1)).squeeze(1)
             tokens[to_device([rows[j] for j in group], logits.device)] = picked
-    return tokens.tolist()
+    return tokens
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor | None) -> list[int]:
+    """sample_on_device's tokens, read back from the device once for the whole batch."""
+    return sample_on_device(logits, params, keys).tolist()
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top_n: list[int | None]) -> list[dict[int, float] | None]:

@@ -19,14 +19,14 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "prompt", "token_ids", "num_prompt_tokens", "params", "status",
-                 "num_computed_tokens", "block_table", "block_hashes", "num_cached_tokens", "generator",
+                 "num_computed_tokens", "block_table", "block_hashes", "num_cached_tokens", "seed",
                  "finish_reason", "stop_reason", "logprobs", "prompt_logprobs", "prompt_top_logprobs", "prompt_ranks",
                  "arrival_time",
                  "first_scheduled_time", "first_token_time", "finish_time", "text", "spec", "num_preemptions",
-                 "draft_tokens", "draft_probs", "kept_probs", "state_slot")
+                 "draft_tokens", "kept_probs", "state_slot")
 
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                 generator: torch.Generator | None):
+                 seed: int):
         self.request_id = request_id
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)
@@ -37,7 +37,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the full, computed blocks, in order
         self.num_cached_tokens = 0
-        self.generator = generator
+        self.seed = seed  # keys every sampled draw with the token's position (keyed_draws.py)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
@@ -56,7 +56,6 @@ class Sequence:
         # speculative proposal awaiting verification: host values, or a 1-D tensor where the drafter left it on
         # the device (its values reach the host only with the verified tokens)
         self.draft_tokens: list[int] | torch.Tensor = []
-        self.draft_probs = None  # [k, V] proposer distribution for sampled verification (None: point mass)
         self.kept_probs: list = []  # sampling distributions, kept only when params.keep_probs
         self.state_slot: int | None = None  # hybrid models: its recurrent-state slot while it runs (state_cache.py)
 

@@ -52,7 +52,7 @@ def hidden_state_tap(model: torch.nn.Module) -> HiddenStateTap:
 
 
 class Proposer(ABC):
-    """Proposes up to `k` next tokens per sequence. `q` probabilities are None for deterministic drafts."""
+    """Proposes up to `k` next tokens per sequence."""
 
     name = "abstract"
     tap: HiddenStateTap | None = None  # set by drafters that read the target's hidden states
@@ -76,9 +76,9 @@ class Proposer(ABC):
         raise NotImplementedError(f"the {self.name} proposer reads no target features (wants_features is False)")
 
     @abstractmethod
-    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[tuple[Draft, torch.Tensor | None]]:
-        """One (draft tokens, q probs [len, V] or None) per sequence, each at most its budget long; the
-        tokens a list, or a 1-D device tensor where `drafts_on_device`."""
+    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[Draft]:
+        """One draft per sequence, at most its budget long: a list, or a 1-D device tensor where
+        `drafts_on_device`. A sampled request's drafts are best drawn with the target's keys (keyed_draws.py)."""
 
     def observe(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """Feedback after verification (adaptive proposers widen or narrow their k)."""
@@ -105,9 +105,9 @@ class Proposer(ABC):
 
 class SpeculativeDecoder:
     """Drafts for the decoding sequences, verifies their drafts, counts acceptance. With a measuring gate
-    (controller.py) it drafts only while a round moves more tokens per second than a plain step; steps
-    in which any decoding request samples keep drafting, so that a seeded request's draws do not depend on
-    the gate's timing."""
+    (controller.py) it drafts only while a round moves more tokens per second than a plain step. Sampled
+    requests are gated too: their tokens are keyed draws (verifier.py), the same whether a step drafted or
+    not, so the gate's timing never changes a seeded request's output."""
 
     def __init__(self, proposer: Proposer, max_model_len: int, gate: SpeculationGate | None = None):
         self.proposer = proposer
@@ -127,10 +127,9 @@ class SpeculativeDecoder:
     def lookahead(self, running: list[Sequence]) -> dict[str, int]:
         """Draft for every running sequence that is decoding; returns the KV slots each needs."""
         for seq in running:
-            seq.draft_tokens, seq.draft_probs = [], None
+            seq.draft_tokens = []
         decoding = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
-        gated = bool(decoding) and all(s.params.greedy for s in decoding)
-        if gated and not self.gate.wants_drafts(len(decoding)):
+        if decoding and not self.gate.wants_drafts(len(decoding)):
             return {}
         seqs, budgets = [], []
         for seq in decoding:
@@ -149,17 +148,17 @@ class SpeculativeDecoder:
         if not seqs:
             return {}
         result = {}
-        for seq, (draft, q) in zip(seqs, self.proposer.propose(seqs, budgets)):
+        for seq, draft in zip(seqs, self.proposer.propose(seqs, budgets)):
             if len(draft):
-                seq.draft_tokens, seq.draft_probs = draft, q
+                seq.draft_tokens = draft
                 result[seq.request_id] = len(draft)
-        if gated:
+        if decoding:
             self.gate.proposed(bool(result))
         return result
 
     def pipeline_paused(self, batch: int) -> bool:
         """True while the gate has drafting off for this batch size and no probe is due: the engine may
-        run these plain steps in its one-step-ahead decode pipeline (greedy requests only, as that requires)."""
+        run these plain steps in its one-step-ahead decode pipeline."""
         return self.gate.paused(batch)
 
     def step_done(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
@@ -178,18 +177,16 @@ class SpeculativeDecoder:
         if not blocks:
             return []
         drafts = [seq.draft_tokens[:sched.num_lookahead] for seq, sched, _ in blocks]
-        rows, order = verified_on_device([
-            DraftBlock(draft, logits, seq.params, seq.generator,
-                       None if seq.params.greedy or seq.draft_probs is None else seq.draft_probs[:len(draft)])
-            for draft, (seq, _, logits) in zip(drafts, blocks)])
+        rows = verified_on_device([DraftBlock(draft, logits, seq.params, seq.seed, seq.num_tokens)
+                                   for draft, (seq, _, logits) in zip(drafts, blocks)])
         if spans is not None and self.proposer.drafts_ahead and all(seq.params.greedy for seq, _, _ in blocks):
             read = VerifiedRead(rows)  # before the drafter's kernels, which the read does not wait for
-            accepted = rows[:, 0]  # all greedy: row i is block i
+            accepted = rows[:, 0]
             self.proposer.draft_ahead([seq for seq, _, _ in blocks], spans, accepted,
                                       rows.gather(1, accepted.unsqueeze(1) + 1).squeeze(1))
-            results = emitted_tokens(read.tolist(), order)
+            results = emitted_tokens(read.tolist())
         else:
-            results = emitted_tokens(rows.tolist(), order)
+            results = emitted_tokens(rows.tolist())
         for draft, (seq, _, _), tokens in zip(drafts, blocks, results):
             self._count(seq, len(draft), len(tokens) - 1)
         return results
@@ -207,7 +204,7 @@ class SpeculativeDecoder:
         self.proposer.observe(seq, drafted, accepted)
         if self.lengths is not None:
             self.lengths.observe(seq.request_id, drafted, accepted)
-        seq.draft_tokens, seq.draft_probs = [], None
+        seq.draft_tokens = []
 
     def release(self, seq: Sequence) -> None:
         self.proposer.release(seq)

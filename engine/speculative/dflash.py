@@ -28,7 +28,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from onecat.engine.core.sampler import apply_filters, inverse_cdf
+from onecat.engine.core.keyed_draws import row_keys
+from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.errors import ConfigError, ModelNotFoundError
 from onecat.engine.layers.linear import Linear
@@ -388,24 +389,20 @@ class DFlashProposer(Proposer):
     def _propose(self, seqs, budgets):
         logits, counts = self.draft_logits(seqs, budgets)
         if logits is None:
-            return [([], None)] * len(seqs)
+            return [[]] * len(seqs)
         starts = list(itertools.accumulate(counts, initial=0))
-        tokens = logits.argmax(dim=-1)
+        tokens = self.token_ids(logits.argmax(dim=-1))
         sampled = [i for i, (s, n) in enumerate(zip(seqs, counts)) if n and not s.params.greedy]
-        probs = {}
-        if sampled:
+        if sampled:  # drawn as the target will draw each position (keyed_draws.py): equal wherever q and p agree
             rows = to_device([r for i in sampled for r in range(starts[i], starts[i + 1])], logits.device)
-            q = apply_filters(logits[rows], [seqs[i].params for i in sampled for _ in range(counts[i])])
-            tokens[rows] = inverse_cdf(q, [seqs[i].generator for i in sampled for _ in range(counts[i])])
-            q = q if self.vocab is None else self.vocab.widen(q)  # the verifier's proposal: over its vocabulary
-            at = 0
-            for i in sampled:
-                probs[i] = q[at:at + counts[i]]
-                at += counts[i]
-        tokens = self.token_ids(tokens)
+            q = logits[rows] if self.vocab is None else self.vocab.widen(logits[rows])
+            tokens[rows] = sample_on_device(q, [seqs[i].params for i in sampled for _ in range(counts[i])],
+                                            row_keys([seqs[i].seed for i in sampled for _ in range(counts[i])],
+                                                     [seqs[i].num_tokens + j for i in sampled
+                                                      for j in range(counts[i])], logits.device))
         if not self.drafts_on_device:
             tokens = tokens.tolist()  # the drafts of every sequence, read back at once
-        return [(tokens[starts[i]:starts[i + 1]], probs.get(i)) for i in range(len(seqs))]
+        return [tokens[starts[i]:starts[i + 1]] for i in range(len(seqs))]
 
     def release(self, seq) -> None:
         self.cache.release(seq.request_id)

@@ -147,7 +147,7 @@ def propose_with_ahead(proposer, seqs, budgets, fresh) -> list:
     out = [None] * len(seqs)
     for i, a in ready.items():
         draft = a.drafts[:min(budgets[i], proposer.k)]
-        out[i] = (draft if proposer.drafts_on_device else draft.tolist(), None)
+        out[i] = draft if proposer.drafts_on_device else draft.tolist()
     rest = [i for i in range(len(seqs)) if i not in ready]
     if rest:
         for i, drafted in zip(rest, fresh([seqs[i] for i in rest], [budgets[i] for i in rest])):

@@ -3,14 +3,13 @@
 Each round the draft engine continues every decoding sequence for up to k tokens. Its prefix cache
 keeps the already-seen context, so a round costs the uncached tail plus k small decode steps; with the
 target's cuda_graph setting those decode steps replay the draft engine's own CUDA graphs.
-For sampled requests it samples with the request's settings and returns its distributions q.
+For sampled requests it samples with the request's settings and seed, so its draws are keyed as the
+target's are (core/keyed_draws.py).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
-
-import torch
 
 from onecat.engine.errors import ConfigError
 from onecat.engine.outputs import RequestOutput
@@ -51,17 +50,13 @@ class DraftModelProposer(Proposer):
                               "target's tokenizer")
 
     def propose(self, seqs, budgets):
-        params = []
-        for seq, budget in zip(seqs, budgets):
-            p = seq.params
-            # a per-round seed derived from the request's stream keeps seeded requests reproducible
-            seed = int(torch.randint(0, 2**62, (1,), generator=seq.generator, device=seq.generator.device)) \
-                if not p.greedy else None
-            params.append(SamplingParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, min_p=p.min_p,
-                                         seed=seed, max_tokens=budget, ignore_eos=True,
-                                         keep_probs=not p.greedy))
+        # the target's seed: the draft engine draws each position with the key the target will draw it with
+        # (its sequences hold the same tokens, so positions agree), and its drafts match wherever q and p agree
+        params = [SamplingParams(temperature=seq.params.temperature, top_p=seq.params.top_p, top_k=seq.params.top_k,
+                                 min_p=seq.params.min_p, seed=None if seq.params.greedy else seq.seed,
+                                 max_tokens=budget, ignore_eos=True) for seq, budget in zip(seqs, budgets)]
         outs = self.draft.engine_generate([s.token_ids for s in seqs], params)
-        return [(o.token_ids, o.probs) for o in outs]
+        return [o.token_ids for o in outs]
 
     def describe(self) -> dict:
         graphs = self.draft.cuda_graph_report()

@@ -6,10 +6,9 @@ a large share of the round (SmolLM2-135M: 49,152 x 576, as many bytes as the pac
 5120, 2.5 GB of bf16 a round). The ids come ranked from the drafter's folder (`draft_vocab.json`, written by
 training/draft_vocab.py from the target's own answers), and each round adds its requests' own tokens (a
 prompt's names and numbers: the drafts a drafter gets right most often, by copying). Exactness does not depend
-on them: the verifier scores
-the target's whole vocabulary, a greedy draft outside the ids is never proposed (an early rejection at most),
-and a sampled draft's proposal distribution is the subset's, zero elsewhere, which is what the verifier's
-rejection sampling is given.
+on them: the verifier draws the target's own
+token from its whole vocabulary at every row, and a draft outside the ids is never proposed (an early
+rejection at most); a sampled draft is drawn by target token id with the target's keys (core/keyed_draws.py).
 """
 from __future__ import annotations
 
@@ -116,10 +115,11 @@ class DraftVocab(nn.Module):
         """Positions in this round's vocabulary -> the target's token ids."""
         return self.round_ids[picked]
 
-    def widen(self, probs: torch.Tensor) -> torch.Tensor:
-        """A distribution over this round's vocabulary as one over the target's [rows, V] (zero elsewhere)."""
-        out = probs.new_zeros(probs.shape[0], self.vocab_size)
-        return out.scatter_(1, self.round_ids.expand(probs.shape[0], -1), probs)
+    def widen(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over this round's vocabulary as logits over the target's [rows, V] (-inf elsewhere, never
+        drawn): a sampled draft is then drawn by token id, with the target's keys (keyed_draws.py)."""
+        out = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return out.scatter_(1, self.round_ids.expand(logits.shape[0], -1), logits)
 
     def describe(self) -> dict:
         return {"size": int(self.ids.numel()), "of": self.vocab_size, "source": self.source,

@@ -10,14 +10,15 @@ A round, for every decoding request at once: the first query is the newest kept 
 (h_p, t_{p+1}) and its keys/values are in the cache already); draft j + 1 feeds the head its own output
 and draft j at position p + j, attending over the kept positions and the earlier draft rows (those rows
 are the round's only: the next recording replaces them with the target's). Greedy requests draft the
-argmax; sampled ones draw from q = the filtered softmax of the head's logits (the request's own generator),
-and q goes to the exact verifier.
+argmax; sampled ones draw from q = the filtered softmax of the head's logits with the keys the target will
+draw each position with (core/keyed_draws.py), so a draft matches the target's token wherever q and p agree.
 """
 from __future__ import annotations
 
 import torch
 
-from onecat.engine.core.sampler import apply_filters, inverse_cdf
+from onecat.engine.core.keyed_draws import row_keys
+from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
@@ -80,22 +81,22 @@ class MTPProposer(Proposer):
         counts = [min(b, self.k) if self._ready(s) else 0 for s, b in zip(seqs, budgets)]
         rows = [i for i, n in enumerate(counts) if n]
         if not rows:
-            return [([], None)] * len(seqs)
+            return [[]] * len(seqs)
         picked = [seqs[i] for i in rows]
-        tokens, probs = self._draft([s.request_id for s in picked], [s.num_tokens - 2 for s in picked],
-                                    [s.params for s in picked], [s.generator for s in picked], max(counts))
-        out: list[tuple[list[int], torch.Tensor | None]] = [([], None)] * len(seqs)
+        tokens = self._draft(picked, max(counts))
+        out: list = [[]] * len(seqs)
         for r, i in enumerate(rows):
-            n = counts[i]
-            out[i] = (tokens[r][:n], None if probs is None or seqs[i].params.greedy else probs[r, :n])
+            out[i] = tokens[r][:counts[i]]
         return out
 
-    def _draft(self, request_ids: list[str], last_positions: list[int], params, generators, steps: int):
-        """`steps` drafts for each request: token lists, and q [R, steps, V] when any request samples."""
+    def _draft(self, seqs, steps: int):
+        """`steps` drafts for each request (a sampled one's drawn with the keys the target will draw them with)."""
         device = self.cache.device
+        request_ids, params = [s.request_id for s in seqs], [s.params for s in seqs]
+        last_positions = [s.num_tokens - 2 for s in seqs]
         newest = torch.stack([self.newest[r][1] for r in request_ids])
         sampled = [r for r, p in enumerate(params) if not p.greedy]
-        tokens, qs = None, []
+        tokens = None
         if self.graphs is not None and not sampled:
             tokens = self.graphs.run(request_ids, newest, last_positions, steps, max(self.cache.lengths(request_ids)))
         if tokens is None:
@@ -104,20 +105,22 @@ class MTPProposer(Proposer):
             visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
             picked = to_device(sampled, device)  # the sampled rows as a device index (a list index copies in sync)
 
-            def pick(logits: torch.Tensor) -> torch.Tensor:
+            step = iter(range(steps))
+
+            def pick(logits: torch.Tensor) -> torch.Tensor:  # called once per draft step, in order
                 token = logits.argmax(dim=-1)
                 if sampled:
-                    q = torch.zeros_like(logits)
-                    q[picked] = apply_filters(logits[picked], [params[r] for r in sampled])
-                    token[picked] = inverse_cdf(q[picked], [generators[r] for r in sampled])
-                    qs.append(q)
+                    j = next(step)
+                    keys = row_keys([seqs[r].seed for r in sampled], [seqs[r].num_tokens + j for r in sampled],
+                                    device)
+                    token[picked] = sample_on_device(logits[picked], [params[r] for r in sampled], keys)
                 return token
 
             tokens = self.head.draft(self.embed, self.lm_head, self.head.context(newest),
                                      to_device(last_positions, device), k_ctx, v_ctx, visible, steps, pick)
         if not self.drafts_on_device:
             tokens = tokens.tolist()  # every draft of every request, read back at once
-        return tokens, torch.stack(qs, dim=1) if qs else None
+        return tokens
 
     def release(self, seq) -> None:
         self.cache.release(seq.request_id)

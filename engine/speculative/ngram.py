@@ -30,7 +30,7 @@ class NgramProposer(Proposer):
             index = self.indexes.get(seq.request_id)
             if index is None:
                 index = self.indexes[seq.request_id] = NgramIndex(self.min_n, self.max_n)
-            out.append((index.lookup(seq.token_ids, k), None))
+            out.append(index.lookup(seq.token_ids, k))
         return out
 
     def observe(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:

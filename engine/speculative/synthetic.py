@@ -85,7 +85,7 @@ class SyntheticProposer(Proposer):
     def propose(self, seqs, budgets):
         drafted = self.compute.propose(seqs, budgets)  # the real drafter's work, then its draft is replaced
         out = []
-        for seq, budget, (real, _) in zip(seqs, budgets, drafted):
+        for seq, budget, real in zip(seqs, budgets, drafted):
             n = min(budget, self.k) if (len(real) or not self.compute.wants_features) else 0
             known = self.reference(seq)[:n]
             if len(known) < n:  # past the recorded output: nothing known to propose
@@ -96,7 +96,7 @@ class SyntheticProposer(Proposer):
             draft = known[:right] + [(t + 1) % self.vocab_size for t in known[right:n]]
             if isinstance(real, torch.Tensor):  # where the drafter's drafts stay on the device, so do these
                 draft = to_device(draft, real.device, torch.long)
-            out.append((draft, None))
+            out.append(draft)
         return out
 
     def observe(self, seq, num_drafted: int, num_accepted: int) -> None:

@@ -1,0 +1,78 @@
+"""Random draws keyed by (request seed, token position): a sampled token is a function of the distribution it
+is drawn from, the request's seed and the token's index in the sequence, and of nothing else.
+
+So a draw does not depend on what ran before it: not on how many draws a drafter, a verify step or an
+earlier round made, nor on which step computed the position. That makes speculation drafter-invariant:
+the verifier draws the target's token at every verify row with the same key plain decoding would use,
+accepts a draft while it equals that token, and so emits exactly the tokens target-only sampling emits for
+the seed, whatever the proposer, its acceptance, or whether the gate let it draft (Daliri, Musco and
+Suresh, "Coupling without communication and drafter-invariant speculative decoding", 2024). A drafter
+draws its own proposals with the same keys, which couples them to the target's draws: a proposal equals
+the target's token more often the closer the two distributions are.
+
+Two rules, chosen by the row's settings alone:
+  - candidates (top-k / top-p rows: their kept ids): Gumbel-max, argmax of log p + G(key, token id), the
+    noise keyed by token id, so two distributions over different candidate sets still share it per token;
+  - the whole vocabulary in id order (no top-k / top-p): one keyed uniform placed on the cumulative sum
+    (one random number a row rather than one per vocabulary entry).
+
+The hash is 32-bit integer mixing (C. Wellons' lowbias32) written with int64 tensor ops whose products never
+pass 2^63, so the same code runs on Python ints and on CPU and CUDA tensors, with the same values.
+"""
+from __future__ import annotations
+
+import torch
+
+from onecat.engine.transfers import to_device
+
+_M32 = 0xFFFFFFFF
+_WHOLE_LANE = 0x9E3779B9  # the lane of the whole-vocabulary rule's single uniform (no token id has it)
+
+
+def _mul32(x, c: int):
+    """(x * c) mod 2^32 for x in [0, 2^32), through 16-bit halves (a full product could pass 2^63)."""
+    return (((((x >> 16) * c) & 0xFFFF) << 16) + (x & 0xFFFF) * c) & _M32
+
+
+def _mix(x):
+    """A 32-bit to 32-bit bijection that spreads every input bit over the output (lowbias32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def row_key(seed: int, position: int) -> int:
+    """The 32-bit key of the token at `position` (its index in the sequence, prompt included) of a request
+    seeded with `seed` (any non-negative int below 2^64)."""
+    k = _mix((seed >> 32) & _M32 ^ 0x5EED5EED)
+    k = _mix(k ^ (seed & _M32))
+    return _mix(k ^ (position & _M32))
+
+
+def row_keys(seeds: list[int], positions: list[int], device: torch.device | str) -> torch.Tensor:
+    """Keys [N] int64 on `device` for rows (seed, position), computed on the host and queued in one copy."""
+    return to_device([row_key(s, p) for s, p in zip(seeds, positions)], device, torch.int64)
+
+
+def uniforms(keys: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    """Keyed uniforms in (0, 1), float64, shape of `lanes` [N, C] (token ids), one key per row (`keys` [N])."""
+    h = _mix(keys.unsqueeze(1) ^ _mix(lanes.to(torch.int64) & _M32))
+    return (h.double() + 0.5) * 2.0 ** -32
+
+
+def draw(probs: torch.Tensor, ids: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
+    """One index into each row of `probs` [N, C], on the device: over candidates `ids` [N, C] (their token ids)
+    by keyed Gumbel-max, or over the whole vocabulary in id order (`ids` None) by a keyed uniform on the
+    cumulative sum. Only entries of positive probability are drawn."""
+    if ids is None:
+        u = uniforms(keys, torch.full((len(keys), 1), _WHOLE_LANE, dtype=torch.int64, device=keys.device))[:, 0]
+        cdf = probs.double().cumsum(dim=-1)
+        total = cdf[:, -1]
+        # below the total, the first entry whose cumulative sum passes the point is one where the sum grew
+        point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cdf, point.unsqueeze(1), right=True).squeeze(1)
+    gumbel = -torch.log(-torch.log(uniforms(keys, ids)))
+    score = torch.where(probs > 0, probs.double().log() + gumbel, float("-inf"))
+    return score.argmax(dim=-1)
