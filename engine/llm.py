@@ -147,7 +147,9 @@ class LLM:
             "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.worker.packing,
             "fused_kernels": self.worker.fused_kernels["used"], "fused_kernels_detail": self.worker.fused_kernels,
             "async_scheduling": {"enabled": self.cfg.async_scheduling,
-                                 "launches": self.engine.pipeline.launches if self.engine.pipeline else 0},
+                                 "launches": self.engine.pipeline.launches if self.engine.pipeline else 0,
+                                 "sampling_graphs": (self.engine.pipeline.sampler_graphs.describe()
+                                                     if self.engine.pipeline else None)},
             "attention_backend": self.worker.attention.report(),
             "cuda_graph": self.worker.cuda_graph_report()["used"], "warmup": self.warmup,
             "speculative": self.engine.proposer.describe() if self.engine.proposer else None,

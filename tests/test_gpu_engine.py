@@ -234,8 +234,8 @@ def test_cuda_graphs_on_off_greedy_identical(tmp_path, kv_cache_dtype):
 
 def test_async_scheduling_on_off_identical(tmp_path):
     """One-step-ahead decoding changes no token: early stops by length and by stop token, a sampled
-    request beside a greedy one, a batch of sampled requests (keyed draws: the pipeline runs them too), and a
-    later call after a dropped step."""
+    request beside a greedy one, a batch of sampled requests (keyed draws: the pipeline runs them too, their
+    draws from a captured graph), and a later call after a dropped step."""
     from onecat.engine import SamplingParams
     from tests.tiny_models import make_tiny_model
 
@@ -253,13 +253,15 @@ def test_async_scheduling_on_off_identical(tmp_path):
                       greedy, SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True)]
             first = [(o.token_ids, o.finish_reason) for o in llm.generate(PROMPTS, params)]
             mixed = [o.token_ids for o in llm.generate(
-                PROMPTS[:2], [greedy, SamplingParams(temperature=0.9, max_tokens=12, seed=5, ignore_eos=True)])]
+                PROMPTS[:2], [greedy, SamplingParams(temperature=0.9, top_p=0.8, max_tokens=12, seed=5, ignore_eos=True)])]
             before = llm.info()["async_scheduling"]["launches"]
-            sampled = [o.token_ids for o in llm.generate(PROMPTS[:3], [  # top-k, whole vocabulary, top-p alone
+            sampled = [o.token_ids for o in llm.generate(PROMPTS[:3], [  # top-k, whole vocabulary, top-k + top-p
                 SamplingParams(temperature=0.9, top_k=40, max_tokens=30, seed=1, ignore_eos=True),
                 SamplingParams(temperature=1.0, max_tokens=30, seed=2, ignore_eos=True),
-                SamplingParams(temperature=0.7, top_p=0.9, max_tokens=30, seed=3, ignore_eos=True)])]
+                SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=30, seed=3, ignore_eos=True)])]
             sampled_launches = llm.info()["async_scheduling"]["launches"] - before
+            if on:  # that steady sampled batch's draws replay a captured graph (sampler_graphs.py)
+                assert llm.info()["async_scheduling"]["sampling_graphs"]["replays"] > 20
             again = llm.generate(PROMPTS[3], greedy)[0].token_ids
             results[on] = (first, mixed, sampled, again)
             launches[on] = (llm.info()["async_scheduling"]["launches"], sampled_launches)

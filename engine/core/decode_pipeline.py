@@ -27,6 +27,7 @@ import torch
 from onecat.engine.core.interfaces import SpeculativeProposer, StepWorker
 from onecat.engine.core.keyed_draws import row_keys
 from onecat.engine.core.sampler import sample_on_device
+from onecat.engine.core.sampler_graphs import SAMPLER_GRAPHS, SamplerGraphs
 from onecat.engine.core.scheduler import Scheduler
 from onecat.engine.core.sequence import FeatureRows, Sequence, SequenceUpdate
 
@@ -58,6 +59,7 @@ class DecodePipeline:
         self.core = core
         self.inflight: _InFlight | None = None
         self.launches = 0
+        self.sampler_graphs = SamplerGraphs()  # a sampled batch's draws, replayed (sampler_graphs.py)
         self.applied_batch = 0  # sequences of the step applied last
 
     # ---- when it may run --------------------------------------------------------------------------
@@ -118,7 +120,8 @@ class DecodePipeline:
             tokens = c.worker.greedy_tokens(logits)
         else:  # the token at position p + 1, keyed as the plain step keys it (its num_tokens then)
             keys = row_keys([seq.seed for seq in seqs], [p + 1 for p in positions], logits.device)
-            tokens = sample_on_device(logits[:len(seqs)], params, keys)
+            sample = self.sampler_graphs.sample if SAMPLER_GRAPHS else sample_on_device
+            tokens = sample(logits[:len(seqs)], params, keys)
         features = c.proposer.step_features() if c.proposer is not None and c.proposer.wants_features else None
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)

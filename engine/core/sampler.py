@@ -5,6 +5,8 @@ do not depend on which other requests share its batch, nor on which step or spec
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from onecat.engine.core.keyed_draws import draw
@@ -26,6 +28,18 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
     return logits
 
 
+@functools.lru_cache(maxsize=4096)
+def _constant(values: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return to_device(list(values), device, dtype)
+
+
+def constant(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A row setting or row index list as a `dtype` tensor on `device`, made once per distinct value and device: a steady
+    batch's sampling steps then copy nothing to the device, and a captured sampling step (sampler_graphs.py)
+    reads tensors that outlive it. Never written to."""
+    return _constant(tuple(values), torch.device(device), dtype)
+
+
 CANDIDATES = 1024  # a row's nucleus is looked for among its this-many largest logits first
 
 
@@ -38,7 +52,7 @@ def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
             return probs
         if out is None:
             out = logits.new_zeros(logits.shape)
-        index = to_device(rows, logits.device)
+        index = constant(rows, logits.device)
         out[index] = probs if ids is None else probs.new_zeros(len(rows), logits.shape[1]).scatter_(1, ids, probs)
     return out
 
@@ -53,29 +67,29 @@ def filtered(logits: torch.Tensor, params: list[SamplingParams]
     row lands in depends on its own logits and settings alone, so its tokens do not depend on its batch."""
     V = logits.shape[-1]
     device = logits.device
-    temps = to_device([1.0 if p.greedy else p.temperature for p in params], device)
+    temps = constant([1.0 if p.greedy else p.temperature for p in params], device, torch.float32)
     x = logits / temps.unsqueeze(1)
     top_ks = [p.top_k if 0 < p.top_k < V else V for p in params]
     cut = [i for i, p in enumerate(params) if top_ks[i] < V or p.top_p < 1.0]  # rows with a top-k or nucleus
     groups = []
     whole = [i for i in range(len(params)) if top_ks[i] == V and params[i].top_p >= 1.0]
     if whole:  # every token stays: the whole vocabulary in id order
-        xs = x if not cut else x[to_device(whole, device)]
+        xs = x if not cut else x[constant(whole, device)]
         groups.append((whole, _min_p(xs.softmax(dim=-1), [params[i] for i in whole]), None))
     if not cut:
         return groups
-    xc = x if not whole else x[to_device(cut, device)]
+    xc = x if not whole else x[constant(cut, device)]
     pc, kc = [params[i] for i in cut], [top_ks[i] for i in cut]
     width = min(V, max([CANDIDATES] + [k for k in kc if k < V]))
     vals, ids = xc.topk(width, dim=-1)  # largest first
     probs, short = _nucleus(xc, vals, kc, pc)
     fits = [j for j in range(len(cut)) if j not in short]
     if fits:
-        keep = to_device(fits, device) if short else None
+        keep = constant(fits, device) if short else None
         groups.append(([cut[j] for j in fits], _min_p(probs if keep is None else probs[keep], [pc[j] for j in fits]),
                        ids if keep is None else ids[keep]))
     if short:  # every token may be in the nucleus: sort the whole vocabulary
-        index = to_device(short, device)
+        index = constant(short, device)
         vals, ids = xc[index].sort(dim=-1, descending=True)
         sub = [pc[j] for j in short]
         probs, _ = _nucleus(xc[index], vals, [kc[j] for j in short], sub)
@@ -90,7 +104,7 @@ def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_ks: list[int], params: lis
     top_p). A token is dropped when the mass strictly ahead of it exceeds top_p (the first is always kept)."""
     device = x.device
     V, C = x.shape[-1], vals.shape[-1]
-    drop = torch.arange(C, device=device).unsqueeze(0) >= to_device(top_ks, device).unsqueeze(1)
+    drop = torch.arange(C, device=device).unsqueeze(0) >= constant(top_ks, device).unsqueeze(1)
     short: list[int] = []
     top_ps = [p.top_p for p in params]
     if any(p < 1.0 for p in top_ps):
@@ -100,11 +114,11 @@ def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_ks: list[int], params: lis
         else:
             log_total = vals.masked_fill(drop, float("-inf")).logsumexp(dim=-1)
             if whole:
-                index = to_device(whole, device)
+                index = constant(whole, device)
                 log_total[index] = x[index].logsumexp(dim=-1)
         probs = (vals - log_total.unsqueeze(1)).exp().masked_fill(drop, 0.0)
         before = probs.cumsum(dim=-1) - probs  # mass strictly ahead of each token
-        ps = to_device(top_ps, device).unsqueeze(1)
+        ps = constant(top_ps, device, torch.float32).unsqueeze(1)
         drop |= (before > ps) & (ps < 1.0)  # a row without top_p keeps its top k (cumsum may round past 1)
         if C < V and whole:  # the token after the last candidate is kept unless the candidates' mass > top_p
             reach = (before[:, -1] + probs[:, -1] <= ps[:, 0]).tolist()
@@ -117,7 +131,7 @@ def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Drop tokens below min_p x the row's most likely token's probability, and renormalize."""
     if not any(p.min_p > 0 for p in params):
         return probs
-    min_p = to_device([p.min_p for p in params], probs.device)
+    min_p = constant([p.min_p for p in params], probs.device, torch.float32)
     keep = probs >= min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
     probs = torch.where(keep, probs, torch.zeros_like(probs))
     return probs / probs.sum(dim=-1, keepdim=True)
@@ -136,14 +150,14 @@ def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], keys: t
         tokens = torch.empty(len(params), dtype=torch.int64, device=logits.device)
     if rows:
         assert keys is not None, "sampled rows need their (seed, position) keys"
-        index = to_device(rows, logits.device)  # a list index would be copied to the device synchronously
+        index = constant(rows, logits.device)  # a list index would be copied to the device synchronously
         sub, sub_keys = (logits, keys) if len(rows) == len(params) else (logits[index], keys[index])
         for group, probs, ids in filtered(sub, [params[i] for i in rows]):
-            at = to_device(group, logits.device) if len(group) < len(rows) else None
+            at = constant(group, logits.device) if len(group) < len(rows) else None
             picked = draw(probs, ids, sub_keys if at is None else sub_keys[at])
             if ids is not None:
                 picked = ids.gather(1, picked.unsqueeze(1)).squeeze(1)
-            tokens[to_device([rows[j] for j in group], logits.device)] = picked
+            tokens[constant([rows[j] for j in group], logits.device)] = picked
     return tokens
 
 
