@@ -2,7 +2,9 @@
 decoding, against a baseline sampler module in the same run (interleaved, median of the repeats).
 
 The baseline is another tree's engine/core/sampler.py (`--baseline-tree`, e.g. a `git worktree` of an earlier
-commit), loaded as a module of its own and swapped into the engine for its arm; both arms decode the same
+commit whose `sample(logits, params, keys)` takes (seed, position) keys, as the engine hands them since keyed
+draws: an older sampler took per-request generators and cannot be swapped in), loaded as a module of its own
+and swapped into the engine for its arm; both arms decode the same
 prompts with the same seeds. Logits for the `sample()` timing are the model's own (prompts' last positions),
 so the distributions have the model's shape, not a random one's. Settings: top_p 0.95 (T 0.8), the seed route's
 T 1.0 / top_p 0.95 / top_k 20, and temperature alone.
