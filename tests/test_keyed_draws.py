@@ -21,14 +21,16 @@ def test_the_hash_is_the_same_on_ints_and_tensors(device):
     assert all(0 <= v < 2**32 for v in on_device)
     keys = row_keys([5, 2**62 + 3, 0], [0, 17, 2**20], device)
     assert keys.tolist() == [row_key(5, 0), row_key(2**62 + 3, 17), row_key(0, 2**20)]
-    u = uniforms(keys, torch.arange(7, device=device).expand(3, -1))
-    assert torch.equal(u.cpu(), uniforms(keys.cpu(), torch.arange(7).expand(3, -1)))
+    u = uniforms(keys, torch.arange(7, device=device).expand(3, -1), 7)
+    assert torch.equal(u.cpu(), uniforms(keys.cpu(), torch.arange(7).expand(3, -1), 7))
+    lanes = [keyed_draws._mix(t) for t in range(7)]  # the per-vocabulary table holds each id's hash
+    assert u.cpu()[1].tolist() == [(keyed_draws._mix(row_key(2**62 + 3, 17) ^ h) + 0.5) * 2.0 ** -32 for h in lanes]
 
 
 def test_uniforms_are_uniform_and_unrelated_across_seeds_positions_and_ids():
     seeds = list(range(50)) * 20
     positions = [p for p in range(20) for _ in range(50)]
-    u = uniforms(row_keys(seeds, positions, "cpu"), torch.arange(64).expand(len(seeds), -1))  # [1000, 64]
+    u = uniforms(row_keys(seeds, positions, "cpu"), torch.arange(64).expand(len(seeds), -1), 64)  # [1000, 64]
     assert kstest(u.flatten().numpy(), "uniform").pvalue > 1e-3
     assert u.min() > 0 and u.max() < 1
     # neighbouring ids, positions and seeds: no correlation beyond sampling noise (~1/sqrt(n))
@@ -50,9 +52,9 @@ def test_each_rule_draws_from_its_rows_distribution(candidates):
     keys = row_keys(range(n), [9] * n, "cpu")
     if candidates:  # the same law over candidates in another order: the token ids decide the noise
         order = torch.randperm(12, generator=g)
-        picked = order[draw(probs[order].expand(n, -1), order.expand(n, -1), keys)]
+        picked = order[draw(probs[order].expand(n, -1), order.expand(n, -1), keys, 12)]
     else:
-        picked = draw(probs.expand(n, -1), None, keys)
+        picked = draw(probs.expand(n, -1), None, keys, 12)
     counts = torch.bincount(picked, minlength=12).double()
     assert counts[3] == 0
     keep = probs > 0

@@ -97,9 +97,9 @@ def test_draws_follow_the_filtered_distribution(setting):
 def test_a_draw_never_lands_on_a_token_of_zero_probability(candidates):
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0]] * 64)
     ids = torch.arange(6).expand(64, -1) if candidates else None
-    assert set(draw(probs, ids, row_keys(range(64), [3] * 64, "cpu")).tolist()) == {1, 3}
+    assert set(draw(probs, ids, row_keys(range(64), [3] * 64, "cpu"), 6).tolist()) == {1, 3}
     one = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
-    assert draw(one, torch.arange(4)[None] if candidates else None, row_keys([5], [0], "cpu")).tolist() == [2]
+    assert draw(one, torch.arange(4)[None] if candidates else None, row_keys([5], [0], "cpu"), 4).tolist() == [2]
 
 
 def test_a_row_without_top_k_or_top_p_keeps_every_token_next_to_rows_that_have_them(monkeypatch):

@@ -21,6 +21,8 @@ pass 2^63, so the same code runs on Python ints and on CPU and CUDA tensors, wit
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from onecat.engine.transfers import to_device
@@ -56,23 +58,31 @@ def row_keys(seeds: list[int], positions: list[int], device: torch.device | str)
     return to_device([row_key(s, p) for s, p in zip(seeds, positions)], device, torch.int64)
 
 
-def uniforms(keys: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
-    """Keyed uniforms in (0, 1), float64, shape of `lanes` [N, C] (token ids), one key per row (`keys` [N])."""
-    h = _mix(keys.unsqueeze(1) ^ _mix(lanes.to(torch.int64) & _M32))
+@functools.lru_cache(maxsize=8)
+def _lane_hashes(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """_mix of every token id, made once per vocabulary and device (a gather a draw instead of ~20 kernels)."""
+    with torch.inference_mode(False):  # a normal tensor: callers outside inference mode (autograd) use it too
+        return _mix(torch.arange(vocab_size, dtype=torch.int64, device=device))
+
+
+def uniforms(keys: torch.Tensor, lanes: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Keyed uniforms in (0, 1), float64, shape of `lanes` [N, C] (token ids below `vocab_size`), one key per row
+    (`keys` [N])."""
+    h = _mix(keys.unsqueeze(1) ^ _lane_hashes(vocab_size, keys.device)[lanes])
     return (h.double() + 0.5) * 2.0 ** -32
 
 
-def draw(probs: torch.Tensor, ids: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
-    """One index into each row of `probs` [N, C], on the device: over candidates `ids` [N, C] (their token ids)
-    by keyed Gumbel-max, or over the whole vocabulary in id order (`ids` None) by a keyed uniform on the
-    cumulative sum. Only entries of positive probability are drawn."""
+def draw(probs: torch.Tensor, ids: torch.Tensor | None, keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """One index into each row of `probs` [N, C], on the device: over candidates `ids` [N, C] (their token ids,
+    below `vocab_size`) by keyed Gumbel-max, or over the whole vocabulary in id order (`ids` None) by a keyed
+    uniform on the cumulative sum. Only entries of positive probability are drawn."""
     if ids is None:
-        u = uniforms(keys, torch.full((len(keys), 1), _WHOLE_LANE, dtype=torch.int64, device=keys.device))[:, 0]
+        u = (_mix(keys ^ _mix(_WHOLE_LANE)).double() + 0.5) * 2.0 ** -32
         cdf = probs.double().cumsum(dim=-1)
         total = cdf[:, -1]
         # below the total, the first entry whose cumulative sum passes the point is one where the sum grew
         point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
         return torch.searchsorted(cdf, point.unsqueeze(1), right=True).squeeze(1)
-    gumbel = -torch.log(-torch.log(uniforms(keys, ids)))
+    gumbel = -torch.log(-torch.log(uniforms(keys, ids, vocab_size)))
     score = torch.where(probs > 0, probs.double().log() + gumbel, float("-inf"))
     return score.argmax(dim=-1)

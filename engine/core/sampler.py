@@ -30,7 +30,8 @@ def apply_logits_processors(logits: torch.Tensor, seqs: list) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=4096)
 def _constant(values: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return to_device(list(values), device, dtype)
+    with torch.inference_mode(False):  # a normal tensor: callers outside inference mode (autograd) use it too
+        return to_device(list(values), device, dtype)
 
 
 def constant(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -154,7 +155,7 @@ def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], keys: t
         sub, sub_keys = (logits, keys) if len(rows) == len(params) else (logits[index], keys[index])
         for group, probs, ids in filtered(sub, [params[i] for i in rows]):
             at = constant(group, logits.device) if len(group) < len(rows) else None
-            picked = draw(probs, ids, sub_keys if at is None else sub_keys[at])
+            picked = draw(probs, ids, sub_keys if at is None else sub_keys[at], logits.shape[-1])
             if ids is not None:
                 picked = ids.gather(1, picked.unsqueeze(1)).squeeze(1)
             tokens[constant([rows[j] for j in group], logits.device)] = picked

@@ -23,7 +23,7 @@ from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.sampling_params import SamplingParams
 
 SAMPLER_GRAPHS = os.environ.get("ONECAT_SAMPLER_GRAPHS", "1") != "0"  # 0: eager sampling (an A/B switch)
-MAX_GRAPHS = 16  # distinct (buffer, settings) kept; the least recently used is dropped past this
+MAX_GRAPHS = 8  # distinct (buffer, settings) kept; the least recently used is dropped past this
 
 
 def _settings(p: SamplingParams) -> tuple:
@@ -40,6 +40,10 @@ class SamplerGraphs:
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = OrderedDict()
         self.seen: set[tuple] = set()
         self.captures = self.replays = 0
+        # one memory pool for all of them (a pool each would hold every graph's intermediates): a later capture
+        # may place its tokens where an earlier graph keeps intermediates, so a replay's tokens must be used
+        # (queued copies) before the next replay, as the decode pipeline does
+        self.pool = None
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor) -> torch.Tensor:
         """sample_on_device(logits, params, keys), from a graph where one is captured or worth capturing.
@@ -66,7 +70,9 @@ class SamplerGraphs:
             sample_on_device(logits, params, static_keys)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
             out = sample_on_device(logits, params, static_keys)
         self.graphs[key] = entry = (graph, static_keys, out)
         self.captures += 1
