@@ -22,8 +22,10 @@
 # `route_ab` both route-1 A/Bs in four runs (fused hybrid kernels off, on, on with a 32K draft vocabulary, off);
 # `sampling` the sampler's and verifier's tests on the GPU, then the embedded target with its drafter sampled at the
 # seed route's settings (T 1, top-p 0.95, top-k 20; EMBEDDED_GGUF, DFLASH_PROMPTS).
+# `sampled_decode` the one-step-ahead decode's GPU test with sampled batches and sampling graphs on, then greedy,
+# sampled eager and sampled from captured graphs in one run (benchmarks/gpu_sampled_decode.py, random weights).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
-#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling]...
+#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -114,6 +116,10 @@ for step in $steps; do
            timeout 200 python3 benchmarks/speculative_gpu.py $a --repeats 3 --budget-s 100 \
              --out "$out/speculative_gpu_dflash_sampled.json" >"$out/sampled.log" 2>&1; echo "sampled rc=$?"
            grep "bs=" "$out/sampled.log" ;;
+    sampled_decode) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k async_scheduling \
+             >"$out/sampled_decode_tests.log" 2>&1; echo "sampled decode tests rc=$?"; tail -2 "$out/sampled_decode_tests.log"
+           timeout 200 python3 benchmarks/gpu_sampled_decode.py --out "$out/gpu_sampled_decode.json" \
+             >"$out/sampled_decode.log" 2>&1; echo "sampled decode rc=$?"; grep "batch" "$out/sampled_decode.log" ;;
     merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
              >"$out/merge_tests.log" 2>&1; echo "merge tests rc=$?"; tail -3 "$out/merge_tests.log"
            for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do

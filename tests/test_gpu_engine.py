@@ -232,13 +232,15 @@ def test_cuda_graphs_on_off_greedy_identical(tmp_path, kv_cache_dtype):
     assert results[True] == results[False]
 
 
-def test_async_scheduling_on_off_identical(tmp_path):
+def test_async_scheduling_on_off_identical(tmp_path, monkeypatch):
     """One-step-ahead decoding changes no token: early stops by length and by stop token, a sampled
     request beside a greedy one, a batch of sampled requests (keyed draws: the pipeline runs them too, their
     draws from a captured graph), and a later call after a dropped step."""
     from onecat.engine import SamplingParams
+    from onecat.engine.core import decode_pipeline
     from tests.tiny_models import make_tiny_model
 
+    monkeypatch.setattr(decode_pipeline, "SAMPLER_GRAPHS", True)
     model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
                                 num_key_value_heads=2)
     greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
