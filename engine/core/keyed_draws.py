@@ -16,8 +16,9 @@ Two rules, chosen by the row's settings alone:
   - the whole vocabulary in id order (no top-k / top-p): one keyed uniform placed on the cumulative sum
     (one random number a row rather than one per vocabulary entry).
 
-The hash is 32-bit integer mixing (C. Wellons' lowbias32) written with int64 tensor ops whose products never
-pass 2^63, so the same code runs on Python ints and on CPU and CUDA tensors, with the same values.
+The hash is 32-bit xorshift-multiply mixing written with int64 tensor ops whose products never pass 2^63, so the
+same code runs on Python ints and on CPU and CUDA tensors, with the same values; each token id's hash is a table
+per vocabulary, so a draw over candidates is a gather and one mixing round.
 """
 from __future__ import annotations
 
@@ -31,18 +32,15 @@ _M32 = 0xFFFFFFFF
 _WHOLE_LANE = 0x9E3779B9  # the lane of the whole-vocabulary rule's single uniform (no token id has it)
 
 
-def _mul32(x, c: int):
-    """(x * c) mod 2^32 for x in [0, 2^32), through 16-bit halves (a full product could pass 2^63)."""
-    return (((((x >> 16) * c) & 0xFFFF) << 16) + (x & 0xFFFF) * c) & _M32
-
-
 def _mix(x):
-    """A 32-bit to 32-bit bijection that spreads every input bit over the output (lowbias32)."""
+    """A 32-bit to 32-bit bijection that spreads every input bit over the output (C. Wellons' hash-prospector
+    xorshift-multiply form, multipliers below 2^31: a product of a 32-bit value never passes 2^63, so int64
+    tensors and Python ints compute the same value)."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = (x * 0x21F0AAAD) & _M32
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
 
 
 def row_key(seed: int, position: int) -> int:

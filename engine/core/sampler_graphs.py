@@ -1,7 +1,8 @@
 """Sampled decode steps' sampling, replayed from a CUDA graph.
 
-A sampled row's draw is ~120 small kernels (temperature, the top-k candidates, the nucleus, the keyed
-Gumbel-max noise); launched one by one they cost ~1 ms of host time a step, which on a small model is several
+A sampled batch's draws are ~55 small kernels (temperature, the top-k candidates, the nucleus, the keyed
+Gumbel-max noise; ~120 when the H100 figure below was taken); launched one by one they cost ~1 ms of host time a
+step, which on a small model is several
 times the step itself (the embedded target on an H100: 567 sampled against 2346 greedy tok/s). For a steady
 batch those kernels are the same every step: the logits come from the decode graph's output buffer, the row
 settings are constants (sampler.constant), and only the (seed, position) keys change. So the sampling of a
