@@ -1,12 +1,14 @@
 """A block drafter's next round drafted before the verify step is read (engine/speculative/draft_ahead.py), on the
-CPU: the drafts it hands out equal a fresh round's over the request's whole context, the engine decodes
-target-only's tokens, and a request whose state moved on is drafted afresh."""
+CPU: the drafts it hands out equal a fresh round's over the request's whole context (greedy and sampled), the
+engine decodes target-only's tokens, and a request whose state moved on is drafted afresh."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from onecat.engine import LLM
+from onecat.engine import LLM, SamplingParams
+from onecat.engine.core.keyed_draws import row_keys
+from onecat.engine.core.sampler import sample
 from onecat.engine.speculative.draft_ahead import AHEAD_FLAG, ahead_wanted
 from tests.test_dflash_hybrid import steer_drafts
 from tests.test_dflash_runtime import DraftChecker
@@ -21,7 +23,7 @@ class AheadChecker(DraftChecker):
 
     def __init__(self, proposer):
         super().__init__(proposer)
-        self.checked, self.fresh = 0, 0
+        self.checked, self.fresh, self.sampled = 0, 0, 0
 
     def propose(self, seqs, budgets):
         ahead = dict(self.proposer.ahead)
@@ -34,7 +36,12 @@ class AheadChecker(DraftChecker):
             n = min(budget, self.proposer.k)
             want = self.recompute(seq, n)
             torch.testing.assert_close(a.logits[:n].float(), want, rtol=1e-4, atol=1e-4)
-            assert list(draft) == want.argmax(-1).tolist()
+            if seq.params.greedy:
+                assert list(draft) == want.argmax(-1).tolist()
+            else:  # drawn with the keys of the positions the drafts will occupy
+                keys = row_keys([seq.seed] * n, list(range(seq.num_tokens, seq.num_tokens + n)), "cpu")
+                assert list(draft) == sample(want, [seq.params] * n, keys)
+                self.sampled += 1
             self.checked += 1
         return out
 
@@ -62,6 +69,24 @@ def test_drafts_ahead_equal_a_fresh_round_and_decode_as_target_only(device, batc
     assert [o.token_ids for o in outs] == want
     assert checker.checked >= 5 and checker.fresh > 0  # drafted ahead, and afresh after the plain steps
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0
+
+
+def test_sampled_requests_are_drafted_ahead_and_decode_as_target_only(tmp_path, monkeypatch):
+    """Sampled requests (top-k, and temperature alone) beside a greedy one: their rounds are drafted ahead too, each
+    draft the keyed draw a fresh round makes, and every request's tokens are target-only's for its seed."""
+    monkeypatch.setenv(AHEAD_FLAG, "1")
+    target = make_tiny_model("llama", tmp_path / "target", vocab_size=48, num_hidden_layers=2)
+    drafter = write_random_dflash(tmp_path / "dflash", 64, 0, [0, 1], block_size=4)
+    params = [GREEDY, SamplingParams(temperature=0.8, top_k=8, seed=3, max_tokens=GREEDY.max_tokens, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=4, max_tokens=GREEDY.max_tokens, ignore_eos=True)]
+    with LLM(str(target), max_model_len=128, dtype="float32") as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS[:3], params)]
+    spec = {"method": "dflash", "num_speculative_tokens": 3, "model": str(drafter), "disable_when_slower": False}
+    with LLM(str(target), max_model_len=128, dtype="float32", speculative_config=spec) as llm:
+        checker = AheadChecker(llm.engine.proposer.proposer)
+        outs = llm.generate(PROMPTS[:3], params)
+    assert [o.token_ids for o in outs] == want
+    assert checker.sampled >= 5
 
 
 @pytest.mark.parametrize("flag", [None, "0"])

@@ -43,12 +43,21 @@ def _mix(x):
     return x ^ (x >> 15)
 
 
+def seed_key(seed: int) -> int:
+    """The 32-bit key of a request's seed (any non-negative int below 2^64), before its position is mixed in."""
+    return _mix(_mix((seed >> 32) & _M32 ^ 0x5EED5EED) ^ (seed & _M32))
+
+
 def row_key(seed: int, position: int) -> int:
     """The 32-bit key of the token at `position` (its index in the sequence, prompt included) of a request
-    seeded with `seed` (any non-negative int below 2^64)."""
-    k = _mix((seed >> 32) & _M32 ^ 0x5EED5EED)
-    k = _mix(k ^ (seed & _M32))
-    return _mix(k ^ (position & _M32))
+    seeded with `seed`."""
+    return _mix(seed_key(seed) ^ (position & _M32))
+
+
+def keys_at(seed_keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """row_key on the device, for positions known only there: `seed_keys` (seed_key of each row's seed) and
+    `positions`, both int64 of one shape."""
+    return _mix(seed_keys ^ (positions & _M32))
 
 
 def row_keys(seeds: list[int], positions: list[int], device: torch.device | str) -> torch.Tensor:

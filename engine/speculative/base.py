@@ -173,13 +173,13 @@ class SpeculativeDecoder:
         """The tokens one step's verify rows emit, per (sequence, its schedule, its verify logits
         [num_lookahead + 1, V]): all sequences verified at once on the device, read back in one go. With the
         sequences' tapped rows of the step (`spans`) a proposer that drafts ahead launches its next round
-        before that read (greedy steps)."""
+        before that read."""
         if not blocks:
             return []
         drafts = [seq.draft_tokens[:sched.num_lookahead] for seq, sched, _ in blocks]
         rows = verified_on_device([DraftBlock(draft, logits, seq.params, seq.seed, seq.num_tokens)
                                    for draft, (seq, _, logits) in zip(drafts, blocks)])
-        if spans is not None and self.proposer.drafts_ahead and all(seq.params.greedy for seq, _, _ in blocks):
+        if spans is not None and self.proposer.drafts_ahead:
             read = VerifiedRead(rows)  # before the drafter's kernels, which the read does not wait for
             accepted = rows[:, 0]
             self.proposer.draft_ahead([seq for seq, _, _ in blocks], spans, accepted,

@@ -1,7 +1,6 @@
 """A block drafter's next round, launched before the host reads this round's verified tokens.
 
-After a verify step, the next round of a greedy block drafter (DFlash) depends on the step's device results
-alone: a request's anchor is the bonus token at row `accepted`, at position c + accepted + 1 (c: the step's first
+After a verify step, the next round of a block drafter (DFlash) depends on the step's device results alone: a request's anchor is the bonus token at row `accepted`, at position c + accepted + 1 (c: the step's first
 position, known to the host), and its new context rows are the step's first 1 + accepted tapped rows. So the
 drafter runs right after the verify compare: every tapped row of the step is projected (those past the accepted
 ones are never read: the context length, count + 1 + accepted, is computed on the device), the whole block is
@@ -10,8 +9,8 @@ drafter's work then overlaps the host's post-processing and scheduling. After th
 projected rows go into its context cache (no second projection), and the next `propose` hands out its drafts,
 trimmed to its budget.
 
-Greedy batches only (a sampled request's draws must stay in its generator's order), drafters without a sliding
-window; a request that stopped, was preempted or moved otherwise is drafted afresh. On by default where the drafter
+Greedy and sampled requests alike (a sampled draft is a keyed draw, core/keyed_draws.py, at the position it will
+occupy, which the device knows: the anchor's plus one plus its index), drafters without a sliding window; a request that stopped, was preempted or moved otherwise is drafted afresh. On by default where the drafter
 runs on a GPU (on the H100: DFlash-shaped rounds of an 8B-shaped target 6-12% faster, docs/speculative.md); off on a
 CPU, where nothing overlaps the host's work and the rejected rows' projection is pure cost. `ONECAT_DRAFT_AHEAD=0`
 or `=1` overrides either way (an A/B switch). tests/test_draft_ahead.py checks its drafts against a fresh round's
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from onecat.engine.core.keyed_draws import keys_at, seed_key
+from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.dflash_cache import project_rows
 from onecat.engine.transfers import to_device
@@ -105,6 +106,15 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
         proposer.vocab.round(seqs)
     logits = proposer.score(h[:, 1:1 + k].reshape(-1, h.shape[-1]))
     tokens = proposer.token_ids(logits.argmax(dim=-1)).view(len(seqs), k)
+    sampled = [r for r, s in enumerate(seqs) if not s.params.greedy]
+    if sampled:  # keyed as a fresh round keys them: draft j sits at the anchor's position + 1 + j
+        index = to_device(sampled, device)
+        positions = (first[index].unsqueeze(1) + 1 + torch.arange(k, device=device)).reshape(-1)
+        keys = keys_at(to_device([seed_key(seqs[r].seed) for r in sampled], device).repeat_interleave(k), positions)
+        rows = logits.view(len(seqs), k, -1)[index].reshape(len(sampled) * k, -1).float()
+        rows = rows if proposer.vocab is None else proposer.vocab.widen(rows)
+        tokens[index] = sample_on_device(rows, [seqs[r].params for r in sampled for _ in range(k)],
+                                         keys).view(len(sampled), k)
     return {rid: Ahead(c, ext, tokens[r], logits[r * k:(r + 1) * k])
             for r, (rid, c, ext) in enumerate(zip(rids, starts, extra))}
 
@@ -139,8 +149,7 @@ def propose_with_ahead(proposer, seqs, budgets, fresh) -> list:
     budgets; `fresh(seqs, budgets)` drafts the others. Rounds drafted ahead and not handed out now are dropped."""
     ahead, proposer.ahead = proposer.ahead, {}
     found = {i: ahead.get(s.request_id) for i, s in enumerate(seqs)}
-    ready = {i: a for i, a in found.items() if a is not None and a.anchor == seqs[i].num_tokens - 1
-             and seqs[i].params.greedy}
+    ready = {i: a for i, a in found.items() if a is not None and a.anchor == seqs[i].num_tokens - 1}
     if not ready:
         return fresh(seqs, budgets)
     proposer.ahead_served += len(ready)
