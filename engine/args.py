@@ -100,7 +100,7 @@ class SpeculativeConfig(BaseModel):
                                         "whole LM head; the verifier still scores every token, so outputs keep the "
                                         "target's law")
     disable_when_slower: bool = Field(
-        default=True, description="decode greedy steps without drafts while the engine measures a speculative round "
+        default=True, description="decode steps without drafts while the engine measures a speculative round "
                                   "moving fewer tokens per second than a plain step (re-measured now and then); "
                                   "false: draft every step")
 
