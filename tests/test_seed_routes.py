@@ -102,10 +102,14 @@ def test_bad_synthetic_settings_are_refused(spec, message):
         SpeculativeConfig(**spec)
 
 
-def test_synthetic_learns_each_prompt_then_accepts_as_set():
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, top_p=0.95, top_k=20, seed=7)],
+                         ids=["greedy", "seed-route-sampled"])
+def test_synthetic_learns_each_prompt_then_accepts_as_set(sampling):
+    """Greedy, or sampled at the seed route's settings with a seed (keyed draws: the request samples the same
+    tokens again, so its learned continuation sets the acceptance as well)."""
     spec = {"method": "synthetic", "num_speculative_tokens": 4, "acceptance_length": 2.5,
             "disable_when_slower": False}
-    params = SamplingParams(temperature=0.0, max_tokens=41, ignore_eos=True)
+    params = SamplingParams(**sampling, max_tokens=41, ignore_eos=True)
     prompts = ["t5 t6 t7 t8", "t9 t10 t11"]
     with LLM("random:tiny-llama", load_format="dummy", max_model_len=128) as plain:
         want = [o.token_ids for o in plain.generate(prompts, params)]
@@ -118,3 +122,14 @@ def test_synthetic_learns_each_prompt_then_accepts_as_set():
     rounds = sum(o.spec.num_drafts for o in second)
     assert 1 + sum(o.spec.num_accepted_tokens for o in second) / rounds == pytest.approx(2.5, abs=0.05)
     assert described["synthetic"] and described["prompts_known"] == 2
+
+
+def test_synthetic_learns_nothing_from_unseeded_sampled_requests():
+    """An unseeded sampled request draws a fresh seed each time: its output is no later request's continuation."""
+    spec = {"method": "synthetic", "num_speculative_tokens": 4, "acceptance_length": 2.5,
+            "disable_when_slower": False}
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    with LLM("random:tiny-llama", load_format="dummy", max_model_len=128, speculative_config=spec) as llm:
+        llm.generate(["t5 t6 t7 t8"], params)
+        again = llm.generate(["t5 t6 t7 t8"], params)[0]
+        assert llm.info()["speculative"]["prompts_known"] == 0 and again.spec.num_drafts == 0

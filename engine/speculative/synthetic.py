@@ -2,14 +2,14 @@
 trained drafter.
 
 It runs a real proposer's compute every round (n-gram lookup, or a DFlash drafter's forward of any shape, its
-features recorded as usual) and then throws that draft away: it proposes the target's known greedy
-continuation for its first n positions and a token the target does not pick after them, so a greedy round
-accepts exactly n drafts wherever the target reproduces its known output. n is `accepted` when that is a
+features recorded as usual) and then throws that draft away: it proposes the target's known continuation
+(greedy, or sampled with the request's seed and settings) for its first n positions and a token the target
+does not pick after them, so a round accepts exactly n drafts wherever the target reproduces its known output. n is `accepted` when that is a
 whole number; a fractional `accepted` (3.25: acceptance length 4.25) spreads over each sequence's rounds
 (3, 3, 3, 4, ...: round r takes floor(a (r + 1)) - floor(a r)), so the mean is exact. The continuation comes from `reference(seq)`: the tokens the target emits after `seq`'s
 current end. A benchmark records them from a target-only run first; speculative method `synthetic`
-(engine/args.py) learns them (LearnedContinuations): a greedy request that finished teaches its prompt's
-continuation, so the first run of a prompt drafts nothing and later runs of it are acceptance-controlled
+(engine/args.py) learns them (LearnedContinuations): a greedy or seeded sampled request that finished teaches
+its prompt's continuation under its settings, so the first run of a prompt drafts nothing and later runs of it are acceptance-controlled
 (contracts warm up on their timed prompts: warmup_prompts timed). Everything it reports says
 `synthetic`: its figures measure the machinery, never what a drafter achieves.
 """
@@ -25,21 +25,34 @@ from onecat.engine.transfers import to_device
 
 
 class LearnedContinuations:
-    """The target's greedy continuation of each prompt, from the requests that finished with it."""
+    """The target's continuation of each prompt, from the requests that finished with it: greedy requests by
+    prompt, seeded sampled ones by prompt, settings and seed (their draws are keyed by seed and position,
+    core/keyed_draws.py, so the same request samples the same tokens again)."""
 
     def __init__(self) -> None:
-        self._known: dict[tuple[int, ...], list[int]] = {}
+        self._known: dict[tuple, list[int]] = {}
+
+    @staticmethod
+    def _key(seq) -> tuple | None:
+        """Which later requests a finished one's output is theirs too; None when none is (an unseeded sampled
+        request draws a fresh seed, one with logits processors depends on their state)."""
+        p = seq.params
+        if p.logits_processors or (not p.greedy and p.seed is None):
+            return None
+        how = () if p.greedy else (p.seed, p.temperature, p.top_p, p.top_k, p.min_p)
+        return (tuple(seq.token_ids[:seq.num_prompt_tokens]), how)
 
     def __call__(self, seq) -> list[int]:
-        return self._known.get(tuple(seq.token_ids[:seq.num_prompt_tokens]), [])[seq.num_output_tokens:]
+        key = self._key(seq)
+        return self._known.get(key, [])[seq.num_output_tokens:] if key is not None else []
 
     def learn(self, seq) -> None:
-        """Keep a finished greedy request's output (the longest one seen per prompt); aborted ones teach nothing."""
-        if not seq.params.greedy or seq.finish_reason not in ("stop", "length"):
+        """Keep a finished request's output (the longest one seen per key); aborted ones teach nothing."""
+        key = self._key(seq)
+        if key is None or seq.finish_reason not in ("stop", "length"):
             return
-        prompt = tuple(seq.token_ids[:seq.num_prompt_tokens])
-        if len(seq.output_token_ids) > len(self._known.get(prompt, ())):
-            self._known[prompt] = list(seq.output_token_ids)
+        if len(seq.output_token_ids) > len(self._known.get(key, ())):
+            self._known[key] = list(seq.output_token_ids)
 
     def __len__(self) -> int:
         return len(self._known)
