@@ -32,7 +32,7 @@ ROWS: tuple[tuple[str, str, dict], ...] = (
     ("speculative", "speculative dflash, drafter dtype bfloat16, model float32",
      {"speculative": "dflash", "speculative_dtype": "bfloat16", "dtype": "float32"}),
     ("speculative", "speculative mtp (the checkpoint's multi-token-prediction head)", {"speculative": "mtp"}),
-    ("speculative", "speculative synthetic (acceptance set by construction; greedy requests)",
+    ("speculative", "speculative synthetic (acceptance set by construction; greedy or seeded sampled requests)",
      {"speculative": "synthetic"}),
     ("kv", "kv_cache_dtype bfloat16", {"kv_cache_dtype": "bfloat16"}),
     ("kv", "kv_cache_dtype fp8_e4m3", {"kv_cache_dtype": "fp8_e4m3"}),
