@@ -50,7 +50,8 @@ def main() -> None:
                 t = time.perf_counter()
                 sampler.sample(logits, params, row_keys(range(batch), [r] * batch, "cpu"))
                 times["keyed"].append(time.perf_counter() - t)
-            row = {"batch": batch, "setting": name, **{f"{k}_ms": statistics.median(v[1:]) * 1e3 for k, v in times.items()}}
+            row = {"batch": batch, "setting": name,
+                   **{f"{k}_ms": statistics.median(v[1:]) * 1e3 for k, v in times.items()}}
             row["ratio"] = row["keyed_ms"] / row["generators_ms"]
             rows.append(row)
             print(f"batch {batch:3d} {name:12s} generators {row['generators_ms']:7.2f} ms  keyed {row['keyed_ms']:7.2f} ms"

@@ -7,15 +7,14 @@ token (an argmax, or a draw keyed by the request's seed and the token's position
 which needs no host value of step N) is copied into step N+1's graph inputs by the GPU itself. So each engine
 step launches the next decode, then reads and applies the previous one while the GPU computes.
 
-It runs only when the batch is steady: CUDA graphs on, nothing waiting to be admitted, no
-speculative proposer or one whose gate has paused drafting for this batch size (its plain steps then
-decode as target-only's do; a block drafter's tapped features are recorded from the graph's output as
-in a plain step), no request with logits processors, logprobs or kept distributions. Anything else drains it (the step in flight is applied, nothing new launched) and
-the normal scheduler takes over. A request that stops at step N has had step N+1 computed for it;
-that result is dropped and its KV slot goes back with the request's blocks. Tokens are drawn from the
-same logits with the same keys as in the plain loop, and applied by the same post-processing
-(EngineCore.postprocess), so outputs are identical. KV room for the step ahead comes from the
-scheduler (`reserve_decode`).
+It runs only when the batch is steady: CUDA graphs on, nothing waiting to be admitted, no speculative proposer or
+one whose gate has paused drafting for this batch size (its plain steps then decode as target-only's do; a block
+drafter's tapped features are recorded from the graph's output as in a plain step), no request with logits
+processors, logprobs or kept distributions. Anything else drains it (the step in flight is applied, nothing new
+launched) and the normal scheduler takes over. A request that stops at step N has had step N+1 computed for it; that
+result is dropped and its KV slot goes back with the request's blocks. Tokens are drawn from the same logits with
+the same keys as in the plain loop, and applied by the same post-processing (EngineCore.postprocess), so outputs are
+identical. KV room for the step ahead comes from the scheduler (`reserve_decode`).
 """
 from __future__ import annotations
 

@@ -35,9 +35,9 @@ def _constant(values: tuple, device: torch.device, dtype: torch.dtype) -> torch.
 
 
 def constant(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-    """A row setting or row index list as a `dtype` tensor on `device`, made once per distinct value and device: a steady
-    batch's sampling steps then copy nothing to the device, and a captured sampling step (sampler_graphs.py)
-    reads tensors that outlive it. Never written to."""
+    """A row setting or row index list as a `dtype` tensor on `device`, made once per distinct value and device:
+    a steady batch's sampling steps then copy nothing to the device, and a captured sampling step
+    (sampler_graphs.py) reads tensors that outlive it. Never written to."""
     return _constant(tuple(values), torch.device(device), dtype)
 
 
@@ -141,8 +141,8 @@ def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
 def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor | None) -> torch.Tensor:
     """A token per row [N] int64, left on the device: the argmax for a greedy row; for a sampled one a draw
     keyed by its (seed, position) key in `keys` [N] (keyed_draws.py) over the candidates its filters keep (or
-    the whole vocabulary when it keeps that). Nothing is read back unless a top-p row without top-k needs its
-    whole vocabulary sorted (filtered())."""
+    the whole vocabulary when it keeps that). Nothing is read back unless a row has top-p without top-k
+    (filtered() then reads whether its nucleus reaches past its candidates)."""
     logits = logits.float()
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if len(rows) < len(params):

@@ -1,20 +1,21 @@
 """A block drafter's next round, launched before the host reads this round's verified tokens.
 
-After a verify step, the next round of a block drafter (DFlash) depends on the step's device results alone: a request's anchor is the bonus token at row `accepted`, at position c + accepted + 1 (c: the step's first
-position, known to the host), and its new context rows are the step's first 1 + accepted tapped rows. So the
-drafter runs right after the verify compare: every tapped row of the step is projected (those past the accepted
-ones are never read: the context length, count + 1 + accepted, is computed on the device), the whole block is
-drafted, and the host reads the verified tokens through an event recorded before that launch. On a GPU the
-drafter's work then overlaps the host's post-processing and scheduling. After the read a request's accepted
-projected rows go into its context cache (no second projection), and the next `propose` hands out its drafts,
-trimmed to its budget.
+After a verify step, the next round of a block drafter (DFlash) depends on the step's device results alone: a
+request's anchor is the bonus token at row `accepted`, at position c + accepted + 1 (c: the step's first position,
+known to the host), and its new context rows are the step's first 1 + accepted tapped rows. So the drafter runs
+right after the verify compare: every tapped row of the step is projected (those past the accepted ones are never
+read: the context length, count + 1 + accepted, is computed on the device), the whole block is drafted, and the host
+reads the verified tokens through an event recorded before that launch. On a GPU the drafter's work then overlaps
+the host's post-processing and scheduling. After the read a request's accepted projected rows go into its context
+cache (no second projection), and the next `propose` hands out its drafts, trimmed to its budget.
 
 Greedy and sampled requests alike (a sampled draft is a keyed draw, core/keyed_draws.py, at the position it will
-occupy, which the device knows: the anchor's plus one plus its index), drafters without a sliding window; a request that stopped, was preempted or moved otherwise is drafted afresh. On by default where the drafter
-runs on a GPU (on the H100: DFlash-shaped rounds of an 8B-shaped target 6-12% faster, docs/speculative.md); off on a
-CPU, where nothing overlaps the host's work and the rejected rows' projection is pure cost. `ONECAT_DRAFT_AHEAD=0`
-or `=1` overrides either way (an A/B switch). tests/test_draft_ahead.py checks its drafts against a fresh round's
-and its tokens against target-only.
+occupy, which the device knows: the anchor's plus one plus its index), drafters without a sliding window; a request
+that stopped, was preempted or moved otherwise is drafted afresh. On by default where the drafter runs on a GPU (on
+the H100: DFlash-shaped rounds of an 8B-shaped target 6-12% faster, docs/speculative.md); off on a CPU, where
+nothing overlaps the host's work and the rejected rows' projection is pure cost. `ONECAT_DRAFT_AHEAD=0` or `=1`
+overrides either way (an A/B switch). tests/test_draft_ahead.py checks its drafts against a fresh round's and its
+tokens against target-only.
 """
 from __future__ import annotations
 

@@ -2,16 +2,17 @@
 trained drafter.
 
 It runs a real proposer's compute every round (n-gram lookup, or a DFlash drafter's forward of any shape, its
-features recorded as usual) and then throws that draft away: it proposes the target's known continuation
-(greedy, or sampled with the request's seed and settings) for its first n positions and a token the target
-does not pick after them, so a round accepts exactly n drafts wherever the target reproduces its known output. n is `accepted` when that is a
-whole number; a fractional `accepted` (3.25: acceptance length 4.25) spreads over each sequence's rounds
-(3, 3, 3, 4, ...: round r takes floor(a (r + 1)) - floor(a r)), so the mean is exact. The continuation comes from `reference(seq)`: the tokens the target emits after `seq`'s
-current end. A benchmark records them from a target-only run first; speculative method `synthetic`
-(engine/args.py) learns them (LearnedContinuations): a greedy or seeded sampled request that finished teaches
-its prompt's continuation under its settings, so the first run of a prompt drafts nothing and later runs of it are acceptance-controlled
-(contracts warm up on their timed prompts: warmup_prompts timed). Everything it reports says
-`synthetic`: its figures measure the machinery, never what a drafter achieves.
+features recorded as usual) and then throws that draft away: it proposes the target's known continuation (greedy, or
+sampled with the request's seed and settings) for its first n positions and a token the target does not pick after
+them, so a round accepts exactly n drafts wherever the target reproduces its known output. n is `accepted` when that
+is a whole number; a fractional `accepted` (3.25: acceptance length 4.25) spreads over each sequence's rounds (3, 3,
+3, 4, ...: round r takes floor(a (r + 1)) - floor(a r)), so the mean is exact. The continuation comes from
+`reference(seq)`: the tokens the target emits after `seq`'s current end. A benchmark records them from a target-only
+run first; speculative method `synthetic` (engine/args.py) learns them (LearnedContinuations): a greedy or seeded
+sampled request that finished teaches its prompt's continuation under its settings, so the first run of a prompt
+drafts nothing and later runs of it are acceptance-controlled (contracts warm up on their timed prompts:
+warmup_prompts timed). Everything it reports says `synthetic`: its figures measure the machinery, never what a
+drafter achieves.
 """
 from __future__ import annotations
 
