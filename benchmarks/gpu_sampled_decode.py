@@ -35,6 +35,7 @@ def run(llm: LLM, prompts: list[list[int]], arm: str, max_tokens: int) -> tuple[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="smollm2-135m")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a logic check (no graphs: not a figure)")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
@@ -42,9 +43,10 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    llm = LLM(f"random:{args.shape}", device="cuda", dtype="float16", load_format="dummy", cuda_graph="full",
-              max_model_len=64 + args.max_tokens + 16, max_num_seqs=8, enable_prefix_caching=False,
-              kv_cache_memory_gb=2.0)
+    cuda = args.device.startswith("cuda")
+    llm = LLM(f"random:{args.shape}", device=args.device, dtype="float16" if cuda else "float32", load_format="dummy",
+              cuda_graph="full" if cuda else "off", max_model_len=64 + args.max_tokens + 16, max_num_seqs=8,
+              enable_prefix_caching=False, kv_cache_memory_gb=2.0)
     vocab = llm.model_config.vocab_size
     rows = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
@@ -64,7 +66,8 @@ def main() -> None:
         rows.append(row)
         print(f"batch {batch}: " + ", ".join(f"{arm} {row[f'{arm}_tok_s']:.1f} tok/s" for arm in ARMS)
               + f"; sampled tokens identical: {row['sampled_tokens_identical']}", flush=True)
-    record = {"benchmark": "gpu_sampled_decode", "kind": "measured", "measured_on": torch.cuda.get_device_name(),
+    record = {"benchmark": "gpu_sampled_decode", "kind": "measured" if cuda else "logic check (cpu, not a figure)",
+              "measured_on": torch.cuda.get_device_name() if cuda else "cpu",
               "date": datetime.now(timezone.utc).isoformat(), "shape": args.shape, "weights": "random fp16",
               "max_tokens": args.max_tokens, "repeats": args.repeats, "arms": ARMS, "rows": rows,
               "sampling_graphs": llm.info()["async_scheduling"]["sampling_graphs"]}
