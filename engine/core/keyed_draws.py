@@ -65,6 +65,13 @@ def row_keys(seeds: list[int], positions: list[int], device: torch.device | str)
     return to_device([row_key(s, p) for s, p in zip(seeds, positions)], device, torch.int64)
 
 
+def span_keys(spans: list[tuple[int, int, int]], device: torch.device | str) -> torch.Tensor:
+    """row_keys of consecutive positions: for each (seed, first position, count), the keys of positions
+    first .. first + count - 1, all spans concatenated (a verify block's rows, a drafter's drafts)."""
+    return row_keys([seed for seed, _, n in spans for _ in range(n)],
+                    [first + j for _, first, n in spans for j in range(n)], device)
+
+
 @functools.lru_cache(maxsize=8)
 def _lane_hashes(vocab_size: int, device: torch.device) -> torch.Tensor:
     """_mix of every token id, made once per vocabulary and device (a gather a draw instead of ~20 kernels)."""

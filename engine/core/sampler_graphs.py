@@ -27,6 +27,7 @@ from onecat.engine.sampling_params import SamplingParams
 # which turns it on) has passed on a GPU
 SAMPLER_GRAPHS = os.environ.get("ONECAT_SAMPLER_GRAPHS") == "1"
 MAX_GRAPHS = 8  # distinct (buffer, settings) kept; the least recently used is dropped past this
+MAX_SEEN = 256  # distinct (buffer, settings) remembered as met once
 
 
 def _settings(p: SamplingParams) -> tuple:
@@ -41,7 +42,7 @@ def capturable(params: list[SamplingParams]) -> bool:
 class SamplerGraphs:
     def __init__(self):
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = OrderedDict()
-        self.seen: set[tuple] = set()
+        self.seen: OrderedDict[tuple, None] = OrderedDict()  # settings met once, the newest MAX_SEEN of them
         self.captures = self.replays = 0
         # one memory pool for all of them (a pool each would hold every graph's intermediates): a later capture
         # may place its tokens where an earlier graph keeps intermediates, so a replay's tokens must be used
@@ -55,7 +56,10 @@ class SamplerGraphs:
         entry = self.graphs.get(key)
         if entry is None:
             if key not in self.seen or not capturable(params):
-                self.seen.add(key)
+                self.seen[key] = None
+                self.seen.move_to_end(key)
+                if len(self.seen) > MAX_SEEN:  # batches whose settings keep changing must not grow it forever
+                    self.seen.popitem(last=False)
                 return sample_on_device(logits, params, keys)
             entry = self._capture(key, logits, params, keys)
         self.graphs.move_to_end(key)

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from onecat.engine.core.keyed_draws import row_keys
+from onecat.engine.core.keyed_draws import span_keys
 from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.errors import ConfigError, ModelNotFoundError
@@ -396,10 +396,8 @@ class DFlashProposer(Proposer):
         if sampled:  # drawn as the target will draw each position (keyed_draws.py): equal wherever q and p agree
             rows = to_device([r for i in sampled for r in range(starts[i], starts[i + 1])], logits.device)
             q = logits[rows] if self.vocab is None else self.vocab.widen(logits[rows])
-            tokens[rows] = sample_on_device(q, [seqs[i].params for i in sampled for _ in range(counts[i])],
-                                            row_keys([seqs[i].seed for i in sampled for _ in range(counts[i])],
-                                                     [seqs[i].num_tokens + j for i in sampled
-                                                      for j in range(counts[i])], logits.device))
+            keys = span_keys([(seqs[i].seed, seqs[i].num_tokens, counts[i]) for i in sampled], logits.device)
+            tokens[rows] = sample_on_device(q, [seqs[i].params for i in sampled for _ in range(counts[i])], keys)
         if not self.drafts_on_device:
             tokens = tokens.tolist()  # the drafts of every sequence, read back at once
         return [tokens[starts[i]:starts[i + 1]] for i in range(len(seqs))]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from onecat.engine.core.keyed_draws import row_keys
+from onecat.engine.core.keyed_draws import span_keys
 from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.transfers import to_device
@@ -57,8 +57,7 @@ def verified_on_device(blocks: list[DraftBlock]) -> torch.Tensor:
     if all(p.greedy for p in params):
         drawn = [b.logits.argmax(dim=-1) for b in blocks]
     else:
-        keys = row_keys([b.seed for b in blocks for _ in range(len(b.draft) + 1)],
-                        [b.start + j for b in blocks for j in range(len(b.draft) + 1)], device)
+        keys = span_keys([(b.seed, b.start, n + 1) for b, n in zip(blocks, lens)], device)
         flat = sample_on_device(torch.cat([b.logits for b in blocks]), params, keys)
         drawn = list(flat.split([n + 1 for n in lens]))
     targets = pad_sequence(drawn, batch_first=True)  # [B, K + 1]
