@@ -24,8 +24,11 @@
 # seed route's settings (T 1, top-p 0.95, top-k 20; EMBEDDED_GGUF, DFLASH_PROMPTS).
 # `sampled_decode` the one-step-ahead decode's GPU test with sampled batches and sampling graphs on, then greedy,
 # sampled eager and sampled from captured graphs in one run (benchmarks/gpu_sampled_decode.py, random weights).
+# `fp4_rows` the FP4 many-row GEMM's GPU tests, its timing against the dequantizing path on the Qwen3.5-27B
+# projections at 17-128 rows (benchmarks/gpu_fp4_rows.py), then route 1 at batch 8 with it off and on
+# (ONECAT_FP4_ROWS_GEMM).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
-#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode]...
+#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|fp4_rows]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -120,6 +123,15 @@ for step in $steps; do
              >"$out/sampled_decode_tests.log" 2>&1; echo "sampled decode tests rc=$?"; tail -2 "$out/sampled_decode_tests.log"
            timeout 200 python3 benchmarks/gpu_sampled_decode.py --out "$out/gpu_sampled_decode.json" \
              >"$out/sampled_decode.log" 2>&1; echo "sampled decode rc=$?"; grep "batch" "$out/sampled_decode.log" ;;
+    fp4_rows) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_fp4_rows_gpu.py >"$out/fp4_rows_tests.log" 2>&1
+           echo "fp4 rows tests rc=$?"; tail -2 "$out/fp4_rows_tests.log"
+           (cd benchmarks && timeout 300 python3 gpu_fp4_rows.py --sweep --out "$out/gpu_fp4_rows.json" >"$out/fp4_rows.log" 2>&1)
+           echo "fp4 rows timing rc=$?"; grep "rows" "$out/fp4_rows.log"
+           for f in 0 1; do
+             ONECAT_FP4_ROWS_GEMM=$f timeout 160 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+               --batch-sizes 8 --repeats 1 --out "$out/seed_route_b8_fp4_rows_$f.json" >"$out/route_b8_fp4_rows_$f.log" 2>&1
+             echo "route 1 batch 8 fp4 rows gemm=$f rc=$?"; grep -i "tok/s" "$out/route_b8_fp4_rows_$f.log"
+           done ;;
     merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
              >"$out/merge_tests.log" 2>&1; echo "merge tests rc=$?"; tail -3 "$out/merge_tests.log"
            for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do

@@ -1,0 +1,129 @@
+"""NVFP4 projections at a verify step's row counts (17-128: batch 2-8 of 1 + k rows) on a CUDA GPU: the FP4
+many-row GEMM (engine/kernels/triton_fp4_rows.py) against the path it replaces (the words un-tiled, the weight
+dequantized into bf16, cuBLAS) and against the packed GEMV in 8-row launches (what a longer blocked path would
+pay), for the Qwen3.5-27B projections (route 1's target).
+
+    python benchmarks/gpu_fp4_rows.py --out results.json [--rows 17,32,64,128] [--sweep]
+
+Each layer keeps its words as the engine keeps them (FP4Linear.use_tiles: the tensor-core GEMV's tiles, codes in
+bf16's slots). Timed as benchmarks/gpu_gemv.py times (a CUDA graph over weight copies that L2 cannot hold). Every
+arm is checked against the dequantized weight's fp32 product first (relative max error < 2e-2). With --sweep,
+the many-row GEMM also over a grid of (BLOCK_N, num_warps, stages) at each row count; the best is reported next to
+the default config's time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+
+import torch
+import torch.nn.functional as F
+from gpu_gemv import L2_FLUSH_BYTES, graph_time, log, rel_err
+
+SHAPES = {  # name: (N, K), Qwen3.5-27B (engine/random_models.py)
+    "qwen3.5-27b.gate_up": (34816, 5120), "qwen3.5-27b.down": (5120, 17408),
+    "qwen3.5-27b.gdn_in": (16480, 5120), "qwen3.5-27b.attn_qkv": (14336, 5120), "qwen3.5-27b.o": (5120, 6144)}
+
+
+def layers(n: int, k: int, dt: torch.dtype) -> list:
+    from onecat.engine.quant.fp4.linear import FP4Linear
+    from onecat.engine.quant.rtn import quantize
+
+    copies = max(2, -(-L2_FLUSH_BYTES // (n * k // 2)))
+    out = []
+    for i in range(copies):
+        gen = torch.Generator(device="cuda").manual_seed(i)
+        layer = FP4Linear(quantize(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5, "nvfp4"))
+        layer.use_tiles(dt)
+        out.append(layer)
+    return out
+
+
+def blocked_gemv(layer, x: torch.Tensor) -> torch.Tensor:
+    from onecat.engine.kernels import quant_gemv
+
+    fmt, scales, row_scale, group = layer.gemv_operands()
+    return torch.cat([quant_gemv.packed_gemv(x[i:i + 8], fmt, layer.qweight, scales, row_scale, group,
+                                             tiled=layer.tiled) for i in range(0, x.shape[0], 8)])
+
+
+SWEEP = [(bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3) if not (bn == 32 and w == 8)]
+
+
+def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
+    """The many-row GEMM's time at each SWEEP config (errors and configs that do not compile are skipped)."""
+    from onecat.engine.kernels.quant_gemv import SLOT_DTYPES
+    from onecat.engine.kernels.triton_fp4_rows import config, fp4_rows_gemm
+    from onecat.engine.quant.fp4.linear import FMT_IDS
+
+    block_m = config(x.shape[0])[1]
+    times = {}
+    for bn, warps, stages in SWEEP:
+        cfg = (bn, block_m, warps, stages)
+        call = lambda layer, cfg=cfg: fp4_rows_gemm(  # noqa: E731
+            x, layer.qweight, layer.scales, layer.gscale, FMT_IDS[layer.fmt], tiled=layer.tiled,
+            slots=SLOT_DTYPES.get(layer.tiled), cfg=cfg)
+        try:
+            if rel_err(call(ls[0]), ref) > 2e-2:
+                continue
+            times[f"{bn}x{block_m}/w{warps}/s{stages}"] = round(graph_time([lambda ly=ly: call(ly) for ly in ls]) * 1e6, 2)
+        except Exception as exc:  # out of shared memory or registers at this tile: not a candidate
+            log(f"config {cfg} skipped: {str(exc).splitlines()[0][:120]}")
+    best = min(times, key=times.get) if times else None
+    return {"configs_us": times, "best": best, "best_us": times.get(best)}
+
+
+def bench(name: str, rows: list[int], do_sweep: bool = False) -> dict:
+    from onecat.engine.kernels import triton_fp4_rows
+
+    n, k = SHAPES[name]
+    dt = torch.bfloat16
+    ls = layers(n, k, dt)
+    out = {"N": n, "K": k, "nvfp4_MB": n * k * 0.5625 / 1e6, "tiled": ls[0].tiled, "copies": len(ls), "rows": {}}
+    us = lambda calls: round(graph_time(calls) * 1e6, 2)  # noqa: E731
+    for m in rows:
+        x = torch.randn(m, k, device="cuda", dtype=dt)
+        ref = F.linear(x.float(), ls[0].dense_weight(dt).float())
+        arms = {}
+        for arm in ("dense", "fp4_rows", "gemv_blocks_8"):
+            triton_fp4_rows.ENABLED = arm == "fp4_rows"
+            call = blocked_gemv if arm == "gemv_blocks_8" else (lambda layer, x: layer(x))
+            err = rel_err(call(ls[0], x), ref)
+            if err > 2e-2:
+                raise SystemExit(f"{name} {arm} at {m} rows: relative error {err:.3g} against the dense product")
+            arms[arm] = {"us": us([lambda layer=layer: call(layer, x) for layer in ls]), "rel_err": round(err, 5)}
+        triton_fp4_rows.ENABLED = False
+        if do_sweep:
+            arms["sweep"] = sweep(ls, x, ref)
+            log(f"{name} rows {m}: best config {arms['sweep']['best']} {arms['sweep']['best_us']} us")
+        arms["fp4_rows_vs_dense"] = round(arms["dense"]["us"] / arms["fp4_rows"]["us"], 3)
+        out["rows"][m] = arms
+        log(f"{name} rows {m}: dense {arms['dense']['us']} us, fp4_rows {arms['fp4_rows']['us']} us "
+            f"({arms['fp4_rows_vs_dense']}x), gemv in 8-row launches {arms['gemv_blocks_8']['us']} us")
+    del ls
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="17,32,64,128")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--sweep", action="store_true", help="also time the many-row GEMM over SWEEP's tile configs")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    result = {"benchmark": "gpu_fp4_rows", "kind": "measured", "measured_on": torch.cuda.get_device_name(0),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),
+              "dtype": "bfloat16", "format": "nvfp4", "shapes": {}}
+    for name in args.shapes.split(","):  # written after each shape: a run cut short keeps what it measured
+        result["shapes"][name] = bench(name, rows, args.sweep)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The FP4 many-row GEMM (engine/kernels/triton_fp4_rows.py) under Triton's interpreter (CPU): for NVFP4 and
+MXFP4, words row-major or in the tensor-core GEMV's tiles, codes in fp4.layout's places or in an activation
+dtype's code slots (fp16's and bf16's), its product must be the dequantized weight's (the tile it decodes is
+exactly what triton_fp4.dequantize writes, so only the float32 summation order differs). Activations are fp16
+here: the interpreter's float32 -> bf16 conversion inside a kernel gives wrong bits (a plain tl.dot of a
+converted tile is off by 1e10), so bf16 activations are checked on the GPU (tests/test_fp4_rows_gpu.py)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.triton_interpret import run_interpreted
+
+pytest.importorskip("triton")
+
+SCRIPT = r"""
+import torch
+from onecat.engine.kernels import quant_gemv
+from onecat.engine.kernels.triton_fp4_rows import fp4_rows_gemm
+from onecat.engine.quant.fp4.layout import dequantize
+from onecat.engine.quant.fp4.slots import to_slots
+from onecat.engine.quant.rtn import quantize
+
+torch.manual_seed(0)
+for fmt, fmt_id in (("nvfp4", 0), ("mxfp4", 1)):
+    n, k = 48, 256
+    packed = quantize(torch.randn(n, k) * 0.1, fmt)
+    dense = dequantize(packed)
+    gscale = packed.gscale if packed.gscale is not None else torch.ones(n)
+    dtype = torch.float16
+    if True:
+        for rows in (17, 40):
+            x = torch.randn(rows, k).to(dtype)
+            ref = x.float() @ dense.to(dtype).float().T
+            for tiled in (False, True):
+                for slots in (None, torch.float16, torch.bfloat16):
+                    words = packed.qweight if slots is None else to_slots(packed.qweight, slots, fmt)
+                    if tiled:
+                        words = quant_gemv.mma_tiles(words, fmt)
+                    y = fp4_rows_gemm(x, words, packed.scales, gscale, fmt_id, tiled=int(tiled), slots=slots)
+                    assert y.shape == (rows, n) and y.dtype == dtype
+                    err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+                    assert err < 1e-2, (fmt, dtype, rows, tiled, slots, err)
+print("ok")
+"""
+
+
+def test_fp4_rows_gemm_equals_the_dequantized_product_in_every_word_layout():
+    run_interpreted(SCRIPT, timeout=400)
