@@ -17,6 +17,12 @@ the drawn weights, whose near-ties flip.
     python benchmarks/seed_routes_gpu.py                          # writes benchmarks/results/seed_routes_h200.json
     python benchmarks/seed_routes_gpu.py --tiny --device cpu --prompt-len 64 --max-tokens 24 \\
         --out /tmp/routes.json                                     # a logic check: tiny shapes, w4a16 on CPU
+    python benchmarks/seed_routes_gpu.py --profile DIR ...          # also where each arm's steps go
+
+With --profile DIR, after its timed batches each arm decodes one more batch of each size under torch.profiler
+(benchmarks/round_timeline.py): wall and device-busy time a step, the device's idle time by host phase and its
+busiest kernels, kept in the record (each batch's `profile_target`, `profile_speculative`) and in DIR/<route>_<arm>_b<batch>.json; those
+batches are not timed.
 """
 from __future__ import annotations
 
@@ -42,6 +48,19 @@ def engine_settings(contract, arm: str, tiny: str | None, device: str, weights: 
     if tiny is not None:  # the route's settings on a tiny shape of the same layer kinds, where the CPU runs them
         kw.update(model=tiny, device=device, dtype="float32", quantization="w4a16")
     return kw
+
+
+def profiled(llm, batch_prompts, max_tokens: int, out: Path | None, label: str) -> dict | None:
+    """Where one more batch's steps go (round_timeline.profile_steps), written to out/label.json; None without
+    --profile."""
+    if out is None:
+        return None
+    from round_timeline import profile_steps
+
+    summary = profile_steps(lambda: decode(llm, batch_prompts, max_tokens), out, label)
+    (out / f"{label}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    log(f"{label}: {summary['wall_per_step_us']:.0f} us a step, device busy {summary['device_busy_per_step_us']:.0f}")
+    return summary
 
 
 def best_of(llm, batch_prompts, max_tokens: int, repeats: int) -> tuple[float, list]:
@@ -104,15 +123,19 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
         entry["step_bytes"] = step_bytes(target, args.prompt_len + args.max_tokens // 2)
         reference = {}
         for b in args.batch_sizes:
-            tps, outs = best_of(target, prompts(b, args.prompt_len, vocab, seed=b), args.max_tokens, args.repeats)
+            batch_prompts = prompts(b, args.prompt_len, vocab, seed=b)
+            tps, outs = best_of(target, batch_prompts, args.max_tokens, args.repeats)
             reference[b] = [o.token_ids for o in outs]
+            entry["batches"][b]["profile_target"] = profiled(target, batch_prompts, args.max_tokens, args.profile,
+                                                             f"{name}_target_b{b}")
             entry["batches"][b]["target_only_tok_s"] = round(tps, 2)
             # the same weights and prompts in every run: equal digests across runs of two settings, equal tokens
             entry["batches"][b]["target_tokens_sha256"] = hashlib.sha256(repr(reference[b]).encode()).hexdigest()[:16]
             log(f"{name} batch {b}: target-only {tps:.1f} tok/s")
     with LLM(**cand) as spec:
         for b in args.batch_sizes:
-            tps, outs = best_of(spec, prompts(b, args.prompt_len, vocab, seed=b), args.max_tokens, args.repeats)
+            batch_prompts = prompts(b, args.prompt_len, vocab, seed=b)
+            tps, outs = best_of(spec, batch_prompts, args.max_tokens, args.repeats)
             drafts = sum(o.spec.num_drafts for o in outs)
             e = entry["batches"][b]
             e.update(speculative_tok_s=round(tps, 2), speedup=round(tps / e["target_only_tok_s"], 3),
@@ -121,6 +144,9 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
                      tokens_identical=sum(o.token_ids == r for o, r in zip(outs, reference[b])), requests=len(outs))
             log(f"{name} batch {b}: synthetic speculation {tps:.1f} tok/s = {e['speedup']}x, acceptance "
                 f"{e['acceptance_length']}, identical {e['tokens_identical']}/{e['requests']}")
+            e["speculative_info_after"] = spec.info()["speculative"]  # graph replays, gate, drafts so far
+            e["profile_speculative"] = profiled(spec, batch_prompts, args.max_tokens, args.profile,
+                                                f"{name}_speculative_b{b}")
         entry["proposer"] = spec.info()["speculative"]
     if bandwidth and 1 in entry["batches"]:
         per_token = entry["step_bytes"]["total"]
@@ -141,6 +167,8 @@ def main() -> None:
                     help="peaked: load_format dummy_peaked (wide-margin next tokens); random: dummy (as drawn)")
     ap.add_argument("--draft-vocab-size", type=int, default=None,
                     help="the DFlash compute's drafts over this many ids instead of the whole LM head")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="also profile one untimed batch of each arm and size (round_timeline.py) into DIR")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "seed_routes_h200.json")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")

@@ -26,9 +26,11 @@
 # sampled eager and sampled from captured graphs in one run (benchmarks/gpu_sampled_decode.py, random weights).
 # `fp4_rows` the FP4 many-row GEMM's GPU tests, its timing against the dequantizing path on the Qwen3.5-27B
 # projections at 17-128 rows (benchmarks/gpu_fp4_rows.py), then route 1 at batch 8 with it off and on
-# (ONECAT_FP4_ROWS_GEMM).
+# (ONECAT_FP4_ROWS_GEMM). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8 with a
+# profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time by
+# host phase, busiest kernels).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
-#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|fp4_rows]...
+#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|fp4_rows|route_profile]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -132,6 +134,10 @@ for step in $steps; do
                --batch-sizes 8 --repeats 1 --out "$out/seed_route_b8_fp4_rows_$f.json" >"$out/route_b8_fp4_rows_$f.log" 2>&1
              echo "route 1 batch 8 fp4 rows gemm=$f rc=$?"; grep -i "tok/s" "$out/route_b8_fp4_rows_$f.log"
            done ;;
+    route_profile) timeout 560 python3 benchmarks/seed_routes_gpu.py \
+             --routes "${PROFILE_ROUTES:-seed_route_h200,seed_moe_route_h200}" --repeats 1 \
+             --profile "$out/route_profile" --out "$out/seed_routes_profiled.json" >"$out/route_profile.log" 2>&1
+           echo "route profile rc=$?"; grep -E "tok/s|us a step" "$out/route_profile.log" ;;
     merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
              >"$out/merge_tests.log" 2>&1; echo "merge tests rc=$?"; tail -3 "$out/merge_tests.log"
            for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do
