@@ -83,9 +83,15 @@ def step_bytes(llm, ctx: int) -> dict:
                for t in [*m.parameters(), *m.buffers()]}
     states = {id(t) for m in llm.model.modules() for n, t in m.named_buffers(recurse=False) if "state" in n}
     expert_bytes, other = 0, 0
-    for name, t in [*llm.model.named_parameters(), *llm.model.named_buffers()]:
+    seen: set[int] = set()  # storages counted: packed experts' layers are views of their projection's stack
+    for name, t in sorted([*llm.model.named_parameters(), *llm.model.named_buffers()],
+                          key=lambda item: -item[1].numel() * item[1].element_size()):
         if name.startswith("embed_tokens") or "rotary" in name or id(t) in states or name.endswith(".dense"):
             continue  # one embedding row; tables; the state (below); the CPU 4-bit layer's copy for 16+ rows
+        storage = t.untyped_storage().data_ptr()
+        if storage in seen:
+            continue
+        seen.add(storage)
         size = t.numel() * t.element_size()
         if id(t) in experts:
             expert_bytes += size
