@@ -24,13 +24,15 @@
 # seed route's settings (T 1, top-p 0.95, top-k 20; EMBEDDED_GGUF, DFLASH_PROMPTS).
 # `sampled_decode` the one-step-ahead decode's GPU test with sampled batches and sampling graphs on, then greedy,
 # sampled eager and sampled from captured graphs in one run (benchmarks/gpu_sampled_decode.py, random weights).
-# `fp4_rows` the FP4 many-row GEMM's GPU tests, its timing against the dequantizing path on the Qwen3.5-27B
-# projections at 17-128 rows (benchmarks/gpu_fp4_rows.py), then route 1 at batch 8 with it off and on
-# (ONECAT_FP4_ROWS_GEMM). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8 with a
+# `packed_rows` the packed many-row GEMM's GPU tests and its timing against the dequantizing path on the
+# Qwen3.5-27B projections at 17-128 rows, NVFP4 with a tile sweep and W4A16 (benchmarks/gpu_packed_rows.py);
+# `packed_rows_route` route 1 at batch 8 with it off and on (ONECAT_PACKED_ROWS_GEMM). `route_profile` the seed
+# routes (PROFILE_ROUTES, default both) at batch 1 and 8 with a
 # profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time by
 # host phase, busiest kernels).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
-#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|fp4_rows|route_profile]...
+#                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
+#                                packed_rows_route|route_profile]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -125,14 +127,19 @@ for step in $steps; do
              >"$out/sampled_decode_tests.log" 2>&1; echo "sampled decode tests rc=$?"; tail -2 "$out/sampled_decode_tests.log"
            timeout 200 python3 benchmarks/gpu_sampled_decode.py --out "$out/gpu_sampled_decode.json" \
              >"$out/sampled_decode.log" 2>&1; echo "sampled decode rc=$?"; grep "batch" "$out/sampled_decode.log" ;;
-    fp4_rows) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_fp4_rows_gpu.py >"$out/fp4_rows_tests.log" 2>&1
-           echo "fp4 rows tests rc=$?"; tail -2 "$out/fp4_rows_tests.log"
-           (cd benchmarks && timeout 300 python3 gpu_fp4_rows.py --sweep --out "$out/gpu_fp4_rows.json" >"$out/fp4_rows.log" 2>&1)
-           echo "fp4 rows timing rc=$?"; grep "rows" "$out/fp4_rows.log"
-           for f in 0 1; do
-             ONECAT_FP4_ROWS_GEMM=$f timeout 160 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-               --batch-sizes 8 --repeats 1 --out "$out/seed_route_b8_fp4_rows_$f.json" >"$out/route_b8_fp4_rows_$f.log" 2>&1
-             echo "route 1 batch 8 fp4 rows gemm=$f rc=$?"; grep -i "tok/s" "$out/route_b8_fp4_rows_$f.log"
+    packed_rows) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_packed_rows_gpu.py \
+             >"$out/packed_rows_tests.log" 2>&1; echo "packed rows tests rc=$?"; tail -2 "$out/packed_rows_tests.log"
+           for fmt in nvfp4 w4a16; do
+             sweep=$([ $fmt = nvfp4 ] && echo --sweep)
+             (cd benchmarks && timeout 240 python3 gpu_packed_rows.py --format $fmt $sweep \
+               --out "$out/gpu_packed_rows_$fmt.json" >"$out/packed_rows_$fmt.log" 2>&1)
+             echo "packed rows timing $fmt rc=$?"; grep "rows" "$out/packed_rows_$fmt.log"
+           done ;;
+    packed_rows_route) for f in 0 1; do
+             ONECAT_PACKED_ROWS_GEMM=$f timeout 160 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+               --batch-sizes 8 --repeats 1 --out "$out/seed_route_b8_packed_rows_$f.json" \
+               >"$out/route_b8_packed_rows_$f.log" 2>&1
+             echo "route 1 batch 8 packed rows gemm=$f rc=$?"; grep -i "tok/s" "$out/route_b8_packed_rows_$f.log"
            done ;;
     route_profile) timeout 560 python3 benchmarks/seed_routes_gpu.py \
              --routes "${PROFILE_ROUTES:-seed_route_h200,seed_moe_route_h200}" --repeats 1 \

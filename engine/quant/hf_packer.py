@@ -203,6 +203,9 @@ class W4A16Packer:
         gemv = (f"packed GEMV {cuda_rows}: {why}" if kind in ("auto", "folded")
                 else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
         above = BLOCKED_ROWS if kind in ("auto", "folded") else MAX_ROWS
+        large = f"weight dequantized per call, cuBLAS, above {above} rows"
+        if kind and self.quantization != "fp8":
+            large = _with_packed_rows(large)
         if self.quantization == "fp8":
             return {"method": "fp8", "source": source, "packed_linears": replaced,
                     "kernel": gemv if kind in ("auto", "folded") else f"weight dequantized per call, cuBLAS ({why})",
@@ -210,9 +213,7 @@ class W4A16Packer:
                     "kept_dense": kept_dense, "dense_linears": dense}
         if self.quantization in FP4_NAMES:
             return {"method": self.quantization, "source": source, "packed_linears": replaced,
-                    "kernel": gemv, "large_batch_path":
-                    f"weight dequantized per call, cuBLAS, above {above} rows", "kept_dense": kept_dense,
-                    "dense_linears": dense}
+                    "kernel": gemv, "large_batch_path": large, "kept_dense": kept_dense, "dense_linears": dense}
         if next(model.parameters()).device.type == "cpu" and CPU_INT4_KERNEL:
             from onecat.engine.quant.int4.linear import Int4PackedLinear
 
@@ -221,9 +222,19 @@ class W4A16Packer:
                     Int4PackedLinear.large_batch_path(), "kept_dense": kept_dense,
                     "dense_linears": dense}
         return {"method": "w4a16", "source": source, "packed_linears": replaced,
-                "kernel": gemv, "large_batch_path":
-                f"weight dequantized per call, cuBLAS, above {above} rows", "kept_dense": kept_dense,
-                "dense_linears": dense}
+                "kernel": gemv, "large_batch_path": large, "kept_dense": kept_dense, "dense_linears": dense}
+
+
+def _with_packed_rows(dense_path: str) -> str:
+    """The large-batch path's description with the packed many-row GEMM where it is on (and Triton is there)."""
+    try:
+        from onecat.engine.kernels import triton_packed_rows as rows
+    except ImportError:
+        return dense_path
+    if not rows.ENABLED:
+        return dense_path
+    return (f"the packed many-row GEMM for {rows.MIN_ROWS}-{rows.MAX_ROWS} rows on SM{rows.MIN_CAPABILITY}+ "
+            f"(ONECAT_PACKED_ROWS_GEMM=1); {dense_path.replace('above', 'beyond')}")
 
 
 def _submodule(model: nn.Module, path: str) -> nn.Module | None:

@@ -3,9 +3,9 @@
 Up to 16 rows (decode and verify steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py, 8 rows a
 call; one kernel at every row count, so batch-invariant), or, up to 8 rows, the FP4 GEMV of
 engine/kernels/triton_fp4.py where the CUDA one cannot be built or ONECAT_QUANT_GEMV=triton; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
-decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). With ONECAT_FP4_ROWS_GEMM=1,
-17-128 rows (verify steps at batch > 1) decode the words as they lie and multiply on the tensor cores
-(engine/kernels/triton_fp4_rows.py: the weight read once, packed). More rows (prefill) dequantize
+decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). With ONECAT_PACKED_ROWS_GEMM=1,
+17-128 rows (verify steps at batch > 1, larger decode batches) decode the words as they lie and multiply on the
+tensor cores (engine/kernels/triton_packed_rows.py: the weight read once, packed). More rows (prefill) dequantize
 the weight into the activation dtype per call (a Triton kernel, engine/kernels/triton_fp4.py) and take the
 library GEMM (rounding each weight once, as loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
 """
@@ -91,11 +91,11 @@ class FP4Linear(TiledWords, nn.Module):
             if m <= MAX_ROWS:
                 y = fp4_gemv(x, self.packed())
                 return y if self.bias is None else y + self.bias
-        from onecat.engine.kernels import quant_gemv, triton_fp4_rows
+        from onecat.engine.kernels import quant_gemv, triton_packed_rows
 
-        if triton_fp4_rows.takes(x, self.in_features, m):
-            y = triton_fp4_rows.fp4_rows_gemm(x, self.qweight, self.scales, self.gscale, FMT_IDS[self.fmt],
-                                              tiled=self.tiled, slots=quant_gemv.SLOT_DTYPES.get(self.tiled))
+        if triton_packed_rows.takes(x, self.in_features, m):
+            y = triton_packed_rows.fp4_rows_gemm(x, self.qweight, self.scales, self.gscale, FMT_IDS[self.fmt],
+                                                 tiled=self.tiled, slots=quant_gemv.SLOT_DTYPES.get(self.tiled))
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.dense_weight(x.dtype), self.bias)
 

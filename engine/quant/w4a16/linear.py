@@ -3,7 +3,9 @@
 Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMVs (engine/kernels/quant_gemv.py: the tensor-core
 one for fp16 with groups of 128 on SM80+, else the FMA one; batch-invariant), or the W4A16 GEMV of
 engine/kernels/triton_w4a16.py where those are not built or ONECAT_QUANT_GEMV=triton; all dequantize in
-registers. More rows (prefill chunks, large batches) are compute-bound: the weight is
+registers. With ONECAT_PACKED_ROWS_GEMM=1, 17-128 rows (verify steps at batch > 1, larger decode batches) decode
+the words as they lie and multiply on the tensor cores (engine/kernels/triton_packed_rows.py: the weight read
+once, packed). More rows (prefill chunks, large batches) are compute-bound: the weight is
 dequantized into a dense scratch copy in the activation dtype and the library GEMM runs on it, either the
 whole weight at once or DENSE_TILE_ROWS output rows at a time (a smaller scratch). Measured on an H200 at
 32 rows (benchmarks/results/gpu_h200_w4a16.json): the whole weight at once is as fast as 4096-row tiles
@@ -68,8 +70,13 @@ class W4A16Linear(TiledWords, nn.Module):
             fmt, scales, row_scale, group = self.gemv_operands()
             y = packed_gemv_blocks(x, fmt, self.qweight, scales, row_scale, group, tiled=self.tiled)
             return y if self.bias is None else y + self.bias
+        from onecat.engine.kernels import triton_packed_rows
         from onecat.engine.kernels import triton_w4a16 as kw
 
+        rows = x.numel() // self.in_features
+        if triton_packed_rows.takes(x, self.in_features, rows):
+            y = triton_packed_rows.w4a16_rows_gemm(x, self.qweight, self.scales, self.zeros, self.group, self.tiled)
+            return y if self.bias is None else y + self.bias
         if not self.tiled and kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
             y = kw.w4a16_gemv(x, self.qweight, self.scale_zero, self.group)
             return y if self.bias is None else y + self.bias

@@ -1,9 +1,10 @@
-"""The FP4 many-row GEMM (engine/kernels/triton_fp4_rows.py) under Triton's interpreter (CPU): for NVFP4 and
-MXFP4, words row-major or in the tensor-core GEMV's tiles, codes in fp4.layout's places or in an activation
-dtype's code slots (fp16's and bf16's), its product must be the dequantized weight's (the tile it decodes is
+"""The packed many-row GEMM (engine/kernels/triton_packed_rows.py) under Triton's interpreter (CPU): for NVFP4 and
+MXFP4 (words row-major or in the tensor-core GEMV's tiles, codes in fp4.layout's places or in an activation
+dtype's code slots, fp16's and bf16's) and W4A16 (groups of 32, 64 and 128, row-major or tiled), its product must
+be the dequantized weight's (the tile it decodes is
 exactly what triton_fp4.dequantize writes, so only the float32 summation order differs). Activations are fp16
 here: the interpreter's float32 -> bf16 conversion inside a kernel gives wrong bits (a plain tl.dot of a
-converted tile is off by 1e10), so bf16 activations are checked on the GPU (tests/test_fp4_rows_gpu.py)."""
+converted tile is off by 1e10), so bf16 activations are checked on the GPU (tests/test_packed_rows_gpu.py)."""
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,9 @@ pytest.importorskip("triton")
 SCRIPT = r"""
 import torch
 from onecat.engine.kernels import quant_gemv
-from onecat.engine.kernels.triton_fp4_rows import fp4_rows_gemm
+from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm, w4a16_rows_gemm
 from onecat.engine.quant.fp4.layout import dequantize
+from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
 from onecat.engine.quant.fp4.slots import to_slots
 from onecat.engine.quant.rtn import quantize
 
@@ -40,9 +42,22 @@ for fmt, fmt_id in (("nvfp4", 0), ("mxfp4", 1)):
                     assert y.shape == (rows, n) and y.dtype == dtype
                     err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
                     assert err < 1e-2, (fmt, dtype, rows, tiled, slots, err)
+for group in (32, 64, 128):
+    n, k = 48, 256
+    packed = quantize(torch.randn(n, k) * 0.1, "w4a16", group=group)
+    dense = w4_dequantize(packed).to(torch.float16).float()
+    for rows in (17, 33):
+        x = torch.randn(rows, k).to(torch.float16)
+        ref = x.float() @ dense.T
+        for tiled in (False, True):
+            words = quant_gemv.mma_tiles(packed.qweight, "int4") if tiled else packed.qweight
+            y = w4a16_rows_gemm(x, words, packed.scales, packed.zeros, group, tiled=int(tiled))
+            assert y.shape == (rows, n) and y.dtype == torch.float16
+            err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+            assert err < 1e-2, ("w4a16", group, rows, tiled, err)
 print("ok")
 """
 
 
-def test_fp4_rows_gemm_equals_the_dequantized_product_in_every_word_layout():
+def test_packed_rows_gemm_equals_the_dequantized_product_in_every_format_and_word_layout():
     run_interpreted(SCRIPT, timeout=400)

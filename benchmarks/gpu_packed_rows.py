@@ -1,9 +1,9 @@
-"""NVFP4 projections at a verify step's row counts (17-128: batch 2-8 of 1 + k rows) on a CUDA GPU: the FP4
-many-row GEMM (engine/kernels/triton_fp4_rows.py) against the path it replaces (the words un-tiled, the weight
+"""Packed projections at a verify step's or a larger decode batch's row counts (17-128) on a CUDA GPU: the packed
+many-row GEMM (engine/kernels/triton_packed_rows.py) against the path it replaces (the words un-tiled, the weight
 dequantized into bf16, cuBLAS) and against the packed GEMV in 8-row launches (what a longer blocked path would
-pay), for the Qwen3.5-27B projections (route 1's target).
+pay), for the Qwen3.5-27B projections (route 1's target), NVFP4 or W4A16 (groups of 128).
 
-    python benchmarks/gpu_fp4_rows.py --out results.json [--rows 17,32,64,128] [--sweep]
+    python benchmarks/gpu_packed_rows.py --out results.json [--format nvfp4|w4a16] [--rows 17,32,64,128] [--sweep]
 
 Each layer keeps its words as the engine keeps them (FP4Linear.use_tiles: the tensor-core GEMV's tiles, codes in
 bf16's slots). Timed as benchmarks/gpu_gemv.py times (a CUDA graph over weight copies that L2 cannot hold). Every
@@ -27,18 +27,27 @@ SHAPES = {  # name: (N, K), Qwen3.5-27B (engine/random_models.py)
     "qwen3.5-27b.gdn_in": (16480, 5120), "qwen3.5-27b.attn_qkv": (14336, 5120), "qwen3.5-27b.o": (5120, 6144)}
 
 
-def layers(n: int, k: int, dt: torch.dtype) -> list:
+def layers(n: int, k: int, dt: torch.dtype, fmt: str) -> list:
     from onecat.engine.quant.fp4.linear import FP4Linear
     from onecat.engine.quant.rtn import quantize
+    from onecat.engine.quant.w4a16.linear import W4A16Linear
 
     copies = max(2, -(-L2_FLUSH_BYTES // (n * k // 2)))
     out = []
     for i in range(copies):
         gen = torch.Generator(device="cuda").manual_seed(i)
-        layer = FP4Linear(quantize(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5, "nvfp4"))
+        weight = quantize(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5, fmt, group=128)
+        layer = W4A16Linear(weight) if fmt == "w4a16" else FP4Linear(weight)
         layer.use_tiles(dt)
         out.append(layer)
     return out
+
+
+def dense_weight(layer, dt: torch.dtype) -> torch.Tensor:
+    from onecat.engine.quant.fp4.layout import dequantize as fp4_dequantize
+    from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
+
+    return (w4_dequantize if layer.words_format == "int4" else fp4_dequantize)(layer.packed()).to(dt)
 
 
 def blocked_gemv(layer, x: torch.Tensor) -> torch.Tensor:
@@ -55,16 +64,20 @@ SWEEP = [(bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3) if
 def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
     """The many-row GEMM's time at each SWEEP config (errors and configs that do not compile are skipped)."""
     from onecat.engine.kernels.quant_gemv import SLOT_DTYPES
-    from onecat.engine.kernels.triton_fp4_rows import config, fp4_rows_gemm
+    from onecat.engine.kernels.triton_packed_rows import config, fp4_rows_gemm, w4a16_rows_gemm
     from onecat.engine.quant.fp4.linear import FMT_IDS
 
     block_m = config(x.shape[0])[1]
     times = {}
     for bn, warps, stages in SWEEP:
         cfg = (bn, block_m, warps, stages)
-        call = lambda layer, cfg=cfg: fp4_rows_gemm(  # noqa: E731
-            x, layer.qweight, layer.scales, layer.gscale, FMT_IDS[layer.fmt], tiled=layer.tiled,
-            slots=SLOT_DTYPES.get(layer.tiled), cfg=cfg)
+        if ls[0].words_format == "int4":
+            call = lambda layer, cfg=cfg: w4a16_rows_gemm(  # noqa: E731
+                x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.tiled, cfg=cfg)
+        else:
+            call = lambda layer, cfg=cfg: fp4_rows_gemm(  # noqa: E731
+                x, layer.qweight, layer.scales, layer.gscale, FMT_IDS[layer.fmt], tiled=layer.tiled,
+                slots=SLOT_DTYPES.get(layer.tiled), cfg=cfg)
         try:
             if rel_err(call(ls[0]), ref) > 2e-2:
                 continue
@@ -75,33 +88,34 @@ def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"configs_us": times, "best": best, "best_us": times.get(best)}
 
 
-def bench(name: str, rows: list[int], do_sweep: bool = False) -> dict:
-    from onecat.engine.kernels import triton_fp4_rows
+def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
+    from onecat.engine.kernels import triton_packed_rows
 
     n, k = SHAPES[name]
-    dt = torch.bfloat16
-    ls = layers(n, k, dt)
-    out = {"N": n, "K": k, "nvfp4_MB": n * k * 0.5625 / 1e6, "tiled": ls[0].tiled, "copies": len(ls), "rows": {}}
+    dt = torch.float16 if fmt == "w4a16" else torch.bfloat16  # W4A16's tensor-core GEMV (its tiles) takes fp16
+    ls = layers(n, k, dt, fmt)
+    out = {"N": n, "K": k, "dtype": str(dt), "packed_MB": n * k * 0.5625 / 1e6, "tiled": ls[0].tiled,
+           "copies": len(ls), "rows": {}}
     us = lambda calls: round(graph_time(calls) * 1e6, 2)  # noqa: E731
     for m in rows:
         x = torch.randn(m, k, device="cuda", dtype=dt)
-        ref = F.linear(x.float(), ls[0].dense_weight(dt).float())
+        ref = F.linear(x.float(), dense_weight(ls[0], dt).float())
         arms = {}
-        for arm in ("dense", "fp4_rows", "gemv_blocks_8"):
-            triton_fp4_rows.ENABLED = arm == "fp4_rows"
+        for arm in ("dense", "packed_rows", "gemv_blocks_8"):
+            triton_packed_rows.ENABLED = arm == "packed_rows"
             call = blocked_gemv if arm == "gemv_blocks_8" else (lambda layer, x: layer(x))
             err = rel_err(call(ls[0], x), ref)
             if err > 2e-2:
                 raise SystemExit(f"{name} {arm} at {m} rows: relative error {err:.3g} against the dense product")
             arms[arm] = {"us": us([lambda layer=layer: call(layer, x) for layer in ls]), "rel_err": round(err, 5)}
-        triton_fp4_rows.ENABLED = False
+        triton_packed_rows.ENABLED = False
         if do_sweep:
             arms["sweep"] = sweep(ls, x, ref)
             log(f"{name} rows {m}: best config {arms['sweep']['best']} {arms['sweep']['best_us']} us")
-        arms["fp4_rows_vs_dense"] = round(arms["dense"]["us"] / arms["fp4_rows"]["us"], 3)
+        arms["packed_rows_vs_dense"] = round(arms["dense"]["us"] / arms["packed_rows"]["us"], 3)
         out["rows"][m] = arms
-        log(f"{name} rows {m}: dense {arms['dense']['us']} us, fp4_rows {arms['fp4_rows']['us']} us "
-            f"({arms['fp4_rows_vs_dense']}x), gemv in 8-row launches {arms['gemv_blocks_8']['us']} us")
+        log(f"{name} rows {m}: dense {arms['dense']['us']} us, packed_rows {arms['packed_rows']['us']} us "
+            f"({arms['packed_rows_vs_dense']}x), gemv in 8-row launches {arms['gemv_blocks_8']['us']} us")
     del ls
     torch.cuda.empty_cache()
     return out
@@ -110,16 +124,17 @@ def bench(name: str, rows: list[int], do_sweep: bool = False) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="17,32,64,128")
+    ap.add_argument("--format", choices=("nvfp4", "w4a16"), default="nvfp4")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--sweep", action="store_true", help="also time the many-row GEMM over SWEEP's tile configs")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    result = {"benchmark": "gpu_fp4_rows", "kind": "measured", "measured_on": torch.cuda.get_device_name(0),
+    result = {"benchmark": "gpu_packed_rows", "kind": "measured", "measured_on": torch.cuda.get_device_name(0),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),
-              "dtype": "bfloat16", "format": "nvfp4", "shapes": {}}
+              "format": args.format, "shapes": {}}
     for name in args.shapes.split(","):  # written after each shape: a run cut short keeps what it measured
-        result["shapes"][name] = bench(name, rows, args.sweep)
+        result["shapes"][name] = bench(name, rows, args.format, args.sweep)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     log(f"wrote {args.out}")

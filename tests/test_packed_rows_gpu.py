@@ -1,8 +1,8 @@
-"""The FP4 many-row GEMM (engine/kernels/triton_fp4_rows.py) on a GPU (skipped without CUDA, Triton or SM80):
-against the dequantized weight's product for NVFP4 and MXFP4, fp16 and bf16, the words row-major and as the
-layer keeps them for the tensor-core GEMV (tiles, code slots), 17-128 rows and odd N; which calls FP4Linear sends
-to it when ONECAT_FP4_ROWS_GEMM is on (17-128 rows; 16 to the packed GEMV, 129 to the dense path); and a
-CUDA-graph replay of it equal to the eager call."""
+"""The packed many-row GEMM (engine/kernels/triton_packed_rows.py) on a GPU (skipped without CUDA, Triton or
+SM80): against the dequantized weight's product for NVFP4, MXFP4 and W4A16, fp16 and bf16, 17-128 rows and odd
+N; which calls FP4Linear and W4A16Linear send to it when ONECAT_PACKED_ROWS_GEMM is on (17-128 rows, the words as
+the layer keeps them for the tensor-core GEMV: tiles, code slots; 16 rows to the packed GEMV, 129 to the dense
+path); and a CUDA-graph replay of it equal to the eager call."""
 from __future__ import annotations
 
 import copy
@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.fixture(autouse=True)
 def _sm80():
     from onecat.engine.kernels.device import capability
-    from onecat.engine.kernels.triton_fp4_rows import MIN_CAPABILITY
+    from onecat.engine.kernels.triton_packed_rows import MIN_CAPABILITY
 
     require_fused_kernels()
     if capability(0) < MIN_CAPABILITY:
-        pytest.skip(f"the FP4 many-row GEMM needs SM{MIN_CAPABILITY}+")
+        pytest.skip(f"the packed many-row GEMM needs SM{MIN_CAPABILITY}+")
 
 
 def _close(y, ref, dtype):
@@ -37,7 +37,7 @@ def _close(y, ref, dtype):
 @pytest.mark.parametrize("n,k,rows", [(5120, 5120, 128), (6144, 4096, 17), (1000, 1536, 40), (96, 17408, 64)])
 def test_fp4_rows_gemm_matches_the_dequantized_product(fmt, dtype, n, k, rows):
     from onecat.engine.kernels.triton_fp4 import dequantize
-    from onecat.engine.kernels.triton_fp4_rows import fp4_rows_gemm
+    from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm
     from onecat.engine.quant.fp4.linear import FMT_IDS
 
     w = packed(fmt, n, k, n + k).to("cuda")
@@ -49,30 +49,39 @@ def test_fp4_rows_gemm_matches_the_dequantized_product(fmt, dtype, n, k, rows):
     _close(y, F.linear(x.float(), dense.float()), dtype)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_fp4_linear_sends_17_to_128_rows_to_it_in_its_kept_layout(fmt, dtype, monkeypatch):
-    from onecat.engine.kernels import triton_fp4_rows
+def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtype, monkeypatch):
+    from onecat.engine.kernels import triton_packed_rows
+    from onecat.engine.quant.fp4.layout import dequantize as fp4_dequantize
     from onecat.engine.quant.fp4.linear import FP4Linear
+    from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
+    from onecat.engine.quant.w4a16.layout import quantize_w4
+    from onecat.engine.quant.w4a16.linear import W4A16Linear
 
     n, k = 1024, 2048
-    layer = FP4Linear(packed(fmt, n, k, 7).to("cuda"))
+    if fmt == "w4a16":
+        layer = W4A16Linear(quantize_w4(torch.randn(n, k) * 0.05, 128).to("cuda"))
+    else:
+        layer = FP4Linear(packed(fmt, n, k, 7).to("cuda"))
     rows_major = copy.deepcopy(layer)
+    dense = (w4_dequantize if fmt == "w4a16" else fp4_dequantize)(layer.packed())
     layer.use_tiles(dtype)
     calls = []
-    real = triton_fp4_rows.fp4_rows_gemm
-    monkeypatch.setattr(triton_fp4_rows, "fp4_rows_gemm", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    monkeypatch.setattr(triton_fp4_rows, "ENABLED", True)
+    entry = "w4a16_rows_gemm" if fmt == "w4a16" else "fp4_rows_gemm"
+    real = getattr(triton_packed_rows, entry)
+    monkeypatch.setattr(triton_packed_rows, entry, lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    monkeypatch.setattr(triton_packed_rows, "ENABLED", True)
     for rows in (16, 17, 100, 128, 129):
         x = torch.randn(rows, k, device="cuda", dtype=dtype)
-        ref = F.linear(x.float(), rows_major.dense_weight(dtype).float())
+        ref = F.linear(x.float(), dense.to(dtype).float())
         _close(layer(x), ref, dtype)
         _close(rows_major(x), ref, dtype)
     assert calls == [17, 17, 100, 100, 128, 128], calls  # tiled (if kept) and row-major layers alike
 
 
 def test_fp4_rows_gemm_replays_in_a_cuda_graph():
-    from onecat.engine.kernels.triton_fp4_rows import fp4_rows_gemm
+    from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm
 
     w = packed("nvfp4", 2048, 1024, 5).to("cuda")
     x = torch.randn(48, 1024, device="cuda", dtype=torch.bfloat16)

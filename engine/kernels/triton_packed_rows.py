@@ -1,23 +1,25 @@
-"""FP4 (NVFP4, MXFP4) weights times 17-128 activation rows, read packed: a speculative verify step at batch > 1.
+"""Packed 4-bit weights (NVFP4, MXFP4, W4A16) times 17-128 activation rows, read packed: a speculative verify
+step at batch > 1, a decode step of 17-128 sequences.
 
 Up to 16 rows the packed GEMV takes a call (engine/kernels/quant_gemv.py, 8 rows a launch); past that the layer
 used to dequantize its whole weight into the activation dtype on every call and run the library GEMM: the
 packed words read, a dense copy written and read again, ~4.6 bytes moved per weight where the packed weight is
-~0.56 (NVFP4), and with the words in the tensor-core GEMV's tiles an un-tiling copy first. A verify step of 8
-requests of 1 + k rows each is such a call on every projection.
+~0.56, and with the words in the tensor-core GEMV's tiles an un-tiling copy first. A verify step of 8 requests of
+1 + k rows each, or a decode step of 32 sequences, is such a call on every projection.
 
 Here a program owns BLOCK_N output rows and all (up to BLOCK_M) activation rows: each step decodes one run of
-128 input columns of its weight rows from the words as they lie (row-major or in mma tiles, with the codes in
-fp4.layout's places or in an activation dtype's code slots), scales each code by its block scale in float32 and
-rounds it once to the activation dtype (so the tile holds exactly what triton_fp4.dequantize would write), and
-multiplies it against the activation rows on the tensor cores (fp32 accumulation). The weight is read once
-for all rows; a code's columns need not be contiguous: the activations are loaded at the decoded order's columns.
+128 input columns of its weight rows from the words as they lie (row-major or in mma tiles; FP4 codes in
+fp4.layout's places or in an activation dtype's code slots; W4A16 nibbles in w4a16.layout's interleave), scales
+each code in float32 as the formats' dequantizers do and rounds it once to the activation dtype (so the tile holds
+exactly what triton_fp4.dequantize / triton_w4a16.w4a16_dequant would write), and multiplies it against the
+activation rows on the tensor cores (fp32 accumulation). The weight is read once for all rows; a code's columns
+need not be contiguous: the activations are loaded at the decoded order's columns.
 A row's result may depend on how many rows share the call (the dot's instruction shape), as the library GEMM's
 does: the verifier's exactness does not rest on it (a plain step and a verify row run different kernels already).
 
-Checked under Triton's interpreter (tests/test_fp4_rows_interpret.py); not yet run on a GPU, so FP4Linear takes it
-only with ONECAT_FP4_ROWS_GEMM=1 (tests/test_fp4_rows_gpu.py and `scripts/gpu_bench.sh OUT fp4_rows` check and
-time it there).
+Checked under Triton's interpreter (tests/test_packed_rows_interpret.py); not yet run on a GPU, so the packed
+layers take it only with ONECAT_PACKED_ROWS_GEMM=1 (tests/test_packed_rows_gpu.py and `scripts/gpu_bench.sh OUT
+packed_rows` check and time it there).
 """
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ import triton.language as tl
 
 from onecat.engine.kernels.triton_fp4 import block_scale
 
-ENABLED = os.environ.get("ONECAT_FP4_ROWS_GEMM") == "1"  # read once: benchmarks set it per process
+ENABLED = os.environ.get("ONECAT_PACKED_ROWS_GEMM") == "1"  # read once: benchmarks set it per process
 MIN_ROWS = 17  # 1-16 rows: the packed GEMV (quant_gemv.BLOCKED_ROWS)
 MAX_ROWS = 128  # more rows are a prefill's: the dequantized weight and the library GEMM serve them well
 MIN_CAPABILITY = 80  # tl.dot on bf16/fp16 tiles
 RUN = 128  # input columns a step: one run of the words' tiles (16 words of 8 codes)
+NVFP4, MXFP4, W4A16 = 0, 1, 2  # FMT (triton_fp4.NVFP4 / MXFP4)
 
 
 @triton.jit
@@ -43,18 +46,21 @@ def _rotl(w, r):
 
 
 @triton.jit
-def fp4_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FMT: tl.constexpr,
-                    TILED: tl.constexpr, SLOTS: tl.constexpr, M0: tl.constexpr, M1: tl.constexpr,
-                    M2: tl.constexpr, M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
-                    S3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
+def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FMT: tl.constexpr,
+                       G: tl.constexpr, TILED: tl.constexpr, SLOTS: tl.constexpr, M0: tl.constexpr,
+                       M1: tl.constexpr, M2: tl.constexpr, M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr,
+                       S2: tl.constexpr, S3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                       STAGES: tl.constexpr):
     """y[:M, n0:n0 + BLOCK_N] of x [M, K] and the packed weight. Word i (0-15) of a run holds 8 codes, here
-    decoded along a last axis c (0-7): fp4.layout's places put code c at column blk * B + c * GW + i % GW of
-    block blk = i // GW; code slots put slot c // 2's first (c even) or second code at column 8 i + c (MXFP4:
-    fp4.slots.MXFP4_ORDER within each 32). M*/S*: the slots' first-code magnitude and sign bits (SlotLayout)."""
-    B: tl.constexpr = 16 if FMT == 0 else 32
+    decoded along a last axis c (0-7): fp4.layout's places and w4a16.layout's nibbles put code c at column
+    blk * B + c * GW + i % GW of block (group) blk = i // GW; code slots put slot c // 2's first (c even) or
+    second code at column 8 i + c (MXFP4: fp4.slots.MXFP4_ORDER within each 32). M*/S*: the slots' first-code
+    magnitude and sign bits (SlotLayout). s_ptr: FP4 block-scale bytes [N, K/B] or W4A16 scales [N, K/G];
+    g_ptr: NVFP4's global scale [N] or W4A16's zeros [N, K/G]."""
+    B: tl.constexpr = 16 if FMT == 0 else (32 if FMT == 1 else G)
     GW: tl.constexpr = B // 8  # words of a block
     KW: tl.constexpr = K // 8
-    NB: tl.constexpr = K // B
+    NB: tl.constexpr = K // B  # blocks (groups) of a row
     RUNS: tl.constexpr = K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -82,6 +88,8 @@ def fp4_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FM
             at = (i3 % 4) * 4 + s
             pair = tl.where(at < 8, 2 * at, 2 * (at - 8) + 1)
             col = (i3 // 4) * 32 + 2 * pair + c % 2
+    elif FMT == W4A16:  # nibble c of every word
+        col = (i3 // GW) * B + c * GW + i3 % GW
     else:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.e2m1_times_2m126)
         r1 = tl.where(c == 0, 22, tl.where(c == 1, 19, tl.where(c == 2, 16, tl.where(c == 3, 12, tl.where(
             c == 4, 9, tl.where(c == 5, 6, tl.where(c == 6, 2, 28))))))).to(tl.uint32)
@@ -95,23 +103,30 @@ def fp4_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FM
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
     x_at = m.to(tl.int64)[:, None] * K + col[None, :]
-    gscale = tl.load(g_ptr + r2) if FMT == 0 else 1.0
+    gscale = tl.load(g_ptr + r2) if FMT == NVFP4 else 1.0
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for step in tl.range(0, RUNS, num_stages=STAGES):
         words = tl.load(q_ptr + word_at + step * run_step, mask=row_ok[:, None], other=0)
         w3 = words.to(tl.uint32, bitcast=True)[:, :, None]  # [BLOCK_N, 16, 1]
-        sb = tl.load(s_ptr + r2 * NB + step * (128 // B) + wi // GW, mask=row_ok[:, None], other=0)
-        scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
-        if FMT == 1:
-            scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
-        if SLOTS:
-            magnitude = (w3 >> m_at) & 7
-            sign = (w3 >> s_at) & 1
-            bits = (sign << 31) | (magnitude << 22)
+        at = r2 * NB + step * (128 // B) + wi // GW  # each word's block (group)
+        if FMT == W4A16:  # (q - z) * s in float32, as w4a16_dequant forms it
+            scale = tl.load(s_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            zero = tl.load(g_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32) + 8388608.0
+            q = ((w3 >> (4 * c).to(tl.uint32)) & 0xF) | 0x4B000000  # the float 2^23 + q
+            value = q.to(tl.float32, bitcast=True) - zero[:, :, None]
         else:
-            bits = (_rotl(w3, r1) & k1) | (_rotl(w3, r2c) & k2)
-        value = bits.to(tl.float32, bitcast=True) * (2.0 ** 126)  # exact: the code's e2m1 value
+            sb = tl.load(s_ptr + at, mask=row_ok[:, None], other=0)
+            scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
+            if FMT == MXFP4:
+                scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
+            if SLOTS:
+                magnitude = (w3 >> m_at) & 7
+                sign = (w3 >> s_at) & 1
+                bits = (sign << 31) | (magnitude << 22)
+            else:
+                bits = (_rotl(w3, r1) & k1) | (_rotl(w3, r2c) & k2)
+            value = bits.to(tl.float32, bitcast=True) * (2.0 ** 126)  # exact: the code's e2m1 value
         w_tile = tl.reshape((value * scale[:, :, None]).to(dt), [BLOCK_N, RUN])
         x_tile = tl.load(x_ptr + x_at + step * RUN, mask=m_ok[:, None], other=0.0)
         acc = tl.dot(x_tile, tl.trans(w_tile), acc)
@@ -136,13 +151,8 @@ def config(rows: int) -> tuple[int, int, int, int]:
     return 32, max(16, triton.next_power_of_2(rows)), 4, 2
 
 
-def fp4_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor, fmt: int,
-                  tiled: int = 0, slots: torch.dtype | None = None,
-                  cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """y = x @ dequant(W)^T for x [..., K] of 17-128 rows (fp16/bf16, CUDA or the Triton interpreter) and W's
-    packed words as the layer keeps them: `tiled` (quant_gemv.mma_tiles) or row-major, their codes in fp4.layout's
-    places or in the code slots of the dtype `slots`. fmt: triton_fp4.NVFP4 / MXFP4; gscale: float32 [N] (NVFP4).
-    cfg: config()'s tuple, for a tile sweep (benchmarks/gpu_fp4_rows.py --sweep)."""
+def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: int, group: int,
+            tiled: int, slots: torch.dtype | None, cfg: tuple[int, int, int, int] | None) -> torch.Tensor:
     from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
     n, kw = qweight.shape
@@ -152,8 +162,25 @@ def fp4_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     block_n, block_m, warps, stages = cfg or config(rows)
     layout = SLOTS[slots] if slots is not None else SLOTS[torch.float16]  # bit places read only with SLOTS
-    fp4_rows_kernel[(-(-n // block_n),)](
-        x2, qweight, scales, gscale, y, n, rows, K=k, FMT=fmt, TILED=bool(tiled), SLOTS=slots is not None,
+    packed_rows_kernel[(-(-n // block_n),)](
+        x2, qweight, scales, second, y, n, rows, K=k, FMT=fmt, G=group, TILED=bool(tiled), SLOTS=slots is not None,
         **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)}, **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
         BLOCK_N=block_n, BLOCK_M=block_m, STAGES=stages, num_warps=warps)
     return y.view(*x.shape[:-1], n)
+
+
+def fp4_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor, fmt: int,
+                  tiled: int = 0, slots: torch.dtype | None = None,
+                  cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """y = x @ dequant(W)^T for x [..., K] of 17-128 rows (fp16/bf16, CUDA or the Triton interpreter) and an FP4
+    W's words as the layer keeps them: `tiled` (quant_gemv.mma_tiles) or row-major, their codes in fp4.layout's
+    places or in the code slots of the dtype `slots`. fmt: NVFP4 / MXFP4; gscale: float32 [N] (NVFP4).
+    cfg: config()'s tuple, for a tile sweep (benchmarks/gpu_packed_rows.py --sweep)."""
+    return _launch(x, qweight, scales, gscale, fmt, 16 if fmt == NVFP4 else 32, tiled, slots, cfg)
+
+
+def w4a16_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
+                    tiled: int = 0, cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """fp4_rows_gemm for a W4A16 weight (w4a16.layout: groups of 32, 64 or 128, scales and zeros [N, K/group];
+    the input already permuted where the layer has act-order)."""
+    return _launch(x, qweight, scales, zeros, W4A16, group, tiled, None, cfg)
