@@ -8,8 +8,8 @@ pay), for the Qwen3.5-27B projections (route 1's target), NVFP4 or W4A16 (groups
 Each layer keeps its words as the engine keeps them (FP4Linear.use_tiles: the tensor-core GEMV's tiles, codes in
 bf16's slots). Timed as benchmarks/gpu_gemv.py times (a CUDA graph over weight copies that L2 cannot hold). Every
 arm is checked against the dequantized weight's fp32 product first (relative max error < 2e-2). With --sweep,
-the many-row GEMM also over a grid of (BLOCK_N, num_warps, stages) at each row count; the best is reported next to
-the default config's time.
+the many-row GEMM also over a grid of (BLOCK_N, num_warps, K split) at 32 and 128 rows; the best is reported next
+to the default config's time.
 """
 from __future__ import annotations
 
@@ -58,19 +58,20 @@ def blocked_gemv(layer, x: torch.Tensor) -> torch.Tensor:
                                              tiled=layer.tiled) for i in range(0, x.shape[0], 8)])
 
 
-SWEEP = [(bn, w, st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3) if not (bn == 32 and w == 8)]
+SWEEP = [(bn, w, 2, sp) for bn in (64, 128) for w in (4, 8) for sp in (1, 2, 4)]  # (BLOCK_N, warps, stages, SPLIT)
+SWEEP_ROWS = (32, 128)
 
 
 def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
-    """The many-row GEMM's time at each SWEEP config (errors and configs that do not compile are skipped)."""
+    """The many-row GEMM's time at each SWEEP config (wrong results and configs that do not compile are skipped)."""
     from onecat.engine.kernels.quant_gemv import SLOT_DTYPES
     from onecat.engine.kernels.triton_packed_rows import config, fp4_rows_gemm, w4a16_rows_gemm
     from onecat.engine.quant.fp4.linear import FMT_IDS
 
-    block_m = config(x.shape[0])[1]
+    block_m = config(x.shape[0], ls[0].out_features, ls[0].in_features)[1]
     times = {}
-    for bn, warps, stages in SWEEP:
-        cfg = (bn, block_m, warps, stages)
+    for bn, warps, stages, split in SWEEP:
+        cfg = (bn, block_m, warps, stages, split)
         if ls[0].words_format == "int4":
             call = lambda layer, cfg=cfg: w4a16_rows_gemm(  # noqa: E731
                 x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.tiled, cfg=cfg)
@@ -81,7 +82,7 @@ def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
         try:
             if rel_err(call(ls[0]), ref) > 2e-2:
                 continue
-            times[f"{bn}x{block_m}/w{warps}/s{stages}"] = round(graph_time([lambda ly=ly: call(ly) for ly in ls]) * 1e6, 2)
+            times[f"{bn}x{block_m}/w{warps}/s{stages}/k{split}"] = round(graph_time([lambda ly=ly: call(ly) for ly in ls]) * 1e6, 2)
         except Exception as exc:  # out of shared memory or registers at this tile: not a candidate
             log(f"config {cfg} skipped: {str(exc).splitlines()[0][:120]}")
     best = min(times, key=times.get) if times else None
@@ -109,7 +110,8 @@ def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
                 raise SystemExit(f"{name} {arm} at {m} rows: relative error {err:.3g} against the dense product")
             arms[arm] = {"us": us([lambda layer=layer: call(layer, x) for layer in ls]), "rel_err": round(err, 5)}
         triton_packed_rows.ENABLED = False
-        if do_sweep:
+        arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))  # (BLOCK_N, BLOCK_M, warps, stages, split)
+        if do_sweep and m in SWEEP_ROWS:
             arms["sweep"] = sweep(ls, x, ref)
             log(f"{name} rows {m}: best config {arms['sweep']['best']} {arms['sweep']['best_us']} us")
         arms["packed_rows_vs_dense"] = round(arms["dense"]["us"] / arms["packed_rows"]["us"], 3)

@@ -16,6 +16,8 @@ pytest.importorskip("triton")
 SCRIPT = r"""
 import torch
 from onecat.engine.kernels import quant_gemv
+from onecat.engine.kernels.triton_packed_rows import config
+assert config(40, 48, 256)[4] == 2 and config(128, 5120, 5120)[:3] == (128, 128, 8)
 from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm, w4a16_rows_gemm
 from onecat.engine.quant.fp4.layout import dequantize
 from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
@@ -38,10 +40,12 @@ for fmt, fmt_id in (("nvfp4", 0), ("mxfp4", 1)):
                     words = packed.qweight if slots is None else to_slots(packed.qweight, slots, fmt)
                     if tiled:
                         words = quant_gemv.mma_tiles(words, fmt)
-                    y = fp4_rows_gemm(x, words, packed.scales, gscale, fmt_id, tiled=int(tiled), slots=slots)
-                    assert y.shape == (rows, n) and y.dtype == dtype
-                    err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
-                    assert err < 1e-2, (fmt, dtype, rows, tiled, slots, err)
+                    for cfg in (None, (32, 64, 4, 2, 1)):  # the default (K split in two here), and unsplit
+                        y = fp4_rows_gemm(x, words, packed.scales, gscale, fmt_id, tiled=int(tiled), slots=slots,
+                                          cfg=cfg)
+                        assert y.shape == (rows, n) and y.dtype == dtype
+                        err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+                        assert err < 1e-2, (fmt, dtype, rows, tiled, slots, cfg, err)
 for group in (32, 64, 128):
     n, k = 48, 256
     packed = quantize(torch.randn(n, k) * 0.1, "w4a16", group=group)

@@ -50,13 +50,14 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
                        G: tl.constexpr, TILED: tl.constexpr, SLOTS: tl.constexpr, M0: tl.constexpr,
                        M1: tl.constexpr, M2: tl.constexpr, M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr,
                        S2: tl.constexpr, S3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       STAGES: tl.constexpr):
+                       STAGES: tl.constexpr, SPLIT: tl.constexpr):
     """y[:M, n0:n0 + BLOCK_N] of x [M, K] and the packed weight. Word i (0-15) of a run holds 8 codes, here
     decoded along a last axis c (0-7): fp4.layout's places and w4a16.layout's nibbles put code c at column
     blk * B + c * GW + i % GW of block (group) blk = i // GW; code slots put slot c // 2's first (c even) or
     second code at column 8 i + c (MXFP4: fp4.slots.MXFP4_ORDER within each 32). M*/S*: the slots' first-code
     magnitude and sign bits (SlotLayout). s_ptr: FP4 block-scale bytes [N, K/B] or W4A16 scales [N, K/G];
-    g_ptr: NVFP4's global scale [N] or W4A16's zeros [N, K/G]."""
+    g_ptr: NVFP4's global scale [N] or W4A16's zeros [N, K/G]. SPLIT > 1: program (i, s) sums the s-th of SPLIT
+    equal runs of K into float32 partials y_ptr[s] ([SPLIT, M, N]), which the caller adds in split order."""
     B: tl.constexpr = 16 if FMT == 0 else (32 if FMT == 1 else G)
     GW: tl.constexpr = B // 8  # words of a block
     KW: tl.constexpr = K // 8
@@ -106,7 +107,8 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
     gscale = tl.load(g_ptr + r2) if FMT == NVFP4 else 1.0
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for step in tl.range(0, RUNS, num_stages=STAGES):
+    first = tl.program_id(1) * (RUNS // SPLIT)
+    for step in tl.range(first, first + RUNS // SPLIT, num_stages=STAGES):
         words = tl.load(q_ptr + word_at + step * run_step, mask=row_ok[:, None], other=0)
         w3 = words.to(tl.uint32, bitcast=True)[:, :, None]  # [BLOCK_N, 16, 1]
         at = r2 * NB + step * (128 // B) + wi // GW  # each word's block (group)
@@ -130,7 +132,7 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
         w_tile = tl.reshape((value * scale[:, :, None]).to(dt), [BLOCK_N, RUN])
         x_tile = tl.load(x_ptr + x_at + step * RUN, mask=m_ok[:, None], other=0.0)
         acc = tl.dot(x_tile, tl.trans(w_tile), acc)
-    out = y_ptr + m.to(tl.int64)[:, None] * N + rows[None, :]
+    out = y_ptr + tl.program_id(1).to(tl.int64) * M * N + m.to(tl.int64)[:, None] * N + rows[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
 
@@ -145,33 +147,40 @@ def takes(x: torch.Tensor, in_features: int, rows: int) -> bool:
     return capability(x.device.index if x.device.index is not None else torch.cuda.current_device()) >= MIN_CAPABILITY
 
 
-def config(rows: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_M, num_warps, stages) for `rows` activation rows: every row in one tile (the weight read
-    once), 32 weight rows a program (the decode's registers), two stages (fits the shared memory of SM86/89)."""
-    return 32, max(16, triton.next_power_of_2(rows)), 4, 2
+def config(rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_M, num_warps, stages, SPLIT) for `rows` activation rows and an [n, k] weight: every row in
+    one tile (the weight read once); 64 weight rows a program up to 64 rows, 128 (8 warps) above, since each
+    program reads all the activations of its runs (n / BLOCK_N reads of them in all); K split until the grid has
+    about two programs per SM of an H100 (split K adds no activation reads); two stages (fits SM86/89)."""
+    block_n, warps = (64, 4) if rows <= 64 else (128, 8)
+    runs, split = k // RUN, 1
+    while -(-n // block_n) * split < 256 and split < 8 and runs % (2 * split) == 0:
+        split *= 2
+    return block_n, max(16, triton.next_power_of_2(rows)), warps, 2, split
 
 
 def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: int, group: int,
-            tiled: int, slots: torch.dtype | None, cfg: tuple[int, int, int, int] | None) -> torch.Tensor:
+            tiled: int, slots: torch.dtype | None, cfg: tuple[int, int, int, int, int] | None) -> torch.Tensor:
     from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
     n, kw = qweight.shape
     k = kw * 8
     rows = x.numel() // k
     x2 = x.reshape(rows, k).contiguous()
-    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    block_n, block_m, warps, stages = cfg or config(rows)
+    block_n, block_m, warps, stages, split = cfg or config(rows, n, k)
+    y = torch.empty(split, rows, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     layout = SLOTS[slots] if slots is not None else SLOTS[torch.float16]  # bit places read only with SLOTS
-    packed_rows_kernel[(-(-n // block_n),)](
+    packed_rows_kernel[(-(-n // block_n), split)](
         x2, qweight, scales, second, y, n, rows, K=k, FMT=fmt, G=group, TILED=bool(tiled), SLOTS=slots is not None,
         **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)}, **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
-        BLOCK_N=block_n, BLOCK_M=block_m, STAGES=stages, num_warps=warps)
-    return y.view(*x.shape[:-1], n)
+        BLOCK_N=block_n, BLOCK_M=block_m, STAGES=stages, SPLIT=split, num_warps=warps)
+    out = y[0] if split == 1 else y.sum(0).to(x.dtype)  # partials added in split order, rounded once
+    return out.view(*x.shape[:-1], n)
 
 
 def fp4_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor, fmt: int,
                   tiled: int = 0, slots: torch.dtype | None = None,
-                  cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                  cfg: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """y = x @ dequant(W)^T for x [..., K] of 17-128 rows (fp16/bf16, CUDA or the Triton interpreter) and an FP4
     W's words as the layer keeps them: `tiled` (quant_gemv.mma_tiles) or row-major, their codes in fp4.layout's
     places or in the code slots of the dtype `slots`. fmt: NVFP4 / MXFP4; gscale: float32 [N] (NVFP4).
@@ -180,7 +189,7 @@ def fp4_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
 
 
 def w4a16_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group: int,
-                    tiled: int = 0, cfg: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                    tiled: int = 0, cfg: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """fp4_rows_gemm for a W4A16 weight (w4a16.layout: groups of 32, 64 or 128, scales and zeros [N, K/group];
     the input already permuted where the layer has act-order)."""
     return _launch(x, qweight, scales, zeros, W4A16, group, tiled, None, cfg)
