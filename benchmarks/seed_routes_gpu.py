@@ -132,6 +132,7 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
             batch_prompts = prompts(b, args.prompt_len, vocab, seed=b)
             tps, outs = best_of(target, batch_prompts, args.max_tokens, args.repeats)
             reference[b] = [o.token_ids for o in outs]
+            entry["batches"][b]["graphs_target"] = target.worker.cuda_graph_report()  # replays, why off if off
             entry["batches"][b]["profile_target"] = profiled(target, batch_prompts, args.max_tokens, args.profile,
                                                              f"{name}_target_b{b}")
             entry["batches"][b]["target_only_tok_s"] = round(tps, 2)
@@ -151,6 +152,7 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
             log(f"{name} batch {b}: synthetic speculation {tps:.1f} tok/s = {e['speedup']}x, acceptance "
                 f"{e['acceptance_length']}, identical {e['tokens_identical']}/{e['requests']}")
             e["speculative_info_after"] = spec.info()["speculative"]  # graph replays, gate, drafts so far
+            e["graphs_speculative"] = spec.worker.cuda_graph_report()
             e["profile_speculative"] = profiled(spec, batch_prompts, args.max_tokens, args.profile,
                                                 f"{name}_speculative_b{b}")
         entry["proposer"] = spec.info()["speculative"]
