@@ -90,7 +90,7 @@ def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
-    from onecat.engine.kernels import triton_packed_rows
+    from onecat.engine.kernels import triton_packed_rows, triton_support
 
     n, k = SHAPES[name]
     dt = torch.float16 if fmt == "w4a16" else torch.bfloat16  # W4A16's tensor-core GEMV (its tiles) takes fp16
@@ -103,13 +103,13 @@ def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
         ref = F.linear(x.float(), dense_weight(ls[0], dt).float())
         arms = {}
         for arm in ("dense", "packed_rows", "gemv_blocks_8"):
-            triton_packed_rows.ENABLED = arm == "packed_rows"
+            triton_support.PACKED_ROWS_GEMM = arm == "packed_rows"
             call = blocked_gemv if arm == "gemv_blocks_8" else (lambda layer, x: layer(x))
             err = rel_err(call(ls[0], x), ref)
             if err > 2e-2:
                 raise SystemExit(f"{name} {arm} at {m} rows: relative error {err:.3g} against the dense product")
             arms[arm] = {"us": us([lambda layer=layer: call(layer, x) for layer in ls]), "rel_err": round(err, 5)}
-        triton_packed_rows.ENABLED = False
+        triton_support.PACKED_ROWS_GEMM = False
         arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))  # (BLOCK_N, BLOCK_M, warps, stages, split)
         if do_sweep and m in SWEEP_ROWS:
             arms["sweep"] = sweep(ls, x, ref)

@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.fixture(autouse=True)
 def _sm80():
     from onecat.engine.kernels.device import capability
-    from onecat.engine.kernels.triton_packed_rows import MIN_CAPABILITY
+    from onecat.engine.kernels.triton_support import PACKED_ROWS_MIN_CAPABILITY
 
     require_fused_kernels()
-    if capability(0) < MIN_CAPABILITY:
-        pytest.skip(f"the packed many-row GEMM needs SM{MIN_CAPABILITY}+")
+    if capability(0) < PACKED_ROWS_MIN_CAPABILITY:
+        pytest.skip(f"the packed many-row GEMM needs SM{PACKED_ROWS_MIN_CAPABILITY}+")
 
 
 def _close(y, ref, dtype):
@@ -52,7 +52,7 @@ def test_fp4_rows_gemm_matches_the_dequantized_product(fmt, dtype, n, k, rows):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtype, monkeypatch):
-    from onecat.engine.kernels import triton_packed_rows
+    from onecat.engine.kernels import triton_packed_rows, triton_support
     from onecat.engine.quant.fp4.layout import dequantize as fp4_dequantize
     from onecat.engine.quant.fp4.linear import FP4Linear
     from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
@@ -71,7 +71,7 @@ def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtyp
     entry = "w4a16_rows_gemm" if fmt == "w4a16" else "fp4_rows_gemm"
     real = getattr(triton_packed_rows, entry)
     monkeypatch.setattr(triton_packed_rows, entry, lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    monkeypatch.setattr(triton_packed_rows, "ENABLED", True)
+    monkeypatch.setattr(triton_support, "PACKED_ROWS_GEMM", True)
     for rows in (16, 17, 100, 128, 129):
         x = torch.randn(rows, k, device="cuda", dtype=dtype)
         ref = F.linear(x.float(), dense.to(dtype).float())

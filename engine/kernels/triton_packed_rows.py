@@ -18,12 +18,10 @@ A row's result may depend on how many rows share the call (the dot's instruction
 does: the verifier's exactness does not rest on it (a plain step and a verify row run different kernels already).
 
 Checked under Triton's interpreter (tests/test_packed_rows_interpret.py); not yet run on a GPU, so the packed
-layers take it only with ONECAT_PACKED_ROWS_GEMM=1 (tests/test_packed_rows_gpu.py and `scripts/gpu_bench.sh OUT
+layers take it only with ONECAT_PACKED_ROWS_GEMM=1 (triton_support.packed_rows_take) (tests/test_packed_rows_gpu.py and `scripts/gpu_bench.sh OUT
 packed_rows` check and time it there).
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -31,10 +29,6 @@ import triton.language as tl
 
 from onecat.engine.kernels.triton_fp4 import block_scale
 
-ENABLED = os.environ.get("ONECAT_PACKED_ROWS_GEMM") == "1"  # read once: benchmarks set it per process
-MIN_ROWS = 17  # 1-16 rows: the packed GEMV (quant_gemv.BLOCKED_ROWS)
-MAX_ROWS = 128  # more rows are a prefill's: the dequantized weight and the library GEMM serve them well
-MIN_CAPABILITY = 80  # tl.dot on bf16/fp16 tiles
 RUN = 128  # input columns a step: one run of the words' tiles (16 words of 8 codes)
 NVFP4, MXFP4, W4A16 = 0, 1, 2  # FMT (triton_fp4.NVFP4 / MXFP4)
 
@@ -134,17 +128,6 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
         acc = tl.dot(x_tile, tl.trans(w_tile), acc)
     out = y_ptr + tl.program_id(1).to(tl.int64) * M * N + m.to(tl.int64)[:, None] * N + rows[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
-
-
-def takes(x: torch.Tensor, in_features: int, rows: int) -> bool:
-    """Whether this kernel takes a call of `rows` activation rows: ENABLED, MIN_ROWS-MAX_ROWS fp16/bf16 CUDA rows,
-    K a multiple of 128, a GPU with tl.dot on those dtypes."""
-    if not (ENABLED and x.is_cuda and MIN_ROWS <= rows <= MAX_ROWS and x.dtype in (torch.float16, torch.bfloat16)
-            and in_features % RUN == 0):
-        return False
-    from onecat.engine.kernels.device import capability
-
-    return capability(x.device.index if x.device.index is not None else torch.cuda.current_device()) >= MIN_CAPABILITY
 
 
 def config(rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:

@@ -17,10 +17,17 @@ interpreter runs them on CPU.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the fused MoE kernels (triton_moe.py) take
+# the packed many-row GEMM (triton_packed_rows.py): on with ONECAT_PACKED_ROWS_GEMM=1 (read once; benchmarks set it
+# per process) until its GPU test has run; the rows it takes (1-16: the packed GEMV; more: a prefill's, which the
+# dequantized weight and the library GEMM serve well) and the GPUs (tl.dot on fp16/bf16 tiles)
+PACKED_ROWS_GEMM = os.environ.get("ONECAT_PACKED_ROWS_GEMM") == "1"
+PACKED_ROWS = (17, 128)
+PACKED_ROWS_MIN_CAPABILITY = 80
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,3 +53,15 @@ def moe_unavailable_reason(x: torch.Tensor) -> str | None:
     if x.dtype not in MOE_DTYPES:
         return f"dtype {x.dtype} unsupported (float16, bfloat16 or float32)"
     return triton_unavailable_reason()
+
+
+def packed_rows_take(x: torch.Tensor, in_features: int, rows: int) -> bool:
+    """Whether a packed layer's call of `rows` rows takes the packed many-row GEMM (triton_packed_rows.py): it is
+    on, the rows are PACKED_ROWS' fp16/bf16 CUDA rows, K a multiple of 128, an SM80+ GPU and Triton usable."""
+    if not (PACKED_ROWS_GEMM and x.is_cuda and PACKED_ROWS[0] <= rows <= PACKED_ROWS[1] and in_features % 128 == 0
+            and x.dtype in (torch.float16, torch.bfloat16)):
+        return False
+    from onecat.engine.kernels.device import capability
+
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return capability(index) >= PACKED_ROWS_MIN_CAPABILITY and triton_unavailable_reason() is None

@@ -226,15 +226,14 @@ class W4A16Packer:
 
 
 def _with_packed_rows(dense_path: str) -> str:
-    """The large-batch path's description with the packed many-row GEMM where it is on (and Triton is there)."""
-    try:
-        from onecat.engine.kernels import triton_packed_rows as rows
-    except ImportError:
+    """The large-batch path's description with the packed many-row GEMM where it is on."""
+    from onecat.engine.kernels import triton_support as ts
+
+    if not ts.PACKED_ROWS_GEMM:
         return dense_path
-    if not rows.ENABLED:
-        return dense_path
-    return (f"the packed many-row GEMM for {rows.MIN_ROWS}-{rows.MAX_ROWS} rows on SM{rows.MIN_CAPABILITY}+ "
-            f"(ONECAT_PACKED_ROWS_GEMM=1); {dense_path.replace('above', 'beyond')}")
+    low, high = ts.PACKED_ROWS
+    return (f"the packed many-row GEMM for {low}-{high} rows on SM{ts.PACKED_ROWS_MIN_CAPABILITY}+ "
+            f"(ONECAT_PACKED_ROWS_GEMM=1), above that: weight dequantized per call, cuBLAS")
 
 
 def _submodule(model: nn.Module, path: str) -> nn.Module | None:

@@ -91,9 +91,11 @@ class FP4Linear(TiledWords, nn.Module):
             if m <= MAX_ROWS:
                 y = fp4_gemv(x, self.packed())
                 return y if self.bias is None else y + self.bias
-        from onecat.engine.kernels import quant_gemv, triton_packed_rows
+        from onecat.engine.kernels.triton_support import packed_rows_take
 
-        if triton_packed_rows.takes(x, self.in_features, m):
+        if packed_rows_take(x, self.in_features, m):
+            from onecat.engine.kernels import quant_gemv, triton_packed_rows
+
             y = triton_packed_rows.fp4_rows_gemm(x, self.qweight, self.scales, self.gscale, FMT_IDS[self.fmt],
                                                  tiled=self.tiled, slots=quant_gemv.SLOT_DTYPES.get(self.tiled))
             return y if self.bias is None else y + self.bias
