@@ -3,7 +3,11 @@ weights quantized at load: round to nearest, g128) vs NVFP4 and FP8 (random pack
 every decoder linear after load), batch 1 and 8 at 1K context, in one process. --bf16 adds the model in bf16: dense,
 NVFP4 and MXFP4 (which the tensor-core GEMV takes with bf16 activations only).
 
-    python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json [--bf16] [--glu-apart]
+    python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json [--bf16] [--glu-apart] [--batch-sizes 1,8]
+        [--packed-rows-ab]
+
+--packed-rows-ab runs each packed arm again with the packed many-row GEMM on (`*_packed_rows`; ONECAT_PACKED_ROWS_GEMM,
+engine/kernels/triton_packed_rows.py): it serves batches of 17-128 sequences, so give batch sizes past 16.
 
 Random weights say nothing about quality (the contract w4a16_gpu.yaml covers that on a real model); the
 speed of the model that holds them is what is measured. The bandwidth fraction counts the bytes a decode step
@@ -26,6 +30,7 @@ from gpu_gemv import log
 from gpu_w4a16 import copy_limit_gbps
 
 CTX, GEN = 1024, 128
+BATCHES = [1, 8]  # --batch-sizes
 
 
 def step_bytes(llm, cfg: dict, ctx: float) -> int:
@@ -76,13 +81,14 @@ def random_packed_decoder(llm, fmt: str) -> dict:
 
 def arm(name: str, cfg: dict, root: Path, bw: float, packed: str | None = None, dtype: str = "float16",
         **kw) -> dict:
-    llm = build_onecat(make_model_dir(root / name, cfg), cfg, dtype=dtype, max_model_len=2048, max_num_seqs=8,
-                       cuda_graph=True, kv_cache_memory_gb=8.0, enable_prefix_caching=False, **kw)
+    llm = build_onecat(make_model_dir(root / name, cfg), cfg, dtype=dtype, max_model_len=2048,
+                       max_num_seqs=max(BATCHES), cuda_graph=True, kv_cache_memory_gb=max(8.0, max(BATCHES) / 4),
+                       enable_prefix_caching=False, **kw)
     res = {"quantization": random_packed_decoder(llm, packed) if packed else llm.info().get("quantization"),
            "dtype": dtype}
     nbytes = step_bytes(llm, cfg, CTX + GEN / 2)
     res["bytes_per_step"] = nbytes
-    for batch in (1, 8):
+    for batch in BATCHES:
         run_decode(llm, batch, 64, 8, cfg["vocab_size"], seed=9)  # warm: graphs and kernels of this batch
         r, toks = run_decode(llm, batch, CTX, GEN, cfg["vocab_size"])
         if batch == 1:
@@ -101,14 +107,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".onecat/w4a16_e2e.json")
     ap.add_argument("--bf16", action="store_true", help="also the model in bf16: dense, NVFP4 and MXFP4")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--packed-rows-ab", action="store_true",
+                    help="each packed arm again with the packed many-row GEMM on (*_packed_rows)")
     ap.add_argument("--glu-apart", action="store_true",
                     help="each packed arm again with its gate/up GEMV and SiLU * mul as two kernels (*_glu_apart; "
                          "engine/kernels/quant_gemv.py GLU_IN_GEMV off)")
     args = ap.parse_args()
-    from onecat.engine.kernels import quant_gemv
+    BATCHES[:] = [int(b) for b in args.batch_sizes.split(",")]
+    from onecat.engine.kernels import quant_gemv, triton_support
 
     def packed_arm(name: str, **kw) -> None:
         record[name] = arm(name, cfg, Path(tmp), bw, **kw)
+        if args.packed_rows_ab and kw.get("packed") != "fp8":  # FP8 keeps its dequantizing path
+            triton_support.PACKED_ROWS_GEMM = True
+            try:
+                record[f"{name}_packed_rows"] = arm(f"{name}_packed_rows", cfg, Path(tmp), bw, **kw)
+            finally:
+                triton_support.PACKED_ROWS_GEMM = False
         if args.glu_apart:
             quant_gemv.GLU_IN_GEMV = False
             try:
@@ -121,7 +137,7 @@ def main() -> None:
     record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "label": "measured",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "copy_limit_GBps": round(bw, 1), "model": "llama3-8b shape, random fp16 weights",
-              "ctx": CTX, "gen": GEN}
+              "ctx": CTX, "gen": GEN, "batch_sizes": BATCHES}
     with tempfile.TemporaryDirectory() as tmp:
         record["fp16"] = arm("fp16", cfg, Path(tmp), bw)
         packed_arm("w4a16", quantization="w4a16")
@@ -131,15 +147,12 @@ def main() -> None:
             record["bf16"] = arm("bf16", cfg, Path(tmp), bw, dtype="bfloat16")
             for fmt in ("nvfp4", "mxfp4"):
                 packed_arm(f"{fmt}_bf16", packed=fmt, dtype="bfloat16")
-    for fmt in ("nvfp4", "fp8"):
-        record[f"{fmt}_speedup_bs1"] = round(record[fmt]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
-    record["speedup_bs1"] = round(record["w4a16"]["bs1"]["tok_s"] / record["fp16"]["bs1"]["tok_s"], 3)
-    record["speedup_bs8"] = round(record["w4a16"]["bs8"]["tok_s"] / record["fp16"]["bs8"]["tok_s"], 3)
-    log("w4a16 / fp16 tok/s: bs1", record["speedup_bs1"], "bs8", record["speedup_bs8"])
-    for fmt in ("nvfp4", "mxfp4") if args.bf16 else ():
-        for batch in ("bs1", "bs8"):
-            record[f"{fmt}_bf16_speedup_{batch}"] = round(record[f"{fmt}_bf16"][batch]["tok_s"] /
-                                                         record["bf16"][batch]["tok_s"], 3)
+    for name, base in [(n, "bf16" if "bf16" in n else "fp16") for n in list(record)
+                       if isinstance(record[n], dict) and n not in ("fp16", "bf16")]:
+        for batch in BATCHES:  # each packed arm against the dense model of its dtype
+            record[f"{name}_speedup_bs{batch}"] = round(record[name][f"bs{batch}"]["tok_s"] /
+                                                       record[base][f"bs{batch}"]["tok_s"], 3)
+    log({k: v for k, v in record.items() if "_speedup_" in k})
     Path(args.out).write_text(json.dumps(record, indent=1))
 
 

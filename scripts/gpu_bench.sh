@@ -26,13 +26,15 @@
 # sampled eager and sampled from captured graphs in one run (benchmarks/gpu_sampled_decode.py, random weights).
 # `packed_rows` the packed many-row GEMM's GPU tests and its timing against the dequantizing path on the
 # Qwen3.5-27B projections at 17-128 rows, NVFP4 with a tile sweep and W4A16 (benchmarks/gpu_packed_rows.py);
-# `packed_rows_route` route 1 at batch 8 with it off and on (ONECAT_PACKED_ROWS_GEMM). `route_profile` the seed
+# `packed_rows_route` route 1 at batch 8 with it off and on (ONECAT_PACKED_ROWS_GEMM); `packed_rows_e2e` the 8B
+# shape dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm with it off and on
+# (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab). `route_profile` the seed
 # routes (PROFILE_ROUTES, default both) at batch 1 and 8 with a
 # profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time by
 # host phase, busiest kernels).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
-#                                packed_rows_route|route_profile]...
+#                                packed_rows_route|packed_rows_e2e|route_profile]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -141,6 +143,9 @@ for step in $steps; do
                >"$out/route_b8_packed_rows_$f.log" 2>&1
              echo "route 1 batch 8 packed rows gemm=$f rc=$?"; grep -i "tok/s" "$out/route_b8_packed_rows_$f.log"
            done ;;
+    packed_rows_e2e) (cd benchmarks && timeout 560 python3 gpu_w4a16_e2e.py --batch-sizes 1,32,64 --packed-rows-ab \
+             --out "$out/w4a16_e2e_packed_rows.json" >"$out/packed_rows_e2e.log" 2>&1)
+           echo "packed rows e2e rc=$?"; grep -E "bs=|speedup" "$out/packed_rows_e2e.log" | cut -c1-300 ;;
     route_profile) timeout 560 python3 benchmarks/seed_routes_gpu.py \
              --routes "${PROFILE_ROUTES:-seed_route_h200,seed_moe_route_h200}" --repeats 1 \
              --profile "$out/route_profile" --out "$out/seed_routes_profiled.json" >"$out/route_profile.log" 2>&1
