@@ -1,6 +1,7 @@
 """Sampled against greedy decoding on a GPU, one engine, interleaved arms: target-only decode tok/s at batch 1
 and 8 for greedy requests, and for requests sampled at the seed route's settings (T 1.0, top-p 0.95, top-k 20,
-a seed per request) with their draws eager or replayed from a captured graph (engine/core/sampler_graphs.py).
+a seed per request) with their draws eager or replayed from a captured graph (engine/core/sampler_graphs.py), and
+sampled with top-p alone (T 0.8, top-p 0.95: the whole vocabulary sorted on the GPU, no read-back) from graphs.
 Random fp16 weights (`random:NAME`, load_format dummy), CUDA graphs full, one-step-ahead decode on (the default).
 The sampled arms must give the same tokens (keyed draws), which the record checks.
 
@@ -19,11 +20,12 @@ from onecat.engine import LLM, SamplingParams
 from onecat.engine.core import decode_pipeline
 
 ARMS = {"greedy": dict(temperature=0.0), "sampled_eager": dict(temperature=1.0, top_p=0.95, top_k=20),
-        "sampled_graphs": dict(temperature=1.0, top_p=0.95, top_k=20)}
+        "sampled_graphs": dict(temperature=1.0, top_p=0.95, top_k=20),
+        "top_p_graphs": dict(temperature=0.8, top_p=0.95)}
 
 
 def run(llm: LLM, prompts: list[list[int]], arm: str, max_tokens: int) -> tuple[float, list[list[int]]]:
-    decode_pipeline.SAMPLER_GRAPHS = arm == "sampled_graphs"
+    decode_pipeline.SAMPLER_GRAPHS = arm.endswith("_graphs")
     params = [SamplingParams(**ARMS[arm], max_tokens=max_tokens, ignore_eos=True,
                              **({} if arm == "greedy" else {"seed": i})) for i in range(len(prompts))]
     t = time.perf_counter()

@@ -235,7 +235,8 @@ def test_cuda_graphs_on_off_greedy_identical(tmp_path, kv_cache_dtype):
 def test_async_scheduling_on_off_identical(tmp_path, monkeypatch):
     """One-step-ahead decoding changes no token: early stops by length and by stop token, a sampled
     request beside a greedy one, a batch of sampled requests (keyed draws: the pipeline runs them too, their
-    draws from a captured graph), and a later call after a dropped step."""
+    draws from a captured graph, a top-p row without top-k included: no read-back on a GPU), and a later call
+    after a dropped step."""
     from onecat.engine import SamplingParams
     from onecat.engine.core import decode_pipeline
     from tests.tiny_models import make_tiny_model
@@ -257,10 +258,11 @@ def test_async_scheduling_on_off_identical(tmp_path, monkeypatch):
             mixed = [o.token_ids for o in llm.generate(
                 PROMPTS[:2], [greedy, SamplingParams(temperature=0.9, top_p=0.8, max_tokens=12, seed=5, ignore_eos=True)])]
             before = llm.info()["async_scheduling"]["launches"]
-            sampled = [o.token_ids for o in llm.generate(PROMPTS[:3], [  # top-k, whole vocabulary, top-k + top-p
-                SamplingParams(temperature=0.9, top_k=40, max_tokens=30, seed=1, ignore_eos=True),
+            sampled = [o.token_ids for o in llm.generate(PROMPTS[:4], [  # top-k, whole vocabulary, top-k + top-p,
+                SamplingParams(temperature=0.9, top_k=40, max_tokens=30, seed=1, ignore_eos=True),  # top-p alone
                 SamplingParams(temperature=1.0, max_tokens=30, seed=2, ignore_eos=True),
-                SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=30, seed=3, ignore_eos=True)])]
+                SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=30, seed=3, ignore_eos=True),
+                SamplingParams(temperature=0.8, top_p=0.9, max_tokens=30, seed=4, ignore_eos=True)])]
             sampled_launches = llm.info()["async_scheduling"]["launches"] - before
             if on:  # that steady sampled batch's draws replay a captured graph (sampler_graphs.py)
                 assert llm.info()["async_scheduling"]["sampling_graphs"]["replays"] > 20

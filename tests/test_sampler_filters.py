@@ -65,6 +65,29 @@ def test_a_flat_rows_nucleus_is_looked_for_in_the_whole_vocabulary(monkeypatch):
     assert all(int((p > 0).sum()) > 256 for rows, p, _ in groups if p.shape[1] == V)
 
 
+def test_sorting_top_p_rows_whole_keeps_the_same_tokens_and_draws(monkeypatch):
+    """A GPU sorts every top-p row without top-k whole (no read-back of whether its nucleus fits the candidates):
+    the same distributions and the same keyed draws as the candidates' path the CPU takes."""
+    monkeypatch.setattr(sampler, "CANDIDATES", 256)
+    logits = _rows(8, 3)
+    params = [SamplingParams(temperature=t, top_p=p, seed=i) for i, (t, p) in
+              enumerate([(0.8, 0.95), (1.0, 0.9), (0.6, 0.5), (1.2, 0.99)] * 4)]
+    params[5] = SamplingParams(temperature=1.0, top_k=20, top_p=0.9, seed=5)  # has a top-k: candidates either way
+    sorted_groups = sampler.filtered(logits, params, sort_top_p=True)
+    assert {tuple(rows): p.shape[1] for rows, p, _ in sorted_groups} == \
+        {(5,): 256, tuple(i for i in range(len(params)) if i != 5): V}
+    real = sampler.filtered
+    dists, draws = {}, {}
+    for sort_top_p in (False, True):
+        monkeypatch.setattr(sampler, "filtered", lambda x, ps, _s=sort_top_p: real(x, ps, sort_top_p=_s))
+        dists[sort_top_p] = apply_filters(logits, params)
+        draws[sort_top_p] = [sample(logits, params, row_keys([p.seed for p in params], [pos] * len(params), "cpu"))
+                             for pos in range(40)]
+    assert torch.equal(dists[True] > 0, dists[False] > 0)
+    torch.testing.assert_close(dists[True], dists[False], rtol=1e-5, atol=1e-7)
+    assert draws[True] == draws[False]
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_rows_distribution_and_draw_do_not_depend_on_its_batch(monkeypatch, device):
     monkeypatch.setattr(sampler, "CANDIDATES", 256)

@@ -58,14 +58,17 @@ def apply_filters(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     return out
 
 
-def filtered(logits: torch.Tensor, params: list[SamplingParams]
+def filtered(logits: torch.Tensor, params: list[SamplingParams], sort_top_p: bool | None = None
              ) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
     """Each row's sampling distribution after temperature, top-k, top-p and min-p, in groups of rows:
     (rows, probabilities [len(rows), C], their token ids [len(rows), C], or None when C is the whole
     vocabulary in id order). A row that keeps its top k or nucleus gets its CANDIDATES (or top_k) largest
     logits, selected without sorting the vocabulary (the sort was most of a sampled step at batch 256 on a
-    CPU); only a row whose candidates hold less than its top_p of the mass is sorted whole. Which group a
-    row lands in depends on its own logits and settings alone, so its tokens do not depend on its batch."""
+    CPU); only a row whose candidates hold less than its top_p of the mass is sorted whole, which the host
+    decides from the logits (a read-back). `sort_top_p` (default: on a GPU) sorts every row with top-p and no
+    top-k whole instead: no read-back, so the pipeline and its graphs (sampler_graphs.py) never wait for
+    the host, at a sort a GPU does in microseconds; the kept tokens and their keyed draws are the same. Which
+    group a row lands in depends on its own logits and settings alone, so its tokens do not depend on its batch."""
     V = logits.shape[-1]
     device = logits.device
     temps = constant([1.0 if p.greedy else p.temperature for p in params], device, torch.float32)
@@ -81,14 +84,22 @@ def filtered(logits: torch.Tensor, params: list[SamplingParams]
         return groups
     xc = x if not whole else x[constant(cut, device)]
     pc, kc = [params[i] for i in cut], [top_ks[i] for i in cut]
-    width = min(V, max([CANDIDATES] + [k for k in kc if k < V]))
-    vals, ids = xc.topk(width, dim=-1)  # largest first
-    probs, short = _nucleus(xc, vals, kc, pc)
+    short = [j for j in range(len(cut)) if kc[j] >= V] if (device.type == "cuda" if sort_top_p is None
+                                                            else sort_top_p) else []
     fits = [j for j in range(len(cut)) if j not in short]
     if fits:
-        keep = constant(fits, device) if short else None
-        groups.append(([cut[j] for j in fits], _min_p(probs if keep is None else probs[keep], [pc[j] for j in fits]),
-                       ids if keep is None else ids[keep]))
+        xf = xc if not short else xc[constant(fits, device)]
+        kf, pf = [kc[j] for j in fits], [pc[j] for j in fits]
+        width = min(V, max([CANDIDATES] + [k for k in kf if k < V]))
+        vals, ids = xf.topk(width, dim=-1)  # largest first
+        probs, past = _nucleus(xf, vals, kf, pf)
+        if past:  # rows whose nucleus may reach past their candidates join the sorted ones
+            keep = constant([j for j in range(len(fits)) if j not in past], device)
+            probs, ids = probs[keep], ids[keep]
+            short = sorted(short + [fits[j] for j in past])
+            fits = [j for j in fits if j not in short]
+        if fits:
+            groups.append(([cut[j] for j in fits], _min_p(probs, [pc[j] for j in fits]), ids))
     if short:  # every token may be in the nucleus: sort the whole vocabulary
         index = constant(short, device)
         vals, ids = xc[index].sort(dim=-1, descending=True)
@@ -141,8 +152,8 @@ def _min_p(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
 def sample_on_device(logits: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor | None) -> torch.Tensor:
     """A token per row [N] int64, left on the device: the argmax for a greedy row; for a sampled one a draw
     keyed by its (seed, position) key in `keys` [N] (keyed_draws.py) over the candidates its filters keep (or
-    the whole vocabulary when it keeps that). Nothing is read back unless a row has top-p without top-k
-    (filtered() then reads whether its nucleus reaches past its candidates)."""
+    the whole vocabulary when it keeps that). On a GPU nothing is read back; on a CPU a row with top-p
+    without top-k reads whether its nucleus reaches past its candidates (filtered())."""
     logits = logits.float()
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if len(rows) < len(params):

@@ -8,10 +8,10 @@ batch those kernels are the same every step: the logits come from the decode gra
 settings are constants (sampler.constant), and only the (seed, position) keys change. So the sampling of a
 batch is captured once per (logits buffer, row settings) and replayed with new keys.
 
-Captured only where the sampling makes no host decision from the logits: a top-p row without top-k may need
-its whole vocabulary sorted, which sampler.filtered decides on the host (it then runs eagerly). A batch's
-settings are captured the second time they are seen, so batches whose settings change every step (requests
-coming and going) do not pay captures they never replay.
+On a GPU the sampling makes no host decision from the logits (sampler.filtered sorts a top-p row without top-k
+whole there), so every batch's draws can be captured. A batch's settings are captured the second time they are
+seen, so batches whose settings change every step (requests coming and going) do not pay captures they never
+replay.
 """
 from __future__ import annotations
 
@@ -34,11 +34,6 @@ def _settings(p: SamplingParams) -> tuple:
     return (p.greedy, p.temperature, p.top_k, p.top_p, p.min_p)
 
 
-def capturable(params: list[SamplingParams]) -> bool:
-    """No host decision from the logits: every top-p row also has a top-k (sampler.filtered)."""
-    return all(p.greedy or p.top_p >= 1.0 or p.top_k > 0 for p in params)
-
-
 class SamplerGraphs:
     def __init__(self):
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = OrderedDict()
@@ -55,7 +50,7 @@ class SamplerGraphs:
         key = (logits.data_ptr(), tuple(logits.shape), logits.dtype, tuple(_settings(p) for p in params))
         entry = self.graphs.get(key)
         if entry is None:
-            if key not in self.seen or not capturable(params):
+            if key not in self.seen:
                 self.seen[key] = None
                 self.seen.move_to_end(key)
                 if len(self.seen) > MAX_SEEN:  # batches whose settings keep changing must not grow it forever
