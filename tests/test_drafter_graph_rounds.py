@@ -106,3 +106,30 @@ def test_greedy_mtp_rounds_through_the_graph_buffers_decode_as_target_only(emula
     assert [o.token_ids for o in outs] == want
     assert report["disabled_reason"] is None and report["replays"] > 0
     assert described["cuda_graphs"] and described["cuda_graph_replays"] == report["replays"]
+
+
+def test_sampled_mtp_rounds_through_the_graph_buffers_decode_as_target_only(emulated_capture):
+    """Sampled requests' drafts are keyed draws inside the round's graph (the keys a static buffer, the settings in
+    the graph's key): seeded sampled output equals target-only's, rounds replay graphs once their key is met
+    again, and a mixed greedy + sampled batch decodes alike."""
+    path = str(Path(__file__).parent / "data" / "tiny-qwen35")
+    settings = dict(max_model_len=128, max_num_seqs=4, device="cpu")
+    params = [SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=3, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_p=0.8, seed=4, max_tokens=24, ignore_eos=True), GREEDY]
+    with LLM(path, **settings) as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, params)]
+    spec = {"method": "mtp", "num_speculative_tokens": 3, "disable_when_slower": False}
+    with LLM(path, speculative_config=spec, **settings) as llm:
+        eager = llm.generate(PROMPTS, params)  # no graphs on the CPU: every round drafts eagerly
+        proposer = llm.engine.proposer.proposer
+        proposer.graphs = _with_graphs(MTPGraphs(proposer.head, proposer.embed, proposer.lm_head, proposer.cache,
+                                                 2 * llm.model_config.hidden_size, torch.device("cpu"), max_steps=3))
+        outs = llm.generate(PROMPTS, params)
+        report = proposer.graphs.report()
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager] == want
+    assert report["disabled_reason"] is None and report["replays"] > 0
+    assert any(key[3] for key in report["captured"]), report["captured"]  # a round with sampled rows was captured
+    # the same drafts as the eager rounds (drawn with the same keys), so the same acceptance
+    assert [(o.spec.num_drafts, o.spec.num_accepted_tokens) for o in outs] == \
+        [(o.spec.num_drafts, o.spec.num_accepted_tokens) for o in eager]
+    assert sum(o.spec.num_accepted_tokens for o in outs) > 0

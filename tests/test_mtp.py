@@ -354,3 +354,21 @@ def test_greedy_mtp_rounds_replay_cuda_graphs_and_keep_the_target_tokens(dense):
     assert [o.token_ids for o in outs] == reference
     assert described["cuda_graphs"] and described["cuda_graph_replays"] > 0, described
     assert "cuda_graphs_off_reason" not in described
+
+
+@pytest.mark.gpu
+def test_sampled_mtp_rounds_replay_cuda_graphs_and_keep_the_target_tokens(dense):
+    """Seeded sampled requests (top-k + top-p, top-p alone) beside a greedy one: their rounds replay the head's
+    graphs with keyed draws inside (mtp_graphs.py), and every token is target-only's."""
+    settings = dict(SETTINGS, device="cuda", dtype="float32", cuda_graph="full")
+    params = [SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=3, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_p=0.8, seed=4, max_tokens=24, ignore_eos=True), GREEDY,
+              SamplingParams(temperature=0.7, seed=5, max_tokens=24, ignore_eos=True)]
+    with LLM(str(dense), **settings) as llm:
+        reference = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    with LLM(str(dense), speculative_config=MTP, **settings) as llm:
+        outs = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        again = [o.token_ids for o in llm.generate(PROMPTS, params)]  # the rounds' keys met again: captured
+        report = llm.engine.proposer.proposer.graphs.report()
+    assert outs == again == reference
+    assert any(key[3] for key in report["captured"]) and report["replays"] > 0, report

@@ -12,6 +12,7 @@ and draft j at position p + j, attending over the kept positions and the earlier
 are the round's only: the next recording replaces them with the target's). Greedy requests draft the
 argmax; sampled ones draw from q = the filtered softmax of the head's logits with the keys the target will
 draw each position with (core/keyed_draws.py), so a draft matches the target's token wherever q and p agree.
+With the target on full CUDA graphs, rounds replay the head's graphs (mtp_graphs.py), greedy or sampled.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ class MTPProposer(Proposer):
         self.graphs, self.graphs_off_reason = None, None
         if target.device.type == "cuda" and getattr(target.cfg, "cuda_graph", "off") == "full":
             self.graphs, self.graphs_off_reason = open_graphs(
-                lambda: MTPGraphs(self.head, self.embed, self.lm_head, self.cache, 2 * cfg.hidden_size, target.device),
+                lambda: MTPGraphs(self.head, self.embed, self.lm_head, self.cache, 2 * cfg.hidden_size, target.device,
+                                  max_steps=k),
                 "the MTP graphs'")
         self.newest: dict[str, tuple[int, torch.Tensor]] = {}  # request -> (its newest kept position, its features)
 
@@ -97,8 +99,9 @@ class MTPProposer(Proposer):
         newest = torch.stack([self.newest[r][1] for r in request_ids])
         sampled = [r for r, p in enumerate(params) if not p.greedy]
         tokens = None
-        if self.graphs is not None and not sampled:
-            tokens = self.graphs.run(request_ids, newest, last_positions, steps, max(self.cache.lengths(request_ids)))
+        if self.graphs is not None:
+            tokens = self.graphs.run(request_ids, newest, last_positions, steps, max(self.cache.lengths(request_ids)),
+                                     seqs, sampled)
         if tokens is None:
             layer_kv, ctx_len = self.cache.gather(request_ids)
             (k_ctx, v_ctx), = layer_kv
