@@ -80,6 +80,19 @@ def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtyp
     assert calls == [17, 17, 100, 100, 128, 128], calls  # tiled (if kept) and row-major layers alike
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group,n,k,rows", [(128, 5120, 5120, 128), (64, 1000, 1536, 40), (32, 96, 4096, 17)])
+def test_w4a16_rows_gemm_matches_the_dequantized_product(dtype, group, n, k, rows):
+    from onecat.engine.kernels.triton_packed_rows import w4a16_rows_gemm
+    from onecat.engine.quant.w4a16.layout import dequantize, quantize_w4
+
+    w = quantize_w4(torch.randn(n, k) * k ** -0.5, group).to("cuda")
+    x = torch.randn(rows, k, device="cuda", dtype=dtype)
+    y = w4a16_rows_gemm(x, w.qweight, w.scales, w.zeros, group)
+    assert y.shape == (rows, n) and y.dtype == dtype
+    _close(y, F.linear(x.float(), dequantize(w).to(dtype).float()), dtype)
+
+
 def test_fp4_rows_gemm_replays_in_a_cuda_graph():
     from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm
 
