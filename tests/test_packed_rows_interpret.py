@@ -4,7 +4,9 @@ dtype's code slots, fp16's and bf16's) and W4A16 (groups of 32, 64 and 128, row-
 be the dequantized weight's (the tile it decodes is
 exactly what triton_fp4.dequantize writes, so only the float32 summation order differs). Activations are fp16
 here: the interpreter's float32 -> bf16 conversion inside a kernel gives wrong bits (a plain tl.dot of a
-converted tile is off by 1e10), so bf16 activations are checked on the GPU (tests/test_packed_rows_gpu.py)."""
+converted tile is off by 1e10), so bf16 activations are checked on the GPU (tests/test_packed_rows_gpu.py). The 2-8-row FP4 tensor-core GEMV
+(triton_fp4_dot.py), which decodes its codes with the same helpers (triton_fp4.code_places / code_bits), is held to
+the same product."""
 from __future__ import annotations
 
 import pytest
@@ -65,3 +67,30 @@ print("ok")
 
 def test_packed_rows_gemm_equals_the_dequantized_product_in_every_format_and_word_layout():
     run_interpreted(SCRIPT, timeout=400)
+
+
+DOT_SCRIPT = r"""
+import torch
+from onecat.engine.kernels import triton_fp4_dot
+from onecat.engine.quant.fp4.layout import dequantize
+from onecat.engine.quant.rtn import quantize
+
+torch.manual_seed(1)
+for fmt, fmt_id in (("nvfp4", 0), ("mxfp4", 1)):
+    n, k = 40, 512
+    packed = quantize(torch.randn(n, k) * 0.1, fmt)
+    gscale = packed.gscale if packed.gscale is not None else torch.ones(n)
+    for rows, split in ((3, 1), (8, 2)):
+        x = torch.randn(rows, k).to(torch.float16)
+        out = torch.zeros(split, rows, n, dtype=torch.float32 if split > 1 else torch.float16)
+        triton_fp4_dot.launch(x, packed.qweight, packed.scales, gscale, out, fmt_id, 32, 4, 1, split)
+        y = out.float().sum(0)
+        ref = x.float() @ dequantize(packed).to(torch.float16).float().T
+        err = ((y - ref).abs() / (ref.abs() + 1.0)).max().item()
+        assert err < 1e-2, (fmt, rows, split, err)
+print("ok")
+"""
+
+
+def test_fp4_tensor_core_gemv_equals_the_dequantized_product():
+    run_interpreted(DOT_SCRIPT, timeout=300)

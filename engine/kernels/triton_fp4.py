@@ -74,6 +74,26 @@ def e2m1_times_2m126(w, j: tl.constexpr):
 
 
 @triton.jit
+def code_places(j):
+    """For codes j (a tensor of 0-7; fp4.layout.SLOTS), the left rotations and masks (r1, m1, r2, m2) that move a
+    code's sign to bit 31 and its magnitude to bits 22-24 (code_bits): e2m1_times_2m126's, chosen per element,
+    for kernels that decode all eight codes of a word at once along an axis."""
+    r1 = tl.where(j == 0, 22, tl.where(j == 1, 19, tl.where(j == 2, 16, tl.where(j == 3, 12, tl.where(
+        j == 4, 9, tl.where(j == 5, 6, tl.where(j == 6, 2, 28))))))).to(tl.uint32)
+    m1 = tl.where(j == 3, 0x80C00000, tl.where(j == 4, 0x00C00000, tl.where(j == 7, 0x01C00000, 0x81C00000)))
+    r2 = tl.where(j == 4, 1, 0).to(tl.uint32)
+    m2 = tl.where(j == 3, 0x01000000, tl.where(j == 4, 0x81000000, tl.where(j == 7, 0x80000000, 0)))
+    return r1, m1.to(tl.uint32), r2, m2.to(tl.uint32)
+
+
+@triton.jit
+def code_bits(w, r1, m1, r2, m2):
+    """The codes of uint32 words w placed by code_places' (r1, m1, r2, m2): bitcast to float32 they are e2m1 *
+    2^-126 (rotations by tensors: (w << r) | (w >> (32 - r)), the shift of 32 masked to 0)."""
+    return (((w << r1) | (w >> ((32 - r1) & 31))) & m1) | (((w << r2) | (w >> ((32 - r2) & 31))) & m2)
+
+
+@triton.jit
 def block_scale(b, gscale, FMT: tl.constexpr):
     """Scale bytes -> the block's scale * 2^26 in float32 (NVFP4: E4M3 * global, rounded once, as the
     reference forms it)."""

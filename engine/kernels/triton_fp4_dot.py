@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from onecat.engine.kernels.triton_fp4 import code_bits, code_places
+
 MIN_CAPABILITY = 80
 
 
@@ -38,14 +40,7 @@ def fp4_dot_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FMT
     blk = tl.arange(0, NBLK)[None, :, None]
     wi = tl.arange(0, GW)[None, None, :]
     # per code j (fp4.layout.SLOTS): rotation and mask of its first and second bit group
-    j = tl.arange(0, 8)[None, None, :, None]
-    r1 = tl.where(j == 0, 22, tl.where(j == 1, 19, tl.where(j == 2, 16, tl.where(j == 3, 12, tl.where(
-        j == 4, 9, tl.where(j == 5, 6, tl.where(j == 6, 2, 28))))))).to(tl.uint32)
-    m1 = tl.where(j == 3, 0x80C00000, tl.where(j == 4, 0x00C00000, tl.where(j == 7, 0x01C00000, 0x81C00000)))
-    r2 = tl.where(j == 4, 1, 0).to(tl.uint32)
-    m2 = tl.where(j == 3, 0x01000000, tl.where(j == 4, 0x81000000, tl.where(j == 7, 0x80000000, 0)))
-    m1 = m1.to(tl.uint32)
-    m2 = m2.to(tl.uint32)
+    r1, m1, r2, m2 = code_places(tl.arange(0, 8)[None, None, :, None])
     xr = tl.arange(0, 16)[None, :]
     xk = tl.arange(0, 128)[:, None]
     x_ok = xr < M
@@ -57,7 +52,7 @@ def fp4_dot_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FMT
         words = tl.load(q_ptr + r3 * KW + step * 16 + blk * GW + wi, eviction_policy="evict_first")
         sb = tl.load(s_ptr + rows[:, None] * NB + step * NBLK + tl.arange(0, NBLK)[None, :]).to(tl.uint32)
         w4 = words.to(tl.uint32, bitcast=True)[:, :, None, :]  # [BLOCK_N, NBLK, 1, GW]
-        bits = (((w4 << r1) | (w4 >> ((32 - r1) & 31))) & m1) | (((w4 << r2) | (w4 >> ((32 - r2) & 31))) & m2)
+        bits = code_bits(w4, r1, m1, r2, m2)
         v = bits.to(tl.float32, bitcast=True) * 8.507059173023462e37  # * 2^126: the E2M1 value, exact
         if FMT == 0:
             s = (((sb & 0x80) << 24) | ((sb & 0x7F) << 20)).to(tl.float32, bitcast=True) * 1.329227995784916e36

@@ -27,16 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from onecat.engine.kernels.triton_fp4 import block_scale
+from onecat.engine.kernels.triton_fp4 import block_scale, code_bits, code_places
 
 RUN = 128  # input columns a step: one run of the words' tiles (16 words of 8 codes)
 NVFP4, MXFP4, W4A16 = 0, 1, 2  # FMT (triton_fp4.NVFP4 / MXFP4)
-
-
-@triton.jit
-def _rotl(w, r):
-    """w rotated left by r (a tensor of amounts, 0-31)."""
-    return (w << r) | (w >> ((32 - r) & 31))
 
 
 @triton.jit
@@ -85,14 +79,8 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
             col = (i3 // 4) * 32 + 2 * pair + c % 2
     elif FMT == W4A16:  # nibble c of every word
         col = (i3 // GW) * B + c * GW + i3 % GW
-    else:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.e2m1_times_2m126)
-        r1 = tl.where(c == 0, 22, tl.where(c == 1, 19, tl.where(c == 2, 16, tl.where(c == 3, 12, tl.where(
-            c == 4, 9, tl.where(c == 5, 6, tl.where(c == 6, 2, 28))))))).to(tl.uint32)
-        k1 = tl.where(c == 3, 0x80C00000, tl.where(c == 4, 0x00C00000, tl.where(c == 7, 0x01C00000, 0x81C00000)))
-        r2c = tl.where(c == 4, 1, 0).to(tl.uint32)
-        k2 = tl.where(c == 3, 0x01000000, tl.where(c == 4, 0x81000000, tl.where(c == 7, 0x80000000, 0)))
-        k1 = k1.to(tl.uint32)
-        k2 = k2.to(tl.uint32)
+    else:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.code_places)
+        r1, k1, r2c, k2 = code_places(c)
         col = (i3 // GW) * B + c * GW + i3 % GW
     col = tl.reshape(col + 0 * i3, [RUN])  # the K order of this kernel's sum: the decoded tile's
     m = tl.arange(0, BLOCK_M)
@@ -121,7 +109,7 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
                 sign = (w3 >> s_at) & 1
                 bits = (sign << 31) | (magnitude << 22)
             else:
-                bits = (_rotl(w3, r1) & k1) | (_rotl(w3, r2c) & k2)
+                bits = code_bits(w3, r1, k1, r2c, k2)
             value = bits.to(tl.float32, bitcast=True) * (2.0 ** 126)  # exact: the code's e2m1 value
         w_tile = tl.reshape((value * scale[:, :, None]).to(dt), [BLOCK_N, RUN])
         x_tile = tl.load(x_ptr + x_at + step * RUN, mask=m_ok[:, None], other=0.0)
