@@ -19,7 +19,7 @@ SCRIPT = r"""
 import torch
 from onecat.engine.kernels import quant_gemv
 from onecat.engine.kernels.triton_packed_rows import config
-assert config(40, 48, 256)[4] == 2 and config(128, 5120, 5120)[:3] == (128, 128, 8)
+assert config(40, 48, 256)[4] == 2 and config(128, 5120, 5120)[:3] == (64, 128, 8)
 from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm, w4a16_rows_gemm
 from onecat.engine.quant.fp4.layout import dequantize
 from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize

@@ -142,7 +142,7 @@ def _source(specs: list[KernelSpec]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_70'")
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '([^']+)' for 'sm_\w+'")
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_USED = re.compile(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?")
 

@@ -13,11 +13,14 @@ fp4.layout's places or in an activation dtype's code slots; W4A16 nibbles in w4a
 each code in float32 as the formats' dequantizers do and rounds it once to the activation dtype (so the tile holds
 exactly what triton_fp4.dequantize / triton_w4a16.w4a16_dequant would write), and multiplies it against the
 activation rows on the tensor cores (fp32 accumulation). The weight is read once for all rows; a code's columns
-need not be contiguous: the activations are loaded at the decoded order's columns.
+need not be contiguous: the decoded tile is permuted into column order (in registers), so the activations load
+as contiguous runs.
 A row's result may depend on how many rows share the call (the dot's instruction shape), as the library GEMM's
 does: the verifier's exactness does not rest on it (a plain step and a verify row run different kernels already).
 
-Checked under Triton's interpreter (tests/test_packed_rows_interpret.py); not yet run on a GPU, so the packed
+Checked under Triton's interpreter (tests/test_packed_rows_interpret.py) and built offline for sm_90 at every
+default config (engine/kernel_tools/triton_sm90.py: 159-226 registers, no spills, at most 86 KB of shared memory;
+the first build found two errors the interpreter runs past); not yet run on a GPU, so the packed
 layers take it only with ONECAT_PACKED_ROWS_GEMM=1 (triton_support.packed_rows_take) (tests/test_packed_rows_gpu.py and `scripts/gpu_bench.sh OUT
 packed_rows` check and time it there).
 """
@@ -30,7 +33,7 @@ import triton.language as tl
 from onecat.engine.kernels.triton_fp4 import block_scale, code_bits, code_places
 
 RUN = 128  # input columns a step: one run of the words' tiles (16 words of 8 codes)
-NVFP4, MXFP4, W4A16 = 0, 1, 2  # FMT (triton_fp4.NVFP4 / MXFP4)
+NVFP4, MXFP4, W4A16 = 0, 1, 2  # FMT (triton_fp4.NVFP4 / MXFP4); the kernel compares the numbers (no globals in it)
 
 
 @triton.jit
@@ -40,9 +43,10 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
                        S2: tl.constexpr, S3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                        STAGES: tl.constexpr, SPLIT: tl.constexpr):
     """y[:M, n0:n0 + BLOCK_N] of x [M, K] and the packed weight. Word i (0-15) of a run holds 8 codes, here
-    decoded along a last axis c (0-7): fp4.layout's places and w4a16.layout's nibbles put code c at column
-    blk * B + c * GW + i % GW of block (group) blk = i // GW; code slots put slot c // 2's first (c even) or
-    second code at column 8 i + c (MXFP4: fp4.slots.MXFP4_ORDER within each 32). M*/S*: the slots' first-code
+    decoded along a last axis c (0-7) and then permuted into column order, so the activations load as contiguous
+    runs: fp4.layout's places and w4a16.layout's nibbles put code c at column blk * B + c * GW + i % GW of block
+    (group) blk = i // GW; code slots put slot c // 2's first (c even) or second code at column 8 i + c (MXFP4:
+    fp4.slots.MXFP4_ORDER within each 32). M*/S*: the slots' first-code
     magnitude and sign bits (SlotLayout). s_ptr: FP4 block-scale bytes [N, K/B] or W4A16 scales [N, K/G];
     g_ptr: NVFP4's global scale [N] or W4A16's zeros [N, K/G]. SPLIT > 1: program (i, s) sums the s-th of SPLIT
     equal runs of K into float32 partials y_ptr[s] ([SPLIT, M, N]), which the caller adds in split order."""
@@ -63,7 +67,6 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
         word_at = r2 * KW + wi
         run_step = 16
     c = tl.arange(0, 8)[None, None, :]
-    i3 = tl.arange(0, 16)[None, :, None]
     if SLOTS:
         s = c // 2
         half = (c % 2) * 16
@@ -71,38 +74,28 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
         s_at = (tl.where(s == 0, S0, tl.where(s == 1, S1, tl.where(s == 2, S2, S3))) + half) % 32
         m_at = m_at.to(tl.uint32)
         s_at = s_at.to(tl.uint32)
-        if FMT == 0:
-            col = i3 * 8 + c
-        else:  # the pair at slot position `at` of each 32 columns is pair 2 at (at < 8) or 2 (at - 8) + 1
-            at = (i3 % 4) * 4 + s
-            pair = tl.where(at < 8, 2 * at, 2 * (at - 8) + 1)
-            col = (i3 // 4) * 32 + 2 * pair + c % 2
-    elif FMT == W4A16:  # nibble c of every word
-        col = (i3 // GW) * B + c * GW + i3 % GW
-    else:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.code_places)
+    elif FMT != 2:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.code_places)
         r1, k1, r2c, k2 = code_places(c)
-        col = (i3 // GW) * B + c * GW + i3 % GW
-    col = tl.reshape(col + 0 * i3, [RUN])  # the K order of this kernel's sum: the decoded tile's
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
-    x_at = m.to(tl.int64)[:, None] * K + col[None, :]
-    gscale = tl.load(g_ptr + r2) if FMT == NVFP4 else 1.0
+    x_at = m[:, None] * K + tl.arange(0, 128)[None, :]  # a run's activations, contiguous (the tile is reordered)
+    gscale = tl.load(g_ptr + r2) if FMT == 0 else 1.0
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = tl.program_id(1) * (RUNS // SPLIT)
     for step in tl.range(first, first + RUNS // SPLIT, num_stages=STAGES):
         words = tl.load(q_ptr + word_at + step * run_step, mask=row_ok[:, None], other=0)
         w3 = words.to(tl.uint32, bitcast=True)[:, :, None]  # [BLOCK_N, 16, 1]
-        at = r2 * NB + step * (128 // B) + wi // GW  # each word's block (group)
-        if FMT == W4A16:  # (q - z) * s in float32, as w4a16_dequant forms it
-            scale = tl.load(s_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            zero = tl.load(g_ptr + at, mask=row_ok[:, None], other=0.0).to(tl.float32) + 8388608.0
+        block_at = r2 * NB + step * (128 // B) + wi // GW  # each word's block (group)
+        if FMT == 2:  # (q - z) * s in float32, as w4a16_dequant forms it
+            scale = tl.load(s_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+            zero = tl.load(g_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32) + 8388608.0
             q = ((w3 >> (4 * c).to(tl.uint32)) & 0xF) | 0x4B000000  # the float 2^23 + q
             value = q.to(tl.float32, bitcast=True) - zero[:, :, None]
         else:
-            sb = tl.load(s_ptr + at, mask=row_ok[:, None], other=0)
+            sb = tl.load(s_ptr + block_at, mask=row_ok[:, None], other=0)
             scale = block_scale(sb, gscale, FMT) * (2.0 ** -26)  # exact: the block's scale
-            if FMT == MXFP4:
+            if FMT == 1:
                 scale = tl.where(sb.to(tl.uint32) == 255, float("nan"), scale)  # E8M0 255 is NaN
             if SLOTS:
                 magnitude = (w3 >> m_at) & 7
@@ -111,8 +104,16 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
             else:
                 bits = code_bits(w3, r1, k1, r2c, k2)
             value = bits.to(tl.float32, bitcast=True) * (2.0 ** 126)  # exact: the code's e2m1 value
-        w_tile = tl.reshape((value * scale[:, :, None]).to(dt), [BLOCK_N, RUN])
-        x_tile = tl.load(x_ptr + x_at + step * RUN, mask=m_ok[:, None], other=0.0)
+        wv = (value * scale[:, :, None]).to(dt)  # [BLOCK_N, word i, code c]: put in column order
+        if SLOTS and FMT == 0:  # column 8 i + c already
+            w_tile = tl.reshape(wv, [BLOCK_N, 128])
+        elif SLOTS:  # MXFP4_ORDER: word i = 4 g + 2 a + b, code c = 2 s + h is column 32 g + 16 b + 4 s + 2 a + h
+            w_tile = tl.reshape(tl.permute(tl.reshape(wv, [BLOCK_N, 4, 2, 2, 4, 2]), (0, 1, 3, 4, 2, 5)),
+                                [BLOCK_N, 128])
+        else:  # word i = GW blk + w, code c is column B blk + GW c + w
+            w_tile = tl.reshape(tl.permute(tl.reshape(wv, [BLOCK_N, 128 // B, GW, 8]), (0, 1, 3, 2)),
+                                [BLOCK_N, 128])
+        x_tile = tl.load(x_ptr + x_at + step * 128, mask=m_ok[:, None], other=0.0)
         acc = tl.dot(x_tile, tl.trans(w_tile), acc)
     out = y_ptr + tl.program_id(1).to(tl.int64) * M * N + m.to(tl.int64)[:, None] * N + rows[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
@@ -120,10 +121,11 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
 
 def config(rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_M, num_warps, stages, SPLIT) for `rows` activation rows and an [n, k] weight: every row in
-    one tile (the weight read once); 64 weight rows a program up to 64 rows, 128 (8 warps) above, since each
-    program reads all the activations of its runs (n / BLOCK_N reads of them in all); K split until the grid has
-    about two programs per SM of an H100 (split K adds no activation reads); two stages (fits SM86/89)."""
-    block_n, warps = (64, 4) if rows <= 64 else (128, 8)
+    one tile (the weight read once), 64 weight rows a program, 8 warps past 64 rows (the offline sm_90 build of the
+    NVFP4 tiles at 128 rows: 214 registers and no spills, where 128 weight rows spill and 4 warps spill more; 86 KB
+    of shared memory with two stages, inside SM86/89's 99 KB); K split until the grid has about two programs per SM
+    of an H100 (split K adds no activation reads)."""
+    block_n, warps = 64, (4 if rows <= 64 else 8)
     runs, split = k // RUN, 1
     while -(-n // block_n) * split < 256 and split < 8 and runs % (2 * split) == 0:
         split *= 2
