@@ -30,13 +30,15 @@
 # shape dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm with it off and on
 # (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests written since the last GPU run
 # (the packed many-row GEMM, sampled MTP rounds from graphs, the pipeline with a top-p-only row, the sampler's
-# filters). `route_profile` the seed
+# filters, the fused routed experts); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts
+# off and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed
 # routes (PROFILE_ROUTES, default both) at batch 1 and 8 with a
 # profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time by
 # host phase, busiest kernels).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
-#                                packed_rows_route|packed_rows_e2e|pending_tests|route_profile]...
+#                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
+#                                route_profile]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -146,10 +148,15 @@ for step in $steps; do
              echo "route 1 batch 8 packed rows gemm=$f rc=$?"; grep -i "tok/s" "$out/route_b8_packed_rows_$f.log"
            done ;;
     pending_tests) timeout 400 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_packed_rows_gpu.py \
-             tests/test_sampler_filters.py tests/test_mtp.py tests/test_gpu_engine.py \
-             -k "packed or rows or filters or sorting or batch or sampled_mtp or async_scheduling" \
+             tests/test_sampler_filters.py tests/test_mtp.py tests/test_gpu_engine.py tests/test_moe_gpu.py \
+             -k "packed or rows or filters or sorting or batch or sampled_mtp or async_scheduling or fused_routed" \
              >"$out/pending_tests.log" 2>&1; echo "pending tests rc=$?"; grep -E "passed|failed|FAILED|Error" \
              "$out/pending_tests.log" | tail -8 ;;
+    moe_fused_route) for f in 0 1; do
+             ONECAT_MOE_FUSED_ROUTED=$f timeout 280 python3 benchmarks/seed_routes_gpu.py --routes seed_moe_route_h200 \
+               --repeats 1 --out "$out/seed_moe_route_fused_$f.json" >"$out/moe_route_fused_$f.log" 2>&1
+             echo "route 2 fused routed experts=$f rc=$?"; grep -i "tok/s" "$out/moe_route_fused_$f.log"
+           done ;;
     packed_rows_e2e) (cd benchmarks && timeout 560 python3 gpu_w4a16_e2e.py --batch-sizes 1,32,64 --packed-rows-ab \
              --out "$out/w4a16_e2e_packed_rows.json" >"$out/packed_rows_e2e.log" 2>&1)
            echo "packed rows e2e rc=$?"; grep -E "bs=|speedup" "$out/packed_rows_e2e.log" | cut -c1-300 ;;

@@ -233,3 +233,38 @@ def test_packed_experts_are_routed_on_the_device_and_graphs_replay(tmp_path, fmt
             if mode == "full":
                 assert report["replays"] > 0 and report["disabled_reason"] is None, report
     assert tokens["full"] == tokens["off"]
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "w4a16"])
+def test_fused_routed_experts_match_the_separate_kernels_and_replay_in_graphs(tmp_path, fmt, monkeypatch):
+    """ONECAT_MOE_FUSED_ROUTED's two kernels (SiLU * mul in the gate/up kernel, the weighted top-k sum in the down
+    kernel): each packed MoE layer's output within bf16 rounding of the separate kernels', and decode steps
+    replayed from CUDA graphs give the eager engine's greedy tokens (the same kernels)."""
+    _require()
+    from onecat.engine import LLM, SamplingParams
+    from onecat.engine.layers.moe import PackedExperts
+    from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
+
+    d = make_tiny_moe_hybrid("qwen3_moe", tmp_path / "m", hidden_size=128, moe_intermediate_size=64,
+                             intermediate_size=128)
+    prompts = [[5, 17, 99, 3], list(range(10, 47)), [200, 7]]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    monkeypatch.setattr(PackedExperts, "FUSED", True)
+    tokens = {}
+    for mode in ("off", "full"):
+        with LLM(str(d), dtype="bfloat16", device="cuda", enable_prefix_caching=False, cuda_graph=mode,
+                 quantization=fmt, max_num_seqs=4) as llm:
+            tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
+            if mode == "full":
+                assert llm.cuda_graph_report()["replays"] > 0
+            layer = next(m for m in llm.model.modules() if isinstance(m, PackedExperts))
+            x = torch.randn(5, 128, device="cuda", dtype=torch.bfloat16)
+            ids = torch.randint(0, layer.num_experts, (5, 2), device="cuda")
+            weights = torch.softmax(torch.randn(5, 2, device="cuda"), -1).to(torch.bfloat16).float()
+            with torch.inference_mode():
+                fused = layer._routed(x, weights, ids)
+                monkeypatch.setattr(PackedExperts, "FUSED", False)
+                separate = layer._routed(x, weights, ids)
+                monkeypatch.setattr(PackedExperts, "FUSED", True)
+            assert (fused.float() - separate.float()).abs().max() <= 0.02 * separate.float().abs().max() + 1e-3
+    assert tokens["full"] == tokens["off"]

@@ -1,7 +1,8 @@
 """Packed MoE experts picked on the device (engine/layers/moe.py PackedExperts, engine/kernels/triton_moe_routed.py)
 under Triton's interpreter, on the CPU: NVFP4, MXFP4 and W4A16 experts; every (token, expert) pair against the
-expert's exactly dequantized weight, a pair's result independent of the other pairs, and the layer's routed path
-against its per-expert loop (the path steps of many tokens take). CUDA runs the same kernels (tests/test_moe_gpu.py,
+expert's exactly dequantized weight, a pair's result independent of the other pairs, the layer's routed path
+against its per-expert loop (the path steps of many tokens take), and the two fused kernels (SiLU * mul in the
+gate/up kernel, the weighted top-k sum in the down kernel) against the separate ops they replace. CUDA runs the same kernels (tests/test_moe_gpu.py,
 the seed MoE route's GPU benchmark)."""
 from __future__ import annotations
 
@@ -57,6 +58,31 @@ for fmt in ("nvfp4", "mxfp4", "w4a16"):
     assert torch.equal(alone, y[4:6]), fmt  # a pair's result does not depend on the other pairs
     got = layer._routed(x, weights, ids)
     assert (got.float() - loop.float()).abs().max() <= 0.02 * loop.float().abs().max() + 1e-3, fmt
+
+    # the two fused kernels: SiLU * mul in the gate/up kernel, the weighted top-k sum in the down kernel, with the
+    # separate ops' roundings (each product rounded to the activation dtype; SiLU * mul as triton_fused.silu_mul
+    # computes it). fp16 here: the interpreter's float32 -> bf16 conversion inside a kernel is not a rounding
+    if fmt == "mxfp4":  # the kernels share NVFP4's code path but for the scale decode (checked above)
+        continue
+    from onecat.engine.kernels import triton_moe_routed as kernels
+    x16, w16 = x.half(), weights.float()
+    y16 = layer._routed_gemv("gate_up", x16, flat, top_k, per_pair=False)
+    glu = kernels.routed_glu(x16, *layer._operands("gate_up"), flat, top_k)
+    g, u = y16.float().split(inter, dim=-1)
+    want_glu = (g / (1.0 + torch.exp(-g))).half() * u.half()
+    assert glu.shape == want_glu.shape and (glu.float() - want_glu.float()).abs().max() <= \
+        2e-3 * want_glu.float().abs().max(), fmt
+    summed = kernels.routed_down_sum(glu, *layer._operands("down"), flat, w16, top_k)
+    per_pair = layer._routed_gemv("down", glu, flat, top_k, per_pair=True).float().view(tokens, top_k, -1)
+    want = torch.zeros(tokens, hidden)
+    for j in range(top_k):  # in top-k order
+        want += per_pair[:, j] * w16[:, j:j + 1]
+    assert torch.equal(summed, want.half()), (fmt, (summed.float() - want).abs().max())
+    layer.FUSED = True
+    fused = layer._routed(x16, w16, ids)
+    layer.FUSED = False
+    separate = layer._routed(x16, w16, ids)
+    assert (fused.float() - separate.float()).abs().max() <= 0.01 * separate.float().abs().max() + 1e-3, fmt
 print("ok")
 """
 

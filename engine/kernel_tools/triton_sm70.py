@@ -5,7 +5,7 @@ it for sm_70 and nvdisasm disassembles it, as for the CUDA kernels of sm70_check
 instantiations the engine launches on a V100 for the Llama-3-8B projections (K = 4096 and 14336, one row
 and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_fp4.py); the MoE decode GEMVs
 (triton_moe_gemv.py) at the Qwen3-30B-A3B widths; the routed GEMVs of packed experts (triton_moe_routed.py:
-NVFP4, MXFP4, W4A16), the verify rows' gated delta rule (triton_gated_delta_rows.py), the fused DeltaNet
+NVFP4, MXFP4, W4A16; each also with its fused epilogue: SiLU * mul, the weighted top-k sum), the verify rows' gated delta rule (triton_gated_delta_rows.py), the fused DeltaNet
 decode and verify steps' kernels (triton_gated_delta_step.py) and the gated attention's
 (triton_gated_attention.py) at the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce /
 all-gather at TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at
@@ -36,9 +36,9 @@ PEER_SIGNATURE = {"inp": "*fp16", "out": "*fp16", "n": "i32", "bases": "*i64", "
                   "CAP": "constexpr", "MAXW": "constexpr", "BLOCK": "constexpr", "TIMEOUT_NS": "constexpr"}
 PEER_WORLD = 4  # the seed's 4x V100 tensor parallel
 ROUTED_SHAPE = {"hidden": 2048, "intermediate": 512, "top_k": 8}  # Qwen3.5-35B-A3B's experts
-ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "y_ptr": "*fp16", "N": "i32",
-                    "TOP_K": "constexpr", "PER_PAIR": "constexpr", "K": "constexpr", "BLOCK_N": "constexpr",
-                    "BLOCK_KW": "constexpr"}
+ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "w_ptr": "*fp32", "y_ptr": "*fp16",
+                    "N": "i32", "TOP_K": "constexpr", "PER_PAIR": "constexpr", "K": "constexpr", "BLOCK_N": "constexpr",
+                    "BLOCK_KW": "constexpr", "GLU": "constexpr", "SUM_TOPK": "constexpr"}
 ROWS_SHAPE = {"W": 16, "HK": 16, "HV": 48, "DK": 128, "DV": 128}  # Qwen3.5-27B's DeltaNet, verify rows of 1 + 15
 ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
                   "s_in_ptr": "*fp32", "in_idx_ptr": "*i64", "s_out_ptr": "*fp32", "out_idx_ptr": "*i64",
@@ -147,16 +147,18 @@ def _moe_ptx(down: bool) -> tuple[str, str, int]:
                     divisible=("inter", "stride_we"))
 
 
-def _routed_ptx(fmt: str, down: bool) -> tuple[str, str, int]:
+def _routed_ptx(fmt: str, down: bool, fused: bool = False) -> tuple[str, str, int]:
     """A routed GEMV of packed experts (gate_up, or down: one input row per pair) at ROUTED_SHAPE, as PackedExperts
-    launches it."""
+    launches it; `fused`: routed_glu's gate_up (SiLU * mul in it) or routed_down_sum's down (the weighted top-k
+    sum in it)."""
     from onecat.engine.kernels import triton_moe_routed as kr
     from onecat.engine.kernels.triton_w4a16 import _words_per_tile
     from onecat.engine.quant.fp4.linear import FMT_IDS
 
     h, i, k = ROUTED_SHAPE["hidden"], ROUTED_SHAPE["intermediate"], ROUTED_SHAPE["top_k"]
     width = i if down else h
-    consts = {"TOP_K": k, "PER_PAIR": down, "K": width, "BLOCK_N": 16}
+    consts = {"TOP_K": k, "PER_PAIR": down, "K": width, "BLOCK_N": 16, "GLU": fused and not down,
+              "SUM_TOPK": fused and down}
     if fmt == "w4a16":
         sig = dict(ROUTED_SIGNATURE, sz_ptr="*fp16", magic="i32", G="constexpr")
         return _compile(kr.w4a16_routed_gemv_kernel, _ordered(sig, kr.w4a16_routed_gemv_kernel),
@@ -218,9 +220,10 @@ def _cases():
                "(Triton)", f"moe_decode_{what}", lambda d=down: _moe_ptx(d))
     for fmt in ("nvfp4", "mxfp4", "w4a16"):
         for down in (False, True):
-            what = "down" if down else "gate_up"
-            yield (f"moe_routed_{fmt}_{what} H={ROUTED_SHAPE['hidden']} I={ROUTED_SHAPE['intermediate']} (Triton)",
-                   f"moe_routed_{fmt}_{what}", lambda f=fmt, d=down: _routed_ptx(f, d))
+            for fused in (False, True):
+                what = ("down" if down else "gate_up") + ("_fused" if fused else "")
+                yield (f"moe_routed_{fmt}_{what} H={ROUTED_SHAPE['hidden']} I={ROUTED_SHAPE['intermediate']} "
+                       "(Triton)", f"moe_routed_{fmt}_{what}", lambda f=fmt, d=down, u=fused: _routed_ptx(f, d, u))
     yield (f"gated_delta_rows W={ROWS_SHAPE['W']} Hv={ROWS_SHAPE['HV']} Dk=Dv={ROWS_SHAPE['DK']} (Triton)",
            "gated_delta_rows", _rows_ptx)
     for width in (1, ROWS_SHAPE["W"]):

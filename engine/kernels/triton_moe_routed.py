@@ -6,6 +6,12 @@ routing, so a CUDA graph captures it (engine/layers/moe.py PackedExperts).
 One program per (tile of output rows, pair); the codes and scales are decoded as the formats' one-row GEMVs
 decode them (triton_fp4.py, triton_w4a16.py: exact products in float32, fp32 sums, one rounding of the
 output), so a pair's result depends on its own row and expert alone, whatever else the step holds.
+routed_glu and routed_down_sum run a layer's experts in two kernels instead of about nine (the gate/up GEMV, SiLU,
+mul and copy; the down GEMV, the weighted sum's casts, product, sum and rounding): the gate/up kernel applies the
+SiLU * mul to its two rounded products, and the down kernel's program per (row tile, token) adds the token's
+pairs in top-k order. Same roundings as the separate ops (a product rounded to the activation dtype, the SiLU
+* mul as triton_fused.silu_mul, the weighted sum in float32 rounded once); PackedExperts takes them with
+ONECAT_MOE_FUSED_ROUTED=1 until they have run on a GPU.
 """
 from __future__ import annotations
 
@@ -16,24 +22,19 @@ import triton.language as tl
 from onecat.engine.kernels.triton_fp4 import X_PRESCALE, block_scale, e2m1_times_2m126
 from onecat.engine.kernels.triton_w4a16 import MAGIC, _words_per_tile, tile
 
+FP4_IDS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
+
 
 @triton.jit
-def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, y_ptr, N, TOP_K: tl.constexpr,
-                           PER_PAIR: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_KW: tl.constexpr):
+def fp4_pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, rows, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_KW: tl.constexpr):
+    """float32 [BLOCK_N] products of one activation row (x_ptr) with weight rows `rows` [BLOCK_N, 1] of one
+    expert (q_ptr, s_ptr at its words and scales; g_ptr at its NVFP4 global scales)."""
     B: tl.constexpr = 16 if FMT == 0 else 32
     GW: tl.constexpr = B // 8  # words per block
     KW: tl.constexpr = K // 8
     NB: tl.constexpr = K // B
-    pair = tl.program_id(1).to(tl.int64)
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
-    x_ptr += (pair if PER_PAIR else pair // TOP_K) * K
-    q_ptr += expert * N * KW
-    s_ptr += expert * N * NB
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
-    gscale = tl.load(g_ptr + expert * N + rows) if FMT == 0 else 1.0
+    gscale = tl.load(g_ptr + rows) if FMT == 0 else 1.0
     c = tl.arange(0, BLOCK_KW)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
     for k0 in tl.range(0, KW, BLOCK_KW):
@@ -45,7 +46,48 @@ def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, y_ptr, N, TOP_K:
         for j in tl.static_range(1, 8):
             t += e2m1_times_2m126(w, j) * (tl.load(x_ptr + xo + j * GW).to(tl.float32) * X_PRESCALE)
         acc += t * s
-    tl.store(y_ptr + pair * N + rows, tl.sum(acc, axis=1)[:, None].to(y_ptr.dtype.element_ty), mask=row_ok[:, None])
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, w_ptr, y_ptr, N, TOP_K: tl.constexpr,
+                           PER_PAIR: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False, SUM_TOPK: tl.constexpr = False):
+    """Program (row tile, pair): y[pair, rows] of the pair's row and expert. GLU: the expert's weight is [gate |
+    up] (2N rows) and y[pair, rows] = SiLU(gate) * up, each product rounded to y's dtype first and the SiLU * mul
+    as triton_fused.silu_mul computes it. SUM_TOPK (one row per pair): program (row tile, token) writes y[token,
+    rows] = the sum over the token's TOP_K pairs, in order, of each pair's product (rounded to y's dtype) times
+    its router weight w_ptr[pair], in float32, rounded once: the layer's weighted sum, in this kernel."""
+    KW: tl.constexpr = K // 8
+    NB: tl.constexpr = K // (16 if FMT == 0 else 32)
+    NW: tl.constexpr = 2 if GLU else 1  # weight rows per output row
+    dt = y_ptr.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
+    if SUM_TOPK:
+        token = tl.program_id(1).to(tl.int64)
+        total = tl.zeros([BLOCK_N], tl.float32)
+        for j in tl.static_range(TOP_K):
+            pair = token * TOP_K + j
+            expert = tl.load(ids_ptr + pair).to(tl.int64)
+            part = fp4_pair_sums(x_ptr + pair * K, q_ptr + expert * N * KW, s_ptr + expert * N * NB,
+                                 g_ptr + expert * N, rows, K, FMT, BLOCK_N, BLOCK_KW)
+            total += part.to(dt).to(tl.float32) * tl.load(w_ptr + pair).to(tl.float32)
+        tl.store(y_ptr + token * N + rows.reshape(BLOCK_N), total.to(dt), mask=row_ok)
+    else:
+        pair = tl.program_id(1).to(tl.int64)
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        x_ptr += (pair if PER_PAIR else pair // TOP_K) * K
+        q_ptr += expert * NW * N * KW
+        s_ptr += expert * NW * N * NB
+        g_ptr += expert * NW * N
+        out = fp4_pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, rows, K, FMT, BLOCK_N, BLOCK_KW)
+        if GLU:
+            gate = out.to(dt).to(tl.float32)
+            up = fp4_pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, rows + N, K, FMT, BLOCK_N, BLOCK_KW).to(dt)
+            out = (gate / (1.0 + tl.exp(-gate))).to(dt) * up
+        tl.store(y_ptr + pair * N + rows.reshape(BLOCK_N), out.to(dt), mask=row_ok)
 
 
 def fp4_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor, fmt: int,
@@ -57,29 +99,57 @@ def fp4_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     pairs = ids.numel()
     y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
     fp4_routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scales, gscale, ids, y, n, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, FMT=fmt, BLOCK_N=16,
+        x, qweight, scales, gscale, ids, ids, y, n, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, FMT=fmt, BLOCK_N=16,
         BLOCK_KW=_words_per_tile(kw, 64), num_warps=2)
     return y
 
 
 @triton.jit
-def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, y_ptr, N, magic, TOP_K: tl.constexpr,
-                             PER_PAIR: tl.constexpr, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_KW: tl.constexpr):
-    pair = tl.program_id(1).to(tl.int64)
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
-    x_ptr += (pair if PER_PAIR else pair // TOP_K) * K
-    q_ptr += expert * N * (K // 8)
-    sz_ptr += expert * N * (2 * (K // G))
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
+def w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows, magic, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_KW: tl.constexpr):
+    """fp4_pair_sums for a W4A16 expert (sz_ptr at its (scale, zero) pairs)."""
     c = tl.arange(0, BLOCK_KW)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_KW], tl.float32)
     for k0 in tl.range(0, K // 8, BLOCK_KW):  # the one-row tile of the W4A16 GEMV (its other accumulators unused)
         acc, _, _, _, _, _, _, _ = tile(x_ptr, q_ptr, sz_ptr, rows, c, k0, magic, acc, acc, acc, acc, acc, acc, acc,
                                         acc, K, G, 1)
-    tl.store(y_ptr + pair * N + rows.reshape(BLOCK_N), tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=row_ok)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, w_ptr, y_ptr, N, magic, TOP_K: tl.constexpr,
+                             PER_PAIR: tl.constexpr, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False, SUM_TOPK: tl.constexpr = False):
+    """fp4_routed_gemv_kernel for W4A16 experts (GLU and SUM_TOPK alike)."""
+    KW: tl.constexpr = K // 8
+    SZ: tl.constexpr = 2 * (K // G)  # (scale, zero) entries a row
+    NW: tl.constexpr = 2 if GLU else 1
+    dt = y_ptr.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
+    if SUM_TOPK:
+        token = tl.program_id(1).to(tl.int64)
+        total = tl.zeros([BLOCK_N], tl.float32)
+        for j in tl.static_range(TOP_K):
+            pair = token * TOP_K + j
+            expert = tl.load(ids_ptr + pair).to(tl.int64)
+            part = w4a16_pair_sums(x_ptr + pair * K, q_ptr + expert * N * KW, sz_ptr + expert * N * SZ, rows, magic,
+                                   K, G, BLOCK_N, BLOCK_KW)
+            total += part.to(dt).to(tl.float32) * tl.load(w_ptr + pair).to(tl.float32)
+        tl.store(y_ptr + token * N + rows.reshape(BLOCK_N), total.to(dt), mask=row_ok)
+    else:
+        pair = tl.program_id(1).to(tl.int64)
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        x_ptr += (pair if PER_PAIR else pair // TOP_K) * K
+        q_ptr += expert * NW * N * KW
+        sz_ptr += expert * NW * N * SZ
+        out = w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows, magic, K, G, BLOCK_N, BLOCK_KW)
+        if GLU:
+            gate = out.to(dt).to(tl.float32)
+            up = w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows + N, magic, K, G, BLOCK_N, BLOCK_KW).to(dt)
+            out = (gate / (1.0 + tl.exp(-gate))).to(dt) * up
+        tl.store(y_ptr + pair * N + rows.reshape(BLOCK_N), out.to(dt), mask=row_ok)
 
 
 def w4a16_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group: int,
@@ -90,7 +160,38 @@ def w4a16_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
     pairs = ids.numel()
     y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
     w4a16_routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scale_zero, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, G=group, BLOCK_N=16,
+        x, qweight, scale_zero, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, G=group, BLOCK_N=16,
         BLOCK_KW=max(8, _words_per_tile(kw, 64)), num_warps=2)
     return y
 
+
+
+def routed_glu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: str,
+               group: int, ids: torch.Tensor, top_k: int) -> torch.Tensor:
+    """SiLU(gate) * up [P, N/2] of every pair's [gate | up] expert (qweight [E, N, K/8]) in one kernel: FP4
+    (`scales` its block scales, `second` the global scales; fmt "nvfp4" / "mxfp4") or W4A16 (`scales` the
+    (scale, zero) pairs, `second` unused, fmt "int4")."""
+    return _routed(x, qweight, scales, second, fmt, group, ids, None, top_k, glu=True)
+
+
+def routed_down_sum(h: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: str,
+                    group: int, ids: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[T, N]: each token's router-weighted sum of its pairs' down products (h [P, K], one row per pair), summed in
+    float32 in top-k order and rounded once, in one kernel (routed_glu's formats)."""
+    return _routed(h, qweight, scales, second, fmt, group, ids, weights.reshape(-1).contiguous(), top_k, glu=False)
+
+
+def _routed(x, qweight, scales, second, fmt: str, group: int, ids, weights, top_k: int, glu: bool) -> torch.Tensor:
+    experts, n, kw = qweight.shape
+    pairs = ids.numel()
+    n_out, programs = (n // 2, pairs) if glu else (n, pairs // top_k)
+    y = torch.empty(programs, n_out, dtype=x.dtype, device=x.device)
+    flags = dict(TOP_K=top_k, PER_PAIR=not glu, K=kw * 8, BLOCK_N=16, GLU=glu, SUM_TOPK=not glu, num_warps=2)
+    w = weights if weights is not None else ids
+    if fmt == "int4":
+        w4a16_routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
+            x, qweight, scales, ids, w, y, n_out, MAGIC, G=group, BLOCK_KW=max(8, _words_per_tile(kw, 64)), **flags)
+    else:
+        fp4_routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
+            x, qweight, scales, second, ids, w, y, n_out, FMT=FP4_IDS[fmt], BLOCK_KW=_words_per_tile(kw, 64), **flags)
+    return y

@@ -21,6 +21,8 @@ projection, only the routed experts run.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -126,6 +128,9 @@ class PackedExperts(nn.Module):
     and decode steps run eagerly (the support matrix's packed-experts-eager)."""
 
     ROUTED_TOKENS = 256  # decode and verify steps of up to this many tokens take the routed GEMV
+    # the routed experts in two kernels (triton_moe_routed.routed_glu / routed_down_sum) instead of about nine;
+    # read once, off until they have run on a GPU
+    FUSED = os.environ.get("ONECAT_MOE_FUSED_ROUTED") == "1"
     FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
 
     def __init__(self, gate_up: list[nn.Module], down: list[nn.Module], intermediate: int):
@@ -183,11 +188,24 @@ class PackedExperts(nn.Module):
         order, weighted, rounded once to x's dtype."""
         tokens, top_k = experts.shape
         ids = experts.reshape(-1).contiguous()
+        if self.FUSED:
+            from onecat.engine.kernels import triton_moe_routed as kernels
+
+            h = kernels.routed_glu(x.contiguous(), *self._operands("gate_up"), ids, top_k)
+            return kernels.routed_down_sum(h, *self._operands("down"), ids, weights, top_k)
         h = self._routed_gemv("gate_up", x.contiguous(), ids, top_k, per_pair=False)
         gate, up = h.split(self.intermediate, dim=-1)
         y = self._routed_gemv("down", (F.silu(gate) * up).contiguous(), ids, top_k, per_pair=True)
         out = (y.view(tokens, top_k, -1).float() * weights.float().unsqueeze(-1)).sum(dim=1)
         return out.to(x.dtype)
+
+    def _operands(self, name: str) -> tuple:
+        """(words, scales, second, format, group) of projection `name`'s stack, as triton_moe_routed takes them."""
+        if self.routed == "int4":
+            sz = getattr(self, f"{name}_scale_zero")
+            return getattr(self, f"{name}_qweight"), sz, sz, "int4", getattr(self, name)[0].group
+        return (getattr(self, f"{name}_qweight"), getattr(self, f"{name}_scales"), getattr(self, f"{name}_gscale"),
+                self.routed, 0)
 
     def _routed_gemv(self, name: str, x: torch.Tensor, ids: torch.Tensor, top_k: int, per_pair: bool):
         from onecat.engine.kernels import triton_moe_routed as kernels
