@@ -119,7 +119,7 @@ def main() -> None:
 
     def packed_arm(name: str, **kw) -> None:
         record[name] = arm(name, cfg, Path(tmp), bw, **kw)
-        if args.packed_rows_ab and kw.get("packed") != "fp8":  # FP8 keeps its dequantizing path
+        if args.packed_rows_ab:
             triton_support.PACKED_ROWS_GEMM = True
             try:
                 record[f"{name}_packed_rows"] = arm(f"{name}_packed_rows", cfg, Path(tmp), bw, **kw)

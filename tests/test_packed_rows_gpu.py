@@ -1,8 +1,8 @@
 """The packed many-row GEMM (engine/kernels/triton_packed_rows.py) on a GPU (skipped without CUDA, Triton or
 SM80): against the dequantized weight's product for NVFP4, MXFP4 and W4A16, fp16 and bf16, 17-128 rows and odd
-N; which calls FP4Linear and W4A16Linear send to it when ONECAT_PACKED_ROWS_GEMM is on (17-128 rows, the words as
-the layer keeps them for the tensor-core GEMV: tiles, code slots; 16 rows to the packed GEMV, 129 to the dense
-path); and a CUDA-graph replay of it equal to the eager call."""
+N; which calls FP4Linear, W4A16Linear and FP8Linear send to it when ONECAT_PACKED_ROWS_GEMM is on (17-128 rows,
+the words as the layer keeps them for the tensor-core GEMV: tiles, code slots; 16 rows to the packed GEMV, 129
+to the dense path); and a CUDA-graph replay of it equal to the eager call."""
 from __future__ import annotations
 
 import copy
@@ -49,12 +49,14 @@ def test_fp4_rows_gemm_matches_the_dequantized_product(fmt, dtype, n, k, rows):
     _close(y, F.linear(x.float(), dense.float()), dtype)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtype, monkeypatch):
     from onecat.engine.kernels import triton_packed_rows, triton_support
     from onecat.engine.quant.fp4.layout import dequantize as fp4_dequantize
     from onecat.engine.quant.fp4.linear import FP4Linear
+    from onecat.engine.quant.fp8 import layout as fp8_layout
+    from onecat.engine.quant.fp8.linear import FP8Linear
     from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
     from onecat.engine.quant.w4a16.layout import quantize_w4
     from onecat.engine.quant.w4a16.linear import W4A16Linear
@@ -62,13 +64,18 @@ def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtyp
     n, k = 1024, 2048
     if fmt == "w4a16":
         layer = W4A16Linear(quantize_w4(torch.randn(n, k) * 0.05, 128).to("cuda"))
+        dense = w4_dequantize(layer.packed())
+    elif fmt == "fp8":
+        layer = FP8Linear(fp8_layout.pack_fp8((torch.randn(n, k) * 40).to(torch.float8_e4m3fn),
+                                              torch.rand(n) * 1e-3 + 1e-4).to("cuda"))
+        dense = fp8_layout.dequantize(layer.packed())
     else:
         layer = FP4Linear(packed(fmt, n, k, 7).to("cuda"))
+        dense = fp4_dequantize(layer.packed())
     rows_major = copy.deepcopy(layer)
-    dense = (w4_dequantize if fmt == "w4a16" else fp4_dequantize)(layer.packed())
     layer.use_tiles(dtype)
     calls = []
-    entry = "w4a16_rows_gemm" if fmt == "w4a16" else "fp4_rows_gemm"
+    entry = {"w4a16": "w4a16_rows_gemm", "fp8": "fp8_rows_gemm"}.get(fmt, "fp4_rows_gemm")
     real = getattr(triton_packed_rows, entry)
     monkeypatch.setattr(triton_packed_rows, entry, lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     monkeypatch.setattr(triton_support, "PACKED_ROWS_GEMM", True)

@@ -1,6 +1,7 @@
 """The packed many-row GEMM (engine/kernels/triton_packed_rows.py) under Triton's interpreter (CPU): for NVFP4 and
 MXFP4 (words row-major or in the tensor-core GEMV's tiles, codes in fp4.layout's places or in an activation
-dtype's code slots, fp16's and bf16's) and W4A16 (groups of 32, 64 and 128, row-major or tiled), its product must
+dtype's code slots, fp16's and bf16's), W4A16 (groups of 32, 64 and 128, row-major or tiled) and FP8 (row-major
+or tiled), its product must
 be the dequantized weight's (the tile it decodes is
 exactly what triton_fp4.dequantize writes, so only the float32 summation order differs). Activations are fp16
 here: the interpreter's float32 -> bf16 conversion inside a kernel gives wrong bits (a plain tl.dot of a
@@ -20,7 +21,8 @@ import torch
 from onecat.engine.kernels import quant_gemv
 from onecat.engine.kernels.triton_packed_rows import config
 assert config(40, 48, 256)[4] == 2 and config(128, 5120, 5120)[:3] == (64, 128, 8)
-from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm, w4a16_rows_gemm
+from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm, fp8_rows_gemm, w4a16_rows_gemm
+from onecat.engine.quant.fp8 import layout as fp8_layout
 from onecat.engine.quant.fp4.layout import dequantize
 from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
 from onecat.engine.quant.fp4.slots import to_slots
@@ -61,6 +63,17 @@ for group in (32, 64, 128):
             assert y.shape == (rows, n) and y.dtype == torch.float16
             err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
             assert err < 1e-2, ("w4a16", group, rows, tiled, err)
+n, k = 48, 256
+packed = fp8_layout.pack_fp8((torch.randn(n, k) * 40).to(torch.float8_e4m3fn), torch.rand(n) * 1e-2 + 1e-3)
+dense = fp8_layout.dequantize(packed).to(torch.float16).float()
+for rows in (17, 33):
+    x = torch.randn(rows, k).to(torch.float16)
+    ref = x.float() @ dense.T
+    for tiled in (False, True):
+        words = quant_gemv.mma_tiles(packed.qweight, "fp8") if tiled else packed.qweight
+        y = fp8_rows_gemm(x, words, packed.scale, tiled=int(tiled))
+        err = ((y.float() - ref).abs() / (ref.abs() + 1.0)).max().item()
+        assert y.shape == (rows, n) and err < 1e-2, ("fp8", rows, tiled, err)
 print("ok")
 """
 

@@ -2,7 +2,7 @@
 GPU: Triton lowers each instantiation the engine launches to PTX for sm_90 and ptxas 12.x (the sm_70 toolchain's,
 toolchain.py) assembles it, reporting registers and spills; Triton's own metadata gives the shared memory its
 pipeline stages take. Checked: every format and word layout the packed layers keep (NVFP4 and MXFP4 row-major,
-tiled, tiled with bf16 code slots; W4A16 row-major and tiled), at the config() of 32, 64 and 128 rows for a
+tiled, tiled with bf16 code slots; W4A16 row-major and tiled; FP8 tiled), at the config() of 32, 64 and 128 rows for a
 Qwen3.5-27B projection (K = 5120). A kernel that spills, or whose shared memory passes SM86/89's 99 KB (the
 smallest of the GPUs it runs on), is a problem: the Triton interpreter (tests/test_packed_rows_interpret.py) checks
 what the kernel computes, not whether it compiles.
@@ -23,7 +23,7 @@ N, K = 5120, 5120
 LAYOUTS = (("nvfp4", 0, False, None, "bf16"), ("nvfp4_tiled", 0, True, None, "bf16"),
            ("nvfp4_tiled_bf16_slots", 0, True, "bfloat16", "bf16"), ("mxfp4", 1, False, None, "bf16"),
            ("mxfp4_tiled_bf16_slots", 1, True, "bfloat16", "bf16"), ("w4a16", 2, False, None, "fp16"),
-           ("w4a16_tiled", 2, True, None, "fp16"))
+           ("w4a16_tiled", 2, True, None, "fp16"), ("fp8_tiled", 3, True, None, "bf16"))
 
 
 @dataclass
@@ -36,8 +36,8 @@ class BuildReport:
 
 
 def _signature(fmt: int, act: str) -> dict:
-    sig = {"x_ptr": f"*{act}", "q_ptr": "*i32", "s_ptr": "*u8" if fmt < 2 else "*fp16",
-           "g_ptr": "*fp32" if fmt < 2 else "*fp16", "y_ptr": "*fp32", "N": "i32", "M": "i32"}
+    sig = {"x_ptr": f"*{act}", "q_ptr": "*i32", "s_ptr": {0: "*u8", 1: "*u8", 2: "*fp16", 3: "*fp32"}[fmt],
+           "g_ptr": "*fp16" if fmt == 2 else "*fp32", "y_ptr": "*fp32", "N": "i32", "M": "i32"}
     for name in ("K", "FMT", "G", "TILED", "SLOTS", "M0", "M1", "M2", "M3", "S0", "S1", "S2", "S3", "BLOCK_N",
                  "BLOCK_M", "STAGES", "SPLIT"):
         sig[name] = "constexpr"

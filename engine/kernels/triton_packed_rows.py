@@ -1,5 +1,5 @@
-"""Packed 4-bit weights (NVFP4, MXFP4, W4A16) times 17-128 activation rows, read packed: a speculative verify
-step at batch > 1, a decode step of 17-128 sequences.
+"""Packed weights (NVFP4, MXFP4, W4A16, FP8) times 17-128 activation rows, read packed: a speculative verify step
+at batch > 1, a decode step of 17-128 sequences.
 
 Up to 16 rows the packed GEMV takes a call (engine/kernels/quant_gemv.py, 8 rows a launch); past that the layer
 used to dequantize its whole weight into the activation dtype on every call and run the library GEMM: the
@@ -9,9 +9,10 @@ packed words read, a dense copy written and read again, ~4.6 bytes moved per wei
 
 Here a program owns BLOCK_N output rows and all (up to BLOCK_M) activation rows: each step decodes one run of
 128 input columns of its weight rows from the words as they lie (row-major or in mma tiles; FP4 codes in
-fp4.layout's places or in an activation dtype's code slots; W4A16 nibbles in w4a16.layout's interleave), scales
+fp4.layout's places or in an activation dtype's code slots; W4A16 nibbles in w4a16.layout's interleave; FP8 bytes
+in fp8.layout's), scales
 each code in float32 as the formats' dequantizers do and rounds it once to the activation dtype (so the tile holds
-exactly what triton_fp4.dequantize / triton_w4a16.w4a16_dequant would write), and multiplies it against the
+exactly what triton_fp4.dequantize / triton_w4a16.w4a16_dequant / triton_fp8.dequantize would write), and multiplies it against the
 activation rows on the tensor cores (fp32 accumulation). The weight is read once for all rows; a code's columns
 need not be contiguous: the decoded tile is permuted into column order (in registers), so the activations load
 as contiguous runs.
@@ -33,7 +34,7 @@ import triton.language as tl
 from onecat.engine.kernels.triton_fp4 import block_scale, code_bits, code_places
 
 RUN = 128  # input columns a step: one run of the words' tiles (16 words of 8 codes)
-NVFP4, MXFP4, W4A16 = 0, 1, 2  # FMT (triton_fp4.NVFP4 / MXFP4); the kernel compares the numbers (no globals in it)
+NVFP4, MXFP4, W4A16, FP8 = 0, 1, 2, 3  # FMT (triton_fp4.NVFP4 / MXFP4); the kernel compares the numbers (no globals)
 
 
 @triton.jit
@@ -46,27 +47,30 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
     decoded along a last axis c (0-7) and then permuted into column order, so the activations load as contiguous
     runs: fp4.layout's places and w4a16.layout's nibbles put code c at column blk * B + c * GW + i % GW of block
     (group) blk = i // GW; code slots put slot c // 2's first (c even) or second code at column 8 i + c (MXFP4:
-    fp4.slots.MXFP4_ORDER within each 32). M*/S*: the slots' first-code
-    magnitude and sign bits (SlotLayout). s_ptr: FP4 block-scale bytes [N, K/B] or W4A16 scales [N, K/G];
-    g_ptr: NVFP4's global scale [N] or W4A16's zeros [N, K/G]. SPLIT > 1: program (i, s) sums the s-th of SPLIT
+    fp4.slots.MXFP4_ORDER within each 32); FP8 words (32 a run) hold 4 bytes, byte c of word i at column
+    16 (i // 4) + 4 c + i % 4 (fp8.layout). M*/S*: the slots' first-code magnitude and sign bits (SlotLayout).
+    s_ptr: FP4 block-scale bytes [N, K/B], W4A16 scales [N, K/G] or FP8 row scales [N]; g_ptr: NVFP4's global
+    scale [N] or W4A16's zeros [N, K/G]. SPLIT > 1: program (i, s) sums the s-th of SPLIT
     equal runs of K into float32 partials y_ptr[s] ([SPLIT, M, N]), which the caller adds in split order."""
-    B: tl.constexpr = 16 if FMT == 0 else (32 if FMT == 1 else G)
-    GW: tl.constexpr = B // 8  # words of a block
-    KW: tl.constexpr = K // 8
+    CPW: tl.constexpr = 4 if FMT == 3 else 8  # codes a word
+    WPR: tl.constexpr = 128 // CPW  # words a run
+    B: tl.constexpr = 16 if FMT == 0 or FMT == 3 else (32 if FMT == 1 else G)
+    GW: tl.constexpr = B // CPW  # words of a block
+    KW: tl.constexpr = K // CPW
     NB: tl.constexpr = K // B  # blocks (groups) of a row
     RUNS: tl.constexpr = K // 128
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows = tl.where(row_ok, rows, 0).to(tl.int64)
     r2 = rows[:, None]
-    wi = tl.arange(0, 16)[None, :]  # word of the run
-    if TILED:  # quant_gemv.mma_tiles: the 16 rows of a tile own one contiguous block of 16 x 16 words a run
-        word_at = ((r2 // 16) * RUNS * 256) + (r2 % 16) * 16 + wi
-        run_step = 256
+    wi = tl.arange(0, WPR)[None, :]  # word of the run
+    if TILED:  # quant_gemv.mma_tiles: the 16 rows of a tile own one contiguous block of 16 x WPR words a run
+        word_at = ((r2 // 16) * RUNS * 16 * WPR) + (r2 % 16) * WPR + wi
+        run_step = 16 * WPR
     else:
         word_at = r2 * KW + wi
-        run_step = 16
-    c = tl.arange(0, 8)[None, None, :]
+        run_step = WPR
+    c = tl.arange(0, CPW)[None, None, :]
     if SLOTS:
         s = c // 2
         half = (c % 2) * 16
@@ -74,20 +78,25 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
         s_at = (tl.where(s == 0, S0, tl.where(s == 1, S1, tl.where(s == 2, S2, S3))) + half) % 32
         m_at = m_at.to(tl.uint32)
         s_at = s_at.to(tl.uint32)
-    elif FMT != 2:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.code_places)
+    elif FMT < 2:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.code_places)
         r1, k1, r2c, k2 = code_places(c)
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
     x_at = m[:, None] * K + tl.arange(0, 128)[None, :]  # a run's activations, contiguous (the tile is reordered)
     gscale = tl.load(g_ptr + r2) if FMT == 0 else 1.0
+    row_scale = tl.load(s_ptr + r2) if FMT == 3 else 1.0  # FP8: the row's scale
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     first = tl.program_id(1) * (RUNS // SPLIT)
     for step in tl.range(first, first + RUNS // SPLIT, num_stages=STAGES):
         words = tl.load(q_ptr + word_at + step * run_step, mask=row_ok[:, None], other=0)
-        w3 = words.to(tl.uint32, bitcast=True)[:, :, None]  # [BLOCK_N, 16, 1]
+        w3 = words.to(tl.uint32, bitcast=True)[:, :, None]  # [BLOCK_N, WPR, 1]
         block_at = r2 * NB + step * (128 // B) + wi // GW  # each word's block (group)
-        if FMT == 2:  # (q - z) * s in float32, as w4a16_dequant forms it
+        if FMT == 3:  # the byte's sign to bit 31, exponent and mantissa to bits 20-26: e4m3 * 2^-120, exact
+            b = (w3 >> (8 * c).to(tl.uint32)) & 0xFF
+            value = (((b & 0x80) << 24) | ((b & 0x7F) << 20)).to(tl.float32, bitcast=True) * (2.0 ** 120)
+            scale = tl.broadcast_to(row_scale, [BLOCK_N, WPR])
+        elif FMT == 2:  # (q - z) * s in float32, as w4a16_dequant forms it
             scale = tl.load(s_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32)
             zero = tl.load(g_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32) + 8388608.0
             q = ((w3 >> (4 * c).to(tl.uint32)) & 0xF) | 0x4B000000  # the float 2^23 + q
@@ -111,7 +120,7 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
             w_tile = tl.reshape(tl.permute(tl.reshape(wv, [BLOCK_N, 4, 2, 2, 4, 2]), (0, 1, 3, 4, 2, 5)),
                                 [BLOCK_N, 128])
         else:  # word i = GW blk + w, code c is column B blk + GW c + w
-            w_tile = tl.reshape(tl.permute(tl.reshape(wv, [BLOCK_N, 128 // B, GW, 8]), (0, 1, 3, 2)),
+            w_tile = tl.reshape(tl.permute(tl.reshape(wv, [BLOCK_N, 128 // B, GW, CPW]), (0, 1, 3, 2)),
                                 [BLOCK_N, 128])
         x_tile = tl.load(x_ptr + x_at + step * 128, mask=m_ok[:, None], other=0.0)
         acc = tl.dot(x_tile, tl.trans(w_tile), acc)
@@ -137,7 +146,7 @@ def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second
     from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
     n, kw = qweight.shape
-    k = kw * 8
+    k = kw * (4 if fmt == FP8 else 8)
     rows = x.numel() // k
     x2 = x.reshape(rows, k).contiguous()
     block_n, block_m, warps, stages, split = cfg or config(rows, n, k)
@@ -166,3 +175,9 @@ def w4a16_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     """fp4_rows_gemm for a W4A16 weight (w4a16.layout: groups of 32, 64 or 128, scales and zeros [N, K/group];
     the input already permuted where the layer has act-order)."""
     return _launch(x, qweight, scales, zeros, W4A16, group, tiled, None, cfg)
+
+
+def fp8_rows_gemm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, tiled: int = 0,
+                  cfg: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """fp4_rows_gemm for an FP8 (E4M3) weight (fp8.layout: words [N, K/4], a float32 scale per row)."""
+    return _launch(x, qweight, scale, scale, FP8, 16, tiled, None, cfg)

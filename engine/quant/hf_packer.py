@@ -204,13 +204,12 @@ class W4A16Packer:
                 else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
         above = BLOCKED_ROWS if kind in ("auto", "folded") else MAX_ROWS
         large = f"weight dequantized per call, cuBLAS, above {above} rows"
-        if kind and self.quantization != "fp8":
+        if kind:
             large = _with_packed_rows(large)
         if self.quantization == "fp8":
             return {"method": "fp8", "source": source, "packed_linears": replaced,
                     "kernel": gemv if kind in ("auto", "folded") else f"weight dequantized per call, cuBLAS ({why})",
-                    "large_batch_path": f"weight dequantized per call, cuBLAS, above {above} rows",
-                    "kept_dense": kept_dense, "dense_linears": dense}
+                    "large_batch_path": large, "kept_dense": kept_dense, "dense_linears": dense}
         if self.quantization in FP4_NAMES:
             return {"method": self.quantization, "source": source, "packed_linears": replaced,
                     "kernel": gemv, "large_batch_path": large, "kept_dense": kept_dense, "dense_linears": dense}
