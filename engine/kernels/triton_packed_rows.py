@@ -20,7 +20,7 @@ A row's result may depend on how many rows share the call (the dot's instruction
 does: the verifier's exactness does not rest on it (a plain step and a verify row run different kernels already).
 
 Checked under Triton's interpreter (tests/test_packed_rows_interpret.py) and built offline for sm_90 at every
-default config (engine/kernel_tools/triton_sm90.py: 159-226 registers, no spills, at most 86 KB of shared memory;
+default config (engine/kernel_tools/triton_sm90.py: 133-255 registers, no spills, at most 88 KB of shared memory;
 the first build found two errors the interpreter runs past); not yet run on a GPU, so the packed
 layers take it only with ONECAT_PACKED_ROWS_GEMM=1 (triton_support.packed_rows_take) (tests/test_packed_rows_gpu.py and `scripts/gpu_bench.sh OUT
 packed_rows` check and time it there).
