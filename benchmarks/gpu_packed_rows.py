@@ -1,9 +1,10 @@
 """Packed projections at a verify step's or a larger decode batch's row counts (17-128) on a CUDA GPU: the packed
 many-row GEMM (engine/kernels/triton_packed_rows.py) against the path it replaces (the words un-tiled, the weight
 dequantized into bf16, cuBLAS) and against the packed GEMV in 8-row launches (what a longer blocked path would
-pay), for the Qwen3.5-27B projections (route 1's target), NVFP4 or W4A16 (groups of 128).
+pay), for the Qwen3.5-27B projections (route 1's target), NVFP4, W4A16 (groups of 128) or FP8.
 
-    python benchmarks/gpu_packed_rows.py --out results.json [--format nvfp4|w4a16] [--rows 17,32,64,128] [--sweep]
+    python benchmarks/gpu_packed_rows.py --out results.json [--format nvfp4|w4a16|fp8] [--rows 17,32,64,128]
+        [--sweep]
 
 Each layer keeps its words as the engine keeps them (FP4Linear.use_tiles: the tensor-core GEMV's tiles, codes in
 bf16's slots). Timed as benchmarks/gpu_gemv.py times (a CUDA graph over weight copies that L2 cannot hold). Every
@@ -29,6 +30,7 @@ SHAPES = {  # name: (N, K), Qwen3.5-27B (engine/random_models.py)
 
 def layers(n: int, k: int, dt: torch.dtype, fmt: str) -> list:
     from onecat.engine.quant.fp4.linear import FP4Linear
+    from onecat.engine.quant.fp8.linear import FP8Linear
     from onecat.engine.quant.rtn import quantize
     from onecat.engine.quant.w4a16.linear import W4A16Linear
 
@@ -37,7 +39,7 @@ def layers(n: int, k: int, dt: torch.dtype, fmt: str) -> list:
     for i in range(copies):
         gen = torch.Generator(device="cuda").manual_seed(i)
         weight = quantize(torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5, fmt, group=128)
-        layer = W4A16Linear(weight) if fmt == "w4a16" else FP4Linear(weight)
+        layer = {"w4a16": W4A16Linear, "fp8": FP8Linear}.get(fmt, FP4Linear)(weight)
         layer.use_tiles(dt)
         out.append(layer)
     return out
@@ -45,9 +47,11 @@ def layers(n: int, k: int, dt: torch.dtype, fmt: str) -> list:
 
 def dense_weight(layer, dt: torch.dtype) -> torch.Tensor:
     from onecat.engine.quant.fp4.layout import dequantize as fp4_dequantize
+    from onecat.engine.quant.fp8.layout import dequantize as fp8_dequantize
     from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
 
-    return (w4_dequantize if layer.words_format == "int4" else fp4_dequantize)(layer.packed()).to(dt)
+    dequantize = {"int4": w4_dequantize, "fp8": fp8_dequantize}.get(layer.words_format, fp4_dequantize)
+    return dequantize(layer.packed()).to(dt)
 
 
 def blocked_gemv(layer, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +69,7 @@ SWEEP_ROWS = (32, 128)
 def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
     """The many-row GEMM's time at each SWEEP config (wrong results and configs that do not compile are skipped)."""
     from onecat.engine.kernels.quant_gemv import SLOT_DTYPES
-    from onecat.engine.kernels.triton_packed_rows import config, fp4_rows_gemm, w4a16_rows_gemm
+    from onecat.engine.kernels.triton_packed_rows import config, fp4_rows_gemm, fp8_rows_gemm, w4a16_rows_gemm
     from onecat.engine.quant.fp4.linear import FMT_IDS
 
     block_m = config(x.shape[0], ls[0].out_features, ls[0].in_features)[1]
@@ -75,6 +79,9 @@ def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
         if ls[0].words_format == "int4":
             call = lambda layer, cfg=cfg: w4a16_rows_gemm(  # noqa: E731
                 x, layer.qweight, layer.scales, layer.zeros, layer.group, layer.tiled, cfg=cfg)
+        elif ls[0].words_format == "fp8":
+            call = lambda layer, cfg=cfg: fp8_rows_gemm(  # noqa: E731
+                x, layer.qweight, layer.scale, layer.tiled, cfg=cfg)
         else:
             call = lambda layer, cfg=cfg: fp4_rows_gemm(  # noqa: E731
                 x, layer.qweight, layer.scales, layer.gscale, FMT_IDS[layer.fmt], tiled=layer.tiled,
@@ -82,7 +89,8 @@ def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
         try:
             if rel_err(call(ls[0]), ref) > 2e-2:
                 continue
-            times[f"{bn}x{block_m}/w{warps}/s{stages}/k{split}"] = round(graph_time([lambda ly=ly: call(ly) for ly in ls]) * 1e6, 2)
+            seconds = graph_time([lambda ly=ly: call(ly) for ly in ls])
+            times[f"{bn}x{block_m}/w{warps}/s{stages}/k{split}"] = round(seconds * 1e6, 2)
         except Exception as exc:  # out of shared memory or registers at this tile: not a candidate
             log(f"config {cfg} skipped: {str(exc).splitlines()[0][:120]}")
     best = min(times, key=times.get) if times else None
@@ -110,7 +118,8 @@ def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
                 raise SystemExit(f"{name} {arm} at {m} rows: relative error {err:.3g} against the dense product")
             arms[arm] = {"us": us([lambda layer=layer: call(layer, x) for layer in ls]), "rel_err": round(err, 5)}
         triton_support.PACKED_ROWS_GEMM = False
-        arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))  # (BLOCK_N, BLOCK_M, warps, stages, split)
+        # BLOCK_N, BLOCK_M, warps, stages, split
+        arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))
         if do_sweep and m in SWEEP_ROWS:
             arms["sweep"] = sweep(ls, x, ref)
             log(f"{name} rows {m}: best config {arms['sweep']['best']} {arms['sweep']['best_us']} us")
@@ -126,7 +135,7 @@ def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="17,32,64,128")
-    ap.add_argument("--format", choices=("nvfp4", "w4a16"), default="nvfp4")
+    ap.add_argument("--format", choices=("nvfp4", "w4a16", "fp8"), default="nvfp4")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--sweep", action="store_true", help="also time the many-row GEMM over SWEEP's tile configs")
     ap.add_argument("--out", required=True)

@@ -1,9 +1,9 @@
 """Packed MoE experts picked on the device (engine/layers/moe.py PackedExperts, engine/kernels/triton_moe_routed.py)
 under Triton's interpreter, on the CPU: NVFP4, MXFP4 and W4A16 experts; every (token, expert) pair against the
-expert's exactly dequantized weight, a pair's result independent of the other pairs, the layer's routed path
-against its per-expert loop (the path steps of many tokens take), and the two fused kernels (SiLU * mul in the
-gate/up kernel, the weighted top-k sum in the down kernel) against the separate ops they replace. CUDA runs the same kernels (tests/test_moe_gpu.py,
-the seed MoE route's GPU benchmark)."""
+expert's exactly dequantized weight, a pair's result independent of the other pairs, the layer's routed path against
+its per-expert loop (the path steps of many tokens take), and the two fused kernels (SiLU * mul in the gate/up
+kernel, the weighted top-k sum in the down kernel) against the separate ops they replace. CUDA runs the same kernels
+(tests/test_moe_gpu.py, the seed MoE route's GPU benchmark)."""
 from __future__ import annotations
 
 import os

@@ -1,13 +1,11 @@
 """The packed many-row GEMM (engine/kernels/triton_packed_rows.py) under Triton's interpreter (CPU): for NVFP4 and
-MXFP4 (words row-major or in the tensor-core GEMV's tiles, codes in fp4.layout's places or in an activation
-dtype's code slots, fp16's and bf16's), W4A16 (groups of 32, 64 and 128, row-major or tiled) and FP8 (row-major
-or tiled), its product must
-be the dequantized weight's (the tile it decodes is
-exactly what triton_fp4.dequantize writes, so only the float32 summation order differs). Activations are fp16
-here: the interpreter's float32 -> bf16 conversion inside a kernel gives wrong bits (a plain tl.dot of a
-converted tile is off by 1e10), so bf16 activations are checked on the GPU (tests/test_packed_rows_gpu.py). The 2-8-row FP4 tensor-core GEMV
-(triton_fp4_dot.py), which decodes its codes with the same helpers (triton_fp4.code_places / code_bits), is held to
-the same product."""
+MXFP4 (words row-major or in the tensor-core GEMV's tiles, codes in fp4.layout's places or in an activation dtype's
+code slots, fp16's and bf16's), W4A16 (groups of 32, 64 and 128, row-major or tiled) and FP8 (row-major or tiled),
+its product must be the dequantized weight's (the tile it decodes is exactly what triton_fp4.dequantize writes, so
+only the float32 summation order differs). Activations are fp16 here: the interpreter's float32 -> bf16 conversion
+inside a kernel gives wrong bits (a plain tl.dot of a converted tile is off by 1e10), so bf16 activations are
+checked on the GPU (tests/test_packed_rows_gpu.py). The 2-8-row FP4 tensor-core GEMV (triton_fp4_dot.py), which
+decodes its codes with the same helpers (triton_fp4.code_places / code_bits), is held to the same product."""
 from __future__ import annotations
 
 import pytest

@@ -1,28 +1,27 @@
-"""Packed weights (NVFP4, MXFP4, W4A16, FP8) times 17-128 activation rows, read packed: a speculative verify step
-at batch > 1, a decode step of 17-128 sequences.
+"""Packed weights (NVFP4, MXFP4, W4A16, FP8) times 17-128 activation rows, read packed: a speculative verify step at
+batch > 1, a decode step of 17-128 sequences.
 
-Up to 16 rows the packed GEMV takes a call (engine/kernels/quant_gemv.py, 8 rows a launch); past that the layer
-used to dequantize its whole weight into the activation dtype on every call and run the library GEMM: the
-packed words read, a dense copy written and read again, ~4.6 bytes moved per weight where the packed weight is
-~0.56, and with the words in the tensor-core GEMV's tiles an un-tiling copy first. A verify step of 8 requests of
-1 + k rows each, or a decode step of 32 sequences, is such a call on every projection.
+Up to 16 rows the packed GEMV takes a call (engine/kernels/quant_gemv.py, 8 rows a launch); past that the layer used
+to dequantize its whole weight into the activation dtype on every call and run the library GEMM: the packed words
+read, a dense copy written and read again, ~4.6 bytes moved per weight where the packed weight is ~0.56, and with
+the words in the tensor-core GEMV's tiles an un-tiling copy first. A verify step of 8 requests of 1 + k rows each,
+or a decode step of 32 sequences, is such a call on every projection.
 
-Here a program owns BLOCK_N output rows and all (up to BLOCK_M) activation rows: each step decodes one run of
-128 input columns of its weight rows from the words as they lie (row-major or in mma tiles; FP4 codes in
-fp4.layout's places or in an activation dtype's code slots; W4A16 nibbles in w4a16.layout's interleave; FP8 bytes
-in fp8.layout's), scales
-each code in float32 as the formats' dequantizers do and rounds it once to the activation dtype (so the tile holds
-exactly what triton_fp4.dequantize / triton_w4a16.w4a16_dequant / triton_fp8.dequantize would write), and multiplies it against the
-activation rows on the tensor cores (fp32 accumulation). The weight is read once for all rows; a code's columns
-need not be contiguous: the decoded tile is permuted into column order (in registers), so the activations load
-as contiguous runs.
-A row's result may depend on how many rows share the call (the dot's instruction shape), as the library GEMM's
-does: the verifier's exactness does not rest on it (a plain step and a verify row run different kernels already).
+Here a program owns BLOCK_N output rows and all (up to BLOCK_M) activation rows: each step decodes one run of 128
+input columns of its weight rows from the words as they lie (row-major or in mma tiles; FP4 codes in fp4.layout's
+places or in an activation dtype's code slots; W4A16 nibbles in w4a16.layout's interleave; FP8 bytes in
+fp8.layout's), scales each code in float32 as the formats' dequantizers do and rounds it once to the activation
+dtype (so the tile holds exactly what triton_fp4.dequantize / triton_w4a16.w4a16_dequant / triton_fp8.dequantize
+would write), and multiplies it against the activation rows on the tensor cores (fp32 accumulation). The weight is
+read once for all rows; a code's columns need not be contiguous: the decoded tile is permuted into column order (in
+registers), so the activations load as contiguous runs. A row's result may depend on how many rows share the call
+(the dot's instruction shape), as the library GEMM's does: the verifier's exactness does not rest on it (a plain
+step and a verify row run different kernels already).
 
 Checked under Triton's interpreter (tests/test_packed_rows_interpret.py) and built offline for sm_90 at every
 default config (engine/kernel_tools/triton_sm90.py: 133-255 registers, no spills, at most 88 KB of shared memory;
-the first build found two errors the interpreter runs past). Not yet run on a GPU, so the packed layers take it
-only with ONECAT_PACKED_ROWS_GEMM=1 (triton_support.packed_rows_take); tests/test_packed_rows_gpu.py and
+the first build found two errors the interpreter runs past). Not yet run on a GPU, so the packed layers take it only
+with ONECAT_PACKED_ROWS_GEMM=1 (triton_support.packed_rows_take); tests/test_packed_rows_gpu.py and
 `scripts/gpu_bench.sh OUT packed_rows` check and time it there.
 """
 from __future__ import annotations
