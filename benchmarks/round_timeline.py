@@ -29,11 +29,13 @@ KERNEL_NAME_CHARS = 90
 
 def _targets():
     """(owner, attribute, phase name) of every host phase that is marked."""
+    from onecat.engine.core.decode_pipeline import DecodePipeline
     from onecat.engine.core.engine_core import EngineCore
     from onecat.engine.speculative.base import SpeculativeDecoder
     from onecat.engine.speculative.dflash import DFlashProposer
     from onecat.engine.speculative.dflash_cache import DrafterKVCache
     from onecat.engine.speculative.dflash_graphs import DrafterGraphs
+    from onecat.engine.speculative.mtp import MTPProposer
     from onecat.engine.worker.cuda_graph import DecodeGraphs
     from onecat.engine.worker.worker import Worker
 
@@ -42,7 +44,9 @@ def _targets():
             (DrafterGraphs, "run", "drafter.graph"), (DFlashProposer, "draft_logits", "drafter.logits"),
             (Worker, "execute", "execute"), (DecodeGraphs, "replay_step", "execute.replay"),
             (EngineCore, "_verify", "verify"), (EngineCore, "postprocess", "postprocess"),
-            (SpeculativeDecoder, "step_done", "gate")]
+            (SpeculativeDecoder, "step_done", "gate"), (DFlashProposer, "record_features", "drafter.record"),
+            (MTPProposer, "record_features", "drafter.record"), (MTPProposer, "_draft", "drafter.mtp"),
+            (DecodePipeline, "_launch", "pipeline.launch"), (DecodePipeline, "_apply", "pipeline.apply")]
 
 
 @contextlib.contextmanager
