@@ -39,6 +39,7 @@ class SamplerGraphs:
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = OrderedDict()
         self.seen: OrderedDict[tuple, None] = OrderedDict()  # settings met once, the newest MAX_SEEN of them
         self.captures = self.replays = 0
+        self.disabled_reason: str | None = None  # a capture failed: every draw runs eagerly from then on
         # one memory pool for all of them (a pool each would hold every graph's intermediates): a later capture
         # may place its tokens where an earlier graph keeps intermediates, so a replay's tokens must be used
         # (queued copies) before the next replay, as the decode pipeline does
@@ -47,6 +48,8 @@ class SamplerGraphs:
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor) -> torch.Tensor:
         """sample_on_device(logits, params, keys), from a graph where one is captured or worth capturing.
         `logits` must be a buffer whose storage the caller keeps (a decode graph's output)."""
+        if self.disabled_reason is not None:
+            return sample_on_device(logits, params, keys)
         key = (logits.data_ptr(), tuple(logits.shape), logits.dtype, tuple(_settings(p) for p in params))
         entry = self.graphs.get(key)
         if entry is None:
@@ -56,7 +59,14 @@ class SamplerGraphs:
                 if len(self.seen) > MAX_SEEN:  # batches whose settings keep changing must not grow it forever
                     self.seen.popitem(last=False)
                 return sample_on_device(logits, params, keys)
-            entry = self._capture(key, logits, params, keys)
+            try:
+                entry = self._capture(key, logits, params, keys)
+            except Exception as e:  # a capture failure turns the sampling graphs off, not the step
+                self.disabled_reason = f"capture failed: {type(e).__name__}: {e}".split("\n")[0]
+                self.graphs.clear()
+                if logits.is_cuda:
+                    torch.cuda.synchronize(logits.device)
+                return sample_on_device(logits, params, keys)
         self.graphs.move_to_end(key)
         graph, static_keys, out = entry
         static_keys.copy_(keys)
@@ -83,4 +93,5 @@ class SamplerGraphs:
         return entry
 
     def describe(self) -> dict:
-        return {"captured": self.captures, "replays": self.replays, "kept": len(self.graphs)}
+        return {"captured": self.captures, "replays": self.replays, "kept": len(self.graphs),
+                **({"disabled_reason": self.disabled_reason} if self.disabled_reason else {})}
