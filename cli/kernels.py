@@ -1,4 +1,5 @@
-"""`onecat kernels`: offline sm_70 checks of the custom CUDA kernels, and their benchmark."""
+"""`onecat kernels`: offline sm_70 checks of the custom CUDA kernels (and an sm_90 build check of the SM80+
+Triton kernels not yet run on a GPU), and their benchmark."""
 from __future__ import annotations
 
 import json
@@ -13,20 +14,26 @@ app = typer.Typer(help="Custom CUDA kernels: sm_70 build/resource check, toolcha
 console = Console()
 
 SUPPORTED_ARCHS = ("sm_70",)
+BUILD_CHECK_ARCHS = ("sm_70", "sm_90")  # sm_90: engine/kernel_tools/triton_sm90.py (builds only, no V100 model)
 
 
 @app.command()
 def check(
-    arch: str = typer.Option("sm_70", "--arch", help="Target architecture (only sm_70 is checked offline)."),
+    arch: str = typer.Option("sm_70", "--arch", help="sm_70: the Volta kernels; sm_90: the build of the packed "
+                             "many-row GEMM (SM80+) at its default configs."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the per-kernel report as JSON."),
     keep: Path | None = typer.Option(None, "--keep", help="Keep the PTX, cubin and SASS in this folder."),
 ) -> None:
     """Compile every Volta attention kernel for sm_70 and report registers, spills, shared
     memory, HMMA.884 and LDG.E.128 counts and V100 occupancy; exit 1 on a regression. The Triton
-    W4A16 GEMV is checked the same way where Triton is importable."""
+    W4A16 GEMV is checked the same way where Triton is importable. --arch sm_90 builds the packed many-row
+    GEMM's instantiations instead (registers, spills, shared memory against SM86/89's)."""
     from onecat.engine.kernel_tools.sm70_check import run_check
 
-    toolchain = _sm70_toolchain(arch, "the offline check")
+    toolchain = _sm70_toolchain(arch, "the offline check", BUILD_CHECK_ARCHS)
+    if arch == "sm_90":
+        _check_sm90(toolchain, json_out)
+        return
     cuda_reports = run_check(toolchain, keep)
     triton_reports = _triton_reports(toolchain, keep)
     reports = cuda_reports + triton_reports
@@ -65,12 +72,42 @@ def _triton_reports(toolchain, keep: Path | None) -> list:
     return run_triton_check(toolchain, keep)
 
 
-def _sm70_toolchain(arch: str, what: str):
-    """The offline sm_70 toolchain, or exit 2 for another --arch and 3 when the toolchain is missing."""
+def _check_sm90(toolchain, json_out: Path | None) -> None:
+    """The sm_90 build check of the packed many-row GEMM (engine/kernel_tools/triton_sm90.py); exit 1 on a problem,
+    3 without Triton."""
+    from dataclasses import asdict
+
+    from onecat.engine.kernel_tools.triton_sm70 import triton_unavailable_reason
+    from onecat.engine.kernel_tools.triton_sm90 import SMEM_LIMIT, run_packed_rows_check
+
+    reason = triton_unavailable_reason()
+    if reason is not None:
+        console.print(f"[red]{reason}[/red]")
+        raise typer.Exit(3)
+    reports = run_packed_rows_check(toolchain.ptxas)
+    table = Table(title=f"SM80+ Triton kernels, sm_90 build (shared memory limit {SMEM_LIMIT} B: SM86/89)")
+    for col in ("kernel", "regs", "spill B", "smem B", "status"):
+        table.add_column(col, justify="left" if col in ("kernel", "status") else "right", no_wrap=col != "status")
+    for r in reports:
+        status = "[green]ok[/green]" if not r.problems else "[red]" + "; ".join(r.problems) + "[/red]"
+        table.add_row(r.label, str(r.registers), str(r.spill_bytes), str(r.shared_bytes), status)
+    console.print(table)
+    if json_out is not None:
+        json_out.write_text(json.dumps({"arch": "sm_90", "kernels": [asdict(r) for r in reports]}, indent=2))
+    failed = [r for r in reports if r.problems]
+    if failed:
+        console.print(f"[red]{len(failed)} kernel(s) regressed: {', '.join(r.label for r in failed)}[/red]")
+        raise typer.Exit(1)
+    console.print(f"[green]all {len(reports)} kernels pass the sm_90 build check[/green]")
+
+
+def _sm70_toolchain(arch: str, what: str, archs: tuple[str, ...] = SUPPORTED_ARCHS):
+    """The offline toolchain (sm_70's ptxas assembles sm_90 too), or exit 2 for an --arch outside `archs` and 3
+    when the toolchain is missing."""
     from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
 
-    if arch not in SUPPORTED_ARCHS:
-        console.print(f"[red]--arch {arch} is not supported: {what} targets {', '.join(SUPPORTED_ARCHS)}[/red]")
+    if arch not in archs:
+        console.print(f"[red]--arch {arch} is not supported: {what} targets {', '.join(archs)}[/red]")
         raise typer.Exit(2)
     try:
         return find_toolchain()

@@ -1,25 +1,33 @@
-"""The offline SM80+ build of the packed many-row GEMM (engine/kernel_tools/triton_sm90.py): where Triton and ptxas
-12.x are installed, every format and word layout at its default config for 17-128 rows compiles for sm_90 without
-spills and within SM86/89's shared memory (the Triton interpreter cannot tell: it runs what a GPU build refuses)."""
+"""The offline SM80+ build of the packed many-row GEMM (engine/kernel_tools/triton_sm90.py, `onecat kernels check
+--arch sm_90`): where Triton and ptxas 12.x are installed, every format and word layout at its default config for
+17-128 rows compiles for sm_90 without spills and within SM86/89's shared memory (the Triton interpreter cannot
+tell: it runs what a GPU build refuses)."""
 from __future__ import annotations
 
+import json
+
 import pytest
+from typer.testing import CliRunner
 
 
-def test_packed_rows_gemm_builds_for_sm90_without_spills():
+def test_packed_rows_gemm_builds_for_sm90_without_spills(tmp_path):
+    from onecat.cli.kernels import app
     from onecat.engine.kernel_tools.toolchain import ToolchainMissing, find_toolchain
     from onecat.engine.kernel_tools.triton_sm70 import triton_unavailable_reason
-    from onecat.engine.kernel_tools.triton_sm90 import LAYOUTS, ROWS, run_packed_rows_check
+    from onecat.engine.kernel_tools.triton_sm90 import LAYOUTS, ROWS
 
     reason = triton_unavailable_reason()
     if reason:
         pytest.skip(reason)
     try:
-        toolchain = find_toolchain()
+        find_toolchain()
     except ToolchainMissing as e:
         pytest.skip(str(e))
-    reports = run_packed_rows_check(toolchain.ptxas)
+    out = tmp_path / "sm90.json"
+    result = CliRunner().invoke(app, ["check", "--arch", "sm_90", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    reports = json.loads(out.read_text())["kernels"]
     assert len(reports) == len(LAYOUTS) * len(ROWS)
     for r in reports:
-        assert r.problems == [], (r.label, r.problems)
-        assert 0 < r.registers <= 255 and r.shared_bytes > 0, r
+        assert r["problems"] == [], (r["label"], r["problems"])
+        assert 0 < r["registers"] <= 255 and r["spill_bytes"] == 0 and r["shared_bytes"] > 0, r
