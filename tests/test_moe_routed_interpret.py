@@ -78,6 +78,12 @@ for fmt in ("nvfp4", "mxfp4", "w4a16"):
     for j in range(top_k):  # in top-k order
         want += per_pair[:, j] * w16[:, j:j + 1]
     assert torch.equal(summed, want.half()), (fmt, (summed.float() - want).abs().max())
+    own = torch.Generator().manual_seed(7)  # the formats after this one draw the weights they drew before
+    gate_logit = torch.randn(tokens, 1, generator=own).half()
+    shared_out = torch.randn(tokens, hidden, generator=own).half()
+    with_shared = kernels.routed_down_sum(glu, *layer._operands("down"), flat, w16, top_k, (gate_logit, shared_out))
+    want_shared = (summed.float() + (torch.sigmoid(gate_logit.float()).half() * shared_out).float()).half()
+    assert (with_shared.float() - want_shared.float()).abs().max() <= 2e-3 * want_shared.float().abs().max(), fmt
     layer.FUSED = True
     fused = layer._routed(x16, w16, ids)
     layer.FUSED = False

@@ -36,9 +36,10 @@ PEER_SIGNATURE = {"inp": "*fp16", "out": "*fp16", "n": "i32", "bases": "*i64", "
                   "CAP": "constexpr", "MAXW": "constexpr", "BLOCK": "constexpr", "TIMEOUT_NS": "constexpr"}
 PEER_WORLD = 4  # the seed's 4x V100 tensor parallel
 ROUTED_SHAPE = {"hidden": 2048, "intermediate": 512, "top_k": 8}  # Qwen3.5-35B-A3B's experts
-ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "w_ptr": "*fp32", "y_ptr": "*fp16",
-                    "N": "i32", "TOP_K": "constexpr", "PER_PAIR": "constexpr", "K": "constexpr", "BLOCK_N": "constexpr",
-                    "BLOCK_KW": "constexpr", "GLU": "constexpr", "SUM_TOPK": "constexpr"}
+ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "w_ptr": "*fp32", "sh_ptr": "*fp16",
+                    "sg_ptr": "*fp16", "y_ptr": "*fp16", "N": "i32", "TOP_K": "constexpr", "PER_PAIR": "constexpr",
+                    "K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_KW": "constexpr", "GLU": "constexpr",
+                    "SUM_TOPK": "constexpr", "SHARED": "constexpr"}
 ROWS_SHAPE = {"W": 16, "HK": 16, "HV": 48, "DK": 128, "DV": 128}  # Qwen3.5-27B's DeltaNet, verify rows of 1 + 15
 ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
                   "s_in_ptr": "*fp32", "in_idx_ptr": "*i64", "s_out_ptr": "*fp32", "out_idx_ptr": "*i64",
@@ -150,7 +151,7 @@ def _moe_ptx(down: bool) -> tuple[str, str, int]:
 def _routed_ptx(fmt: str, down: bool, fused: bool = False) -> tuple[str, str, int]:
     """A routed GEMV of packed experts (gate_up, or down: one input row per pair) at ROUTED_SHAPE, as PackedExperts
     launches it; `fused`: routed_glu's gate_up (SiLU * mul in it) or routed_down_sum's down (the weighted top-k
-    sum in it)."""
+    sum and the gated shared expert in it)."""
     from onecat.engine.kernels import triton_moe_routed as kr
     from onecat.engine.kernels.triton_w4a16 import _words_per_tile
     from onecat.engine.quant.fp4.linear import FMT_IDS
@@ -158,7 +159,7 @@ def _routed_ptx(fmt: str, down: bool, fused: bool = False) -> tuple[str, str, in
     h, i, k = ROUTED_SHAPE["hidden"], ROUTED_SHAPE["intermediate"], ROUTED_SHAPE["top_k"]
     width = i if down else h
     consts = {"TOP_K": k, "PER_PAIR": down, "K": width, "BLOCK_N": 16, "GLU": fused and not down,
-              "SUM_TOPK": fused and down}
+              "SUM_TOPK": fused and down, "SHARED": fused and down}
     if fmt == "w4a16":
         sig = dict(ROUTED_SIGNATURE, sz_ptr="*fp16", magic="i32", G="constexpr")
         return _compile(kr.w4a16_routed_gemv_kernel, _ordered(sig, kr.w4a16_routed_gemv_kernel),

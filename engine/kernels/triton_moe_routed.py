@@ -9,8 +9,10 @@ output), so a pair's result depends on its own row and expert alone, whatever el
 routed_glu and routed_down_sum run a layer's experts in two kernels instead of about nine (the gate/up GEMV, SiLU,
 mul and copy; the down GEMV, the weighted sum's casts, product, sum and rounding): the gate/up kernel applies the
 SiLU * mul to its two rounded products, and the down kernel's program per (row tile, token) adds the token's
-pairs in top-k order. Same roundings as the separate ops (a product rounded to the activation dtype, the SiLU
-* mul as triton_fused.silu_mul, the weighted sum in float32 rounded once); PackedExperts takes them with
+pairs in top-k order, and adds a gated shared expert (sigmoid(gate) * output) where the layer has one. Same
+roundings as the separate ops (a product rounded to the activation dtype, the SiLU * mul as
+triton_fused.silu_mul, the weighted sum in float32 rounded once, the shared expert's three ops each rounded);
+PackedExperts takes them with
 ONECAT_MOE_FUSED_ROUTED=1 until they have run on a GPU.
 """
 from __future__ import annotations
@@ -50,14 +52,28 @@ def fp4_pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, rows, K: tl.constexpr, FMT: tl.con
 
 
 @triton.jit
-def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, w_ptr, y_ptr, N, TOP_K: tl.constexpr,
-                           PER_PAIR: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False, SUM_TOPK: tl.constexpr = False):
+def shared_epilogue(routed, sh_ptr, sg_ptr):
+    """routed + sigmoid(gate) * shared, as SparseMoE adds the gated shared expert: the sigmoid rounded to the
+    dtype, the product rounded, the sum rounded (torch's bf16 / fp16 ops compute each in float32)."""
+    dt = routed.dtype
+    g = tl.load(sg_ptr).to(tl.float32)
+    gate = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    shared = tl.load(sh_ptr).to(tl.float32)
+    return (routed.to(tl.float32) + (gate * shared).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
+def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, w_ptr, sh_ptr, sg_ptr, y_ptr, N,
+                           TOP_K: tl.constexpr, PER_PAIR: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False,
+                           SUM_TOPK: tl.constexpr = False, SHARED: tl.constexpr = False):
     """Program (row tile, pair): y[pair, rows] of the pair's row and expert. GLU: the expert's weight is [gate |
     up] (2N rows) and y[pair, rows] = SiLU(gate) * up, each product rounded to y's dtype first and the SiLU * mul
     as triton_fused.silu_mul computes it. SUM_TOPK (one row per pair): program (row tile, token) writes y[token,
     rows] = the sum over the token's TOP_K pairs, in order, of each pair's product (rounded to y's dtype) times
-    its router weight w_ptr[pair], in float32, rounded once: the layer's weighted sum, in this kernel."""
+    its router weight w_ptr[pair], in float32, rounded once: the layer's weighted sum, in this kernel. SHARED (with
+    SUM_TOPK): plus the gated shared expert, y + sigmoid(sg_ptr[token]) * sh_ptr[token, rows], each op rounded as
+    the separate ones are (shared_epilogue)."""
     KW: tl.constexpr = K // 8
     NB: tl.constexpr = K // (16 if FMT == 0 else 32)
     NW: tl.constexpr = 2 if GLU else 1  # weight rows per output row
@@ -68,13 +84,16 @@ def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, w_ptr, y_ptr, N,
     if SUM_TOPK:
         token = tl.program_id(1).to(tl.int64)
         total = tl.zeros([BLOCK_N], tl.float32)
-        for j in tl.static_range(TOP_K):
+        for j in tl.range(0, TOP_K):  # a loop, not unrolled: the V100 build of 8 unrolled pairs spilled
             pair = token * TOP_K + j
             expert = tl.load(ids_ptr + pair).to(tl.int64)
             part = fp4_pair_sums(x_ptr + pair * K, q_ptr + expert * N * KW, s_ptr + expert * N * NB,
                                  g_ptr + expert * N, rows, K, FMT, BLOCK_N, BLOCK_KW)
             total += part.to(dt).to(tl.float32) * tl.load(w_ptr + pair).to(tl.float32)
-        tl.store(y_ptr + token * N + rows.reshape(BLOCK_N), total.to(dt), mask=row_ok)
+        out = total.to(dt)
+        if SHARED:
+            out = shared_epilogue(out, sh_ptr + token * N + rows.reshape(BLOCK_N), sg_ptr + token)
+        tl.store(y_ptr + token * N + rows.reshape(BLOCK_N), out, mask=row_ok)
     else:
         pair = tl.program_id(1).to(tl.int64)
         expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -99,7 +118,8 @@ def fp4_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     pairs = ids.numel()
     y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
     fp4_routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scales, gscale, ids, ids, y, n, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, FMT=fmt, BLOCK_N=16,
+        x, qweight, scales, gscale, ids, ids, ids, ids, y, n, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, FMT=fmt,
+        BLOCK_N=16,
         BLOCK_KW=_words_per_tile(kw, 64), num_warps=2)
     return y
 
@@ -117,10 +137,11 @@ def w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows, magic, K: tl.constexpr, G: tl.co
 
 
 @triton.jit
-def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, w_ptr, y_ptr, N, magic, TOP_K: tl.constexpr,
-                             PER_PAIR: tl.constexpr, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False, SUM_TOPK: tl.constexpr = False):
-    """fp4_routed_gemv_kernel for W4A16 experts (GLU and SUM_TOPK alike)."""
+def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, w_ptr, sh_ptr, sg_ptr, y_ptr, N, magic,
+                             TOP_K: tl.constexpr, PER_PAIR: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False,
+                             SUM_TOPK: tl.constexpr = False, SHARED: tl.constexpr = False):
+    """fp4_routed_gemv_kernel for W4A16 experts (GLU, SUM_TOPK and SHARED alike)."""
     KW: tl.constexpr = K // 8
     SZ: tl.constexpr = 2 * (K // G)  # (scale, zero) entries a row
     NW: tl.constexpr = 2 if GLU else 1
@@ -131,13 +152,16 @@ def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, w_ptr, y_ptr, N, mag
     if SUM_TOPK:
         token = tl.program_id(1).to(tl.int64)
         total = tl.zeros([BLOCK_N], tl.float32)
-        for j in tl.static_range(TOP_K):
+        for j in tl.range(0, TOP_K):  # a loop, not unrolled: the V100 build of 8 unrolled pairs spilled
             pair = token * TOP_K + j
             expert = tl.load(ids_ptr + pair).to(tl.int64)
             part = w4a16_pair_sums(x_ptr + pair * K, q_ptr + expert * N * KW, sz_ptr + expert * N * SZ, rows, magic,
                                    K, G, BLOCK_N, BLOCK_KW)
             total += part.to(dt).to(tl.float32) * tl.load(w_ptr + pair).to(tl.float32)
-        tl.store(y_ptr + token * N + rows.reshape(BLOCK_N), total.to(dt), mask=row_ok)
+        out = total.to(dt)
+        if SHARED:
+            out = shared_epilogue(out, sh_ptr + token * N + rows.reshape(BLOCK_N), sg_ptr + token)
+        tl.store(y_ptr + token * N + rows.reshape(BLOCK_N), out, mask=row_ok)
     else:
         pair = tl.program_id(1).to(tl.int64)
         expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -160,7 +184,8 @@ def w4a16_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
     pairs = ids.numel()
     y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
     w4a16_routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scale_zero, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, G=group, BLOCK_N=16,
+        x, qweight, scale_zero, ids, ids, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, G=group,
+        BLOCK_N=16,
         BLOCK_KW=max(8, _words_per_tile(kw, 64)), num_warps=2)
     return y
 
@@ -175,23 +200,31 @@ def routed_glu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sec
 
 
 def routed_down_sum(h: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: str,
-                    group: int, ids: torch.Tensor, weights: torch.Tensor, top_k: int) -> torch.Tensor:
+                    group: int, ids: torch.Tensor, weights: torch.Tensor, top_k: int,
+                    shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """[T, N]: each token's router-weighted sum of its pairs' down products (h [P, K], one row per pair), summed in
-    float32 in top-k order and rounded once, in one kernel (routed_glu's formats)."""
-    return _routed(h, qweight, scales, second, fmt, group, ids, weights.reshape(-1).contiguous(), top_k, glu=False)
+    float32 in top-k order and rounded once, in one kernel (routed_glu's formats). `shared`: (the shared expert's
+    gate logit [T, 1], its output [T, N]) added as sigmoid(gate) * output in the same kernel."""
+    return _routed(h, qweight, scales, second, fmt, group, ids, weights.reshape(-1).contiguous(), top_k, glu=False,
+                   shared=shared)
 
 
-def _routed(x, qweight, scales, second, fmt: str, group: int, ids, weights, top_k: int, glu: bool) -> torch.Tensor:
+def _routed(x, qweight, scales, second, fmt: str, group: int, ids, weights, top_k: int, glu: bool,
+            shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     experts, n, kw = qweight.shape
     pairs = ids.numel()
     n_out, programs = (n // 2, pairs) if glu else (n, pairs // top_k)
     y = torch.empty(programs, n_out, dtype=x.dtype, device=x.device)
-    flags = dict(TOP_K=top_k, PER_PAIR=not glu, K=kw * 8, BLOCK_N=16, GLU=glu, SUM_TOPK=not glu, num_warps=2)
+    flags = dict(TOP_K=top_k, PER_PAIR=not glu, K=kw * 8, BLOCK_N=16, GLU=glu, SUM_TOPK=not glu,
+                 SHARED=shared is not None, num_warps=2)
     w = weights if weights is not None else ids
+    sg, sh = (shared[0].contiguous(), shared[1].contiguous()) if shared is not None else (ids, ids)
     if fmt == "int4":
         w4a16_routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
-            x, qweight, scales, ids, w, y, n_out, MAGIC, G=group, BLOCK_KW=max(8, _words_per_tile(kw, 64)), **flags)
+            x, qweight, scales, ids, w, sh, sg, y, n_out, MAGIC, G=group, BLOCK_KW=max(8, _words_per_tile(kw, 64)),
+            **flags)
     else:
         fp4_routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
-            x, qweight, scales, second, ids, w, y, n_out, FMT=FP4_IDS[fmt], BLOCK_KW=_words_per_tile(kw, 64), **flags)
+            x, qweight, scales, second, ids, w, sh, sg, y, n_out, FMT=FP4_IDS[fmt], BLOCK_KW=_words_per_tile(kw, 64),
+            **flags)
     return y

@@ -166,12 +166,20 @@ class PackedExperts(nn.Module):
                 m.tiled = 0
         return fmt
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids."""
-        if self.routed is not None and x.is_cuda and x.shape[0] <= self.ROUTED_TOKENS \
-                and x.dtype in (torch.float16, torch.bfloat16):
+    def routes_on_device(self, x: torch.Tensor) -> bool:
+        """Whether a step of x's tokens takes the routed GEMV (stacked experts, CUDA, few tokens, half dtypes)."""
+        return (self.routed is not None and x.is_cuda and x.shape[0] <= self.ROUTED_TOKENS
+                and x.dtype in (torch.float16, torch.bfloat16))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x [T, H]; weights and experts [T, k]: each token's k routing weights and expert ids. `shared` (FUSED
+        routed steps only): the layer's shared expert (gate logit [T, 1], output [T, H]), added in the down kernel."""
+        if self.routes_on_device(x):
             self.path = "routed"
-            return self._routed(x, weights, experts)
+            return self._routed(x, weights, experts, shared)
+        if shared is not None:
+            raise ValueError("the shared expert is added inside the fused routed kernels only (routes_on_device)")
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("packed MoE experts in this format pick the routed experts on the host, which a CUDA "
                                "graph cannot capture; decode steps run eagerly")
@@ -183,16 +191,19 @@ class PackedExperts(nn.Module):
 
         return routed_loop(x, weights, experts, self.num_experts, expert)
 
-    def _routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Every (token, expert) pair through the routed GEMV; each token's pairs summed in float32 in its top-k
-        order, weighted, rounded once to x's dtype."""
+        order, weighted, rounded once to x's dtype (FUSED: in two kernels, the shared expert added in the second)."""
         tokens, top_k = experts.shape
         ids = experts.reshape(-1).contiguous()
         if self.FUSED:
             from onecat.engine.kernels import triton_moe_routed as kernels
 
             h = kernels.routed_glu(x.contiguous(), *self._operands("gate_up"), ids, top_k)
-            return kernels.routed_down_sum(h, *self._operands("down"), ids, weights, top_k)
+            return kernels.routed_down_sum(h, *self._operands("down"), ids, weights, top_k, shared)
+        if shared is not None:
+            raise ValueError("the shared expert is added inside the fused routed kernels only (PackedExperts.FUSED)")
         h = self._routed_gemv("gate_up", x.contiguous(), ids, top_k, per_pair=False)
         gate, up = h.split(self.intermediate, dim=-1)
         y = self._routed_gemv("down", (F.silu(gate) * up).contiguous(), ids, top_k, per_pair=True)
@@ -260,7 +271,11 @@ class SparseMoE(nn.Module):
         return self._experts(x, *self.route(x))
 
     def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, weights, ids)
+        experts = self.experts
+        if self.shared_expert is not None and isinstance(experts, PackedExperts) and experts.FUSED \
+                and experts.routes_on_device(x):  # sigmoid(gate) * shared added inside the routed down kernel
+            return experts(x, weights, ids, shared=(self.shared_expert_gate(x), self.shared_expert(x)))
+        out = experts(x, weights, ids)
         if self.shared_expert is not None:
             out = out + pointwise(torch.sigmoid, self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
