@@ -235,18 +235,19 @@ def test_packed_experts_are_routed_on_the_device_and_graphs_replay(tmp_path, fmt
     assert tokens["full"] == tokens["off"]
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "w4a16"])
-def test_fused_routed_experts_match_the_separate_kernels_and_replay_in_graphs(tmp_path, fmt, monkeypatch):
-    """ONECAT_MOE_FUSED_ROUTED's two kernels (SiLU * mul in the gate/up kernel, the weighted top-k sum in the down
-    kernel): each packed MoE layer's output within bf16 rounding of the separate kernels', and decode steps
-    replayed from CUDA graphs give the eager engine's greedy tokens (the same kernels)."""
+@pytest.mark.parametrize("arch,fmt", [("qwen3_moe", "nvfp4"), ("qwen3_moe", "w4a16"), ("qwen3_5_moe", "nvfp4")])
+def test_fused_routed_experts_match_the_separate_kernels_and_replay_in_graphs(tmp_path, arch, fmt, monkeypatch):
+    """ONECAT_MOE_FUSED_ROUTED's two kernels (SiLU * mul in the gate/up kernel, the weighted top-k sum and, on the
+    Qwen3.5 MoE, the gated shared expert in the down kernel): each packed MoE layer's output within bf16 rounding
+    of the separate kernels', and decode steps replayed from CUDA graphs give the eager engine's greedy tokens
+    (the same kernels)."""
     _require()
     from onecat.engine import LLM, SamplingParams
     from onecat.engine.layers.moe import PackedExperts
     from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
 
-    d = make_tiny_moe_hybrid("qwen3_moe", tmp_path / "m", hidden_size=128, moe_intermediate_size=64,
-                             intermediate_size=128)
+    extra = {"shared_expert_intermediate_size": 64} if arch == "qwen3_5_moe" else {"intermediate_size": 128}
+    d = make_tiny_moe_hybrid(arch, tmp_path / "m", hidden_size=128, moe_intermediate_size=64, **extra)
     prompts = [[5, 17, 99, 3], list(range(10, 47)), [200, 7]]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     monkeypatch.setattr(PackedExperts, "FUSED", True)
@@ -257,14 +258,14 @@ def test_fused_routed_experts_match_the_separate_kernels_and_replay_in_graphs(tm
             tokens[mode] = [o.token_ids for o in llm.generate(prompts, params)]
             if mode == "full":
                 assert llm.cuda_graph_report()["replays"] > 0
-            layer = next(m for m in llm.model.modules() if isinstance(m, PackedExperts))
+            moe = next(m for m in llm.model.modules() if type(m).__name__ == "SparseMoE")
+            assert isinstance(moe.experts, PackedExperts) and moe.experts.routes_on_device(
+                torch.zeros(1, 128, device="cuda", dtype=torch.bfloat16))
             x = torch.randn(5, 128, device="cuda", dtype=torch.bfloat16)
-            ids = torch.randint(0, layer.num_experts, (5, 2), device="cuda")
-            weights = torch.softmax(torch.randn(5, 2, device="cuda"), -1).to(torch.bfloat16).float()
             with torch.inference_mode():
-                fused = layer._routed(x, weights, ids)
+                fused = moe(x)  # router, experts (and shared expert) as a decode step runs them
                 monkeypatch.setattr(PackedExperts, "FUSED", False)
-                separate = layer._routed(x, weights, ids)
+                separate = moe(x)
                 monkeypatch.setattr(PackedExperts, "FUSED", True)
             assert (fused.float() - separate.float()).abs().max() <= 0.02 * separate.float().abs().max() + 1e-3
     assert tokens["full"] == tokens["off"]
