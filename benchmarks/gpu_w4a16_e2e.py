@@ -119,18 +119,18 @@ def main() -> None:
 
     def packed_arm(name: str, **kw) -> None:
         record[name] = arm(name, cfg, Path(tmp), bw, **kw)
-        if args.packed_rows_ab:
-            triton_support.PACKED_ROWS_GEMM = True
+        # (wanted, suffix, module, switch, value for the variant): each variant is the arm again, one switch turned
+        for wanted, suffix, module, switch, value in ((args.packed_rows_ab, "packed_rows", triton_support,
+                                                       "PACKED_ROWS_GEMM", True),
+                                                      (args.glu_apart, "glu_apart", quant_gemv, "GLU_IN_GEMV", False)):
+            if not wanted:
+                continue
+            saved = getattr(module, switch)
+            setattr(module, switch, value)
             try:
-                record[f"{name}_packed_rows"] = arm(f"{name}_packed_rows", cfg, Path(tmp), bw, **kw)
+                record[f"{name}_{suffix}"] = arm(f"{name}_{suffix}", cfg, Path(tmp), bw, **kw)
             finally:
-                triton_support.PACKED_ROWS_GEMM = False
-        if args.glu_apart:
-            quant_gemv.GLU_IN_GEMV = False
-            try:
-                record[f"{name}_glu_apart"] = arm(f"{name}_glu_apart", cfg, Path(tmp), bw, **kw)
-            finally:
-                quant_gemv.GLU_IN_GEMV = True
+                setattr(module, switch, saved)
 
     bw = copy_limit_gbps()
     cfg = SHAPES["llama3-8b"]

@@ -37,9 +37,10 @@ PEER_SIGNATURE = {"inp": "*fp16", "out": "*fp16", "n": "i32", "bases": "*i64", "
 PEER_WORLD = 4  # the seed's 4x V100 tensor parallel
 ROUTED_SHAPE = {"hidden": 2048, "intermediate": 512, "top_k": 8}  # Qwen3.5-35B-A3B's experts
 ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "w_ptr": "*fp32", "sh_ptr": "*fp16",
-                    "sg_ptr": "*fp16", "y_ptr": "*fp16", "N": "i32", "TOP_K": "constexpr", "PER_PAIR": "constexpr",
-                    "K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_KW": "constexpr", "GLU": "constexpr",
-                    "SUM_TOPK": "constexpr", "SHARED": "constexpr"}
+                    "sg_ptr": "*fp16", "y_ptr": "*fp16", "N": "i32", "magic": "i32", "TOP_K": "constexpr",
+                    "PER_PAIR": "constexpr", "K": "constexpr", "FMT": "constexpr", "G": "constexpr",
+                    "BLOCK_N": "constexpr", "BLOCK_KW": "constexpr", "GLU": "constexpr", "SUM_TOPK": "constexpr",
+                    "SHARED": "constexpr"}
 ROWS_SHAPE = {"W": 16, "HK": 16, "HV": 48, "DK": 128, "DV": 128}  # Qwen3.5-27B's DeltaNet, verify rows of 1 + 15
 ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
                   "s_in_ptr": "*fp32", "in_idx_ptr": "*i64", "s_out_ptr": "*fp32", "out_idx_ptr": "*i64",
@@ -160,13 +161,14 @@ def _routed_ptx(fmt: str, down: bool, fused: bool = False) -> tuple[str, str, in
     width = i if down else h
     consts = {"TOP_K": k, "PER_PAIR": down, "K": width, "BLOCK_N": 16, "GLU": fused and not down,
               "SUM_TOPK": fused and down, "SHARED": fused and down}
+    kernel = kr.routed_gemv_kernel
     if fmt == "w4a16":
-        sig = dict(ROUTED_SIGNATURE, sz_ptr="*fp16", magic="i32", G="constexpr")
-        return _compile(kr.w4a16_routed_gemv_kernel, _ordered(sig, kr.w4a16_routed_gemv_kernel),
-                        dict(consts, G=GROUP, BLOCK_KW=max(8, _words_per_tile(width // 8, 64))), 2)
-    sig = dict(ROUTED_SIGNATURE, s_ptr="*u8", g_ptr="*fp32", FMT="constexpr")
-    return _compile(kr.fp4_routed_gemv_kernel, _ordered(sig, kr.fp4_routed_gemv_kernel),
-                    dict(consts, FMT=FMT_IDS[fmt], BLOCK_KW=_words_per_tile(width // 8, 64)), 2)
+        sig = dict(ROUTED_SIGNATURE, s_ptr="*fp16", g_ptr="*fp16")
+        return _compile(kernel, _ordered(sig, kernel),
+                        dict(consts, FMT=2, G=GROUP, BLOCK_KW=max(8, _words_per_tile(width // 8, 64))), 2)
+    sig = dict(ROUTED_SIGNATURE, s_ptr="*u8", g_ptr="*fp32")
+    return _compile(kernel, _ordered(sig, kernel),
+                    dict(consts, FMT=FMT_IDS[fmt], G=128, BLOCK_KW=_words_per_tile(width // 8, 64)), 2)
 
 
 def _ordered(signature: dict, kernel) -> dict:

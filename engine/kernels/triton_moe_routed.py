@@ -52,79 +52,6 @@ def fp4_pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, rows, K: tl.constexpr, FMT: tl.con
 
 
 @triton.jit
-def shared_epilogue(routed, sh_ptr, sg_ptr):
-    """routed + sigmoid(gate) * shared, as SparseMoE adds the gated shared expert: the sigmoid rounded to the
-    dtype, the product rounded, the sum rounded (torch's bf16 / fp16 ops compute each in float32)."""
-    dt = routed.dtype
-    g = tl.load(sg_ptr).to(tl.float32)
-    gate = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-    shared = tl.load(sh_ptr).to(tl.float32)
-    return (routed.to(tl.float32) + (gate * shared).to(dt).to(tl.float32)).to(dt)
-
-
-@triton.jit
-def fp4_routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, w_ptr, sh_ptr, sg_ptr, y_ptr, N,
-                           TOP_K: tl.constexpr, PER_PAIR: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False,
-                           SUM_TOPK: tl.constexpr = False, SHARED: tl.constexpr = False):
-    """Program (row tile, pair): y[pair, rows] of the pair's row and expert. GLU: the expert's weight is [gate |
-    up] (2N rows) and y[pair, rows] = SiLU(gate) * up, each product rounded to y's dtype first and the SiLU * mul
-    as triton_fused.silu_mul computes it. SUM_TOPK (one row per pair): program (row tile, token) writes y[token,
-    rows] = the sum over the token's TOP_K pairs, in order, of each pair's product (rounded to y's dtype) times
-    its router weight w_ptr[pair], in float32, rounded once: the layer's weighted sum, in this kernel. SHARED (with
-    SUM_TOPK): plus the gated shared expert, y + sigmoid(sg_ptr[token]) * sh_ptr[token, rows], each op rounded as
-    the separate ones are (shared_epilogue)."""
-    KW: tl.constexpr = K // 8
-    NB: tl.constexpr = K // (16 if FMT == 0 else 32)
-    NW: tl.constexpr = 2 if GLU else 1  # weight rows per output row
-    dt = y_ptr.dtype.element_ty
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rows < N
-    rows = tl.where(row_ok, rows, 0).to(tl.int64)[:, None]  # out-of-range rows re-read row 0, not stored
-    if SUM_TOPK:
-        token = tl.program_id(1).to(tl.int64)
-        total = tl.zeros([BLOCK_N], tl.float32)
-        for j in tl.range(0, TOP_K):  # a loop, not unrolled: the V100 build of 8 unrolled pairs spilled
-            pair = token * TOP_K + j
-            expert = tl.load(ids_ptr + pair).to(tl.int64)
-            part = fp4_pair_sums(x_ptr + pair * K, q_ptr + expert * N * KW, s_ptr + expert * N * NB,
-                                 g_ptr + expert * N, rows, K, FMT, BLOCK_N, BLOCK_KW)
-            total += part.to(dt).to(tl.float32) * tl.load(w_ptr + pair).to(tl.float32)
-        out = total.to(dt)
-        if SHARED:
-            out = shared_epilogue(out, sh_ptr + token * N + rows.reshape(BLOCK_N), sg_ptr + token)
-        tl.store(y_ptr + token * N + rows.reshape(BLOCK_N), out, mask=row_ok)
-    else:
-        pair = tl.program_id(1).to(tl.int64)
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        x_ptr += (pair if PER_PAIR else pair // TOP_K) * K
-        q_ptr += expert * NW * N * KW
-        s_ptr += expert * NW * N * NB
-        g_ptr += expert * NW * N
-        out = fp4_pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, rows, K, FMT, BLOCK_N, BLOCK_KW)
-        if GLU:
-            gate = out.to(dt).to(tl.float32)
-            up = fp4_pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, rows + N, K, FMT, BLOCK_N, BLOCK_KW).to(dt)
-            out = (gate / (1.0 + tl.exp(-gate))).to(dt) * up
-        tl.store(y_ptr + pair * N + rows.reshape(BLOCK_N), out.to(dt), mask=row_ok)
-
-
-def fp4_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor, fmt: int,
-                    ids: torch.Tensor, top_k: int, per_pair: bool) -> torch.Tensor:
-    """y [P, N]: pair p = (token p // top_k, expert ids[p]) of `ids` [P] (the router's [T, top_k] flattened)
-    times its expert's weight; x [T, K] (or [P, K], one row per pair, when `per_pair`), contiguous fp16/bf16;
-    qweight int32 [E, N, K/8], scales uint8 [E, N, K/B], gscale float32 [E, N] (NVFP4; any tensor for MXFP4)."""
-    experts, n, kw = qweight.shape
-    pairs = ids.numel()
-    y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
-    fp4_routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scales, gscale, ids, ids, ids, ids, y, n, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, FMT=fmt,
-        BLOCK_N=16,
-        BLOCK_KW=_words_per_tile(kw, 64), num_warps=2)
-    return y
-
-
-@triton.jit
 def w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows, magic, K: tl.constexpr, G: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_KW: tl.constexpr):
     """fp4_pair_sums for a W4A16 expert (sz_ptr at its (scale, zero) pairs)."""
@@ -137,14 +64,42 @@ def w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows, magic, K: tl.constexpr, G: tl.co
 
 
 @triton.jit
-def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, w_ptr, sh_ptr, sg_ptr, y_ptr, N, magic,
-                             TOP_K: tl.constexpr, PER_PAIR: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False,
-                             SUM_TOPK: tl.constexpr = False, SHARED: tl.constexpr = False):
-    """fp4_routed_gemv_kernel for W4A16 experts (GLU, SUM_TOPK and SHARED alike)."""
-    KW: tl.constexpr = K // 8
-    SZ: tl.constexpr = 2 * (K // G)  # (scale, zero) entries a row
-    NW: tl.constexpr = 2 if GLU else 1
+def pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, expert, expert_rows, rows, magic, K: tl.constexpr, FMT: tl.constexpr,
+              G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr):
+    """The pair's products with expert `expert` of a stack of `expert_rows` weight rows an expert: FP4 (FMT 0, 1;
+    s_ptr its block scales, g_ptr its global scales) or W4A16 (FMT 2; s_ptr its (scale, zero) pairs)."""
+    if FMT == 2:
+        return w4a16_pair_sums(x_ptr, q_ptr + expert * expert_rows * (K // 8),
+                               s_ptr + expert * expert_rows * (2 * (K // G)), rows, magic, K, G, BLOCK_N, BLOCK_KW)
+    else:
+        return fp4_pair_sums(x_ptr, q_ptr + expert * expert_rows * (K // 8),
+                             s_ptr + expert * expert_rows * (K // (16 if FMT == 0 else 32)),
+                             g_ptr + expert * expert_rows, rows, K, FMT, BLOCK_N, BLOCK_KW)
+
+
+@triton.jit
+def shared_epilogue(routed, sh_ptr, sg_ptr):
+    """routed + sigmoid(gate) * shared, as SparseMoE adds the gated shared expert: the sigmoid rounded to the
+    dtype, the product rounded, the sum rounded (torch's bf16 / fp16 ops compute each in float32)."""
+    dt = routed.dtype
+    g = tl.load(sg_ptr).to(tl.float32)
+    gate = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    shared = tl.load(sh_ptr).to(tl.float32)
+    return (routed.to(tl.float32) + (gate * shared).to(dt).to(tl.float32)).to(dt)
+
+
+@triton.jit
+def routed_gemv_kernel(x_ptr, q_ptr, s_ptr, g_ptr, ids_ptr, w_ptr, sh_ptr, sg_ptr, y_ptr, N, magic,
+                       TOP_K: tl.constexpr, PER_PAIR: tl.constexpr, K: tl.constexpr, FMT: tl.constexpr,
+                       G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, GLU: tl.constexpr = False,
+                       SUM_TOPK: tl.constexpr = False, SHARED: tl.constexpr = False):
+    """Program (row tile, pair): y[pair, rows] of the pair's row and expert (pair_sums' formats). GLU: the expert's
+    weight is [gate | up] (2N rows) and y[pair, rows] = SiLU(gate) * up, each product rounded to y's dtype first
+    and the SiLU * mul as triton_fused.silu_mul computes it. SUM_TOPK (one row per pair): program (row tile, token)
+    writes y[token, rows] = the sum over the token's TOP_K pairs, in order, of each pair's product (rounded to y's
+    dtype) times its router weight w_ptr[pair], in float32, rounded once: the layer's weighted sum, in this
+    kernel; SHARED adds the gated shared expert, sigmoid(sg_ptr[token]) * sh_ptr[token, rows] (shared_epilogue)."""
+    expert_rows = 2 * N if GLU else N
     dt = y_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -155,8 +110,8 @@ def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, w_ptr, sh_ptr, sg_pt
         for j in tl.range(0, TOP_K):  # a loop, not unrolled: the V100 build of 8 unrolled pairs spilled
             pair = token * TOP_K + j
             expert = tl.load(ids_ptr + pair).to(tl.int64)
-            part = w4a16_pair_sums(x_ptr + pair * K, q_ptr + expert * N * KW, sz_ptr + expert * N * SZ, rows, magic,
-                                   K, G, BLOCK_N, BLOCK_KW)
+            part = pair_sums(x_ptr + pair * K, q_ptr, s_ptr, g_ptr, expert, expert_rows, rows, magic, K, FMT, G,
+                             BLOCK_N, BLOCK_KW)
             total += part.to(dt).to(tl.float32) * tl.load(w_ptr + pair).to(tl.float32)
         out = total.to(dt)
         if SHARED:
@@ -166,14 +121,27 @@ def w4a16_routed_gemv_kernel(x_ptr, q_ptr, sz_ptr, ids_ptr, w_ptr, sh_ptr, sg_pt
         pair = tl.program_id(1).to(tl.int64)
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         x_ptr += (pair if PER_PAIR else pair // TOP_K) * K
-        q_ptr += expert * NW * N * KW
-        sz_ptr += expert * NW * N * SZ
-        out = w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows, magic, K, G, BLOCK_N, BLOCK_KW)
+        out = pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, expert, expert_rows, rows, magic, K, FMT, G, BLOCK_N, BLOCK_KW)
         if GLU:
             gate = out.to(dt).to(tl.float32)
-            up = w4a16_pair_sums(x_ptr, q_ptr, sz_ptr, rows + N, magic, K, G, BLOCK_N, BLOCK_KW).to(dt)
+            up = pair_sums(x_ptr, q_ptr, s_ptr, g_ptr, expert, expert_rows, rows + N, magic, K, FMT, G, BLOCK_N,
+                           BLOCK_KW).to(dt)
             out = (gate / (1.0 + tl.exp(-gate))).to(dt) * up
         tl.store(y_ptr + pair * N + rows.reshape(BLOCK_N), out.to(dt), mask=row_ok)
+
+
+def fp4_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gscale: torch.Tensor, fmt: int,
+                    ids: torch.Tensor, top_k: int, per_pair: bool) -> torch.Tensor:
+    """y [P, N]: pair p = (token p // top_k, expert ids[p]) of `ids` [P] (the router's [T, top_k] flattened)
+    times its expert's weight; x [T, K] (or [P, K], one row per pair, when `per_pair`), contiguous fp16/bf16;
+    qweight int32 [E, N, K/8], scales uint8 [E, N, K/B], gscale float32 [E, N] (NVFP4; any tensor for MXFP4)."""
+    experts, n, kw = qweight.shape
+    pairs = ids.numel()
+    y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
+    routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
+        x, qweight, scales, gscale, ids, ids, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8,
+        FMT=fmt, G=128, BLOCK_N=16, BLOCK_KW=_words_per_tile(kw, 64), num_warps=2)
+    return y
 
 
 def w4a16_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group: int,
@@ -183,12 +151,10 @@ def w4a16_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.
     experts, n, kw = qweight.shape
     pairs = ids.numel()
     y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
-    w4a16_routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scale_zero, ids, ids, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8, G=group,
-        BLOCK_N=16,
-        BLOCK_KW=max(8, _words_per_tile(kw, 64)), num_warps=2)
+    routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
+        x, qweight, scale_zero, scale_zero, ids, ids, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair,
+        K=kw * 8, FMT=2, G=group, BLOCK_N=16, BLOCK_KW=max(8, _words_per_tile(kw, 64)), num_warps=2)
     return y
-
 
 
 def routed_glu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: str,
@@ -219,12 +185,8 @@ def _routed(x, qweight, scales, second, fmt: str, group: int, ids, weights, top_
                  SHARED=shared is not None, num_warps=2)
     w = weights if weights is not None else ids
     sg, sh = (shared[0].contiguous(), shared[1].contiguous()) if shared is not None else (ids, ids)
-    if fmt == "int4":
-        w4a16_routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
-            x, qweight, scales, ids, w, sh, sg, y, n_out, MAGIC, G=group, BLOCK_KW=max(8, _words_per_tile(kw, 64)),
-            **flags)
-    else:
-        fp4_routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
-            x, qweight, scales, second, ids, w, sh, sg, y, n_out, FMT=FP4_IDS[fmt], BLOCK_KW=_words_per_tile(kw, 64),
-            **flags)
+    w4 = fmt == "int4"
+    routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
+        x, qweight, scales, second, ids, w, sh, sg, y, n_out, MAGIC, FMT=2 if w4 else FP4_IDS[fmt],
+        G=group if w4 else 128, BLOCK_KW=max(8, _words_per_tile(kw, 64)) if w4 else _words_per_tile(kw, 64), **flags)
     return y
