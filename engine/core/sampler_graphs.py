@@ -15,17 +15,17 @@ replay.
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import torch
 
 from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.sampling_params import SamplingParams
+from onecat.engine.switches import switch
 
 # on by default (H100: sampled decode at batch 1 673 -> 1,430 tok/s, the same tokens,
 # benchmarks/results/gpu_sampled_decode_h100.json); ONECAT_SAMPLER_GRAPHS=0 launches each draw's kernels eagerly
-SAMPLER_GRAPHS = os.environ.get("ONECAT_SAMPLER_GRAPHS", "1") != "0"
+SAMPLER_GRAPHS = switch("ONECAT_SAMPLER_GRAPHS", True)
 MAX_GRAPHS = 8  # distinct (buffer, settings) kept; the least recently used is dropped past this
 MAX_SEEN = 256  # distinct (buffer, settings) remembered as met once
 

@@ -16,7 +16,6 @@ program is last never changes the result.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -24,6 +23,7 @@ import triton.language as tl
 
 from onecat.engine.kernels import pdl
 from onecat.engine.cache.kv import LayerKVCache
+from onecat.engine.switches import switch
 
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
 #                  that a 1K-token decode already spreads over 8 programs per KV head)
@@ -36,7 +36,7 @@ WIDE_MAX_HEAD_DIM = 128
 FP8_KINDS = {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}  # 8-bit KV storage dtypes the kernel reads
 MERGE_ONE_PASS = True  # up to MERGE_BLOCK partitions merged after one load of each: the two-pass loop's arithmetic
 #                        with one memory round trip fewer (the A/B switch)
-MERGE_IN_SPLIT = os.environ.get("ONECAT_MERGE_IN_SPLIT") == "1"  # the split kernel's last program merges (A/B;
+MERGE_IN_SPLIT = switch("ONECAT_MERGE_IN_SPLIT", False)  # the split kernel's last program merges (A/B;
 #                        off until measured on a GPU)
 COUNTERS_MIN = 1 << 16  # (token, KV head) counters kept per device; zero between launches
 

@@ -17,15 +17,16 @@ interpreter runs them on CPU.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from onecat.engine.switches import switch
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the fused MoE kernels (triton_moe.py) take
 # the packed many-row GEMM (triton_packed_rows.py): on with ONECAT_PACKED_ROWS_GEMM=1 (read once; benchmarks set it
 # per process) until its GPU test has run; the rows it takes (1-16: the packed GEMV; more: a prefill's, which the
 # dequantized weight and the library GEMM serve well) and the GPUs (tl.dot on fp16/bf16 tiles)
-PACKED_ROWS_GEMM = os.environ.get("ONECAT_PACKED_ROWS_GEMM") == "1"
+PACKED_ROWS_GEMM = switch("ONECAT_PACKED_ROWS_GEMM", False)
 PACKED_ROWS = (17, 128)
 PACKED_ROWS_MIN_CAPABILITY = 80
 

@@ -5,9 +5,9 @@ are on (an H100 A/B: route 1 target-only 112.5 against 58.6 tok/s, the same toke
 ONECAT_FUSED_HYBRID=0. Read once: benchmarks set it per process for their arms; tests set ENABLED."""
 from __future__ import annotations
 
-import os
+from onecat.engine.switches import switch
 
-ENABLED = os.environ.get("ONECAT_FUSED_HYBRID", "1") != "0"
+ENABLED = switch("ONECAT_FUSED_HYBRID", True)
 
 
 def describe(fused_kernels: bool) -> str:

@@ -15,17 +15,16 @@ matmul.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from onecat.engine.attention.forward_context import gemv_row_limit
 from onecat.engine.layers import batch_invariant_linear
+from onecat.engine.switches import switch
 
 
-ROWS_GEMM = os.environ.get("ONECAT_ROWS_GEMM") == "1"  # read once: benchmarks set it per process
+ROWS_GEMM = switch("ONECAT_ROWS_GEMM", False)  # read once: benchmarks set it per process
 
 
 def rows_gemm_ok(x: torch.Tensor, weight: torch.Tensor, fused: bool) -> bool:

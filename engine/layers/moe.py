@@ -21,8 +21,6 @@ projection, only the routed experts run.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +31,7 @@ from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.pointwise import pointwise
+from onecat.engine.switches import switch
 
 
 class _ExpertLinear:
@@ -130,7 +129,7 @@ class PackedExperts(nn.Module):
     ROUTED_TOKENS = 256  # decode and verify steps of up to this many tokens take the routed GEMV
     # the routed experts in two kernels (triton_moe_routed.routed_glu / routed_down_sum) instead of about nine;
     # read once, off until they have run on a GPU
-    FUSED = os.environ.get("ONECAT_MOE_FUSED_ROUTED") == "1"
+    FUSED = switch("ONECAT_MOE_FUSED_ROUTED", False)
     FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
 
     def __init__(self, gate_up: list[nn.Module], down: list[nn.Module], intermediate: int):

@@ -6,7 +6,6 @@ states, `wants_features` / `step_features` / `record_features`.
 """
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
 
@@ -19,6 +18,7 @@ from onecat.engine.speculative.controller import SpeculationGate
 from onecat.engine.speculative.draft_length import DraftLengths
 from onecat.engine.speculative.draft_ahead import VerifiedRead
 from onecat.engine.speculative.verifier import Draft, DraftBlock, emitted_tokens, verified_on_device
+from onecat.engine.switches import switch
 
 
 @runtime_checkable
@@ -38,7 +38,7 @@ def drafts_stay_on_device(target) -> bool:
     """Whether a drafter running on `target`'s device leaves its drafts there until verified: on a GPU, unless
     the engine is tensor parallel (its other ranks are sent host lists); ONECAT_DRAFTS_ON_DEVICE=0 reads them
     back each round instead (an A/B switch for measurements)."""
-    if os.environ.get(DEVICE_DRAFTS_FLAG) == "0":
+    if not switch(DEVICE_DRAFTS_FLAG, True):
         return False
     return target.device.type == "cuda" and not target.has_peer_ranks
 
@@ -114,7 +114,7 @@ class SpeculativeDecoder:
         self.max_model_len = max_model_len
         self.k = proposer.k
         self.gate = gate if gate is not None else SpeculationGate(enabled=False)
-        trim = proposer.trims_drafts and os.environ.get(DRAFT_LENGTHS_FLAG) != "0"
+        trim = proposer.trims_drafts and switch(DRAFT_LENGTHS_FLAG, True)
         self.lengths = DraftLengths(proposer.k) if trim else None
         self._captures = proposer.graph_captures
 

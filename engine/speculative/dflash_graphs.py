@@ -21,12 +21,11 @@ gives them keys).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from onecat.engine.speculative.dflash_cache import project_rows
 from onecat.engine.speculative.round_graphs import MAX_ROWS, ContextGraphs
+from onecat.engine.switches import switch
 
 ENV_FLAG = "ONECAT_DFLASH_CUDA_GRAPHS"
 FLUSH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # feature rows a captured context projection takes
@@ -34,8 +33,8 @@ FLUSH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # feature rows a captured cont
 
 def graphs_wanted(device: torch.device, target_graphs: bool) -> bool:
     """`target_graphs`: the target runs full CUDA graphs (its cuda_graph setting)."""
-    forced = os.environ.get(ENV_FLAG)
-    return device.type == "cuda" and (forced == "1" if forced in ("0", "1") else target_graphs)
+    forced = switch(ENV_FLAG, None)
+    return device.type == "cuda" and (target_graphs if forced is None else forced)
 
 
 class DrafterGraphs(ContextGraphs):

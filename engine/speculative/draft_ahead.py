@@ -20,7 +20,6 @@ tokens against target-only.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +28,7 @@ from onecat.engine.core.keyed_draws import keys_at, seed_key
 from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.dflash_cache import project_rows
+from onecat.engine.switches import switch
 from onecat.engine.transfers import to_device
 
 AHEAD_FLAG = "ONECAT_DRAFT_AHEAD"
@@ -36,8 +36,8 @@ AHEAD_FLAG = "ONECAT_DRAFT_AHEAD"
 
 def ahead_wanted(device: torch.device) -> bool:
     """On a GPU unless `ONECAT_DRAFT_AHEAD=0`; on a CPU only with `ONECAT_DRAFT_AHEAD=1`."""
-    flag = os.environ.get(AHEAD_FLAG)
-    return flag == "1" if flag in ("0", "1") else device.type == "cuda"
+    forced = switch(AHEAD_FLAG, None)
+    return device.type == "cuda" if forced is None else forced
 
 
 @dataclass(slots=True)

@@ -15,12 +15,11 @@ GEMM. ONECAT_CPU_INT8_MATMUL=0 turns the path off (the bf16 GEMM everywhere, for
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
+from onecat.engine.switches import switch
 
 ENV = "ONECAT_CPU_INT8_MATMUL"
 TILE = 16  # output columns per tile: one int32 lane each in a 512-bit register
@@ -28,7 +27,7 @@ TILE = 16  # output columns per tile: one int32 lane each in a 512-bit register
 
 def unavailable_reason() -> str | None:
     """None where the int8 path runs here, else why not."""
-    if os.environ.get(ENV, "1") == "0":
+    if not switch(ENV, True):
         return f"{ENV}=0"
     from onecat.engine.kernels import cpu_ops
 
