@@ -6,7 +6,8 @@ computed position i the target keeps is recorded with the token after it, t_{i+1
 those positions are kept per request in the drafter KV cache (dflash_cache.py), projected for all
 requests at once before drafting.
 
-A round, for every decoding request at once: the first query is the newest kept position p (its input is
+The features are formed for all queued requests at once before drafting (a step's requests in one embedding,
+one norm and one concatenation). A round, for every decoding request at once: the first query is the newest kept position p (its input is
 (h_p, t_{p+1}) and its keys/values are in the cache already); draft j + 1 feeds the head its own output
 and draft j at position p + j, attending over the kept positions and the earlier draft rows (those rows
 are the round's only: the next recording replaces them with the target's). Greedy requests draft the
@@ -16,13 +17,15 @@ With the target on full CUDA graphs, rounds replay the head's graphs (mtp_graphs
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from onecat.engine.core.keyed_draws import row_keys
 from onecat.engine.core.sampler import sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
-from onecat.engine.speculative.dflash_cache import DrafterKVCache
+from onecat.engine.speculative.dflash_cache import FLUSH_ROWS, DrafterKVCache
 from onecat.engine.speculative.mtp_graphs import MTPGraphs
 from onecat.engine.speculative.mtp_weights import load_mtp_head
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
@@ -51,20 +54,39 @@ class MTPProposer(Proposer):
                                   max_steps=k),
                 "the MTP graphs'")
         self.newest: dict[str, tuple[int, torch.Tensor]] = {}  # request -> (its newest kept position, its features)
+        # (request, first position, the step's rows, the token after each), queued until _flush_features
+        self.pending: list[tuple[str, int, FeatureRows, list[int]]] = []
+        self.pending_rows = 0
 
-    @torch.inference_mode()
     def record_features(self, seq, rows: FeatureRows) -> None:
         """`rows`: the tapped hidden states of the positions the step just kept, ending at num_computed_tokens;
-        the token after each is known by now (the prompt's, or the step's output)."""
+        the token after each is known by now (the prompt's, or the step's output). Queued with those tokens: the
+        head's inputs of every request are formed at once before drafting (_flush_features), not ~10 small
+        kernels a request a step."""
         if rows.count == 0:
             return
-        rows = rows.rows()
-        end = seq.num_computed_tokens
-        start = end - rows.shape[0]
-        nxt = to_device(seq.token_ids[start + 1:end + 1], rows.device)
+        start = seq.num_computed_tokens - rows.count
+        self.pending.append((seq.request_id, start, rows, seq.token_ids[start + 1:start + rows.count + 1]))
+        self.pending_rows += rows.count
+        if self.pending_rows >= FLUSH_ROWS:  # a long prefill, or a batch decoding a while without drafts
+            self._flush_features()
+
+    @torch.inference_mode()
+    def _flush_features(self) -> None:
+        """Every queued row's head input (embedding of the token after it, the row after the target's final
+        norm) in one pass over all requests, then each request's rows into the drafter cache and its newest
+        one kept."""
+        if not self.pending:
+            return
+        pending, self.pending, self.pending_rows = self.pending, [], 0
+        rows = torch.cat([r.rows() for _, _, r, _ in pending]) if len(pending) > 1 else pending[0][2].rows()
+        nxt = to_device([t for *_, after in pending for t in after], rows.device)
         features = torch.cat([self.embed(nxt), self.final_norm(rows.to(self.cache.dtype))], dim=-1)
-        self.cache.add(seq.request_id, start, features)
-        self.newest[seq.request_id] = (end - 1, features[-1].clone())  # not a view that keeps all the rows
+        ends = list(itertools.accumulate(r.count for _, _, r, _ in pending))
+        newest = features[to_device([e - 1 for e in ends], rows.device)]  # their own tensor: no view of all rows
+        for i, (request_id, start, r, _) in enumerate(pending):
+            self.cache.add(request_id, start, features[ends[i] - r.count:ends[i]])
+            self.newest[request_id] = (start + r.count - 1, newest[i])
 
     def _ready(self, seq) -> bool:
         """The request's newest kept position is the one before its last token (the state of a decoding request
@@ -79,6 +101,7 @@ class MTPProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, seqs, budgets):
+        self._flush_features()
         self.cache.flush()
         counts = [min(b, self.k) if self._ready(s) else 0 for s, b in zip(seqs, budgets)]
         rows = [i for i, n in enumerate(counts) if n]
@@ -126,6 +149,8 @@ class MTPProposer(Proposer):
         return tokens
 
     def release(self, seq) -> None:
+        self.pending = [p for p in self.pending if p[0] != seq.request_id]  # its queued rows are of no use now
+        self.pending_rows = sum(p[2].count for p in self.pending)
         self.cache.release(seq.request_id)
         self.newest.pop(seq.request_id, None)
 
