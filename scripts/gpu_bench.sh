@@ -29,7 +29,8 @@
 # `packed_rows_route` route 1 at batch 8 with it off and on (ONECAT_PACKED_ROWS_GEMM); `packed_rows_e2e` the 8B
 # shape dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm with it off and on
 # (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests written since the last GPU run
-# (the packed many-row GEMM, sampled MTP rounds from graphs, the pipeline with a top-p-only row, the sampler's
+# (the packed many-row GEMM, MTP rounds (sampled ones from graphs, batched feature recording), the pipeline with
+# a top-p-only row, the sampler's
 # filters, the fused routed experts); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts
 # off and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed
 # routes (PROFILE_ROUTES, default both) at batch 1 and 8 with a
@@ -149,7 +150,7 @@ for step in $steps; do
            done ;;
     pending_tests) timeout 400 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_packed_rows_gpu.py \
              tests/test_sampler_filters.py tests/test_mtp.py tests/test_gpu_engine.py tests/test_moe_gpu.py \
-             -k "packed or rows or filters or sorting or batch or sampled_mtp or async_scheduling or fused_routed" \
+             -k "packed or rows or filters or sorting or batch or mtp or async_scheduling or fused_routed" \
              >"$out/pending_tests.log" 2>&1; echo "pending tests rc=$?"; grep -E "passed|failed|FAILED|Error" \
              "$out/pending_tests.log" | tail -8 ;;
     moe_fused_route) for f in 0 1; do
