@@ -24,18 +24,16 @@
 # seed route's settings (T 1, top-p 0.95, top-k 20; EMBEDDED_GGUF, DFLASH_PROMPTS).
 # `sampled_decode` the one-step-ahead decode's GPU test with sampled batches and sampling graphs on, then greedy,
 # sampled eager and sampled from captured graphs in one run (benchmarks/gpu_sampled_decode.py, random weights).
-# `packed_rows` the packed many-row GEMM's GPU tests and its timing against the dequantizing path on the
-# Qwen3.5-27B projections at 17-128 rows, NVFP4 with a tile sweep and W4A16 (benchmarks/gpu_packed_rows.py);
-# `packed_rows_route` route 1 at batch 8 with it off and on (ONECAT_PACKED_ROWS_GEMM); `packed_rows_e2e` the 8B
-# shape dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm with it off and on
-# (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests written since the last GPU run
-# (the packed many-row GEMM, MTP rounds (sampled ones from graphs, batched feature recording), the pipeline with
-# a top-p-only row, the sampler's
-# filters, the fused routed experts); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts
-# off and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed
-# routes (PROFILE_ROUTES, default both) at batch 1 and 8 with a
-# profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time by
-# host phase, busiest kernels).
+# `packed_rows` the packed many-row GEMM's GPU tests and its timing against the dequantizing path on the Qwen3.5-27B
+# projections at 17-128 rows, NVFP4 with a tile sweep and W4A16 (benchmarks/gpu_packed_rows.py); `packed_rows_route`
+# route 1 at batch 8 with it off and on (ONECAT_PACKED_ROWS_GEMM); `packed_rows_e2e` the 8B shape dense, W4A16,
+# NVFP4 and FP8 at batch 1, 32 and 64, each packed arm with it off and on (benchmarks/gpu_w4a16_e2e.py
+# --packed-rows-ab); `pending_tests` the GPU tests written since the last GPU run (the packed many-row GEMM, MTP
+# rounds (sampled ones from graphs, batched feature recording), the pipeline with a top-p-only row, the sampler's
+# filters, the fused routed experts); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
+# and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8
+# with a profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time
+# by host phase, busiest kernels).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
