@@ -191,9 +191,30 @@ def test_greedy_mtp_is_token_identical_and_releases_its_state(kind, request):
         assert all(o.spec.num_drafts > 0 for o in outs)
         proposer = llm.engine.proposer.proposer
         assert not proposer.newest and not proposer.cache.entries and not proposer.cache.pending  # released
+        assert not proposer.pending and proposer.pending_rows == 0
         described = llm.info()["speculative"]
         assert described["method"] == "mtp" and described["num_speculative_tokens"] == 3
         assert described["hidden_state_of_layer"] == 3
+
+
+def test_queued_features_flushed_early_give_the_same_drafts(tmp_path, monkeypatch):
+    """The head's inputs are queued per step and formed at once before drafting, or earlier once FLUSH_ROWS rows
+    wait (here 3: prefills flush mid-prompt, decode steps every few requests): the same drafts either way, so the
+    same acceptance, and target-only's tokens."""
+    from onecat.engine.speculative import mtp
+
+    path = str(edited_copy(DATA / "tiny-qwen35", tmp_path / "agree", make_head_agree_with_target))  # drafts accepted
+    default = mtp.FLUSH_ROWS
+    with LLM(path, **SETTINGS) as llm:
+        reference = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    runs = {}
+    for rows in (default, 3):
+        monkeypatch.setattr(mtp, "FLUSH_ROWS", rows)
+        with LLM(path, speculative_config=MTP, **SETTINGS) as llm:
+            outs = llm.generate(PROMPTS, GREEDY)
+        runs[rows] = [(o.spec.num_drafts, o.spec.num_accepted_tokens) for o in outs]
+        assert [o.token_ids for o in outs] == reference
+    assert runs[3] == runs[default] and sum(n for _, n in runs[3]) > 0
 
 
 def test_greedy_mtp_over_prefix_cache_hits(tmp_path):
