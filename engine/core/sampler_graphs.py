@@ -30,7 +30,8 @@ MAX_GRAPHS = 8  # distinct (buffer, settings) kept; the least recently used is d
 MAX_SEEN = 256  # distinct (buffer, settings) remembered as met once
 
 
-def _settings(p: SamplingParams) -> tuple:
+def draw_settings(p: SamplingParams) -> tuple:
+    """What a captured draw fixes of a row's settings (its graph key; the keys themselves change every step)."""
     return (p.greedy, p.temperature, p.top_k, p.top_p, p.min_p)
 
 
@@ -50,7 +51,7 @@ class SamplerGraphs:
         `logits` must be a buffer whose storage the caller keeps (a decode graph's output)."""
         if self.disabled_reason is not None:
             return sample_on_device(logits, params, keys)
-        key = (logits.data_ptr(), tuple(logits.shape), logits.dtype, tuple(_settings(p) for p in params))
+        key = (logits.data_ptr(), tuple(logits.shape), logits.dtype, tuple(draw_settings(p) for p in params))
         entry = self.graphs.get(key)
         if entry is None:
             if key not in self.seen:

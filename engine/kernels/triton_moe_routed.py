@@ -24,7 +24,8 @@ import triton.language as tl
 from onecat.engine.kernels.triton_fp4 import X_PRESCALE, block_scale, e2m1_times_2m126
 from onecat.engine.kernels.triton_w4a16 import MAGIC, _words_per_tile, tile
 
-FP4_IDS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
+W4A16 = 2  # FMT of routed_gemv_kernel besides triton_fp4.NVFP4 / MXFP4 (0, 1)
+FORMATS = {"nvfp4": 0, "mxfp4": 1, "int4": W4A16}  # the words' format name (PackedExperts.routed) -> FMT
 
 
 @triton.jit
@@ -135,26 +136,14 @@ def fp4_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     """y [P, N]: pair p = (token p // top_k, expert ids[p]) of `ids` [P] (the router's [T, top_k] flattened)
     times its expert's weight; x [T, K] (or [P, K], one row per pair, when `per_pair`), contiguous fp16/bf16;
     qweight int32 [E, N, K/8], scales uint8 [E, N, K/B], gscale float32 [E, N] (NVFP4; any tensor for MXFP4)."""
-    experts, n, kw = qweight.shape
-    pairs = ids.numel()
-    y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
-    routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scales, gscale, ids, ids, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair, K=kw * 8,
-        FMT=fmt, G=128, BLOCK_N=16, BLOCK_KW=_words_per_tile(kw, 64), num_warps=2)
-    return y
+    return _launch(x, qweight, scales, gscale, fmt, 128, ids, top_k, per_pair=per_pair)
 
 
 def w4a16_routed_gemv(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group: int,
                       ids: torch.Tensor, top_k: int, per_pair: bool) -> torch.Tensor:
     """fp4_routed_gemv for W4A16 experts: qweight int32 [E, N, K/8], scale_zero [E, N, 2 K/G]
     (engine/quant/w4a16/layout.py scale_zero_pairs per expert), no act-order permutation."""
-    experts, n, kw = qweight.shape
-    pairs = ids.numel()
-    y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
-    routed_gemv_kernel[(triton.cdiv(n, 16), pairs)](
-        x, qweight, scale_zero, scale_zero, ids, ids, ids, ids, y, n, MAGIC, TOP_K=top_k, PER_PAIR=per_pair,
-        K=kw * 8, FMT=2, G=group, BLOCK_N=16, BLOCK_KW=max(8, _words_per_tile(kw, 64)), num_warps=2)
-    return y
+    return _launch(x, qweight, scale_zero, scale_zero, W4A16, group, ids, top_k, per_pair=per_pair)
 
 
 def routed_glu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: str,
@@ -162,7 +151,7 @@ def routed_glu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, sec
     """SiLU(gate) * up [P, N/2] of every pair's [gate | up] expert (qweight [E, N, K/8]) in one kernel: FP4
     (`scales` its block scales, `second` the global scales; fmt "nvfp4" / "mxfp4") or W4A16 (`scales` the
     (scale, zero) pairs, `second` unused, fmt "int4")."""
-    return _routed(x, qweight, scales, second, fmt, group, ids, None, top_k, glu=True)
+    return _launch(x, qweight, scales, second, FORMATS[fmt], group, ids, top_k, per_pair=False, glu=True)
 
 
 def routed_down_sum(h: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: str,
@@ -171,22 +160,22 @@ def routed_down_sum(h: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     """[T, N]: each token's router-weighted sum of its pairs' down products (h [P, K], one row per pair), summed in
     float32 in top-k order and rounded once, in one kernel (routed_glu's formats). `shared`: (the shared expert's
     gate logit [T, 1], its output [T, N]) added as sigmoid(gate) * output in the same kernel."""
-    return _routed(h, qweight, scales, second, fmt, group, ids, weights.reshape(-1).contiguous(), top_k, glu=False,
-                   shared=shared)
+    return _launch(h, qweight, scales, second, FORMATS[fmt], group, ids, top_k, per_pair=True,
+                   weights=weights.reshape(-1).contiguous(), shared=shared)
 
 
-def _routed(x, qweight, scales, second, fmt: str, group: int, ids, weights, top_k: int, glu: bool,
-            shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def _launch(x, qweight, scales, second, fmt: int, group: int, ids, top_k: int, *, per_pair: bool, glu: bool = False,
+            weights: torch.Tensor | None = None, shared: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """routed_gemv_kernel over every pair (or, with `weights`, every token's pairs summed)."""
     experts, n, kw = qweight.shape
     pairs = ids.numel()
-    n_out, programs = (n // 2, pairs) if glu else (n, pairs // top_k)
+    n_out = n // 2 if glu else n
+    programs = pairs // top_k if weights is not None else pairs
     y = torch.empty(programs, n_out, dtype=x.dtype, device=x.device)
-    flags = dict(TOP_K=top_k, PER_PAIR=not glu, K=kw * 8, BLOCK_N=16, GLU=glu, SUM_TOPK=not glu,
-                 SHARED=shared is not None, num_warps=2)
-    w = weights if weights is not None else ids
     sg, sh = (shared[0].contiguous(), shared[1].contiguous()) if shared is not None else (ids, ids)
-    w4 = fmt == "int4"
     routed_gemv_kernel[(triton.cdiv(n_out, 16), programs)](
-        x, qweight, scales, second, ids, w, sh, sg, y, n_out, MAGIC, FMT=2 if w4 else FP4_IDS[fmt],
-        G=group if w4 else 128, BLOCK_KW=max(8, _words_per_tile(kw, 64)) if w4 else _words_per_tile(kw, 64), **flags)
+        x, qweight, scales, second, ids, ids if weights is None else weights, sh, sg, y, n_out, MAGIC, TOP_K=top_k,
+        PER_PAIR=per_pair, K=kw * 8, FMT=fmt, G=group, BLOCK_N=16,
+        BLOCK_KW=max(8, _words_per_tile(kw, 64)) if fmt == W4A16 else _words_per_tile(kw, 64),
+        GLU=glu, SUM_TOPK=weights is not None, SHARED=shared is not None, num_warps=2)
     return y

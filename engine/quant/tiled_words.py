@@ -64,6 +64,21 @@ class TiledWords:
         return (tensor_cores_apply(x, self.words_format, scales, group, False)
                 and layout_takes(self.tiled, self.words_format, x.dtype))
 
+    def packed_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ W^T (+ bias) by the packed many-row GEMM where it takes this call (triton_support.packed_rows_take:
+        ONECAT_PACKED_ROWS_GEMM, 17-128 CUDA rows), reading the words as they lie; None otherwise."""
+        from onecat.engine.kernels.triton_support import packed_rows_take
+
+        if not packed_rows_take(x, self.in_features, x.numel() // self.in_features):
+            return None
+        y = self.rows_gemm(x)
+        bias = getattr(self, "bias", None)
+        return y if bias is None else y + bias
+
+    def rows_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """This format's call of engine/kernels/triton_packed_rows.py on the words as they lie."""
+        raise NotImplementedError
+
     def gemv_operands(self) -> tuple[str, torch.Tensor, torch.Tensor | None, int]:
         """(format, scales, row scale, group) of this layer's packed_gemv calls."""
         raise NotImplementedError

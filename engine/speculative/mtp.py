@@ -21,12 +21,11 @@ import itertools
 
 import torch
 
-from onecat.engine.core.keyed_draws import row_keys
-from onecat.engine.core.sampler import sample_on_device
+from onecat.engine.core.keyed_draws import span_keys
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import FLUSH_ROWS, DrafterKVCache
-from onecat.engine.speculative.mtp_graphs import MTPGraphs
+from onecat.engine.speculative.mtp_graphs import MTPGraphs, keyed_pick
 from onecat.engine.speculative.mtp_weights import load_mtp_head
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.transfers import to_device
@@ -129,19 +128,11 @@ class MTPProposer(Proposer):
             layer_kv, ctx_len = self.cache.gather(request_ids)
             (k_ctx, v_ctx), = layer_kv
             visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
-            picked = to_device(sampled, device)  # the sampled rows as a device index (a list index copies in sync)
-
-            step = iter(range(steps))
-
-            def pick(logits: torch.Tensor) -> torch.Tensor:  # called once per draft step, in order
-                token = logits.argmax(dim=-1)
-                if sampled:
-                    j = next(step)
-                    keys = row_keys([seqs[r].seed for r in sampled], [seqs[r].num_tokens + j for r in sampled],
-                                    device)
-                    token[picked] = sample_on_device(logits[picked], [params[r] for r in sampled], keys)
-                return token
-
+            pick = None
+            if sampled:  # the sampled rows as a device index (a list index copies in sync), their drafts' keys
+                keys = span_keys([(seqs[r].seed, seqs[r].num_tokens, steps) for r in sampled], device)
+                pick = keyed_pick(to_device(sampled, device), [params[r] for r in sampled],
+                                  keys.view(len(sampled), steps))
             tokens = self.head.draft(self.embed, self.lm_head, self.head.context(newest),
                                      to_device(last_positions, device), k_ctx, v_ctx, visible, steps, pick)
         if not self.drafts_on_device:

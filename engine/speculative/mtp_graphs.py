@@ -18,6 +18,7 @@ import torch
 
 from onecat.engine.core.keyed_draws import span_keys
 from onecat.engine.core.sampler import constant, sample_on_device
+from onecat.engine.core.sampler_graphs import draw_settings
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.speculative.round_graphs import MAX_ROWS, ContextGraphs
 from onecat.engine.transfers import to_device
@@ -26,8 +27,18 @@ MAX_SAMPLED_GRAPHS = 8  # graphs of rounds with sampled rows kept (their setting
 MAX_SEEN = 256  # sampled round keys remembered as met once; forgotten all at once past this
 
 
-def _settings(p: SamplingParams) -> tuple:
-    return (p.temperature, p.top_k, p.top_p, p.min_p)
+def keyed_pick(index: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor):
+    """The head's `pick` for a round with sampled rows: the argmax, and for rows `index` (a device index of the
+    sampled rows) draft j drawn with keys[:, j] (keys [len(index), >= steps], the keys the target will draw those
+    positions with). Called once per draft step, in order."""
+    step = iter(range(keys.shape[1]))
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        token = logits.argmax(dim=-1)
+        token[index] = sample_on_device(logits[index], params, keys[:, next(step)])
+        return token
+
+    return pick
 
 
 class MTPGraphs(ContextGraphs):
@@ -49,14 +60,7 @@ class MTPGraphs(ContextGraphs):
         pick = None
         if sampled:
             index = constant([r for r, _ in sampled], self.device)
-            params = [p for _, p in sampled]
-            step = iter(range(steps))
-
-            def pick(logits: torch.Tensor) -> torch.Tensor:  # once per draft step, in order
-                token = logits.argmax(dim=-1)
-                token[index] = sample_on_device(logits[index], params, self.keys[index, next(step)])
-                return token
-
+            pick = keyed_pick(index, [p for _, p in sampled], self.keys[index])
         return self.head.draft(self.embed, self.lm_head, self.head.context(self.feats[:rows]), self.pos[:rows],
                                k_ctx, v_ctx, visible, steps, pick)
 
@@ -78,7 +82,7 @@ class MTPGraphs(ContextGraphs):
         if size is None or not self.capturing or steps > self.keys.shape[1]:
             return None
         rows = tuple((r, seqs[r].params) for r in sampled)
-        key = (*size, steps, tuple((r, _settings(p)) for r, p in rows))
+        key = (*size, steps, tuple((r, draw_settings(p)) for r, p in rows))
         if rows and key not in self.graphs:  # captured at the second meeting, up to MAX_SAMPLED_GRAPHS of them
             if key not in self.seen or self.sampled_graphs >= MAX_SAMPLED_GRAPHS:
                 if len(self.seen) >= MAX_SEEN:

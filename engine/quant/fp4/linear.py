@@ -91,15 +91,14 @@ class FP4Linear(TiledWords, nn.Module):
             if m <= MAX_ROWS:
                 y = fp4_gemv(x, self.packed())
                 return y if self.bias is None else y + self.bias
-        from onecat.engine.kernels.triton_support import packed_rows_take
+        y = self.packed_rows(x)
+        return y if y is not None else F.linear(x, self.dense_weight(x.dtype), self.bias)
 
-        if packed_rows_take(x, self.in_features, m):
-            from onecat.engine.kernels import quant_gemv, triton_packed_rows
+    def rows_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        from onecat.engine.kernels import quant_gemv, triton_packed_rows
 
-            y = triton_packed_rows.fp4_rows_gemm(x, self.qweight, self.scales, self.gscale, FMT_IDS[self.fmt],
-                                                 tiled=self.tiled, slots=quant_gemv.SLOT_DTYPES.get(self.tiled))
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.dense_weight(x.dtype), self.bias)
+        return triton_packed_rows.fp4_rows_gemm(x, self.qweight, self.scales, self.gscale, FMT_IDS[self.fmt],
+                                                tiled=self.tiled, slots=quant_gemv.SLOT_DTYPES.get(self.tiled))
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The dense CUDA weight for the library GEMM of a prefill, from the Triton dequantizer (each weight

@@ -55,14 +55,15 @@ class FP8Linear(TiledWords, nn.Module):
                 fmt, scales, row_scale, _ = self.gemv_operands()
                 y = quant_gemv.packed_gemv_blocks(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)
                 return y if self.bias is None else y + self.bias
-            from onecat.engine.kernels.triton_support import packed_rows_take
-
-            if packed_rows_take(x, self.in_features, x.numel() // self.in_features):
-                from onecat.engine.kernels.triton_packed_rows import fp8_rows_gemm
-
-                y = fp8_rows_gemm(x, self.qweight, self.scale, self.tiled)
-                return y if self.bias is None else y + self.bias
+            y = self.packed_rows(x)
+            if y is not None:
+                return y
         return F.linear(x, self.dense_weight(x.dtype), self.bias)
+
+    def rows_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        from onecat.engine.kernels.triton_packed_rows import fp8_rows_gemm
+
+        return fp8_rows_gemm(x, self.qweight, self.scale, self.tiled)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight in `dtype` for the library GEMM of more rows than the GEMV takes: fp8.layout.dequantize's

@@ -70,19 +70,20 @@ class W4A16Linear(TiledWords, nn.Module):
             fmt, scales, row_scale, group = self.gemv_operands()
             y = packed_gemv_blocks(x, fmt, self.qweight, scales, row_scale, group, tiled=self.tiled)
             return y if self.bias is None else y + self.bias
-        from onecat.engine.kernels.triton_support import packed_rows_take
-
-        if packed_rows_take(x, self.in_features, x.numel() // self.in_features):
-            from onecat.engine.kernels import triton_packed_rows
-
-            y = triton_packed_rows.w4a16_rows_gemm(x, self.qweight, self.scales, self.zeros, self.group, self.tiled)
-            return y if self.bias is None else y + self.bias
+        y = self.packed_rows(x)  # x already permuted where the layer has act-order
+        if y is not None:
+            return y
         from onecat.engine.kernels import triton_w4a16 as kw
 
         if not self.tiled and kw.w4a16_unsupported_reason(x, self.qweight, self.group) is None:
             y = kw.w4a16_gemv(x, self.qweight, self.scale_zero, self.group)
             return y if self.bias is None else y + self.bias
         return self._dense(x)
+
+    def rows_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        from onecat.engine.kernels.triton_packed_rows import w4a16_rows_gemm
+
+        return w4a16_rows_gemm(x, self.qweight, self.scales, self.zeros, self.group, self.tiled)
 
     def fused_norm_gemv(self, x: torch.Tensor, residual: torch.Tensor, norm, glu: bool):
         """(self(norm(x + residual)), x + residual) in one CUDA kernel (glu: SiLU(gate) * up of it), or None where
