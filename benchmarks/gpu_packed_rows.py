@@ -98,7 +98,7 @@ def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
-    from onecat.engine.kernels import triton_packed_rows, triton_support
+    from onecat.engine.kernels import quant_gemv, triton_packed_rows, triton_support
 
     n, k = SHAPES[name]
     dt = torch.float16 if fmt == "w4a16" else torch.bfloat16  # W4A16's tensor-core GEMV (its tiles) takes fp16
@@ -110,6 +110,8 @@ def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
         x = torch.randn(m, k, device="cuda", dtype=dt)
         ref = F.linear(x.float(), dense_weight(ls[0], dt).float())
         arms = {}
+        gemv_rows = dict(quant_gemv.BLOCKED_ROWS_BY_FORMAT)  # the layers' own arms: the GEMV held to 16 rows
+        quant_gemv.BLOCKED_ROWS_BY_FORMAT.update(dict.fromkeys(gemv_rows, 16))
         for arm in ("dense", "packed_rows", "gemv_blocks_8"):
             triton_support.PACKED_ROWS_GEMM = arm == "packed_rows"
             call = blocked_gemv if arm == "gemv_blocks_8" else (lambda layer, x: layer(x))
@@ -118,6 +120,7 @@ def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
                 raise SystemExit(f"{name} {arm} at {m} rows: relative error {err:.3g} against the dense product")
             arms[arm] = {"us": us([lambda layer=layer: call(layer, x) for layer in ls]), "rel_err": round(err, 5)}
         triton_support.PACKED_ROWS_GEMM = False
+        quant_gemv.BLOCKED_ROWS_BY_FORMAT.update(gemv_rows)
         # BLOCK_N, BLOCK_M, warps, stages, split
         arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))
         if do_sweep and m in SWEEP_ROWS:

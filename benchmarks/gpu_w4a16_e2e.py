@@ -6,8 +6,9 @@ NVFP4 and MXFP4 (which the tensor-core GEMV takes with bf16 activations only).
     python benchmarks/gpu_w4a16_e2e.py --out .onecat/w4a16_e2e.json [--bf16] [--glu-apart] [--batch-sizes 1,8]
         [--packed-rows-ab]
 
---packed-rows-ab runs each packed arm again with the packed many-row GEMM on (`*_packed_rows`; ONECAT_PACKED_ROWS_GEMM,
-engine/kernels/triton_packed_rows.py): it serves batches of 17-128 sequences, so give batch sizes past 16.
+--packed-rows-ab runs each packed arm again with the packed many-row GEMM off (`*_packed_rows_off`;
+ONECAT_PACKED_ROWS_GEMM=0, engine/kernels/triton_packed_rows.py): it serves batches past 32 sequences (FP4 up to 128,
+W4A16 up to 64), so give batch sizes past 32.
 
 Random weights say nothing about quality (the contract w4a16_gpu.yaml covers that on a real model); the
 speed of the model that holds them is what is measured. The bandwidth fraction counts the bytes a decode step
@@ -109,7 +110,7 @@ def main() -> None:
     ap.add_argument("--bf16", action="store_true", help="also the model in bf16: dense, NVFP4 and MXFP4")
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--packed-rows-ab", action="store_true",
-                    help="each packed arm again with the packed many-row GEMM on (*_packed_rows)")
+                    help="each packed arm again with the packed many-row GEMM off (*_packed_rows_off)")
     ap.add_argument("--glu-apart", action="store_true",
                     help="each packed arm again with its gate/up GEMV and SiLU * mul as two kernels (*_glu_apart; "
                          "engine/kernels/quant_gemv.py GLU_IN_GEMV off)")
@@ -120,8 +121,8 @@ def main() -> None:
     def packed_arm(name: str, **kw) -> None:
         record[name] = arm(name, cfg, Path(tmp), bw, **kw)
         # (wanted, suffix, module, switch, value for the variant): each variant is the arm again, one switch turned
-        for wanted, suffix, module, switch, value in ((args.packed_rows_ab, "packed_rows", triton_support,
-                                                       "PACKED_ROWS_GEMM", True),
+        for wanted, suffix, module, switch, value in ((args.packed_rows_ab, "packed_rows_off", triton_support,
+                                                       "PACKED_ROWS_GEMM", False),
                                                       (args.glu_apart, "glu_apart", quant_gemv, "GLU_IN_GEMV", False)):
             if not wanted:
                 continue

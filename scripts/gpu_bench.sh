@@ -26,9 +26,9 @@
 # sampled eager and sampled from captured graphs in one run (benchmarks/gpu_sampled_decode.py, random weights).
 # `packed_rows` the packed many-row GEMM's GPU tests and its timing against the dequantizing path on the Qwen3.5-27B
 # projections at 17-128 rows, NVFP4 with a tile sweep and W4A16 (benchmarks/gpu_packed_rows.py); `packed_rows_route`
-# route 1 at batch 8 with it off and on (ONECAT_PACKED_ROWS_GEMM); `packed_rows_e2e` the 8B shape dense, W4A16,
-# NVFP4 and FP8 at batch 1, 32 and 64, each packed arm with it off and on (benchmarks/gpu_w4a16_e2e.py
-# --packed-rows-ab); `pending_tests` the GPU tests written since the last GPU run (the packed many-row GEMM, MTP
+# route 1 at batch 8 with it off and by default (ONECAT_PACKED_ROWS_GEMM 0, unset); `packed_rows_e2e` the 8B shape
+# dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm by default and with it off
+# (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests written since the last GPU run (the packed many-row GEMM, MTP
 # rounds (sampled ones from graphs, batched feature recording), the pipeline with a top-p-only row, the sampler's
 # filters, the fused routed experts); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
 # and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8
@@ -140,11 +140,11 @@ for step in $steps; do
                --out "$out/gpu_packed_rows_$fmt.json" >"$out/packed_rows_$fmt.log" 2>&1)
              echo "packed rows timing $fmt rc=$?"; grep "rows" "$out/packed_rows_$fmt.log"
            done ;;
-    packed_rows_route) for f in 0 1; do
+    packed_rows_route) for f in 0 ""; do
              ONECAT_PACKED_ROWS_GEMM=$f timeout 160 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-               --batch-sizes 8 --repeats 1 --out "$out/seed_route_b8_packed_rows_$f.json" \
-               >"$out/route_b8_packed_rows_$f.log" 2>&1
-             echo "route 1 batch 8 packed rows gemm=$f rc=$?"; grep -i "tok/s" "$out/route_b8_packed_rows_$f.log"
+               --batch-sizes 8 --repeats 1 --out "$out/seed_route_b8_packed_rows_${f:-default}.json" \
+               >"$out/route_b8_packed_rows_${f:-default}.log" 2>&1
+             echo "route 1 batch 8 packed rows gemm=${f:-default} rc=$?"; grep -i "tok/s" "$out/route_b8_packed_rows_${f:-default}.log"
            done ;;
     pending_tests) timeout 400 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_packed_rows_gpu.py \
              tests/test_sampler_filters.py tests/test_mtp.py tests/test_gpu_engine.py tests/test_moe_gpu.py \

@@ -147,13 +147,14 @@ def test_head_matches_the_plain_torch_reference(kind, request):
     own output."""
     path = request.getfixturevalue(kind)
     w, cfg = load_file(str(path / "model.safetensors")), json.loads((path / "config.json").read_text())
-    with torch.no_grad(), LLM(str(path), speculative_config=MTP, **SETTINGS) as llm:
+    with torch.no_grad(), LLM(str(path), speculative_config=MTP, dtype="float32", **SETTINGS) as llm:
         proposer = llm.engine.proposer.proposer
         g = torch.Generator().manual_seed(3)
         lengths, hidden, tokens = [9, 5], {}, {}
         for r, n in enumerate(lengths):  # target hidden states (after its final norm) and the tokens after them
             hidden[r], tokens[r] = torch.randn(n, 32, generator=g), torch.randint(0, 128, (n + 1,), generator=g)
-            features = torch.cat([proposer.embed(tokens[r][1:]), hidden[r]], -1)
+            device = proposer.cache.device  # the engine's own device (a GPU where there is one)
+            features = torch.cat([proposer.embed(tokens[r][1:].to(device)), hidden[r].to(device)], -1)
             proposer.cache.add(str(r), 0, features)
             proposer.newest[str(r)] = (n - 1, features[-1])
         proposer.cache.flush()

@@ -138,17 +138,38 @@ def test_a_row_without_top_k_or_top_p_keeps_every_token_next_to_rows_that_have_t
         torch.testing.assert_close(alone, sorted_reference(logits[i], p), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA work: needs a CUDA GPU")
 def test_a_failed_sampling_graph_capture_falls_back_to_eager_draws(monkeypatch):
-    """A batch whose draws cannot be captured (here: on the CPU, no CUDA streams) keeps its eager draws: the same
-    tokens, the graphs turned off with the reason in describe()."""
+    """A batch whose draws cannot be captured (here the capture is refused: torch.cuda.CUDAGraph raises) keeps its
+    eager draws: the same tokens, the graphs turned off with the reason in describe()."""
+    from onecat.engine.core import sampler_graphs
+
+    def refused():
+        raise RuntimeError("capture refused")
+
+    monkeypatch.setattr(sampler_graphs.torch.cuda, "CUDAGraph", refused)
+    device = "cuda"
+    logits = _rows(2, 4).to(device)
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i) for i in range(len(logits))]
+    keys = row_keys([p.seed for p in params], [3] * len(params), device)
+    graphs = sampler_graphs.SamplerGraphs()
+    want = sampler.sample_on_device(logits, params, keys)
+    for _ in range(3):  # seen once, then a capture is tried (and fails), then eager for good
+        assert torch.equal(graphs.sample(logits, params, keys), want)
+    described = graphs.describe()
+    assert described["captured"] == 0 and described["replays"] == 0 and "capture failed" in described["disabled_reason"]
+
+
+def test_logits_off_a_gpu_are_drawn_eagerly_never_captured():
+    """A capture records CUDA work only: logits on the CPU (a CPU engine, or a GPU machine's CPU tensors) always draw
+    eagerly, and the graphs stay on for CUDA batches."""
     from onecat.engine.core.sampler_graphs import SamplerGraphs
 
     logits = _rows(2, 4)
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i) for i in range(len(logits))]
     keys = row_keys([p.seed for p in params], [3] * len(params), "cpu")
     graphs = SamplerGraphs()
-    want = sampler.sample_on_device(logits, params, keys)
-    for _ in range(3):  # seen once, then a capture is tried (and fails), then eager for good
-        assert torch.equal(graphs.sample(logits, params, keys), want)
-    described = graphs.describe()
-    assert described["captured"] == 0 and described["replays"] == 0 and "capture failed" in described["disabled_reason"]
+    for _ in range(3):
+        assert torch.equal(graphs.sample(logits, params, keys), sampler.sample_on_device(logits, params, keys))
+    assert graphs.describe() == {"captured": 0, "replays": 0, "kept": 0}

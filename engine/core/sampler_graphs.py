@@ -48,8 +48,9 @@ class SamplerGraphs:
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], keys: torch.Tensor) -> torch.Tensor:
         """sample_on_device(logits, params, keys), from a graph where one is captured or worth capturing.
-        `logits` must be a buffer whose storage the caller keeps (a decode graph's output)."""
-        if self.disabled_reason is not None:
+        `logits` must be a buffer whose storage the caller keeps (a decode graph's output). Logits off a CUDA device
+        draw eagerly (a capture would record none of their work)."""
+        if self.disabled_reason is not None or not logits.is_cuda:
             return sample_on_device(logits, params, keys)
         key = (logits.data_ptr(), tuple(logits.shape), logits.dtype, tuple(draw_settings(p) for p in params))
         entry = self.graphs.get(key)
@@ -65,8 +66,7 @@ class SamplerGraphs:
             except Exception as e:  # a capture failure turns the sampling graphs off, not the step
                 self.disabled_reason = f"capture failed: {type(e).__name__}: {e}".split("\n")[0]
                 self.graphs.clear()
-                if logits.is_cuda:
-                    torch.cuda.synchronize(logits.device)
+                torch.cuda.synchronize(logits.device)
                 return sample_on_device(logits, params, keys)
         self.graphs.move_to_end(key)
         graph, static_keys, out = entry

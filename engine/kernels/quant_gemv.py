@@ -27,12 +27,15 @@ from onecat.engine.kernels.device import capability
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
-# a call of up to BLOCKED_ROWS rows (a verify step's 1 + k: a DFlash block is 16) takes the GEMV in blocks of
-# MAX_ROWS (packed_gemv_blocks), where the library GEMM needs the weight dequantized on every call (the packed bytes
-# read, the fp16 copy written and read: ~2.3 fp16 reads of the weight). Two blocks cost at most two fp16 reads even
-# where the 8-row GEMV is no faster than cuBLAS on fp16 weights (the slowest format measured: 1.0x,
-# benchmarks/results/quant_gemv_h200.json); four could cost four, so more rows keep the dequantizing path
-BLOCKED_ROWS = 16
+# a layer's call of up to blocked_rows(its words format) rows (a verify step's 1 + k: a DFlash block is 16; at batch 2,
+# 32) takes the GEMV in blocks of MAX_ROWS (packed_gemv_blocks), where the library GEMM needs the weight dequantized
+# on every call (the packed bytes read, the fp16 copy written and read: ~2.3 fp16 reads of the weight) and the
+# packed many-row GEMM (triton_packed_rows.py) decodes every tile for all its rows. Timed on an H100 over the
+# Qwen3.5-27B projections (benchmarks/results/gpu_packed_rows_{nvfp4,w4a16}_h100.json): at 17 and 32 rows the 8-row
+# launches beat both on all five NVFP4 projections and all five W4A16 ones (17 rows) / four of five (32 rows: the
+# o-projection 61.8 against 58.8 us); at 64 rows the many-row GEMM wins. FP8 was not timed past 16 rows: 16.
+BLOCKED_ROWS_BY_FORMAT = {"int4": 32, "nvfp4": 32, "mxfp4": 32, "fp8": 16}
+BLOCKED_ROWS = max(BLOCKED_ROWS_BY_FORMAT.values())  # the most rows packed_gemv_blocks takes
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
@@ -216,6 +219,12 @@ def mma_untile(tiles: torch.Tensor, fmt: str) -> torch.Tensor:
     n, kw = tiles.shape
     wpr = _words_per_run(fmt)
     return tiles.view(n // 16, kw // wpr, 16, wpr).transpose(1, 2).contiguous().view(n, kw)
+
+
+def blocked_rows(words_format: str) -> int:
+    """The most rows a layer whose words are `words_format` ("int4", "nvfp4", "mxfp4", "fp8") sends to
+    packed_gemv_blocks (BLOCKED_ROWS_BY_FORMAT)."""
+    return BLOCKED_ROWS_BY_FORMAT[words_format]
 
 
 def packed_gemv_blocks(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,

@@ -20,9 +20,9 @@ step and a verify row run different kernels already).
 
 Checked under Triton's interpreter (tests/test_packed_rows_interpret.py) and built offline for sm_90 at every
 default config (engine/kernel_tools/triton_sm90.py: 133-255 registers, no spills, at most 88 KB of shared memory;
-the first build found two errors the interpreter runs past). Not yet run on a GPU, so the packed layers take it only
-with ONECAT_PACKED_ROWS_GEMM=1 (triton_support.packed_rows_take); tests/test_packed_rows_gpu.py and
-`scripts/gpu_bench.sh OUT packed_rows` check and time it there.
+the first build found two errors the interpreter runs past). tests/test_packed_rows_gpu.py passed on an H100, and
+`scripts/gpu_bench.sh OUT packed_rows` timed it there against the dequantizing path and the 8-row GEMV launches:
+the rows each format sends it come from that timing (triton_support.PACKED_ROWS_UP_TO, quant_gemv.blocked_rows).
 """
 from __future__ import annotations
 

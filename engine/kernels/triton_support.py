@@ -23,11 +23,17 @@ import torch
 from onecat.engine.switches import switch
 
 MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the fused MoE kernels (triton_moe.py) take
-# the packed many-row GEMM (triton_packed_rows.py): on with ONECAT_PACKED_ROWS_GEMM=1 (read once; benchmarks set it
-# per process) until its GPU test has run; the rows it takes (1-16: the packed GEMV; more: a prefill's, which the
-# dequantized weight and the library GEMM serve well) and the GPUs (tl.dot on fp16/bf16 tiles)
-PACKED_ROWS_GEMM = switch("ONECAT_PACKED_ROWS_GEMM", False)
-PACKED_ROWS = (17, 128)
+# the packed many-row GEMM (triton_packed_rows.py) takes a layer's calls past its GEMV rows (quant_gemv.blocked_rows)
+# up to PACKED_ROWS_UP_TO[words format] rows; more (a prefill's) dequantize the weight for the library GEMM. Timed
+# against that dequantizing path on an H100 over the Qwen3.5-27B projections (benchmarks/results/
+# gpu_packed_rows_{nvfp4,w4a16}_h100.json): NVFP4 1.7-2.5x at 17-64 rows, 1.1-1.5x at 128 on four projections and
+# even on the fifth; W4A16 1.3-2.0x at 17-32 rows, ahead at 64 on four of five, behind on all five at 128. MXFP4
+# shares NVFP4's kernel (a cheaper decode) and is not timed apart; FP8 is not timed past 16 rows: not taken.
+PACKED_ROWS_UP_TO = {"nvfp4": 128, "mxfp4": 128, "int4": 64}
+PACKED_ROWS = (17, 128)  # the most the kernel takes (its tiles' BLOCK_M), and the fewest a layer sends it
+# ONECAT_PACKED_ROWS_GEMM (read once; benchmarks set it per process): unset the table above, 1 every format at
+# PACKED_ROWS, 0 never (the A/B arm)
+PACKED_ROWS_GEMM = switch("ONECAT_PACKED_ROWS_GEMM", None)
 PACKED_ROWS_MIN_CAPABILITY = 80
 
 
@@ -56,10 +62,19 @@ def moe_unavailable_reason(x: torch.Tensor) -> str | None:
     return triton_unavailable_reason()
 
 
-def packed_rows_take(x: torch.Tensor, in_features: int, rows: int) -> bool:
-    """Whether a packed layer's call of `rows` rows takes the packed many-row GEMM (triton_packed_rows.py): it is
-    on, the rows are PACKED_ROWS' fp16/bf16 CUDA rows, K a multiple of 128, an SM80+ GPU and Triton usable."""
-    if not (PACKED_ROWS_GEMM and x.is_cuda and PACKED_ROWS[0] <= rows <= PACKED_ROWS[1] and in_features % 128 == 0
+def packed_rows_up_to(words_format: str) -> int:
+    """The most rows of a layer whose words are `words_format` the packed many-row GEMM takes (0: none), by
+    ONECAT_PACKED_ROWS_GEMM and PACKED_ROWS_UP_TO."""
+    if PACKED_ROWS_GEMM is None:
+        return PACKED_ROWS_UP_TO.get(words_format, 0)
+    return PACKED_ROWS[1] if PACKED_ROWS_GEMM else 0
+
+
+def packed_rows_take(x: torch.Tensor, in_features: int, rows: int, words_format: str) -> bool:
+    """Whether a packed layer's call of `rows` rows takes the packed many-row GEMM (triton_packed_rows.py): the
+    rows are fp16/bf16 CUDA rows from PACKED_ROWS[0] to packed_rows_up_to(words_format), K a multiple of 128, an
+    SM80+ GPU and Triton usable."""
+    if not (x.is_cuda and PACKED_ROWS[0] <= rows <= packed_rows_up_to(words_format) and in_features % 128 == 0
             and x.dtype in (torch.float16, torch.bfloat16)):
         return False
     from onecat.engine.kernels.device import capability

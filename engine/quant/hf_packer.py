@@ -194,18 +194,19 @@ class W4A16Packer:
         return report
 
     def _report(self, model: nn.Module, replaced: int, kept_dense: list[str], source: str) -> dict:
-        from onecat.engine.kernels.quant_gemv import BLOCKED_ROWS, MAX_ROWS, backend
+        from onecat.engine.kernels.quant_gemv import MAX_ROWS, backend, blocked_rows
 
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
 
         kind, why = backend() if next(model.parameters()).is_cuda else ("", "")
-        cuda_rows = f"up to {BLOCKED_ROWS} rows, {MAX_ROWS} a call"
+        words = self.quantization if self.quantization in ("fp8", *FP4_NAMES) else "int4"
+        cuda_rows = f"up to {blocked_rows(words)} rows, {MAX_ROWS} a call"
         gemv = (f"packed GEMV {cuda_rows}: {why}" if kind in ("auto", "folded")
                 else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
-        above = BLOCKED_ROWS if kind in ("auto", "folded") else MAX_ROWS
+        above = blocked_rows(words) if kind in ("auto", "folded") else MAX_ROWS
         large = f"weight dequantized per call, cuBLAS, above {above} rows"
         if kind:
-            large = _with_packed_rows(large)
+            large = _with_packed_rows(large, above, words)
         if self.quantization == "fp8":
             return {"method": "fp8", "source": source, "packed_linears": replaced,
                     "kernel": gemv if kind in ("auto", "folded") else f"weight dequantized per call, cuBLAS ({why})",
@@ -224,15 +225,17 @@ class W4A16Packer:
                 "kernel": gemv, "large_batch_path": large, "kept_dense": kept_dense, "dense_linears": dense}
 
 
-def _with_packed_rows(dense_path: str) -> str:
-    """The large-batch path's description with the packed many-row GEMM where it is on."""
+def _with_packed_rows(dense_path: str, gemv_rows: int, words_format: str) -> str:
+    """The large-batch path's description with the packed many-row GEMM where it takes this format's calls (past
+    the GEMV's `gemv_rows`)."""
     from onecat.engine.kernels import triton_support as ts
 
-    if not ts.PACKED_ROWS_GEMM:
+    high = ts.packed_rows_up_to(words_format)
+    low = max(gemv_rows + 1, ts.PACKED_ROWS[0])
+    if high < low:
         return dense_path
-    low, high = ts.PACKED_ROWS
     return (f"the packed many-row GEMM for {low}-{high} rows on SM{ts.PACKED_ROWS_MIN_CAPABILITY}+ "
-            f"(ONECAT_PACKED_ROWS_GEMM=1), above that: weight dequantized per call, cuBLAS")
+            f"(ONECAT_PACKED_ROWS_GEMM=0 turns it off), above that: weight dequantized per call, cuBLAS")
 
 
 def _submodule(model: nn.Module, path: str) -> nn.Module | None:

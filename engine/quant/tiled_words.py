@@ -66,10 +66,10 @@ class TiledWords:
 
     def packed_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """x @ W^T (+ bias) by the packed many-row GEMM where it takes this call (triton_support.packed_rows_take:
-        ONECAT_PACKED_ROWS_GEMM, 17-128 CUDA rows), reading the words as they lie; None otherwise."""
+        its rows for this format, ONECAT_PACKED_ROWS_GEMM), reading the words as they lie; None otherwise."""
         from onecat.engine.kernels.triton_support import packed_rows_take
 
-        if not packed_rows_take(x, self.in_features, x.numel() // self.in_features):
+        if not packed_rows_take(x, self.in_features, x.numel() // self.in_features, self.words_format):
             return None
         y = self.rows_gemm(x)
         bias = getattr(self, "bias", None)

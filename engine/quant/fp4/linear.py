@@ -1,10 +1,10 @@
 """A linear layer whose NVFP4 / MXFP4 weight stays packed in GPU memory (engine/quant/fp4/layout.py).
 
-Up to 16 rows (decode and verify steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py, 8 rows a
+Up to 32 rows (decode and verify steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py, 8 rows a
 call; one kernel at every row count, so batch-invariant), or, up to 8 rows, the FP4 GEMV of
 engine/kernels/triton_fp4.py where the CUDA one cannot be built or ONECAT_QUANT_GEMV=triton; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
-decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). With ONECAT_PACKED_ROWS_GEMM=1,
-17-128 rows (verify steps at batch > 1, larger decode batches) decode the words as they lie and multiply on the
+decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). 33-128 rows
+(verify steps at batch > 2, larger decode batches; ONECAT_PACKED_ROWS_GEMM=0 turns it off) decode the words as they lie and multiply on the
 tensor cores (engine/kernels/triton_packed_rows.py: the weight read once, packed). More rows (prefill) dequantize
 the weight into the activation dtype per call (a Triton kernel, engine/kernels/triton_fp4.py) and take the
 library GEMM (rounding each weight once, as loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
@@ -82,7 +82,7 @@ class FP4Linear(TiledWords, nn.Module):
         m = x.numel() // self.in_features
         from onecat.engine.kernels import quant_gemv
 
-        if m <= quant_gemv.BLOCKED_ROWS and x.dtype in (torch.float16, torch.bfloat16) and \
+        if m <= quant_gemv.blocked_rows(self.words_format) and x.dtype in (torch.float16, torch.bfloat16) and \
                 self.tiles_take(x, self.scales):
             if quant_gemv.use_cuda() and self.in_features % 32 == 0:
                 fmt, scales, row_scale, _ = self.gemv_operands()

@@ -3,8 +3,8 @@
 Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMVs (engine/kernels/quant_gemv.py: the tensor-core
 one for fp16 with groups of 128 on SM80+, else the FMA one; batch-invariant), or the W4A16 GEMV of
 engine/kernels/triton_w4a16.py where those are not built or ONECAT_QUANT_GEMV=triton; all dequantize in
-registers. With ONECAT_PACKED_ROWS_GEMM=1, 17-128 rows (verify steps at batch > 1, larger decode batches) decode
-the words as they lie and multiply on the tensor cores (engine/kernels/triton_packed_rows.py: the weight read
+registers; up to 32 rows in calls of 8 (quant_gemv.blocked_rows). 33-64 rows (verify steps at batch 3-4, larger decode
+batches; ONECAT_PACKED_ROWS_GEMM=0 turns it off) decode the words as they lie and multiply on the tensor cores (engine/kernels/triton_packed_rows.py: the weight read
 once, packed). More rows (prefill chunks, large batches) are compute-bound: the weight is
 dequantized into a dense scratch copy in the activation dtype and the library GEMM runs on it, either the
 whole weight at once or DENSE_TILE_ROWS output rows at a time (a smaller scratch). Measured on an H200 at
@@ -96,11 +96,12 @@ class W4A16Linear(TiledWords, nn.Module):
                                       group=self.group)
 
     def _cuda_gemv_takes(self, x: torch.Tensor) -> bool:
-        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-16 fp16/bf16 rows (in blocks of 8) with
-        fp16/bf16 scales, wherever they are built and on (quant_gemv.use_cuda): the same kernel at every row count."""
+        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-32 fp16/bf16 rows (in blocks of 8,
+        quant_gemv.blocked_rows) with fp16/bf16 scales, wherever they are built and on (quant_gemv.use_cuda): the
+        same kernel at every row count."""
         from onecat.engine.kernels import quant_gemv
 
-        return (x.numel() <= quant_gemv.BLOCKED_ROWS * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
+        return (x.numel() <= quant_gemv.blocked_rows(self.words_format) * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
                 and self.scale_zero.dtype in (torch.float16, torch.bfloat16) and self.in_features % 32 == 0
                 and quant_gemv.use_cuda() and self.tiles_take(x, self.scale_zero, self.group))
 
