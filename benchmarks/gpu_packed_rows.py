@@ -1,10 +1,13 @@
 """Packed projections at a verify step's or a larger decode batch's row counts (17-128) on a CUDA GPU: the packed
 many-row GEMM (engine/kernels/triton_packed_rows.py) against the path it replaces (the words un-tiled, the weight
-dequantized into bf16, cuBLAS) and against the packed GEMV in 8-row launches (what a longer blocked path would
-pay), for the Qwen3.5-27B projections (route 1's target), NVFP4, W4A16 (groups of 128) or FP8.
+dequantized into bf16, cuBLAS) and against the packed GEMV in 8-row launches and in 16-row launches of the
+tensor-core GEMV (two B operands, ONECAT_GEMV_16_ROWS), for the Qwen3.5-27B projections (route 1's target), NVFP4,
+W4A16 (groups of 128) or FP8.
 
     python benchmarks/gpu_packed_rows.py --out results.json [--format nvfp4|w4a16|fp8] [--rows 17,32,64,128]
-        [--sweep]
+        [--arms dense,packed_rows,gemv_blocks_8,gemv_blocks_16] [--sweep]
+
+At 16 rows or fewer, give --arms gemv_blocks_8,gemv_blocks_16: the layers' own arms take the GEMV there.
 
 Each layer keeps its words as the engine keeps them (FP4Linear.use_tiles: the tensor-core GEMV's tiles, codes in
 bf16's slots). Timed as benchmarks/gpu_gemv.py times (a CUDA graph over weight copies that L2 cannot hold). Every
@@ -54,12 +57,16 @@ def dense_weight(layer, dt: torch.dtype) -> torch.Tensor:
     return dequantize(layer.packed()).to(dt)
 
 
-def blocked_gemv(layer, x: torch.Tensor) -> torch.Tensor:
+def blocked_gemv(layer, x: torch.Tensor, block: int = 8) -> torch.Tensor:
     from onecat.engine.kernels import quant_gemv
 
     fmt, scales, row_scale, group = layer.gemv_operands()
-    return torch.cat([quant_gemv.packed_gemv(x[i:i + 8], fmt, layer.qweight, scales, row_scale, group,
-                                             tiled=layer.tiled) for i in range(0, x.shape[0], 8)])
+    return torch.cat([quant_gemv.packed_gemv(x[i:i + block], fmt, layer.qweight, scales, row_scale, group,
+                                             tiled=layer.tiled) for i in range(0, x.shape[0], block)])
+
+
+ARMS = {"dense": lambda layer, x: layer(x), "packed_rows": lambda layer, x: layer(x),
+        "gemv_blocks_8": blocked_gemv, "gemv_blocks_16": lambda layer, x: blocked_gemv(layer, x, 16)}
 
 
 SWEEP = [(bn, w, 2, sp) for bn in (64, 128) for w in (4, 8) for sp in (1, 2, 4)]  # (BLOCK_N, warps, stages, SPLIT)
@@ -97,7 +104,7 @@ def sweep(ls, x: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"configs_us": times, "best": best, "best_us": times.get(best)}
 
 
-def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
+def bench(name: str, rows: list[int], fmt: str, arm_names: list[str], do_sweep: bool = False) -> dict:
     from onecat.engine.kernels import quant_gemv, triton_packed_rows, triton_support
 
     n, k = SHAPES[name]
@@ -112,24 +119,24 @@ def bench(name: str, rows: list[int], fmt: str, do_sweep: bool = False) -> dict:
         arms = {}
         gemv_rows = dict(quant_gemv.BLOCKED_ROWS_BY_FORMAT)  # the layers' own arms: the GEMV held to 16 rows
         quant_gemv.BLOCKED_ROWS_BY_FORMAT.update(dict.fromkeys(gemv_rows, 16))
-        for arm in ("dense", "packed_rows", "gemv_blocks_8"):
+        for arm in arm_names:
             triton_support.PACKED_ROWS_GEMM = arm == "packed_rows"
-            call = blocked_gemv if arm == "gemv_blocks_8" else (lambda layer, x: layer(x))
+            call = ARMS[arm]
             err = rel_err(call(ls[0], x), ref)
             if err > 2e-2:
                 raise SystemExit(f"{name} {arm} at {m} rows: relative error {err:.3g} against the dense product")
             arms[arm] = {"us": us([lambda layer=layer: call(layer, x) for layer in ls]), "rel_err": round(err, 5)}
         triton_support.PACKED_ROWS_GEMM = False
         quant_gemv.BLOCKED_ROWS_BY_FORMAT.update(gemv_rows)
-        # BLOCK_N, BLOCK_M, warps, stages, split
-        arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))
+        if "packed_rows" in arms:  # BLOCK_N, BLOCK_M, warps, stages, split
+            arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))
         if do_sweep and m in SWEEP_ROWS:
             arms["sweep"] = sweep(ls, x, ref)
             log(f"{name} rows {m}: best config {arms['sweep']['best']} {arms['sweep']['best_us']} us")
-        arms["packed_rows_vs_dense"] = round(arms["dense"]["us"] / arms["packed_rows"]["us"], 3)
+        if "dense" in arms and "packed_rows" in arms:
+            arms["packed_rows_vs_dense"] = round(arms["dense"]["us"] / arms["packed_rows"]["us"], 3)
         out["rows"][m] = arms
-        log(f"{name} rows {m}: dense {arms['dense']['us']} us, packed_rows {arms['packed_rows']['us']} us "
-            f"({arms['packed_rows_vs_dense']}x), gemv in 8-row launches {arms['gemv_blocks_8']['us']} us")
+        log(f"{name} rows {m}: " + ", ".join(f"{arm} {arms[arm]['us']} us" for arm in arm_names))
     del ls
     torch.cuda.empty_cache()
     return out
@@ -140,15 +147,19 @@ def main() -> None:
     ap.add_argument("--rows", default="17,32,64,128")
     ap.add_argument("--format", choices=("nvfp4", "w4a16", "fp8"), default="nvfp4")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"which of {', '.join(ARMS)}")
     ap.add_argument("--sweep", action="store_true", help="also time the many-row GEMM over SWEEP's tile configs")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
+    arm_names = args.arms.split(",")
+    if not set(arm_names) <= set(ARMS):
+        raise SystemExit(f"--arms {args.arms}: expected some of {', '.join(ARMS)}")
     result = {"benchmark": "gpu_packed_rows", "kind": "measured", "measured_on": torch.cuda.get_device_name(0),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),
               "format": args.format, "shapes": {}}
     for name in args.shapes.split(","):  # written after each shape: a run cut short keeps what it measured
-        result["shapes"][name] = bench(name, rows, args.format, args.sweep)
+        result["shapes"][name] = bench(name, rows, args.format, arm_names, args.sweep)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
     log(f"wrote {args.out}")

@@ -28,16 +28,18 @@
 # projections at 17-128 rows, NVFP4 with a tile sweep and W4A16 (benchmarks/gpu_packed_rows.py); `packed_rows_route`
 # route 1 at batch 8 with it off and by default (ONECAT_PACKED_ROWS_GEMM 0, unset); `packed_rows_e2e` the 8B shape
 # dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm by default and with it off
-# (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests written since the last GPU run (the packed many-row GEMM, MTP
-# rounds (sampled ones from graphs, batched feature recording), the pipeline with a top-p-only row, the sampler's
-# filters, the fused routed experts); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
+# (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests not yet passed on a GPU (the 16-row
+# tensor-core GEMV, the packed rows each format takes by default, a refused sampling capture, the MTP head's
+# reference and graph tests), each selection under its own limit; `gemv16` the 16-row GEMV's GPU tests and its
+# timing against 8-row launches at 8, 16 and 32 rows (NVFP4, W4A16); `gemv16_route` route 1 at batch 1 with it off
+# and on (ONECAT_GEMV_16_ROWS); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
 # and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8
 # with a profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time
 # by host phase, busiest kernels).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
-#                                route_profile]...
+#                                route_profile|gemv16|gemv16_route]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -58,6 +60,12 @@ route_runs() {
     echo "route 1 run ${run%%_*} fused hybrid kernels=$f draft vocab=$n rc=$?"
     grep -i "tok/s" "$out/route_${tag}_$run.log" | tail -2
   done
+}
+# GPU tests of one selection (pytest arguments) under its own limit: NAME ARGS...
+gpu_tests() {
+  local name=$1; shift
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" "$@" >"$out/tests_$name.log" 2>&1
+  echo "tests $name rc=$?"; grep -E "passed|failed|FAILED" "$out/tests_$name.log" | tail -4
 }
 for step in $steps; do
   case $step in
@@ -146,11 +154,21 @@ for step in $steps; do
                >"$out/route_b8_packed_rows_${f:-default}.log" 2>&1
              echo "route 1 batch 8 packed rows gemm=${f:-default} rc=$?"; grep -i "tok/s" "$out/route_b8_packed_rows_${f:-default}.log"
            done ;;
-    pending_tests) timeout 400 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_packed_rows_gpu.py \
-             tests/test_sampler_filters.py tests/test_mtp.py tests/test_gpu_engine.py tests/test_moe_gpu.py \
-             -k "packed or rows or filters or sorting or batch or mtp or async_scheduling or fused_routed" \
-             >"$out/pending_tests.log" 2>&1; echo "pending tests rc=$?"; grep -E "passed|failed|FAILED|Error" \
-             "$out/pending_tests.log" | tail -8 ;;
+    pending_tests) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
+           gpu_tests packed_rows_default tests/test_packed_rows_gpu.py -k by_default
+           gpu_tests sampler_capture tests/test_sampler_filters.py -k capture
+           gpu_tests mtp tests/test_mtp.py -k "head_matches or cuda_graphs" ;;
+    gemv16) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
+           for fmt in nvfp4 w4a16; do
+             (cd benchmarks && timeout 150 python3 gpu_packed_rows.py --format $fmt --rows 8,16,32 \
+               --arms gemv_blocks_8,gemv_blocks_16 --out "$out/gemv16_$fmt.json" >"$out/gemv16_$fmt.log" 2>&1)
+             echo "16-row GEMV timing $fmt rc=$?"; grep "rows" "$out/gemv16_$fmt.log"
+           done ;;
+    gemv16_route) for f in 0 1; do
+             ONECAT_GEMV_16_ROWS=$f timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+               --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_gemv16_$f.json" >"$out/route_b1_gemv16_$f.log" 2>&1
+             echo "route 1 batch 1 16-row GEMV=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_gemv16_$f.log"
+           done ;;
     moe_fused_route) for f in 0 1; do
              ONECAT_MOE_FUSED_ROUTED=$f timeout 280 python3 benchmarks/seed_routes_gpu.py --routes seed_moe_route_h200 \
                --repeats 1 --out "$out/seed_moe_route_fused_$f.json" >"$out/moe_route_fused_$f.log" 2>&1

@@ -29,3 +29,21 @@ def test_shapes_the_tiles_cannot_hold_are_refused():
         mma_tiles(torch.zeros(40, 32, dtype=torch.int32), "int4")
     with pytest.raises(ValueError, match="multiple of 128"):
         mma_tiles(torch.zeros(32, 24, dtype=torch.int32), "int4")
+
+
+def test_row_limits_of_one_gemv_call_and_of_its_blocks(monkeypatch):
+    """One call takes 1-8 rows, 1-16 on the tensor cores (two B operands); packed_gemv_blocks cuts a call into blocks
+    of 16 only where the tensor-core GEMV takes it and ONECAT_GEMV_16_ROWS is on (a CPU input: 8)."""
+    from onecat.engine.kernels import quant_gemv
+
+    w = torch.zeros(32, 1024 // 8, dtype=torch.int32)
+    for rows, mma, refused in ((8, False, False), (9, False, True), (16, True, False), (17, True, True)):
+        x = torch.zeros(rows, 1024, dtype=torch.float16)
+        if refused:
+            with pytest.raises(ValueError, match=f"1 to {16 if mma else 8} rows"):
+                quant_gemv.check_call(x, "nvfp4", w, 0, mma=mma)
+        else:
+            quant_gemv.check_call(x, "nvfp4", w, 0, mma=mma)
+    monkeypatch.setattr(quant_gemv, "MMA_16_ROWS", True)
+    x = torch.zeros(12, 1024, dtype=torch.float16)
+    assert quant_gemv.block_rows(x, "nvfp4", torch.zeros(32, 64, dtype=torch.uint8)) == quant_gemv.MAX_ROWS

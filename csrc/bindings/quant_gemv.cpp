@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % 8 == 0, "x must be 8-byte aligned (a copy is)");
   TORCH_CHECK(x.size(-1) == k, "x has ", x.size(-1), " features; the packed weight takes ", k);
   const int64_t m = x.numel() / k;
-  TORCH_CHECK(m >= 1 && m <= 8, "the GEMV takes 1 to 8 rows, got ", m);
+  TORCH_CHECK(m >= 1 && m <= 16, "the GEMV takes 1 to 8 rows (16 on the tensor cores), got ", m);
   TORCH_CHECK(k % (4 * J) == 0, "in_features must be a multiple of ", 4 * J);
   TORCH_CHECK(scales.is_cuda() && scales.is_contiguous(), "scales must be a contiguous CUDA tensor");
   if (fmt == kInt4H || fmt == kInt4B) {
@@ -126,13 +126,15 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   const bool half = x.scalar_type() == at::kHalf;
   const bool mma_format = (fmt == kInt4H && half && group == 128) || fmt == kNvfp4 || fmt == kFp8 ||
                           (fmt == kMxfp4 && !half);
-  // with glu: 1-8 rows, the gate and up halves multiples of 16 rows
+  // with glu: 1-16 rows, the gate and up halves multiples of 16 rows
   const bool mma_fits = mma_format && k % kMmaRun == 0 && !residual.has_value() && (!glu || n_out % 16 == 0) &&
                         major >= 8;
   TORCH_CHECK(kernel != kMma || mma_fits, "the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups "
               "of 128), NVFP4 or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm, glu only with "
               "gate and up halves of a multiple of 16 rows, on SM80 or newer");
   const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
+  TORCH_CHECK(m <= 8 || mma, "9-16 rows take the tensor-core GEMV only (two B operands); the FMA GEMV takes 1 to 8 "
+              "rows, got ", m);
   TORCH_CHECK(m == 1 || !(residual.has_value() || (glu && !mma)),
               "the folded norm takes one activation row, and glu more than one only on the tensor-core GEMV; got ", m);
   TORCH_CHECK(tiled >= kRowMajor && tiled <= kTilesBf16Slots, "tiled must be 0 (row-major), 1 (tiles), 2 or 3 (tiles, "
@@ -218,7 +220,7 @@ std::tuple<at::Tensor, at::Tensor, std::string> gemv(
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv", &gemv,
-        "packed-weight GEMV for 1-8 rows (W4A16, NVFP4, MXFP4, FP8), optionally with the residual add + RMSNorm "
+        "packed-weight GEMV for 1-8 rows, 1-16 on the tensor cores (W4A16, NVFP4, MXFP4, FP8), optionally with the residual add + RMSNorm "
         "before it and SiLU(gate) * up after it: (y, x + residual, error text)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"),
         py::arg("group"), py::arg("splits") = 0, py::arg("residual") = py::none(), py::arg("norm_weight") = py::none(),

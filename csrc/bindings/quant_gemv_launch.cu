@@ -60,12 +60,17 @@ cudaError_t launch_mma_as(const Params& p, cudaStream_t stream, bool pdl) {
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = overlap;
   config.numAttrs = pdl ? 1 : 0;
-  // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp, Params.warps warps a block
+  // one run a batch (2 to 4 128-bit loads in flight a lane), two 16-row tiles a warp, Params.warps warps a block;
+  // one B operand for up to 8 activation rows, two for 9-16
   constexpr int kT = kMmaRows / 16;
+  const bool two = p.m_rows > 8;
   switch (p.warps) {
-    case 2: return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 2, SLOTS>, p);
-    case 4: return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 4, SLOTS>, p);
-    case 8: return cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 8, SLOTS>, p);
+    case 2: return two ? cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 2, SLOTS, 2>, p)
+                       : cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 2, SLOTS, 1>, p);
+    case 4: return two ? cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 4, SLOTS, 2>, p)
+                       : cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 4, SLOTS, 1>, p);
+    case 8: return two ? cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 8, SLOTS, 2>, p)
+                       : cudaLaunchKernelEx(&config, mma_gemv_kernel<FMT, T, 1, kT, 8, SLOTS, 1>, p);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -62,10 +62,12 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t lo, uint32_t hi, int j, fl
   return pack_pair<T>(a * f, b * f);
 }
 
-// One run of one 16-row tile: rows g (w[0], scale bits sc[0]) and g + 8 (w[1], sc[1]) against the B operand
-// xb, accumulated into acc (rows g, g, g + 8, g + 8; activation rows 2c, 2c + 1) with the scales already in A.
-template <int FMT, typename T>
-__device__ __forceinline__ void fp4_run(const uint4* w, const uint32_t* sc, const uint32_t* xb, float* acc) {
+// One run of one 16-row tile: rows g (w[0], scale bits sc[0]) and g + 8 (w[1], sc[1]) against the NB B operands
+// xb[b] (activation rows 8 b ..), accumulated into acc[b] (rows g, g, g + 8, g + 8; activation rows 8 b + 2c,
+// + 1) with the scales already in A: each A fragment decoded once for all NB.
+template <int FMT, typename T, int NB>
+__device__ __forceinline__ void fp4_run(const uint4* w, const uint32_t* sc, const uint32_t (*xb)[16],
+                                        float (*acc)[4]) {
   float fp[2], fq[2];  // the factors of the P pairs (words 4c, 4c + 1) and Q pairs (4c + 2, 4c + 3) of each row
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -80,10 +82,13 @@ __device__ __forceinline__ void fp4_run(const uint4* w, const uint32_t* sc, cons
   for (int j = 0; j < 8; ++j) {
     const uint32_t a[4] = {fp4_pair<FMT, T>(w[0].x, w[0].y, j, fp[0]), fp4_pair<FMT, T>(w[1].x, w[1].y, j, fp[1]),
                            fp4_pair<FMT, T>(w[0].z, w[0].w, j, fq[0]), fp4_pair<FMT, T>(w[1].z, w[1].w, j, fq[1])};
-    if constexpr (FMT == kNvfp4) {
-      mma_16816<T>(acc, a, xb[j], xb[8 + j]);
-    } else {
-      mma_16816<T>(acc, a, xb[2 * j], xb[2 * j + 1]);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      if constexpr (FMT == kNvfp4) {
+        mma_16816<T>(acc[b], a, xb[b][j], xb[b][8 + j]);
+      } else {
+        mma_16816<T>(acc[b], a, xb[b][2 * j], xb[b][2 * j + 1]);
+      }
     }
   }
 }
@@ -133,38 +138,42 @@ template <> __device__ __forceinline__ uint32_t mul_pair<__nv_bfloat16>(uint32_t
 // k-step j = 4 V + S of one run: slot S of word V of a lane's P words (w[h].x, .y) and Q words (w[h].z, .w) of rows
 // g (h = 0) and g + 8, each pair times its block's scale. NVFP4: P is columns 32c + 2j, + 1, Q 32c + 16 + 2j, + 1;
 // MXFP4 (fp4.slots.MXFP4_ORDER): P 32c + 4j, + 1, Q 32c + 4j + 2, + 3, the pairs fp4_run sums at k-step j.
-template <int FMT, typename T, int V, int S>
-__device__ __forceinline__ void slots_step(const uint4* w, const uint32_t* sp, const uint32_t* sq, const uint32_t* xb,
-                                           float* acc) {
+template <int FMT, typename T, int NB, int V, int S>
+__device__ __forceinline__ void slots_step(const uint4* w, const uint32_t* sp, const uint32_t* sq,
+                                           const uint32_t (*xb)[16], float (*acc)[4]) {
   const uint32_t a[4] = {mul_pair<T>(slot_pair<T, S>(V ? w[0].y : w[0].x), sp[0]),
                          mul_pair<T>(slot_pair<T, S>(V ? w[1].y : w[1].x), sp[1]),
                          mul_pair<T>(slot_pair<T, S>(V ? w[0].w : w[0].z), sq[0]),
                          mul_pair<T>(slot_pair<T, S>(V ? w[1].w : w[1].z), sq[1])};
-  if constexpr (FMT == kMxfp4) {
-    mma_16816<T>(acc, a, xb[2 * (4 * V + S)], xb[2 * (4 * V + S) + 1]);
-  } else {
-    mma_16816<T>(acc, a, xb[4 * V + S], xb[8 + 4 * V + S]);
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    if constexpr (FMT == kMxfp4) {
+      mma_16816<T>(acc[b], a, xb[b][2 * (4 * V + S)], xb[b][2 * (4 * V + S) + 1]);
+    } else {
+      mma_16816<T>(acc[b], a, xb[b][4 * V + S], xb[b][8 + 4 * V + S]);
+    }
   }
 }
 
 // One run of one 16-row tile, words in T's code slots: as fp4_run<FMT, T>, the same products in the same order (so
 // the same output bits). NVFP4's P and Q words are two blocks (scale bytes sc[h] & 0xFF, sc[h] >> 8), MXFP4's one.
-template <int FMT, typename T>
-__device__ __forceinline__ void slots_run(const uint4* w, const uint32_t* sc, const uint32_t* xb, float* acc) {
+template <int FMT, typename T, int NB>
+__device__ __forceinline__ void slots_run(const uint4* w, const uint32_t* sc, const uint32_t (*xb)[16],
+                                          float (*acc)[4]) {
   uint32_t sp[2], sq[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     sp[h] = slot_scale<FMT, T>(sc[h] & 0xFFu);
     sq[h] = FMT == kMxfp4 ? sp[h] : slot_scale<FMT, T>(sc[h] >> 8);
   }
-  slots_step<FMT, T, 0, 0>(w, sp, sq, xb, acc);
-  slots_step<FMT, T, 0, 1>(w, sp, sq, xb, acc);
-  slots_step<FMT, T, 0, 2>(w, sp, sq, xb, acc);
-  slots_step<FMT, T, 0, 3>(w, sp, sq, xb, acc);
-  slots_step<FMT, T, 1, 0>(w, sp, sq, xb, acc);
-  slots_step<FMT, T, 1, 1>(w, sp, sq, xb, acc);
-  slots_step<FMT, T, 1, 2>(w, sp, sq, xb, acc);
-  slots_step<FMT, T, 1, 3>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 0, 0>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 0, 1>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 0, 2>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 0, 3>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 1, 0>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 1, 1>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 1, 2>(w, sp, sq, xb, acc);
+  slots_step<FMT, T, NB, 1, 3>(w, sp, sq, xb, acc);
 }
 
 }  // namespace onecat_qgemv

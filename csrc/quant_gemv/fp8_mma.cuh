@@ -33,16 +33,17 @@ __device__ __forceinline__ uint32_t fp8_pair(uint32_t lo, uint32_t hi, int j) {
   }
 }
 
-// One run of one 16-row tile: w[2 h + v] is vector v (block 2c + v) of row g + 8 h; accumulated into acc (rows
-// g, g, g + 8, g + 8; activation rows 2c, 2c + 1).
-template <typename T>
-__device__ __forceinline__ void fp8_run(const uint4* w, const uint32_t* xb, float* acc) {
+// One run of one 16-row tile: w[2 h + v] is vector v (block 2c + v) of row g + 8 h; against the NB B operands
+// xb[b], accumulated into acc[b] (rows g, g, g + 8, g + 8; activation rows 8 b + 2c, + 1).
+template <typename T, int NB>
+__device__ __forceinline__ void fp8_run(const uint4* w, const uint32_t (*xb)[16], float (*acc)[4]) {
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
     const int v = s / 4, j = s % 4;
     const uint32_t a[4] = {fp8_pair<T>(w[v].x, w[v].y, j), fp8_pair<T>(w[2 + v].x, w[2 + v].y, j),
                            fp8_pair<T>(w[v].z, w[v].w, j), fp8_pair<T>(w[2 + v].z, w[2 + v].w, j)};
-    mma_16816<T>(acc, a, xb[2 * s], xb[2 * s + 1]);
+#pragma unroll
+    for (int b = 0; b < NB; ++b) mma_16816<T>(acc[b], a, xb[b][2 * s], xb[b][2 * s + 1]);
   }
 }
 

@@ -1,11 +1,14 @@
-// Packed-weight GEMV for 1-8 activation rows on the tensor cores (SM80 and newer): y = x @ dequant(W)^T for
+// Packed-weight GEMV for 1-16 activation rows on the tensor cores (SM80 and newer): y = x @ dequant(W)^T for
 // W4A16 with fp16 scale pairs and groups of 128 (w4_mma.cuh: fp16 activations), NVFP4 (fp4_mma.cuh: fp16 or
 // bf16), MXFP4 (bf16) and FP8 E4M3 (fp8_mma.cuh: fp16 or bf16).
 //
 // Why: one mma.sync.m16n8k16 multiplies 16 weight rows by 16 columns of all 8 activation rows (the activations
 // are the 8-wide B operand: rows past m_rows are zero and never stored), so the arithmetic per weight is its
-// decode alone, and 8 rows cost what one does. Each format's header says how a lane's registers map to
-// columns; the sum over k does not care which physical column a k is, as long as A and B agree.
+// decode alone, and 8 rows cost what one does. 9-16 rows (NB = 2: a verify step's 1 + k) take two B operands, rows
+// 0-7 and 8-15, against each decoded A fragment: the weight read and decoded once where two 8-row calls read and
+// decode it twice, and each row's products and sums in the order an 8-row call gives them (its B operand alone,
+// the same k steps, warps and splits), so a row's bits do not depend on NB. Each format's header says how a lane's
+// registers map to columns; the sum over k does not care which physical column a k is, as long as A and B agree.
 //
 // Work split: a block of W warps owns T tiles of 16 output rows and one of `splits` runs of K; its warps take
 // the block's 128-column runs in turn (U runs a batch, their loads issued together while the previous batch
@@ -38,51 +41,60 @@ __device__ __forceinline__ int tile_row(const Params& p, int t) {
   return p.glu ? t * p.n_out + 16 * blockIdx.x : (blockIdx.x * T + t) * 16;
 }
 
-// The end of a block: its W warps' sums of its T tiles added in warp order through shared memory (red: W * T *
-// 4 * 32 floats), then written (splits == 1), or written as fp32 partials of which the last block of the row
-// tile adds all in split order: the same order on every call. With GLU the block's 16 outputs are SiLU(gate) * up.
-template <typename X, int T, int W>
-__device__ __forceinline__ void finish(const Params& p, float (*acc)[4], float* red) {
+// The end of a block: its W warps' sums of its T tiles (NB B operands each) added in warp order through shared
+// memory (red: W * T * NB * 4 * 32 floats), then written (splits == 1), or written as fp32 partials of which the
+// last block of the row tile adds all in split order: the same order on every call. With GLU the block's 16
+// outputs are SiLU(gate) * up.
+template <typename X, int T, int W, int NB>
+__device__ __forceinline__ void finish(const Params& p, float (*acc)[NB][4], float* red) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) red[((warp * T + t) * 4 + e) * 32 + lane] = acc[t][e];
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(((warp * T + t) * NB + b) * 4 + e) * 32 + lane] = acc[t][b][e];
   __syncthreads();
   if (warp != 0) return;
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float v = red[(t * 4 + e) * 32 + lane];
+    for (int b = 0; b < NB; ++b)
 #pragma unroll
-      for (int w = 1; w < W; ++w) v += red[((w * T + t) * 4 + e) * 32 + lane];
-      acc[t][e] = v;
-    }
-  // tile t, element e: row tile_row(t) + g + 8 * (e / 2), activation row 2c + e % 2; the output, or this split's
-  // fp32 partial
+      for (int e = 0; e < 4; ++e) {
+        float v = red[((t * NB + b) * 4 + e) * 32 + lane];
+#pragma unroll
+        for (int w = 1; w < W; ++w) v += red[(((w * T + t) * NB + b) * 4 + e) * 32 + lane];
+        acc[t][b][e] = v;
+      }
+  // tile t, B operand b, element e: row tile_row(t) + g + 8 * (e / 2), activation row 8 b + 2c + e % 2; the
+  // output, or this split's fp32 partial
   X* y = static_cast<X*>(p.y);
   if (p.glu && p.splits == 1) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int out = tile_row<T>(p, 0) + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
-      if (mm < p.m_rows) y[static_cast<int64_t>(mm) * p.n_out + out] = silu_mul<X>(acc[0][e], acc[1][e]);
-    }
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int out = tile_row<T>(p, 0) + g + 8 * (e >> 1), mm = 8 * b + 2 * c + (e & 1);
+        if (mm < p.m_rows) y[static_cast<int64_t>(mm) * p.n_out + out] = silu_mul<X>(acc[0][b][e], acc[1][b][e]);
+      }
     return;
   }
 #pragma unroll
   for (int t = 0; t < T; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = tile_row<T>(p, t) + g + 8 * (e >> 1), mm = 2 * c + (e & 1);
-      if (row >= p.n || mm >= p.m_rows) continue;
-      if (p.splits == 1) {
-        y[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(acc[t][e]);
-      } else {
-        p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + mm) * p.n + row] = acc[t][e];
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = tile_row<T>(p, t) + g + 8 * (e >> 1), mm = 8 * b + 2 * c + (e & 1);
+        if (row >= p.n || mm >= p.m_rows) continue;
+        if (p.splits == 1) {
+          y[static_cast<int64_t>(mm) * p.n + row] = from_float<X>(acc[t][b][e]);
+        } else {
+          p.partial[(static_cast<int64_t>(blockIdx.y) * p.m_rows + mm) * p.n + row] = acc[t][b][e];
+        }
       }
-    }
   if (p.splits == 1) return;
   __threadfence();
   __syncwarp();
@@ -124,51 +136,60 @@ __device__ __forceinline__ uint32_t run_scales(const void* base, int r, int c) {
 }
 
 // One run (128 columns starting at col0) of all T tiles: w[t][2 h + v] the lane's 16-byte vectors of row g + 8 h,
-// sz[t][h] its scale bits; the B operand (activation row g, zero past m_rows) is loaded here, through L1.
-template <int FMT, typename X, int T, int kVecs, bool SLOTS>
-__device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint32_t (*sz)[2], const X* xm, int col0,
-                                        int c, bool b_live, float (*acc)[4]) {
-  uint32_t xb[16] = {};  // rows past m_rows: zero
-  if (b_live) {
-    if constexpr (FMT == kInt4H) {
-      w4_load_b(xm, col0, c, xb);
-    } else {
-      load_b_32cols(xm, col0, c, xb);
+// sz[t][h] its scale bits; the NB B operands (activation rows 8 b + g, zero past m_rows) are loaded here, through L1.
+template <int FMT, typename X, int T, int kVecs, bool SLOTS, int NB>
+__device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint32_t (*sz)[2], const X* const* xm,
+                                        int col0, int c, const bool* b_live, float (*acc)[NB][4]) {
+  uint32_t xb[NB][16] = {};  // rows past m_rows: zero
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    if (b_live[b]) {
+      if constexpr (FMT == kInt4H) {
+        w4_load_b(xm[b], col0, c, xb[b]);
+      } else {
+        load_b_32cols(xm[b], col0, c, xb[b]);
+      }
     }
   }
 #pragma unroll
   for (int t = 0; t < T; ++t) {
     if constexpr (SLOTS) {
-      slots_run<FMT, X>(w[t], sz[t], xb, acc[t]);
+      slots_run<FMT, X, NB>(w[t], sz[t], xb, acc[t]);
     } else if constexpr (FMT == kInt4H) {
-      w4_run(w[t], sz[t], xb, acc[t]);
+      w4_run<NB>(w[t], sz[t], xb, acc[t]);
     } else if constexpr (FMT == kFp8) {
-      fp8_run<X>(w[t], xb, acc[t]);
+      fp8_run<X, NB>(w[t], xb, acc[t]);
     } else {
-      fp4_run<FMT, X>(w[t], sz[t], xb, acc[t]);
+      fp4_run<FMT, X, NB>(w[t], sz[t], xb, acc[t]);
     }
   }
 }
 
 // NVFP4 and FP8: the scale per row, and the power of two the decode left out, on the sums of rows tile_row(t) + ...
-template <int FMT, int T>
-__device__ __forceinline__ void scale_rows(const Params& p, float (*acc)[4], int g) {
+template <int FMT, int T, int NB>
+__device__ __forceinline__ void scale_rows(const Params& p, float (*acc)[NB][4], int g) {
   if constexpr (FMT == kNvfp4 || FMT == kFp8) {
     constexpr float kLeft = FMT == kNvfp4 ? 128.f : 256.f;
 #pragma unroll
     for (int t = 0; t < T; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[t][e] *= p.row_scale[min(tile_row<T>(p, t) + g + 8 * (e >> 1), p.n - 1)] * kLeft;
+      for (int e = 0; e < 4; ++e) {
+        const float scale = p.row_scale[min(tile_row<T>(p, t) + g + 8 * (e >> 1), p.n - 1)] * kLeft;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) acc[t][b][e] *= scale;
+      }
   }
 }
 
 // SLOTS: FP4 words in X's code slots (fp4_mma.cuh), tiled (Params.tiled kTilesFp16Slots / kTilesBf16Slots).
-template <int FMT, typename X, int U, int T, int W, bool SLOTS = false>
+// NB: B operands of 8 activation rows (1: up to 8 rows, 2: up to 16).
+template <int FMT, typename X, int U, int T, int W, bool SLOTS = false, int NB = 1>
 __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   static_assert(FMT == kInt4H ? Same<X, __half>::value : FMT != kInt4B, "formats this kernel takes");
   static_assert(!SLOTS || FMT == kNvfp4 || FMT == kMxfp4, "code slots are FP4's");
   constexpr int kVecs = FMT == kFp8 ? 2 : 1;  // 16-byte loads a lane takes of a row's run (FP8: 32 words a run)
-  __shared__ float red[W * T * 4 * 32];
+  static_assert(NB == 1 || NB == 2, "8 or 16 activation rows");
+  __shared__ float red[W * T * NB * 4 * 32];
   const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K
   const int r0 = blockIdx.y * runs;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -196,8 +217,13 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
         sz[t][h] = static_cast<const uint8_t*>(p.scales) + row * (p.k / Traits<FMT>::kBlock);
       }
     }
-  const bool b_live = g < p.m_rows;  // this lane's B-operand row: rows past m_rows are zero
-  const X* xm = static_cast<const X*>(p.x) + static_cast<int64_t>(b_live ? g : 0) * p.k;
+  bool b_live[NB];  // this lane's B-operand rows 8 b + g: rows past m_rows are zero
+  const X* xm[NB];
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    b_live[b] = 8 * b + g < p.m_rows;
+    xm[b] = static_cast<const X*>(p.x) + static_cast<int64_t>(b_live[b] ? 8 * b + g : 0) * p.k;
+  }
 
   // U runs of all T tiles a batch; two batches alternate, so one is in flight while the other is computed
   struct Batch {
@@ -220,13 +246,13 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
         }
     }
   };
-  float acc[T][4] = {};
+  float acc[T][NB][4] = {};
   auto compute = [&](const Batch& bt, int rb) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int r = rb + u * W;
       if (r >= runs) break;
-      mma_run<FMT, X, T, kVecs, SLOTS>(bt.w[u], bt.sz[u], xm, (r0 + r) * kMmaRun, c, b_live, acc);
+      mma_run<FMT, X, T, kVecs, SLOTS, NB>(bt.w[u], bt.sz[u], xm, (r0 + r) * kMmaRun, c, b_live, acc);
     }
   };
   Batch even, odd;
@@ -239,8 +265,8 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
     load(even, rb + 2 * kStep);
     compute(odd, rb + kStep);
   }
-  scale_rows<FMT, T>(p, acc, g);
-  finish<X, T, W>(p, acc, red);
+  scale_rows<FMT, T, NB>(p, acc, g);
+  finish<X, T, W, NB>(p, acc, red);
 }
 
 }  // namespace onecat_qgemv

@@ -61,19 +61,22 @@ __device__ __forceinline__ void w4_load_b(const __half* xm, int col0, int c, uin
 }
 
 // k-step j = 2 B + ODD of one run: nibble j of the lane's word pairs of rows g (w[0]) and g + 8 (w[1]).
-template <int B, bool ODD>
-__device__ __forceinline__ void mma_step(float* part, const uint4* w, const __half2* z1024, const __half2* z64,
-                                         const uint32_t* xb) {
+template <int NB, int B, bool ODD>
+__device__ __forceinline__ void mma_step(float (*part)[4], const uint4* w, const __half2* z1024, const __half2* z64,
+                                         const uint32_t (*xb)[16]) {
   const uint32_t a[4] = {decode_pair<ODD>(gather_byte<B>(w[0].x, w[0].y), z1024[0], z64[0]),
                          decode_pair<ODD>(gather_byte<B>(w[1].x, w[1].y), z1024[1], z64[1]),
                          decode_pair<ODD>(gather_byte<B>(w[0].z, w[0].w), z1024[0], z64[0]),
                          decode_pair<ODD>(gather_byte<B>(w[1].z, w[1].w), z1024[1], z64[1])};
-  mma_16816<__half>(part, a, xb[2 * (2 * B + ODD)], xb[2 * (2 * B + ODD) + 1]);
+#pragma unroll
+  for (int b = 0; b < NB; ++b) mma_16816<__half>(part[b], a, xb[b][2 * (2 * B + ODD)], xb[b][2 * (2 * B + ODD) + 1]);
 }
 
-// One run of one 16-row tile: the two rows' words (w[h]: row g + 8 h) and (scale, zero) pairs against the B
-// operand xb; each row's run sum is scaled once into acc (rows g, g, g + 8, g + 8; activation rows 2c, 2c + 1).
-__device__ __forceinline__ void w4_run(const uint4* w, const uint32_t* sz, const uint32_t* xb, float* acc) {
+// One run of one 16-row tile: the two rows' words (w[h]: row g + 8 h) and (scale, zero) pairs against the NB B
+// operands xb[b]; each row's run sum is scaled once into acc[b] (rows g, g, g + 8, g + 8; activation rows 8 b + 2c,
+// + 1).
+template <int NB>
+__device__ __forceinline__ void w4_run(const uint4* w, const uint32_t* sz, const uint32_t (*xb)[16], float (*acc)[4]) {
   __half2 z1024[2], z64[2];
   float s[2];
 #pragma unroll
@@ -84,19 +87,22 @@ __device__ __forceinline__ void w4_run(const uint4* w, const uint32_t* sz, const
     z1024[h] = __half2half2(__hadd(z, __float2half(1024.f)));
     z64[h] = __half2half2(__hadd(z, __float2half(64.f)));
   }
-  float part[4] = {0.f, 0.f, 0.f, 0.f};
-  mma_step<0, false>(part, w, z1024, z64, xb);
-  mma_step<0, true>(part, w, z1024, z64, xb);
-  mma_step<1, false>(part, w, z1024, z64, xb);
-  mma_step<1, true>(part, w, z1024, z64, xb);
-  mma_step<2, false>(part, w, z1024, z64, xb);
-  mma_step<2, true>(part, w, z1024, z64, xb);
-  mma_step<3, false>(part, w, z1024, z64, xb);
-  mma_step<3, true>(part, w, z1024, z64, xb);
-  acc[0] = fmaf(s[0], part[0], acc[0]);
-  acc[1] = fmaf(s[0], part[1], acc[1]);
-  acc[2] = fmaf(s[1], part[2], acc[2]);
-  acc[3] = fmaf(s[1], part[3], acc[3]);
+  float part[NB][4] = {};
+  mma_step<NB, 0, false>(part, w, z1024, z64, xb);
+  mma_step<NB, 0, true>(part, w, z1024, z64, xb);
+  mma_step<NB, 1, false>(part, w, z1024, z64, xb);
+  mma_step<NB, 1, true>(part, w, z1024, z64, xb);
+  mma_step<NB, 2, false>(part, w, z1024, z64, xb);
+  mma_step<NB, 2, true>(part, w, z1024, z64, xb);
+  mma_step<NB, 3, false>(part, w, z1024, z64, xb);
+  mma_step<NB, 3, true>(part, w, z1024, z64, xb);
+#pragma unroll
+  for (int b = 0; b < NB; ++b) {
+    acc[b][0] = fmaf(s[0], part[b][0], acc[b][0]);
+    acc[b][1] = fmaf(s[0], part[b][1], acc[b][1]);
+    acc[b][2] = fmaf(s[1], part[b][2], acc[b][2]);
+    acc[b][3] = fmaf(s[1], part[b][3], acc[b][3]);
+  }
 }
 
 }  // namespace onecat_qgemv

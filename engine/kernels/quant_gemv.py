@@ -23,10 +23,16 @@ import torch
 from onecat.engine.kernels import pdl
 from onecat.engine.kernels.cuda_extension import CSRC, CudaExtension
 from onecat.engine.kernels.device import capability
+from onecat.engine.switches import switch
 
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
+# the tensor-core GEMV takes up to MMA_MAX_ROWS rows in one call (two B operands: the weight read and decoded once
+# where two 8-row calls read it twice; a row's bits those of an 8-row call, csrc/quant_gemv/mma_gemv.cuh), with
+# ONECAT_GEMV_16_ROWS=1 until its GPU test and timing have run (read once; benchmarks set it per process)
+MMA_MAX_ROWS = 16
+MMA_16_ROWS = switch("ONECAT_GEMV_16_ROWS", False)
 # a layer's call of up to blocked_rows(its words format) rows (a verify step's 1 + k: a DFlash block is 16; at batch 2,
 # 32) takes the GEMV in blocks of MAX_ROWS (packed_gemv_blocks), where the library GEMM needs the weight dequantized
 # on every call (the packed bytes read, the fp16 copy written and read: ~2.3 fp16 reads of the weight) and the
@@ -107,8 +113,10 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features; the packed weight takes {k}")
     m = x.numel() // k
-    if not 1 <= m <= MAX_ROWS:
-        raise ValueError(f"the packed GEMV takes 1 to {MAX_ROWS} rows, got {m}: call it per row block")
+    most = MMA_MAX_ROWS if mma else MAX_ROWS
+    if not 1 <= m <= most:
+        raise ValueError(f"the packed GEMV takes 1 to {most} rows{'' if mma else ' (off the tensor cores)'}, got {m}: "
+                         "call it per row block (packed_gemv_blocks)")
     if k % (4 * codes):
         raise ValueError(f"in_features {k} must be a multiple of {4 * codes}")
     if not x.is_contiguous() or x.data_ptr() % 8:
@@ -227,20 +235,29 @@ def blocked_rows(words_format: str) -> int:
     return BLOCKED_ROWS_BY_FORMAT[words_format]
 
 
+def block_rows(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int = 0) -> int:
+    """Rows of one packed_gemv call in packed_gemv_blocks: MMA_MAX_ROWS where the tensor-core GEMV takes x's call
+    and MMA_16_ROWS is on, else MAX_ROWS."""
+    if MMA_16_ROWS and x.is_cuda and tensor_cores_apply(x, fmt, scales, group, False):
+        return MMA_MAX_ROWS
+    return MAX_ROWS
+
+
 def packed_gemv_blocks(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
                        row_scale: torch.Tensor | None = None, group: int = 0, *,
                        tiled: int = ROW_MAJOR) -> torch.Tensor:
-    """packed_gemv (plain) of up to BLOCKED_ROWS rows, MAX_ROWS rows a call. The GEMV is batch-invariant, so each
-    row's result is the one it gets alone."""
+    """packed_gemv (plain) of up to BLOCKED_ROWS rows, block_rows(...) rows a call. The GEMV is batch-invariant, so
+    each row's result is the one it gets alone."""
     k = x.shape[-1]
     m = x.numel() // k
-    if m <= MAX_ROWS:
+    block = block_rows(x, fmt, scales, group)
+    if m <= block:
         return packed_gemv(x, fmt, qweight, scales, row_scale, group, tiled=tiled)
     if m > BLOCKED_ROWS:
         raise ValueError(f"packed_gemv_blocks takes 1 to {BLOCKED_ROWS} rows, got {m}")
     rows = x.reshape(m, k)
-    y = torch.cat([packed_gemv(rows[i:i + MAX_ROWS], fmt, qweight, scales, row_scale, group, tiled=tiled)
-                   for i in range(0, m, MAX_ROWS)])
+    y = torch.cat([packed_gemv(rows[i:i + block], fmt, qweight, scales, row_scale, group, tiled=tiled)
+                   for i in range(0, m, block)])
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -248,14 +265,15 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
                 row_scale: torch.Tensor | None = None, group: int = 0, splits: int = 0, *,
                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                 glu: bool = False, kernel: str = "auto", tiled: int = ROW_MAJOR):
-    """y = x @ dequant(W)^T for a contiguous fp16/bf16 x of 1-8 rows (leading shape kept). fmt: "int4" (scales
+    """y = x @ dequant(W)^T for a contiguous fp16/bf16 x of 1-8 rows, 1-16 on the tensor-core GEMV (leading shape
+    kept). fmt: "int4" (scales
     = W4A16 (scale, zero) pairs [N, K/G, 2] in fp16 or bf16, group G), "nvfp4" (scales = E4M3 bytes, row_scale
     = global scale per row), "mxfp4" (E8M0 bytes), "fp8" (row_scale = scale per row; scales unused).
     splits: runs of K per row tile (0: the kernel's choice).
     One row can fold in the ops around a projection, as the fp16 GEMV does (engine/kernels/triton_gemv.py): with
     residual and norm_weight, x is replaced by RMSNorm(x + residual) * norm_weight and the call returns
     (y, x + residual); with glu the weight is [gate | up] and y = SiLU(gate) * up (half the rows): one row on the
-    FMA GEMV, 1-8 rows on the tensor-core GEMV (halves of a multiple of 16 rows), the bits of the separate
+    FMA GEMV, 1-16 rows on the tensor-core GEMV (halves of a multiple of 16 rows), the bits of the separate
     SiLU * mul kernel (engine/kernels/triton_fused.py silu_mul) on the unfused projection's output.
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
     (forced, for comparison). tiled: ROW_MAJOR, or TILED (mma_tiles' layout, which only the tensor-core GEMV reads),

@@ -194,13 +194,14 @@ class W4A16Packer:
         return report
 
     def _report(self, model: nn.Module, replaced: int, kept_dense: list[str], source: str) -> dict:
-        from onecat.engine.kernels.quant_gemv import MAX_ROWS, backend, blocked_rows
+        from onecat.engine.kernels.quant_gemv import MAX_ROWS, MMA_16_ROWS, MMA_MAX_ROWS, backend, blocked_rows
 
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
 
         kind, why = backend() if next(model.parameters()).is_cuda else ("", "")
         words = self.quantization if self.quantization in ("fp8", *FP4_NAMES) else "int4"
-        cuda_rows = f"up to {blocked_rows(words)} rows, {MAX_ROWS} a call"
+        cuda_rows = (f"up to {blocked_rows(words)} rows, {MAX_ROWS} a call"
+                     + (f" ({MMA_MAX_ROWS} on the tensor cores)" if MMA_16_ROWS else ""))
         gemv = (f"packed GEMV {cuda_rows}: {why}" if kind in ("auto", "folded")
                 else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
         above = blocked_rows(words) if kind in ("auto", "folded") else MAX_ROWS

@@ -84,15 +84,16 @@ class TiledWords:
         raise NotImplementedError
 
     def glu_gemv(self, x: torch.Tensor) -> torch.Tensor | None:
-        """SiLU(gate) * up of this [gate | up] layer's output for 1-8 rows, in the tensor-core GEMV's epilogue: one
-        kernel where the projection and the SiLU * mul kernel took two, the same bits. None where that GEMV does
-        not take the call (words not in its tiles, a bias, W4A16 act-order, halves not a multiple of 16 rows)."""
+        """SiLU(gate) * up of this [gate | up] layer's output for 1-8 rows (1-16 with quant_gemv.MMA_16_ROWS), in the
+        tensor-core GEMV's epilogue: one kernel where the projection and the SiLU * mul kernel took two, the same
+        bits. None where that GEMV does not take the call (words not in its tiles, a bias, W4A16 act-order, halves
+        not a multiple of 16 rows)."""
         from onecat.engine.kernels import quant_gemv
 
+        most = quant_gemv.MMA_MAX_ROWS if quant_gemv.MMA_16_ROWS else quant_gemv.MAX_ROWS
         if (not quant_gemv.GLU_IN_GEMV or not self.tiled or not x.is_cuda or getattr(self, "bias", None) is not None
                 or getattr(self, "perm", None) is not None or x.shape[-1] != self.in_features
-                or x.numel() > quant_gemv.MAX_ROWS * self.in_features or self.out_features % 32
-                or not quant_gemv.use_cuda()):
+                or x.numel() > most * self.in_features or self.out_features % 32 or not quant_gemv.use_cuda()):
             return None
         fmt, scales, row_scale, group = self.gemv_operands()
         if not self.tiles_take(x, scales, group):
