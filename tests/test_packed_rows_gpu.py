@@ -50,12 +50,8 @@ def test_fp4_rows_gemm_matches_the_dequantized_product(fmt, dtype, n, k, rows):
     _close(y, F.linear(x.float(), dense.float()), dtype)
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16", "fp8"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtype, monkeypatch):
-    """Switched on for every format (ONECAT_PACKED_ROWS_GEMM=1) with the GEMV held to 16 rows: 17-128 rows go to
-    the many-row GEMM, tiled and row-major layers alike."""
-    from onecat.engine.kernels import quant_gemv, triton_packed_rows, triton_support
+def _layer(fmt: str, n: int, k: int):
+    """(packed CUDA layer of a random [n, k] weight in fmt, its dequantized float32 weight)."""
     from onecat.engine.quant.fp4.layout import dequantize as fp4_dequantize
     from onecat.engine.quant.fp4.linear import FP4Linear
     from onecat.engine.quant.fp8 import layout as fp8_layout
@@ -63,8 +59,6 @@ def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtyp
     from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
     from onecat.engine.quant.w4a16.layout import quantize_w4
     from onecat.engine.quant.w4a16.linear import W4A16Linear
-
-    n, k = 1024, 2048
     if fmt == "w4a16":
         layer = W4A16Linear(quantize_w4(torch.randn(n, k) * 0.05, 128).to("cuda"))
         dense = w4_dequantize(layer.packed())
@@ -75,6 +69,18 @@ def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtyp
     else:
         layer = FP4Linear(packed(fmt, n, k, 7).to("cuda"))
         dense = fp4_dequantize(layer.packed())
+    return layer, dense
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtype, monkeypatch):
+    """Switched on for every format (ONECAT_PACKED_ROWS_GEMM=1) with the GEMV held to 16 rows: 17-128 rows go to
+    the many-row GEMM, tiled and row-major layers alike."""
+    from onecat.engine.kernels import quant_gemv, triton_packed_rows, triton_support
+
+    n, k = 1024, 2048
+    layer, dense = _layer(fmt, n, k)
     rows_major = copy.deepcopy(layer)
     layer.use_tiles(dtype)
     calls = []
@@ -97,27 +103,11 @@ def test_by_default_each_format_sends_the_rows_its_timing_chose(fmt, monkeypatch
     then the many-row GEMM up to triton_support.PACKED_ROWS_UP_TO (FP4 128, W4A16 64, FP8 none), then the
     dequantized weight; every path's product close to the dense one."""
     from onecat.engine.kernels import quant_gemv, triton_packed_rows, triton_support
-    from onecat.engine.quant.fp4.layout import dequantize as fp4_dequantize
-    from onecat.engine.quant.fp4.linear import FP4Linear
-    from onecat.engine.quant.fp8 import layout as fp8_layout
-    from onecat.engine.quant.fp8.linear import FP8Linear
-    from onecat.engine.quant.w4a16.layout import dequantize as w4_dequantize
-    from onecat.engine.quant.w4a16.layout import quantize_w4
-    from onecat.engine.quant.w4a16.linear import W4A16Linear
 
     monkeypatch.setattr(triton_support, "PACKED_ROWS_GEMM", None)
     n, k = 1024, 2048
     dtype = torch.float16 if fmt == "w4a16" else torch.bfloat16  # each format's tensor-core GEMV takes these
-    if fmt == "w4a16":
-        layer = W4A16Linear(quantize_w4(torch.randn(n, k) * 0.05, 128).to("cuda"))
-        dense = w4_dequantize(layer.packed())
-    elif fmt == "fp8":
-        layer = FP8Linear(fp8_layout.pack_fp8((torch.randn(n, k) * 40).to(torch.float8_e4m3fn),
-                                              torch.rand(n) * 1e-3 + 1e-4).to("cuda"))
-        dense = fp8_layout.dequantize(layer.packed())
-    else:
-        layer = FP4Linear(packed(fmt, n, k, 7).to("cuda"))
-        dense = fp4_dequantize(layer.packed())
+    layer, dense = _layer(fmt, n, k)
     calls, blocked = [], []
     entry = {"w4a16": "w4a16_rows_gemm", "fp8": "fp8_rows_gemm"}.get(fmt, "fp4_rows_gemm")
     real, real_blocks = getattr(triton_packed_rows, entry), quant_gemv.packed_gemv_blocks
