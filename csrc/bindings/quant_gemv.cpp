@@ -220,8 +220,8 @@ std::tuple<at::Tensor, at::Tensor, std::string> gemv(
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv", &gemv,
-        "packed-weight GEMV for 1-8 rows, 1-16 on the tensor cores (W4A16, NVFP4, MXFP4, FP8), optionally with the residual add + RMSNorm "
-        "before it and SiLU(gate) * up after it: (y, x + residual, error text)",
+        "packed-weight GEMV for 1-8 rows, 1-16 on the tensor cores (W4A16, NVFP4, MXFP4, FP8), optionally with the "
+        "residual add + RMSNorm before it and SiLU(gate) * up after it: (y, x + residual, error text)",
         py::arg("x"), py::arg("qweight"), py::arg("scales"), py::arg("row_scale"), py::arg("tickets"), py::arg("fmt"),
         py::arg("group"), py::arg("splits") = 0, py::arg("residual") = py::none(), py::arg("norm_weight") = py::none(),
         py::arg("eps") = 0.0, py::arg("glu") = false, py::arg("kernel") = 0,

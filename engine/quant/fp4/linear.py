@@ -2,12 +2,14 @@
 
 Up to 32 rows (decode and verify steps) run the CUDA packed GEMV (engine/kernels/quant_gemv.py, 8 rows a
 call; one kernel at every row count, so batch-invariant), or, up to 8 rows, the FP4 GEMV of
-engine/kernels/triton_fp4.py where the CUDA one cannot be built or ONECAT_QUANT_GEMV=triton; both decode the codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
-decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). 33-128 rows
-(verify steps at batch > 2, larger decode batches; ONECAT_PACKED_ROWS_GEMM=0 turns it off) decode the words as they lie and multiply on the
-tensor cores (engine/kernels/triton_packed_rows.py: the weight read once, packed). More rows (prefill) dequantize
-the weight into the activation dtype per call (a Triton kernel, engine/kernels/triton_fp4.py) and take the
-library GEMM (rounding each weight once, as loading the checkpoint dense would). On CPU the layer runs on the exactly dequantized weight.
+engine/kernels/triton_fp4.py where the CUDA one cannot be built or ONECAT_QUANT_GEMV=triton; both decode the
+codes and block scales in registers (plain FMAs: it runs on SM70 too); at 2-8 rows on SM80+ the tile is
+decoded and multiplied on the tensor cores instead (engine/kernels/triton_fp4_dot.py). 33-128 rows (verify
+steps at batch > 2, larger decode batches; ONECAT_PACKED_ROWS_GEMM=0 turns it off) decode the words as they lie
+and multiply on the tensor cores (engine/kernels/triton_packed_rows.py: the weight read once, packed). More rows
+(prefill) dequantize the weight into the activation dtype per call (a Triton kernel, engine/kernels/triton_fp4.py)
+and take the library GEMM (rounding each weight once, as loading the checkpoint dense would). On CPU the layer
+runs on the exactly dequantized weight.
 """
 from __future__ import annotations
 
