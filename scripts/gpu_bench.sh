@@ -30,7 +30,9 @@
 # dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm by default and with it off
 # (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests not yet passed on a GPU (the 16-row
 # tensor-core GEMV, the packed rows each format takes by default, a refused sampling capture, the MTP head's
-# reference and graph tests), each selection under its own limit; `gemv16` the 16-row GEMV's GPU tests and its
+# reference and graph tests, the hybrid model's narrower verify graphs), each selection under its own limit;
+# `narrow_route` route 1 at batch 1 with the hybrid's narrower verify graphs off and on
+# (ONECAT_HYBRID_NARROW_VERIFY); `gemv16` the 16-row GEMV's GPU tests and its
 # timing against 8-row launches at 8, 16 and 32 rows (NVFP4, W4A16); `gemv16_route` route 1 at batch 1 with it off
 # and on (ONECAT_GEMV_16_ROWS); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
 # and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8
@@ -39,7 +41,7 @@
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
-#                                route_profile|gemv16|gemv16_route]...
+#                                route_profile|gemv16|gemv16_route|narrow_route]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -157,12 +159,18 @@ for step in $steps; do
     pending_tests) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
            gpu_tests packed_rows_default tests/test_packed_rows_gpu.py -k by_default
            gpu_tests sampler_capture tests/test_sampler_filters.py -k capture
-           gpu_tests mtp tests/test_mtp.py -k "head_matches or cuda_graphs" ;;
+           gpu_tests mtp tests/test_mtp.py -k "head_matches or cuda_graphs"
+           gpu_tests hybrid_narrow tests/test_hybrid_gpu.py -k narrower ;;
     gemv16) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
            for fmt in nvfp4 w4a16; do
              (cd benchmarks && timeout 150 python3 gpu_packed_rows.py --format $fmt --rows 8,16,32 \
                --arms gemv_blocks_8,gemv_blocks_16 --out "$out/gemv16_$fmt.json" >"$out/gemv16_$fmt.log" 2>&1)
              echo "16-row GEMV timing $fmt rc=$?"; grep "rows" "$out/gemv16_$fmt.log"
+           done ;;
+    narrow_route) for f in 0 1; do
+             ONECAT_HYBRID_NARROW_VERIFY=$f timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+               --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_narrow_$f.json" >"$out/route_b1_narrow_$f.log" 2>&1
+             echo "route 1 batch 1 hybrid narrow verify=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_narrow_$f.log"
            done ;;
     gemv16_route) for f in 0 1; do
              ONECAT_GEMV_16_ROWS=$f timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \

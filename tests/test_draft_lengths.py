@@ -71,7 +71,32 @@ def test_a_verify_step_replays_the_narrowest_width_its_longest_draft_fits():
     assert graphs.verify_widths(NARROW_VERIFY_MAX_SIZE + 1) == [6]  # large batches: the full width only
 
 
-def test_a_hybrid_model_keeps_one_verify_width():
+def test_a_hybrid_model_verifies_narrower_rows_on_its_one_set_of_trail_buffers(monkeypatch):
+    """Narrower widths for a hybrid model too: its trail buffers are made once for the widest row before any
+    verify graph (ModelRunner.setup_verify); a wider k later makes them again and drops the verify graphs captured
+    on the old ones, keeping the decode graphs."""
+    import torch
+
+    from onecat.engine.cache.recurrent_state import RecurrentStateCache
+    from onecat.engine.worker.model_runner import ModelRunner
+
+    from onecat.engine.worker import cuda_graph
+
     graphs = _graphs(hybrid=True)
     graphs.verify_query_len, graphs.narrow_verify = 8, True
-    assert graphs.verify_widths() == [8] and graphs.eligible(_sched([1])) == (1, 8)
+    assert graphs.verify_widths() == [8]  # ONECAT_HYBRID_NARROW_VERIFY off: the one width
+    monkeypatch.setattr(cuda_graph, "HYBRID_NARROW_VERIFY", True)
+    assert graphs.verify_widths() == [2, 4, 8] and graphs.eligible(_sched([1])) == (1, 2)
+    states = RecurrentStateCache(2, 3, conv_dim=8, conv_kernel=4, heads=2, k_dim=4, v_dim=4,
+                                 dtype=torch.float32, device=torch.device("cpu"))
+    runner = SimpleNamespace(model=SimpleNamespace(states=states), graphs=graphs)
+    ModelRunner.setup_verify(runner, 8, False, narrow=True)
+    trails = states.verify_trails
+    assert trails.width == 8
+    graphs.graphs = {(1, 1, ()): "decode", (1, 2, ()): "verify 2", (1, 8, ()): "verify 8"}
+    assert states.reserve_verify(2) is trails and states.reserve_verify(8) is trails  # narrower rows: the same
+    ModelRunner.setup_verify(runner, 8, False, narrow=True)
+    assert len(graphs.graphs) == 3  # the same k: the buffers and the graphs stay
+    ModelRunner.setup_verify(runner, 16, False, narrow=True)
+    assert states.verify_trails.width == 16 and states.verify_trails is not trails
+    assert list(graphs.graphs) == [(1, 1, ())] and graphs.report()["captured_verify_widths"] == []

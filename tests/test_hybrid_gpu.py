@@ -153,6 +153,28 @@ def test_cuda_graphs_keep_prefix_hits_preemption_and_rollback(tmp_path):
         _agree(g, e, SCHEDULE_TOL)
 
 
+def test_hybrid_verify_steps_replay_narrower_widths(tmp_path, monkeypatch):
+    """A proposer whose requests draft fewer than k by their acceptance (synthetic at acceptance 2.5 with a DFlash
+    drafter's compute, k = 7): the hybrid model's verify steps replay graphs of narrower widths (2, 4, 8) on its
+    one set of trail buffers, rollbacks recompute from the rows' kept inputs; tokens and logprobs those of the
+    eager engine."""
+    _fla()
+    from onecat.engine.worker import cuda_graph
+    from tests.tiny_moe_hybrid import make_tiny_moe_hybrid
+
+    monkeypatch.setattr(cuda_graph, "HYBRID_NARROW_VERIFY", True)
+    d = make_tiny_moe_hybrid("qwen3_5", tmp_path / "qwen3_5", **GRAPH_MODEL)
+    spec = {"method": "synthetic", "num_speculative_tokens": 7, "acceptance_length": 2.5, "compute": "dflash",
+            "disable_when_slower": False}
+    run = (GRAPH_PROMPTS[:3], _params(40))
+    got = _graph_runs(d, [run, run], enable_prefix_caching=False, speculative_config=spec)  # learns, then drafts
+    (eager, _, _), (graphs, report, facts) = got["off"], got["full"]
+    assert report["verify_replays"] > 0 and facts["states"].rollbacks > 0, (report, facts)
+    assert len(report["captured_verify_widths"]) > 1 and report["verify_disabled_reason"] is None, report
+    for g, e in zip(graphs, eager):
+        _agree(g, e, SCHEDULE_TOL)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n", [1, 37, 200])
 def test_chunk_matches_reference(dtype, n):

@@ -38,9 +38,13 @@ import torch
 
 from onecat.engine.attention.forward_context import ForwardContext, set_forward_context
 from onecat.engine.attention.metadata import AttentionMetadata
+from onecat.engine.switches import switch
 from onecat.engine.transfers import to_device
 
 NARROW_VERIFY_MAX_SIZE = 32  # verify graphs of narrower widths than 1 + k up to this batch size
+# a hybrid model's narrower verify graphs (rows of width q < 1 + k on trail buffers of width 1 + k): read once, off
+# until their GPU test (tests/test_hybrid_gpu.py) has run; ONECAT_HYBRID_NARROW_VERIFY=1 turns them on
+HYBRID_NARROW_VERIFY = switch("ONECAT_HYBRID_NARROW_VERIFY", False)
 
 
 @dataclass(slots=True)
@@ -204,10 +208,13 @@ class DecodeGraphs:
         """The query lengths verify graphs of batch size `size` are captured for: 1 + k, and where the proposer's
         requests draft fewer by their acceptance (`narrow_verify`, speculative/draft_length.py) also 2, 4, 8, ...
         below it, so that such rounds verify fewer rows. Above NARROW_VERIFY_MAX_SIZE sequences only 1 + k (each
-        graph keeps its logits, size x q rows of the vocabulary); a hybrid model keeps the one width its
-        recurrent-state trails are reserved for."""
+        graph keeps its logits, size x q rows of the vocabulary). A hybrid model's narrower rows (with
+        HYBRID_NARROW_VERIFY) use the same recurrent-state trail buffers (reserved at 1 + k before any capture,
+        ModelRunner.setup_verify; a row of width q keeps its inputs in their first q places, as an eager verify
+        chunk does)."""
         top = self.verify_query_len
-        if not self.narrow_verify or self.states is not None or size > NARROW_VERIFY_MAX_SIZE:
+        if not self.narrow_verify or size > NARROW_VERIFY_MAX_SIZE or (self.states is not None
+                                                                         and not HYBRID_NARROW_VERIFY):
             return [top]
         return [w for w in (2, 4, 8, 16, 32) if w < top] + [top]
 
@@ -398,10 +405,17 @@ class DecodeGraphs:
                 aux[to_device(own, aux.device)]  # the rows' own tokens, packed as an eager step has them
         return logits[:rows * q]
 
+    def drop_verify_graphs(self) -> None:
+        """Forget the verify graphs (q > 1): they hold buffers that were replaced (a hybrid model's trail buffers
+        made again for a wider row); they are captured again on first use."""
+        for key in [key for key in self.graphs if key[1] > 1]:
+            del self.graphs[key]
+
     def report(self) -> dict:
         return {"used": self.replays + self.verify_replays > 0, "replays": self.replays,
                 "verify_replays": self.verify_replays,
                 "captured_sizes": sorted({size for size, q, _ in self.graphs if q == 1}),
                 "captured_verify_sizes": sorted({size for size, q, _ in self.graphs if q > 1}),
+                "captured_verify_widths": sorted({q for _, q, _ in self.graphs if q > 1}),
                 "verify_query_len": self.verify_query_len, "disabled_reason": self.disabled_reason,
                 "verify_disabled_reason": self.verify_disabled_reason}

@@ -211,8 +211,10 @@ class ModelRunner:
         near-ties flip), at the price of reading the weights once per row (triton_gemv.ROW_LOOP: from cache)."""
         self.verify_gemv_rows = query_len if gemv else 1
         states = getattr(self.model, "states", None)
-        if states is not None:  # a hybrid model keeps each verify row's inputs: its trail buffers are made now
-            states.reserve_verify(query_len)
+        if states is not None:  # a hybrid model keeps each verify row's inputs: its trail buffers are made now,
+            before = states.verify_trails  # for the widest row, before any verify graph is captured
+            if states.reserve_verify(query_len) is not before and self.graphs is not None:
+                self.graphs.drop_verify_graphs()  # captured on the buffers just replaced
         if self.graphs is not None:
             self.graphs.verify_query_len = query_len
             self.graphs.narrow_verify = narrow
@@ -231,7 +233,8 @@ class ModelRunner:
     def cuda_graph_report(self) -> dict:
         if self.graphs is None:
             return {"used": False, "replays": 0, "verify_replays": 0, "captured_sizes": [],
-                    "captured_verify_sizes": [], "disabled_reason": "not enabled (or not CUDA)"}
+                    "captured_verify_sizes": [], "captured_verify_widths": [],
+                    "disabled_reason": "not enabled (or not CUDA)"}
         return self.graphs.report()
 
     def _execute_graph(self, sched: list[ScheduledSeq]) -> StepResult | None:
