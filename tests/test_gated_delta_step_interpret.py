@@ -1,8 +1,8 @@
 """The fused decode and verify steps of a Gated DeltaNet layer (engine/kernels/triton_gated_delta_step.py) under
 Triton's interpreter on the CPU, against the layer's torch path on the same inputs and cache: out_proj's input,
 the convolution inputs and delta-rule states left in the rows' slots (other slots and layers untouched) and a
-verify step's trail buffers; the same bits with in_proj's b|a columns handed over apart (a projection stored in
-two parts); and, in float16, a fused verify row's own tokens against fused decode steps of them.
+verify step's trail buffers (also buffers wider than the rows: a narrower verify graph's); the same bits with
+in_proj's b|a columns handed over apart (a projection stored in two parts); and, in float16, a fused verify row's own tokens against fused decode steps of them.
 Grouped and ungrouped key heads, widths that are not powers of two, padded verify rows. In float16 the interpreter
 rounds as IEEE does, and out_proj's input is the torch path's bit for bit; in float32 it is close to its last
 bits (the taps and transcendentals summed or evaluated in another order); in bfloat16 the interpreter truncates
@@ -118,8 +118,10 @@ print("ok")
 VERIFY = COMMON + r"""
 WIDTH = 5
 
-def check(dtype, tol, exact, **shape):
+def check(dtype, tol, exact, trail_width=WIDTH, **shape):
     cfg, layer, caches = setup(dtype, **shape)
+    for c in caches:  # trail buffers wider than the rows (a narrower verify graph's rows on buffers made for 1 + k)
+        c.reserve_verify(trail_width)
     before = (caches[1].conv.clone(), caches[1].ssm.clone())
     slots, own = [4, 1, 2], [WIDTH, 2, 1]  # a full row and padded ones
     rows, lead = torch.tensor(slots), torch.tensor([WIDTH - m for m in own])
@@ -153,6 +155,7 @@ def check(dtype, tol, exact, **shape):
 
 check(torch.float32, 1e-5, False, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
 check(torch.float16, 1e-5, True, linear_num_key_heads=4, linear_key_head_dim=8)
+check(torch.float16, 1e-5, True, trail_width=WIDTH + 3, linear_num_key_heads=4, linear_key_head_dim=8)
 print("ok")
 """
 
