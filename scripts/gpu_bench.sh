@@ -31,7 +31,8 @@
 # (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests not yet passed on a GPU (the 16-row
 # tensor-core GEMV, the packed rows each format takes by default, a refused sampling capture, the MTP head's
 # reference and graph tests, the hybrid model's narrower verify graphs), each selection under its own limit;
-# `narrow_route` route 1 at batch 1 with the hybrid's narrower verify graphs off and on
+# `syncs` the synchronizing CUDA calls an engine step makes, by engine line (benchmarks/gpu_round_syncs.py: target-only,
+# n-gram, synthetic DFlash dense and hybrid, MTP; batch 1 and 8); `narrow_route` route 1 at batch 1 with the hybrid's narrower verify graphs off and on
 # (ONECAT_HYBRID_NARROW_VERIFY); `gemv16` the 16-row GEMV's GPU tests and its
 # timing against 8-row launches at 8, 16 and 32 rows (NVFP4, W4A16); `gemv16_route` route 1 at batch 1 with it off
 # and on (ONECAT_GEMV_16_ROWS); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
@@ -41,7 +42,7 @@
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
-#                                route_profile|gemv16|gemv16_route|narrow_route]...
+#                                route_profile|gemv16|gemv16_route|narrow_route|syncs]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -167,6 +168,8 @@ for step in $steps; do
                --arms gemv_blocks_8,gemv_blocks_16 --out "$out/gemv16_$fmt.json" >"$out/gemv16_$fmt.log" 2>&1)
              echo "16-row GEMV timing $fmt rc=$?"; grep "rows" "$out/gemv16_$fmt.log"
            done ;;
+    syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
+           echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;
     narrow_route) for f in 0 1; do
              ONECAT_HYBRID_NARROW_VERIFY=$f timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
                --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_narrow_$f.json" >"$out/route_b1_narrow_$f.log" 2>&1
