@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from onecat.engine.transfers import to_device
+
 
 @dataclass(slots=True)
 class Trail:
@@ -230,8 +232,8 @@ class RecurrentStateCache:
                                f"none after {start}: the engine and the recurrent state disagree")
         used, lead, k1 = start - trail.first, trail.lead, self.conv.shape[-1]
         # the request's own inputs are the carried-over K-1, then the row's after its padding
-        window = [p if p < k1 else p + lead for p in range(used, used + k1)]
-        self.conv[:, slot] = t.conv[:, slot][..., window]
+        window = to_device([p if p < k1 else p + lead for p in range(used, used + k1)], self.conv.device)
+        self.conv[:, slot] = t.conv[:, slot].index_select(-1, window)  # (a list index would copy it synchronously)
         layers, slots = self.ssm.shape[:2]
         index = torch.arange(layers, device=self.ssm.device) * slots + slot
         flat = (lambda x: x.view(layers * slots, *x.shape[2:]))
@@ -272,7 +274,7 @@ class RecurrentStateCache:
         self._check(slots)
         dev = self.conv.device
         decode_rows, decode_slots, chunks, row = [], [], [], 0
-        as_tensor = (lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev) if xs else None)
+        as_tensor = (lambda xs: to_device(xs, dev, torch.int64) if xs else None)
         widths = [q for q, d in zip(query_lens, lookaheads or []) if d]
         trails = self.reserve_verify(max(widths)) if widths else None
         for i, (slot, q, n) in enumerate(zip(slots, query_lens, seq_lens)):

@@ -21,6 +21,7 @@ from torch import nn
 
 from onecat.engine.errors import ConfigError
 from onecat.engine.layers.linear import Linear, pack_weights
+from onecat.engine.transfers import to_device
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 
@@ -96,7 +97,7 @@ class DraftVocab(nn.Module):
         if own != self.round_own:
             self.round_own = own
             if own:
-                rows = torch.tensor(sorted(own), dtype=torch.int64, device=self.ids.device)
+                rows = to_device(sorted(own), self.ids.device, torch.int64)
                 self.round_ids, self.own_rows = torch.cat([self.ids, rows]), self.full[rows]
             else:
                 self.round_ids, self.own_rows = self.ids, None
