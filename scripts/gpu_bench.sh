@@ -160,7 +160,8 @@ for step in $steps; do
     pending_tests) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
            gpu_tests packed_rows_default tests/test_packed_rows_gpu.py -k by_default
            gpu_tests sampler_capture tests/test_sampler_filters.py -k capture
-           gpu_tests mtp tests/test_mtp.py -k "head_matches or cuda_graphs"
+           gpu_tests mtp_reference tests/test_mtp.py -k head_matches
+           gpu_tests mtp_graphs tests/test_mtp.py -k cuda_graphs
            gpu_tests hybrid_narrow tests/test_hybrid_gpu.py -k narrower ;;
     gemv16) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
            for fmt in nvfp4 w4a16; do
