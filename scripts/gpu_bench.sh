@@ -36,7 +36,7 @@
 # (ONECAT_HYBRID_NARROW_VERIFY); `gemv16` the 16-row GEMV's GPU tests and its
 # timing against 8-row launches at 8, 16 and 32 rows (NVFP4, W4A16); `gemv16_route` route 1 at batch 1 with it off
 # and on (ONECAT_GEMV_16_ROWS); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
-# and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8
+# and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8 (PROFILE_BATCHES)
 # with a profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time
 # by host phase, busiest kernels).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
@@ -191,6 +191,7 @@ for step in $steps; do
            echo "packed rows e2e rc=$?"; grep -E "bs=|speedup" "$out/packed_rows_e2e.log" | cut -c1-300 ;;
     route_profile) timeout 560 python3 benchmarks/seed_routes_gpu.py \
              --routes "${PROFILE_ROUTES:-seed_route_h200,seed_moe_route_h200}" --repeats 1 \
+             --batch-sizes "${PROFILE_BATCHES:-1,8}" \
              --profile "$out/route_profile" --out "$out/seed_routes_profiled.json" >"$out/route_profile.log" 2>&1
            echo "route profile rc=$?"; grep -E "tok/s|us a step" "$out/route_profile.log" ;;
     merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
