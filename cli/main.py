@@ -335,6 +335,30 @@ def results_history(contract_name: str = typer.Argument(..., help="contract name
         console.print(f"[yellow]note:[/] no plot: {files.note}", highlight=False)
 
 
+# --------------------------------------------------------------------------- switches
+@app.command("switches")
+def switches(json_out: bool = typer.Option(False, "--json", help="Print the list as JSON.")) -> None:
+    """The engine's on/off environment switches (ONECAT_*=1 / 0, unset for the default): each one's default,
+    the value set here, where it is declared and what its declaration says."""
+    from rich.table import Table
+
+    from onecat.engine.switches import declared
+
+    found = declared()
+    if json_out:
+        typer.echo(json.dumps(found, indent=1))
+        return
+    shown = {True: "on", False: "off", None: "engine's choice"}
+    table = Table(title="engine switches (1 on, 0 off, unset: the default)")
+    for column in ("switch", "default", "set here", "declared at"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("what it does", overflow="fold", min_width=30)
+    for e in found:
+        table.add_row(e["name"], shown[e["default"]], "unset" if e["set_to"] is None else repr(e["set_to"]),
+                      e["where"], e["about"])
+    console.print(table)
+
+
 # --------------------------------------------------------------------------- report
 @app.command("report")
 def report(run: Optional[str] = typer.Argument(None, help="run id or prefix (default: newest)"),

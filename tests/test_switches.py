@@ -2,6 +2,7 @@
 any other value refused with the fix instead of silently leaving a run on the path it meant to leave."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,3 +34,34 @@ def test_a_misspelt_engine_switch_stops_the_import_with_its_name():
     done = subprocess.run([sys.executable, "-c", "import onecat.engine.core.sampler_graphs"], capture_output=True,
                           text=True, env={**os.environ, "ONECAT_SAMPLER_GRAPHS": "yes"}, timeout=120)
     assert done.returncode != 0 and "ONECAT_SAMPLER_GRAPHS='yes' is not a switch value" in done.stderr
+
+
+def test_every_declared_switch_is_listed_once_with_its_default_and_what_it_does(monkeypatch):
+    """`onecat switches` reads every switch(...) declaration of the engine (module level, class level, inside
+    functions, by name or through a NAME = "ONECAT_..." constant of another module) with its default, the value set
+    in the environment, its place and its declaration's comment: none may go unexplained."""
+    from typer.testing import CliRunner
+
+    from onecat.cli.main import app
+    from onecat.engine.switches import declared
+
+    monkeypatch.setenv("ONECAT_GEMV_16_ROWS", "1")
+    found = {e["name"]: e for e in declared()}
+    assert found["ONECAT_GEMV_16_ROWS"]["default"] is False and found["ONECAT_GEMV_16_ROWS"]["set_to"] == "1"
+    assert found["ONECAT_GEMV_16_ROWS"]["where"].startswith("engine/kernels/quant_gemv.py:")
+    assert found["ONECAT_MOE_FUSED_ROUTED"]["default"] is True  # a class attribute
+    assert found["ONECAT_DRAFT_AHEAD"]["default"] is None  # inside a function, through a constant
+    assert found["ONECAT_DFLASH_FUSED"]["where"].startswith("engine/speculative/dflash.py:")  # an imported constant
+    assert all(e["about"] for e in found.values()), [n for n, e in found.items() if not e["about"]]
+    listed = CliRunner().invoke(app, ["switches", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [e["name"] for e in json.loads(listed.output)] == sorted(found)
+
+
+def test_a_switch_declared_twice_is_refused(tmp_path):
+    from onecat.engine.switches import declared
+
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text('from onecat.engine.switches import switch\n\n# on\nX = switch("ONECAT_T", True)\n')
+    with pytest.raises(RuntimeError, match="ONECAT_T is declared twice"):
+        declared(tmp_path)

@@ -28,10 +28,10 @@ from onecat.engine.switches import switch
 BACKEND_ENV = "ONECAT_QUANT_GEMV"
 BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
-# the tensor-core GEMV takes up to MMA_MAX_ROWS rows in one call (two B operands: the weight read and decoded once
-# where two 8-row calls read it twice; a row's bits those of an 8-row call, csrc/quant_gemv/mma_gemv.cuh), with
-# ONECAT_GEMV_16_ROWS=1 until its GPU test and timing have run (read once; benchmarks set it per process)
-MMA_MAX_ROWS = 16
+MMA_MAX_ROWS = 16  # the most rows the tensor-core GEMV takes in one call (two B operands)
+# 9-16 rows in one tensor-core GEMV call (the weight read and decoded once where two 8-row calls read it twice; a
+# row's bits those of an 8-row call, csrc/quant_gemv/mma_gemv.cuh): off until its GPU test and timing have run
+# (read once; benchmarks set it per process)
 MMA_16_ROWS = switch("ONECAT_GEMV_16_ROWS", False)
 # a layer's call of up to blocked_rows(its words format) rows (a verify step's 1 + k: a DFlash block is 16; at batch 2,
 # 32) takes the GEMV in blocks of MAX_ROWS (packed_gemv_blocks), where the library GEMM needs the weight dequantized

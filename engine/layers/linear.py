@@ -24,7 +24,9 @@ from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.switches import switch
 
 
-ROWS_GEMM = switch("ONECAT_ROWS_GEMM", False)  # read once: benchmarks set it per process
+# the few-row GEMM for 2-32 fp16/bf16 CUDA rows (triton_rows_gemm.py): measured no faster than the library GEMM, so
+# off (read once: benchmarks set it per process)
+ROWS_GEMM = switch("ONECAT_ROWS_GEMM", False)
 
 
 def rows_gemm_ok(x: torch.Tensor, weight: torch.Tensor, fused: bool) -> bool:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from onecat.engine.errors import EngineError
 from onecat.engine.parallel.rank_process import RankProcess
+from onecat.engine.switches import switch
 
 COLLECTIVE_TIMEOUT_S = 120  # a collective waiting longer than this on a rank fails instead of hanging
 START_TIMEOUT_S = 600  # a worker that has not reached the rendezvous, or built its shard, by then is treated as dead
@@ -67,7 +68,7 @@ SHARE_DEVICE_ENV = "ONECAT_TP_SHARE_DEVICE"
 
 
 def ranks_share_device() -> bool:
-    return os.environ.get(SHARE_DEVICE_ENV, "") == "1"
+    return bool(switch(SHARE_DEVICE_ENV, False))
 
 
 def backend_for(device: torch.device) -> str:

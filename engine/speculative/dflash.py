@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -45,6 +44,7 @@ from onecat.engine.speculative.draft_ahead import (Ahead, ahead_wanted, draft_ah
                                                   propose_with_ahead)
 from onecat.engine.speculative.draft_vocab import DraftVocab, ranked_ids
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
+from onecat.engine.switches import switch
 from onecat.engine.transfers import to_device
 from onecat.engine.worker.fused_kernels import enable_fused_kernels
 
@@ -308,7 +308,7 @@ class DFlashProposer(Proposer):
         self.ahead_served = 0  # requests' rounds whose drafts were drafted ahead
         device = target.device
         if device.type == "cuda":  # the target's fused-kernel choice: drafting through dflash_fused.py
-            enable_fused_kernels(self.drafter, device, self.dtype, os.environ.get(FUSED_FLAG) != "0" and
+            enable_fused_kernels(self.drafter, device, self.dtype, switch(FUSED_FLAG, True) and
                                  bool((getattr(target, "fused_kernels", None) or {}).get("used")))
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)

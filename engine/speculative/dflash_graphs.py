@@ -27,6 +27,8 @@ from onecat.engine.speculative.dflash_cache import project_rows
 from onecat.engine.speculative.round_graphs import MAX_ROWS, ContextGraphs
 from onecat.engine.switches import switch
 
+# the drafter's forward and context projection from CUDA graphs: unset where the target runs full graphs, 0 / 1 force
+# it (A/B)
 ENV_FLAG = "ONECAT_DFLASH_CUDA_GRAPHS"
 FLUSH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # feature rows a captured context projection takes
 

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
 from onecat.engine.switches import switch
 
+# the CPU packed layers' int8 dot products for 2+ rows (AVX512-VNNI, csrc/cpu/int8_matmul.cpp); 0 keeps the
+# bf16 GEMM (A/B)
 ENV = "ONECAT_CPU_INT8_MATMUL"
 TILE = 16  # output columns per tile: one int32 lane each in a 512-bit register
 
