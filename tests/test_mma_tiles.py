@@ -46,4 +46,4 @@ def test_row_limits_of_one_gemv_call_and_of_its_blocks(monkeypatch):
             quant_gemv.check_call(x, "nvfp4", w, 0, mma=mma)
     monkeypatch.setattr(quant_gemv, "MMA_16_ROWS", True)
     x = torch.zeros(12, 1024, dtype=torch.float16)
-    assert quant_gemv.block_rows(x, "nvfp4", torch.zeros(32, 64, dtype=torch.uint8)) == quant_gemv.MAX_ROWS
+    assert quant_gemv.rows_per_call(x, "nvfp4", torch.zeros(32, 64, dtype=torch.uint8)) == quant_gemv.MAX_ROWS

@@ -235,7 +235,7 @@ def blocked_rows(words_format: str) -> int:
     return BLOCKED_ROWS_BY_FORMAT[words_format]
 
 
-def block_rows(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int = 0) -> int:
+def rows_per_call(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int = 0) -> int:
     """Rows of one packed_gemv call in packed_gemv_blocks: MMA_MAX_ROWS where the tensor-core GEMV takes x's call
     and MMA_16_ROWS is on, else MAX_ROWS."""
     if MMA_16_ROWS and x.is_cuda and tensor_cores_apply(x, fmt, scales, group, False):
@@ -246,11 +246,11 @@ def block_rows(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int = 0) 
 def packed_gemv_blocks(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.Tensor,
                        row_scale: torch.Tensor | None = None, group: int = 0, *,
                        tiled: int = ROW_MAJOR) -> torch.Tensor:
-    """packed_gemv (plain) of up to BLOCKED_ROWS rows, block_rows(...) rows a call. The GEMV is batch-invariant, so
-    each row's result is the one it gets alone."""
+    """packed_gemv (plain) of up to BLOCKED_ROWS rows, rows_per_call(...) rows a call. The GEMV is batch-invariant,
+    so each row's result is the one it gets alone."""
     k = x.shape[-1]
     m = x.numel() // k
-    block = block_rows(x, fmt, scales, group)
+    block = rows_per_call(x, fmt, scales, group)
     if m <= block:
         return packed_gemv(x, fmt, qweight, scales, row_scale, group, tiled=tiled)
     if m > BLOCKED_ROWS:

@@ -90,13 +90,13 @@ class TiledWords:
         not a multiple of 16 rows)."""
         from onecat.engine.kernels import quant_gemv
 
-        most = quant_gemv.MMA_MAX_ROWS if quant_gemv.MMA_16_ROWS else quant_gemv.MAX_ROWS
         if (not quant_gemv.GLU_IN_GEMV or not self.tiled or not x.is_cuda or getattr(self, "bias", None) is not None
                 or getattr(self, "perm", None) is not None or x.shape[-1] != self.in_features
-                or x.numel() > most * self.in_features or self.out_features % 32 or not quant_gemv.use_cuda()):
+                or self.out_features % 32 or not quant_gemv.use_cuda()):
             return None
         fmt, scales, row_scale, group = self.gemv_operands()
-        if not self.tiles_take(x, scales, group):
+        if not self.tiles_take(x, scales, group) or x.numel() > quant_gemv.rows_per_call(x, fmt, scales, group) * \
+                self.in_features:
             return None
         return quant_gemv.packed_gemv(x.contiguous(), fmt, self.qweight, scales, row_scale, group, glu=True,
                                       tiled=self.tiled)
