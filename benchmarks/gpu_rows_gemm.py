@@ -1,5 +1,6 @@
-"""Few-row GEMM on a CUDA GPU: onecat's Triton kernel (engine/kernels/triton_rows_gemm.py) against cuBLAS for
-the 8B projections at the row counts of a verify step, a drafter's block and a small batch.
+"""Few-row GEMM on a CUDA GPU: onecat's Triton kernel (engine/kernels/triton_rows_gemm.py) and its tensor-core
+rows GEMV (engine/kernels/dense_rows.py, up to 16 rows) against cuBLAS for the 8B projections at the row counts
+of a verify step, a drafter's block and a small batch.
 
     python benchmarks/gpu_rows_gemm.py --out results.json [--rows 2,4,8,16,32] [--sweep]
 
@@ -8,9 +9,11 @@ figure is what a step pays: DRAM streaming plus each kernel's launch and tail. P
   gemv_1row          the batch-1 GEMV on one row (what a plain batch-1 step pays for this projection)
   cublas             F.linear
   rows_gemm          the few-row GEMM, default tile config
+  dense_gemv         the tensor-core rows GEMV (1-16 rows; with its weight-read rate, dense_gemv_GBps)
 and for the projections the engine fuses with their neighbours (the norm before, SiLU*mul after gate/up):
   separate[...]      add_rmsnorm kernel + cuBLAS (+ silu_mul kernel): the step before this kernel
   rows_gemm[...]     add_rmsnorm kernel + the few-row GEMM (with SiLU*mul folded in)
+  dense_gemv[...]    add_rmsnorm kernel + the rows GEMV (with SiLU*mul folded in)
 With --sweep, the kernel (with SiLU*mul on gate/up) over a grid of tile configs and both operand orders at 8
 and 16 rows; the best is reported. Every Triton arm is checked against an fp32 reference first (relative max
 error < 1e-2).
@@ -40,6 +43,7 @@ def sweep_configs() -> list[tuple[int, int, int, int, bool]]:
 def bench(name: str, rows: list[int], sweep: bool) -> dict:
     import triton
 
+    from onecat.engine.kernels import dense_rows as dr
     from onecat.engine.kernels import triton_fused as tf
     from onecat.engine.kernels import triton_gemv as tg
     from onecat.engine.kernels import triton_rows_gemm as rg
@@ -68,10 +72,19 @@ def bench(name: str, rows: list[int], sweep: bool) -> dict:
         res = out[str(m)] = {"config": list(rg.default_config(m, n, k, False)), "rel_err": err,
                              "cublas_us": us([lambda w=w: F.linear(x, w) for w in ws]),
                              "rows_gemm_us": us([lambda w=w: rg.rows_gemm(x, w) for w in ws])}
+        dense = m <= 16
+        if dense:
+            res["dense_gemv_rel_err"] = derr = rel_err(dr.dense_rows_gemv(x, ws[0]), ref)
+            assert derr < 1e-2, f"{name} {m} rows, rows GEMV: error {derr}"
+            res["dense_gemv_us"] = us([lambda w=w: dr.dense_rows_gemv(x, w) for w in ws])
+            res["dense_gemv_GBps"] = round(n * k * 2 / res["dense_gemv_us"] / 1e3, 1)
         if glu:
             gref = F.silu(ref[:, :n // 2]) * ref[:, n // 2:]
             res["rows_gemm[glu]_rel_err"] = gerr = rel_err(rg.rows_gemm(x, ws[0], glu=True), gref)
             assert gerr < 1e-2, f"{name} {m} rows glu: error {gerr}"
+            if dense:
+                res["dense_gemv[glu]_rel_err"] = gerr = rel_err(dr.dense_rows_gemv(x, ws[0], glu=True), gref)
+                assert gerr < 1e-2, f"{name} {m} rows, rows GEMV glu: error {gerr}"
         if fused:
             def separate(w):
                 y = F.linear(tf.add_rmsnorm(x, r, nw, 1e-5)[0], w)
@@ -80,6 +93,9 @@ def bench(name: str, rows: list[int], sweep: bool) -> dict:
             res[f"separate[{fused}]_us"] = us([lambda w=w: separate(w) for w in ws])
             res[f"rows_gemm[{fused}]_us"] = us([lambda w=w: rg.rows_gemm(tf.add_rmsnorm(x, r, nw, 1e-5)[0], w, glu=glu)
                                                 for w in ws])
+            if dense:
+                normed = lambda: tf.add_rmsnorm(x, r, nw, 1e-5)[0]  # noqa: E731
+                res[f"dense_gemv[{fused}]_us"] = us([lambda w=w: dr.dense_rows_gemv(normed(), w, glu=glu) for w in ws])
         if sweep and m in (8, 16):
             grid = {}
             for bn, bk, st, wp, swap in sweep_configs():

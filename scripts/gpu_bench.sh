@@ -38,11 +38,14 @@
 # and on (ONECAT_GEMV_16_ROWS); `moe_fused_route` route 2 at batch 1 and 8 with the fused routed experts off
 # and on (ONECAT_MOE_FUSED_ROUTED). `route_profile` the seed routes (PROFILE_ROUTES, default both) at batch 1 and 8 (PROFILE_BATCHES)
 # with a profile of one more batch of each arm (benchmarks/seed_routes_gpu.py --profile: device-busy time, idle time
-# by host phase, busiest kernels).
+# by host phase, busiest kernels). `dense_rows` the tensor-core rows GEMV for dense weights' GPU tests and its timing
+# against cuBLAS and the few-row GEMM on the 8B projections at 2, 8 and 16 rows (benchmarks/gpu_rows_gemm.py);
+# `dense_rows_ab` the synthetic 8B rounds (batch 1 and 8, n-gram- and DFlash-shaped) with it off and on
+# (ONECAT_DENSE_ROWS_GEMV).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
-#                                route_profile|gemv16|gemv16_route|narrow_route|syncs]...
+#                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -168,6 +171,16 @@ for step in $steps; do
              (cd benchmarks && timeout 150 python3 gpu_packed_rows.py --format $fmt --rows 8,16,32 \
                --arms gemv_blocks_8,gemv_blocks_16 --out "$out/gemv16_$fmt.json" >"$out/gemv16_$fmt.log" 2>&1)
              echo "16-row GEMV timing $fmt rc=$?"; grep "rows" "$out/gemv16_$fmt.log"
+           done ;;
+    dense_rows) gpu_tests dense_rows tests/test_dense_rows_gpu.py
+           (cd benchmarks && timeout 240 python3 gpu_rows_gemm.py --rows 2,8,16 --out "$out/dense_rows_gemv.json" \
+             >"$out/dense_rows_gemv.log" 2>&1); echo "dense rows GEMV timing rc=$?"
+           grep -E "rows:" "$out/dense_rows_gemv.log" | cut -c1-400 ;;
+    dense_rows_ab) for flag in 0 1; do
+             ONECAT_DENSE_ROWS_GEMV=$flag timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1,8 \
+               --arms ngram_shaped,dflash_shaped,no_draft --out "$out/dense_rows_ab_$flag.json" \
+               >"$out/dense_rows_ab_$flag.log" 2>&1
+             echo "dense rows GEMV=$flag rc=$?"; grep "batch" "$out/dense_rows_ab_$flag.log"
            done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;

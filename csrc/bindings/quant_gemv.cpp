@@ -1,5 +1,5 @@
 // Torch binding of the packed-weight GEMVs (csrc/quant_gemv/quant_gemv.cuh, and mma_gemv.cuh on the tensor cores
-// of SM80+ for W4A16 fp16 g128, NVFP4, FP8 and MXFP4 bf16): argument checks, the choice of kernel, the split of K and the launch
+// of SM80+ for W4A16 fp16 g128, NVFP4, FP8, MXFP4 bf16 and dense fp16 / bf16 weights): argument checks, the choice of kernel, the split of K and the launch
 // (quant_gemv_launch.cu). Activation rows are rounded up to 1, 2, 4 or 8 (the kernel's template).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
@@ -22,7 +22,7 @@ int smem_budget(int device) {
   return std::min(64 * 1024, per_sm / 3 / 1024 * 1024);
 }
 
-int codes_per_word(int fmt) { return fmt == kFp8 ? 4 : 8; }
+int codes_per_word(int fmt) { return fmt == kFp8 ? 4 : (fmt == kDense ? 2 : 8); }
 
 int smem_for(int fmt, int m_tmpl, int chunks) {
   const bool int4 = fmt == kInt4H || fmt == kInt4B;
@@ -54,11 +54,11 @@ int auto_splits_mma(int runs, int tiles, int sms) {
 // Warps a block of the tensor-core GEMV, by the blocks (row tiles x splits) each SM gets: under 2 (Llama-3-8B's
 // qkv and o on an H200: 192 and 128 blocks on 132 SMs) 8 warps, so each warp has half the runs and a SM twice the
 // loads in flight; 6 and more (its gate_up, 896 blocks) 2; else 4. FP8, whose runs are twice the bytes: 8 under 1
-// block a SM, else 4. Measured per projection and format on an H200 (benchmarks/results/quant_h200.json
-// "warps_by_grid"). It depends on the shape alone, never on the row count, so a row's bits are the same alone or
-// in a batch.
-int mma_warps(int blocks, int sms, bool fp8) {
-  if (fp8) return blocks < sms ? 8 : kMmaWarps;
+// block a SM, else 4 (dense weights, four times FP4's bytes a run, likewise). Measured per projection and format on
+// an H200 (benchmarks/results/quant_h200.json "warps_by_grid"). It depends on the shape alone, never on the row
+// count, so a row's bits are the same alone or in a batch.
+int mma_warps(int blocks, int sms, bool wide_runs) {
+  if (wide_runs) return blocks < sms ? 8 : kMmaWarps;
   if (blocks < 2 * sms) return 8;
   if (blocks >= 6 * sms) return 2;
   return kMmaWarps;
@@ -76,7 +76,8 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
                 const c10::optional<at::Tensor>& row_scale, at::Tensor& tickets, int64_t fmt, int64_t group,
                 int64_t splits, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,
                 double eps, bool glu, int64_t kernel, bool pdl, int64_t tiled) {
-  TORCH_CHECK(fmt >= kInt4H && fmt <= kFp8, "fmt must be 0..4 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8)");
+  TORCH_CHECK(fmt >= kInt4H && fmt <= kDense,
+              "fmt must be 0..5 (int4 fp16 pairs, int4 bf16 pairs, nvfp4, mxfp4, fp8, dense in x's dtype)");
   TORCH_CHECK(x.is_cuda() && (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) && x.is_contiguous(),
               "x must be a contiguous CUDA float16 or bfloat16 tensor");
   TORCH_CHECK(qweight.is_cuda() && qweight.scalar_type() == at::kInt && qweight.dim() == 2 && qweight.is_contiguous(),
@@ -96,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
                 "W4A16 scales must be (scale, zero) pairs [N, K/G, 2] in float16 (fmt 0) or bfloat16 (fmt 1)");
   } else {
     const int64_t block = fmt == kMxfp4 ? 32 : 16;
-    TORCH_CHECK(fmt == kFp8 || (scales.scalar_type() == at::kByte && scales.numel() == n * (k / block)),
+    TORCH_CHECK(fmt == kFp8 || fmt == kDense || (scales.scalar_type() == at::kByte && scales.numel() == n * (k / block)),
                 "FP4 block scales must be uint8 [N, K/", block, "]");
   }
   if (fmt == kNvfp4 || fmt == kFp8) {
@@ -121,18 +122,20 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   int sms = 0, major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  // the tensor-core GEMV (mma_gemv.cuh): W4A16 fp16 with fp16 scale pairs and groups of 128, NVFP4 and FP8 fp16
-  // or bf16, MXFP4 bf16 (its scaled codes leave fp16's range); K a multiple of 128, no folded norm, SM80 or newer
+  // the tensor-core GEMV (mma_gemv.cuh): W4A16 fp16 with fp16 scale pairs and groups of 128, NVFP4, FP8 and dense
+  // weights fp16 or bf16, MXFP4 bf16 (its scaled codes leave fp16's range); K a multiple of 128, no folded norm, SM80 or newer
   const bool half = x.scalar_type() == at::kHalf;
   const bool mma_format = (fmt == kInt4H && half && group == 128) || fmt == kNvfp4 || fmt == kFp8 ||
-                          (fmt == kMxfp4 && !half);
+                          fmt == kDense || (fmt == kMxfp4 && !half);
   // with glu: 1-16 rows, the gate and up halves multiples of 16 rows
   const bool mma_fits = mma_format && k % kMmaRun == 0 && !residual.has_value() && (!glu || n_out % 16 == 0) &&
                         major >= 8;
   TORCH_CHECK(kernel != kMma || mma_fits, "the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups "
-              "of 128), NVFP4 or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm, glu only with "
-              "gate and up halves of a multiple of 16 rows, on SM80 or newer");
+              "of 128), NVFP4, FP8 or dense weights (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded "
+              "norm, glu only with gate and up halves of a multiple of 16 rows, on SM80 or newer");
   const bool mma = kernel == kMma || (kernel == kAuto && mma_fits);
+  TORCH_CHECK(fmt != kDense || mma, "dense weights take the tensor-core GEMV only: SM80 or newer, K a multiple of 128, "
+              "no folded norm");
   TORCH_CHECK(m <= 8 || mma, "9-16 rows take the tensor-core GEMV only (two B operands); the FMA GEMV takes 1 to 8 "
               "rows, got ", m);
   TORCH_CHECK(m == 1 || !(residual.has_value() || (glu && !mma)),
@@ -192,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor> gemv_checked(const at::Tensor& x, const at::T
   p.m_rows = static_cast<int>(m);
   p.splits = s;
   p.tiled = static_cast<int>(tiled);
-  p.warps = mma ? mma_warps(tiles * s, sms, fmt == kFp8) : 0;
+  p.warps = mma ? mma_warps(tiles * s, sms, fmt == kFp8 || fmt == kDense) : 0;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(mma ? launch_mma(static_cast<int>(fmt), x.scalar_type() == at::kBFloat16, p, stream, pdl)
                      : launch_gemv(static_cast<int>(fmt), m_tmpl, x.scalar_type() == at::kBFloat16, p, smem, stream));

@@ -93,6 +93,9 @@ cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stre
   if (fmt == kFp8) {
     return is_bf16 ? launch_mma_as<kFp8, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kFp8, __half>(p, stream, pdl);
   }
+  if (fmt == kDense) {
+    return is_bf16 ? launch_mma_as<kDense, __nv_bfloat16>(p, stream, pdl) : launch_mma_as<kDense, __half>(p, stream, pdl);
+  }
   return cudaErrorInvalidValue;
 }
 

@@ -12,7 +12,8 @@ namespace onecat_qgemv {
 inline int rows_per_warp(int m_tmpl) { return m_tmpl <= 2 ? 2 : 4; }
 
 // The tensor-core GEMV (mma_gemv.cuh), SM80 and newer: W4A16 with fp16 activations and scale pairs and groups of
-// 128, NVFP4 with fp16 or bf16 activations, MXFP4 with bf16; K a multiple of 128. Else cudaErrorInvalidValue.
+// 128, NVFP4, FP8 and dense weights (kDense) with fp16 or bf16 activations, MXFP4 with bf16; K a multiple of 128.
+// Else cudaErrorInvalidValue.
 cudaError_t launch_mma(int fmt, bool is_bf16, const Params& p, cudaStream_t stream, bool pdl);
 
 // Launches the kernel for format fmt, activation rows m_tmpl (1, 2, 4 or 8), half (is_bf16 false) or bfloat16.

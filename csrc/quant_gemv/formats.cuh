@@ -16,6 +16,7 @@ template <> struct Traits<kInt4B> { static constexpr int kCodes = 8; };
 template <> struct Traits<kNvfp4> { static constexpr int kCodes = 8; static constexpr int kBlock = 16; };
 template <> struct Traits<kMxfp4> { static constexpr int kCodes = 8; static constexpr int kBlock = 32; };
 template <> struct Traits<kFp8> { static constexpr int kCodes = 4; static constexpr int kBlock = 16; };
+template <> struct Traits<kDense> { static constexpr int kCodes = 2; };
 
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }

@@ -1,6 +1,7 @@
 // Packed-weight GEMV for 1-16 activation rows on the tensor cores (SM80 and newer): y = x @ dequant(W)^T for
 // W4A16 with fp16 scale pairs and groups of 128 (w4_mma.cuh: fp16 activations), NVFP4 (fp4_mma.cuh: fp16 or
-// bf16), MXFP4 (bf16) and FP8 E4M3 (fp8_mma.cuh: fp16 or bf16).
+// bf16), MXFP4 (bf16), FP8 E4M3 (fp8_mma.cuh: fp16 or bf16) and dense weights in the activation dtype
+// (dense_mma.cuh: fp16 or bf16).
 //
 // Why: one mma.sync.m16n8k16 multiplies 16 weight rows by 16 columns of all 8 activation rows (the activations
 // are the 8-wide B operand: rows past m_rows are zero and never stored), so the arithmetic per weight is its
@@ -24,6 +25,7 @@
 // (engine/kernels/triton_fused.py silu_mul) rounds them: one kernel a decode step fewer per MLP.
 #pragma once
 
+#include "dense_mma.cuh"
 #include "formats.cuh"
 #include "fp4_mma.cuh"
 #include "fp8_mma.cuh"
@@ -123,12 +125,12 @@ __device__ __forceinline__ void finish(const Params& p, float (*acc)[NB][4], flo
 }
 
 // The scale bits of run r for the row whose first scale element is `base`: W4A16 its (scale, zero) pair, FP4 the
-// lane's block-scale bytes, FP8 none (the row's scale comes at the end).
+// lane's block-scale bytes, FP8 none (the row's scale comes at the end), dense weights none.
 template <int FMT>
 __device__ __forceinline__ uint32_t run_scales(const void* base, int r, int c) {
   if constexpr (FMT == kInt4H) {
     return __ldg(static_cast<const uint32_t*>(base) + r);  // a run is a group
-  } else if constexpr (FMT == kFp8) {
+  } else if constexpr (FMT == kFp8 || FMT == kDense) {
     return 0u;
   } else {
     return fp4_run_scales<FMT>(static_cast<const uint8_t*>(base), r, c);
@@ -159,6 +161,8 @@ __device__ __forceinline__ void mma_run(const uint4 (*w)[2 * kVecs], const uint3
       w4_run<NB>(w[t], sz[t], xb, acc[t]);
     } else if constexpr (FMT == kFp8) {
       fp8_run<X, NB>(w[t], xb, acc[t]);
+    } else if constexpr (FMT == kDense) {
+      dense_run<X, NB>(w[t], xb, acc[t]);
     } else {
       fp4_run<FMT, X, NB>(w[t], sz[t], xb, acc[t]);
     }
@@ -187,7 +191,8 @@ template <int FMT, typename X, int U, int T, int W, bool SLOTS = false, int NB =
 __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
   static_assert(FMT == kInt4H ? Same<X, __half>::value : FMT != kInt4B, "formats this kernel takes");
   static_assert(!SLOTS || FMT == kNvfp4 || FMT == kMxfp4, "code slots are FP4's");
-  constexpr int kVecs = FMT == kFp8 ? 2 : 1;  // 16-byte loads a lane takes of a row's run (FP8: 32 words a run)
+  // 16-byte loads a lane takes of a row's run (FP8: 32 words a run, dense: 64)
+  constexpr int kVecs = FMT == kFp8 ? 2 : (FMT == kDense ? 4 : 1);
   static_assert(NB == 1 || NB == 2, "8 or 16 activation rows");
   __shared__ float red[W * T * NB * 4 * 32];
   const int runs = p.k / kMmaRun / p.splits;  // this block's runs of K
@@ -213,6 +218,8 @@ __global__ void __launch_bounds__(W * 32) mma_gemv_kernel(const Params p) {
                  (p.tiled ? tile * (p.k / kMmaRun) * run_step + (h * 32 + lane) * kVecs : row * (kw / 4) + c * kVecs);
       if constexpr (FMT == kInt4H) {
         sz[t][h] = static_cast<const uint32_t*>(p.scales) + row * (p.k / kMmaRun);  // a run is a group
+      } else if constexpr (FMT == kDense) {
+        sz[t][h] = nullptr;
       } else {
         sz[t][h] = static_cast<const uint8_t*>(p.scales) + row * (p.k / Traits<FMT>::kBlock);
       }

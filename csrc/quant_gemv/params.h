@@ -15,7 +15,9 @@ using uint32_t = unsigned int;
 using int64_t = long long;
 #endif
 
-enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4 };
+// kDense: not packed, the weight in the activation dtype (fp16 or bf16) read as words of two; only the
+// tensor-core GEMV takes it (dense_mma.cuh)
+enum Format : int { kInt4H = 0, kInt4B = 1, kNvfp4 = 2, kMxfp4 = 3, kFp8 = 4, kDense = 5 };
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;

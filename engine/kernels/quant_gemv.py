@@ -42,7 +42,9 @@ MMA_16_ROWS = switch("ONECAT_GEMV_16_ROWS", False)
 # o-projection 61.8 against 58.8 us); at 64 rows the many-row GEMM wins. FP8 was not timed past 16 rows: 16.
 BLOCKED_ROWS_BY_FORMAT = {"int4": 32, "nvfp4": 32, "mxfp4": 32, "fp8": 16}
 BLOCKED_ROWS = max(BLOCKED_ROWS_BY_FORMAT.values())  # the most rows packed_gemv_blocks takes
-FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4}
+# "dense": not packed, a weight in the activation dtype read as int32 words of two (engine/kernels/dense_rows.py)
+FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4, "dense": 5}
+CODES_PER_WORD = {"fp8": 4, "dense": 2}  # the rest: 8
 KERNELS = ("auto", "fma", "mma")  # packed_gemv's choices (the binding takes 1 = FMA, 2 = tensor cores)
 MMA_RUN = 128  # the tensor-core GEMV's unit of K (csrc/quant_gemv/params.h kMmaRun), W4A16's group size there
 TICKETS = 1 << 16  # row tiles of one call (>= N / 16)
@@ -108,7 +110,7 @@ def check_call(x: torch.Tensor, fmt: str, qweight: torch.Tensor, splits: int,
                mma: bool = False) -> None:
     """The argument checks the binding makes, raised here as ValueError with what to change (a C++
     exception must not cross into Python: on some builds that takes the process down)."""
-    codes = 4 if fmt == "fp8" else 8
+    codes = CODES_PER_WORD.get(fmt, 8)
     k = qweight.shape[1] * codes
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} features; the packed weight takes {k}")
@@ -160,7 +162,7 @@ def tensor_cores_take(fmt: str, act_dtype: torch.dtype, scales_dtype: torch.dtyp
         return False
     fits = {"int4": act_dtype == torch.float16 and scales_dtype == torch.float16 and group == MMA_RUN,
             "nvfp4": act_dtype in (torch.float16, torch.bfloat16), "mxfp4": act_dtype == torch.bfloat16,
-            "fp8": act_dtype in (torch.float16, torch.bfloat16)}
+            "fp8": act_dtype in (torch.float16, torch.bfloat16), "dense": act_dtype in (torch.float16, torch.bfloat16)}
     index = device.index if device.index is not None else torch.cuda.current_device()
     return fits.get(fmt, False) and capability(index) >= 80
 
@@ -206,7 +208,7 @@ def _device_index(x: torch.Tensor) -> int:
 
 
 def _words_per_run(fmt: str) -> int:
-    return MMA_RUN // (4 if fmt == "fp8" else 8)
+    return MMA_RUN // CODES_PER_WORD.get(fmt, 8)
 
 
 def mma_tiles(qweight: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -277,14 +279,15 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     SiLU * mul kernel (engine/kernels/triton_fused.py silu_mul) on the unfused projection's output.
     kernel: "auto" (the tensor-core GEMV where tensor_cores_apply, else the FMA GEMV), "fma" or "mma"
     (forced, for comparison). tiled: ROW_MAJOR, or TILED (mma_tiles' layout, which only the tensor-core GEMV reads),
-    or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 or MXFP4 with fp16 / bf16 x: mma_tiles of fp4.slots.to_slots)."""
+    or TILED_FP16_SLOTS / TILED_BF16_SLOTS (NVFP4 or MXFP4 with fp16 / bf16 x: mma_tiles of fp4.slots.to_slots).
+    fmt "dense" (the tensor-core GEMV only): qweight is a weight in x's dtype viewed as int32 (dense_rows.py)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r}: expected one of {', '.join(KERNELS)}")
     applies = tensor_cores_apply(x, fmt, scales, group, residual is not None, qweight.shape[0] if glu else 0)
     if kernel == "mma" and not applies:
-        raise ValueError("the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups of 128), NVFP4 "
-                         "or FP8 (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm, glu only with "
-                         "gate and up halves of a multiple of 16 rows, on SM80 or newer")
+        raise ValueError("the tensor-core GEMV takes W4A16 (fp16 activations and scale pairs, groups of 128), NVFP4, "
+                         "FP8 or dense weights (fp16 or bf16) or MXFP4 (bf16), K a multiple of 128, no folded norm, "
+                         "glu only with gate and up halves of a multiple of 16 rows, on SM80 or newer")
     mma = applies and kernel != "fma"
     if tiled and not mma:
         raise ValueError("tiled weights (mma_tiles) are read by the tensor-core GEMV only, and it does not take this "
@@ -299,7 +302,8 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
-    y, h, error = mod.gemv(x, qweight, scales if fmt != "fp8" else row_scale, row_scale, _tickets(_device_index(x)),
+    unused = {"fp8": row_scale, "dense": qweight}  # formats without block scales: any CUDA tensor fills the argument
+    y, h, error = mod.gemv(x, qweight, unused.get(fmt, scales), row_scale, _tickets(_device_index(x)),
                            FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu, 2 if mma else 1,
                            mma and pdl.options(x.device)["PDL"], int(tiled))
     if error:

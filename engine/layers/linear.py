@@ -2,13 +2,14 @@
 bandwidth-bound GEMV of engine/kernels/triton_gemv.py instead of the library GEMM (so do the rows of a
 step whose forward context allows more: the GEMV computes each row as if alone, so a batch-1 verify
 step's rows equal batch-1 decode bit for bit); 2-32 rows on CUDA (a verify step, a drafter's block, a
-small batch) take the library GEMM, or with ONECAT_ROWS_GEMM=1 the few-row GEMM of
+small batch) take the library GEMM, or with ONECAT_DENSE_ROWS_GEMV=1 (2-16 rows, SM80+) the tensor-core GEMV
+of engine/kernels/dense_rows.py, or with ONECAT_ROWS_GEMM=1 the few-row GEMM of
 engine/kernels/triton_rows_gemm.py (measured no faster end to end on an H100:
 benchmarks/results/speculative_gpu_rounds_h100_rows_gemm_ab.json); float32 on CPU goes through the
 batch-invariant matmul of batch_invariant_linear.py; everything else is F.linear.
 
 `norm_then_linear` also folds the residual add + RMSNorm before a projection (and, for the MLP's
-gate/up projection, the SiLU*mul after it) into that GEMV (the few-row GEMM takes only the SiLU*mul), or
+gate/up projection, the SiLU*mul after it) into that GEMV (the rows GEMV and GEMM take only the SiLU*mul), or
 into the packed layers' CUDA GEMV (their `fused_norm_gemv`); for any other module or input it runs the
 steps one after the other. `pack_weights` prepares a CPU model's float32 layers for the batch-invariant
 matmul.
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from onecat.engine.attention.forward_context import gemv_row_limit
+from onecat.engine.kernels import dense_rows
 from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.switches import switch
 
@@ -40,8 +42,10 @@ def rows_gemm_ok(x: torch.Tensor, weight: torch.Tensor, fused: bool) -> bool:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> torch.Tensor:
-    """F.linear(x, weight, bias), through the few-row GEMM where it takes the call (a weight no Linear
-    holds: a drafter's stacked q/k/v)."""
+    """F.linear(x, weight, bias), through the rows GEMV or the few-row GEMM where one takes the call (a weight no
+    Linear holds: a drafter's stacked q/k/v)."""
+    if fused and dense_rows.takes(x, weight):
+        return dense_rows.dense_rows_gemv(x, weight, bias)
     if rows_gemm_ok(x, weight, fused):
         from onecat.engine.kernels.triton_rows_gemm import rows_gemm
 
@@ -64,6 +68,8 @@ class Linear(nn.Linear):
             from onecat.engine.kernels.triton_gemv import gemv
 
             return gemv(x, self.weight, self.bias)
+        if self.use_fused and dense_rows.takes(x, self.weight):
+            return dense_rows.dense_rows_gemv(x, self.weight, self.bias)
         if rows_gemm_ok(x, self.weight, self.use_fused):
             from onecat.engine.kernels.triton_rows_gemm import rows_gemm
 
@@ -102,7 +108,10 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 def glu_in_gemv(linear: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor | None:
     """SiLU(gate) * up of a [gate | up] layer's output, computed in its matmul: a packed layer's GEMV
     (engine/quant/tiled_words.py glu_gemv: one kernel fewer a decode step, the same bits) or a dense layer's
-    few-row GEMM; None: fused ops off, or a layer or call those kernels do not take."""
+    rows GEMV or few-row GEMM; None: fused ops off, or a layer or call those kernels do not take."""
+    if (isinstance(linear, Linear) and fused and linear.use_fused and linear.bias is None
+            and dense_rows.takes(x, linear.weight, glu=True)):
+        return dense_rows.dense_rows_gemv(x, linear.weight, glu=True)
     if isinstance(linear, Linear) and rows_gemm_ok(x, linear.weight, fused and linear.use_fused):
         from onecat.engine.kernels.triton_rows_gemm import rows_gemm
 
