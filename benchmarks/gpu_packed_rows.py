@@ -118,7 +118,7 @@ def bench(name: str, rows: list[int], fmt: str, arm_names: list[str], do_sweep: 
         ref = F.linear(x.float(), dense_weight(ls[0], dt).float())
         arms = {}
         gemv_rows = dict(quant_gemv.BLOCKED_ROWS_BY_FORMAT)  # the layers' own arms: the GEMV held to 16 rows
-        quant_gemv.BLOCKED_ROWS_BY_FORMAT.update(dict.fromkeys(gemv_rows, 16))
+        quant_gemv.BLOCKED_ROWS_BY_FORMAT.update({per_call: dict.fromkeys(t, 16) for per_call, t in gemv_rows.items()})
         for arm in arm_names:
             triton_support.PACKED_ROWS_GEMM = arm == "packed_rows"
             call = ARMS[arm]
@@ -129,7 +129,8 @@ def bench(name: str, rows: list[int], fmt: str, arm_names: list[str], do_sweep: 
         triton_support.PACKED_ROWS_GEMM = False
         quant_gemv.BLOCKED_ROWS_BY_FORMAT.update(gemv_rows)
         if "packed_rows" in arms:  # BLOCK_N, BLOCK_M, warps, stages, split
-            arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k))
+            packed_fmt = getattr(triton_packed_rows, fmt.upper())  # NVFP4, MXFP4, W4A16, FP8
+            arms["packed_rows"]["config"] = list(triton_packed_rows.config(m, n, k, packed_fmt))
         if do_sweep and m in SWEEP_ROWS:
             arms["sweep"] = sweep(ls, x, ref)
             log(f"{name} rows {m}: best config {arms['sweep']['best']} {arms['sweep']['best_us']} us")

@@ -84,6 +84,7 @@ def test_a_hybrid_model_verifies_narrower_rows_on_its_one_set_of_trail_buffers(m
 
     graphs = _graphs(hybrid=True)
     graphs.verify_query_len, graphs.narrow_verify = 8, True
+    monkeypatch.setattr(cuda_graph, "HYBRID_NARROW_VERIFY", False)
     assert graphs.verify_widths() == [8]  # ONECAT_HYBRID_NARROW_VERIFY off: the one width
     monkeypatch.setattr(cuda_graph, "HYBRID_NARROW_VERIFY", True)
     assert graphs.verify_widths() == [2, 4, 8] and graphs.eligible(_sched([1])) == (1, 2)

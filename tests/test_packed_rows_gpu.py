@@ -88,7 +88,8 @@ def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtyp
     real = getattr(triton_packed_rows, entry)
     monkeypatch.setattr(triton_packed_rows, entry, lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
     monkeypatch.setattr(triton_support, "PACKED_ROWS_GEMM", True)
-    monkeypatch.setattr(quant_gemv, "BLOCKED_ROWS_BY_FORMAT", dict.fromkeys(quant_gemv.BLOCKED_ROWS_BY_FORMAT, 16))
+    monkeypatch.setattr(quant_gemv, "BLOCKED_ROWS_BY_FORMAT",
+                        {per_call: dict.fromkeys(t, 16) for per_call, t in quant_gemv.BLOCKED_ROWS_BY_FORMAT.items()})
     for rows in (16, 17, 100, 128, 129):
         x = torch.randn(rows, k, device="cuda", dtype=dtype)
         ref = F.linear(x.float(), dense.to(dtype).float())
@@ -99,9 +100,9 @@ def test_packed_linears_send_17_to_128_rows_to_it_in_their_kept_layout(fmt, dtyp
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "w4a16", "fp8"])
 def test_by_default_each_format_sends_the_rows_its_timing_chose(fmt, monkeypatch):
-    """Unswitched: up to quant_gemv.blocked_rows the 8-row GEMV launches (32 rows for the 4-bit formats, 16 for FP8),
-    then the many-row GEMM up to triton_support.PACKED_ROWS_UP_TO (FP4 128, W4A16 64, FP8 none), then the
-    dequantized weight; every path's product close to the dense one."""
+    """Unswitched: up to quant_gemv.blocked_rows the GEMV in calls of 16 rows (64 rows for the 4-bit formats, 16 for
+    FP8), then the many-row GEMM up to triton_support.PACKED_ROWS_UP_TO (FP4 128, W4A16 64: none past the GEMV's,
+    FP8 none), then the dequantized weight; every path's product close to the dense one."""
     from onecat.engine.kernels import quant_gemv, triton_packed_rows, triton_support
 
     monkeypatch.setattr(triton_support, "PACKED_ROWS_GEMM", None)
@@ -119,7 +120,8 @@ def test_by_default_each_format_sends_the_rows_its_timing_chose(fmt, monkeypatch
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         _close(layer(x), F.linear(x.float(), dense.to(dtype).float()), dtype)
     words = {"w4a16": "int4"}.get(fmt, fmt)
-    gemv_rows = quant_gemv.blocked_rows(words)
+    per_call = quant_gemv.MMA_MAX_ROWS if quant_gemv.MMA_16_ROWS else quant_gemv.MAX_ROWS
+    gemv_rows = quant_gemv.blocked_rows(words, per_call)
     assert blocked == [m for m in rows if m <= gemv_rows], blocked
     assert calls == [m for m in rows if gemv_rows < m <= triton_support.PACKED_ROWS_UP_TO.get(words, 0)], calls
 

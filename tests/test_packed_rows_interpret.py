@@ -18,7 +18,9 @@ SCRIPT = r"""
 import torch
 from onecat.engine.kernels import quant_gemv
 from onecat.engine.kernels.triton_packed_rows import config
-assert config(40, 48, 256)[4] == 2 and config(128, 5120, 5120)[:3] == (64, 128, 8)
+assert config(40, 48, 256)[4] == 2 and config(128, 5120, 5120, 0)[:3] == (64, 128, 8)  # NVFP4: 8 warps past 64 rows
+assert config(128, 5120, 5120, 2)[2:] == (4, 2, 2) and config(128, 5120, 6144, 0)[2:] == (8, 2, 1)  # o: W4A16 / NVFP4
+assert config(128, 5120, 17408, 2)[4] == 4 and config(128, 34816, 5120, 2)[4] == 1  # down, gate_up
 from onecat.engine.kernels.triton_packed_rows import fp4_rows_gemm, fp8_rows_gemm, w4a16_rows_gemm
 from onecat.engine.quant.fp8 import layout as fp8_layout
 from onecat.engine.quant.fp4.layout import dequantize

@@ -45,9 +45,10 @@ def test_every_declared_switch_is_listed_once_with_its_default_and_what_it_does(
     from onecat.cli.main import app
     from onecat.engine.switches import declared
 
-    monkeypatch.setenv("ONECAT_GEMV_16_ROWS", "1")
+    monkeypatch.setenv("ONECAT_GEMV_16_ROWS", "0")
     found = {e["name"]: e for e in declared()}
-    assert found["ONECAT_GEMV_16_ROWS"]["default"] is False and found["ONECAT_GEMV_16_ROWS"]["set_to"] == "1"
+    assert found["ONECAT_GEMV_16_ROWS"]["default"] is True and found["ONECAT_GEMV_16_ROWS"]["set_to"] == "0"
+    assert found["ONECAT_ROWS_GEMM"]["default"] is False
     assert found["ONECAT_GEMV_16_ROWS"]["where"].startswith("engine/kernels/quant_gemv.py:")
     assert found["ONECAT_MOE_FUSED_ROUTED"]["default"] is True  # a class attribute
     assert found["ONECAT_DRAFT_AHEAD"]["default"] is None  # inside a function, through a constant

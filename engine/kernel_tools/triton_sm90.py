@@ -54,7 +54,7 @@ def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int) -> tup
     from onecat.engine.kernels import triton_packed_rows as kp
     from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
-    block_n, block_m, warps, stages, split = kp.config(rows, N, K)
+    block_n, block_m, warps, stages, split = kp.config(rows, N, K, fmt)
     layout = SLOTS[getattr(torch, slots) if slots else torch.float16]
     constexprs = {"K": K, "FMT": fmt, "G": 128, "TILED": tiled, "SLOTS": slots is not None,
                   **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)},

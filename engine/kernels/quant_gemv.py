@@ -30,18 +30,23 @@ BACKENDS = ("auto", "folded", "triton")
 MAX_ROWS = 8
 MMA_MAX_ROWS = 16  # the most rows the tensor-core GEMV takes in one call (two B operands)
 # 9-16 rows in one tensor-core GEMV call (the weight read and decoded once where two 8-row calls read it twice; a
-# row's bits those of an 8-row call, csrc/quant_gemv/mma_gemv.cuh): off until its GPU test and timing have run
-# (read once; benchmarks set it per process)
-MMA_16_ROWS = switch("ONECAT_GEMV_16_ROWS", False)
-# a layer's call of up to blocked_rows(its words format) rows (a verify step's 1 + k: a DFlash block is 16; at batch 2,
-# 32) takes the GEMV in blocks of MAX_ROWS (packed_gemv_blocks), where the library GEMM needs the weight dequantized
-# on every call (the packed bytes read, the fp16 copy written and read: ~2.3 fp16 reads of the weight) and the
-# packed many-row GEMM (triton_packed_rows.py) decodes every tile for all its rows. Timed on an H100 over the
-# Qwen3.5-27B projections (benchmarks/results/gpu_packed_rows_{nvfp4,w4a16}_h100.json): at 17 and 32 rows the 8-row
-# launches beat both on all five NVFP4 projections and all five W4A16 ones (17 rows) / four of five (32 rows: the
-# o-projection 61.8 against 58.8 us); at 64 rows the many-row GEMM wins. FP8 was not timed past 16 rows: 16.
-BLOCKED_ROWS_BY_FORMAT = {"int4": 32, "nvfp4": 32, "mxfp4": 32, "fp8": 16}
-BLOCKED_ROWS = max(BLOCKED_ROWS_BY_FORMAT.values())  # the most rows packed_gemv_blocks takes
+# row's bits those of an 8-row call, csrc/quant_gemv/mma_gemv.cuh). Timed on an H100 over the Qwen3.5-27B
+# projections (benchmarks/results/gpu_gemv16_{nvfp4,w4a16}_h100.json): 16 rows 1.1-1.6x two 8-row calls, 32 rows
+# 1.1-1.6x four; route 1 at batch 1 2.131x -> 2.220x target-only (read once; benchmarks set it per process)
+MMA_16_ROWS = switch("ONECAT_GEMV_16_ROWS", True)
+# a layer's call of up to blocked_rows(its words format, rows a GEMV call takes) rows (a verify step's 1 + k: a DFlash
+# block is 16; at batch 2, 32; at batch 4, 64) takes the GEMV in calls of that many rows (packed_gemv_blocks), where
+# the library GEMM needs the weight dequantized on every call (the packed bytes read, the fp16 copy written and read:
+# ~2.3 fp16 reads of the weight) and the packed many-row GEMM (triton_packed_rows.py) decodes every tile for all its
+# rows. Timed on an H100 over the Qwen3.5-27B projections: in calls of 8 rows
+# (benchmarks/results/gpu_packed_rows_{nvfp4,w4a16}_h100.json) the GEMV beats both at 17 and 32 rows on all five
+# NVFP4 projections and on all five W4A16 ones (17 rows) / four of five (32), and the many-row GEMM wins at 64; in
+# calls of 16 (gpu_packed_rows_16_{nvfp4,w4a16}_h100.json) the GEMV takes about half the many-row GEMM's time at 32
+# rows and at 64 the five projections' sum is 872 against 997 us (NVFP4) and level (W4A16: 830 against 830); at 128
+# the many-row GEMM wins. FP8 was not timed past 16 rows: 16.
+BLOCKED_ROWS_BY_FORMAT = {MAX_ROWS: {"int4": 32, "nvfp4": 32, "mxfp4": 32, "fp8": 16},
+                          MMA_MAX_ROWS: {"int4": 64, "nvfp4": 64, "mxfp4": 64, "fp8": 16}}
+BLOCKED_ROWS = max(max(t.values()) for t in BLOCKED_ROWS_BY_FORMAT.values())  # the most packed_gemv_blocks takes
 # "dense": not packed, a weight in the activation dtype read as int32 words of two (engine/kernels/dense_rows.py)
 FMT_IDS = {"int4_fp16": 0, "int4_bf16": 1, "nvfp4": 2, "mxfp4": 3, "fp8": 4, "dense": 5}
 CODES_PER_WORD = {"fp8": 4, "dense": 2}  # the rest: 8
@@ -231,10 +236,11 @@ def mma_untile(tiles: torch.Tensor, fmt: str) -> torch.Tensor:
     return tiles.view(n // 16, kw // wpr, 16, wpr).transpose(1, 2).contiguous().view(n, kw)
 
 
-def blocked_rows(words_format: str) -> int:
+def blocked_rows(words_format: str, per_call: int) -> int:
     """The most rows a layer whose words are `words_format` ("int4", "nvfp4", "mxfp4", "fp8") sends to
-    packed_gemv_blocks (BLOCKED_ROWS_BY_FORMAT)."""
-    return BLOCKED_ROWS_BY_FORMAT[words_format]
+    packed_gemv_blocks when a GEMV call takes `per_call` rows (rows_per_call: MAX_ROWS or MMA_MAX_ROWS;
+    BLOCKED_ROWS_BY_FORMAT)."""
+    return BLOCKED_ROWS_BY_FORMAT[per_call][words_format]
 
 
 def rows_per_call(x: torch.Tensor, fmt: str, scales: torch.Tensor, group: int = 0) -> int:

@@ -127,15 +127,24 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
 
-def config(rows: int, n: int, k: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, BLOCK_M, num_warps, stages, SPLIT) for `rows` activation rows and an [n, k] weight: every row in
-    one tile (the weight read once), 64 weight rows a program, 8 warps past 64 rows (the offline sm_90 build of the
-    NVFP4 tiles at 128 rows: 214 registers and no spills, where 128 weight rows spill and 4 warps spill more; 86 KB
-    of shared memory with two stages, inside SM86/89's 99 KB); K split until the grid has about two programs per SM
-    of an H100 (split K adds no activation reads)."""
-    block_n, warps = 64, (4 if rows <= 64 else 8)
-    runs, split = k // RUN, 1
-    while -(-n // block_n) * split < 256 and split < 8 and runs % (2 * split) == 0:
+def config(rows: int, n: int, k: int, fmt: int | None = None) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_M, num_warps, stages, SPLIT) for `rows` activation rows and an [n, k] weight of format `fmt`:
+    every row in one tile (the weight read once), 64 weight rows a program, two stages (86 KB of shared memory at
+    128 rows, inside SM86/89's 99 KB), 4 warps, but 8 for NVFP4 past 64 rows (its tiles spill ~550 B a thread with 4
+    in the sm_90 build, `onecat kernels check --arch sm_90`; with 8 they do not). K is split (split K adds no
+    activation reads): up to 64 rows until the grid has about two programs per SM of an H100; past 64, where a
+    program's tile is four times the work, until no program runs more than 8192 columns of K and, with 4 warps,
+    the grid has about one program a SM. Swept on an H100 over the Qwen3.5-27B projections, NVFP4 and W4A16 at 32
+    and 128 rows (benchmarks/results/gpu_packed_rows_16_{nvfp4,w4a16}_h100.json): at 128 rows W4A16's choice is the
+    fastest of the 12 configs on all five, 18-67% under the earlier choice (8 warps, K split for two programs a
+    SM); NVFP4's the fastest of the 8-warp ones on all five (within 0-16% of the spilling 4-warp ones)."""
+    block_n, warps = 64, (8 if rows > 64 and fmt == NVFP4 else 4)
+    runs, split, programs = k // RUN, 1, -(-n // block_n)
+    if rows <= 64:
+        more = lambda s: programs * s < 256  # noqa: E731
+    else:
+        more = lambda s: k // s > 8192 or (warps == 4 and programs * s < 128)  # noqa: E731
+    while more(split) and split < 8 and runs % (2 * split) == 0:
         split *= 2
     return block_n, max(16, triton.next_power_of_2(rows)), warps, 2, split
 
@@ -148,7 +157,7 @@ def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second
     k = kw * (4 if fmt == FP8 else 8)
     rows = x.numel() // k
     x2 = x.reshape(rows, k).contiguous()
-    block_n, block_m, warps, stages, split = cfg or config(rows, n, k)
+    block_n, block_m, warps, stages, split = cfg or config(rows, n, k, fmt)
     y = torch.empty(split, rows, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     layout = SLOTS[slots] if slots is not None else SLOTS[torch.float16]  # bit places read only with SLOTS
     packed_rows_kernel[(-(-n // block_n), split)](

@@ -200,11 +200,12 @@ class W4A16Packer:
 
         kind, why = backend() if next(model.parameters()).is_cuda else ("", "")
         words = self.quantization if self.quantization in ("fp8", *FP4_NAMES) else "int4"
-        cuda_rows = (f"up to {blocked_rows(words)} rows, {MAX_ROWS} a call"
-                     + (f" ({MMA_MAX_ROWS} on the tensor cores)" if MMA_16_ROWS else ""))
+        per_call = MMA_MAX_ROWS if MMA_16_ROWS else MAX_ROWS  # on the tensor cores; MAX_ROWS a call off them
+        cuda_rows = (f"up to {blocked_rows(words, per_call)} rows on the tensor cores, {per_call} a call "
+                     f"(elsewhere {blocked_rows(words, MAX_ROWS)}, {MAX_ROWS} a call)")
         gemv = (f"packed GEMV {cuda_rows}: {why}" if kind in ("auto", "folded")
                 else f"Triton {'FP4' if self.quantization in FP4_NAMES else 'W4A16'} GEMV up to {MAX_ROWS} rows ({why})")
-        above = blocked_rows(words) if kind in ("auto", "folded") else MAX_ROWS
+        above = blocked_rows(words, per_call) if kind in ("auto", "folded") else MAX_ROWS
         large = f"weight dequantized per call, cuBLAS, above {above} rows"
         if kind:
             large = _with_packed_rows(large, above, words)

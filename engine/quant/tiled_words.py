@@ -79,6 +79,14 @@ class TiledWords:
         """This format's call of engine/kernels/triton_packed_rows.py on the words as they lie."""
         raise NotImplementedError
 
+    def gemv_blocked_rows(self, x: torch.Tensor) -> int:
+        """The most rows of x's call this layer sends to the packed GEMV (quant_gemv.blocked_rows at the rows one
+        of its calls takes here)."""
+        from onecat.engine.kernels import quant_gemv
+
+        fmt, scales, _, group = self.gemv_operands()
+        return quant_gemv.blocked_rows(self.words_format, quant_gemv.rows_per_call(x, fmt, scales, group))
+
     def gemv_operands(self) -> tuple[str, torch.Tensor, torch.Tensor | None, int]:
         """(format, scales, row scale, group) of this layer's packed_gemv calls."""
         raise NotImplementedError

@@ -42,9 +42,10 @@ from onecat.engine.switches import switch
 from onecat.engine.transfers import to_device
 
 NARROW_VERIFY_MAX_SIZE = 32  # verify graphs of narrower widths than 1 + k up to this batch size
-# a hybrid model's narrower verify graphs (rows of width q < 1 + k on trail buffers of width 1 + k): read once, off
-# until their GPU test (tests/test_hybrid_gpu.py) has run; ONECAT_HYBRID_NARROW_VERIFY=1 turns them on
-HYBRID_NARROW_VERIFY = switch("ONECAT_HYBRID_NARROW_VERIFY", False)
+# a hybrid model's narrower verify graphs (rows of width q < 1 + k on trail buffers of width 1 + k): read once; their
+# GPU test (tests/test_hybrid_gpu.py) passed on an H100 and route 1 at batch 1 went from 1.762x to 2.214x target-only
+# with them (benchmarks/results/seed_route_h100_b1_narrow_{0,1}.json); ONECAT_HYBRID_NARROW_VERIFY=0 turns them off
+HYBRID_NARROW_VERIFY = switch("ONECAT_HYBRID_NARROW_VERIFY", True)
 
 
 @dataclass(slots=True)

@@ -84,7 +84,7 @@ class FP4Linear(TiledWords, nn.Module):
         m = x.numel() // self.in_features
         from onecat.engine.kernels import quant_gemv
 
-        if m <= quant_gemv.blocked_rows(self.words_format) and x.dtype in (torch.float16, torch.bfloat16) and \
+        if m <= self.gemv_blocked_rows(x) and x.dtype in (torch.float16, torch.bfloat16) and \
                 self.tiles_take(x, self.scales):
             if quant_gemv.use_cuda() and self.in_features % 32 == 0:
                 fmt, scales, row_scale, _ = self.gemv_operands()

@@ -50,7 +50,7 @@ class FP8Linear(TiledWords, nn.Module):
             from onecat.engine.kernels import quant_gemv
 
             x = x.contiguous()
-            if (x.numel() <= quant_gemv.blocked_rows(self.words_format) * self.in_features and quant_gemv.use_cuda()
+            if (x.numel() <= self.gemv_blocked_rows(x) * self.in_features and quant_gemv.use_cuda()
                     and self.tiles_take(x, self.scale)):
                 fmt, scales, row_scale, _ = self.gemv_operands()
                 y = quant_gemv.packed_gemv_blocks(x, fmt, self.qweight, scales, row_scale, tiled=self.tiled)

@@ -96,12 +96,12 @@ class W4A16Linear(TiledWords, nn.Module):
                                       group=self.group)
 
     def _cuda_gemv_takes(self, x: torch.Tensor) -> bool:
-        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-32 fp16/bf16 rows (in blocks of 8,
-        quant_gemv.blocked_rows) with fp16/bf16 scales, wherever they are built and on (quant_gemv.use_cuda): the
+        """The CUDA packed GEMVs (engine/kernels/quant_gemv.py) take 1-64 fp16/bf16 rows (in calls of 8 or 16,
+        gemv_blocked_rows) with fp16/bf16 scales, wherever they are built and on (quant_gemv.use_cuda): the
         same kernel at every row count."""
         from onecat.engine.kernels import quant_gemv
 
-        return (x.numel() <= quant_gemv.blocked_rows(self.words_format) * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
+        return (x.numel() <= self.gemv_blocked_rows(x) * self.in_features and x.dtype in (torch.float16, torch.bfloat16)
                 and self.scale_zero.dtype in (torch.float16, torch.bfloat16) and self.in_features % 32 == 0
                 and quant_gemv.use_cuda() and self.tiles_take(x, self.scale_zero, self.group))
 
