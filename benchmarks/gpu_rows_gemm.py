@@ -2,7 +2,7 @@
 rows GEMV (engine/kernels/dense_rows.py, up to 16 rows) against cuBLAS for the 8B projections at the row counts
 of a verify step, a drafter's block and a small batch.
 
-    python benchmarks/gpu_rows_gemm.py --out results.json [--rows 2,4,8,16,32] [--sweep]
+    python benchmarks/gpu_rows_gemm.py --out results.json [--rows 2,4,8,16,32] [--sweep] [--dtype bfloat16]
 
 Timed as benchmarks/gpu_gemv.py times (a CUDA graph over rotating weight copies that L2 cannot hold), so a
 figure is what a step pays: DRAM streaming plus each kernel's launch and tail. Per shape and row count:
@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from gpu_gemv import L2_FLUSH_BYTES, SHAPES, graph_time, log, rel_err
 
 DEFAULT_SHAPES = "llama3-8b.qkv,llama3-8b.o,llama3-8b.gate_up,llama3-8b.down,llama3-8b.lm_head"
+# also a DFlash drafter layer of route 1's Qwen3.5-27B target (its width, bf16): gate/up and down
+ROWS_SHAPES = {**SHAPES, "qwen3.5-27b.gate_up": (34816, 5120, "norm+glu"), "qwen3.5-27b.down": (5120, 17408, None)}
 
 
 def sweep_configs() -> list[tuple[int, int, int, int, bool]]:
@@ -40,7 +42,7 @@ def sweep_configs() -> list[tuple[int, int, int, int, bool]]:
     return plain + swapped
 
 
-def bench(name: str, rows: list[int], sweep: bool) -> dict:
+def bench(name: str, rows: list[int], sweep: bool, dt: torch.dtype = torch.float16) -> dict:
     import triton
 
     from onecat.engine.kernels import dense_rows as dr
@@ -48,9 +50,8 @@ def bench(name: str, rows: list[int], sweep: bool) -> dict:
     from onecat.engine.kernels import triton_gemv as tg
     from onecat.engine.kernels import triton_rows_gemm as rg
 
-    n, k, fused = SHAPES[name]
+    n, k, fused = ROWS_SHAPES[name]
     glu = fused == "norm+glu"
-    dt = torch.float16
     copies = max(3, -(-L2_FLUSH_BYTES // (n * k * 2)))
     gen = torch.Generator(device="cuda").manual_seed(0)
     ws = [torch.randn(n, k, device="cuda", dtype=dt, generator=gen) * k ** -0.5 for _ in range(copies)]
@@ -124,6 +125,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--rows", default="2,4,8,16,32")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of tile configs at 8 and 16 rows")
+    ap.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16",
+                    help="weights and activations (a DFlash drafter of a bf16 target runs bfloat16)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_rows_gemm.py needs a CUDA GPU (none visible to torch)")
@@ -132,10 +135,10 @@ def main() -> None:
     record = {"machine": {"gpu": torch.cuda.get_device_name(), "host": platform.node(), "torch": torch.__version__,
                           "cuda": torch.version.cuda, "triton": triton.__version__},
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "note": "random fp16 weights; CUDA-graph timing over rotating weight copies", "shapes": {}}
+              "note": f"random {args.dtype} weights; CUDA-graph timing over rotating weight copies", "shapes": {}}
     for name in args.shapes.split(","):
         log(name)
-        record["shapes"][name] = bench(name, [int(m) for m in args.rows.split(",")], args.sweep)
+        record["shapes"][name] = bench(name, [int(m) for m in args.rows.split(",")], args.sweep, getattr(torch, args.dtype))
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
     log("wrote", args.out)

@@ -41,11 +41,13 @@
 # by host phase, busiest kernels). `dense_rows` the tensor-core rows GEMV for dense weights' GPU tests and its timing
 # against cuBLAS and the few-row GEMM on the 8B projections at 2, 8 and 16 rows (benchmarks/gpu_rows_gemm.py);
 # `dense_rows_ab` the synthetic 8B rounds (batch 1 and 8, n-gram- and DFlash-shaped) with it off and on
-# (ONECAT_DENSE_ROWS_GEMV).
+# (ONECAT_DENSE_ROWS_GEMV); `dense_rows_route` its timing in bfloat16 (a bf16 drafter's calls; the 8B projections
+# and Qwen3.5-27B's) and route 1 at batch 1, whose DFlash drafter is bf16, with it off and on.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
-#                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab]...
+#                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
+#                                dense_rows_route]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -181,6 +183,15 @@ for step in $steps; do
                --arms ngram_shaped,dflash_shaped,no_draft --out "$out/dense_rows_ab_$flag.json" \
                >"$out/dense_rows_ab_$flag.log" 2>&1
              echo "dense rows GEMV=$flag rc=$?"; grep "batch" "$out/dense_rows_ab_$flag.log"
+           done ;;
+    dense_rows_route) (cd benchmarks && timeout 200 python3 gpu_rows_gemm.py --rows 2,8,16 --dtype bfloat16 \
+             --shapes llama3-8b.qkv,llama3-8b.o,llama3-8b.gate_up,llama3-8b.down,qwen3.5-27b.gate_up,qwen3.5-27b.down \
+             --out "$out/dense_rows_gemv_bf16.json" >"$out/dense_rows_gemv_bf16.log" 2>&1)
+           echo "dense rows GEMV bf16 timing rc=$?"; grep -E "rows:" "$out/dense_rows_gemv_bf16.log" | cut -c1-300
+           for f in 0 1; do
+             ONECAT_DENSE_ROWS_GEMV=$f timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+               --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_dense_rows_$f.json" >"$out/route_b1_dense_rows_$f.log" 2>&1
+             echo "route 1 batch 1 dense rows GEMV=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_dense_rows_$f.log"
            done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;
