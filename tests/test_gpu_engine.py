@@ -227,6 +227,8 @@ def test_cuda_graphs_on_off_greedy_identical(tmp_path, kv_cache_dtype):
             assert info["cuda_graph"] is graphs, report
             if graphs:
                 assert report["replays"] > 0 and {1, 4} <= set(report["captured_sizes"]), report
+                # every graph was captured once, and the captures' time is counted
+                assert report["captures"] == len(report["captured_sizes"]) and report["capture_s"] > 0, report
         finally:
             llm.close()
     assert results[True] == results[False]

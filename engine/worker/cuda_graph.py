@@ -32,6 +32,7 @@ the same graph with it; the layers' collectives are inside the graphs.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +138,10 @@ class DecodeGraphs:
             self.verify_disabled_reason = f"attention backend {attention.primary.name} has no graph-safe verify path"
         self.replays = 0
         self.verify_replays = 0
+        # graphs captured so far (a dropped graph captured again counts again) and the wall seconds they took: a
+        # capture runs inside the step that first needs its shape, so a benchmark can tell one fell in its timing
+        self.captures = 0
+        self.capture_s = 0.0
         self._bufs: dict[int, tuple] = {}
         self._i32: dict[int, dict] = {}
 
@@ -223,6 +228,14 @@ class DecodeGraphs:
         return size, q, tuple(getattr(self.model, "aux_layer_ids", None) or ())
 
     def _capture(self, size: int, q: int) -> None:
+        start = time.perf_counter()
+        try:
+            self._capture_graph(size, q)
+        finally:
+            self.captures += 1
+            self.capture_s += time.perf_counter() - start
+
+    def _capture_graph(self, size: int, q: int) -> None:
         host, dev, ready = self._buffers(q)
         ready.synchronize()
         host.zero_()
@@ -418,5 +431,6 @@ class DecodeGraphs:
                 "captured_sizes": sorted({size for size, q, _ in self.graphs if q == 1}),
                 "captured_verify_sizes": sorted({size for size, q, _ in self.graphs if q > 1}),
                 "captured_verify_widths": sorted({q for _, q, _ in self.graphs if q > 1}),
+                "captures": self.captures, "capture_s": round(self.capture_s, 3),
                 "verify_query_len": self.verify_query_len, "disabled_reason": self.disabled_reason,
                 "verify_disabled_reason": self.verify_disabled_reason}

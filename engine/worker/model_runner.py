@@ -233,7 +233,7 @@ class ModelRunner:
     def cuda_graph_report(self) -> dict:
         if self.graphs is None:
             return {"used": False, "replays": 0, "verify_replays": 0, "captured_sizes": [],
-                    "captured_verify_sizes": [], "captured_verify_widths": [],
+                    "captured_verify_sizes": [], "captured_verify_widths": [], "captures": 0, "capture_s": 0.0,
                     "disabled_reason": "not enabled (or not CUDA)"}
         return self.graphs.report()
 
