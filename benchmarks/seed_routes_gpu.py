@@ -68,7 +68,7 @@ def best_of(llm, batch_prompts, max_tokens: int, repeats: int, warmups: int = 1)
     the CUDA graphs captured inside the timed batches ({"captures", "capture_s"}: each one's capture, and the kernel
     builds of its warm-up step, fell in a timed step). A synthetic proposer learns the prompts' continuations in
     the first untimed batch, where it drafts at acceptance ~1 and so asks only the narrowest verify widths: the
-    speculative engine takes two, the second at the set acceptance, which captures the widths the timed ones use."""
+    speculative engine takes two, the second drafting at the set acceptance as the timed ones do."""
     for _ in range(warmups):
         decode(llm, batch_prompts, max_tokens)
     before = llm.worker.cuda_graph_report()
