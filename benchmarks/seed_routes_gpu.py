@@ -127,6 +127,8 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
     base, cand = (engine_settings(contract, arm, tiny, args.device, args.weights) for arm in ("baseline", "candidate"))
     if args.draft_vocab_size:  # the drafter's compute over that many ids instead of the whole LM head
         cand["speculative_config"] = {**cand["speculative_config"], "draft_vocab_size": args.draft_vocab_size}
+    if args.drafter_quantization:  # the DFlash drafter's linears quantized at load (drafter_quant.py)
+        cand["speculative_config"] = {**cand["speculative_config"], "quantization": args.drafter_quantization}
     entry = {"contract": f"contracts/{name}.yaml", "targets": ROUTES[name][1], "synthetic": True,
              "model": base["model"], "quantization": base.get("quantization"),
              "speculative": cand["speculative_config"], "batches": {}}
@@ -185,6 +187,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--weights", choices=("peaked", "random"), default="peaked",
                     help="peaked: load_format dummy_peaked (wide-margin next tokens); random: dummy (as drawn)")
+    ap.add_argument("--drafter-quantization", choices=("fp8", "nvfp4", "mxfp4", "w4a16"), default=None,
+                    help="route 1: its DFlash drafter's linears quantized at load (speculative_config quantization)")
     ap.add_argument("--draft-vocab-size", type=int, default=None,
                     help="the DFlash compute's drafts over this many ids instead of the whole LM head")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",

@@ -99,6 +99,10 @@ class SpeculativeConfig(BaseModel):
                                         "N most frequent target tokens (its folder's draft_vocab.json) instead of the "
                                         "whole LM head; the verifier still scores every token, so outputs keep the "
                                         "target's law")
+    quantization: Optional[Literal["fp8", "nvfp4", "mxfp4", "w4a16"]] = Field(
+        default=None, description="dflash (and synthetic with compute dflash): the drafter's linear layers quantized "
+                                  "at load, round to nearest (engine/speculative/drafter_quant.py): fewer bytes a "
+                                  "round; drafts may change, the output keeps the target's law (the verifier is exact)")
     disable_when_slower: bool = Field(
         default=True, description="decode steps without drafts while the engine measures a speculative round "
                                   "moving fewer tokens per second than a plain step (re-measured now and then); "
@@ -122,11 +126,14 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"{', '.join(ngram_only)}: only method ngram (prompt lookup) reads "
                              f"{'these' if len(ngram_only) > 1 else 'this'}; method {self.method!r} ignores "
                              f"{them}: remove {them}")
-        if self.draft_vocab_size is not None and not (
-                self.method == "dflash" or (self.method == "synthetic" and self.compute == "dflash")):
+        dflash = self.method == "dflash" or (self.method == "synthetic" and self.compute == "dflash")
+        if self.draft_vocab_size is not None and not dflash:
             raise ValueError(f"draft_vocab_size: only a DFlash drafter (method dflash, or synthetic with compute "
                              f"dflash) scores drafts over a draft vocabulary; method {self.method!r} ignores it: "
                              "remove it")
+        if self.quantization is not None and not dflash:
+            raise ValueError(f"quantization: only a DFlash drafter (method dflash, or synthetic with compute dflash) "
+                             f"is quantized at load; method {self.method!r} ignores it: remove it")
         drafter = self._drafter_settings()
         if self.method == "ngram":
             if drafter:

@@ -40,7 +40,7 @@ def build_proposer(spec: SpeculativeConfig, target, open_draft_engine: OpenDraft
 
         dtype = None if spec.dtype == "auto" else getattr(torch, spec.dtype)  # auto: the target's
         proposer = DFlashProposer(k, target, spec.model, revision=spec.revision, dtype=dtype,
-                                  draft_vocab_size=spec.draft_vocab_size)
+                                  draft_vocab_size=spec.draft_vocab_size, quantization=spec.quantization)
     return SpeculativeDecoder(proposer, target.max_model_len, SpeculationGate(enabled=spec.disable_when_slower))
 
 
@@ -58,7 +58,8 @@ def _synthetic(spec: SpeculativeConfig, target) -> Proposer:
         n = spec.draft_vocab_size  # a random drafter ranks no tokens: its drafts are replaced, the head's size counts
         compute: Proposer = DFlashProposer(k, target, str(random_dflash_drafter(target.model_config, k + 1)),
                                            draft_vocab_size=n, draft_ids=None if n is None else (
-                                               list(range(target.model_config.vocab_size)), "synthetic: ids in order"))
+                                               list(range(target.model_config.vocab_size)), "synthetic: ids in order"),
+                                           quantization=spec.quantization)
     elif spec.compute == "mtp":
         from onecat.engine.speculative.mtp import MTPProposer
 

@@ -43,6 +43,7 @@ from onecat.engine.speculative.dflash_graphs import DrafterGraphs, graphs_wanted
 from onecat.engine.speculative.draft_ahead import (Ahead, ahead_wanted, draft_ahead, kept_from_ahead,
                                                   propose_with_ahead)
 from onecat.engine.speculative.draft_vocab import DraftVocab, ranked_ids
+from onecat.engine.speculative.drafter_quant import quantize_drafter
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
 from onecat.engine.switches import switch
 from onecat.engine.transfers import to_device
@@ -162,13 +163,19 @@ class DFlashDrafter(nn.Module):
         ctx [S, C, H] -> [(k, v)] each [S, C, nkv, hd]. Depends only on the context. Where no gradient is
         wanted (drafting), every layer's K and V projections run as one matmul and the norms and RoPE as one
         pass over all layers (a few kernels a round instead of a dozen per layer; equal to the per-layer path
-        to rounding); training takes the per-layer path, whose gradients reach each projection."""
+        to rounding; a drafter quantized at load runs its stacked packed layer, drafter_quant.py); training takes
+        the per-layer path, whose gradients reach each projection."""
         cos, sin = self.rope(ctx_pos)
-        if torch.is_grad_enabled():
-            return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
         attn = self.layers[0].self_attn
-        weight, bias, norm_weight = self._stacked_kv_weights()
-        kv = nn.functional.linear(ctx, weight, bias).view(*ctx.shape[:-1], len(self.layers), 2, attn.nkv, attn.hd)
+        packed = getattr(self, "kv_packed", None)
+        if torch.is_grad_enabled() or (packed is None and not isinstance(attn.k_proj, nn.Linear)):
+            return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        if packed is not None:
+            kv, norm_weight = packed(ctx), self.kv_packed_norm
+        else:
+            weight, bias, norm_weight = self._stacked_kv_weights()
+            kv = nn.functional.linear(ctx, weight, bias)
+        kv = kv.view(*ctx.shape[:-1], len(self.layers), 2, attn.nkv, attn.hd)
         k, v = kv.select(-3, 0), kv.select(-3, 1)  # [..., C, layers, nkv, hd]
         k = RMSNorm.normalize(k, norm_weight[:, None, :], attn.k_norm.eps)
         cos, sin = cos[..., None, None, :], sin[..., None, None, :]
@@ -281,16 +288,19 @@ class DFlashProposer(Proposer):
     trims_drafts = True
 
     def __init__(self, k: int, target, model: str, revision: str | None = None, dtype: torch.dtype | None = None,
-                 draft_vocab_size: int | None = None, draft_ids: tuple[list[int], str] | None = None):
+                 draft_vocab_size: int | None = None, draft_ids: tuple[list[int], str] | None = None,
+                 quantization: str | None = None):
         """`dtype`: the drafter's (None: the target's). Another than the target's meets it at three casts: the
         embeddings of a block, the tapped features (the context cache casts them) and the hidden states the
         target's LM head reads. `draft_vocab_size`: score drafts over that many of the drafter's ranked token
-        ids (draft_vocab.py; `draft_ids`: (ids, their source) given instead of the folder's file)."""
+        ids (draft_vocab.py; `draft_ids`: (ids, their source) given instead of the folder's file). `quantization`:
+        the drafter's linears quantized at load in that format (drafter_quant.py)."""
         source = resolve_model_source(model, revision)
         if source.format != "hf":
             raise ConfigError(f"DFlash drafter {model!r} resolved to a {source.format} file ({source.path}); a "
                               "drafter is a directory with config.json and model.safetensors")
         self.drafter = load_drafter(source.path, target, dtype or target.dtype, target.device)
+        self.quantization = None if quantization is None else quantize_drafter(self.drafter, quantization)
         super().__init__(min(k, self.drafter.block_size - 1))
         self.model_name = model
         self.target = target
@@ -415,4 +425,5 @@ class DFlashProposer(Proposer):
                 **({"cuda_graph_context_projections": self.graphs.flush_replays} if self.graphs is not None else {}),
                 "fused_kernels": self.drafter.norm.use_fused, "dtype": str(self.dtype).removeprefix("torch."),
                 "drafts_ahead": self._ahead_on, "rounds_drafted_ahead": self.ahead_served,
-                "draft_vocab": self.vocab.describe() if self.vocab is not None else None}
+                "draft_vocab": self.vocab.describe() if self.vocab is not None else None,
+                "quantization": self.quantization}

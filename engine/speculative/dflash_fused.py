@@ -38,9 +38,13 @@ def _stacked_qkv(attn) -> torch.Tensor:
 
 
 def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q/k/v of input_layernorm(x + residual), x + residual): one matmul over the stacked weights."""
+    """(q/k/v of input_layernorm(x + residual), x + residual): one matmul over the stacked weights (a drafter
+    quantized at load: its stacked packed layer, drafter_quant.py)."""
     attn, norm = layer.self_attn, layer.input_layernorm
     h, residual = (norm(x), x) if residual is None else norm(x, residual)
+    packed = getattr(attn, "qkv_packed", None)
+    if packed is not None:
+        return packed(h), residual
     qkv = project(h, _stacked_qkv(attn), None, attn.q_proj.use_fused)
     if attn.q_proj.bias is not None:
         qkv = qkv + torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
