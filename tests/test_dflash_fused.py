@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 SCRIPT = r"""
 import torch
-from onecat.engine.speculative.dflash import DFlashDrafter
+from onecat.engine.speculative.dflash_model import DFlashDrafter
 from onecat.engine.speculative.dflash_fused import fused_forward_applies
 
 torch.manual_seed(0)
@@ -66,7 +66,7 @@ def test_fused_block_forward_matches_the_reference_path():
 def test_a_drafter_on_the_cpu_keeps_the_reference_path(tmp_path):
     from onecat.engine.speculative.dflash_fused import fused_forward_applies
     from tests.test_speculative import write_random_dflash
-    from onecat.engine.speculative.dflash import DFlashDrafter
+    from onecat.engine.speculative.dflash_model import DFlashDrafter
     import json
 
     path = write_random_dflash(tmp_path / "d", 64, 0, [0], block_size=4)

@@ -10,7 +10,7 @@ from onecat.engine.core.keyed_draws import row_keys
 from onecat.engine.core.sampler import sample
 from onecat.engine.speculative.base import DRAFT_LENGTHS_FLAG
 from onecat.engine.speculative import dflash_cache
-from onecat.engine.speculative.dflash import DFlashDrafter
+from onecat.engine.speculative.dflash_model import DFlashDrafter
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
 from onecat.engine.speculative.dflash_graphs import ENV_FLAG, MAX_ROWS, DrafterGraphs
 from tests.embedded_model import EMBEDDED, needs_embedded_model

@@ -93,7 +93,7 @@ def test_the_engine_keeps_the_targets_tokens_with_a_quantized_trained_drafter(fm
     if not (TRAINED_DFLASH / "model.safetensors").is_file():
         pytest.skip("the trained drafter is not in this install")
     prompts = [[{"role": "user", "content": q}] for q in CHAT_QUESTIONS[:2]]
-    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     want = [o.token_ids for o in embedded_llm.chat(prompts, params)]
     spec = {"method": "dflash", "model": "embedded:smollm2-135m-dflash", "num_speculative_tokens": 7,
             "quantization": fmt, "disable_when_slower": False}

@@ -14,7 +14,7 @@ from onecat.engine.layers.linear import Linear
 import json
 from pathlib import Path
 
-from onecat.engine.speculative.dflash import DFlashDrafter, dflash_value, load_drafter_weights
+from onecat.engine.speculative.dflash_model import DFlashDrafter, dflash_value, load_drafter_weights
 
 
 def drafter_config(model_config, *, block_size: int, layer_ids: list[int], num_layers: int,
