@@ -144,6 +144,8 @@ def main() -> None:
                          "DIR/batchN/timeline.json")
     ap.add_argument("--draft-vocab-size", type=int, default=None,
                     help="DFlash-shaped arms: score drafts over this many ids instead of the whole LM head")
+    ap.add_argument("--drafter-quantization", choices=("fp8", "nvfp4", "mxfp4", "w4a16"), default=None,
+                    help="DFlash-shaped arms: the drafter's linears quantized at load (speculative_config quantization)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speculative_gpu_rounds.json"))
     args = ap.parse_args()
     if args.device.startswith("cuda"):
@@ -170,6 +172,7 @@ def main() -> None:
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "gemv_row_loop": args.gemv_row_loop,
               "exact_batch1": args.exact_batch1, "target_only_async_scheduling": True,
               "weights": args.weights, "draft_vocab_size": args.draft_vocab_size,
+              "drafter_quantization": args.drafter_quantization,
               "arms": []}
 
     def save() -> None:
@@ -204,7 +207,8 @@ def main() -> None:
             n = args.draft_vocab_size or None  # a random drafter ranks nothing: ids in order, the head's size is what counts
             ranked = None if n is None else (list(range(vocab)), "synthetic: ids in order")
             return SyntheticProposer(DFlashProposer(DFLASH_BLOCK - 1, llm.worker, str(drafter), draft_vocab_size=n,
-                                                    draft_ids=ranked), accepted, continuation, vocab)
+                                                    draft_ids=ranked, quantization=args.drafter_quantization),
+                                     accepted, continuation, vocab)
 
         if args.profile:
             arms = [("target_only", None, None),

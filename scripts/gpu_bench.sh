@@ -43,12 +43,13 @@
 # `dense_rows_ab` the synthetic 8B rounds (batch 1 and 8, n-gram- and DFlash-shaped) with it off and on
 # (ONECAT_DENSE_ROWS_GEMV); `dense_rows_route` its timing in bfloat16 (a bf16 drafter's calls; the 8B projections
 # and Qwen3.5-27B's) and route 1 at batch 1, whose DFlash drafter is bf16, with it off and on; `drafter_quant_route`
-# route 1 at batch 1 with its drafter bf16, FP8 and NVFP4 (speculative_config quantization), then the drafter tests.
+# route 1 at batch 1 with its drafter bf16, FP8 and NVFP4 (speculative_config quantization), then the drafter tests;
+# `drafter_quant_rounds` the 8B DFlash-shaped rounds at batch 1 and 8 with the drafter fp16 and FP8.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
-#                                dense_rows_route|drafter_quant_route]...
+#                                dense_rows_route|drafter_quant_route|drafter_quant_rounds]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -201,6 +202,12 @@ for step in $steps; do
              echo "route 1 batch 1 drafter $q rc=$?"; grep -iE "tok/s" "$out/route_b1_drafter_$q.log"
            done
            gpu_tests drafter_quant tests/test_drafter_quant.py ;;
+    drafter_quant_rounds) for q in none fp8; do
+             arg=$([ "$q" = none ] || echo "--drafter-quantization $q")
+             timeout 200 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1,8 --arms dflash_shaped,no_draft \
+               $arg --out "$out/rounds_drafter_$q.json" >"$out/rounds_drafter_$q.log" 2>&1
+             echo "8B DFlash-shaped rounds, drafter $q rc=$?"; grep "batch" "$out/rounds_drafter_$q.log"
+           done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;
     narrow_route) for f in 0 1; do
