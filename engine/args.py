@@ -95,10 +95,10 @@ class SpeculativeConfig(BaseModel):
                                    "docs/speculative.md). false: the library GEMM reads them once, and a near-tie "
                                    "may break the other way than in target-only decoding, as at batch > 1")
     draft_vocab_size: Optional[int] = Field(
-        default=None, ge=1, description="dflash (and synthetic with compute dflash): score drafts over the drafter's "
-                                        "N most frequent target tokens (its folder's draft_vocab.json) instead of the "
-                                        "whole LM head; the verifier still scores every token, so outputs keep the "
-                                        "target's law")
+        default=None, ge=1, description="dflash, mtp (and synthetic with compute dflash or mtp): score drafts over "
+                                        "the N most frequent target tokens (draft_vocab.json in the drafter's folder, "
+                                        "for mtp in the target checkpoint's) instead of the whole LM head; the "
+                                        "verifier still scores every token, so outputs keep the target's law")
     quantization: Optional[Literal["fp8", "nvfp4", "mxfp4", "w4a16"]] = Field(
         default=None, description="dflash (and synthetic with compute dflash): the drafter's linear layers quantized "
                                   "at load, round to nearest (engine/speculative/drafter_quant.py): fewer bytes a "
@@ -127,10 +127,11 @@ class SpeculativeConfig(BaseModel):
                              f"{'these' if len(ngram_only) > 1 else 'this'}; method {self.method!r} ignores "
                              f"{them}: remove {them}")
         dflash = self.method == "dflash" or (self.method == "synthetic" and self.compute == "dflash")
-        if self.draft_vocab_size is not None and not dflash:
-            raise ValueError(f"draft_vocab_size: only a DFlash drafter (method dflash, or synthetic with compute "
-                             f"dflash) scores drafts over a draft vocabulary; method {self.method!r} ignores it: "
-                             "remove it")
+        mtp = self.method == "mtp" or (self.method == "synthetic" and self.compute == "mtp")
+        if self.draft_vocab_size is not None and not (dflash or mtp):
+            raise ValueError(f"draft_vocab_size: only a DFlash drafter or an MTP head (methods dflash and mtp, or "
+                             f"synthetic with either compute) scores drafts over a draft vocabulary; method "
+                             f"{self.method!r} ignores it: remove it")
         if self.quantization is not None and not dflash:
             raise ValueError(f"quantization: only a DFlash drafter (method dflash, or synthetic with compute dflash) "
                              f"is quantized at load; method {self.method!r} ignores it: remove it")

@@ -44,12 +44,13 @@
 # (ONECAT_DENSE_ROWS_GEMV); `dense_rows_route` its timing in bfloat16 (a bf16 drafter's calls; the 8B projections
 # and Qwen3.5-27B's) and route 1 at batch 1, whose DFlash drafter is bf16, with it off and on; `drafter_quant_route`
 # route 1 at batch 1 with its drafter bf16, FP8 and NVFP4 (speculative_config quantization), then the drafter tests;
-# `drafter_quant_rounds` the 8B DFlash-shaped rounds at batch 1 and 8 with the drafter fp16 and FP8.
+# `drafter_quant_rounds` the 8B DFlash-shaped rounds at batch 1 and 8 with the drafter fp16 and FP8;
+# `mtp_vocab_route` route 2 at batch 1 with its MTP head scoring over the whole 248K LM head and over 32K ids.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
-#                                dense_rows_route|drafter_quant_route|drafter_quant_rounds]...
+#                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -207,6 +208,11 @@ for step in $steps; do
              timeout 200 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1,8 --arms dflash_shaped,no_draft \
                $arg --out "$out/rounds_drafter_$q.json" >"$out/rounds_drafter_$q.log" 2>&1
              echo "8B DFlash-shaped rounds, drafter $q rc=$?"; grep "batch" "$out/rounds_drafter_$q.log"
+           done ;;
+    mtp_vocab_route) for n in 0 32768; do
+             timeout 270 python3 benchmarks/seed_routes_gpu.py --routes seed_moe_route_h200 --batch-sizes 1 --repeats 1 \
+               --draft-vocab-size "$n" --out "$out/seed_moe_route_b1_vocab_$n.json" >"$out/moe_route_b1_vocab_$n.log" 2>&1
+             echo "route 2 batch 1 MTP draft vocab=$n rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_vocab_$n.log"
            done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;

@@ -24,13 +24,15 @@ def test_tokens_are_ranked_by_count_then_id():
     assert rank_tokens([[5, 3, 5], [3, 9, 5], []]) == ([5, 3, 9], [3, 2, 1])
 
 
-def test_only_a_dflash_drafter_takes_a_draft_vocabulary():
-    with pytest.raises(ValueError, match="draft_vocab_size: only a DFlash drafter"):
+def test_only_a_dflash_drafter_or_an_mtp_head_takes_a_draft_vocabulary():
+    with pytest.raises(ValueError, match="draft_vocab_size: only a DFlash drafter or an MTP head"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=3, draft_vocab_size=100)
-    with pytest.raises(ValueError, match="draft_vocab_size: only a DFlash drafter"):
+    with pytest.raises(ValueError, match="draft_vocab_size: only a DFlash drafter or an MTP head"):
         SpeculativeConfig(method="synthetic", num_speculative_tokens=3, acceptance_length=2.0, draft_vocab_size=100)
-    SpeculativeConfig(method="synthetic", num_speculative_tokens=3, acceptance_length=2.0, compute="dflash",
-                      draft_vocab_size=100)
+    for compute in ("dflash", "mtp"):
+        SpeculativeConfig(method="synthetic", num_speculative_tokens=3, acceptance_length=2.0, compute=compute,
+                          draft_vocab_size=100)
+    SpeculativeConfig(method="mtp", num_speculative_tokens=3, draft_vocab_size=100)
 
 
 def _drafter(tmp_path, ids: list[int] | None):

@@ -69,3 +69,15 @@ def pack_weight(module: nn.Linear, keep_dense: bool) -> None:
     module._batch_invariant_weight = _PackedWeight(module.weight)
     if not keep_dense:
         module.weight = nn.Parameter(torch.empty(module.weight.shape, device="meta"), requires_grad=False)
+
+
+def dense_weight(module: nn.Linear) -> torch.Tensor | None:
+    """The module's dense [N, K] weight, also when pack_weight dropped it: read back from the blocked copy as
+    I @ W^T (exact: each output sums one nonzero product). None for a module with neither."""
+    if not module.weight.is_meta:
+        return module.weight.data
+    packed = getattr(module, "_batch_invariant_weight", None)
+    if packed is None:
+        return None
+    k = module.weight.shape[1]
+    return onednn_matmul(torch.eye(k, dtype=torch.float32), packed.blocked).T.contiguous()

@@ -34,7 +34,7 @@ def build_proposer(spec: SpeculativeConfig, target, open_draft_engine: OpenDraft
     elif spec.method == "mtp":
         from onecat.engine.speculative.mtp import MTPProposer
 
-        proposer = MTPProposer(k, target)  # the target checkpoint's own head: no drafter model or dtype
+        proposer = MTPProposer(k, target, spec.draft_vocab_size)  # the checkpoint's own head: no drafter or dtype
     else:
         from onecat.engine.speculative.dflash import DFlashProposer
 
@@ -63,7 +63,9 @@ def _synthetic(spec: SpeculativeConfig, target) -> Proposer:
     elif spec.compute == "mtp":
         from onecat.engine.speculative.mtp import MTPProposer
 
-        compute = MTPProposer(k, target)
+        n = spec.draft_vocab_size  # a random head ranks no tokens: its drafts are replaced, the head's size counts
+        compute = MTPProposer(k, target, n, None if n is None else (list(range(target.model_config.vocab_size)),
+                                                                     "synthetic: ids in order"))
     else:
         compute = NgramProposer(k)
     return SyntheticProposer(compute, spec.acceptance_length - 1, LearnedContinuations(),

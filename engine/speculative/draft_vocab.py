@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from onecat.engine.errors import ConfigError
+from onecat.engine.layers.batch_invariant_linear import dense_weight
 from onecat.engine.layers.linear import Linear, pack_weights
 from onecat.engine.transfers import to_device
 
@@ -54,6 +55,8 @@ class DraftVocab(nn.Module):
             raise ConfigError(f"the draft vocabulary ({source}) must list distinct token ids below the target's "
                               f"vocabulary size {vocab_size}")
         weight = getattr(lm_head, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.is_meta and isinstance(lm_head, nn.Linear):
+            weight = dense_weight(lm_head)  # a CPU float32 head kept in oneDNN's blocked layout only
         if not isinstance(weight, torch.Tensor) or weight.is_meta:
             raise ConfigError("draft_vocab_size needs the target's LM head as a dense matrix; this target keeps it "
                               "packed only: leave draft_vocab_size unset")

@@ -14,6 +14,14 @@ are the round's only: the next recording replaces them with the target's). Greed
 argmax; sampled ones draw from q = the filtered softmax of the head's logits with the keys the target will
 draw each position with (core/keyed_draws.py), so a draft matches the target's token wherever q and p agree.
 With the target on full CUDA graphs, rounds replay the head's graphs (mtp_graphs.py), greedy or sampled.
+
+With `draft_vocab_size`, every draft step scores the head's output over N ranked token ids instead of the target's
+whole LM head (draft_vocab.py), which is most of a round's bytes on a large-vocabulary target with few active
+weights (Qwen3.5-35B-A3B: a 248K x 2048 head, 1 GB of bf16, read at each of k draft steps, against ~2.7 GB a
+target step). The ids are ranked in the checkpoint's directory (`draft_vocab.json`, `onecat drafter vocab`) and
+stay the same every round (a round's own tokens are not added, as a DFlash drafter's are: the drafting loop is
+one CUDA graph, whose buffers are fixed); a step's logits outside them are -inf, so the argmax and the keyed draws
+pick target token ids as before and the verifier keeps the target's law.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ from onecat.engine.core.keyed_draws import span_keys
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import FLUSH_ROWS, DrafterKVCache
+from onecat.engine.speculative.draft_vocab import DraftVocab, ranked_ids
 from onecat.engine.speculative.mtp_graphs import MTPGraphs, keyed_pick
 from onecat.engine.speculative.mtp_weights import load_mtp_head
 from onecat.engine.speculative.round_graphs import describe_graphs, open_graphs
@@ -34,13 +43,22 @@ from onecat.engine.transfers import to_device
 class MTPProposer(Proposer):
     name = "mtp"
 
-    def __init__(self, k: int, target):
+    def __init__(self, k: int, target, draft_vocab_size: int | None = None,
+                 draft_ids: tuple[list[int], str] | None = None):
+        """`draft_vocab_size`: score drafts over that many of the ids ranked in the target checkpoint's directory
+        (`draft_ids`: (ids, their source) given instead)."""
         super().__init__(k)
         model = target.model
         cfg = target.model_config
         self.head = load_mtp_head(cfg, type(model).make_mlp, target.source, target.cfg.load_format, target.cfg.seed,
                                   target.max_model_len + k, target.dtype, target.device)
         self.embed, self.lm_head = target.vocab_layers()
+        self.vocab = None
+        if draft_vocab_size is not None:
+            folder = target.source.path if target.source.path.is_dir() else target.source.path.parent
+            self.vocab = DraftVocab.first(self.lm_head, draft_ids or ranked_ids(folder), draft_vocab_size,
+                                          cfg.vocab_size)
+            self.lm_head = RankedHead(self.vocab)  # what every draft step scores with, eager and in the graphs
         self.final_norm = model.norm
         self.tap = hidden_state_tap(model)
         self.tap.aux_layer_ids = [cfg.num_hidden_layers - 1]
@@ -148,4 +166,17 @@ class MTPProposer(Proposer):
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "proposer": "the checkpoint's mtp.* head",
                 "hidden_state_of_layer": self.tap.aux_layer_ids[0],
-                **describe_graphs(self.graphs, self.graphs_off_reason)}
+                **describe_graphs(self.graphs, self.graphs_off_reason),
+                "draft_vocab": None if self.vocab is None else {**self.vocab.describe(), "plus": None}}
+
+
+class RankedHead(torch.nn.Module):
+    """The target's LM head as a draft step sees it with a draft vocabulary: logits over the ranked ids, -inf at
+    every other token id (so a pick over them returns target ids). Its tensors never change: CUDA-graph safe."""
+
+    def __init__(self, vocab: DraftVocab):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.vocab.widen(self.vocab.head(hidden))
