@@ -17,7 +17,7 @@ With the target on full CUDA graphs, rounds replay the head's graphs (mtp_graphs
 
 With `draft_vocab_size`, every draft step scores the head's output over N ranked token ids instead of the target's
 whole LM head (draft_vocab.py), which is most of a round's bytes on a large-vocabulary target with few active
-weights (Qwen3.5-35B-A3B: a 248K x 2048 head, 1 GB of bf16, read at each of k draft steps, against ~2.7 GB a
+weights (Qwen3.5-35B-A3B: a 248K x 2048 head, 1 GB of bf16, read at each of k draft steps, against ~2.4 GB a
 target step). The ids are ranked in the checkpoint's directory (`draft_vocab.json`, `onecat drafter vocab`) and
 stay the same every round (a round's own tokens are not added, as a DFlash drafter's are: the drafting loop is
 one CUDA graph, whose buffers are fixed); a step's logits outside them are -inf, so the argmax and the keyed draws
