@@ -146,3 +146,30 @@ def test_a_drafter_too_narrow_for_the_format_stays_dense_and_says_so():
     with torch.no_grad():
         for (k1, v1), (k2, v2) in zip(drafter.context_kv(ctx, pos), dense.context_kv(ctx, pos)):
             assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_a_quantized_drafter_drafts_through_its_cuda_graphs_and_keeps_the_tokens(fmt):
+    """On a GPU with cuda_graph full and the fused kernels, a random target of the tiny Llama shape (widths of 64:
+    every format's blocks fit) with a random drafter of its shape: the drafter's rounds replay its graphs through
+    the packed layers, and the tokens are target-only's."""
+    from onecat.engine import LLM, SamplingParams
+    from onecat.engine.random_models import shape_config
+    from onecat.engine.speculative.random_drafter import random_dflash_drafter
+
+    drafter = random_dflash_drafter(ModelConfig.from_hf(shape_config("tiny-llama")), 5)
+    settings = dict(device="cuda", dtype="bfloat16", cuda_graph="full", max_model_len=256, max_num_seqs=4,
+                    load_format="dummy_peaked")
+    prompts = [[5, 6, 7, 8] * 8, list(range(10, 50))]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    with LLM("random:tiny-llama", **settings) as llm:
+        want = [o.token_ids for o in llm.generate(prompts, params)]
+    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4, "quantization": fmt,
+            "disable_when_slower": False}
+    with LLM("random:tiny-llama", speculative_config=spec, **settings) as llm:
+        outs = llm.generate(prompts, params)
+        info = llm.info()["speculative"]
+    assert [o.token_ids for o in outs] == want
+    assert info["quantization"]["kept_dense"] == [] and info["cuda_graph_replays"] > 0, info
