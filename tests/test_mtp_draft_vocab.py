@@ -76,16 +76,19 @@ def test_a_head_kept_only_in_onednns_blocked_layout_gives_its_rows_back_exactly(
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_mtp_rounds_over_a_draft_vocabulary_replay_cuda_graphs(agreeing):
-    """On a GPU with cuda_graph full the drafting loop, ranked head included, replays the head's graphs: every
-    draft of the agreeing head accepted, the tokens target-only's."""
+    """On a GPU with cuda_graph full the drafting loop, ranked head included, replays the head's graphs: with ids
+    holding the target's tokens every draft of the agreeing head is accepted, and the tokens are target-only's."""
     path, _ = agreeing
-    produced = sorted({t for p in PROMPTS for t in p} | set(range(VOCAB)))  # every id: the argmax is kept
-    (path / "draft_vocab.json").write_text(json.dumps({"ids": produced, "tokens": 0}))
     settings = dict(SETTINGS, device="cuda", dtype="float32", cuda_graph="full")
     with LLM(str(path), **settings) as llm:
         reference = [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
-    with LLM(str(path), speculative_config={**MTP, "draft_vocab_size": 64}, **settings) as llm:
+    wanted = sorted({t for out in reference for t in out} | {t for p in PROMPTS for t in p})
+    (path / "draft_vocab.json").write_text(json.dumps({"ids": wanted + [t for t in range(VOCAB) if t not in wanted],
+                                                       "tokens": 0}))
+    with LLM(str(path), speculative_config={**MTP, "draft_vocab_size": len(wanted)}, **settings) as llm:
         outs = llm.generate(PROMPTS, GREEDY)
         described = llm.info()["speculative"]
     assert [o.token_ids for o in outs] == reference
-    assert described["cuda_graph_replays"] > 0 and described["draft_vocab"]["size"] == 64, described
+    drafted = sum(o.spec.num_draft_tokens for o in outs)
+    assert drafted > 0 and sum(o.spec.num_accepted_tokens for o in outs) == drafted
+    assert described["cuda_graph_replays"] > 0 and described["draft_vocab"]["size"] == len(wanted), described
