@@ -3,9 +3,9 @@
 Up to MAX_ROWS rows (decode steps) run the CUDA packed GEMVs (engine/kernels/quant_gemv.py: the tensor-core
 one for fp16 with groups of 128 on SM80+, else the FMA one; batch-invariant), or the W4A16 GEMV of
 engine/kernels/triton_w4a16.py where those are not built or ONECAT_QUANT_GEMV=triton; all dequantize in
-registers; up to 32 rows in calls of 8 (quant_gemv.blocked_rows). 33-64 rows (verify steps at batch 3-4,
-larger decode batches; ONECAT_PACKED_ROWS_GEMM=0 turns it off) decode the words as they lie and multiply on the
-tensor cores (engine/kernels/triton_packed_rows.py: the weight read once, packed). More rows (prefill chunks, large batches) are compute-bound: the weight is
+registers; up to 64 rows in calls of 16 on the tensor cores, else 32 in calls of 8 (gemv_blocked_rows). Past
+that up to 64 rows (where the GEMV stops at 32; ONECAT_PACKED_ROWS_GEMM=0 turns it off) decode the words as they
+lie and multiply on the tensor cores (engine/kernels/triton_packed_rows.py: the weight read once, packed). More rows (prefill chunks, large batches) are compute-bound: the weight is
 dequantized into a dense scratch copy in the activation dtype and the library GEMM runs on it, either the
 whole weight at once or DENSE_TILE_ROWS output rows at a time (a smaller scratch). Measured on an H200 at
 32 rows (benchmarks/results/gpu_h200_w4a16.json): the whole weight at once is as fast as 4096-row tiles
