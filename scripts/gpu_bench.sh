@@ -43,7 +43,8 @@
 # `dense_rows_ab` the synthetic 8B rounds (batch 1 and 8, n-gram- and DFlash-shaped) with it off and on
 # (ONECAT_DENSE_ROWS_GEMV); `dense_rows_route` its timing in bfloat16 (a bf16 drafter's calls; the 8B projections
 # and Qwen3.5-27B's) and route 1 at batch 1, whose DFlash drafter is bf16, with it off and on; `drafter_quant_route`
-# route 1 at batch 1 with its drafter bf16, FP8 and NVFP4 (speculative_config quantization), then the drafter tests;
+# route 1 at batch 1 with its drafter bf16, FP8 and NVFP4 (speculative_config quantization; DQ_ARMS="none fp8@32768"
+# picks arms, @N with a draft vocabulary of N ids), then the drafter tests;
 # `drafter_quant_rounds` the 8B DFlash-shaped rounds at batch 1 and 8 with the drafter fp16 and FP8;
 # `mtp_vocab_route` route 2 at batch 1 with its MTP head scoring over the whole 248K LM head and over 32K ids.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
@@ -194,8 +195,9 @@ for step in $steps; do
                --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_dense_rows_$f.json" >"$out/route_b1_dense_rows_$f.log" 2>&1
              echo "route 1 batch 1 dense rows GEMV=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_dense_rows_$f.log"
            done ;;
-    drafter_quant_route) for q in none fp8 nvfp4; do
-             arg=$([ "$q" = none ] || echo "--drafter-quantization $q")
+    drafter_quant_route) for q in ${DQ_ARMS:-none fp8 nvfp4}; do  # FORMAT or FORMAT@IDS (with a draft vocabulary)
+             fmt=${q%@*}; ids=$([ "$q" = "${q#*@}" ] || echo "--draft-vocab-size ${q#*@}")
+             arg="$([ "$fmt" = none ] || echo "--drafter-quantization $fmt") $ids"
              timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 --batch-sizes 1 --repeats 1 \
                $arg --out "$out/seed_route_b1_drafter_$q.json" >"$out/route_b1_drafter_$q.log" 2>&1
              echo "route 1 batch 1 drafter $q rc=$?"; grep -iE "tok/s" "$out/route_b1_drafter_$q.log"
