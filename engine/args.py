@@ -100,9 +100,10 @@ class SpeculativeConfig(BaseModel):
                                         "for mtp in the target checkpoint's) instead of the whole LM head; the "
                                         "verifier still scores every token, so outputs keep the target's law")
     quantization: Optional[Literal["fp8", "nvfp4", "mxfp4", "w4a16"]] = Field(
-        default=None, description="dflash (and synthetic with compute dflash): the drafter's linear layers quantized "
-                                  "at load, round to nearest (engine/speculative/drafter_quant.py): fewer bytes a "
-                                  "round; drafts may change, the output keeps the target's law (the verifier is exact)")
+        default=None, description="dflash (and synthetic with compute dflash), draft_model: the drafter's linear "
+                                  "layers quantized at load, round to nearest (engine/speculative/drafter_quant.py; "
+                                  "a draft model: its engine's quantization): fewer bytes a round; drafts may "
+                                  "change, the output keeps the target's law (the verifier is exact)")
     disable_when_slower: bool = Field(
         default=True, description="decode steps without drafts while the engine measures a speculative round "
                                   "moving fewer tokens per second than a plain step (re-measured now and then); "
@@ -132,9 +133,9 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"draft_vocab_size: only a DFlash drafter or an MTP head (methods dflash and mtp, or "
                              f"synthetic with either compute) scores drafts over a draft vocabulary; method "
                              f"{self.method!r} ignores it: remove it")
-        if self.quantization is not None and not dflash:
-            raise ValueError(f"quantization: only a DFlash drafter (method dflash, or synthetic with compute dflash) "
-                             f"is quantized at load; method {self.method!r} ignores it: remove it")
+        if self.quantization is not None and not (dflash or self.method == "draft_model"):
+            raise ValueError(f"quantization: only a drafter model (methods dflash and draft_model, or synthetic with "
+                             f"compute dflash) is quantized at load; method {self.method!r} ignores it: remove it")
         drafter = self._drafter_settings()
         if self.method == "ngram":
             if drafter:

@@ -79,7 +79,7 @@ def test_unknown_format_and_methods_that_ignore_it_are_refused():
 
     with pytest.raises(ValueError, match="expected one of"):
         quantize_drafter(_drafter(), "int3")
-    with pytest.raises(ValueError, match="only a DFlash drafter"):
+    with pytest.raises(ValueError, match="only a drafter model"):
         SpeculativeConfig(method="ngram", num_speculative_tokens=3, quantization="fp8")
     SpeculativeConfig(method="synthetic", compute="dflash", acceptance_length=2.0, num_speculative_tokens=3,
                       quantization="nvfp4")
@@ -173,3 +173,25 @@ def test_a_quantized_drafter_drafts_through_its_cuda_graphs_and_keeps_the_tokens
         info = llm.info()["speculative"]
     assert [o.token_ids for o in outs] == want
     assert info["quantization"]["kept_dense"] == [] and info["cuda_graph_replays"] > 0, info
+
+
+def test_a_draft_model_quantized_at_load_keeps_the_targets_tokens():
+    """Method draft_model with quantization: the draft engine loads its model quantized (here the tiny Qwen3.5
+    drafting for itself, W4A16 on the CPU); its drafts mostly agree with the dense target's, and the output is the
+    target's."""
+    from onecat.engine import LLM, SamplingParams
+
+    path = str(Path(__file__).parent / "data" / "tiny-qwen35")
+    prompts = [[5, 6, 7, 8] * 6, list(range(10, 47))]
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    with LLM(path, max_model_len=128) as llm:
+        want = [o.token_ids for o in llm.generate(prompts, greedy)]
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 3, "quantization": "w4a16",
+            "disable_when_slower": False}
+    with LLM(path, max_model_len=128, speculative_config=spec) as llm:
+        outs = llm.generate(prompts, greedy)
+        described = llm.info()["speculative"]
+        draft_quant = llm.engine.proposer.proposer.draft.info()["quantization"]
+    assert [o.token_ids for o in outs] == want
+    assert described["quantization"] == "w4a16" and draft_quant["method"] == "w4a16" and draft_quant["packed_linears"]
+    assert sum(o.spec.num_accepted_tokens for o in outs) > 0

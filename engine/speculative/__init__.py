@@ -27,8 +27,9 @@ def build_proposer(spec: SpeculativeConfig, target, open_draft_engine: OpenDraft
         from onecat.engine.speculative.draft_model import DraftModelProposer
 
         dtype = {} if spec.dtype == "auto" else {"dtype": spec.dtype}  # auto: the target's
+        quantized = {} if spec.quantization is None else {"quantization": spec.quantization}  # the draft engine's
         proposer = DraftModelProposer(k, target, spec.model, open_engine=open_draft_engine, revision=spec.revision,
-                                      **dtype)
+                                      **dtype, **quantized)
     elif spec.method == "synthetic":
         proposer = _synthetic(spec, target)
     elif spec.method == "mtp":

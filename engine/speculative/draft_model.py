@@ -40,6 +40,7 @@ class DraftModelProposer(Proposer):
                  **engine_kwargs):
         super().__init__(k)
         self.model_name = model
+        self.quantization = engine_kwargs.get("quantization")  # the draft engine's, at load
         self.draft = open_engine(model, device=str(target.device), dtype=engine_kwargs.pop("dtype", target.dtype),
                                  max_model_len=target.max_model_len, max_num_seqs=target.cfg.max_num_seqs,
                                  enable_prefix_caching=True, seed=target.cfg.seed, revision=revision,
@@ -61,4 +62,4 @@ class DraftModelProposer(Proposer):
     def describe(self) -> dict:
         graphs = self.draft.cuda_graph_report()
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,
-                "cuda_graph": {"used": graphs["used"], "replays": graphs["replays"]}}
+                "cuda_graph": {"used": graphs["used"], "replays": graphs["replays"]}, "quantization": self.quantization}
