@@ -106,6 +106,7 @@ def test_greedy_mtp_rounds_through_the_graph_buffers_decode_as_target_only(emula
     assert [o.token_ids for o in outs] == want
     assert report["disabled_reason"] is None and report["replays"] > 0
     assert described["cuda_graphs"] and described["cuda_graph_replays"] == report["replays"]
+    assert described["cuda_graph_captures"] == len(report["captured"]) > 0  # each captured once, counted
 
 
 def test_sampled_mtp_rounds_through_the_graph_buffers_decode_as_target_only(emulated_capture):

@@ -32,10 +32,10 @@ def open_graphs(make, what: str):
 
 
 def describe_graphs(graphs: ContextGraphs | None, off_reason: str | None) -> dict:
-    """A drafter's `describe()` entries for its graphs: on or not, their replays, why they are off."""
+    """A drafter's `describe()` entries for its graphs: on or not, their replays and captures, why they are off."""
     out: dict = {"cuda_graphs": graphs is not None}
     if graphs is not None:
-        out["cuda_graph_replays"] = graphs.replays
+        out["cuda_graph_replays"], out["cuda_graph_captures"] = graphs.replays, graphs.captures
     reason = off_reason or (graphs.disabled_reason if graphs is not None else None)
     if reason:
         out["cuda_graphs_off_reason"] = reason
