@@ -36,8 +36,9 @@ def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, glu: bool = False)
         return f"x {tuple(x.shape)}: 1 to {quant_gemv.MMA_MAX_ROWS} rows of {k} features"
     if glu and weight.shape[0] % 32:
         return f"glu: a [gate | up] weight of a multiple of 32 rows, got {weight.shape[0]}"
-    if quant_gemv.EXTENSION.unavailable_reason() is not None:
-        return f"CUDA GEMV unavailable: {quant_gemv.EXTENSION.unavailable_reason()}"
+    missing = quant_gemv.EXTENSION.unavailable_reason()
+    if missing is not None:
+        return f"CUDA GEMV unavailable: {missing}"
     if not quant_gemv.tensor_cores_take("dense", x.dtype, x.dtype, 0, k, x.device):
         return "the tensor-core GEMV needs SM80 or newer"
     return None
@@ -46,8 +47,7 @@ def unsupported_reason(x: torch.Tensor, weight: torch.Tensor, glu: bool = False)
 def takes(x: torch.Tensor, weight: torch.Tensor, glu: bool = False) -> bool:
     """Whether a dense layer's call goes through dense_rows_gemv: DENSE_ROWS_GEMV on, 2-16 rows, and
     unsupported_reason finds nothing."""
-    k = x.shape[-1]
-    return (DENSE_ROWS_GEMV and x.is_cuda and k > 0 and MIN_ROWS <= x.numel() // k <= quant_gemv.MMA_MAX_ROWS
+    return (DENSE_ROWS_GEMV and x.numel() >= MIN_ROWS * x.shape[-1] > 0
             and unsupported_reason(x, weight, glu) is None)
 
 

@@ -308,8 +308,9 @@ def packed_gemv(x: torch.Tensor, fmt: str, qweight: torch.Tensor, scales: torch.
     if fmt == "int4":
         fmt = "int4_fp16" if scales.dtype == torch.float16 else "int4_bf16"
     mod = EXTENSION.load()
-    unused = {"fp8": row_scale, "dense": qweight}  # formats without block scales: any CUDA tensor fills the argument
-    y, h, error = mod.gemv(x, qweight, unused.get(fmt, scales), row_scale, _tickets(_device_index(x)),
+    if fmt in ("fp8", "dense"):  # no block scales: any CUDA tensor fills the argument
+        scales = qweight
+    y, h, error = mod.gemv(x, qweight, scales, row_scale, _tickets(_device_index(x)),
                            FMT_IDS[fmt], group, splits, residual, norm_weight, eps, glu, 2 if mma else 1,
                            mma and pdl.options(x.device)["PDL"], int(tiled))
     if error:

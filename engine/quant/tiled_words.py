@@ -84,6 +84,8 @@ class TiledWords:
         of its calls takes here)."""
         from onecat.engine.kernels import quant_gemv
 
+        if x.numel() > quant_gemv.BLOCKED_ROWS * self.in_features:  # a prefill's rows: no GEMV call list takes them
+            return quant_gemv.BLOCKED_ROWS
         fmt, scales, _, group = self.gemv_operands()
         return quant_gemv.blocked_rows(self.words_format, quant_gemv.rows_per_call(x, fmt, scales, group))
 
