@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
@@ -219,6 +220,8 @@ def main() -> None:
               "torch": torch.__version__, "cuda": torch.version.cuda, "copy_bandwidth_GBps":
               bandwidth / 1e9 if bandwidth else None,
               **source_state(),
+              # the engine's switches and tilings set for this run (an A/B's arm): ONECAT_HYBRID_NARROW_VERIFY, ...
+              "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("ONECAT_")},
               "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "weights": args.weights, "routes": {}}
     for name in args.routes.split(","):
         record["routes"][name] = run_route(name, args, bandwidth)

@@ -47,11 +47,15 @@
 # picks arms, @N with a draft vocabulary of N ids), then the drafter tests;
 # `drafter_quant_rounds` the 8B DFlash-shaped rounds at batch 1 and 8 with the drafter fp16 and FP8;
 # `mtp_vocab_route` route 2 at batch 1 with its MTP head scoring over the whole 248K LM head and over 32K ids.
+# `moe_routed` the routed experts' GPU tests, then their tilings timed on route 2's experts at 1 and 5 tokens
+# (benchmarks/gpu_moe_routed.py, NVFP4 and W4A16); `moe_routed_route` route 2 at batch 1 with the default tilings
+# and with the best of that NVFP4 record at 1 token (ONECAT_MOE_ROUTED_GLU_TILES / _DOWN_TILES), default first.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
-#                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route]...
+#                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
+#                                moe_routed|moe_routed_route]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -213,6 +217,20 @@ for step in $steps; do
              timeout 270 python3 benchmarks/seed_routes_gpu.py --routes seed_moe_route_h200 --batch-sizes 1 --repeats 1 \
                --draft-vocab-size "$n" --out "$out/seed_moe_route_b1_vocab_$n.json" >"$out/moe_route_b1_vocab_$n.log" 2>&1
              echo "route 2 batch 1 MTP draft vocab=$n rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_vocab_$n.log"
+           done ;;
+    moe_routed) gpu_tests moe_routed tests/test_moe_gpu.py -k "packed or routed"
+           for fmt in nvfp4 w4a16; do
+             (cd benchmarks && timeout 250 python3 gpu_moe_routed.py --format $fmt --tokens 1,5 \
+               --out "$out/gpu_moe_routed_$fmt.json" >"$out/moe_routed_$fmt.log" 2>&1)
+             echo "routed tilings $fmt rc=$?"; grep "tokens=" "$out/moe_routed_$fmt.log" | cut -c1-400
+           done ;;
+    moe_routed_route) best=$(python3 benchmarks/gpu_moe_routed.py --best-env "$out/gpu_moe_routed_nvfp4.json") || {
+             echo "no routed tilings record in $out: run the moe_routed step first"; continue; }
+           for arm in default best; do
+             (if [ $arm = best ]; then while read -r line; do export "$line"; done <<<"$best"; echo "$best"; fi
+              timeout 270 python3 benchmarks/seed_routes_gpu.py --routes seed_moe_route_h200 --batch-sizes 1 \
+                --repeats 1 --out "$out/seed_moe_route_b1_tiles_$arm.json" >"$out/moe_route_b1_tiles_$arm.log" 2>&1
+              echo "route 2 batch 1 routed tilings $arm rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_tiles_$arm.log")
            done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;

@@ -2,8 +2,9 @@
 under Triton's interpreter, on the CPU: NVFP4, MXFP4 and W4A16 experts; every (token, expert) pair against the
 expert's exactly dequantized weight, a pair's result independent of the other pairs, the layer's routed path against
 its per-expert loop (the path steps of many tokens take), and the two fused kernels (SiLU * mul in the gate/up
-kernel, the weighted top-k sum in the down kernel) against the separate ops they replace. CUDA runs the same kernels
-(tests/test_moe_gpu.py, the seed MoE route's GPU benchmark)."""
+kernel, the weighted top-k sum in the down kernel) against the separate ops they replace, and the kernels' other
+tilings (RoutedTiles: gate and up rows in one tile, a token's pairs in one tile) against the default one. CUDA runs
+the same kernels (tests/test_moe_gpu.py, the seed MoE route's GPU benchmark, benchmarks/gpu_moe_routed.py)."""
 from __future__ import annotations
 
 import os
@@ -98,3 +99,70 @@ def test_routed_packed_experts_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+TILINGS_SCRIPT = r"""
+import torch
+from onecat.engine.kernels import triton_moe_routed as kr
+from onecat.engine.layers.moe import PackedExperts
+from onecat.engine.quant.fp4.linear import FP4Linear
+from onecat.engine.quant.rtn import quantize
+from onecat.engine.quant.w4a16.linear import W4A16Linear
+
+torch.manual_seed(1)
+experts, hidden, inter, tokens, top_k = 6, 128, 64, 3, 4
+for fmt in ("nvfp4", "w4a16"):
+    kind, group = (W4A16Linear, {"group": 32}) if fmt == "w4a16" else (FP4Linear, {})
+    packed = (lambda n, k: kind(quantize(torch.randn(n, k) * 0.2, fmt, **group)))
+    layer = PackedExperts([packed(2 * inter, hidden) for _ in range(experts)],
+                          [packed(hidden, inter) for _ in range(experts)], inter)
+    layer.routed = layer._stack()
+    up, down = layer._operands("gate_up"), layer._operands("down")
+    x = torch.randn(tokens, hidden).half()
+    ids = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)]).flatten()
+    w = torch.softmax(torch.randn(tokens, top_k), -1)
+    shared = (torch.randn(tokens, 1).half(), torch.randn(tokens, hidden).half())
+
+    def glu(t):
+        return kr._launch(x, *up[:3], kr.FORMATS[up[3]], up[4], ids, top_k, per_pair=False, glu=True, tiles=t)
+
+    def summed(h, t, with_shared=None):
+        return kr._launch(h, *down[:3], kr.FORMATS[down[3]], down[4], ids, top_k, per_pair=True,
+                          weights=w.reshape(-1).contiguous(), shared=with_shared, tiles=t)
+
+    h = glu(kr.DEFAULT_TILES)
+    # interpreted, a row's products and sums are in the same order whatever shares its tile: equal bit for bit
+    for t in (kr.RoutedTiles(glu_together=True), kr.RoutedTiles(block_n=32, warps=4, glu_together=True)):
+        assert torch.equal(glu(t), h), (fmt, t)
+    base, base_shared = summed(h, kr.DEFAULT_TILES), summed(h, kr.DEFAULT_TILES, shared)
+    for t in (kr.RoutedTiles(pairs=2), kr.RoutedTiles(block_n=8, pairs=4)):
+        assert torch.equal(summed(h, t), base), (fmt, t)
+        assert torch.equal(summed(h, t, shared), base_shared), (fmt, t, "shared")
+    alone = kr._launch(h[4:8].contiguous(), *down[:3], kr.FORMATS[down[3]], down[4], ids[4:8].contiguous(), top_k,
+                       per_pair=True, weights=w.reshape(-1)[4:8].contiguous(), tiles=kr.RoutedTiles(pairs=4))
+    assert torch.equal(alone, base[1:2]), fmt  # a token's sum does not depend on the other tokens
+print("ok")
+"""
+
+
+def test_routed_tilings_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", TILINGS_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_routed_tiles_from_the_environment_are_checked():
+    from onecat.engine.kernels.triton_moe_routed import DEFAULT_TILES, RoutedTiles, parse_tiles
+
+    assert parse_tiles("block_n=32, max_words=128,warps=4,glu_together=1,pairs=2") == \
+        RoutedTiles(32, 128, 4, True, 2)
+    assert parse_tiles("pairs=4") == DEFAULT_TILES._replace(pairs=4)
+    for bad in ("pairs=3", "block_n=12", "warps=two", "width=16", "block_n"):
+        with pytest.raises(ValueError, match="ONECAT_MOE_ROUTED_GLU_TILES"):
+            parse_tiles(bad, "ONECAT_MOE_ROUTED_GLU_TILES")
+    env = {**os.environ, "ONECAT_MOE_ROUTED_DOWN_TILES": "block_n=8,pairs=4"}
+    env.pop("ONECAT_MOE_ROUTED_GLU_TILES", None)
+    read = subprocess.run([sys.executable, "-c", "from onecat.engine.kernels.triton_moe_routed import TILES_IN_USE as t; "
+                           "print(t['glu']); print(t['down_sum'])"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert read.stdout.splitlines() == [str(DEFAULT_TILES), str(RoutedTiles(block_n=8, pairs=4))], read.stderr

@@ -40,7 +40,7 @@ ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "w_ptr
                     "sg_ptr": "*fp16", "y_ptr": "*fp16", "N": "i32", "magic": "i32", "TOP_K": "constexpr",
                     "PER_PAIR": "constexpr", "K": "constexpr", "FMT": "constexpr", "G": "constexpr",
                     "BLOCK_N": "constexpr", "BLOCK_KW": "constexpr", "GLU": "constexpr", "SUM_TOPK": "constexpr",
-                    "SHARED": "constexpr"}
+                    "SHARED": "constexpr", "GLU_TOGETHER": "constexpr", "PAIRS": "constexpr"}
 ROWS_SHAPE = {"W": 16, "HK": 16, "HV": 48, "DK": 128, "DV": 128}  # Qwen3.5-27B's DeltaNet, verify rows of 1 + 15
 ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
                   "s_in_ptr": "*fp32", "in_idx_ptr": "*i64", "s_out_ptr": "*fp32", "out_idx_ptr": "*i64",
@@ -154,21 +154,21 @@ def _routed_ptx(fmt: str, down: bool, fused: bool = False) -> tuple[str, str, in
     launches it; `fused`: routed_glu's gate_up (SiLU * mul in it) or routed_down_sum's down (the weighted top-k
     sum and the gated shared expert in it)."""
     from onecat.engine.kernels import triton_moe_routed as kr
-    from onecat.engine.kernels.triton_w4a16 import _words_per_tile
     from onecat.engine.quant.fp4.linear import FMT_IDS
 
     h, i, k = ROUTED_SHAPE["hidden"], ROUTED_SHAPE["intermediate"], ROUTED_SHAPE["top_k"]
     width = i if down else h
-    consts = {"TOP_K": k, "PER_PAIR": down, "K": width, "BLOCK_N": 16, "GLU": fused and not down,
-              "SUM_TOPK": fused and down, "SHARED": fused and down}
+    t = kr.DEFAULT_KERNEL_TILES["down_sum" if down else "glu"] if fused else kr.DEFAULT_TILES  # as launched
+    fmt_id = kr.W4A16 if fmt == "w4a16" else FMT_IDS[fmt]
+    glu, summed = fused and not down, fused and down
+    consts = dict(kr.launch_constants(t, fmt_id, width // 8, k, glu=glu, sum_topk=summed), TOP_K=k, PER_PAIR=down,
+                  GLU=glu, SUM_TOPK=summed, SHARED=summed)
     kernel = kr.routed_gemv_kernel
     if fmt == "w4a16":
         sig = dict(ROUTED_SIGNATURE, s_ptr="*fp16", g_ptr="*fp16")
-        return _compile(kernel, _ordered(sig, kernel),
-                        dict(consts, FMT=2, G=GROUP, BLOCK_KW=max(8, _words_per_tile(width // 8, 64))), 2)
+        return _compile(kernel, _ordered(sig, kernel), dict(consts, G=GROUP), t.warps)
     sig = dict(ROUTED_SIGNATURE, s_ptr="*u8", g_ptr="*fp32")
-    return _compile(kernel, _ordered(sig, kernel),
-                    dict(consts, FMT=FMT_IDS[fmt], G=128, BLOCK_KW=_words_per_tile(width // 8, 64)), 2)
+    return _compile(kernel, _ordered(sig, kernel), dict(consts, G=128), t.warps)
 
 
 def _ordered(signature: dict, kernel) -> dict:
