@@ -161,10 +161,12 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
             entry["batches"][b]["profile_target"] = profiled(target, batch_prompts, args.max_tokens, args.profile,
                                                              f"{name}_target_b{b}")
             entry["batches"][b]["target_only_tok_s"] = round(tps, 2)
+            # the timed batch's prefill: its requests' longest, queueing and the first token's step included
+            entry["batches"][b]["target_prefill_s"] = round(max(o.timings.prefill_s for o in outs), 4)
             entry["batches"][b]["graph_captures_timed_target"] = inside
             # the same weights and prompts in every run: equal digests across runs of two settings, equal tokens
             entry["batches"][b]["target_tokens_sha256"] = hashlib.sha256(repr(reference[b]).encode()).hexdigest()[:16]
-            log(f"{name} batch {b}: target-only {tps:.1f} tok/s")
+            log(f"{name} batch {b}: target-only {tps:.1f} tok/s, prefill {entry['batches'][b]['target_prefill_s']} s")
     with LLM(**cand) as spec:
         for b in args.batch_sizes:
             batch_prompts = prompts(b, args.prompt_len, vocab, seed=b)

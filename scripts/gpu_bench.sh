@@ -50,12 +50,14 @@
 # `moe_routed` the routed experts' GPU tests, then their tilings timed on route 2's experts at 1 and 5 tokens
 # (benchmarks/gpu_moe_routed.py, NVFP4 and W4A16); `moe_routed_route` route 2 at batch 1 with the default tilings
 # and with the best of that NVFP4 record at 1 token (ONECAT_MOE_ROUTED_GLU_TILES / _DOWN_TILES), default first.
+# `moe_grouped` the grouped packed experts' GPU tests, then route 2 at batch 1 with its prefill's experts in the
+# per-expert loop and grouped by expert (ONECAT_MOE_GROUPED_PREFILL 0, 1; the record's target_prefill_s).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
-#                                moe_routed|moe_routed_route]...
+#                                moe_routed|moe_routed_route|moe_grouped]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -231,6 +233,13 @@ for step in $steps; do
               timeout 270 python3 benchmarks/seed_routes_gpu.py --routes seed_moe_route_h200 --batch-sizes 1 \
                 --repeats 1 --out "$out/seed_moe_route_b1_tiles_$arm.json" >"$out/moe_route_b1_tiles_$arm.log" 2>&1
               echo "route 2 batch 1 routed tilings $arm rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_tiles_$arm.log")
+           done ;;
+    moe_grouped) gpu_tests moe_grouped tests/test_moe_grouped_gpu.py
+           for f in 0 1; do
+             ONECAT_MOE_GROUPED_PREFILL=$f timeout 220 python3 benchmarks/seed_routes_gpu.py \
+               --routes seed_moe_route_h200 --batch-sizes 1 --repeats 1 --out "$out/seed_moe_route_b1_grouped_$f.json" \
+               >"$out/moe_route_b1_grouped_$f.log" 2>&1
+             echo "route 2 batch 1 grouped prefill=$f rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_grouped_$f.log"
            done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;

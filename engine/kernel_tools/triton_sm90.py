@@ -3,7 +3,8 @@ GPU: Triton lowers each instantiation the engine launches to PTX for sm_90 and p
 toolchain.py) assembles it, reporting registers and spills; Triton's own metadata gives the shared memory its
 pipeline stages take. Checked: every format and word layout the packed layers keep (NVFP4 and MXFP4 row-major,
 tiled, tiled with bf16 code slots; W4A16 row-major and tiled; FP8 tiled), at the config() of 32, 64 and 128 rows for a
-Qwen3.5-27B projection (K = 5120). A kernel that spills, or whose shared memory passes SM86/89's 99 KB (the
+Qwen3.5-27B projection (K = 5120), and the grouped launch of a MoE layer's expert stacks (triton_moe_grouped.py: NVFP4,
+MXFP4, W4A16). A kernel that spills, or whose shared memory passes SM86/89's 99 KB (the
 smallest of the GPUs it runs on), is a problem: the Triton interpreter (tests/test_packed_rows_interpret.py) checks
 what the kernel computes, not whether it compiles.
 """
@@ -24,6 +25,8 @@ LAYOUTS = (("nvfp4", 0, False, None, "bf16"), ("nvfp4_tiled", 0, True, None, "bf
            ("nvfp4_tiled_bf16_slots", 0, True, "bfloat16", "bf16"), ("mxfp4", 1, False, None, "bf16"),
            ("mxfp4_tiled_bf16_slots", 1, True, "bfloat16", "bf16"), ("w4a16", 2, False, None, "fp16"),
            ("w4a16_tiled", 2, True, None, "fp16"), ("fp8_tiled", 3, True, None, "bf16"))
+# a MoE layer's expert stacks as triton_moe_grouped reads them (row-major; W4A16 with its (scale, zero) pairs)
+GROUPED_LAYOUTS = (("nvfp4", 0, "bf16"), ("mxfp4", 1, "bf16"), ("w4a16", 2, "fp16"))
 
 
 @dataclass
@@ -37,15 +40,18 @@ class BuildReport:
 
 def _signature(fmt: int, act: str) -> dict:
     sig = {"x_ptr": f"*{act}", "q_ptr": "*i32", "s_ptr": {0: "*u8", 1: "*u8", 2: "*fp16", 3: "*fp32"}[fmt],
-           "g_ptr": "*fp16" if fmt == 2 else "*fp32", "y_ptr": "*fp32", "N": "i32", "M": "i32"}
+           "g_ptr": "*fp16" if fmt == 2 else "*fp32", "y_ptr": "*fp32", "N": "i32", "M": "i32", "order_ptr": "*i64",
+           "sched_ptr": "*i32"}
     for name in ("K", "FMT", "G", "TILED", "SLOTS", "M0", "M1", "M2", "M3", "S0", "S1", "S2", "S3", "BLOCK_N",
                  "BLOCK_M", "STAGES", "SPLIT"):
         sig[name] = "constexpr"
     return sig
 
 
-def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int) -> tuple[str, str, int, int]:
-    """(kernel name, sm_90 PTX, shared memory bytes, warps) of one instantiation at config(rows, N, K)."""
+def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int,
+           grouped: bool = False) -> tuple[str, str, int, int]:
+    """(kernel name, sm_90 PTX, shared memory bytes, warps) of one instantiation at config(rows, N, K), or (`grouped`)
+    as triton_moe_grouped launches it on a MoE layer's expert stack."""
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -55,12 +61,18 @@ def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int) -> tup
     from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
     block_n, block_m, warps, stages, split = kp.config(rows, N, K, fmt)
+    grouping = {}
+    if grouped:
+        from onecat.engine.kernels import triton_moe_grouped as kg
+
+        block_n, block_m, warps, stages, split = kg.BLOCK_N, kg.BLOCK_M, kg.WARPS, 2, 1
+        grouping = {"GROUPED": True, "X_DIV": 8, "SZ_PAIRS": fmt == kp.W4A16}
     layout = SLOTS[getattr(torch, slots) if slots else torch.float16]
     constexprs = {"K": K, "FMT": fmt, "G": 128, "TILED": tiled, "SLOTS": slots is not None,
                   **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)},
                   **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
-                  "BLOCK_N": block_n, "BLOCK_M": block_m, "STAGES": stages, "SPLIT": split}
-    signature = _signature(fmt, act)
+                  "BLOCK_N": block_n, "BLOCK_M": block_m, "STAGES": stages, "SPLIT": split, **grouping}
+    signature = dict(_signature(fmt, act), **{name: "constexpr" for name in grouping})
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
     compiled = triton.compile(ASTSource(kp.packed_rows_kernel, signature, constexprs, attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
@@ -68,30 +80,33 @@ def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int) -> tup
 
 
 def run_packed_rows_check(ptxas: Path) -> list[BuildReport]:
-    """One report per (layout, rows): registers, spilled bytes and shared memory of its sm_90 build."""
+    """One report per (layout, rows), and per expert-stack layout of the grouped MoE launch: registers, spilled bytes
+    and shared memory of its sm_90 build."""
     reports = []
+    cases = [(f"packed_rows_{label}_{rows}rows", (fmt, tiled, slots, act, rows))
+             for label, fmt, tiled, slots, act in LAYOUTS for rows in ROWS]
+    cases += [(f"moe_grouped_{label}", (fmt, False, None, act, 32, True)) for label, fmt, act in GROUPED_LAYOUTS]
     with tempfile.TemporaryDirectory() as tmp:
-        for label, fmt, tiled, slots, act in LAYOUTS:
-            for rows in ROWS:
-                rep = BuildReport(f"packed_rows_{label}_{rows}rows")
-                try:
-                    name, ptx, rep.shared_bytes, _ = _build(fmt, tiled, slots, act, rows)
-                except Exception as e:  # a kernel Triton cannot compile at this instantiation
-                    rep.problems.append(f"Triton compile failed: {type(e).__name__}: {str(e).splitlines()[-1][:200]}")
-                    reports.append(rep)
-                    continue
-                path = Path(tmp) / f"{rep.label}.ptx"
-                path.write_text(ptx)
-                res = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "-O3", str(path), "-o", str(path.with_suffix(
-                    ".cubin"))], capture_output=True, text=True)
-                info = _parse_ptxas(res.stderr).get(name, {})
-                if res.returncode != 0 or not info:
-                    rep.problems.append(f"ptxas failed: {res.stderr.strip()[-300:]}")
-                rep.registers = info.get("regs", 0)
-                rep.spill_bytes = info.get("spill_st", 0) + info.get("spill_ld", 0)
-                if rep.spill_bytes:
-                    rep.problems.append(f"register spills ({rep.spill_bytes} B stored and loaded)")
-                if rep.shared_bytes > SMEM_LIMIT:
-                    rep.problems.append(f"{rep.shared_bytes} B of shared memory, past SM86/89's {SMEM_LIMIT}")
+        for label, build in cases:
+            rep = BuildReport(label)
+            try:
+                name, ptx, rep.shared_bytes, _ = _build(*build)
+            except Exception as e:  # a kernel Triton cannot compile at this instantiation
+                rep.problems.append(f"Triton compile failed: {type(e).__name__}: {str(e).splitlines()[-1][:200]}")
                 reports.append(rep)
+                continue
+            path = Path(tmp) / f"{rep.label}.ptx"
+            path.write_text(ptx)
+            res = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "-O3", str(path), "-o", str(path.with_suffix(
+                ".cubin"))], capture_output=True, text=True)
+            info = _parse_ptxas(res.stderr).get(name, {})
+            if res.returncode != 0 or not info:
+                rep.problems.append(f"ptxas failed: {res.stderr.strip()[-300:]}")
+            rep.registers = info.get("regs", 0)
+            rep.spill_bytes = info.get("spill_st", 0) + info.get("spill_ld", 0)
+            if rep.spill_bytes:
+                rep.problems.append(f"register spills ({rep.spill_bytes} B stored and loaded)")
+            if rep.shared_bytes > SMEM_LIMIT:
+                rep.problems.append(f"{rep.shared_bytes} B of shared memory, past SM86/89's {SMEM_LIMIT}")
+            reports.append(rep)
     return reports

@@ -37,11 +37,12 @@ NVFP4, MXFP4, W4A16, FP8 = 0, 1, 2, 3  # FMT (triton_fp4.NVFP4 / MXFP4); the ker
 
 
 @triton.jit
-def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FMT: tl.constexpr,
-                       G: tl.constexpr, TILED: tl.constexpr, SLOTS: tl.constexpr, M0: tl.constexpr,
+def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, order_ptr, sched_ptr, K: tl.constexpr,
+                       FMT: tl.constexpr, G: tl.constexpr, TILED: tl.constexpr, SLOTS: tl.constexpr, M0: tl.constexpr,
                        M1: tl.constexpr, M2: tl.constexpr, M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr,
                        S2: tl.constexpr, S3: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                       STAGES: tl.constexpr, SPLIT: tl.constexpr):
+                       STAGES: tl.constexpr, SPLIT: tl.constexpr, GROUPED: tl.constexpr = False,
+                       X_DIV: tl.constexpr = 1, SZ_PAIRS: tl.constexpr = False):
     """y[:M, n0:n0 + BLOCK_N] of x [M, K] and the packed weight. Word i (0-15) of a run holds 8 codes, here
     decoded along a last axis c (0-7) and then permuted into column order, so the activations load as contiguous
     runs: fp4.layout's places and w4a16.layout's nibbles put code c at column blk * B + c * GW + i % GW of block
@@ -50,7 +51,11 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
     16 (i // 4) + 4 c + i % 4 (fp8.layout). M*/S*: the slots' first-code magnitude and sign bits (SlotLayout).
     s_ptr: FP4 block-scale bytes [N, K/B], W4A16 scales [N, K/G] or FP8 row scales [N]; g_ptr: NVFP4's global
     scale [N] or W4A16's zeros [N, K/G]. SPLIT > 1: program (i, s) sums the s-th of SPLIT
-    equal runs of K into float32 partials y_ptr[s] ([SPLIT, M, N]), which the caller adds in split order."""
+    equal runs of K into float32 partials y_ptr[s] ([SPLIT, M, N]), which the caller adds in split order.
+    GROUPED (a MoE layer's experts stacked [E, N, K/8], row-major, SPLIT 1): program (i, b) runs block b of
+    grouped_schedule's `sched_ptr` ([3, blocks]: expert, first sorted pair, pairs; expert -1: no block): the sorted
+    pairs order_ptr[first ..] times that expert's weight, x row pair // X_DIV, y row pair. SZ_PAIRS: W4A16's
+    scales and zeros interleaved in s_ptr ((scale, zero) a group, the routed stacks' layout)."""
     CPW: tl.constexpr = 4 if FMT == 3 else 8  # codes a word
     WPR: tl.constexpr = 128 // CPW  # words a run
     B: tl.constexpr = 16 if FMT == 0 or FMT == 3 else (32 if FMT == 1 else G)
@@ -61,7 +66,22 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows = tl.where(row_ok, rows, 0).to(tl.int64)
-    r2 = rows[:, None]
+    m = tl.arange(0, BLOCK_M)
+    if GROUPED:
+        blocks = tl.num_programs(1)
+        b = tl.program_id(1)
+        expert = tl.load(sched_ptr + b)
+        if expert < 0:
+            return
+        first = tl.load(sched_ptr + blocks + b)
+        m_ok = m < tl.load(sched_ptr + 2 * blocks + b)
+        pair = tl.load(order_ptr + first + m, mask=m_ok, other=0).to(tl.int64)
+        x_row = pair // X_DIV
+        r2 = expert.to(tl.int64) * N + rows[:, None]  # the expert's rows of the stack
+    else:
+        m_ok = m < M
+        x_row = m
+        r2 = rows[:, None]
     wi = tl.arange(0, WPR)[None, :]  # word of the run
     if TILED:  # quant_gemv.mma_tiles: the 16 rows of a tile own one contiguous block of 16 x WPR words a run
         word_at = ((r2 // 16) * RUNS * 16 * WPR) + (r2 % 16) * WPR + wi
@@ -79,15 +99,16 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
         s_at = s_at.to(tl.uint32)
     elif FMT < 2:  # fp4.layout.SLOTS: code c's bits come by one or two rotate-and-mask (triton_fp4.code_places)
         r1, k1, r2c, k2 = code_places(c)
-    m = tl.arange(0, BLOCK_M)
-    m_ok = m < M
-    x_at = m[:, None] * K + tl.arange(0, 128)[None, :]  # a run's activations, contiguous (the tile is reordered)
+    x_at = x_row[:, None] * K + tl.arange(0, 128)[None, :]  # a run's activations, contiguous (the tile is reordered)
     gscale = tl.load(g_ptr + r2) if FMT == 0 else 1.0
     row_scale = tl.load(s_ptr + r2) if FMT == 3 else 1.0  # FP8: the row's scale
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    first = tl.program_id(1) * (RUNS // SPLIT)
-    for step in tl.range(first, first + RUNS // SPLIT, num_stages=STAGES):
+    if GROUPED:  # axis 1 is the block; K is not split
+        run0 = 0
+    else:
+        run0 = tl.program_id(1) * (RUNS // SPLIT)
+    for step in tl.range(run0, run0 + RUNS // SPLIT, num_stages=STAGES):
         words = tl.load(q_ptr + word_at + step * run_step, mask=row_ok[:, None], other=0)
         w3 = words.to(tl.uint32, bitcast=True)[:, :, None]  # [BLOCK_N, WPR, 1]
         block_at = r2 * NB + step * (128 // B) + wi // GW  # each word's block (group)
@@ -96,8 +117,12 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
             value = (((b & 0x80) << 24) | ((b & 0x7F) << 20)).to(tl.float32, bitcast=True) * (2.0 ** 120)
             scale = tl.broadcast_to(row_scale, [BLOCK_N, WPR])
         elif FMT == 2:  # (q - z) * s in float32, as w4a16_dequant forms it
-            scale = tl.load(s_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32)
-            zero = tl.load(g_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32) + 8388608.0
+            if SZ_PAIRS:
+                scale = tl.load(s_ptr + 2 * block_at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+                zero = tl.load(s_ptr + 2 * block_at + 1, mask=row_ok[:, None], other=0.0).to(tl.float32) + 8388608.0
+            else:
+                scale = tl.load(s_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32)
+                zero = tl.load(g_ptr + block_at, mask=row_ok[:, None], other=0.0).to(tl.float32) + 8388608.0
             q = ((w3 >> (4 * c).to(tl.uint32)) & 0xF) | 0x4B000000  # the float 2^23 + q
             value = q.to(tl.float32, bitcast=True) - zero[:, :, None]
         else:
@@ -123,7 +148,10 @@ def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr,
                                 [BLOCK_N, 128])
         x_tile = tl.load(x_ptr + x_at + step * 128, mask=m_ok[:, None], other=0.0)
         acc = tl.dot(x_tile, tl.trans(w_tile), acc)
-    out = y_ptr + tl.program_id(1).to(tl.int64) * M * N + m.to(tl.int64)[:, None] * N + rows[None, :]
+    if GROUPED:
+        out = y_ptr + pair[:, None] * N + rows[None, :]
+    else:
+        out = y_ptr + tl.program_id(1).to(tl.int64) * M * N + m.to(tl.int64)[:, None] * N + rows[None, :]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
 
 
@@ -161,7 +189,8 @@ def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second
     y = torch.empty(split, rows, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     layout = SLOTS[slots] if slots is not None else SLOTS[torch.float16]  # bit places read only with SLOTS
     packed_rows_kernel[(-(-n // block_n), split)](
-        x2, qweight, scales, second, y, n, rows, K=k, FMT=fmt, G=group, TILED=bool(tiled), SLOTS=slots is not None,
+        x2, qweight, scales, second, y, n, rows, y, y,  # order_ptr, sched_ptr: read only when GROUPED
+        K=k, FMT=fmt, G=group, TILED=bool(tiled), SLOTS=slots is not None,
         **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)}, **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
         BLOCK_N=block_n, BLOCK_M=block_m, STAGES=stages, SPLIT=split, num_warps=warps)
     out = y[0] if split == 1 else y.sum(0).to(x.dtype)  # partials added in split order, rounded once

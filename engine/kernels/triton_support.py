@@ -81,3 +81,15 @@ def packed_rows_take(x: torch.Tensor, in_features: int, rows: int, words_format:
 
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     return capability(index) >= PACKED_ROWS_MIN_CAPABILITY and triton_unavailable_reason() is None
+
+
+def grouped_moe_take(x: torch.Tensor, widths: tuple[int, ...]) -> bool:
+    """Whether a MoE layer's long step may run its packed experts grouped by expert (triton_moe_grouped.py: the
+    packed many-row GEMM's tiles): fp16/bf16 CUDA rows, every projection's K (`widths`) a multiple of 128, an SM80+
+    GPU and Triton usable."""
+    if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and all(k % 128 == 0 for k in widths)):
+        return False
+    from onecat.engine.kernels.device import capability
+
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return capability(index) >= PACKED_ROWS_MIN_CAPABILITY and triton_unavailable_reason() is None

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.kernels.triton_support import moe_unavailable_reason
+from onecat.engine.kernels.triton_support import grouped_moe_take, moe_unavailable_reason
 from onecat.engine.layers import batch_invariant_linear
 from onecat.engine.layers.linear import Linear
 from onecat.engine.layers.mlp import GatedMLP
@@ -131,6 +131,10 @@ class PackedExperts(nn.Module):
     # read once; on: route 2 target-only at batch 1 272.3 -> 301.1 tok/s on an H100
     # (benchmarks/results/moe_fused_routed_h100.json), its GPU tests passed. ONECAT_MOE_FUSED_ROUTED=0 for the A/B
     FUSED = switch("ONECAT_MOE_FUSED_ROUTED", True)
+    # steps of more tokens (a prefill) grouped by expert on the device, one many-row GEMM launch a projection
+    # (engine/kernels/triton_moe_grouped.py) instead of routed_loop's host-read routing and ~5 launches an expert;
+    # checked under Triton's interpreter, not yet run on a GPU: off unless ONECAT_MOE_GROUPED_PREFILL=1
+    GROUPED_PREFILL = switch("ONECAT_MOE_GROUPED_PREFILL", False)
     FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
 
     def __init__(self, gate_up: list[nn.Module], down: list[nn.Module], intermediate: int):
@@ -180,6 +184,9 @@ class PackedExperts(nn.Module):
             return self._routed(x, weights, experts, shared)
         if shared is not None:
             raise ValueError("the shared expert is added inside the fused routed kernels only (routes_on_device)")
+        if self.GROUPED_PREFILL and self.routed is not None and grouped_moe_take(x, (x.shape[-1], self.intermediate)):
+            self.path = "grouped"
+            return self._grouped(x, weights, experts)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("packed MoE experts in this format pick the routed experts on the host, which a CUDA "
                                "graph cannot capture; decode steps run eagerly")
@@ -209,6 +216,22 @@ class PackedExperts(nn.Module):
         y = self._routed_gemv("down", (F.silu(gate) * up).contiguous(), ids, top_k, per_pair=True)
         out = (y.view(tokens, top_k, -1).float() * weights.float().unsqueeze(-1)).sum(dim=1)
         return out.to(x.dtype)
+
+    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """A long step's pairs grouped by expert on the device (triton_moe_grouped.py): gate/up of every pair, SiLU *
+        mul, down of every pair, each token's pairs summed in float32 in its top-k order, weighted, rounded once."""
+        from onecat.engine.kernels import triton_moe_grouped as grouped
+
+        tokens, top_k = experts.shape
+        order, sched = grouped.grouped_schedule(experts.reshape(-1), self.num_experts)
+        fmt = {"int4": grouped.W4A16, **self.FP4_FORMATS}[self.routed]
+        words, scales, second, _, group = self._operands("gate_up")
+        h = grouped.grouped_gemm(x, words, scales, second, fmt, group, order, sched, x_div=top_k)
+        gate, up = h.split(self.intermediate, dim=-1)
+        words, scales, second, _, group = self._operands("down")
+        y = grouped.grouped_gemm((pointwise(F.silu, gate) * up).contiguous(), words, scales, second, fmt, group,
+                                 order, sched, x_div=1)
+        return (y.view(tokens, top_k, -1).float() * weights.float().unsqueeze(-1)).sum(dim=1).to(x.dtype)
 
     def _operands(self, name: str) -> tuple:
         """(words, scales, second, format, group) of projection `name`'s stack, as triton_moe_routed takes them."""

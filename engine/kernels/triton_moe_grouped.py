@@ -1,0 +1,62 @@
+"""A MoE layer's packed experts over a long step (a prefill chunk of more tokens than the routed GEMV takes), grouped
+by expert on the device: the step's (token, expert) pairs sorted by expert, each expert's run cut into blocks of up
+to BLOCK_M pairs, and one launch of the packed many-row GEMM (triton_packed_rows.packed_rows_kernel, GROUPED) over
+every block: each block reads its expert's packed words once for all its pairs. The loop it replaces
+(moe.routed_loop) reads the routing on the host and launches ~5 kernels an expert that got tokens: at route 2's
+shape (256 experts, top 8) a 1,024-token prefill is ~40 layers x ~250 experts x 5 launches.
+
+The schedule is built on the device (bincount, cumsum, searchsorted: no host read) for a fixed number of blocks, an
+upper bound the host knows from the step's size: every expert's run adds at most one part-filled block. Blocks past
+the last run hold expert -1 and return at once. Stacks as PackedExperts keeps them (row-major [E, N, K/8] words):
+NVFP4 / MXFP4 with their block scales (and NVFP4's global scales), W4A16 with its (scale, zero) pairs interleaved.
+"""
+from __future__ import annotations
+
+import torch
+
+from onecat.engine.kernels.fp4_slot_bits import SLOTS
+from onecat.engine.kernels.triton_packed_rows import W4A16, packed_rows_kernel
+
+BLOCK_M = 32  # pairs a block: a 1,024-token prefill of 256 experts, top 8, gives each expert ~32
+BLOCK_N = 64
+WARPS = 4
+
+
+def grouped_schedule(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, sched) for the step's pairs `ids` [P] (each pair's expert): order [P] the pairs sorted by expert (stable:
+    tokens ascending within an expert), sched int32 [3, blocks] per block its expert (-1: none), its first place in
+    `order` and its pair count (1..block_m)."""
+    pairs = ids.numel()
+    blocks = -(-pairs // block_m) + min(num_experts, pairs)
+    counts = torch.bincount(ids, minlength=num_experts)
+    order = ids.argsort(stable=True)
+    per_expert = (counts + block_m - 1) // block_m
+    ends = per_expert.cumsum(0)
+    b = torch.arange(blocks, device=ids.device)
+    expert = torch.searchsorted(ends, b, right=True)
+    live = expert < num_experts
+    e = expert.clamp(max=num_experts - 1)
+    within = b - (ends[e] - per_expert[e])  # the block's place in its expert's run
+    first = counts.cumsum(0)[e] - counts[e] + within * block_m
+    count = (counts[e] - within * block_m).clamp(max=block_m)
+    sched = torch.stack([torch.where(live, e, -1), first, torch.where(live, count, 0)]).to(torch.int32)
+    return order, sched.contiguous()
+
+
+def grouped_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: int,
+                 group: int, order: torch.Tensor, sched: torch.Tensor, x_div: int) -> torch.Tensor:
+    """y [P, N]: pair p times its expert's weight, x row p // x_div (x [T, K]: top_k for the gate/up projection, whose
+    pairs share their token's row; 1 for down, a row a pair). words int32 [E, N, K/8] row-major; fmt FP4's
+    (NVFP4 0, MXFP4 1: scales uint8 [E, N, K/B], second NVFP4's float32 [E, N]) or W4A16 (scales = second = the
+    (scale, zero) pairs [E, N, 2 K/G])."""
+    _, n, kw = words.shape
+    k = kw * 8
+    y = torch.empty(order.numel(), n, dtype=x.dtype, device=x.device)
+    layout = SLOTS[torch.float16]  # bit places are read only with code slots (the stacks keep fp4.layout's)
+    packed_rows_kernel[(-(-n // BLOCK_N), sched.shape[1])](
+        x.contiguous(), words, scales, second, y, n, 0, order, sched, K=k, FMT=fmt,
+        G=group if fmt == W4A16 else (16 if fmt == 0 else 32), TILED=False, SLOTS=False,
+        **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)}, **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
+        BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, STAGES=2, SPLIT=1, GROUPED=True, X_DIV=x_div, SZ_PAIRS=fmt == W4A16,
+        num_warps=WARPS)
+    return y
