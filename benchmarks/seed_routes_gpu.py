@@ -131,6 +131,21 @@ def step_bytes(llm, ctx: int) -> dict:
             "recurrent_state_rw": state, "total": other + active + kv + state}
 
 
+def verify_projection(sb: dict, cfg: dict, width: int, acceptance: float) -> dict:
+    """PROJECTED from the step's bytes (no measurement): what a verify step of `width` tokens a request reads at
+    batch 1 when each token picks its top_k of num_experts experts independently and uniformly (a random router's
+    choice; a trained router's tokens share more): the distinct experts' share 1 - (1 - k/E)^width of all expert
+    bytes, the rest as a one-token step. Over a one-token step's bytes it bounds a round from below (the drafter's
+    bytes left out), so acceptance / that is an upper bound on the speedup at this acceptance."""
+    experts, k = cfg.get("num_experts", 0), cfg.get("num_experts_per_tok", 0)
+    share = 1 - (1 - k / experts) ** width if experts else 0.0
+    verify = sb["total"] - sb["experts_active"] + int(sb["experts_total"] * share)
+    steps = verify / sb["total"]
+    return {"kind": "projected from step_bytes, uniform independent routing; the drafter's bytes left out",
+            "verify_width": width, "distinct_expert_share": round(share, 4), "verify_step_bytes": verify,
+            "round_steps_lower_bound": round(steps, 3), "speedup_upper_bound": round(acceptance / steps, 3)}
+
+
 def run_route(name: str, args, bandwidth: float | None) -> dict:
     from onecat.engine import LLM
     from onecat.gates.contract import load_contract
@@ -152,6 +167,10 @@ def run_route(name: str, args, bandwidth: float | None) -> dict:
         entry["target_info"] = {k: target.info().get(k) for k in ("quantization", "cuda_graph", "kv_cache_dtype",
                                                                   "attention_backend", "fused_kernels_detail")}
         entry["step_bytes"] = step_bytes(target, args.prompt_len + args.max_tokens // 2)
+        spec_cfg = cand["speculative_config"]
+        entry["verify_projection"] = verify_projection(entry["step_bytes"], target.model_config.raw,
+                                                       1 + spec_cfg["num_speculative_tokens"],
+                                                       spec_cfg["acceptance_length"])
         reference = {}
         for b in args.batch_sizes:
             batch_prompts = prompts(b, args.prompt_len, vocab, seed=b)

@@ -133,3 +133,19 @@ def test_synthetic_learns_nothing_from_unseeded_sampled_requests():
         llm.generate(["t5 t6 t7 t8"], params)
         again = llm.generate(["t5 t6 t7 t8"], params)[0]
         assert llm.info()["speculative"]["prompts_known"] == 0 and again.spec.num_drafts == 0
+
+
+def test_the_verify_projection_counts_distinct_experts_under_uniform_routing(monkeypatch):
+    """seed_routes_gpu.verify_projection (a projection, labelled so): a verify step of w tokens reads the share
+    1 - (1 - k/E)^w of the expert bytes where a step reads k/E; a dense model's verify reads what a step reads."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from seed_routes_gpu import verify_projection
+
+    step = {"experts_active": 250, "experts_total": 1000, "total": 1250}  # k/E = 1/4 of 1000 expert bytes
+    one = verify_projection(step, {"num_experts": 4, "num_experts_per_tok": 1}, 1, 1.0)
+    assert one["verify_step_bytes"] == 1250 and one["round_steps_lower_bound"] == 1.0
+    two = verify_projection(step, {"num_experts": 4, "num_experts_per_tok": 1}, 2, 2.5)
+    assert two["distinct_expert_share"] == 0.4375 and two["verify_step_bytes"] == 1000 + 437
+    assert two["speedup_upper_bound"] == round(2.5 / (1437 / 1250), 3) and "projected" in two["kind"]
+    dense = verify_projection({"experts_active": 0, "experts_total": 0, "total": 900}, {}, 16, 4.27)
+    assert dense["round_steps_lower_bound"] == 1.0 and dense["speedup_upper_bound"] == 4.27
