@@ -50,6 +50,7 @@ def _snapshot(cache, slot):
     return cache.conv[:, slot].clone(), cache.ssm[:, slot].clone()
 
 
+@torch.no_grad()  # as the engine runs its steps: with autograd recording, oneDNN's linear may take another kernel
 def test_verify_rows_give_decode_steps_outputs_and_states_and_roll_back_exactly():
     cfg, layer, cache = _layer_and_cache()
     slots, history, own = [0, 1, 2], [3, 6, 1], [WIDTH, 2, 1]  # own tokens: full row, padded rows

@@ -6,6 +6,8 @@ walks K in one fixed order whatever the row count (engine/layers/batch_invariant
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _matmul = torch.ops.mkldnn._linear_pointwise.default
@@ -13,6 +15,19 @@ _matmul = torch.ops.mkldnn._linear_pointwise.default
 
 def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+@functools.cache
+def bf16_available() -> bool:
+    """Whether this CPU's oneDNN takes a bfloat16 linear: it refuses one without AVX512BW/VL/DQ or AVX-NE-CONVERT
+    (an AVX2-only CPU), and callers then keep the plain GEMM."""
+    if not available():
+        return False
+    try:
+        onednn_blocked(torch.zeros(16, 16, dtype=torch.bfloat16))
+    except RuntimeError:
+        return False
+    return True
 
 
 def onednn_blocked(weight: torch.Tensor) -> torch.Tensor:

@@ -9,10 +9,12 @@ The schedule is built on the device (bincount, cumsum, searchsorted: no host rea
 upper bound the host knows from the step's size: every expert's run adds at most one part-filled block. Blocks past
 the last run hold expert -1 and return at once. Stacks as PackedExperts keeps them (row-major [E, N, K/8] words):
 NVFP4 / MXFP4 with their block scales (and NVFP4's global scales), W4A16 with its (scale, zero) pairs interleaved.
+A Triton kernel module (triton_support.py's rule): imported only where grouped_moe_take said the path can run.
 """
 from __future__ import annotations
 
 import torch
+import triton
 
 from onecat.engine.kernels.fp4_slot_bits import SLOTS
 from onecat.engine.kernels.triton_packed_rows import W4A16, packed_rows_kernel
@@ -53,7 +55,7 @@ def grouped_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, sec
     k = kw * 8
     y = torch.empty(order.numel(), n, dtype=x.dtype, device=x.device)
     layout = SLOTS[torch.float16]  # bit places are read only with code slots (the stacks keep fp4.layout's)
-    packed_rows_kernel[(-(-n // BLOCK_N), sched.shape[1])](
+    packed_rows_kernel[(triton.cdiv(n, BLOCK_N), sched.shape[1])](
         x.contiguous(), words, scales, second, y, n, 0, order, sched, K=k, FMT=fmt,
         G=group if fmt == W4A16 else (16 if fmt == 0 else 32), TILED=False, SLOTS=False,
         **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)}, **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
