@@ -9,7 +9,10 @@ idle gaps by the innermost phase active on the host at the gap (`(none)`: betwee
 generate loop itself). A gap inside a phase that waits on the device (a read-back) cannot happen: the device
 is busy then; gaps are host work that the device waited for. CPU and device times in a Kineto trace share one
 clock, so a gap's host phase is read at its midpoint. Device time is also split by the host phase that
-launched it (the runtime call's correlation id: drafter vs verify work) and by kernel name.
+launched it (the runtime call's correlation id: drafter vs verify work) and by kernel name, plainly and exclusive
+of the time a kernel overlaps device work that started before it (under programmatic dependent launch a kernel
+starts early and waits: its plain time counts the wait). Where the steps replay CUDA graphs, the window starts at
+the step of the first replay, so an eager prefill before it does not land in the per-step figures.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import torch
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 STEP_PHASE = "engine.step"
+REPLAY_PHASE = "execute.replay"
 TOP_KERNELS = 25
 KERNEL_NAME_CHARS = 90
 
@@ -42,7 +46,7 @@ def _targets():
     return [(EngineCore, "step", STEP_PHASE), (EngineCore, "_schedule", "schedule"),
             (SpeculativeDecoder, "lookahead", "propose"), (DrafterKVCache, "flush", "drafter.flush"),
             (DrafterGraphs, "run", "drafter.graph"), (DFlashProposer, "draft_logits", "drafter.logits"),
-            (Worker, "execute", "execute"), (DecodeGraphs, "replay_step", "execute.replay"),
+            (Worker, "execute", "execute"), (DecodeGraphs, "replay_step", REPLAY_PHASE),
             (EngineCore, "_verify", "verify"), (EngineCore, "postprocess", "postprocess"),
             (SpeculativeDecoder, "step_done", "gate"), (DFlashProposer, "record_features", "drafter.record"),
             (MTPProposer, "record_features", "drafter.record"), (MTPProposer, "_draft", "drafter.mtp"),
@@ -83,9 +87,14 @@ def summarize(trace_path: Path, min_gap_us: float = 2.0) -> dict:
     """Wall, device-busy and idle-by-host-phase times (microseconds) over the trace's engine steps."""
     events = json.loads(Path(trace_path).read_text())["traceEvents"]
     phases = [e for e in events if e.get("cat") == "user_annotation" and e.get("ph") == "X"]
-    steps = [e for e in phases if e["name"] == STEP_PHASE]
+    steps = sorted((e for e in phases if e["name"] == STEP_PHASE), key=lambda e: e["ts"])
     if not steps:
         raise ValueError(f"{trace_path} holds no {STEP_PHASE!r} ranges: profile inside phase_marks()")
+    all_steps = len(steps)
+    replays = [e["ts"] for e in phases if e["name"] == REPLAY_PHASE]
+    if replays:  # from the step of the first graph replay: the eager prefill before it is another kind of step
+        first = min(replays)
+        steps = [e for e in steps if e["ts"] + e["dur"] >= first]
     t0 = min(e["ts"] for e in steps)
     t1 = max(e["ts"] + e["dur"] for e in steps)
     device = _union([(e["ts"], e["ts"] + e["dur"]) for e in events
@@ -111,9 +120,11 @@ def summarize(trace_path: Path, min_gap_us: float = 2.0) -> dict:
     host_by_phase: dict[str, float] = defaultdict(float)
     for e in phases:
         host_by_phase[e["name"]] += e["dur"]
-    by_launch, by_kernel = _device_time_by_launch(events, phases, starts, t0, t1)
+    by_launch, by_kernel, exclusive = _device_time_by_launch(events, phases, starts, t0, t1)
     n = len(steps)
-    return {"steps": n, "wall_us": round(t1 - t0, 1), "device_busy_us": round(busy, 1),
+    window = ("from the step of the first CUDA graph replay (steps before it, the prefill's, left out: "
+              f"{all_steps - n})" if replays else "every engine step")
+    return {"steps": n, "window": window, "wall_us": round(t1 - t0, 1), "device_busy_us": round(busy, 1),
             "wall_per_step_us": round((t1 - t0) / n, 1), "device_busy_per_step_us": round(busy / n, 1),
             "idle_per_step_us_by_host_phase": {k: round(v / n, 1) for k, v in
                                                sorted(idle_by_phase.items(), key=lambda kv: -kv[1])},
@@ -122,7 +133,12 @@ def summarize(trace_path: Path, min_gap_us: float = 2.0) -> dict:
             "device_per_step_us_by_launching_phase": {k: round(v / n, 1) for k, v in
                                                       sorted(by_launch.items(), key=lambda kv: -kv[1])},
             "device_per_step_us_top_kernels": {k: round(v / n, 1) for k, v in
-                                               sorted(by_kernel.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]}}
+                                               sorted(by_kernel.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]},
+            # each kernel's time less what overlaps kernels that started before it (a kernel launched early under
+            # programmatic dependent launch waits at its start while the one before runs): these add up to the
+            # busy time, where the plain sums above count a wait as the waiting kernel's
+            "device_exclusive_per_step_us_top_kernels": {k: round(v / n, 1) for k, v in sorted(
+                exclusive.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]}}
 
 
 def _innermost(phases: list[dict], starts: list[float], t: float) -> str:
@@ -134,20 +150,26 @@ def _innermost(phases: list[dict], starts: list[float], t: float) -> str:
 
 
 def _device_time_by_launch(events: list[dict], phases: list[dict], starts: list[float], t0: float,
-                           t1: float) -> tuple[dict[str, float], dict[str, float]]:
+                           t1: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Device time in [t0, t1] by the host phase whose runtime call (kernel launch, graph launch, copy) started
-    it, matched through the trace's correlation ids; and by kernel name (a graph's kernels by their own names)."""
+    it, matched through the trace's correlation ids; by kernel name (a graph's kernels by their own names); and by
+    kernel name exclusive of the time it overlaps device work that started before it."""
     launched_at = {e["args"]["correlation"]: e["ts"] for e in events
                    if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     by_launch: dict[str, float] = defaultdict(float)
     by_kernel: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.get("cat") not in DEVICE_CATEGORIES or e.get("ph") != "X" or not t0 <= e["ts"] < t1:
-            continue
+    exclusive: dict[str, float] = defaultdict(float)
+    covered = t0  # device work so far runs until here
+    for e in sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES and e.get("ph") == "X"
+                     and t0 <= e["ts"] < t1), key=lambda e: e["ts"]):
         at = launched_at.get(e.get("args", {}).get("correlation"))
         by_launch["(unmatched)" if at is None else _innermost(phases, starts, at)] += e["dur"]
-        by_kernel[e["name"][:KERNEL_NAME_CHARS]] += e["dur"]
-    return by_launch, by_kernel
+        name = e["name"][:KERNEL_NAME_CHARS]
+        by_kernel[name] += e["dur"]
+        end = min(e["ts"] + e["dur"], t1)
+        exclusive[name] += max(0.0, end - max(e["ts"], covered))
+        covered = max(covered, end)
+    return by_launch, by_kernel, exclusive
 
 
 def profile_steps(run, out: Path, label: str) -> dict:
