@@ -1,9 +1,9 @@
 """The routed GEMVs of packed MoE experts (engine/kernels/triton_moe_routed.py) on a CUDA GPU, over a grid of their
 tilings (RoutedTiles: rows a program, K words a load, warps, the gate's and up's rows in one tile, a token's pairs
 in one tile), at route 2's expert shapes (Qwen3.5-35B-A3B: 256 experts of 2048 x 512, top 8; NVFP4 or W4A16) and
-the token counts of its steps (1: a decode step, 5: an MTP verify step of 1 + 4, 8).
+the token counts of its steps (1: a decode step, 5: an MTP verify step of 1 + 4, 8, 40: batch 8's verify step).
 
-    python benchmarks/gpu_moe_routed.py --out results.json [--format nvfp4|w4a16] [--tokens 1,5,8] [--quick]
+    python benchmarks/gpu_moe_routed.py --out results.json [--format nvfp4|w4a16] [--tokens 1,5,8,40] [--quick]
     python benchmarks/gpu_moe_routed.py --best-env results.json [--best-tokens 1]   (the best tilings as the
         environment settings that launch them: ONECAT_MOE_ROUTED_GLU_TILES=..., ONECAT_MOE_ROUTED_DOWN_TILES=...)
 
@@ -13,7 +13,9 @@ device's copy rate measured in the same run, and whether its output equals the d
 tiling may sum a row's products in another order: the largest difference is recorded; every tiling is checked
 against the default, which tests/test_moe_gpu.py checks against the dequantized experts). The experts' words are
 random bits (every FP4 code is a number; block scales kept in a normal E4M3 range), so the bytes are real and no
-quantization runs. Timed as benchmarks/gpu_gemv.py times: each launch of a CUDA graph takes another set of expert
+quantization runs. Per token count also the layer's experts end to end, routed (the two fused kernels) against
+grouped by expert (engine/kernels/triton_moe_grouped.py, the long steps' path), with their largest difference.
+Timed as benchmarks/gpu_gemv.py times: each launch of a CUDA graph takes another set of expert
 ids, drawn at random, so the experts come from memory, not from L2.
 """
 from __future__ import annotations
@@ -102,6 +104,7 @@ def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Gen
                           "fraction_of_copy": round(moved[which] / seconds / bandwidth, 3),
                           "equal_to_default": bool(torch.equal(got, reference[which])), "max_abs_diff": diff}
         rows.append(row)
+    layer = whole_layer(x, gate_up, down, ids, weights, top_k, kr)
     ok = [r for r in rows if "us" in r["gate_up"] and "us" in r["down"]]
     best = {w: min(ok, key=lambda r: r[w]["us"])["tiles"] for w in ("gate_up", "down")} if ok else {}
     default = rows[0]
@@ -110,7 +113,40 @@ def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Gen
         f"({default['down'].get('fraction_of_copy')}); best gate_up "
         f"{min(r['gate_up']['us'] for r in ok) if ok else None} us {best.get('gate_up')}, best down "
         f"{min(r['down']['us'] for r in ok) if ok else None} us {best.get('down')}")
-    return {"distinct_experts_per_launch": distinct, "bytes_per_launch": moved, "tilings": rows, "best": best}
+    log(f"{fmt} tokens={tokens}: the layer's experts routed {layer['routed_us']} us, grouped "
+        f"{layer.get('grouped_us', layer.get('grouped_error'))}")
+    return {"distinct_experts_per_launch": distinct, "bytes_per_launch": moved, "tilings": rows, "best": best,
+            "whole_layer": layer}
+
+
+def whole_layer(x, gate_up, down, ids, weights, top_k: int, kr) -> dict:
+    """A layer's experts end to end, both ways: the two fused routed kernels (default tilings), and grouped by
+    expert (triton_moe_grouped: the packed many-row GEMM per projection, SiLU * mul and the weighted sum in torch,
+    as PackedExperts._grouped runs them); microseconds each and their largest difference."""
+    import torch.nn.functional as F
+
+    from onecat.engine.kernels import triton_moe_grouped as grouped
+
+    tokens, inter = x.shape[0], down[0].shape[2] * 8
+    fmt = {"int4": grouped.W4A16, "nvfp4": 0, "mxfp4": 1}[gate_up[3]]
+
+    def routed(s):
+        return kr.routed_down_sum(kr.routed_glu(x, *gate_up, s, top_k), *down, s, weights, top_k)
+
+    def by_expert(s):
+        order, sched = grouped.grouped_schedule(s, SHAPE["experts"])
+        h = grouped.grouped_gemm(x, *gate_up[:3], fmt, gate_up[4], order, sched, x_div=top_k)
+        g, u = h.split(inter, dim=-1)
+        y = grouped.grouped_gemm((F.silu(g) * u).contiguous(), *down[:3], fmt, down[4], order, sched, x_div=1)
+        return (y.view(tokens, top_k, -1).float() * weights.view(tokens, top_k, 1).float()).sum(1).to(x.dtype)
+
+    out = {"routed_us": round(graph_time([lambda s=s: routed(s) for s in ids]) * 1e6, 2)}
+    try:
+        out["grouped_us"] = round(graph_time([lambda s=s: by_expert(s) for s in ids]) * 1e6, 2)
+        out["max_abs_diff"] = float((by_expert(ids[0]).float() - routed(ids[0]).float()).abs().max())
+    except Exception as err:  # no SM80+, or a build failure: recorded
+        out["grouped_error"] = f"{type(err).__name__}: {str(err)[:200]}"
+    return out
 
 
 def best_env(path: str, tokens: int) -> str:
@@ -131,7 +167,7 @@ def main() -> None:
     ap.add_argument("--best-env", help="print the best tilings of this record as environment settings, then stop")
     ap.add_argument("--best-tokens", type=int, default=1)
     ap.add_argument("--format", default="nvfp4", choices=["nvfp4", "w4a16"])
-    ap.add_argument("--tokens", default="1,5,8")
+    ap.add_argument("--tokens", default="1,5,8,40")
     ap.add_argument("--quick", action="store_true", help="three tilings instead of the grid")
     args = ap.parse_args()
     if args.best_env:

@@ -47,8 +47,8 @@
 # picks arms, @N with a draft vocabulary of N ids), then the drafter tests;
 # `drafter_quant_rounds` the 8B DFlash-shaped rounds at batch 1 and 8 with the drafter fp16 and FP8;
 # `mtp_vocab_route` route 2 at batch 1 with its MTP head scoring over the whole 248K LM head and over 32K ids.
-# `moe_routed` the routed experts' GPU tests, then their tilings timed on route 2's experts at 1 and 5 tokens
-# (benchmarks/gpu_moe_routed.py, NVFP4 and W4A16); `moe_routed_route` route 2 at batch 1 with the default tilings
+# `moe_routed` the routed experts' GPU tests, then their tilings timed on route 2's experts at 1, 5 and 40 tokens,
+# and the layer's experts routed against grouped by expert (benchmarks/gpu_moe_routed.py, NVFP4 and W4A16); `moe_routed_route` route 2 at batch 1 with the default tilings
 # and with the best of that NVFP4 record at 1 token (ONECAT_MOE_ROUTED_GLU_TILES / _DOWN_TILES), default first.
 # `moe_grouped` the grouped packed experts' GPU tests, then route 2 at batch 1 with its prefill's experts in the
 # per-expert loop and grouped by expert (ONECAT_MOE_GROUPED_PREFILL 0, 1; the record's target_prefill_s).
@@ -222,9 +222,9 @@ for step in $steps; do
            done ;;
     moe_routed) gpu_tests moe_routed tests/test_moe_gpu.py -k "packed or routed"
            for fmt in nvfp4 w4a16; do
-             (cd benchmarks && timeout 250 python3 gpu_moe_routed.py --format $fmt --tokens 1,5 \
+             (cd benchmarks && timeout 250 python3 gpu_moe_routed.py --format $fmt --tokens 1,5,40 \
                --out "$out/gpu_moe_routed_$fmt.json" >"$out/moe_routed_$fmt.log" 2>&1)
-             echo "routed tilings $fmt rc=$?"; grep "tokens=" "$out/moe_routed_$fmt.log" | cut -c1-400
+             echo "routed tilings $fmt rc=$?"; grep "tokens=" "$out/moe_routed_$fmt.log" | cut -c1-300
            done ;;
     moe_routed_route) best=$(python3 benchmarks/gpu_moe_routed.py --best-env "$out/gpu_moe_routed_nvfp4.json") || {
              echo "no routed tilings record in $out: run the moe_routed step first"; continue; }
