@@ -7,9 +7,10 @@ the token counts of its steps (1: a decode step, 5: an MTP verify step of 1 + 4,
     python benchmarks/gpu_moe_routed.py --best-env results.json [--best-tokens 1]   (the best tilings as the
         environment settings that launch them: ONECAT_MOE_ROUTED_GLU_TILES=..., ONECAT_MOE_ROUTED_DOWN_TILES=...)
 
-Per tiling and token count: microseconds of routed_glu (gate/up, SiLU * mul inside) and of routed_down_sum (the
-weighted top-k sum inside), the bytes of the distinct experts each reads, the rate on them as a fraction of the
-device's copy rate measured in the same run, and whether its output equals the default tiling's bit for bit (a
+Per tiling and token count (within --budget-s; the record is written after each count): microseconds of
+routed_glu (gate/up, SiLU * mul inside) and of routed_down_sum (the weighted top-k sum inside), the bytes of the
+distinct experts each reads, the rate on them as a fraction of the device's copy rate measured in the same run, and
+whether its output equals the default tiling's bit for bit (a
 tiling may sum a row's products in another order: the largest difference is recorded; every tiling is checked
 against the default, which tests/test_moe_gpu.py checks against the dequantized experts). The experts' words are
 random bits (every FP4 code is a number; block scales kept in a normal E4M3 range), so the bytes are real and no
@@ -25,6 +26,7 @@ import datetime
 import itertools
 import json
 import platform
+import time
 
 import torch
 from gpu_decode import ceilings
@@ -37,15 +39,15 @@ ID_SETS = 16  # launches a graph replays, each with its own ids
 def stack(fmt: str, n: int, k: int, gen: torch.Generator) -> tuple:
     """(words, scales, second, format name, group) of an expert stack [E, n, k], as PackedExperts._operands gives."""
     e = SHAPE["experts"]
-    words = torch.randint(-2 ** 31, 2 ** 31, (e, n, k // 8), dtype=torch.int32, device="cuda", generator=gen)
+    words = torch.randint(-2 ** 31, 2 ** 31, (e, n, k // 8), dtype=torch.int32, device=gen.device, generator=gen)
     if fmt == "w4a16":
         group = 128
-        scale = torch.rand(e, n, k // group, device="cuda", generator=gen) * 0.01 + 0.001
+        scale = torch.rand(e, n, k // group, device=gen.device, generator=gen) * 0.01 + 0.001
         zero = torch.full_like(scale, 8.0)
         sz = torch.stack([scale, zero], dim=-1).reshape(e, n, 2 * (k // group)).half()
         return words, sz, sz, "int4", group
-    scales = torch.randint(0x30, 0x48, (e, n, k // 16), dtype=torch.uint8, device="cuda", generator=gen)
-    gscale = torch.full((e, n), 0.01, device="cuda")
+    scales = torch.randint(0x30, 0x48, (e, n, k // 16), dtype=torch.uint8, device=gen.device, generator=gen)
+    gscale = torch.full((e, n), 0.01, device=gen.device)
     return words, scales, gscale, "nvfp4", 0
 
 
@@ -68,17 +70,19 @@ def grid(quick: bool) -> list:
     return out
 
 
-def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Generator) -> dict:
+def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Generator, deadline: float) -> dict:
+    """One token count: every tiling until `deadline` (time.monotonic(); the rest are listed as not timed), then
+    the layer's experts both ways."""
     from onecat.engine.kernels import triton_moe_routed as kr
 
     h, i, top_k, e = SHAPE["hidden"], SHAPE["intermediate"], SHAPE["top_k"], SHAPE["experts"]
     gate_up, down = stack(fmt, 2 * i, h, gen), stack(fmt, h, i, gen)
     dt = torch.float16 if fmt == "w4a16" else torch.bfloat16
-    x = torch.randn(tokens, h, device="cuda", dtype=dt, generator=gen) * 0.5
-    hid = torch.randn(tokens * top_k, i, device="cuda", dtype=dt, generator=gen) * 0.5
-    ids = [torch.stack([torch.randperm(e, device="cuda", generator=gen)[:top_k] for _ in range(tokens)]).flatten()
+    x = torch.randn(tokens, h, device=gen.device, dtype=dt, generator=gen) * 0.5
+    hid = torch.randn(tokens * top_k, i, device=gen.device, dtype=dt, generator=gen) * 0.5
+    ids = [torch.stack([torch.randperm(e, device=gen.device, generator=gen)[:top_k] for _ in range(tokens)]).flatten()
            for _ in range(ID_SETS)]
-    weights = torch.softmax(torch.randn(tokens, top_k, device="cuda", generator=gen), -1).reshape(-1)
+    weights = torch.softmax(torch.randn(tokens, top_k, device=gen.device, generator=gen), -1).reshape(-1)
     distinct = sum(len(set(t.tolist())) for t in ids) / ID_SETS
     moved = {"gate_up": distinct * expert_bytes(gate_up), "down": distinct * expert_bytes(down)}
 
@@ -92,6 +96,10 @@ def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Gen
     rows, reference = [], {w: calls(tilings[0], w)[0]() for w in ("gate_up", "down")}
     for t in tilings:
         row = {"tiles": t._asdict()}
+        if rows and time.monotonic() > deadline:  # the default (first) is always timed
+            row["not_timed"] = "past the run's time budget (--budget-s)"
+            rows.append(row)
+            continue
         for which in ("gate_up", "down"):
             try:
                 got = calls(t, which)[0]()
@@ -105,14 +113,17 @@ def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Gen
                           "equal_to_default": bool(torch.equal(got, reference[which])), "max_abs_diff": diff}
         rows.append(row)
     layer = whole_layer(x, gate_up, down, ids, weights, top_k, kr)
-    ok = [r for r in rows if "us" in r["gate_up"] and "us" in r["down"]]
-    best = {w: min(ok, key=lambda r: r[w]["us"])["tiles"] for w in ("gate_up", "down")} if ok else {}
+    best, best_us = {}, {}
+    for which in ("gate_up", "down"):  # each kernel's fastest tiling among those it timed
+        timed = [r for r in rows if "us" in r.get(which, {})]
+        if timed:
+            top = min(timed, key=lambda r: r[which]["us"])
+            best[which], best_us[which] = top["tiles"], top[which]["us"]
     default = rows[0]
     log(f"{fmt} tokens={tokens}: default gate_up {default['gate_up'].get('us')} us "
         f"({default['gate_up'].get('fraction_of_copy')} of copy), down {default['down'].get('us')} us "
-        f"({default['down'].get('fraction_of_copy')}); best gate_up "
-        f"{min(r['gate_up']['us'] for r in ok) if ok else None} us {best.get('gate_up')}, best down "
-        f"{min(r['down']['us'] for r in ok) if ok else None} us {best.get('down')}")
+        f"({default['down'].get('fraction_of_copy')}); best gate_up {best_us.get('gate_up')} us {best.get('gate_up')}, "
+        f"best down {best_us.get('down')} us {best.get('down')}")
     log(f"{fmt} tokens={tokens}: the layer's experts routed {layer['routed_us']} us, grouped "
         f"{layer.get('grouped_us', layer.get('grouped_error'))}")
     return {"distinct_experts_per_launch": distinct, "bytes_per_launch": moved, "tilings": rows, "best": best,
@@ -169,6 +180,8 @@ def main() -> None:
     ap.add_argument("--format", default="nvfp4", choices=["nvfp4", "w4a16"])
     ap.add_argument("--tokens", default="1,5,8,40")
     ap.add_argument("--quick", action="store_true", help="three tilings instead of the grid")
+    ap.add_argument("--budget-s", type=float, default=200.0,
+                    help="time for the tilings of all token counts; tilings past it are recorded as not timed")
     args = ap.parse_args()
     if args.best_env:
         print(best_env(args.best_env, args.best_tokens))
@@ -185,10 +198,13 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),
            "torch": torch.__version__, "format": args.format, "shape": SHAPE, "copy_bandwidth_GBps": bandwidth / 1e9,
            "tokens": {}}
-    for tokens in [int(t) for t in args.tokens.split(",")]:
-        rec["tokens"][tokens] = bench(args.format, tokens, tilings, bandwidth, gen)
-    with open(args.out, "w") as f:
-        json.dump(rec, f, indent=1)
+    counts = [int(t) for t in args.tokens.split(",")]
+    start = time.monotonic()
+    for n, tokens in enumerate(counts):  # each token count its share of the budget; the record written after each
+        deadline = start + args.budget_s * (n + 1) / len(counts)
+        rec["tokens"][tokens] = bench(args.format, tokens, tilings, bandwidth, gen, deadline)
+        with open(args.out, "w") as f:
+            json.dump(rec, f, indent=1)
     log(f"wrote {args.out}")
 
 
