@@ -136,22 +136,16 @@ def whole_layer(x, gate_up, down, ids, weights, top_k: int, kr) -> dict:
     """A layer's experts end to end, both ways: the two fused routed kernels (default tilings), and grouped by
     expert (triton_moe_grouped: the packed many-row GEMM per projection, SiLU * mul and the weighted sum in torch,
     as PackedExperts._grouped runs them); microseconds each and their largest difference."""
-    import torch.nn.functional as F
+    from onecat.engine.kernels.triton_moe_grouped import grouped_experts
 
-    from onecat.engine.kernels import triton_moe_grouped as grouped
-
-    tokens, inter = x.shape[0], down[0].shape[2] * 8
-    fmt = {"int4": grouped.W4A16, "nvfp4": 0, "mxfp4": 1}[gate_up[3]]
+    tokens = x.shape[0]
 
     def routed(s):
         return kr.routed_down_sum(kr.routed_glu(x, *gate_up, s, top_k), *down, s, weights, top_k)
 
     def by_expert(s):
-        order, sched = grouped.grouped_schedule(s, SHAPE["experts"])
-        h = grouped.grouped_gemm(x, *gate_up[:3], fmt, gate_up[4], order, sched, x_div=top_k)
-        g, u = h.split(inter, dim=-1)
-        y = grouped.grouped_gemm((F.silu(g) * u).contiguous(), *down[:3], fmt, down[4], order, sched, x_div=1)
-        return (y.view(tokens, top_k, -1).float() * weights.view(tokens, top_k, 1).float()).sum(1).to(x.dtype)
+        return grouped_experts(x, weights.view(tokens, top_k), s.view(tokens, top_k), gate_up, down,
+                               SHAPE["experts"])
 
     out = {"routed_us": round(graph_time([lambda s=s: routed(s) for s in ids]) * 1e6, 2)}
     try:

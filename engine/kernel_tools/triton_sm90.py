@@ -58,7 +58,6 @@ def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int,
     from triton.compiler import ASTSource
 
     from onecat.engine.kernels import triton_packed_rows as kp
-    from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
     block_n, block_m, warps, stages, split = kp.config(rows, N, K, fmt)
     grouping = {}
@@ -67,10 +66,8 @@ def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int,
 
         block_n, block_m, warps, stages, split = kg.BLOCK_N, kg.BLOCK_M, kg.WARPS, 2, 1
         grouping = {"GROUPED": True, "X_DIV": 8, "SZ_PAIRS": fmt == kp.W4A16}
-    layout = SLOTS[getattr(torch, slots) if slots else torch.float16]
     constexprs = {"K": K, "FMT": fmt, "G": 128, "TILED": tiled, "SLOTS": slots is not None,
-                  **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)},
-                  **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
+                  **kp.slot_constants(getattr(torch, slots) if slots else None),
                   "BLOCK_N": block_n, "BLOCK_M": block_m, "STAGES": stages, "SPLIT": split, **grouping}
     signature = dict(_signature(fmt, act), **{name: "constexpr" for name in grouping})
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}

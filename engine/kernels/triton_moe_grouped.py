@@ -14,10 +14,10 @@ A Triton kernel module (triton_support.py's rule): imported only where grouped_m
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 
-from onecat.engine.kernels.fp4_slot_bits import SLOTS
-from onecat.engine.kernels.triton_packed_rows import W4A16, packed_rows_kernel
+from onecat.engine.kernels.triton_packed_rows import W4A16, packed_rows_kernel, slot_constants
 
 BLOCK_M = 32  # pairs a block: a 1,024-token prefill of 256 experts, top 8, gives each expert ~32
 BLOCK_N = 64
@@ -54,11 +54,24 @@ def grouped_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, sec
     _, n, kw = words.shape
     k = kw * 8
     y = torch.empty(order.numel(), n, dtype=x.dtype, device=x.device)
-    layout = SLOTS[torch.float16]  # bit places are read only with code slots (the stacks keep fp4.layout's)
     packed_rows_kernel[(triton.cdiv(n, BLOCK_N), sched.shape[1])](
         x.contiguous(), words, scales, second, y, n, 0, order, sched, K=k, FMT=fmt,
-        G=group if fmt == W4A16 else (16 if fmt == 0 else 32), TILED=False, SLOTS=False,
-        **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)}, **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
+        G=group if fmt == W4A16 else (16 if fmt == 0 else 32), TILED=False, SLOTS=False, **slot_constants(None),
         BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, STAGES=2, SPLIT=1, GROUPED=True, X_DIV=x_div, SZ_PAIRS=fmt == W4A16,
         num_warps=WARPS)
     return y
+
+
+def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: tuple, down: tuple,
+                    num_experts: int) -> torch.Tensor:
+    """A MoE layer's routed experts over x [T, H] (`experts`, `weights` [T, k]: each token's experts and router
+    weights), grouped by expert: gate/up of every pair, SiLU * mul, down of every pair, each token's pairs summed in
+    float32 in its top-k order, weighted, rounded once. gate_up / down: (words, scales, second, format name, group)
+    as PackedExperts._operands gives them."""
+    tokens, top_k = experts.shape
+    order, sched = grouped_schedule(experts.reshape(-1), num_experts)
+    fmt = {"int4": W4A16, "nvfp4": 0, "mxfp4": 1}[gate_up[3]]
+    h = grouped_gemm(x, *gate_up[:3], fmt, gate_up[4], order, sched, x_div=top_k)
+    gate, up = h.split(h.shape[-1] // 2, dim=-1)
+    y = grouped_gemm((F.silu(gate) * up).contiguous(), *down[:3], fmt, down[4], order, sched, x_div=1)
+    return (y.view(tokens, top_k, -1).float() * weights.float().view(tokens, top_k, 1)).sum(dim=1).to(x.dtype)

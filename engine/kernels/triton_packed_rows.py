@@ -177,21 +177,27 @@ def config(rows: int, n: int, k: int, fmt: int | None = None) -> tuple[int, int,
     return block_n, max(16, triton.next_power_of_2(rows)), warps, 2, split
 
 
-def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: int, group: int,
-            tiled: int, slots: torch.dtype | None, cfg: tuple[int, int, int, int, int] | None) -> torch.Tensor:
+def slot_constants(slots: torch.dtype | None) -> dict:
+    """The kernel's M0-M3 / S0-S3: where the code slots of dtype `slots` hold each code's magnitude and sign bits
+    (read only with SLOTS; any layout's values otherwise)."""
     from onecat.engine.kernels.fp4_slot_bits import SLOTS
 
+    layout = SLOTS[slots if slots is not None else torch.float16]
+    return {**{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)},
+            **{f"S{s}": layout.sign_at(s, 0) for s in range(4)}}
+
+
+def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, second: torch.Tensor, fmt: int, group: int,
+            tiled: int, slots: torch.dtype | None, cfg: tuple[int, int, int, int, int] | None) -> torch.Tensor:
     n, kw = qweight.shape
     k = kw * (4 if fmt == FP8 else 8)
     rows = x.numel() // k
     x2 = x.reshape(rows, k).contiguous()
     block_n, block_m, warps, stages, split = cfg or config(rows, n, k, fmt)
     y = torch.empty(split, rows, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
-    layout = SLOTS[slots] if slots is not None else SLOTS[torch.float16]  # bit places read only with SLOTS
     packed_rows_kernel[(-(-n // block_n), split)](
         x2, qweight, scales, second, y, n, rows, y, y,  # order_ptr, sched_ptr: read only when GROUPED
-        K=k, FMT=fmt, G=group, TILED=bool(tiled), SLOTS=slots is not None,
-        **{f"M{s}": layout.magnitude_at(s, 0) for s in range(4)}, **{f"S{s}": layout.sign_at(s, 0) for s in range(4)},
+        K=k, FMT=fmt, G=group, TILED=bool(tiled), SLOTS=slots is not None, **slot_constants(slots),
         BLOCK_N=block_n, BLOCK_M=block_m, STAGES=stages, SPLIT=split, num_warps=warps)
     out = y[0] if split == 1 else y.sum(0).to(x.dtype)  # partials added in split order, rounded once
     return out.view(*x.shape[:-1], n)

@@ -77,6 +77,11 @@ def packed_rows_take(x: torch.Tensor, in_features: int, rows: int, words_format:
     if not (x.is_cuda and PACKED_ROWS[0] <= rows <= packed_rows_up_to(words_format) and in_features % 128 == 0
             and x.dtype in (torch.float16, torch.bfloat16)):
         return False
+    return _packed_rows_gpu(x)
+
+
+def _packed_rows_gpu(x: torch.Tensor) -> bool:
+    """x's GPU can run the packed many-row GEMM's tiles: SM80+ and Triton usable."""
     from onecat.engine.kernels.device import capability
 
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
@@ -89,7 +94,4 @@ def grouped_moe_take(x: torch.Tensor, widths: tuple[int, ...]) -> bool:
     GPU and Triton usable."""
     if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and all(k % 128 == 0 for k in widths)):
         return False
-    from onecat.engine.kernels.device import capability
-
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return capability(index) >= PACKED_ROWS_MIN_CAPABILITY and triton_unavailable_reason() is None
+    return _packed_rows_gpu(x)

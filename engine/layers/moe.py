@@ -218,20 +218,11 @@ class PackedExperts(nn.Module):
         return out.to(x.dtype)
 
     def _grouped(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        """A long step's pairs grouped by expert on the device (triton_moe_grouped.py): gate/up of every pair, SiLU *
-        mul, down of every pair, each token's pairs summed in float32 in its top-k order, weighted, rounded once."""
-        from onecat.engine.kernels import triton_moe_grouped as grouped
+        """A long step's pairs grouped by expert on the device (triton_moe_grouped.grouped_experts)."""
+        from onecat.engine.kernels.triton_moe_grouped import grouped_experts
 
-        tokens, top_k = experts.shape
-        order, sched = grouped.grouped_schedule(experts.reshape(-1), self.num_experts)
-        fmt = {"int4": grouped.W4A16, **self.FP4_FORMATS}[self.routed]
-        words, scales, second, _, group = self._operands("gate_up")
-        h = grouped.grouped_gemm(x, words, scales, second, fmt, group, order, sched, x_div=top_k)
-        gate, up = h.split(self.intermediate, dim=-1)
-        words, scales, second, _, group = self._operands("down")
-        y = grouped.grouped_gemm((pointwise(F.silu, gate) * up).contiguous(), words, scales, second, fmt, group,
-                                 order, sched, x_div=1)
-        return (y.view(tokens, top_k, -1).float() * weights.float().unsqueeze(-1)).sum(dim=1).to(x.dtype)
+        return grouped_experts(x, weights, experts, self._operands("gate_up"), self._operands("down"),
+                               self.num_experts)
 
     def _operands(self, name: str) -> tuple:
         """(words, scales, second, format, group) of projection `name`'s stack, as triton_moe_routed takes them."""
