@@ -10,9 +10,10 @@ the token counts of its steps (1: a decode step, 5: an MTP verify step of 1 + 4,
 Per tiling and token count (within --budget-s; the record is written after each count): microseconds of
 routed_glu (gate/up, SiLU * mul inside) and of routed_down_sum (the weighted top-k sum inside), the bytes of the
 distinct experts each reads, the rate on them as a fraction of the device's copy rate measured in the same run, and
-whether its output equals the default tiling's bit for bit (a
-tiling may sum a row's products in another order: the largest difference is recorded; every tiling is checked
-against the default, which tests/test_moe_gpu.py checks against the dequantized experts). The experts' words are
+whether its output equals the reference tiling's (DEFAULT_TILES; `equal_to_default`) bit for bit (a tiling may sum a
+row's products in another order: the largest difference is recorded; every tiling is checked against the
+reference, which tests/test_moe_gpu.py checks against the dequantized experts), and the times of the tilings the
+engine launches for the format (`in_use`). The experts' words are
 random bits (every FP4 code is a number; block scales kept in a normal E4M3 range), so the bytes are real and no
 quantization runs. Per token count also the layer's experts end to end, routed (the two fused kernels) against
 grouped by expert (engine/kernels/triton_moe_grouped.py, the long steps' path), with their largest difference.
@@ -32,6 +33,7 @@ import torch
 from gpu_decode import ceilings
 from gpu_gemv import graph_time, log
 
+FORMAT_NAMES = {"nvfp4": "nvfp4", "w4a16": "int4"}  # --format -> the words' format name (triton_moe_routed.FORMATS)
 SHAPE = {"experts": 256, "top_k": 8, "hidden": 2048, "intermediate": 512}  # Qwen3.5-35B-A3B (random_models.py)
 ID_SETS = 16  # launches a graph replays, each with its own ids
 
@@ -56,20 +58,23 @@ def expert_bytes(ops: tuple) -> int:
     return sum(t[0].numel() * t.element_size() for t in {id(t): t for t in ops[:3]}.values())
 
 
-def grid(quick: bool) -> list:
-    from onecat.engine.kernels.triton_moe_routed import DEFAULT_TILES, RoutedTiles  # the first: the reference
+def grid(quick: bool, fmt: str) -> list:
+    """The reference tiling first, then the ones the engine launches for `fmt` (always timed), then the rest."""
+    from onecat.engine.kernels.triton_moe_routed import DEFAULT_TILES, FORMATS, TILES_IN_USE, RoutedTiles
 
+    in_use = [TILES_IN_USE[kernel][FORMATS[FORMAT_NAMES[fmt]]] for kernel in ("glu", "down_sum")]
+    first = list(dict.fromkeys([DEFAULT_TILES, *in_use]))
     if quick:
-        return [DEFAULT_TILES, RoutedTiles(glu_together=True, pairs=2), RoutedTiles(max_words=128, warps=4)]
-    out = [DEFAULT_TILES]
+        return first + [RoutedTiles(glu_together=True, pairs=2), RoutedTiles(max_words=128, warps=4)]
+    out = []
     for block_n, words, warps, together, pairs in itertools.product((8, 16, 32), (32, 64, 128, 256), (1, 2, 4, 8),
                                                                     (False, True), (1, 2, 4)):
         t = RoutedTiles(block_n, words, warps, together, pairs)
-        if t != DEFAULT_TILES and block_n * words // (32 * warps) in (4, 8, 16, 32):  # words a thread holds a load
+        if t not in first and block_n * words // (32 * warps) in (4, 8, 16, 32):  # words a thread holds a load
             out.append(t)
-    # the default first; then those with both ways to more loads in flight, then one of them (a budget may end the
-    # grid early: the likeliest go first)
-    return out[:1] + sorted(out[1:], key=lambda t: -(t.glu_together + (t.pairs > 1)))
+    # then those with both ways to more loads in flight, then one of them (a budget may end the grid early: the
+    # likeliest go first)
+    return first + sorted(out, key=lambda t: -(t.glu_together + (t.pairs > 1)))
 
 
 def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Generator, deadline: float) -> dict:
@@ -122,20 +127,33 @@ def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Gen
             top = min(timed, key=lambda r: r[which]["us"])
             best[which], best_us[which] = top["tiles"], top[which]["us"]
     default = rows[0]
-    log(f"{fmt} tokens={tokens}: default gate_up {default['gate_up'].get('us')} us "
+    in_use = {which: rows[in_use_index(tilings, kernel, fmt)].get(which, {})  # rows follow `tilings`
+              for kernel, which in (("glu", "gate_up"), ("down_sum", "down"))}
+    log(f"{fmt} tokens={tokens}: reference gate_up {default['gate_up'].get('us')} us "
         f"({default['gate_up'].get('fraction_of_copy')} of copy), down {default['down'].get('us')} us "
-        f"({default['down'].get('fraction_of_copy')}); best gate_up {best_us.get('gate_up')} us {best.get('gate_up')}, "
+        f"({default['down'].get('fraction_of_copy')}); in use gate_up {in_use['gate_up'].get('us')} us, down "
+        f"{in_use['down'].get('us')} us; best gate_up {best_us.get('gate_up')} us {best.get('gate_up')}, "
         f"best down {best_us.get('down')} us {best.get('down')}")
-    log(f"{fmt} tokens={tokens}: the layer's experts routed {layer['routed_us']} us, grouped "
-        f"{layer.get('grouped_us', layer.get('grouped_error'))}")
+    log(f"{fmt} tokens={tokens}: the layer's experts routed {layer['routed_us']} us (graph), "
+        f"{layer['routed_eager_us']} us (eager), grouped {layer.get('grouped_eager_us', layer.get('grouped_error'))}"
+        " us (eager)")
     return {"distinct_experts_per_launch": distinct, "bytes_per_launch": moved, "tilings": rows, "best": best,
-            "whole_layer": layer}
+            "in_use": in_use, "whole_layer": layer}
+
+
+def in_use_index(tilings: list, kernel: str, fmt: str) -> int:
+    """Where the tiling the engine launches `kernel` with for `fmt` sits in `tilings`."""
+    from onecat.engine.kernels.triton_moe_routed import FORMATS, TILES_IN_USE
+
+    return tilings.index(TILES_IN_USE[kernel][FORMATS[FORMAT_NAMES[fmt]]])
 
 
 def whole_layer(x, gate_up, down, ids, weights, top_k: int, kr) -> dict:
-    """A layer's experts end to end, both ways: the two fused routed kernels (default tilings), and grouped by
-    expert (triton_moe_grouped: the packed many-row GEMM per projection, SiLU * mul and the weighted sum in torch,
-    as PackedExperts._grouped runs them); microseconds each and their largest difference."""
+    """A layer's experts end to end, both ways: the two fused routed kernels (the format's tilings in use), and
+    grouped by expert (triton_moe_grouped: the packed many-row GEMM per projection, SiLU * mul and the weighted sum in
+    torch, as PackedExperts._grouped runs them); microseconds each and their largest difference. Routed is timed
+    replayed from a CUDA graph and eagerly, grouped eagerly only: the engine takes it for prefill chunks, which run
+    eagerly (its schedule's bincount and searchsorted are not graph-safe)."""
     from onecat.engine.kernels.triton_moe_grouped import grouped_experts
 
     tokens = x.shape[0]
@@ -147,13 +165,31 @@ def whole_layer(x, gate_up, down, ids, weights, top_k: int, kr) -> dict:
         return grouped_experts(x, weights.view(tokens, top_k), s.view(tokens, top_k), gate_up, down,
                                SHAPE["experts"])
 
-    out = {"routed_us": round(graph_time([lambda s=s: routed(s) for s in ids]) * 1e6, 2)}
+    out = {"routed_us": round(graph_time([lambda s=s: routed(s) for s in ids]) * 1e6, 2),
+           "routed_eager_us": round(eager_time([lambda s=s: routed(s) for s in ids]) * 1e6, 2)}
     try:
-        out["grouped_us"] = round(graph_time([lambda s=s: by_expert(s) for s in ids]) * 1e6, 2)
+        out["grouped_eager_us"] = round(eager_time([lambda s=s: by_expert(s) for s in ids]) * 1e6, 2)
         out["max_abs_diff"] = float((by_expert(ids[0]).float() - routed(ids[0]).float()).abs().max())
     except Exception as err:  # no SM80+, or a build failure: recorded
         out["grouped_error"] = f"{type(err).__name__}: {str(err)[:200]}"
     return out
+
+
+def eager_time(calls, reps: int = 5) -> float:
+    """Median seconds per call of `calls` launched eagerly, the whole list timed between two CUDA events."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for c in calls:
+            c()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / len(calls))
+    return sorted(times)[len(times) // 2]
 
 
 def best_env(path: str, tokens: int) -> str:
@@ -188,7 +224,7 @@ def main() -> None:
         raise SystemExit("a CUDA GPU is needed: this benchmark times the routed GEMV kernels")
     bandwidth = ceilings()["copy_bandwidth_GBps"] * 1e9
     gen = torch.Generator(device="cuda").manual_seed(0)
-    tilings = grid(args.quick)
+    tilings = grid(args.quick, args.format)
     log(f"{len(tilings)} tilings, copy rate {bandwidth / 1e9:.0f} GB/s")
     rec = {"benchmark": "gpu_moe_routed", "kind": "measured", "measured_on": torch.cuda.get_device_name(),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),

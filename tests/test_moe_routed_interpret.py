@@ -134,8 +134,10 @@ for fmt in ("nvfp4", "w4a16"):
     # interpreted, a row's products and sums are in the same order whatever shares its tile: equal bit for bit
     t = kr.RoutedTiles(block_n=32, warps=4, glu_together=True)
     assert torch.equal(glu(t), h), (fmt, t)
+    assert torch.equal(glu(None), h), (fmt, "the format's default tiling")  # as PackedExperts launches it
     base, base_shared = summed(h, kr.DEFAULT_TILES), summed(h, kr.DEFAULT_TILES, shared)
     assert torch.equal(summed(h, kr.RoutedTiles(pairs=2)), base), fmt
+    assert torch.equal(summed(h, None, shared), base_shared), (fmt, "the format's default tiling")
     t = kr.RoutedTiles(block_n=8, pairs=4)
     assert torch.equal(summed(h, t, shared), base_shared), (fmt, t, "shared")
     alone = kr._launch(h[4:8].contiguous(), *down[:3], kr.FORMATS[down[3]], down[4], ids[4:8].contiguous(), top_k,
@@ -152,7 +154,7 @@ def test_routed_tilings_under_the_interpreter():
 
 
 def test_routed_tiles_from_the_environment_are_checked():
-    from onecat.engine.kernels.triton_moe_routed import DEFAULT_TILES, RoutedTiles, parse_tiles
+    from onecat.engine.kernels.triton_moe_routed import DEFAULT_KERNEL_TILES, DEFAULT_TILES, RoutedTiles, parse_tiles
 
     assert parse_tiles("block_n=32, max_words=128,warps=4,glu_together=1,pairs=2") == \
         RoutedTiles(32, 128, 4, True, 2)
@@ -163,6 +165,8 @@ def test_routed_tiles_from_the_environment_are_checked():
     env = {**os.environ, "ONECAT_MOE_ROUTED_DOWN_TILES": "block_n=8,pairs=4"}
     env.pop("ONECAT_MOE_ROUTED_GLU_TILES", None)
     read = subprocess.run([sys.executable, "-c", "from onecat.engine.kernels.triton_moe_routed import TILES_IN_USE as t; "
-                           "print(t['glu']); print(t['down_sum'])"], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert read.stdout.splitlines() == [str(DEFAULT_TILES), str(RoutedTiles(block_n=8, pairs=4))], read.stderr
+                           "print(t['glu'][0]); print(t['down_sum'][0]); print(t['down_sum'][2])"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    # the variable names one tiling for every format; the other kernel keeps its per-format defaults
+    chosen = str(RoutedTiles(block_n=8, pairs=4))
+    assert read.stdout.splitlines() == [str(DEFAULT_KERNEL_TILES["glu"][0]), chosen, chosen], read.stderr

@@ -44,9 +44,9 @@ ROUTED_SIGNATURE = {"x_ptr": "*fp16", "q_ptr": "*i32", "ids_ptr": "*i64", "w_ptr
 ROWS_SHAPE = {"W": 16, "HK": 16, "HV": 48, "DK": 128, "DV": 128}  # Qwen3.5-27B's DeltaNet, verify rows of 1 + 15
 ROWS_SIGNATURE = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "g_ptr": "*fp32", "beta_ptr": "*fp32",
                   "s_in_ptr": "*fp32", "in_idx_ptr": "*i64", "s_out_ptr": "*fp32", "out_idx_ptr": "*i64",
-                  "begin_ptr": "*i64", "end_ptr": "*i64", "o_ptr": "*fp32", "scale": "fp32", "W": "constexpr",
-                  "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr", "BK": "constexpr",
-                  "BV": "constexpr", "WRITE_O": "constexpr"}
+                  "begin_ptr": "*i64", "end_ptr": "*i64", "o_ptr": "*fp32", "pre_ptr": "*fp32", "scale": "fp32",
+                  "W": "constexpr", "HK": "constexpr", "HV": "constexpr", "DK": "constexpr", "DV": "constexpr",
+                  "BK": "constexpr", "BV": "constexpr", "WRITE_O": "constexpr", "KEEP_PRE": "constexpr"}
 STEP_SHAPE = {"HK": 16, "HV": 48, "DK": 128, "DV": 128, "TAPS": 4}  # Qwen3.5-27B's DeltaNet
 STEP_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "gates_ptr": "*fp16", "gates_stride": "i32",
                   "conv_ptr": "*fp16", "conv_w_ptr": "*fp16", "ssm_ptr": "*fp32", "slots_ptr": "*i64",
@@ -158,8 +158,8 @@ def _routed_ptx(fmt: str, down: bool, fused: bool = False) -> tuple[str, str, in
 
     h, i, k = ROUTED_SHAPE["hidden"], ROUTED_SHAPE["intermediate"], ROUTED_SHAPE["top_k"]
     width = i if down else h
-    t = kr.DEFAULT_KERNEL_TILES["down_sum" if down else "glu"] if fused else kr.DEFAULT_TILES  # as launched
     fmt_id = kr.W4A16 if fmt == "w4a16" else FMT_IDS[fmt]
+    t = kr.DEFAULT_KERNEL_TILES["down_sum" if down else "glu"][fmt_id] if fused else kr.DEFAULT_TILES  # as launched
     glu, summed = fused and not down, fused and down
     consts = dict(kr.launch_constants(t, fmt_id, width // 8, k, glu=glu, sum_topk=summed), TOP_K=k, PER_PAIR=down,
                   GLU=glu, SUM_TOPK=summed, SHARED=summed)
@@ -177,11 +177,12 @@ def _ordered(signature: dict, kernel) -> dict:
 
 
 def _rows_ptx() -> tuple[str, str, int]:
-    """The verify rows' gated delta rule at ROWS_SHAPE, as GatedDeltaNet launches it (outputs written)."""
+    """The verify rows' gated delta rule at ROWS_SHAPE, as a verify step launches it (outputs and the state before the
+    row written: triton_gated_delta_verify.py)."""
     from onecat.engine.kernels import triton_gated_delta_rows as kr
 
     return _compile(kr.rows_recurrence_kernel, ROWS_SIGNATURE, dict(ROWS_SHAPE, BK=ROWS_SHAPE["DK"], BV=8,
-                                                                     WRITE_O=True), 1)
+                                                                     WRITE_O=True, KEEP_PRE=True), 1)
 
 
 def _step_ptx(finish: bool, width: int) -> tuple[str, str, int]:
@@ -196,6 +197,25 @@ def _step_ptx(finish: bool, width: int) -> tuple[str, str, int]:
                         divisible=("proj_stride",))
     return _compile(ks.step_kernel, STEP_SIGNATURE, dict(consts, BV=ks.step_tile(STEP_SHAPE["DV"])), 1,
                     divisible=("proj_stride", "gates_stride"))
+
+
+VERIFY_INPUTS_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "gates_ptr": "*fp16", "gates_stride": "i32",
+                           "conv_ptr": "*fp16", "conv_w_ptr": "*fp16", "slots_ptr": "*i64", "lead_ptr": "*i64",
+                           "a_log_ptr": "*fp16", "dt_bias_ptr": "*fp16", "q_ptr": "*fp16", "k_ptr": "*fp16",
+                           "v_ptr": "*fp16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "tconv_ptr": "*fp16",
+                           "tk_ptr": "*fp16", "tv_ptr": "*fp16", "tg_ptr": "*fp32", "tbeta_ptr": "*fp32",
+                           "W": "constexpr", "TW": "constexpr", "HK": "constexpr", "HV": "constexpr", "DK": "constexpr",
+                           "DV": "constexpr", "TAPS": "constexpr", "BLOCK": "constexpr", "BH": "constexpr"}
+
+
+def _verify_inputs_ptx() -> tuple[str, str, int]:
+    """The split verify step's inputs kernel at STEP_SHAPE for rows of ROWS_SHAPE's width, as
+    triton_gated_delta_verify.split_verify launches it."""
+    from onecat.engine.kernels import triton_gated_delta_verify as kv
+
+    w = ROWS_SHAPE["W"]
+    return _compile(kv.inputs_kernel, VERIFY_INPUTS_SIGNATURE, dict(STEP_SHAPE, W=w, TW=w, BLOCK=kv.CHANNELS, BH=64),
+                    1, divisible=("proj_stride", "gates_stride"))
 
 
 def _attention_ptx(gate: bool) -> tuple[str, str, int]:
@@ -234,6 +254,8 @@ def _cases():
             what = ("finish" if finish else "step") + ("" if width == 1 else f"_verify W={width}")
             yield (f"gated_delta_{what} Hv={STEP_SHAPE['HV']} Dk=Dv={STEP_SHAPE['DK']} (Triton)",
                    f"gated_delta_{what.replace(' W=', '_w')}", lambda f=finish, w=width: _step_ptx(f, w))
+    yield (f"gated_delta_verify_inputs W={ROWS_SHAPE['W']} Hv={STEP_SHAPE['HV']} Dk=Dv={STEP_SHAPE['DK']} (Triton)",
+           "gated_delta_verify_inputs", _verify_inputs_ptx)
     for gate in (False, True):
         what = "sigmoid_gate" if gate else "qk_norm_rope_cache"
         yield (f"gated_attention_{what} H={ATTN_SHAPE['H']} D={ATTN_SHAPE['D']} (Triton)", f"gated_attention_{what}",

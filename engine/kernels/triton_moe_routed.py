@@ -16,10 +16,11 @@ PackedExperts takes them unless ONECAT_MOE_FUSED_ROUTED=0 (route 2 on an H100: 1
 benchmarks/results/moe_fused_routed_h100.json).
 How a kernel splits its work is a RoutedTiles: rows a program, K words a load, warps, and two ways to put more loads
 in flight at once (the gate's and the up's rows in one tile; 2 or 4 of a token's pairs in one tile of the weighted
-sum, still added in top-k order). At route 2's shapes the default tiling reads its experts at ~0.3 of the copy rate
-(its step at 0.23 of the limit): few programs, each waiting on small loads. benchmarks/gpu_moe_routed.py times a grid
-of tilings; ONECAT_MOE_ROUTED_GLU_TILES / ONECAT_MOE_ROUTED_DOWN_TILES launch the fused kernels with another for a
-route's A/B. A tiling is fixed per weight shape, so a pair's result never depends on the step it is in.
+sum, still added in top-k order). At route 2's shapes the reference tiling (DEFAULT_TILES) read its experts at
+~0.1-0.3 of the copy rate at 1 token: few programs, each waiting on small loads. benchmarks/gpu_moe_routed.py times a
+grid of tilings, from which each fused kernel's tiling per format was chosen (DEFAULT_KERNEL_TILES);
+ONECAT_MOE_ROUTED_GLU_TILES / ONECAT_MOE_ROUTED_DOWN_TILES launch the fused kernels with another for a route's A/B.
+A tiling is fixed per kernel and format, never per step, so a pair's result never depends on the step it is in.
 """
 from __future__ import annotations
 
@@ -50,9 +51,19 @@ class RoutedTiles(NamedTuple):
     pairs: int = 1  # the weighted down sum: 1, 2 or 4 of a token's pairs in one tile (their loads in flight at once)
 
 
-DEFAULT_TILES = RoutedTiles()
-# per fused kernel (routed_glu, routed_down_sum): the tiling it launches with unless its TILES_ENV names another
-DEFAULT_KERNEL_TILES = {"glu": DEFAULT_TILES, "down_sum": DEFAULT_TILES}
+DEFAULT_TILES = RoutedTiles()  # the separate per-pair GEMVs' tiling, and the reference the tiling sweep compares with
+# per fused kernel (routed_glu, routed_down_sum) and format (FMT): the tiling it launches with unless its TILES_ENV
+# names another. Chosen on an H100 from route 2's experts (benchmarks/results/gpu_moe_routed_{nvfp4,w4a16}_h100.json):
+# the fastest at 1 token among the tilings no more than 3% slower than DEFAULT_TILES at 5 and 40 tokens (a verify
+# step's and batch 8's). NVFP4 gate/up 14.2 -> 11.4 us at 1 token (0.91x / 0.94x of the reference's time at 5 / 40),
+# down 13.3 -> 11.2 us (0.92x / 0.94x); W4A16 gate/up 9.7 -> 6.8 us (0.88x / 1.03x); W4A16's down keeps the reference
+# (every faster one at 1 token was 9-58% slower at 5 or 40). MXFP4 (not timed) takes NVFP4's: the same decode but
+# for the scales' block.
+GLU_TILES = RoutedTiles(block_n=8, max_words=128, warps=2, glu_together=True)  # both formats' fastest so chosen
+FP4_DOWN_TILES = RoutedTiles(block_n=8, max_words=128, warps=1, pairs=2)
+DEFAULT_KERNEL_TILES = {"glu": dict.fromkeys(FORMATS.values(), GLU_TILES),
+                        "down_sum": {FORMATS["nvfp4"]: FP4_DOWN_TILES, FORMATS["mxfp4"]: FP4_DOWN_TILES,
+                                     W4A16: DEFAULT_TILES}}
 
 
 def parse_tiles(text: str, env: str = "ONECAT_MOE_ROUTED_*_TILES") -> RoutedTiles:
@@ -72,12 +83,15 @@ def parse_tiles(text: str, env: str = "ONECAT_MOE_ROUTED_*_TILES") -> RoutedTile
     return t
 
 
-def _tiles_from_env(kernel: str) -> RoutedTiles:
+def _tiles_from_env(kernel: str) -> dict[int, RoutedTiles]:
+    """Per format, the kernel's tiling: its TILES_ENV's for every format where set, else DEFAULT_KERNEL_TILES'."""
     text = os.environ.get(TILES_ENV[kernel], "").strip()
-    return parse_tiles(text, TILES_ENV[kernel]) if text else DEFAULT_KERNEL_TILES[kernel]
+    if not text:
+        return dict(DEFAULT_KERNEL_TILES[kernel])
+    return dict.fromkeys(DEFAULT_KERNEL_TILES[kernel], parse_tiles(text, TILES_ENV[kernel]))
 
 
-TILES_IN_USE = {kernel: _tiles_from_env(kernel) for kernel in TILES_ENV}  # read once, at import
+TILES_IN_USE = {kernel: _tiles_from_env(kernel) for kernel in TILES_ENV}  # kernel -> FMT -> tiling; read at import
 
 
 @triton.jit
@@ -255,14 +269,15 @@ def _launch(x, qweight, scales, second, fmt: int, group: int, ids, top_k: int, *
             weights: torch.Tensor | None = None, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
             tiles: RoutedTiles | None = None):
     """routed_gemv_kernel over every pair (or, with `weights`, every token's pairs summed), tiled by `tiles`
-    (default: the fused kernels' TILES_IN_USE; the separate per-pair GEMVs DEFAULT_TILES)."""
+    (default: the fused kernels' TILES_IN_USE for the format; the separate per-pair GEMVs DEFAULT_TILES)."""
     experts, n, kw = qweight.shape
     pairs = ids.numel()
     n_out = n // 2 if glu else n
     programs = pairs // top_k if weights is not None else pairs
     y = torch.empty(programs, n_out, dtype=x.dtype, device=x.device)
     sg, sh = (shared[0].contiguous(), shared[1].contiguous()) if shared is not None else (ids, ids)
-    t = tiles or (TILES_IN_USE["glu"] if glu else TILES_IN_USE["down_sum"] if weights is not None else DEFAULT_TILES)
+    t = tiles or (TILES_IN_USE["glu"][fmt] if glu else TILES_IN_USE["down_sum"][fmt] if weights is not None
+                  else DEFAULT_TILES)
     routed_gemv_kernel[(triton.cdiv(n_out, t.block_n), programs)](
         x, qweight, scales, second, ids, ids if weights is None else weights, sh, sg, y, n_out, MAGIC, TOP_K=top_k,
         PER_PAIR=per_pair, **launch_constants(t, fmt, kw, top_k, glu, sum_topk=weights is not None), G=group, GLU=glu,
