@@ -1,7 +1,8 @@
 """A Gated DeltaNet layer's decode and verify steps between its projections on a CUDA GPU: the torch path (the
 gates, convolution and gated norm as torch ops around flash-linear-attention's recurrent kernel, or the verify
-rows' kernel, or the torch reference where fla is missing) against the two fused kernels
-(engine/kernels/triton_gated_delta_step.py).
+rows' kernel, or the torch reference where fla is missing) against the fused kernels
+(engine/kernels/triton_gated_delta_step.py; a verify step also split into triton_gated_delta_verify.py's three
+kernels, "fused (split verify)").
 
     python benchmarks/gpu_gdn_step.py --out results.json [--rows 1,8] [--width 16] [--layers 48]
 
@@ -99,16 +100,24 @@ def bench(rows: int, width: int, layers: int, dtype, rate: float) -> dict:
         + projected.numel() * projected.element_size() + rows * width * layer.value_size * projected.element_size()
     result = {"rows": rows, "width": width, "relative_error_fused_vs_torch": err, "bytes_per_layer": moved,
               "copy_rate_us_per_layer": round(moved / rate * 1e6, 2), "paths": {}}
-    for fused in (False, True):
+    from onecat.engine.kernels import triton_gated_delta_step as step_kernels
+
+    arms = [(f"torch ({'verify rows' if width > 1 else layer.path})", False, False), ("fused", True, False)]
+    if width > 1:  # the verify step both ways: `step` walking the rows, and three kernels (ONECAT_GDN_SPLIT_VERIFY)
+        arms += [("fused (split verify)", True, True)]
+    default = step_kernels.SPLIT_VERIFY
+    for name, fused, split in arms:
+        step_kernels.SPLIT_VERIFY = split
+
         def one(i, f=fused):
             layer.state_index = i
             between_projections(layer, plan, projected, f)
         layer.state_index = 0
         count = kernels_per_call(lambda f=fused: between_projections(layer, plan, projected, f))
-        name = "fused" if fused else f"torch ({'verify rows' if width > 1 else layer.path})"
         us = graph_time([lambda i=i: one(i) for i in range(layers)]) * 1e6
         result["paths"][name] = {"us_per_layer": round(us, 2), "kernels_per_layer": count}
         log(f"rows {rows} x width {width}: {name}: {us:.2f} us a layer, {count} kernels")
+    step_kernels.SPLIT_VERIFY = default
     return result
 
 

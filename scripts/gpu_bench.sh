@@ -52,12 +52,15 @@
 # and with the best of that NVFP4 record at 1 token (ONECAT_MOE_ROUTED_GLU_TILES / _DOWN_TILES), default first.
 # `moe_grouped` the grouped packed experts' GPU tests, then route 2 at batch 1 with its prefill's experts in the
 # per-expert loop and grouped by expert (ONECAT_MOE_GROUPED_PREFILL 0, 1; the record's target_prefill_s).
+# `gdn_split` the split DeltaNet verify step's GPU tests, its timing against the step kernel walking the rows
+# (benchmarks/gpu_gdn_step.py, rows 1 and 8 of 8 and 16 tokens), then route 1 at batch 1 with it off and on
+# (ONECAT_GDN_SPLIT_VERIFY 0, 1).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
-#                                moe_routed|moe_routed_route|moe_grouped]...
+#                                moe_routed|moe_routed_route|moe_grouped|gdn_split]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -240,6 +243,16 @@ for step in $steps; do
                --routes seed_moe_route_h200 --batch-sizes 1 --repeats 1 --out "$out/seed_moe_route_b1_grouped_$f.json" \
                >"$out/moe_route_b1_grouped_$f.log" 2>&1
              echo "route 2 batch 1 grouped prefill=$f rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_grouped_$f.log"
+           done ;;
+    gdn_split) gpu_tests gdn_split tests/test_gated_delta_step_gpu.py -k "split or route_widths"
+           for w in 8 16; do
+             (cd benchmarks && timeout 150 python3 gpu_gdn_step.py --rows 1,8 --width $w --out "$out/gdn_split_w$w.json" \
+               >"$out/gdn_split_w$w.log" 2>&1); echo "DeltaNet verify width $w rc=$?"; grep "a layer" "$out/gdn_split_w$w.log"
+           done
+           for f in 0 1; do
+             ONECAT_GDN_SPLIT_VERIFY=$f timeout 200 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+               --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_gdn_split_$f.json" >"$out/route_b1_gdn_split_$f.log" 2>&1
+             echo "route 1 batch 1 split verify=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_gdn_split_$f.log"
            done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;

@@ -22,14 +22,8 @@ def _triton():
         pytest.skip(reason)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("width", [1, 16])
-@pytest.mark.parametrize("apart", [False, True])
-def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, width, apart):
-    """A decode step (width 1) or a verify step of rows of 16 tokens (padded rows: leads 0, 5, 12); `apart`:
-    in_proj stored in two parts (q|k|v|z, b|a), whose outputs the fused step reads where they lie."""
-    _triton()
+def _layer_and_caches(dtype, count: int = 2):
+    """A DeltaNet layer at the route widths (random weights) and `count` caches holding the same random state."""
     from onecat.engine.cache.recurrent_state import RecurrentStateCache
     from onecat.engine.config import ModelConfig
     from onecat.engine.layers.gated_deltanet import GatedDeltaNet, delta_rows, linear_attention_sizes
@@ -47,11 +41,48 @@ def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, widt
     layer.use_fla = False
     s = linear_attention_sizes(cfg)
     caches = [RecurrentStateCache(1, 4, s["conv_dim"], s["conv_kernel"], HV, D, D, dtype, torch.device("cuda"),
-                                  k_heads=HK, recurrence=delta_rows) for _ in range(2)]
+                                  k_heads=HK, recurrence=delta_rows) for _ in range(count)]
     conv, ssm = torch.randn_like(caches[0].conv), torch.randn_like(caches[0].ssm) * 0.1
     for c in caches:
         c.conv.copy_(conv)
         c.ssm.copy_(ssm)
+    return cfg, layer, caches
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [4, 16])
+def test_split_verify_gives_the_step_kernels_bits(dtype, width, monkeypatch):
+    """The verify step in three kernels (triton_gated_delta_verify.py, ONECAT_GDN_SPLIT_VERIFY=1) against `step`
+    walking the rows on the same inputs and cache: out_proj's input, the states and convolution inputs
+    left in the slots and every trail buffer, bit for bit (the same arithmetic; a verify row's own tokens keep the
+    decode steps' bits either way)."""
+    _triton()
+    from onecat.engine.kernels import triton_gated_delta_step as step_kernels
+
+    cfg, layer, caches = _layer_and_caches(dtype)
+    slots, lead = torch.tensor([2, 0, 3], device="cuda"), torch.tensor([0, 1, width - 2], device="cuda")
+    x = torch.randn(3 * width, cfg.hidden_size, device="cuda", dtype=dtype)
+    outs = []
+    with torch.no_grad():
+        for split, cache in zip((True, False), caches):
+            monkeypatch.setattr(step_kernels, "SPLIT_VERIFY", split)
+            outs.append(layer.fused_step(layer.in_proj(x), cache.verify_plan(slots, lead, width)))
+    assert torch.equal(outs[0], outs[1]), float((outs[0].float() - outs[1].float()).abs().max())
+    assert torch.equal(caches[0].ssm, caches[1].ssm) and torch.equal(caches[0].conv, caches[1].conv)
+    for name in ("pre_ssm", "conv", "k", "v", "g", "beta"):
+        a, b = getattr(caches[0].verify_trails, name)[0, slots], getattr(caches[1].verify_trails, name)[0, slots]
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("width", [1, 16])
+@pytest.mark.parametrize("apart", [False, True])
+def test_fused_step_matches_the_torch_path_at_the_route_widths(dtype, rows, width, apart):
+    """A decode step (width 1) or a verify step of rows of 16 tokens (padded rows: leads 0, 5, 12); `apart`:
+    in_proj stored in two parts (q|k|v|z, b|a), whose outputs the fused step reads where they lie."""
+    _triton()
+    cfg, layer, caches = _layer_and_caches(dtype)
     slots = torch.tensor([2, 0, 3][:rows], device="cuda")
     lead = torch.tensor([0, 5, 12][:rows], device="cuda")
     plans = [c.decode_plan(slots) if width == 1 else c.verify_plan(slots, lead, width) for c in caches]

@@ -1,5 +1,6 @@
 """The fused decode and verify steps of a Gated DeltaNet layer (engine/kernels/triton_gated_delta_step.py) under
-Triton's interpreter on the CPU, against the layer's torch path on the same inputs and cache: out_proj's input,
+Triton's interpreter on the CPU (the verify step both ways: triton_gated_delta_verify.py's three kernels and the
+step kernel walking the rows), against the layer's torch path on the same inputs and cache: out_proj's input,
 the convolution inputs and delta-rule states left in the rows' slots (other slots and layers untouched) and a
 verify step's trail buffers (also buffers wider than the rows: a narrower verify graph's); the same bits with
 in_proj's b|a columns handed over apart (a projection stored in two parts); and, in float16, a fused verify row's own tokens against fused decode steps of them.
@@ -164,6 +165,19 @@ def test_fused_decode_step_matches_the_torch_path_under_the_interpreter():
     run_interpreted(DECODE, timeout=600)
 
 
-def test_fused_verify_rows_match_the_torch_path_and_fused_decode_steps_under_the_interpreter():
+SPLIT = r"""
+from onecat.engine.kernels import triton_gated_delta_step as step_kernels
+from onecat.engine.kernels import triton_gated_delta_verify as verify_kernels
+step_kernels.SPLIT_VERIFY = {split}
+calls, split_verify = [], verify_kernels.split_verify
+verify_kernels.split_verify = lambda *a, **k: calls.append(1) or split_verify(*a, **k)
+"""
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split kernels", "step kernel"])
+def test_fused_verify_rows_match_the_torch_path_and_fused_decode_steps_under_the_interpreter(split):
+    """Both verify paths: `step` walking the rows (the default) and the three kernels of
+    triton_gated_delta_verify.py (ONECAT_GDN_SPLIT_VERIFY=1); each must be the one that ran."""
     pytest.importorskip("triton")
-    run_interpreted(VERIFY, timeout=600)
+    script = VERIFY.replace('print("ok")', f"assert bool(calls) == {split}, calls\nprint(\"ok\")")
+    run_interpreted(SPLIT.format(split=split) + script, timeout=600)

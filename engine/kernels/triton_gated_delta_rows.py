@@ -18,9 +18,9 @@ import triton.language as tl
 
 @triton.jit
 def rows_recurrence_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_in_ptr, in_idx_ptr, s_out_ptr, out_idx_ptr,
-                           begin_ptr, end_ptr, o_ptr, scale, W: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
-                           DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           WRITE_O: tl.constexpr):
+                           begin_ptr, end_ptr, o_ptr, pre_ptr, scale, W: tl.constexpr, HK: tl.constexpr,
+                           HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                           WRITE_O: tl.constexpr, KEEP_PRE: tl.constexpr = False):
     NV: tl.constexpr = (DV + BV - 1) // BV
     pid = tl.program_id(0)
     i_v, i_h, row = pid % NV, (pid // NV) % HV, pid // (NV * HV)
@@ -33,6 +33,8 @@ def rows_recurrence_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_in_ptr, in_id
     stop = tl.load(end_ptr + row)
     src = tl.load(in_idx_ptr + row).to(tl.int64)
     h = tl.load(s_in_ptr + (src * HV + i_h) * DK * DV + ck[:, None] * DV + cv[None, :], mask=tile_ok, other=0.0)
+    if KEEP_PRE:  # the state before the row, for a rollback (a verify step's trail)
+        tl.store(pre_ptr + (src * HV + i_h) * DK * DV + ck[:, None] * DV + cv[None, :], h, mask=tile_ok)
     for t in tl.static_range(W):
         tok = row.to(tl.int64) * W + t
         bq = tl.load(q_ptr + (tok * HK + i_hk) * DK + ck, mask=k_ok, other=0.0).to(tl.float32)
@@ -56,18 +58,22 @@ def rows_recurrence_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_in_ptr, in_id
 def rows_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                     states_in: torch.Tensor, in_index: torch.Tensor, states_out: torch.Tensor,
                     out_index: torch.Tensor, begin: torch.Tensor, end: torch.Tensor,
-                    with_outputs: bool = True) -> torch.Tensor | None:
+                    with_outputs: bool = True, keep_pre: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor | None:
     """q, k [R, W, Hk, Dk]; v [R, W, Hv, Dv]; g, beta [R, W, Hv] float32; states_in / states_out [S, Hv, Dk, Dv]
     float32 (contiguous; may be the same tensor), row r reading states_in[in_index[r]] and writing its state
     after its own tokens to states_out[out_index[r]]; begin, end [R]. Returns the outputs [R, W, Hv, Dv] float32
-    (None when not `with_outputs`)."""
+    (None when not `with_outputs`; written into `out` where given). `keep_pre` [S, Hv, Dk, Dv]: row r's state
+    before its tokens is also written to keep_pre[in_index[r]]."""
     rows, width, hk, dk = k.shape
     hv, dv = v.shape[-2:]
     q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    out = torch.empty(rows, width, hv, dv, dtype=torch.float32, device=v.device) if with_outputs else None
+    if with_outputs and out is None:
+        out = torch.empty(rows, width, hv, dv, dtype=torch.float32, device=v.device)
     bv = min(8, triton.next_power_of_2(dv))
     grid = (rows * hv * triton.cdiv(dv, bv),)
     rows_recurrence_kernel[grid](q, k, v, g.float(), beta.float(), states_in, in_index, states_out, out_index,
-                                 begin, end, out if with_outputs else v, dk ** -0.5, W=width, HK=hk, HV=hv, DK=dk,
-                                 DV=dv, BK=triton.next_power_of_2(dk), BV=bv, WRITE_O=with_outputs, num_warps=1)
+                                 begin, end, out if with_outputs else v, states_in if keep_pre is None else keep_pre,
+                                 dk ** -0.5, W=width, HK=hk, HV=hv, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv,
+                                 WRITE_O=with_outputs, KEEP_PRE=keep_pre is not None, num_warps=1)
     return out

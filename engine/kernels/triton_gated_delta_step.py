@@ -33,6 +33,13 @@ import torch
 import triton
 import triton.language as tl
 
+from onecat.engine.switches import switch
+
+# verify rows through triton_gated_delta_verify.py's three kernels (the state-independent work first, wide) instead
+# of `step` walking them. Checked under Triton's interpreter (the step path's bits) and built for sm_70 without
+# spills, not yet run on a GPU: off unless ONECAT_GDN_SPLIT_VERIFY=1. Read once; tests set it.
+SPLIT_VERIFY = switch("ONECAT_GDN_SPLIT_VERIFY", False)
+
 
 @triton.jit
 def _rounded(x, dtype: tl.constexpr):
@@ -76,6 +83,18 @@ def _keep_inputs(proj, conv, tconv, c, ok, lead, proj_stride, W: tl.constexpr, T
 
 
 @triton.jit
+def _gates(b, a, neg_a, dt_bias, dt: tl.constexpr):
+    """(g, beta) of a token's b and a gate inputs: beta = sigmoid(b) in the model dtype `dt`; g = -exp(A_log) *
+    softplus(a + dt_bias) in float32 (neg_a = -exp(A_log), dt_bias in float32)."""
+    b = b.to(dt).to(tl.float32)
+    beta = _rounded(1.0 / (1.0 + tl.exp(-b)), dt)
+    a = a.to(dt).to(tl.float32) + dt_bias
+    e = tl.exp(tl.minimum(a, 20.0))
+    u = 1.0 + e  # log1p(e) without losing a small e: log(u) * e / (u - 1)
+    return neg_a * tl.where(a > 20.0, a, tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0))), beta
+
+
+@triton.jit
 def step_kernel(proj_ptr, proj_stride, gates_ptr, gates_stride, conv_ptr, conv_w_ptr, ssm_ptr, slots_ptr, lead_ptr,
                 a_log_ptr, dt_bias_ptr, o_ptr, scale, pre_ptr, tconv_ptr, tk_ptr, tv_ptr, tg_ptr, tbeta_ptr,
                 W: tl.constexpr, TW: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
@@ -115,13 +134,8 @@ def step_kernel(proj_ptr, proj_stride, gates_ptr, gates_stride, conv_ptr, conv_w
         q = _conv_silu(proj, conv, conv_w_ptr, c_q, k_ok, t, lead, proj_stride, BK, TAPS)
         k = _conv_silu(proj, conv, conv_w_ptr, c_k, k_ok, t, lead, proj_stride, BK, TAPS)
         v = _conv_silu(proj, conv, conv_w_ptr, c_v, v_ok, t, lead, proj_stride, BV, TAPS)
-        # the gates: beta = sigmoid(b) in the model dtype; g = -exp(A_log) * softplus(a + dt_bias) in float32
-        b = tl.load(gates + t * gates_stride + i_h).to(proj_ptr.dtype.element_ty).to(tl.float32)
-        beta = _rounded(1.0 / (1.0 + tl.exp(-b)), proj_ptr.dtype.element_ty)
-        a = tl.load(gates + t * gates_stride + HV + i_h).to(proj_ptr.dtype.element_ty).to(tl.float32) + dt_bias
-        e = tl.exp(tl.minimum(a, 20.0))
-        u = 1.0 + e  # log1p(e) without losing a small e: log(u) * e / (u - 1)
-        g = neg_a * tl.where(a > 20.0, a, tl.where(u == 1.0, e, tl.log(u) * e / (u - 1.0)))
+        g, beta = _gates(tl.load(gates + t * gates_stride + i_h), tl.load(gates + t * gates_stride + HV + i_h), neg_a,
+                         dt_bias, proj_ptr.dtype.element_ty)
         if TRAILS:
             at = slot * TW + t
             tl.store(tk_ptr + (at * HK + i_hk) * DK + ck, k, mask=k_ok & first_of_key)
@@ -230,6 +244,11 @@ def fused_step(proj: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.
     if proj.stride(1) != 1 or gates.stride(1) != 1 or tokens % width or not all(t.is_contiguous() for t in tensors):
         raise ValueError("the projection's columns, the state, weight and trail tensors must be contiguous, and "
                          "the projection's rows whole rows of `width` tokens")
+    if keep and SPLIT_VERIFY:
+        from onecat.engine.kernels.triton_gated_delta_verify import split_verify
+
+        return split_verify(proj, gates, conv_state, conv_weight, ssm_state, slots, lead, a_log, dt_bias, norm_weight,
+                            eps, k_heads, v_heads, k_dim, v_dim, width, tuple(trails))
     trail_width = trails[2].shape[1] if keep else width
     pre, tconv, tk, tv, tg, tbeta = trails if keep else (ssm_state, conv_state, proj, proj, proj, proj)
     lead = lead if keep else slots
