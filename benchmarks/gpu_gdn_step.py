@@ -100,14 +100,14 @@ def bench(rows: int, width: int, layers: int, dtype, rate: float) -> dict:
         + projected.numel() * projected.element_size() + rows * width * layer.value_size * projected.element_size()
     result = {"rows": rows, "width": width, "relative_error_fused_vs_torch": err, "bytes_per_layer": moved,
               "copy_rate_us_per_layer": round(moved / rate * 1e6, 2), "paths": {}}
-    from onecat.engine.kernels import triton_gated_delta_step as step_kernels
+    from onecat.engine.kernels import triton_gated_delta_verify as split_kernels
 
     arms = [(f"torch ({'verify rows' if width > 1 else layer.path})", False, False), ("fused", True, False)]
     if width > 1:  # the verify step both ways: `step` walking the rows, and three kernels (ONECAT_GDN_SPLIT_VERIFY)
         arms += [("fused (split verify)", True, True)]
-    default = step_kernels.SPLIT_VERIFY
+    default = split_kernels.SPLIT_VERIFY
     for name, fused, split in arms:
-        step_kernels.SPLIT_VERIFY = split
+        split_kernels.SPLIT_VERIFY = split
 
         def one(i, f=fused):
             layer.state_index = i
@@ -117,7 +117,7 @@ def bench(rows: int, width: int, layers: int, dtype, rate: float) -> dict:
         us = graph_time([lambda i=i: one(i) for i in range(layers)]) * 1e6
         result["paths"][name] = {"us_per_layer": round(us, 2), "kernels_per_layer": count}
         log(f"rows {rows} x width {width}: {name}: {us:.2f} us a layer, {count} kernels")
-    step_kernels.SPLIT_VERIFY = default
+    split_kernels.SPLIT_VERIFY = default
     return result
 
 

@@ -57,7 +57,7 @@ def test_split_verify_gives_the_step_kernels_bits(dtype, width, monkeypatch):
     left in the slots and every trail buffer, bit for bit (the same arithmetic; a verify row's own tokens keep the
     decode steps' bits either way)."""
     _triton()
-    from onecat.engine.kernels import triton_gated_delta_step as step_kernels
+    from onecat.engine.kernels import triton_gated_delta_verify as split_kernels
 
     cfg, layer, caches = _layer_and_caches(dtype)
     slots, lead = torch.tensor([2, 0, 3], device="cuda"), torch.tensor([0, 1, width - 2], device="cuda")
@@ -65,7 +65,7 @@ def test_split_verify_gives_the_step_kernels_bits(dtype, width, monkeypatch):
     outs = []
     with torch.no_grad():
         for split, cache in zip((True, False), caches):
-            monkeypatch.setattr(step_kernels, "SPLIT_VERIFY", split)
+            monkeypatch.setattr(split_kernels, "SPLIT_VERIFY", split)
             outs.append(layer.fused_step(layer.in_proj(x), cache.verify_plan(slots, lead, width)))
     assert torch.equal(outs[0], outs[1]), float((outs[0].float() - outs[1].float()).abs().max())
     assert torch.equal(caches[0].ssm, caches[1].ssm) and torch.equal(caches[0].conv, caches[1].conv)

@@ -166,11 +166,10 @@ def test_fused_decode_step_matches_the_torch_path_under_the_interpreter():
 
 
 SPLIT = r"""
-from onecat.engine.kernels import triton_gated_delta_step as step_kernels
 from onecat.engine.kernels import triton_gated_delta_verify as verify_kernels
-step_kernels.SPLIT_VERIFY = {split}
-calls, split_verify = [], verify_kernels.split_verify
-verify_kernels.split_verify = lambda *a, **k: calls.append(1) or split_verify(*a, **k)
+verify_kernels.SPLIT_VERIFY = {split}
+calls, split_step = [], verify_kernels.fused_step
+verify_kernels.fused_step = lambda *a, **k: calls.append(1) or split_step(*a, **k)
 """
 
 

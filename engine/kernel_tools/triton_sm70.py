@@ -210,7 +210,7 @@ VERIFY_INPUTS_SIGNATURE = {"proj_ptr": "*fp16", "proj_stride": "i32", "gates_ptr
 
 def _verify_inputs_ptx() -> tuple[str, str, int]:
     """The split verify step's inputs kernel at STEP_SHAPE for rows of ROWS_SHAPE's width, as
-    triton_gated_delta_verify.split_verify launches it."""
+    triton_gated_delta_verify.fused_step launches it."""
     from onecat.engine.kernels import triton_gated_delta_verify as kv
 
     w = ROWS_SHAPE["W"]

@@ -33,13 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from onecat.engine.switches import switch
-
-# verify rows through triton_gated_delta_verify.py's three kernels (the state-independent work first, wide) instead
-# of `step` walking them. Checked under Triton's interpreter (the step path's bits) and built for sm_70 without
-# spills, not yet run on a GPU: off unless ONECAT_GDN_SPLIT_VERIFY=1. Read once; tests set it.
-SPLIT_VERIFY = switch("ONECAT_GDN_SPLIT_VERIFY", False)
-
 
 @triton.jit
 def _rounded(x, dtype: tl.constexpr):
@@ -217,6 +210,27 @@ def step_tile(dv: int) -> int:
     return min(8, triton.next_power_of_2(dv))
 
 
+def checked_gates(proj: torch.Tensor, gates: torch.Tensor | None, conv_state: torch.Tensor, ssm_state: torch.Tensor,
+                  conv_weight: torch.Tensor, values: int, width: int, lead: torch.Tensor | None,
+                  trails: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    """The step's b|a gate columns (`gates`, or proj's own past its first `values` columns: 2 Hk Dk + 2 Hv Dv), after
+    checking fused_step's arguments (also the split verify step's, triton_gated_delta_verify.py)."""
+    tokens, keep = proj.shape[0], trails is not None
+    if keep != (lead is not None) or (width > 1 and not keep):
+        raise ValueError("a verify step (width > 1) needs both lead and trails; a decode step neither")
+    tensors = (conv_state, ssm_state, conv_weight) + (tuple(trails) if keep else ())
+    heads = ssm_state.shape[1]
+    gates = proj[:, values:] if gates is None else gates
+    if gates.shape != (tokens, 2 * heads) or proj.shape[1] < values:
+        raise ValueError(f"the projection has {proj.shape[1]} columns and the gates {tuple(gates.shape)}: expected "
+                         f"{values} (+ {2 * heads} gate columns unless the gates are apart) and ({tokens}, "
+                         f"{2 * heads})")
+    if proj.stride(1) != 1 or gates.stride(1) != 1 or tokens % width or not all(t.is_contiguous() for t in tensors):
+        raise ValueError("the projection's columns, the state, weight and trail tensors must be contiguous, and "
+                         "the projection's rows whole rows of `width` tokens")
+    return gates
+
+
 def fused_step(proj: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.Tensor, ssm_state: torch.Tensor,
                slots: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                k_heads: int, v_heads: int, k_dim: int, v_dim: int, width: int = 1, lead: torch.Tensor | None = None,
@@ -232,23 +246,8 @@ def fused_step(proj: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.
     [R * width, Hv Dv], out_proj's input."""
     tokens, taps = proj.shape[0], conv_weight.shape[1]
     keep = trails is not None
-    if keep != (lead is not None) or (width > 1 and not keep):
-        raise ValueError("a verify step (width > 1) needs both lead and trails; a decode step neither")
-    tensors = (conv_state, ssm_state, conv_weight) + (tuple(trails) if keep else ())
-    values = 2 * k_heads * k_dim + 2 * v_heads * v_dim
-    gates = proj[:, values:] if gates is None else gates
-    if gates.shape != (tokens, 2 * v_heads) or proj.shape[1] < values:
-        raise ValueError(f"the projection has {proj.shape[1]} columns and the gates {tuple(gates.shape)}: expected "
-                         f"{values} (+ {2 * v_heads} gate columns unless the gates are apart) and ({tokens}, "
-                         f"{2 * v_heads})")
-    if proj.stride(1) != 1 or gates.stride(1) != 1 or tokens % width or not all(t.is_contiguous() for t in tensors):
-        raise ValueError("the projection's columns, the state, weight and trail tensors must be contiguous, and "
-                         "the projection's rows whole rows of `width` tokens")
-    if keep and SPLIT_VERIFY:
-        from onecat.engine.kernels.triton_gated_delta_verify import split_verify
-
-        return split_verify(proj, gates, conv_state, conv_weight, ssm_state, slots, lead, a_log, dt_bias, norm_weight,
-                            eps, k_heads, v_heads, k_dim, v_dim, width, tuple(trails))
+    gates = checked_gates(proj, gates, conv_state, ssm_state, conv_weight, 2 * k_heads * k_dim + 2 * v_heads * v_dim,
+                          width, lead, trails)
     trail_width = trails[2].shape[1] if keep else width
     pre, tconv, tk, tv, tg, tbeta = trails if keep else (ssm_state, conv_state, proj, proj, proj, proj)
     lead = lead if keep else slots

@@ -1,6 +1,6 @@
-"""A Gated DeltaNet layer's speculative verify step between its projections in three kernels (CUDA, Triton), taken
-for verify rows where ONECAT_GDN_SPLIT_VERIFY=1 (triton_gated_delta_step.SPLIT_VERIFY; off until measured on a GPU:
-triton_gated_delta_step.py's `step` walks the rows otherwise).
+"""A Gated DeltaNet layer's speculative verify step between its projections in three kernels (CUDA, Triton), which
+GatedDeltaNet takes for verify rows where SPLIT_VERIFY is on (off until measured on a GPU: triton_gated_delta_step.py's
+`step` walks the rows otherwise).
 
 `step` runs one program per (row, value head, tile of 8 value columns) and each walks the row's tokens: per token it
 recomputes its key head's q/k convolution (every value head and tile of a key head again), waits on the token's
@@ -26,8 +26,13 @@ import triton
 import triton.language as tl
 
 from onecat.engine.kernels.triton_gated_delta_rows import rows_recurrence
-from onecat.engine.kernels.triton_gated_delta_step import _conv_silu, _gates, _keep_inputs, finish_kernel
+from onecat.engine.kernels.triton_gated_delta_step import _conv_silu, _gates, _keep_inputs, checked_gates, finish_kernel
+from onecat.engine.switches import switch
 
+# verify rows through the three kernels here (the state-independent work first, wide) instead of `step` walking them.
+# Checked under Triton's interpreter (the step path's bits) and built for sm_70 without spills, not yet run on a GPU:
+# off unless ONECAT_GDN_SPLIT_VERIFY=1. Read once; tests set it.
+SPLIT_VERIFY = switch("ONECAT_GDN_SPLIT_VERIFY", False)
 CHANNELS = 256  # channels an inputs program convolves (8 a thread of its one warp: 128-bit loads)
 
 
@@ -80,12 +85,16 @@ def inputs_kernel(proj_ptr, proj_stride, gates_ptr, gates_stride, conv_ptr, conv
             tl.store(tbeta_ptr + at * HV + h, beta, mask=h_ok)
 
 
-def split_verify(proj: torch.Tensor, gates: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.Tensor,
-                 ssm_state: torch.Tensor, slots: torch.Tensor, lead: torch.Tensor, a_log: torch.Tensor,
-                 dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, k_heads: int, v_heads: int, k_dim: int,
-                 v_dim: int, width: int, trails: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """triton_gated_delta_step.fused_step's verify step (its arguments, checked there; `gates` the b|a columns,
-    apart or a view of proj's) in the three kernels above; out_proj's input [R * width, Hv Dv]."""
+def fused_step(proj: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.Tensor, ssm_state: torch.Tensor,
+               slots: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+               k_heads: int, v_heads: int, k_dim: int, v_dim: int, width: int = 1, lead: torch.Tensor | None = None,
+               trails: tuple[torch.Tensor, ...] | None = None, gates: torch.Tensor | None = None) -> torch.Tensor:
+    """triton_gated_delta_step.fused_step's verify step (its arguments; `lead` and `trails` required) in the three
+    kernels above; out_proj's input [R * width, Hv Dv]."""
+    if trails is None:
+        raise ValueError("the split verify step runs verify rows only: it needs lead and trails")
+    gates = checked_gates(proj, gates, conv_state, ssm_state, conv_weight, 2 * k_heads * k_dim + 2 * v_heads * v_dim,
+                          width, lead, trails)
     tokens, taps = proj.shape[0], conv_weight.shape[1]
     rows, keys, values = tokens // width, k_heads * k_dim, v_heads * v_dim
     pre, tconv, tk, tv, tg, tbeta = trails

@@ -145,6 +145,7 @@ class GatedDeltaNet(nn.Module):
         triton_gated_delta_step.py; the slots' convolution inputs and states (and a verify step's trails) are
         updated in the cache."""
         from onecat.engine.kernels import triton_gated_delta_step as kernel
+        from onecat.engine.kernels import triton_gated_delta_verify as split
 
         self.path = "fused step"
         layer, rows = self.state_index, plan.rows
@@ -153,6 +154,7 @@ class GatedDeltaNet(nn.Module):
             t = plan.trails
             verify = dict(width=rows.width, lead=rows.lead, trails=tuple(
                 buffer[layer] for buffer in (t.pre_ssm, t.conv, t.k, t.v, t.g, t.beta)))
+            kernel = split if split.SPLIT_VERIFY else kernel  # verify rows in three kernels (A/B switch)
         return kernel.fused_step(projected, plan.conv[layer], self.conv1d.weight.squeeze(1), plan.ssm[layer],
                                  plan.decode_slots if rows is None else rows.slots, self.A_log, self.dt_bias,
                                  self.norm.weight, self.norm.eps, self.k_heads, self.v_heads, self.k_dim, self.v_dim,
