@@ -54,13 +54,15 @@
 # per-expert loop and grouped by expert (ONECAT_MOE_GROUPED_PREFILL 0, 1; the record's target_prefill_s).
 # `gdn_split` the split DeltaNet verify step's GPU tests, its timing against the step kernel walking the rows
 # (benchmarks/gpu_gdn_step.py, rows 1 and 8 of 8 and 16 tokens), then route 1 at batch 1 with it off and on
-# (ONECAT_GDN_SPLIT_VERIFY 0, 1).
+# (ONECAT_GDN_SPLIT_VERIFY 0, 1). `draft_pool_route` route 1 at batch 1 and 8 with new requests' draft lengths from
+# the prior alone and from the finished requests' pool (ONECAT_DRAFT_LENGTH_POOL 0, 1).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
-#                                moe_routed|moe_routed_route|moe_grouped|gdn_split]...
+#                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
+#                                draft_pool_route]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -253,6 +255,11 @@ for step in $steps; do
              ONECAT_GDN_SPLIT_VERIFY=$f timeout 200 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
                --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_gdn_split_$f.json" >"$out/route_b1_gdn_split_$f.log" 2>&1
              echo "route 1 batch 1 split verify=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_gdn_split_$f.log"
+           done ;;
+    draft_pool_route) for f in 0 1; do
+             ONECAT_DRAFT_LENGTH_POOL=$f timeout 280 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
+               --batch-sizes 1,8 --repeats 1 --out "$out/seed_route_draft_pool_$f.json" >"$out/route_draft_pool_$f.log" 2>&1
+             echo "route 1 draft length pool=$f rc=$?"; grep -iE "tok/s" "$out/route_draft_pool_$f.log"
            done ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;

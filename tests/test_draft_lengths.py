@@ -23,7 +23,6 @@ def test_a_new_request_drafts_the_block_and_stops_offering_what_is_never_accepte
     asked = _rounds(lengths, "a", 30, accepted=3)
     assert asked[0] == 15
     assert asked[-10:] == [4] * 10  # the three accepted positions and one more, still tried
-    assert lengths.length("other") == 15  # each request on its own
     assert lengths.describe()["drafts_asked_per_block"] < 0.6
 
 
@@ -36,12 +35,44 @@ def test_a_rise_in_acceptance_is_followed_back_to_the_whole_block():
     assert sum(1 for a in asked if a < 15) <= 20
 
 
-def test_a_released_request_starts_afresh():
+def test_a_new_request_starts_where_the_finished_ones_ended():
+    """Not five rounds of whole blocks each: the pooled rates of the finished requests, which its own rounds then
+    overrule either way."""
+    lengths = DraftLengths(15)
+    assert _rounds(lengths, "a", 30, accepted=3)[:6] == [15] * 5 + [4]  # nothing pooled yet
+    lengths.release("a")
+    assert _rounds(lengths, "b", 3, accepted=3) == [4, 4, 4]
+    better = _rounds(lengths, "c", 6, accepted=15)  # a request whose drafts are all taken: its own rounds win
+    assert better[0] == 4 and better[1] > 4 and better[-1] == 15
+    worse = _rounds(lengths, "d", 12, accepted=0)  # b and c not finished: d starts from a's ending too
+    assert worse[0] == 4 and worse[-1] == 1
+    lengths.release("d")
+    assert lengths.length("d") <= 4  # a's and d's endings pooled
+    lengths.release("never-drafted")  # a request that made no round adds nothing
+    assert lengths.length("e") == lengths.length("d")
+
+
+def test_a_released_request_starts_from_the_pool_not_its_old_counts():
     lengths = DraftLengths(7)
     _rounds(lengths, "a", 20, accepted=0)
     assert lengths.length("a") == 1
     lengths.release("a")
+    _rounds(lengths, "b", 20, accepted=7)
+    for _ in range(4):  # finished requests that took every draft
+        lengths.release("b")
+        _rounds(lengths, "b", 20, accepted=7)
     assert lengths.length("a") == 7
+    assert DraftLengths(7).length("x") == 7  # nothing pooled yet: the whole block
+
+
+def test_the_pool_can_be_switched_off_for_an_a_b(monkeypatch):
+    from onecat.engine.speculative import draft_length
+
+    monkeypatch.setattr(draft_length, "POOL", False)
+    lengths = DraftLengths(15)
+    _rounds(lengths, "a", 30, accepted=3)
+    lengths.release("a")
+    assert lengths.length("b") == 15  # the prior alone, as before the pool
 
 
 def _graphs(hybrid: bool = False) -> DecodeGraphs:
