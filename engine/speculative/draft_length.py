@@ -67,6 +67,7 @@ class DraftLengths:
                 pooled[:] = [(p + o) / 2 for p, o in zip(pooled, own)]
 
     def describe(self) -> dict:
-        return {"policy": f"per request: positions accepted >= {KEEP_RATE:g} of the recent rounds (a new request: "
-                          "of all requests'), and one more",
+        start = "starting where the finished requests ended" if POOL else "starting from the prior alone"
+        return {"policy": f"per request: positions accepted >= {KEEP_RATE:g} of the recent rounds, and one more; "
+                          f"{start}",
                 "drafts_asked_per_block": round(self.proposed / self.full, 3) if self.full else None}
