@@ -84,6 +84,15 @@ route_runs() {
     grep -i "tok/s" "$out/route_${tag}_$run.log" | tail -2
   done
 }
+# one route at BATCHES with the switch VAR off, then on (one run each): VAR ROUTE BATCHES LIMIT_S TAG
+switch_ab() {
+  local var=$1 route=$2 batches=$3 limit=$4 tag=$5 f
+  for f in 0 1; do
+    env "$var=$f" timeout "$limit" python3 benchmarks/seed_routes_gpu.py --routes "$route" --batch-sizes "$batches" \
+      --repeats 1 --out "$out/${tag}_$f.json" >"$out/${tag}_$f.log" 2>&1
+    echo "$route batch $batches $var=$f rc=$?"; grep -iE "tok/s" "$out/${tag}_$f.log"
+  done
+}
 # GPU tests of one selection (pytest arguments) under its own limit: NAME ARGS...
 gpu_tests() {
   local name=$1; shift
@@ -240,44 +249,19 @@ for step in $steps; do
               echo "route 2 batch 1 routed tilings $arm rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_tiles_$arm.log")
            done ;;
     moe_grouped) gpu_tests moe_grouped tests/test_moe_grouped_gpu.py
-           for f in 0 1; do
-             ONECAT_MOE_GROUPED_PREFILL=$f timeout 220 python3 benchmarks/seed_routes_gpu.py \
-               --routes seed_moe_route_h200 --batch-sizes 1 --repeats 1 --out "$out/seed_moe_route_b1_grouped_$f.json" \
-               >"$out/moe_route_b1_grouped_$f.log" 2>&1
-             echo "route 2 batch 1 grouped prefill=$f rc=$?"; grep -iE "tok/s" "$out/moe_route_b1_grouped_$f.log"
-           done ;;
+           switch_ab ONECAT_MOE_GROUPED_PREFILL seed_moe_route_h200 1 220 seed_moe_route_b1_grouped ;;
     gdn_split) gpu_tests gdn_split tests/test_gated_delta_step_gpu.py -k "split or route_widths"
            for w in 8 16; do
              (cd benchmarks && timeout 150 python3 gpu_gdn_step.py --rows 1,8 --width $w --out "$out/gdn_split_w$w.json" \
                >"$out/gdn_split_w$w.log" 2>&1); echo "DeltaNet verify width $w rc=$?"; grep "a layer" "$out/gdn_split_w$w.log"
            done
-           for f in 0 1; do
-             ONECAT_GDN_SPLIT_VERIFY=$f timeout 200 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-               --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_gdn_split_$f.json" >"$out/route_b1_gdn_split_$f.log" 2>&1
-             echo "route 1 batch 1 split verify=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_gdn_split_$f.log"
-           done ;;
-    draft_pool_route) for f in 0 1; do
-             ONECAT_DRAFT_LENGTH_POOL=$f timeout 280 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-               --batch-sizes 1,8 --repeats 1 --out "$out/seed_route_draft_pool_$f.json" >"$out/route_draft_pool_$f.log" 2>&1
-             echo "route 1 draft length pool=$f rc=$?"; grep -iE "tok/s" "$out/route_draft_pool_$f.log"
-           done ;;
+           switch_ab ONECAT_GDN_SPLIT_VERIFY seed_route_h200 1 200 seed_route_b1_gdn_split ;;
+    draft_pool_route) switch_ab ONECAT_DRAFT_LENGTH_POOL seed_route_h200 1,8 280 seed_route_draft_pool ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;
-    narrow_route) for f in 0 1; do
-             ONECAT_HYBRID_NARROW_VERIFY=$f timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-               --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_narrow_$f.json" >"$out/route_b1_narrow_$f.log" 2>&1
-             echo "route 1 batch 1 hybrid narrow verify=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_narrow_$f.log"
-           done ;;
-    gemv16_route) for f in 0 1; do
-             ONECAT_GEMV_16_ROWS=$f timeout 150 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 \
-               --batch-sizes 1 --repeats 1 --out "$out/seed_route_b1_gemv16_$f.json" >"$out/route_b1_gemv16_$f.log" 2>&1
-             echo "route 1 batch 1 16-row GEMV=$f rc=$?"; grep -iE "tok/s" "$out/route_b1_gemv16_$f.log"
-           done ;;
-    moe_fused_route) for f in 0 1; do
-             ONECAT_MOE_FUSED_ROUTED=$f timeout 280 python3 benchmarks/seed_routes_gpu.py --routes seed_moe_route_h200 \
-               --repeats 1 --out "$out/seed_moe_route_fused_$f.json" >"$out/moe_route_fused_$f.log" 2>&1
-             echo "route 2 fused routed experts=$f rc=$?"; grep -i "tok/s" "$out/moe_route_fused_$f.log"
-           done ;;
+    narrow_route) switch_ab ONECAT_HYBRID_NARROW_VERIFY seed_route_h200 1 150 seed_route_b1_narrow ;;
+    gemv16_route) switch_ab ONECAT_GEMV_16_ROWS seed_route_h200 1 150 seed_route_b1_gemv16 ;;
+    moe_fused_route) switch_ab ONECAT_MOE_FUSED_ROUTED seed_moe_route_h200 1,8 280 seed_moe_route_fused ;;
     packed_rows_e2e) (cd benchmarks && timeout 560 python3 gpu_w4a16_e2e.py --batch-sizes 1,32,64 --packed-rows-ab \
              --out "$out/w4a16_e2e_packed_rows.json" >"$out/packed_rows_e2e.log" 2>&1)
            echo "packed rows e2e rc=$?"; grep -E "bs=|speedup" "$out/packed_rows_e2e.log" | cut -c1-300 ;;
