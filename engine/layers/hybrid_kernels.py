@@ -12,8 +12,11 @@ ENABLED = switch("ONECAT_FUSED_HYBRID", True)
 
 def describe(fused_kernels: bool) -> str:
     """What a CUDA step of a hybrid model runs around its projections (LLM.info()'s fused_kernels_detail)."""
-    if fused_kernels and ENABLED:
+    if fused_kernels and ENABLED:  # fused kernels usable: Triton is there
+        from onecat.engine.kernels import triton_gated_delta_verify as split
+
+        verify = "split in three kernels" if split.SPLIT_VERIFY else "the step kernel walking the rows"
         return ("fused: zero-centered norms, gated attention's q/k norm + RoPE + cache write and sigmoid gate, "
-                "DeltaNet decode and graph verify steps (ONECAT_FUSED_HYBRID=0 turns them off)")
+                f"DeltaNet decode and graph verify steps (verify rows: {verify}; ONECAT_FUSED_HYBRID=0 turns them off)")
     return ("torch ops around the projections and recurrent kernels" +
             ("" if fused_kernels else " (fused kernels are off)") + ("" if ENABLED else " (ONECAT_FUSED_HYBRID=0)"))
