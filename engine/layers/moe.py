@@ -134,7 +134,7 @@ class PackedExperts(nn.Module):
     # steps of more tokens (a prefill) grouped by expert on the device, one many-row GEMM launch a projection
     # (engine/kernels/triton_moe_grouped.py) instead of routed_loop's host-read routing and ~5 launches an expert;
     # on: route 2's 1,024-token prefill 2.38 -> 0.164 s on an H100, its GPU tests passed
-    # (benchmarks/results/seed_moe_route_h100_b1_grouped_{0,1}.json). ONECAT_MOE_GROUPED_PREFILL=0 for the A/B
+    # (benchmarks/results/seed_moe_route_h100_b1_grouped_prefill_{0,1}.json). ONECAT_MOE_GROUPED_PREFILL=0 for the A/B
     GROUPED_PREFILL = switch("ONECAT_MOE_GROUPED_PREFILL", True)
     FP4_FORMATS = {"nvfp4": 0, "mxfp4": 1}  # triton_fp4.NVFP4 / MXFP4
 

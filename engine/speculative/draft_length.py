@@ -10,9 +10,9 @@ and one position more, which keeps being tried so that a rise in acceptance is s
 DECAY a round (about the last ten rounds count), so a request whose text changes character is followed.
 A position's rate also counts the finished requests' rounds (their counts pooled as they leave), weighted as up to
 SEED_ROUNDS rounds and fading as the request's own offers of it come in: a new request starts where the last ones
-ended instead of drafting whole blocks until its own rounds say otherwise (with a block of 15 and the prior of 1/2
-that took five rounds of 16-row verify steps a request (route 1's packed target runs a 16-row
-verify step in its GEMV's two-operand form, ~1.26 ms a round averaged on an H100: docs/speculative.md).
+ended instead of drafting whole blocks until its own rounds say otherwise: with a block of 15 and the prior of 1/2
+that took five rounds of 16-row verify steps a request, and route 1's packed target runs a 16-row verify step in
+its GEMV's two-operand form (~1.26 ms a round averaged on an H100, docs/speculative.md).
 Verify steps then replay a narrower CUDA graph (worker/cuda_graph.py keeps widths 2, 4, 8, ..., 1 + k).
 Which drafts are proposed never changes the tokens: the verifier is exact whatever the draft length.
 """
