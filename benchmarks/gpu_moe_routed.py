@@ -60,10 +60,9 @@ def expert_bytes(ops: tuple) -> int:
 
 def grid(quick: bool, fmt: str) -> list:
     """The reference tiling first, then the ones the engine launches for `fmt` (always timed), then the rest."""
-    from onecat.engine.kernels.triton_moe_routed import DEFAULT_TILES, FORMATS, TILES_IN_USE, RoutedTiles
+    from onecat.engine.kernels.triton_moe_routed import DEFAULT_TILES, RoutedTiles
 
-    in_use = [TILES_IN_USE[kernel][FORMATS[FORMAT_NAMES[fmt]]] for kernel in ("glu", "down_sum")]
-    first = list(dict.fromkeys([DEFAULT_TILES, *in_use]))
+    first = list(dict.fromkeys([DEFAULT_TILES, *in_use_tiles(fmt).values()]))
     if quick:
         return first + [RoutedTiles(glu_together=True, pairs=2), RoutedTiles(max_words=128, warps=4)]
     out = []
@@ -127,8 +126,8 @@ def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Gen
             top = min(timed, key=lambda r: r[which]["us"])
             best[which], best_us[which] = top["tiles"], top[which]["us"]
     default = rows[0]
-    in_use = {which: rows[in_use_index(tilings, kernel, fmt)].get(which, {})  # rows follow `tilings`
-              for kernel, which in (("glu", "gate_up"), ("down_sum", "down"))}
+    in_use = {which: rows[tilings.index(tiles)].get(which, {})  # rows follow `tilings`
+              for which, tiles in zip(("gate_up", "down"), in_use_tiles(fmt).values())}
     log(f"{fmt} tokens={tokens}: reference gate_up {default['gate_up'].get('us')} us "
         f"({default['gate_up'].get('fraction_of_copy')} of copy), down {default['down'].get('us')} us "
         f"({default['down'].get('fraction_of_copy')}); in use gate_up {in_use['gate_up'].get('us')} us, down "
@@ -141,11 +140,11 @@ def bench(fmt: str, tokens: int, tilings: list, bandwidth: float, gen: torch.Gen
             "in_use": in_use, "whole_layer": layer}
 
 
-def in_use_index(tilings: list, kernel: str, fmt: str) -> int:
-    """Where the tiling the engine launches `kernel` with for `fmt` sits in `tilings`."""
+def in_use_tiles(fmt: str) -> dict:
+    """The tilings the engine launches routed_glu and routed_down_sum with for `fmt` (in that order)."""
     from onecat.engine.kernels.triton_moe_routed import FORMATS, TILES_IN_USE
 
-    return tilings.index(TILES_IN_USE[kernel][FORMATS[FORMAT_NAMES[fmt]]])
+    return {kernel: TILES_IN_USE[kernel][FORMATS[FORMAT_NAMES[fmt]]] for kernel in ("glu", "down_sum")}
 
 
 def whole_layer(x, gate_up, down, ids, weights, top_k: int, kr) -> dict:
