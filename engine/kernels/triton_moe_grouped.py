@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from onecat.engine.kernels.triton_packed_rows import W4A16, packed_rows_kernel, slot_constants
+from onecat.engine.kernels.triton_packed_rows import MXFP4, NVFP4, W4A16, packed_rows_kernel, slot_constants
 
 BLOCK_M = 32  # pairs a block: a 1,024-token prefill of 256 experts, top 8, gives each expert ~32
 BLOCK_N = 64
@@ -56,7 +56,7 @@ def grouped_gemm(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, sec
     y = torch.empty(order.numel(), n, dtype=x.dtype, device=x.device)
     packed_rows_kernel[(triton.cdiv(n, BLOCK_N), sched.shape[1])](
         x.contiguous(), words, scales, second, y, n, 0, order, sched, K=k, FMT=fmt,
-        G=group if fmt == W4A16 else (16 if fmt == 0 else 32), TILED=False, SLOTS=False, **slot_constants(None),
+        G=group if fmt == W4A16 else (16 if fmt == NVFP4 else 32), TILED=False, SLOTS=False, **slot_constants(None),
         BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, STAGES=2, SPLIT=1, GROUPED=True, X_DIV=x_div, SZ_PAIRS=fmt == W4A16,
         num_warps=WARPS)
     return y
@@ -70,7 +70,7 @@ def grouped_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tenso
     as PackedExperts._operands gives them."""
     tokens, top_k = experts.shape
     order, sched = grouped_schedule(experts.reshape(-1), num_experts)
-    fmt = {"int4": W4A16, "nvfp4": 0, "mxfp4": 1}[gate_up[3]]
+    fmt = {"int4": W4A16, "nvfp4": NVFP4, "mxfp4": MXFP4}[gate_up[3]]
     h = grouped_gemm(x, *gate_up[:3], fmt, gate_up[4], order, sched, x_div=top_k)
     gate, up = h.split(h.shape[-1] // 2, dim=-1)
     y = grouped_gemm((F.silu(gate) * up).contiguous(), *down[:3], fmt, down[4], order, sched, x_div=1)
