@@ -55,14 +55,16 @@
 # `gdn_split` the split DeltaNet verify step's GPU tests, its timing against the step kernel walking the rows
 # (benchmarks/gpu_gdn_step.py, rows 1 and 8 of 8 and 16 tokens), then route 1 at batch 1 with it off and on
 # (ONECAT_GDN_SPLIT_VERIFY 0, 1). `draft_pool_route` route 1 at batch 1 and 8 with new requests' draft lengths from
-# the prior alone and from the finished requests' pool (ONECAT_DRAFT_LENGTH_POOL 0, 1).
+# the prior alone and from the finished requests' pool (ONECAT_DRAFT_LENGTH_POOL 0, 1). `rope_split` the GPU tests
+# of a decode step's RoPE and K/V store inside the paged decode's split kernel, then target-only decode with it off
+# and on (ONECAT_ROPE_IN_SPLIT), alternated twice, batch 1 and 8, the 8B and the embedded default's shapes.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
-#                                draft_pool_route]...
+#                                draft_pool_route|rope_split]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -92,6 +94,17 @@ switch_ab() {
       --repeats 1 --out "$out/${tag}_$f.json" >"$out/${tag}_$f.log" 2>&1
     echo "$route batch $batches $var=$f rc=$?"; grep -iE "tok/s" "$out/${tag}_$f.log"
   done
+}
+# target-only decode (batch 1 and 8, the 8B and the embedded default's shapes) with the switch VAR off and on,
+# alternated twice: VAR TAG
+decode_switch_ab() {
+  local var=$1 tag=$2 round flag shape
+  for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do
+    env "$var=$flag" timeout 100 python3 benchmarks/speculative_gpu_rounds.py --shape $shape \
+      --batch-sizes 1,8 --repeats 3 --arms no_draft --out "$out/${tag}_${shape}_${flag}_$round.json" \
+      >"$out/${tag}_${shape}_${flag}_$round.log" 2>&1
+    echo "$var=$flag $shape round $round rc=$?"; grep "target-only" "$out/${tag}_${shape}_${flag}_$round.log"
+  done; done; done
 }
 # GPU tests of one selection (pytest arguments) under its own limit: NAME ARGS...
 gpu_tests() {
@@ -272,12 +285,9 @@ for step in $steps; do
            echo "route profile rc=$?"; grep -E "tok/s|us a step" "$out/route_profile.log" ;;
     merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
              >"$out/merge_tests.log" 2>&1; echo "merge tests rc=$?"; tail -3 "$out/merge_tests.log"
-           for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do
-             ONECAT_MERGE_IN_SPLIT=$flag timeout 100 python3 benchmarks/speculative_gpu_rounds.py --shape $shape \
-               --batch-sizes 1,8 --repeats 3 --arms no_draft --out "$out/merge_${shape}_${flag}_$round.json" \
-               >"$out/merge_${shape}_${flag}_$round.log" 2>&1
-             echo "merge in split=$flag $shape round $round rc=$?"; grep "target-only" "$out/merge_${shape}_${flag}_$round.log"
-           done; done; done ;;
+           decode_switch_ab ONECAT_MERGE_IN_SPLIT merge ;;
+    rope_split) gpu_tests rope_split tests/test_rope_in_split_gpu.py
+           decode_switch_ab ONECAT_ROPE_IN_SPLIT rope_split ;;
     rows) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_rows_gemm_gpu.py \
              tests/test_gemv_gpu.py tests/test_speculative_graphs_gpu.py tests/test_dflash_runtime.py \
              tests/test_gpu_engine.py -k "rows or row or verify or speculation or graphs or bit or draft" \

@@ -71,6 +71,19 @@ class AttentionDispatcher:
         self.calls[backend.name] += 1
         return backend.forward(q, cache, meta, scale)
 
+    def with_new_tokens(self, q: torch.Tensor, new, cache: LayerKVCache, meta: AttentionMetadata,
+                        scale: float) -> torch.Tensor | None:
+        """Attention that also norms, rotates and stores the step's new tokens (`new`: what the qkv projection
+        left, q unrotated) where the chosen backend does that in its own kernel; None where it does not (the
+        caller then rotates and stores, and calls this dispatcher as usual)."""
+        take = getattr(self.primary, "forward_new_tokens", None)
+        if take is None or self.primary.unsupported_reason(q, cache, meta) is not None:
+            return None
+        out = take(q, new, cache, meta, scale)
+        if out is not None:
+            self.calls[self.primary.name] += 1
+        return out
+
     def runs_cpu_paged(self) -> bool:
         """Whether attention is the C++ CPU paged kernel (chosen and built), which the one-call decode step runs."""
         return self.primary.name == "CPU_PAGED"

@@ -17,9 +17,13 @@ from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.sdpa import sdpa
 from onecat.engine.cache.kv import LayerKVCache, dequantize_fp8
 from onecat.engine.kernels.triton_support import triton_unavailable_reason
+from onecat.engine.switches import switch
 from onecat.engine.transfers import to_device
 
 SHORT_QUERY = 16  # chunks up to this many tokens (decode, speculative verify) use the paged kernel
+# a pure decode step's q/k norm, RoPE and K/V store done by the split kernel instead of a kernel of their own
+# (A/B; off until measured on a GPU)
+ROPE_IN_SPLIT = switch("ONECAT_ROPE_IN_SPLIT", False)
 
 
 def _short_rows(meta: AttentionMetadata, device: torch.device) -> dict:
@@ -124,6 +128,19 @@ class TritonPagedBackend(AttentionBackend):
         if meta.block_tables.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32:
             return "metadata block_tables/seq_lens must be int32"
         return None
+
+    def forward_new_tokens(self, q: torch.Tensor, new, cache: LayerKVCache, meta: AttentionMetadata,
+                           scale: float) -> torch.Tensor | None:
+        """Attention of a pure decode step whose q and new K/V are as the qkv projection left them (`new`, a
+        triton_paged_decode.NewTokens): the split kernel norms, rotates and stores them itself. None where it
+        does not (ONECAT_ROPE_IN_SPLIT off, not pure decode, an 8-bit cache): the caller rotates and stores first."""
+        if not ROPE_IN_SPLIT or meta.max_query_len != 1 or cache.fp8_dtype is not None:
+            return None
+        from onecat.engine.kernels.triton_paged_decode import paged_decode
+
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        paged_decode(out, q, cache, meta.block_tables, meta.seq_lens, meta.max_seq_len, scale, new=new)
+        return out
 
     def forward(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         from onecat.engine.kernels.triton_paged_decode import paged_decode

@@ -61,6 +61,23 @@ def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr, PDL:
     tl.store(out_ptr + row * inter + cols, (gf / (1.0 + tl.exp(-gf))).to(g.dtype) * u, mask=mask)
 
 @triton.jit
+def rope_halves(x1, x2, cos, sin, w1, w2, eps, D: tl.constexpr, QK_NORM: tl.constexpr, AXIS: tl.constexpr):
+    """NeoX RoPE of heads given as their two halves (axis AXIS, the last, of D // 2; any axis before it runs
+    over heads), after the per-head RMSNorm with weight halves w1, w2 when QK_NORM. The one body of every kernel that rotates q or k,
+    so a head's bits are the same whichever kernel rotates it."""
+    f1 = x1.to(tl.float32)
+    f2 = x2.to(tl.float32)
+    if QK_NORM:
+        ss = tl.sum(f1 * f1, axis=AXIS, keep_dims=True) + tl.sum(f2 * f2, axis=AXIS, keep_dims=True)
+        rstd = tl.rsqrt(ss / D + eps)
+        f1 = ((f1 * rstd).to(x1.dtype) * w1).to(tl.float32)
+        f2 = ((f2 * rstd).to(x1.dtype) * w2).to(tl.float32)
+    o1 = (f1 * cos - f2 * sin).to(x1.dtype)
+    o2 = (f2 * cos + f1 * sin).to(x1.dtype)
+    return o1, o2
+
+
+@triton.jit
 def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, vc_ptr, qw_ptr, kw_ptr,
                          stride_t, num_q_heads, num_kv_heads, eps,
                          D: tl.constexpr, QK_NORM: tl.constexpr, WRITE_CACHE: tl.constexpr, PDL: tl.constexpr):
@@ -80,20 +97,16 @@ def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, v
     base = qkv_ptr + t * stride_t + h * D  # k heads follow the q heads in the row
     x1 = tl.load(base + d)
     x2 = tl.load(base + half + d)
-    f1 = x1.to(tl.float32)
-    f2 = x2.to(tl.float32)
+    w1 = cos  # read only with QK_NORM
+    w2 = cos
     if QK_NORM:
-        rstd = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / D + eps)
         if is_k:
             w1 = tl.load(kw_ptr + d)
             w2 = tl.load(kw_ptr + half + d)
         else:
             w1 = tl.load(qw_ptr + d)
             w2 = tl.load(qw_ptr + half + d)
-        f1 = ((f1 * rstd).to(x1.dtype) * w1).to(tl.float32)
-        f2 = ((f2 * rstd).to(x1.dtype) * w2).to(tl.float32)
-    o1 = (f1 * cos - f2 * sin).to(x1.dtype)
-    o2 = (f2 * cos + f1 * sin).to(x1.dtype)
+    o1, o2 = rope_halves(x1, x2, cos, sin, w1, w2, eps, D, QK_NORM, 0)
     tl.store(base + d, o1)
     tl.store(base + half + d, o2)
     if WRITE_CACHE:

@@ -16,12 +16,14 @@ program is last never changes the result.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from onecat.engine.kernels import pdl
+from onecat.engine.kernels.triton_fused import rope_halves
 from onecat.engine.cache.kv import LayerKVCache
 from onecat.engine.switches import switch
 
@@ -45,11 +47,13 @@ COUNTERS_MIN = 1 << 16  # (token, KV head) counters kept per device; zero betwee
 # Triton would otherwise compile a variant for each "== 1" / "divisible by 16" pattern of them
 @triton.jit(do_not_specialize=["stride_bt", "max_splits", "splits_per_prog"])
 def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, row_ptr, po_ptr, plse_ptr,
-                 out_ptr, cnt_ptr, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_kv_heads, max_splits,
-                 splits_per_prog, qk_scale,
+                 out_ptr, cnt_ptr, kv_new_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr, kw_ptr,
+                 stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_kv_heads, max_splits,
+                 splits_per_prog, qk_scale, eps,
                  GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                  BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
-                 MERGE: tl.constexpr, S_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, PDL: tl.constexpr):
+                 MERGE: tl.constexpr, S_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, ROPE: tl.constexpr,
+                 QK_NORM: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -68,8 +72,13 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
     d = tl.arange(0, D)
     gmask = g < GROUP
     qh = kvh * GROUP + g
-    q = tl.load(q_ptr + tok * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     n_parts = tl.cdiv(ctx, PART)
+    if ROPE:  # q and the new k unrotated in the qkv row: rotate here (see _rotate_new_token)
+        q = _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr, kw_ptr,
+                              tok, kvh, qh, gmask, stride_qt, stride_qh, num_kv_heads, eps,
+                              (n_parts - 1) % num_split_progs == first_split, G_PAD, D, QK_NORM)
+    else:
+        q = tl.load(q_ptr + tok * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     for it in range(0, splits_per_prog):
         s = first_split + it * num_split_progs
         if s < n_parts:
@@ -117,6 +126,45 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
                 _merge_head(out_ptr, po_ptr, plse_ptr, tok, h, n_parts, (i * num_kv_heads * GROUP + h) * max_splits,
                             stride_ot, stride_oh, D, S_BLOCK, ONE_PASS)
             tl.atomic_xchg(counter, 0, sem="relaxed")  # zero again for the next launch
+
+@triton.jit
+def _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr, kw_ptr, tok, kvh,
+                      qh, gmask, stride_qt, stride_qh, num_kv_heads, eps, writes_kv, G_PAD: tl.constexpr,
+                      D: tl.constexpr, QK_NORM: tl.constexpr):
+    """A decode token's q heads of this program's GQA group, normed and rotated as qk_rope_cache does (the same
+    rope_halves body, so the same bits); the program whose splits hold the token's own position (`writes_kv`)
+    also rotates the token's k head and stores it and the v head at the token's slot, then waits on a barrier so
+    that its loads of that partition see them. Nothing else reads that slot in this launch: one kernel a layer
+    fewer than rotating and storing in a kernel of their own."""
+    half: tl.constexpr = D // 2
+    dh = tl.arange(0, half)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    cos = tl.load(cos_ptr + pos * D + dh)
+    sin = tl.load(sin_ptr + pos * D + dh)
+    qa = q_ptr + tok * stride_qt + qh[:, None] * stride_qh + dh[None, :]
+    x1 = tl.load(qa, mask=gmask[:, None], other=0.0)
+    x2 = tl.load(qa + half, mask=gmask[:, None], other=0.0)
+    w1 = cos  # read only with QK_NORM
+    w2 = cos
+    if QK_NORM:
+        w1 = tl.load(qw_ptr + dh)
+        w2 = tl.load(qw_ptr + half + dh)
+    o1, o2 = rope_halves(x1, x2, cos[None, :], sin[None, :], w1, w2, eps, D, QK_NORM, 1)
+    q = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (G_PAD, D))  # [o1 | o2] per head
+    if writes_kv:
+        src = kv_new_ptr + tok * stride_qt + kvh * D  # k heads, then v heads, of the qkv row
+        if QK_NORM:
+            w1 = tl.load(kw_ptr + dh)
+            w2 = tl.load(kw_ptr + half + dh)
+        k1, k2 = rope_halves(tl.load(src + dh), tl.load(src + half + dh), cos, sin, w1, w2, eps, D, QK_NORM, 0)
+        dst = (tl.load(slot_ptr + tok).to(tl.int64) * num_kv_heads + kvh) * D
+        tl.store(k_ptr + dst + dh, k1)
+        tl.store(k_ptr + dst + half + dh, k2)
+        full = tl.arange(0, D)
+        tl.store(v_ptr + dst + full, tl.load(src + num_kv_heads * D + full))
+    tl.debug_barrier()  # the stores above are seen by every thread's loads of this program
+    return q
+
 
 @triton.jit
 def _merge_head(out_ptr, po_ptr, plse_ptr, tok, h, n_parts, base, stride_ot, stride_oh, D: tl.constexpr,
@@ -187,17 +235,37 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@dataclass(frozen=True)
+class NewTokens:
+    """A pure decode step's new tokens as the qkv projection left them (q and k not yet normed or rotated, k
+    and v not yet in the cache): what the split kernel needs to do qk_rope_cache's work itself."""
+    kv: torch.Tensor  # [T, 2 * Hkv * D] (a view of the qkv rows): k heads, then v heads
+    positions: torch.Tensor
+    cos: torch.Tensor  # float32 [positions, D]: RotaryEmbedding's tables
+    sin: torch.Tensor
+    slots: torch.Tensor
+    q_weight: torch.Tensor | None  # per-head RMSNorm weights (Qwen3), or None
+    k_weight: torch.Tensor | None
+    eps: float
+
+
 def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_tables: torch.Tensor,
                  ctx_lens: torch.Tensor, max_ctx: int, scale: float, tok_idx: torch.Tensor | None = None,
-                 row_idx: torch.Tensor | None = None) -> None:
+                 row_idx: torch.Tensor | None = None, new: NewTokens | None = None) -> None:
     """out[tok] = softmax(q[tok] K^T) V over the first ctx_lens[i] cached tokens of block_tables[row].
 
     Without tok_idx/row_idx, work item i is query row i of sequence i (pure decode). `max_ctx` only
-    sizes the launch (pass an upper bound, e.g. max_model_len, when capturing a CUDA graph).
+    sizes the launch (pass an upper bound, e.g. max_model_len, when capturing a CUDA graph). With `new` (pure
+    decode, a 16-bit cache) q is unrotated and the new tokens' K/V are not yet cached: the kernel norms and
+    rotates q and k and stores k and v at their slots (what qk_rope_cache would have done first).
     """
     n = ctx_lens.shape[0]
     if n == 0:
         return
+    rows_apart = n > 1 and new is not None and new.kv.stride(0) != q.stride(0)  # (one row's stride is never used)
+    if new is not None and (tok_idx is not None or cache.fp8_dtype is not None or rows_apart):
+        raise ValueError("paged_decode rotates the new tokens itself only in a pure decode step over a 16-bit cache, "
+                         "with q and the new k/v in the same rows")
     _, num_heads, head_dim = q.shape
     num_kv_heads, page = cache.k.shape[2], cache.k.shape[1]
     group = num_heads // num_kv_heads
@@ -219,14 +287,17 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
     row = row_idx if indirect else ctx_lens
     merge_in_split = MERGE_IN_SPLIT
     counters = _counters(q.device, n * num_kv_heads) if merge_in_split else ctx_lens  # a dummy when unread
+    rot = new if new is not None else NewTokens(q, ctx_lens, q, q, ctx_lens, None, None, 0.0)  # dummies: unread
+    norm = rot.q_weight is not None
     split_kernel[(n, num_kv_heads, split_progs)](
-        q, k, v, ks, vs, block_tables, ctx_lens, tok, row, po, plse, out, counters,
+        q, k, v, ks, vs, block_tables, ctx_lens, tok, row, po, plse, out, counters, rot.kv, rot.positions, rot.cos,
+        rot.sin, rot.slots, rot.q_weight if norm else q, rot.k_weight if norm else q,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_kv_heads, max_splits,
-        per_prog, float(scale) * 1.4426950408889634,
+        per_prog, float(scale) * 1.4426950408889634, rot.eps,
         GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page,
         BLOCK=PARTITION if wide else BLOCK_N, PART=PARTITION, KV_KIND=kind, INDIRECT=indirect,
-        MERGE=merge_in_split, S_BLOCK=MERGE_BLOCK, ONE_PASS=MERGE_ONE_PASS, num_warps=4,
-        num_stages=1 if wide else 2, **launch)
+        MERGE=merge_in_split, S_BLOCK=MERGE_BLOCK, ONE_PASS=MERGE_ONE_PASS, ROPE=new is not None, QK_NORM=norm,
+        num_warps=4, num_stages=1 if wide else 2, **launch)
     if not merge_in_split:
         merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads,
                                      max_splits, D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK,

@@ -2,7 +2,8 @@
 per-head q/k RMSNorm (Qwen3), RoPE, paged KV, output projection.
 
 With fused kernels on (CUDA), q/k norm, RoPE and the K/V cache write are one kernel working in place
-on the QKV projection's output; fp8 caches and odd head sizes take the reference path.
+on the QKV projection's output, or (ONECAT_ROPE_IN_SPLIT, pure decode on TRITON_PAGED) part of the attention
+kernel; fp8 caches and odd head sizes take the reference path.
 """
 from __future__ import annotations
 
@@ -52,13 +53,18 @@ class SelfAttention(nn.Module):
         cache = ctx.kv_caches[self.layer_idx]
         if self._fused_ok(qkv, cache):
             from onecat.engine.kernels.triton_fused import qk_rope_cache
+            from onecat.engine.kernels.triton_paged_decode import NewTokens
 
             norm = self.q_norm is not None
-            qk_rope_cache(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads, self.num_kv_heads,
-                          self.head_dim, cache.k, cache.v, ctx.meta.slot_mapping,
-                          self.q_norm.weight if norm else None, self.k_norm.weight if norm else None,
-                          self.q_norm.eps if norm else 0.0)
+            qw, kw, eps = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if norm else (None, None, 0.0)
             q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
+            new = NewTokens(qkv[:, self.q_size:], positions, self.rotary.cos, self.rotary.sin, ctx.meta.slot_mapping,
+                            qw, kw, eps)
+            out = ctx.attention.with_new_tokens(q, new, cache, ctx.meta, self.scale)
+            if out is not None:  # the attention kernel rotated and stored them: one kernel fewer
+                return self.o_proj(out.reshape(T, self.q_size))
+            qk_rope_cache(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads, self.num_kv_heads,
+                          self.head_dim, cache.k, cache.v, ctx.meta.slot_mapping, qw, kw, eps)
         elif self._cpu_fused_ok(qkv, cache):  # RoPE on q and k in place, and the K/V cache write: one call
             self.cpu_ops.rope_write_kv(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads,
                                        self.num_kv_heads, cache.k, cache.v, ctx.meta.slot_mapping)
