@@ -96,10 +96,10 @@ switch_ab() {
   done
 }
 # target-only decode (batch 1 and 8, the 8B and the embedded default's shapes) with the switch VAR off and on,
-# alternated twice: VAR TAG
+# alternated twice (AB_ROUNDS, AB_SHAPES narrow it): VAR TAG
 decode_switch_ab() {
   local var=$1 tag=$2 round flag shape
-  for round in 1 2; do for flag in 0 1; do for shape in llama3-8b smollm2-135m; do
+  for round in ${AB_ROUNDS:-1 2}; do for flag in 0 1; do for shape in ${AB_SHAPES:-llama3-8b smollm2-135m}; do
     env "$var=$flag" timeout 100 python3 benchmarks/speculative_gpu_rounds.py --shape $shape \
       --batch-sizes 1,8 --repeats 3 --arms no_draft --out "$out/${tag}_${shape}_${flag}_$round.json" \
       >"$out/${tag}_${shape}_${flag}_$round.log" 2>&1
