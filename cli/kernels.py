@@ -73,18 +73,18 @@ def _triton_reports(toolchain, keep: Path | None) -> list:
 
 
 def _check_sm90(toolchain, json_out: Path | None) -> None:
-    """The sm_90 build check of the packed many-row GEMM (engine/kernel_tools/triton_sm90.py); exit 1 on a problem,
+    """The sm_90 build check of the SM80+ Triton kernels (engine/kernel_tools/triton_sm90.py); exit 1 on a problem,
     3 without Triton."""
     from dataclasses import asdict
 
     from onecat.engine.kernel_tools.triton_sm70 import triton_unavailable_reason
-    from onecat.engine.kernel_tools.triton_sm90 import SMEM_LIMIT, run_packed_rows_check
+    from onecat.engine.kernel_tools.triton_sm90 import SMEM_LIMIT, run_sm90_check
 
     reason = triton_unavailable_reason()
     if reason is not None:
         console.print(f"[red]{reason}[/red]")
         raise typer.Exit(3)
-    reports = run_packed_rows_check(toolchain.ptxas)
+    reports = run_sm90_check(toolchain.ptxas)
     table = Table(title=f"SM80+ Triton kernels, sm_90 build (shared memory limit {SMEM_LIMIT} B: SM86/89)")
     for col in ("kernel", "regs", "spill B", "smem B", "status"):
         table.add_column(col, justify="left" if col in ("kernel", "status") else "right", no_wrap=col != "status")

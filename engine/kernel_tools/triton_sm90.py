@@ -1,10 +1,11 @@
-"""Offline SM80+ build check of the packed many-row GEMM (engine/kernels/triton_packed_rows.py), runnable without a
-GPU: Triton lowers each instantiation the engine launches to PTX for sm_90 and ptxas 12.x (the sm_70 toolchain's,
+"""Offline SM80+ build check of the packed many-row GEMM (engine/kernels/triton_packed_rows.py) and the paged decode's
+split kernel (engine/kernels/triton_paged_decode.py), runnable without a GPU: Triton lowers each instantiation the engine launches to PTX for sm_90 and ptxas 12.x (the sm_70 toolchain's,
 toolchain.py) assembles it, reporting registers and spills; Triton's own metadata gives the shared memory its
 pipeline stages take. Checked: every format and word layout the packed layers keep (NVFP4 and MXFP4 row-major,
 tiled, tiled with bf16 code slots; W4A16 row-major and tiled; FP8 tiled), at the config() of 32, 64 and 128 rows for a
 Qwen3.5-27B projection (K = 5120), and the grouped launch of a MoE layer's expert stacks (triton_moe_grouped.py: NVFP4,
-MXFP4, W4A16). A kernel that spills, or whose shared memory passes SM86/89's 99 KB (the
+MXFP4, W4A16); the split kernel at head sizes 64 and 128, with and without q/k norm and with the new tokens' RoPE
+and K/V store in it or not (ONECAT_ROPE_IN_SPLIT). A kernel that spills, or whose shared memory passes SM86/89's 99 KB (the
 smallest of the GPUs it runs on), is a problem: the Triton interpreter (tests/test_packed_rows_interpret.py) checks
 what the kernel computes, not whether it compiles.
 """
@@ -27,6 +28,9 @@ LAYOUTS = (("nvfp4", 0, False, None, "bf16"), ("nvfp4_tiled", 0, True, None, "bf
            ("w4a16_tiled", 2, True, None, "fp16"), ("fp8_tiled", 3, True, None, "bf16"))
 # a MoE layer's expert stacks as triton_moe_grouped reads them (row-major; W4A16 with its (scale, zero) pairs)
 GROUPED_LAYOUTS = (("nvfp4", 0, "bf16"), ("mxfp4", 1, "bf16"), ("w4a16", 2, "fp16"))
+# the split kernel: (head_dim, GQA group) of the 8B shape and the embedded default, x q/k norm x rope in it
+SPLIT_CASES = tuple((d, group, norm, rope) for d, group in ((128, 4), (64, 3)) for norm in (False, True)
+                    for rope in (False, True))
 
 
 @dataclass
@@ -76,18 +80,51 @@ def _build(fmt: int, tiled: bool, slots: str | None, act: str, rows: int,
     return compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.shared, warps
 
 
-def run_packed_rows_check(ptxas: Path) -> list[BuildReport]:
-    """One report per (layout, rows), and per expert-stack layout of the grouped MoE launch: registers, spilled bytes
-    and shared memory of its sm_90 build."""
+def _split_build(head_dim: int, group: int, qk_norm: bool, rope: bool) -> tuple[str, str, int, int]:
+    """(kernel name, sm_90 PTX, shared memory bytes, warps) of the paged decode's split kernel as paged_decode launches
+    it for a pure decode step over a bf16 cache."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from onecat.engine.kernels import triton_paged_decode as tpd
+
+    wide = tpd.WIDE_TILE and head_dim <= tpd.WIDE_MAX_HEAD_DIM
+    constexprs = {"GROUP": group, "G_PAD": max(16, 1 << (group - 1).bit_length()), "D": head_dim, "PAGE": 16,
+                  "BLOCK": tpd.PARTITION if wide else tpd.BLOCK_N, "PART": tpd.PARTITION, "KV_KIND": 0,
+                  "INDIRECT": False, "MERGE": False, "S_BLOCK": tpd.MERGE_BLOCK, "ONE_PASS": tpd.MERGE_ONE_PASS,
+                  "ROPE": rope, "QK_NORM": qk_norm, "PDL": False}
+    pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "kv_new_ptr": "*bf16",
+                "qw_ptr": "*bf16", "kw_ptr": "*bf16", "po_ptr": "*fp32", "plse_ptr": "*fp32", "cos_ptr": "*fp32",
+                "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"}
+    signature = {}
+    for arg in inspect.signature(tpd.split_kernel.fn).parameters:
+        signature[arg] = ("constexpr" if arg in constexprs else pointers.get(arg) or ("*i32" if arg.endswith("_ptr")
+                          else "fp32" if arg in ("qk_scale", "eps") else "i32"))
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+    stages = 1 if wide else 2
+    compiled = triton.compile(ASTSource(tpd.split_kernel, signature, constexprs, attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
+    return compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.shared, 4
+
+
+def run_sm90_check(ptxas: Path) -> list[BuildReport]:
+    """One report per (layout, rows), per expert-stack layout of the grouped MoE launch and per split-kernel case:
+    registers, spilled bytes and shared memory of its sm_90 build."""
     reports = []
-    cases = [(f"packed_rows_{label}_{rows}rows", (fmt, tiled, slots, act, rows))
+    cases = [(f"packed_rows_{label}_{rows}rows", _build, (fmt, tiled, slots, act, rows))
              for label, fmt, tiled, slots, act in LAYOUTS for rows in ROWS]
-    cases += [(f"moe_grouped_{label}", (fmt, False, None, act, 32, True)) for label, fmt, act in GROUPED_LAYOUTS]
+    cases += [(f"moe_grouped_{label}", _build, (fmt, False, None, act, 32, True))
+              for label, fmt, act in GROUPED_LAYOUTS]
+    cases += [(f"paged_decode_split_d{d}_g{group}" + ("_qknorm" if norm else "") + ("_rope" if rope else ""),
+               _split_build, (d, group, norm, rope)) for d, group, norm, rope in SPLIT_CASES]
     with tempfile.TemporaryDirectory() as tmp:
-        for label, build in cases:
+        for label, builder, build in cases:
             rep = BuildReport(label)
             try:
-                name, ptx, rep.shared_bytes, _ = _build(*build)
+                name, ptx, rep.shared_bytes, _ = builder(*build)
             except Exception as e:  # a kernel Triton cannot compile at this instantiation
                 rep.problems.append(f"Triton compile failed: {type(e).__name__}: {str(e).splitlines()[-1][:200]}")
                 reports.append(rep)
