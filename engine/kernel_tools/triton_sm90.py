@@ -5,7 +5,8 @@ pipeline stages take. Checked: every format and word layout the packed layers ke
 tiled, tiled with bf16 code slots; W4A16 row-major and tiled; FP8 tiled), at the config() of 32, 64 and 128 rows for a
 Qwen3.5-27B projection (K = 5120), and the grouped launch of a MoE layer's expert stacks (triton_moe_grouped.py: NVFP4,
 MXFP4, W4A16); the split kernel at head sizes 64 and 128, with and without q/k norm and with the new tokens' RoPE
-and K/V store in it or not (ONECAT_ROPE_IN_SPLIT). A kernel that spills, or whose shared memory passes SM86/89's 99 KB (the
+and K/V store in it or not (ONECAT_ROPE_IN_SPLIT), and qk_rope_cache's kernel, which shares its RoPE body. A kernel
+that spills, or whose shared memory passes SM86/89's 99 KB (the
 smallest of the GPUs it runs on), is a problem: the Triton interpreter (tests/test_packed_rows_interpret.py) checks
 what the kernel computes, not whether it compiles.
 """
@@ -110,6 +111,28 @@ def _split_build(head_dim: int, group: int, qk_norm: bool, rope: bool) -> tuple[
     return compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.shared, 4
 
 
+def _rope_build(head_dim: int, qk_norm: bool) -> tuple[str, str, int, int]:
+    """The same for qk_rope_cache's kernel (engine/kernels/triton_fused.py) as qk_rope_cache launches it: a bf16 row,
+    its cache written."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from onecat.engine.kernels import triton_fused as tf
+
+    constexprs = {"D": head_dim, "QK_NORM": qk_norm, "WRITE_CACHE": True, "PDL": False}
+    pointers = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
+    signature = {arg: "constexpr" if arg in constexprs else pointers.get(arg) or ("*bf16" if arg.endswith("_ptr")
+                 else "fp32" if arg == "eps" else "i32") for arg in inspect.signature(tf.qk_rope_cache_kernel.fn).parameters}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+    warps = 1 if head_dim <= 128 else 2
+    compiled = triton.compile(ASTSource(tf.qk_rope_cache_kernel, signature, constexprs, attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return compiled.metadata.name, compiled.asm["ptx"], compiled.metadata.shared, warps
+
+
 def run_sm90_check(ptxas: Path) -> list[BuildReport]:
     """One report per (layout, rows), per expert-stack layout of the grouped MoE launch and per split-kernel case:
     registers, spilled bytes and shared memory of its sm_90 build."""
@@ -120,6 +143,8 @@ def run_sm90_check(ptxas: Path) -> list[BuildReport]:
               for label, fmt, act in GROUPED_LAYOUTS]
     cases += [(f"paged_decode_split_d{d}_g{group}" + ("_qknorm" if norm else "") + ("_rope" if rope else ""),
                _split_build, (d, group, norm, rope)) for d, group, norm, rope in SPLIT_CASES]
+    cases += [(f"qk_rope_cache_d{d}" + ("_qknorm" if norm else ""), _rope_build, (d, norm))
+              for d in (64, 128) for norm in (False, True)]
     with tempfile.TemporaryDirectory() as tmp:
         for label, builder, build in cases:
             rep = BuildReport(label)

@@ -61,15 +61,18 @@ def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr, PDL:
     tl.store(out_ptr + row * inter + cols, (gf / (1.0 + tl.exp(-gf))).to(g.dtype) * u, mask=mask)
 
 @triton.jit
-def rope_halves(x1, x2, cos, sin, w1, w2, eps, D: tl.constexpr, QK_NORM: tl.constexpr, AXIS: tl.constexpr):
+def rope_halves(x1, x2, cos, sin, w_ptr, eps, D: tl.constexpr, QK_NORM: tl.constexpr, AXIS: tl.constexpr):
     """NeoX RoPE of heads given as their two halves (axis AXIS, the last, of D // 2; any axis before it runs
-    over heads), after the per-head RMSNorm with weight halves w1, w2 when QK_NORM. The one body of every kernel that rotates q or k,
+    over heads), after the per-head RMSNorm with the weight at w_ptr when QK_NORM. The one body of every kernel that rotates q or k,
     so a head's bits are the same whichever kernel rotates it."""
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
     if QK_NORM:
         ss = tl.sum(f1 * f1, axis=AXIS, keep_dims=True) + tl.sum(f2 * f2, axis=AXIS, keep_dims=True)
         rstd = tl.rsqrt(ss / D + eps)
+        half: tl.constexpr = D // 2
+        w1 = tl.load(w_ptr + tl.arange(0, half))
+        w2 = tl.load(w_ptr + half + tl.arange(0, half))
         f1 = ((f1 * rstd).to(x1.dtype) * w1).to(tl.float32)
         f2 = ((f2 * rstd).to(x1.dtype) * w2).to(tl.float32)
     o1 = (f1 * cos - f2 * sin).to(x1.dtype)
@@ -97,16 +100,10 @@ def qk_rope_cache_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, kc_ptr, v
     base = qkv_ptr + t * stride_t + h * D  # k heads follow the q heads in the row
     x1 = tl.load(base + d)
     x2 = tl.load(base + half + d)
-    w1 = cos  # read only with QK_NORM
-    w2 = cos
-    if QK_NORM:
-        if is_k:
-            w1 = tl.load(kw_ptr + d)
-            w2 = tl.load(kw_ptr + half + d)
-        else:
-            w1 = tl.load(qw_ptr + d)
-            w2 = tl.load(qw_ptr + half + d)
-    o1, o2 = rope_halves(x1, x2, cos, sin, w1, w2, eps, D, QK_NORM, 0)
+    if is_k:
+        o1, o2 = rope_halves(x1, x2, cos, sin, kw_ptr, eps, D, QK_NORM, 0)
+    else:
+        o1, o2 = rope_halves(x1, x2, cos, sin, qw_ptr, eps, D, QK_NORM, 0)
     tl.store(base + d, o1)
     tl.store(base + half + d, o2)
     if WRITE_CACHE:

@@ -144,19 +144,11 @@ def _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr
     qa = q_ptr + tok * stride_qt + qh[:, None] * stride_qh + dh[None, :]
     x1 = tl.load(qa, mask=gmask[:, None], other=0.0)
     x2 = tl.load(qa + half, mask=gmask[:, None], other=0.0)
-    w1 = cos  # read only with QK_NORM
-    w2 = cos
-    if QK_NORM:
-        w1 = tl.load(qw_ptr + dh)
-        w2 = tl.load(qw_ptr + half + dh)
-    o1, o2 = rope_halves(x1, x2, cos[None, :], sin[None, :], w1, w2, eps, D, QK_NORM, 1)
+    o1, o2 = rope_halves(x1, x2, cos[None, :], sin[None, :], qw_ptr, eps, D, QK_NORM, 1)
     q = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (G_PAD, D))  # [o1 | o2] per head
     if writes_kv:
         src = kv_new_ptr + tok * stride_qt + kvh * D  # k heads, then v heads, of the qkv row
-        if QK_NORM:
-            w1 = tl.load(kw_ptr + dh)
-            w2 = tl.load(kw_ptr + half + dh)
-        k1, k2 = rope_halves(tl.load(src + dh), tl.load(src + half + dh), cos, sin, w1, w2, eps, D, QK_NORM, 0)
+        k1, k2 = rope_halves(tl.load(src + dh), tl.load(src + half + dh), cos, sin, kw_ptr, eps, D, QK_NORM, 0)
         dst = (tl.load(slot_ptr + tok).to(tl.int64) * num_kv_heads + kvh) * D
         tl.store(k_ptr + dst + dh, k1)
         tl.store(k_ptr + dst + half + dh, k2)
