@@ -1,6 +1,6 @@
 """A Gated DeltaNet layer's speculative verify step between its projections in three kernels (CUDA, Triton), which
-GatedDeltaNet takes for verify rows where SPLIT_VERIFY is on (off until measured on a GPU: triton_gated_delta_step.py's
-`step` walks the rows otherwise).
+GatedDeltaNet takes for verify rows where SPLIT_VERIFY is on (the default; triton_gated_delta_step.py's `step` walks
+the rows otherwise).
 
 `step` runs one program per (row, value head, tile of 8 value columns) and each walks the row's tokens: per token it
 recomputes its key head's q/k convolution (every value head and tile of a key head again), waits on the token's
@@ -29,10 +29,11 @@ from onecat.engine.kernels.triton_gated_delta_rows import rows_recurrence
 from onecat.engine.kernels.triton_gated_delta_step import _conv_silu, _gates, _keep_inputs, checked_gates, finish_kernel
 from onecat.engine.switches import switch
 
-# verify rows through the three kernels here (the state-independent work first, wide) instead of `step` walking them.
-# Checked under Triton's interpreter (the step path's bits) and built for sm_70 without spills, not yet run on a GPU:
-# off unless ONECAT_GDN_SPLIT_VERIFY=1. Read once; tests set it.
-SPLIT_VERIFY = switch("ONECAT_GDN_SPLIT_VERIFY", False)
+# verify rows through the three kernels here (the state-independent work first, wide) instead of `step` walking them:
+# the step path's bits (interpreter and H200), 1.9-2x faster for 8 rows of 8 or 16 tokens, within 3% for one row
+# (benchmarks/results/gpu_gdn_split_verify_h200_w{8,16}.json). ONECAT_GDN_SPLIT_VERIFY=0 walks them (A/B). Read once;
+# tests set it.
+SPLIT_VERIFY = switch("ONECAT_GDN_SPLIT_VERIFY", True)
 CHANNELS = 256  # channels an inputs program convolves (8 a thread of its one warp: 128-bit loads)
 
 
