@@ -73,10 +73,11 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
     gmask = g < GROUP
     qh = kvh * GROUP + g
     n_parts = tl.cdiv(ctx, PART)
-    if ROPE:  # q and the new k unrotated in the qkv row: rotate here (see _rotate_new_token)
-        q = _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr, kw_ptr,
-                              tok, kvh, qh, gmask, stride_qt, stride_qh, num_kv_heads, eps,
-                              (n_parts - 1) % num_split_progs == first_split, G_PAD, D, QK_NORM)
+    if ROPE:  # q and the new k unrotated in the qkv row: rotate them first, q into `out` (see _rotate_new_token)
+        _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr,
+                          kw_ptr, tok, kvh, qh, gmask, stride_qt, stride_qh, stride_ot, stride_oh, num_kv_heads, eps,
+                          (n_parts - 1) % num_split_progs == first_split, D, QK_NORM)
+        q = tl.load(out_ptr + tok * stride_ot + qh[:, None] * stride_oh + d[None, :], mask=gmask[:, None], other=0.0)
     else:
         q = tl.load(q_ptr + tok * stride_qt + qh[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     for it in range(0, splits_per_prog):
@@ -128,14 +129,17 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
             tl.atomic_xchg(counter, 0, sem="relaxed")  # zero again for the next launch
 
 @triton.jit
-def _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr, kw_ptr, tok, kvh,
-                      qh, gmask, stride_qt, stride_qh, num_kv_heads, eps, writes_kv, G_PAD: tl.constexpr,
+def _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr, kw_ptr,
+                      tok, kvh, qh, gmask, stride_qt, stride_qh, stride_ot, stride_oh, num_kv_heads, eps, writes_kv,
                       D: tl.constexpr, QK_NORM: tl.constexpr):
-    """A decode token's q heads of this program's GQA group, normed and rotated as qk_rope_cache does (the same
-    rope_halves body, so the same bits); the program whose splits hold the token's own position (`writes_kv`)
-    also rotates the token's k head and stores it and the v head at the token's slot, then waits on a barrier so
-    that its loads of that partition see them. Nothing else reads that slot in this launch: one kernel a layer
-    fewer than rotating and storing in a kernel of their own."""
+    """A decode token's q heads of this program's GQA group normed and rotated as qk_rope_cache does (the same
+    rope_halves body, so the same bits) and stored in the attention output's rows, which the merge overwrites later
+    (every split program of the group stores the same values there); the program whose splits hold the token's own
+    position (`writes_kv`) also rotates the token's k head and stores it and the v head at the token's slot. A
+    barrier then makes the stores visible to the program's own loads: q is read back from memory as the kernel reads
+    it without this step (a q tile straight from registers lets the compiler take another path into the score
+    matmul, which changed a few output bits on an H100), and nothing else reads the new slot in this launch. One
+    kernel a layer fewer than rotating and storing in a kernel of their own."""
     half: tl.constexpr = D // 2
     dh = tl.arange(0, half)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
@@ -145,7 +149,9 @@ def _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr
     x1 = tl.load(qa, mask=gmask[:, None], other=0.0)
     x2 = tl.load(qa + half, mask=gmask[:, None], other=0.0)
     o1, o2 = rope_halves(x1, x2, cos[None, :], sin[None, :], qw_ptr, eps, D, QK_NORM, 1)
-    q = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (G_PAD, D))  # [o1 | o2] per head
+    oa = out_ptr + tok * stride_ot + qh[:, None] * stride_oh + dh[None, :]
+    tl.store(oa, o1, mask=gmask[:, None])
+    tl.store(oa + half, o2, mask=gmask[:, None])
     if writes_kv:
         src = kv_new_ptr + tok * stride_qt + kvh * D  # k heads, then v heads, of the qkv row
         k1, k2 = rope_halves(tl.load(src + dh), tl.load(src + half + dh), cos, sin, kw_ptr, eps, D, QK_NORM, 0)
@@ -155,7 +161,6 @@ def _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, pos_ptr, cos_ptr, sin_ptr
         full = tl.arange(0, D)
         tl.store(v_ptr + dst + full, tl.load(src + num_kv_heads * D + full))
     tl.debug_barrier()  # the stores above are seen by every thread's loads of this program
-    return q
 
 
 @triton.jit
