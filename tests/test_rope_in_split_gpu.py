@@ -39,7 +39,8 @@ def test_split_kernel_rotates_as_qk_rope_cache_does(qk_norm, heads):
         cache0.v.copy_(v0)
         qkv = qkv0[rows].clone()
         n = qkv.shape[0]
-        lens, tables, slots, pos = meta.seq_lens[rows], meta.block_tables[rows], meta.slot_mapping[rows], positions[rows]
+        lens, tables, slots = meta.seq_lens[rows], meta.block_tables[rows], meta.slot_mapping[rows]
+        pos = positions[rows]
         out = torch.empty(n, hq, d, dtype=dt, device="cuda")
         new = None
         if fused:

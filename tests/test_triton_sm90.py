@@ -1,8 +1,9 @@
 """The offline SM80+ build of the packed many-row GEMM and the paged decode's split kernel
 (engine/kernel_tools/triton_sm90.py, `onecat kernels check --arch sm_90`): where Triton and ptxas 12.x are installed,
 every format and word layout at its default config for 17-128 rows, the grouped launch on a MoE layer's expert
-stacks, the split kernel with and without the new tokens' RoPE in it and qk_rope_cache's kernel, compile for sm_90 without spills and within
-SM86/89's shared memory (the Triton interpreter cannot tell: it runs what a GPU build refuses)."""
+stacks, the split kernel with and without the new tokens' RoPE in it and qk_rope_cache's kernel, compile for sm_90
+without spills and within SM86/89's shared memory (the Triton interpreter cannot tell: it runs what a GPU build
+refuses)."""
 from __future__ import annotations
 
 import json

@@ -1,14 +1,14 @@
 """Offline SM80+ build check of the packed many-row GEMM (engine/kernels/triton_packed_rows.py) and the paged decode's
-split kernel (engine/kernels/triton_paged_decode.py), runnable without a GPU: Triton lowers each instantiation the engine launches to PTX for sm_90 and ptxas 12.x (the sm_70 toolchain's,
-toolchain.py) assembles it, reporting registers and spills; Triton's own metadata gives the shared memory its
-pipeline stages take. Checked: every format and word layout the packed layers keep (NVFP4 and MXFP4 row-major,
-tiled, tiled with bf16 code slots; W4A16 row-major and tiled; FP8 tiled), at the config() of 32, 64 and 128 rows for a
-Qwen3.5-27B projection (K = 5120), and the grouped launch of a MoE layer's expert stacks (triton_moe_grouped.py: NVFP4,
-MXFP4, W4A16); the split kernel at head sizes 64 and 128, with and without q/k norm and with the new tokens' RoPE
-and K/V store in it or not (ONECAT_ROPE_IN_SPLIT), and qk_rope_cache's kernel, which shares its RoPE body. A kernel
-that spills, or whose shared memory passes SM86/89's 99 KB (the
-smallest of the GPUs it runs on), is a problem: the Triton interpreter (tests/test_packed_rows_interpret.py) checks
-what the kernel computes, not whether it compiles.
+split kernel (engine/kernels/triton_paged_decode.py), runnable without a GPU: Triton lowers each instantiation the
+engine launches to PTX for sm_90 and ptxas 12.x (the sm_70 toolchain's, toolchain.py) assembles it, reporting
+registers and spills; Triton's own metadata gives the shared memory its pipeline stages take. Checked: every format
+and word layout the packed layers keep (NVFP4 and MXFP4 row-major, tiled, tiled with bf16 code slots; W4A16 row-major
+and tiled; FP8 tiled), at the config() of 32, 64 and 128 rows for a Qwen3.5-27B projection (K = 5120), and the grouped
+launch of a MoE layer's expert stacks (triton_moe_grouped.py: NVFP4, MXFP4, W4A16); the split kernel at head sizes 64
+and 128, with and without q/k norm and with the new tokens' RoPE and K/V store in it or not (ONECAT_ROPE_IN_SPLIT),
+and qk_rope_cache's kernel, which shares its RoPE body. A kernel that spills, or whose shared memory passes SM86/89's
+99 KB (the smallest of the GPUs it runs on), is a problem: the Triton interpreter (tests/test_packed_rows_interpret.py)
+checks what the kernel computes, not whether it compiles.
 """
 from __future__ import annotations
 
@@ -124,8 +124,9 @@ def _rope_build(head_dim: int, qk_norm: bool) -> tuple[str, str, int, int]:
 
     constexprs = {"D": head_dim, "QK_NORM": qk_norm, "WRITE_CACHE": True, "PDL": False}
     pointers = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
+    args = inspect.signature(tf.qk_rope_cache_kernel.fn).parameters
     signature = {arg: "constexpr" if arg in constexprs else pointers.get(arg) or ("*bf16" if arg.endswith("_ptr")
-                 else "fp32" if arg == "eps" else "i32") for arg in inspect.signature(tf.qk_rope_cache_kernel.fn).parameters}
+                 else "fp32" if arg == "eps" else "i32") for arg in args}
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
     warps = 1 if head_dim <= 128 else 2
     compiled = triton.compile(ASTSource(tf.qk_rope_cache_kernel, signature, constexprs, attrs),

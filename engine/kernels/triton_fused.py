@@ -60,11 +60,12 @@ def silu_mul_kernel(gu_ptr, out_ptr, stride_gu, inter, BLOCK: tl.constexpr, PDL:
     gf = g.to(tl.float32)
     tl.store(out_ptr + row * inter + cols, (gf / (1.0 + tl.exp(-gf))).to(g.dtype) * u, mask=mask)
 
+
 @triton.jit
 def rope_halves(x1, x2, cos, sin, w_ptr, eps, D: tl.constexpr, QK_NORM: tl.constexpr, AXIS: tl.constexpr):
-    """NeoX RoPE of heads given as their two halves (axis AXIS, the last, of D // 2; any axis before it runs
-    over heads), after the per-head RMSNorm with the weight at w_ptr when QK_NORM. The one body of every kernel that rotates q or k,
-    so a head's bits are the same whichever kernel rotates it."""
+    """NeoX RoPE of heads given as their two halves (axis AXIS, the last, of D // 2; any axis before it runs over
+    heads), after the per-head RMSNorm with the weight at w_ptr when QK_NORM. The one body of every kernel that
+    rotates q or k, so a head's arithmetic is the same whichever kernel rotates it."""
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
     if QK_NORM:

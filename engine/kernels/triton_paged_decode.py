@@ -128,6 +128,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
                             stride_ot, stride_oh, D, S_BLOCK, ONE_PASS)
             tl.atomic_xchg(counter, 0, sem="relaxed")  # zero again for the next launch
 
+
 @triton.jit
 def _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr, kw_ptr,
                       tok, kvh, qh, gmask, stride_qt, stride_qh, stride_ot, stride_oh, num_kv_heads, eps, writes_kv,
