@@ -54,8 +54,9 @@
 # per-expert loop and grouped by expert (ONECAT_MOE_GROUPED_PREFILL 0, 1; the record's target_prefill_s).
 # `gdn_split` the split DeltaNet verify step's GPU tests, its timing against the step kernel walking the rows
 # (benchmarks/gpu_gdn_step.py, rows 1 and 8 of 8 and 16 tokens), then route 1 at batch 1 with it off and on
-# (ONECAT_GDN_SPLIT_VERIFY 0, 1). `draft_pool_route` route 1 at batch 1 and 8 with new requests' draft lengths from
-# the prior alone and from the finished requests' pool (ONECAT_DRAFT_LENGTH_POOL 0, 1). `rope_split` the GPU tests
+# (ONECAT_GDN_SPLIT_VERIFY 0, 1); `gdn_split_route` that route A/B alone. `draft_pool_route` route 1 at batch 1
+# and 8 with new requests' draft lengths from the prior alone and from the finished requests' pool
+# (ONECAT_DRAFT_LENGTH_POOL 0, 1). `rope_split` the GPU tests
 # of a decode step's RoPE and K/V store inside the paged decode's split kernel, then target-only decode with it off
 # and on (ONECAT_ROPE_IN_SPLIT), alternated twice, batch 1 and 8, the 8B and the embedded default's shapes.
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
@@ -64,7 +65,7 @@
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
-#                                draft_pool_route|rope_split]...
+#                                gdn_split_route|draft_pool_route|rope_split]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -268,7 +269,8 @@ for step in $steps; do
              (cd benchmarks && timeout 150 python3 gpu_gdn_step.py --rows 1,8 --width $w --out "$out/gdn_split_w$w.json" \
                >"$out/gdn_split_w$w.log" 2>&1); echo "DeltaNet verify width $w rc=$?"; grep "a layer" "$out/gdn_split_w$w.log"
            done
-           switch_ab ONECAT_GDN_SPLIT_VERIFY seed_route_h200 1 200 seed_route_b1_gdn_split ;;
+           switch_ab ONECAT_GDN_SPLIT_VERIFY seed_route_h200 1 240 seed_route_b1_gdn_split ;;
+    gdn_split_route) switch_ab ONECAT_GDN_SPLIT_VERIFY seed_route_h200 1 240 seed_route_b1_gdn_split ;;
     draft_pool_route) switch_ab ONECAT_DRAFT_LENGTH_POOL seed_route_h200 1,8 280 seed_route_draft_pool ;;
     syncs) timeout 300 python3 benchmarks/gpu_round_syncs.py --out "$out/gpu_round_syncs.json" >"$out/syncs.log" 2>&1
            echo "round syncs rc=$?"; grep "synchronizing" "$out/syncs.log" | cut -c1-300 ;;
