@@ -59,13 +59,15 @@
 # (ONECAT_DRAFT_LENGTH_POOL 0, 1). `rope_split` the GPU tests
 # of a decode step's RoPE and K/V store inside the paged decode's split kernel, then target-only decode with it off
 # and on (ONECAT_ROPE_IN_SPLIT), alternated twice, batch 1 and 8, the 8B and the embedded default's shapes.
+# `paged_sweep` the paged decode attention alone at 1K-32K contexts, batch 1 and 8, in its tile and partition
+# variants, against the copy rate (benchmarks/gpu_paged_decode.py).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
-#                                gdn_split_route|draft_pool_route|rope_split]...
+#                                gdn_split_route|draft_pool_route|rope_split|paged_sweep]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -288,6 +290,8 @@ for step in $steps; do
     merge) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py -k "merge" \
              >"$out/merge_tests.log" 2>&1; echo "merge tests rc=$?"; tail -3 "$out/merge_tests.log"
            decode_switch_ab ONECAT_MERGE_IN_SPLIT merge ;;
+    paged_sweep) (cd benchmarks && timeout 300 python3 gpu_paged_decode.py --out "$out/gpu_paged_decode.json" \
+             >"$out/paged_sweep.log" 2>&1); echo "paged decode sweep rc=$?"; grep "context" "$out/paged_sweep.log" | cut -c1-220 ;;
     rope_split) gpu_tests rope_split tests/test_rope_in_split_gpu.py
            decode_switch_ab ONECAT_ROPE_IN_SPLIT rope_split ;;
     rows) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_rows_gemm_gpu.py \
