@@ -28,9 +28,9 @@
 # projections at 17-128 rows, NVFP4 with a tile sweep and W4A16 (benchmarks/gpu_packed_rows.py); `packed_rows_route`
 # route 1 at batch 8 with it off and by default (ONECAT_PACKED_ROWS_GEMM 0, unset); `packed_rows_e2e` the 8B shape
 # dense, W4A16, NVFP4 and FP8 at batch 1, 32 and 64, each packed arm by default and with it off
-# (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests not yet passed on a GPU (a refused
-# sampling capture, a quantized drafter's and an MTP draft vocabulary's rounds through their CUDA graphs, the graphs'
-# capture counters), each selection under its own limit;
+# (benchmarks/gpu_w4a16_e2e.py --packed-rows-ab); `pending_tests` the GPU tests not yet passed on a GPU (the
+# RoPE folded into the split kernel, prompt lookups taken while pipelined steps are in flight, the hybrid engine's
+# verify graphs with the split DeltaNet verify step now default), each selection under its own limit;
 # `syncs` the synchronizing CUDA calls an engine step makes, by engine line (benchmarks/gpu_round_syncs.py: target-only,
 # n-gram, synthetic DFlash dense and hybrid, MTP; batch 1 and 8); `narrow_route` route 1 at batch 1 with the hybrid's narrower verify graphs off and on
 # (ONECAT_HYBRID_NARROW_VERIFY); `gemv16` the 16-row GEMV's GPU tests and its
@@ -202,10 +202,9 @@ for step in $steps; do
                >"$out/route_b8_packed_rows_${f:-default}.log" 2>&1
              echo "route 1 batch 8 packed rows gemm=${f:-default} rc=$?"; grep -i "tok/s" "$out/route_b8_packed_rows_${f:-default}.log"
            done ;;
-    pending_tests) gpu_tests sampler_capture tests/test_sampler_filters.py -k capture
-           gpu_tests drafter_quant tests/test_drafter_quant.py -k cuda_graphs
-           gpu_tests mtp_vocab tests/test_mtp_draft_vocab.py -k cuda_graphs
-           gpu_tests graph_captures tests/test_gpu_engine.py -k cuda_graphs_on_off_greedy_identical ;;
+    pending_tests) gpu_tests rope_split tests/test_rope_in_split_gpu.py
+           gpu_tests pipelined_lookups tests/test_speculative_graphs_gpu.py -k pipelined
+           gpu_tests hybrid_graphs tests/test_hybrid_gpu.py ;;
     gemv16) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
            for fmt in nvfp4 w4a16; do
              (cd benchmarks && timeout 150 python3 gpu_packed_rows.py --format $fmt --rows 8,16,32 \

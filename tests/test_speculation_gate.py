@@ -266,3 +266,52 @@ def test_the_decoder_leaves_untimed_the_steps_in_which_its_drafter_captured_grap
     decoder.step_done(1, True, 0.5, 2.0)
     decoder.step_done(1, True, 0.5, 2.0)
     assert decoder.gate.report()["steps"]["untimed"] == 1 and decoder.gate.steps["drafted"] == 3
+
+
+def _decoder(proposer, enabled: bool = True):
+    from onecat.engine.speculative.base import SpeculativeDecoder
+
+    return SpeculativeDecoder(proposer, 4096, SpeculationGate(enabled=enabled, probe_every=8))
+
+
+def _seqs(token_lists):
+    from onecat.engine import SamplingParams
+    from onecat.engine.core.sequence import Sequence
+
+    return [Sequence(f"r{i}", None, ids, SamplingParams(temperature=0.0, max_tokens=64), 0)
+            for i, ids in enumerate(token_lists)]
+
+
+def test_a_host_lookup_in_flight_keeps_the_pipeline_running_until_a_draft_is_found():
+    """The decode pipeline asks a prompt-lookup proposer while a step is in flight (pipeline_paused): text that
+    never repeats backs it off without draining the pipeline; a repeat drains it for a round; a step with nothing
+    in flight, a gate that is off and a proposer that does not look up on the host are never asked there."""
+    from onecat.engine.speculative.ngram import NgramProposer
+
+    fresh = _seqs([list(range(100, 140)), list(range(200, 233))])  # no suffix occurs earlier
+    decoder = _decoder(NgramProposer(3, prompt_lookup_min=2))
+    assert not decoder.pipeline_paused(fresh)  # nothing in flight: the plain step asks with every token
+    paused = []
+    for _ in range(40):
+        paused.append(decoder.pipeline_paused(fresh, in_flight=True))
+        decoder.step_done(2, False, 1.0, 1.0)
+    assert all(paused)  # each turn of the proposer was taken in flight: the pipeline never drained
+    asked = decoder.pipelined_lookups
+    assert 4 <= asked <= 10  # backed off 1, 2, 4, 8, 8, ... steps (probe_every = 8) as empty proposals are
+    assert decoder.gate.report()["steps"]["proposer_skipped"] == 40 - asked
+    assert decoder.describe()["pipelined_lookups"] == asked
+
+    while decoder.gate.paused(2):  # to the proposer's next turn
+        decoder.step_done(2, False, 1.0, 1.0)
+    repeats = _seqs([list(range(100, 140)) + [100, 101], list(range(200, 233))])
+    assert not decoder.pipeline_paused(repeats, in_flight=True)  # "100 101" occurred: drain, draft with every token
+    assert decoder.pipelined_lookups == asked
+
+    off = _decoder(NgramProposer(3, prompt_lookup_min=2), enabled=False)
+    assert not off.pipeline_paused(fresh, in_flight=True) and off.pipelined_lookups == 0
+
+    class OnDevice(NgramProposer):
+        looks_up_on_host = False
+
+    other = _decoder(OnDevice(3, prompt_lookup_min=2))
+    assert not other.pipeline_paused(fresh, in_flight=True) and other.pipelined_lookups == 0

@@ -99,3 +99,26 @@ def test_draft_model_steps_replay_the_draft_engines_graphs(tmp_path):
         drafter = llm.info()["speculative"]
     assert got == want
     assert drafter["cuda_graph"]["used"] and drafter["cuda_graph"]["replays"] > 0, drafter
+
+
+def test_prompt_lookup_is_asked_while_pipelined_steps_are_in_flight(tmp_path):
+    """An n-gram engine (gate on) over text its lookups never match decodes in the one-step-ahead pipeline: the
+    proposer's turns are taken while a step is in flight, not by draining it, and the tokens are target-only's."""
+    from onecat.engine import LLM, SamplingParams
+    from tests.tiny_models import make_tiny_model
+
+    model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
+                                num_key_value_heads=2, intermediate_size=512)
+    settings = dict(device="cuda", dtype="float16", cuda_graph="full", max_model_len=512, max_num_seqs=4,
+                    kv_cache_memory_gb=0.25)
+    params = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)
+    with LLM(str(model_dir), **settings) as plain:
+        want = [o.token_ids for o in plain.generate(PROMPTS, params)]
+    never = 10_000  # an n-gram longer than any sequence: nothing is ever found
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": never, "prompt_lookup_max": never}
+    with LLM(str(model_dir), speculative_config=spec, **settings) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, params)]
+        info = llm.info()
+    assert got == want
+    assert info["speculative"]["pipelined_lookups"] > 0, info["speculative"]
+    assert info["async_scheduling"]["launches"] > 0, info["async_scheduling"]

@@ -9,7 +9,8 @@ step launches the next decode, then reads and applies the previous one while the
 
 It runs only when the batch is steady: CUDA graphs on, nothing waiting to be admitted, no speculative proposer or
 one whose gate has paused drafting for this batch size (its plain steps then decode as target-only's do; a block
-drafter's tapped features are recorded from the graph's output as in a plain step), no request with logits
+drafter's tapped features are recorded from the graph's output as in a plain step; a prompt-lookup proposer whose
+turn comes is asked while the step is in flight, and only a draft found drains the pipeline), no request with logits
 processors, logprobs or kept distributions. Anything else drains it (the step in flight is applied, nothing new
 launched) and the normal scheduler takes over. A request that stops at step N has had step N+1 computed for it; that
 result is dropped and its KV slot goes back with the request's blocks. Tokens are drawn from the same logits with
@@ -62,12 +63,14 @@ class DecodePipeline:
         self.applied_batch = 0  # sequences of the step applied last
 
     # ---- when it may run --------------------------------------------------------------------------
-    def _steady(self) -> bool:
+    def _steady(self, in_flight: bool = False) -> bool:
+        """Whether the next step may launch ahead; `in_flight`: a launched step is not yet applied (a host-side
+        proposer is then asked here, overlapped with it, instead of draining the pipeline to ask)."""
         c = self.core
         graphs = c.worker.graphs
         if graphs is None or graphs.disabled_reason is not None:
             return False
-        if c.proposer is not None and not c.proposer.pipeline_paused(len(c.scheduler.running)):
+        if c.proposer is not None and not c.proposer.pipeline_paused(c.scheduler.running, in_flight):
             return False
         if c.worker.has_peer_ranks:  # tensor parallel: every replay is described to the other ranks first
             return False
@@ -99,7 +102,7 @@ class DecodePipeline:
                 return None
         cur, self.inflight = self.inflight, None
         running = self.core.scheduler.running
-        if self._steady() and len(running) == len(cur.seqs) and all(a is b for a, b in zip(running, cur.seqs)):
+        if len(running) == len(cur.seqs) and all(a is b for a, b in zip(running, cur.seqs)) and self._steady(True):
             if not all(self._will_finish_by_length(seq, 1) for seq in cur.seqs):
                 self.inflight = self._launch(cur.seqs, [p + 1 for p in cur.positions], cur.tokens)
         return self._apply(cur)

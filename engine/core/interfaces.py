@@ -62,7 +62,7 @@ class SpeculativeProposer(Protocol):
 
     def step_done(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None: ...
 
-    def pipeline_paused(self, batch: int) -> bool: ...  # drafting is off for the batch: plain pipelined steps
+    def pipeline_paused(self, running: list[Sequence], in_flight: bool = False) -> bool: ...  # plain pipelined steps
 
     def release(self, seq: Sequence) -> None: ...
 

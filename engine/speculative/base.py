@@ -62,6 +62,9 @@ class Proposer(ABC):
     # a block drafter whose later drafts are rarely accepted: each request drafts only the positions worth
     # verifying (draft_length.py)
     trims_drafts = False
+    # proposes from the host's token lists alone, cheaply (prompt lookup): the decode pipeline may ask it while a
+    # step is in flight, whether it would find anything, instead of draining to ask (SpeculativeDecoder.pipeline_paused)
+    looks_up_on_host = False
 
     def __init__(self, k: int):
         self.k = k
@@ -117,6 +120,7 @@ class SpeculativeDecoder:
         trim = proposer.trims_drafts and switch(DRAFT_LENGTHS_FLAG, True)
         self.lengths = DraftLengths(proposer.k) if trim else None
         self._captures = proposer.graph_captures
+        self.pipelined_lookups = 0  # empty proposals made while a pipelined step was in flight (pipeline_paused)
 
     @property
     def trims_drafts(self) -> bool:
@@ -156,10 +160,25 @@ class SpeculativeDecoder:
             self.gate.proposed(bool(result))
         return result
 
-    def pipeline_paused(self, batch: int) -> bool:
-        """True while the gate has drafting off for this batch size and no probe is due: the engine may
-        run these plain steps in its one-step-ahead decode pipeline."""
-        return self.gate.paused(batch)
+    def pipeline_paused(self, running: list[Sequence], in_flight: bool = False) -> bool:
+        """True while the gate has drafting off for this batch and no probe is due: the engine may run these plain
+        steps in its one-step-ahead decode pipeline. When the proposer's turn comes while a pipelined step is
+        `in_flight` and the proposer looks up on the host (`looks_up_on_host`), it is asked here on the tokens the
+        host has (that step's not among them): only a draft found drains the pipeline for a round (whose own lookup
+        then sees every token); nothing found backs the proposer off as an empty proposal does, and the pipeline
+        runs on. So text that never repeats costs lookups overlapped with the device, not a drained step each time.
+        (A gate that is off drafts whenever its proposer finds a draft with every token: never asked here.)"""
+        batch = len(running)
+        if self.gate.paused(batch):
+            return True
+        if not (in_flight and self.gate.enabled and self.proposer.looks_up_on_host and running
+                and self.gate.wants_drafts(batch)):
+            return False
+        if any(len(d) for d in self.proposer.propose(running, [self.k] * batch)):
+            return False
+        self.gate.proposed(False)
+        self.pipelined_lookups += 1
+        return True
 
     def step_done(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
         """A pure decode step of `batch` sequences took `seconds` of wall time (for the gate); a step in which the
@@ -213,7 +232,8 @@ class SpeculativeDecoder:
 
     def describe(self) -> dict:
         lengths = {"draft_lengths": self.lengths.describe()} if self.lengths is not None else {}
-        return {**self.proposer.describe(), **lengths, "gate": self.gate.report()}
+        return {**self.proposer.describe(), **lengths, "gate": self.gate.report(),
+                "pipelined_lookups": self.pipelined_lookups}
 
     # ---- feature capture (block drafters) -------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ from onecat.engine.speculative.ngram_index import NgramIndex
 
 class NgramProposer(Proposer):
     name = "ngram"
+    looks_up_on_host = True  # a dictionary lookup on the token lists: the decode pipeline may ask it in flight
 
     def __init__(self, k: int, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4, adaptive: bool = False,
                  max_speculative_tokens: int | None = None):
