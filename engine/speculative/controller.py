@@ -21,7 +21,8 @@ asked less often: after each empty proposal the next `skip` steps do not call it
 
 While drafting is off for a batch (`paused`), its plain steps may run in the one-step-ahead decode
 pipeline as target-only decoding does (engine/core/decode_pipeline.py); the pipeline drains when a probe
-is due, or when a prompt-lookup proposer asked in flight finds a draft (SpeculativeDecoder.pipeline_paused). Steps are counted where they are recorded, so both paths advance the same counters.
+is due, or when a prompt-lookup proposer asked in flight finds a draft (SpeculativeDecoder.pipeline_paused).
+Steps are counted where they are recorded, so both paths advance the same counters.
 """
 from __future__ import annotations
 
