@@ -3,7 +3,8 @@ under Triton's interpreter, on the CPU: NVFP4, MXFP4 and W4A16 experts; every (t
 expert's exactly dequantized weight, a pair's result independent of the other pairs, the layer's routed path against
 its per-expert loop (the path steps of many tokens take), and the two fused kernels (SiLU * mul in the gate/up
 kernel, the weighted top-k sum in the down kernel) against the separate ops they replace, and the kernels' other
-tilings (RoutedTiles: gate and up rows in one tile, a token's pairs in one tile) against the default one. CUDA runs
+tilings (RoutedTiles: gate and up rows in one tile, a token's pairs in one tile) against the default one (marked
+slow: the engine launches only the per-format defaults, which the first test runs). CUDA runs
 the same kernels (tests/test_moe_gpu.py, the seed MoE route's GPU benchmark, benchmarks/gpu_moe_routed.py)."""
 from __future__ import annotations
 
@@ -147,6 +148,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # ~50 s on two cores: the tilings the engine launches run in the test above; these are the others
 def test_routed_tilings_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", TILINGS_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
