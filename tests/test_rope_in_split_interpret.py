@@ -2,8 +2,9 @@
 engine/kernels/triton_paged_decode.py) under Triton's interpreter (CPU): the same attention output and the
 same cache, bit for bit, as qk_rope_cache followed by paged_decode; with and without Qwen3's q/k norm, GQA
 groups of 1, 2 and 3 query heads, contexts that end on and off partition and block edges, and one sequence
-alone (eight split programs) as well as six (two each, several partitions a program). Only the program whose
-splits hold the token's position stores its K/V, so the others must never need them."""
+alone (eight split programs) as well as six (two each, several partitions a program), with the merge kernel and
+with the merge in the split kernel. Only the program whose splits hold the token's position stores its K/V, so
+the others must never need them."""
 from __future__ import annotations
 
 import pytest
@@ -43,15 +44,19 @@ for H, KVH, norm, lens in [(4, 2, False, [1, 15, 16, 129, 300, 700]), (6, 2, Tru
     ref = torch.zeros(n, H, D, dtype=torch.half)
     tpd.paged_decode(ref, ref_qkv[:, :H * D].view(n, H, D), LayerKVCache(ref_k, ref_v, None, None, None), bt, ctx,
                      max(lens), D ** -0.5)
-    # in the split kernel: q and the new k/v straight from the projection's rows
-    k, v = k0.clone(), v0.clone()
-    got = torch.zeros(n, H, D, dtype=torch.half)
-    new = tpd.NewTokens(qkv[:, H * D:], pos, rot.cos, rot.sin, slots, qw, kw, 1e-6)
-    tpd.paged_decode(got, qkv[:, :H * D].view(n, H, D), LayerKVCache(k, v, None, None, None), bt, ctx, max(lens),
-                     D ** -0.5, new=new)
-    assert torch.equal(k, ref_k) and torch.equal(v, ref_v), (H, KVH, norm)
-    assert torch.equal(got, ref), (H, KVH, norm, (got - ref).abs().max())
-    assert not torch.equal(k, k0)  # the new tokens' K did land in the cache
+    # in the split kernel: q and the new k/v straight from the projection's rows; with the merge in the split
+    # kernel too (its last program overwrites the output rows where the others put their rotated q)
+    for merge in (False, True):
+        tpd.MERGE_IN_SPLIT = merge
+        k, v = k0.clone(), v0.clone()
+        got = torch.zeros(n, H, D, dtype=torch.half)
+        new = tpd.NewTokens(qkv[:, H * D:], pos, rot.cos, rot.sin, slots, qw, kw, 1e-6)
+        tpd.paged_decode(got, qkv[:, :H * D].view(n, H, D), LayerKVCache(k, v, None, None, None), bt, ctx,
+                         max(lens), D ** -0.5, new=new)
+        assert torch.equal(k, ref_k) and torch.equal(v, ref_v), (H, KVH, norm, merge)
+        assert torch.equal(got, ref), (H, KVH, norm, merge, (got - ref).abs().max())
+        assert not torch.equal(k, k0)  # the new tokens' K did land in the cache
+    tpd.MERGE_IN_SPLIT = False
 try:
     tpd.paged_decode(got, qkv[:, :H * D].view(n, H, D), LayerKVCache(k, v, None, None, None), bt, ctx, max(lens),
                      D ** -0.5, tok_idx=torch.arange(n, dtype=torch.int32), row_idx=torch.arange(n, dtype=torch.int32),
