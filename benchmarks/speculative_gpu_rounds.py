@@ -89,13 +89,16 @@ def run_arm(llm, make_proposer, gate, batch_prompts, max_tokens: int, repeats: i
     best, outs = 0.0, None
     with llm.proposer_swapped(make_proposer(), gate, exact_batch1):
         decode(llm, batch_prompts, min(max_tokens, 16))  # graphs of this verify width, drafter warm-up
+        launches = llm.info()["async_scheduling"]["launches"]
         for _ in range(repeats):
             tps, outs = decode(llm, batch_prompts, max_tokens)
             best = max(best, tps)
         described = llm.info()["speculative"]
+        pipelined = llm.info()["async_scheduling"]["launches"] - launches
     same = sum(o.token_ids == reference[tuple(o.prompt_token_ids)] for o in outs)
     return {"tok_s": round(best, 2), "acceptance_length": acceptance_length(outs), "tokens_identical": same,
-            "requests": len(outs), "proposer": described}
+            "requests": len(outs), "proposer": described,
+            "pipelined_steps": pipelined}  # plain steps launched one ahead (engine/core/decode_pipeline.py)
 
 
 def profile_round(llm, arms, batch_prompts, max_tokens: int, out: Path, cuda: bool) -> None:
