@@ -204,7 +204,7 @@ for step in $steps; do
            done ;;
     pending_tests) gpu_tests rope_split tests/test_rope_in_split_gpu.py
            gpu_tests pipelined_lookups tests/test_speculative_graphs_gpu.py -k pipelined
-           gpu_tests hybrid_graphs tests/test_hybrid_gpu.py ;;
+           gpu_tests hybrid_graphs tests/test_hybrid_gpu.py tests/test_gated_delta_step_gpu.py -k "rollback or verify or graphs" ;;
     gemv16) gpu_tests gemv16 tests/test_gemv_16_rows_gpu.py
            for fmt in nvfp4 w4a16; do
              (cd benchmarks && timeout 150 python3 gpu_packed_rows.py --format $fmt --rows 8,16,32 \
