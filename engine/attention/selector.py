@@ -71,18 +71,20 @@ class AttentionDispatcher:
         self.calls[backend.name] += 1
         return backend.forward(q, cache, meta, scale)
 
+    def takes_new_tokens(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> bool:
+        """Whether the chosen backend's own kernel also norms, rotates and stores this step's new tokens (then call
+        with_new_tokens; else rotate and store first, and call this dispatcher as usual). The backend's cheap check
+        comes first: with it off, no call pays for a second capability check."""
+        takes = getattr(self.primary, "takes_new_tokens", None)
+        return (takes is not None and takes(cache, meta)
+                and self.primary.unsupported_reason(q, cache, meta) is None)
+
     def with_new_tokens(self, q: torch.Tensor, new, cache: LayerKVCache, meta: AttentionMetadata,
-                        scale: float) -> torch.Tensor | None:
-        """Attention that also norms, rotates and stores the step's new tokens (`new`: what the qkv projection
-        left, q unrotated) where the chosen backend does that in its own kernel; None where it does not (the
-        caller then rotates and stores, and calls this dispatcher as usual)."""
-        take = getattr(self.primary, "forward_new_tokens", None)
-        if take is None or self.primary.unsupported_reason(q, cache, meta) is not None:
-            return None
-        out = take(q, new, cache, meta, scale)
-        if out is not None:
-            self.calls[self.primary.name] += 1
-        return out
+                        scale: float) -> torch.Tensor:
+        """Attention that also norms, rotates and stores the step's new tokens (`new`: what the qkv projection left,
+        q unrotated), where takes_new_tokens said so."""
+        self.calls[self.primary.name] += 1
+        return self.primary.forward_new_tokens(q, new, cache, meta, scale)
 
     def runs_cpu_paged(self) -> bool:
         """Whether attention is the C++ CPU paged kernel (chosen and built), which the one-call decode step runs."""

@@ -129,13 +129,15 @@ class TritonPagedBackend(AttentionBackend):
             return "metadata block_tables/seq_lens must be int32"
         return None
 
+    @staticmethod
+    def takes_new_tokens(cache: LayerKVCache, meta: AttentionMetadata) -> bool:
+        """Whether forward_new_tokens runs this step: ONECAT_ROPE_IN_SPLIT on, pure decode, a 16-bit cache."""
+        return ROPE_IN_SPLIT and meta.max_query_len == 1 and cache.fp8_dtype is None
+
     def forward_new_tokens(self, q: torch.Tensor, new, cache: LayerKVCache, meta: AttentionMetadata,
-                           scale: float) -> torch.Tensor | None:
+                           scale: float) -> torch.Tensor:
         """Attention of a pure decode step whose q and new K/V are as the qkv projection left them (`new`, a
-        triton_paged_decode.NewTokens): the split kernel norms, rotates and stores them itself. None where it
-        does not (ONECAT_ROPE_IN_SPLIT off, not pure decode, an 8-bit cache): the caller rotates and stores first."""
-        if not ROPE_IN_SPLIT or meta.max_query_len != 1 or cache.fp8_dtype is not None:
-            return None
+        triton_paged_decode.NewTokens): the split kernel norms, rotates and stores them itself."""
         from onecat.engine.kernels.triton_paged_decode import paged_decode
 
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

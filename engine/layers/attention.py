@@ -52,17 +52,18 @@ class SelfAttention(nn.Module):
         ctx = get_forward_context()
         cache = ctx.kv_caches[self.layer_idx]
         if self._fused_ok(qkv, cache):
-            from onecat.engine.kernels.triton_fused import qk_rope_cache
-            from onecat.engine.kernels.triton_paged_decode import NewTokens
-
             norm = self.q_norm is not None
             qw, kw, eps = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if norm else (None, None, 0.0)
             q = qkv[:, :self.q_size].view(T, self.num_heads, self.head_dim)
-            new = NewTokens(qkv[:, self.q_size:], positions, self.rotary.cos, self.rotary.sin, ctx.meta.slot_mapping,
-                            qw, kw, eps)
-            out = ctx.attention.with_new_tokens(q, new, cache, ctx.meta, self.scale)
-            if out is not None:  # the attention kernel rotated and stored them: one kernel fewer
-                return self.o_proj(out.reshape(T, self.q_size))
+            if ctx.attention.takes_new_tokens(q, cache, ctx.meta):  # the attention kernel rotates and stores them
+                from onecat.engine.kernels.triton_paged_decode import NewTokens
+
+                new = NewTokens(qkv[:, self.q_size:], positions, self.rotary.cos, self.rotary.sin,
+                                ctx.meta.slot_mapping, qw, kw, eps)
+                return self.o_proj(ctx.attention.with_new_tokens(q, new, cache, ctx.meta, self.scale)
+                                   .reshape(T, self.q_size))
+            from onecat.engine.kernels.triton_fused import qk_rope_cache
+
             qk_rope_cache(qkv, positions, self.rotary.cos, self.rotary.sin, self.num_heads, self.num_kv_heads,
                           self.head_dim, cache.k, cache.v, ctx.meta.slot_mapping, qw, kw, eps)
         elif self._cpu_fused_ok(qkv, cache):  # RoPE on q and k in place, and the K/V cache write: one call
