@@ -161,14 +161,16 @@ class LLM:
     def _cpu_isa(self) -> dict:
         """The CPU instruction sets the computation uses: torch's kernels dispatch on its CPU capability, the
         C++ CPU ops (engine/kernels/cpu_ops.py) are compiled for theirs, and packed 4-bit layers run their
-        many-row steps on AVX512-VNNI where they can (engine/quant/int4/int8_matmul.py)."""
+        many-row steps on int8 dot products (AVX512-VNNI or AVX2) where they can (engine/quant/int4/int8_matmul.py)."""
         from onecat.engine.kernels.cpu_ops import vector_isa
 
         isa = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa()}
         model = self.worker.model
         int8 = sum(1 for m in model.modules() if getattr(m, "int8", None) is not None) if model is not None else 0
         if int8:
-            isa["int8_matmul"] = f"AVX512-VNNI ({int8} packed layers)"
+            from onecat.engine.quant.int4.int8_matmul import isa as int8_isa
+
+            isa["int8_matmul"] = f"{int8_isa()} ({int8} packed layers)"
         return isa
 
     def down_reason(self) -> str | None:

@@ -12,8 +12,10 @@ from onecat.engine.quant.int4 import int8_matmul
 from onecat.engine.quant.int4.layout import Int4Blocks
 from onecat.engine.quant.int4.linear import DENSE_FROM_ROWS, Int4PackedLinear
 
-needs_vnni = pytest.mark.skipif(int8_matmul.unavailable_reason() is not None,
+needs_int8 = pytest.mark.skipif(int8_matmul.unavailable_reason() is not None,
                                 reason=f"int8 matmul unavailable: {int8_matmul.unavailable_reason()}")
+needs_vnni = pytest.mark.skipif(int8_matmul.isa() != "AVX512-VNNI", reason="the AVX2 kernel is compared with "
+                                "the AVX512-VNNI one on a CPU that has both")
 
 
 def reference(x: torch.Tensor, blocks: Int4Blocks) -> torch.Tensor:
@@ -39,7 +41,7 @@ def random_blocks(n: int, k: int, seed: int = 0) -> Int4Blocks:
                       torch.rand(n, k // 32, generator=g) * 0.02, torch.randn(n, k // 32, generator=g) * 0.05)
 
 
-@needs_vnni
+@needs_int8
 @pytest.mark.parametrize("n,k,m", [(40, 64, 3), (96, 576, 16), (576, 1536, 37), (960, 576, 300)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_matmul_matches_its_integer_reference(n, k, m, dtype):
@@ -53,6 +55,18 @@ def test_int8_matmul_matches_its_integer_reference(n, k, m, dtype):
 
 
 @needs_vnni
+@pytest.mark.parametrize("n,k,m", [(40, 64, 3), (200, 576, 16), (568, 1536, 37), (96, 576, 130)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_avx2_kernel_gives_the_vnni_kernels_bits(n, k, m, dtype):
+    """Same integer block sums, same float operations per column in the same order: a machine's results do not
+    depend on which of the two kernels its CPU has."""
+    weights = int8_matmul.Int8MatmulWeights(random_blocks(n, k, seed=5))
+    x = torch.randn(m, k).to(dtype)
+    x[1, 32:64] = 0
+    assert torch.equal(weights(x, kernel="avx2"), weights(x))
+
+
+@needs_int8
 def test_a_rows_int8_result_is_the_same_alone_and_in_any_batch():
     blocks = random_blocks(200, 576, seed=3)
     weights = int8_matmul.Int8MatmulWeights(blocks)
@@ -64,13 +78,27 @@ def test_a_rows_int8_result_is_the_same_alone_and_in_any_batch():
         assert torch.equal(weights(x)[at], probe)
 
 
+@needs_int8
+def test_extreme_activations_stay_exact():
+    """Codes of 15 against activations of +-127 in every position: the AVX2 kernel's int16 partial sums reach
+    their largest (8 words x 2 x 15 x 127 = 30,480) and must not saturate or wrap."""
+    n, k = 24, 256
+    blocks = Int4Blocks(torch.full((n, k), 15, dtype=torch.uint8), torch.full((n, k // 32), 0.01),
+                        torch.zeros(n, k // 32))
+    x = torch.ones(3, k)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    y = int8_matmul.Int8MatmulWeights(blocks)(x)
+    assert ((y.double() - reference(x, blocks)).abs().max()).item() < 1e-4
+
+
 def _q4_1_layer() -> Int4PackedLinear:
     w = np.random.default_rng(4).standard_normal((96, 256)).astype(np.float32)
     return Int4PackedLinear(QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1),
                                                       w.shape).terms, None)
 
 
-@needs_vnni
+@needs_int8
 def test_the_packed_layer_runs_many_rows_on_int8_and_few_on_the_4bit_kernel():
     layer = _q4_1_layer()
     assert layer.int8 is not None and layer.dense_blocked is None  # no bf16 copy kept
@@ -90,7 +118,7 @@ def test_the_switch_turns_the_int8_path_off(monkeypatch):
     assert "int8 dot products off" in Int4PackedLinear.large_batch_path()
 
 
-@needs_vnni
+@needs_int8
 def test_the_engine_says_its_packed_layers_run_int8_and_a_prompts_tokens_ignore_its_neighbours():
     """info() names the path; a prompt's greedy tokens are the same among two different sets of 16 prompts
     (every step of 16 sequences runs its rows on int8, each row's result independent of the others)."""
@@ -102,9 +130,10 @@ def test_the_engine_says_its_packed_layers_run_int8_and_a_prompts_tokens_ignore_
     with LLM(EMBEDDED, device="cpu", quantization="gguf", max_model_len=256, max_num_seqs=16,
              enable_prefix_caching=False) as llm:
         info = llm.info()
-        assert info["cpu_isa"]["int8_matmul"].startswith("AVX512-VNNI (")
-        assert "int8 dot products" in info["quantization"]["large_batch_path"]
-        assert "int8 matmul AVX512-VNNI" in _isa_cell(info["cpu_isa"])
+        isa = int8_matmul.isa()
+        assert info["cpu_isa"]["int8_matmul"].startswith(f"{isa} (")
+        assert f"int8 dot products on the 4-bit codes ({isa}" in info["quantization"]["large_batch_path"]
+        assert f"int8 matmul {isa}" in _isa_cell(info["cpu_isa"])
         prompts = [[1000 + (i * 131 + j * 7) % 40000 for j in range(24)] for i in range(32)]
         params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
         first = llm.generate(prompts[:16], params)[3].token_ids

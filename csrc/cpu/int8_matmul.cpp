@@ -1,5 +1,5 @@
-// Many-row matmuls of the packed 4-bit layers on int8 dot products (AVX512-VNNI), as llama.cpp multiplies
-// its 4-bit blocks by 8-bit activation blocks.
+// Many-row matmuls of the packed 4-bit layers on int8 dot products (AVX512-VNNI, or AVX2 where the CPU has no
+// VNNI), as llama.cpp multiplies its 4-bit blocks by 8-bit activation blocks.
 //
 // The weights are the layer's own: per 32-value block of K, 4-bit codes q in [0, 15] with a float scale s
 // and offset c (w = s * q + c, engine/quant/int4/layout.py). Each row of activations is rounded to int8 per
@@ -11,9 +11,14 @@
 //
 // Layout (engine/quant/int4/int8_matmul.py packs it once at load): output columns in tiles of 16 (one int32
 // lane per column); codes [tiles][K / 4][16 columns][4 values], scales and offsets [tiles][K / 32][16].
-// Tiles go two at a time over 4 rows (each broadcast activation word feeds both: 5-10% faster than one
-// tile over 8 rows on a 2-core AMD EPYC, the same bits), an odd last tile alone.
-// Built on x86-64 only; elsewhere, and on CPUs without AVX512-VNNI, int8_matmul_supported() is false.
+// AVX512-VNNI: tiles go two at a time over 4 rows (each broadcast activation word feeds both: 5-10% faster
+// than one tile over 8 rows on a 2-core AMD EPYC, the same bits), an odd last tile alone.
+// AVX2 (no VNNI): half a tile (8 columns, one 256-bit register) over 4 rows; VPMADDUBSW multiplies code and
+// activation pairs into int16 (at most 2 * 15 * 127 = 3810, so a block's 8 words sum to at most 30480: no
+// saturation, no overflow) and VPMADDWD adds each column's two int16 into its int32 lane: the block's
+// integer sums are VPDPBUSD's exactly, and the float part runs the same operations per column in the same
+// order, so both kernels give the same bits.
+// Built on x86-64 only; elsewhere, and on CPUs with neither, int8_matmul_isa() is "".
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -23,6 +28,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <cstring>
+#include <string>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ONECAT_VNNI 1
 #include <immintrin.h>
@@ -30,15 +38,22 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32, kTile = 16, kRowGroup = 8, kRowChunk = 128;
+constexpr int64_t kGroup = 32, kTile = 16, kRowGroup = 8, kRowChunk = 128, kHalf = 8, kAvx2Rows = 4;
 
 #ifdef ONECAT_VNNI
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
 
 bool cpu_has_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vnni");
+}
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 template <typename T>  // 16 floats from float32 or bfloat16 (the upper half of a float: widened exactly)
@@ -141,24 +156,35 @@ using TileRows = void (*)(int64_t, const uint8_t*, const float*, const float*, c
 constexpr TileRows kTileRows[kRowGroup + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
                                                tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
 
-void matmul(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets, int64_t tiles,
-            float* out, int64_t n) {
+// The rows a chunk at a time (its int8 rows stay in cache): each row rounded to int8 by `quantize_row` (for the
+// input's dtype), then `tiles_fn(r0, rows, words, d, total)` computes the chunk's outputs.
+template <typename QuantizeFloat, typename QuantizeBf16, typename Tiles>
+void row_chunks(const at::Tensor& x, QuantizeFloat quantize_float, QuantizeBf16 quantize_bf16, Tiles tiles_fn) {
   const int64_t m = x.size(0), k = x.size(1), blocks = k / kGroup;
   const int64_t chunk = std::min(m, kRowChunk);
   std::vector<int32_t> words(chunk * (k / 4));
   std::vector<float> d(chunk * blocks), total(chunk * blocks);
-  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {  // a chunk of rows at a time: its int8 rows stay in cache
+  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, m - r0);
     at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         int32_t* w = words.data() + r * (k / 4);
         if (x.scalar_type() == at::kFloat)
-          quantize_row(x.data_ptr<float>() + (r0 + r) * k, k, w, d.data() + r * blocks, total.data() + r * blocks);
+          quantize_float(x.data_ptr<float>() + (r0 + r) * k, k, w, d.data() + r * blocks, total.data() + r * blocks);
         else
-          quantize_row(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + (r0 + r) * k, k, w,
-                       d.data() + r * blocks, total.data() + r * blocks);
+          quantize_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) + (r0 + r) * k, k, w,
+                        d.data() + r * blocks, total.data() + r * blocks);
       }
     });
+    tiles_fn(r0, rows, words.data(), d.data(), total.data());
+  }
+}
+
+void matmul_vnni(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets,
+                 int64_t tiles, float* out, int64_t n) {
+  const int64_t k = x.size(1), blocks = k / kGroup;
+  row_chunks(x, quantize_row<float>, quantize_row<uint16_t>,
+             [&](int64_t r0, int64_t rows, const int32_t* words, const float* d, const float* total) {
     const int64_t tile_work = rows * k * kTile;  // multiply-adds of one tile
     const int64_t pairs = (tiles + 1) / 2;  // tiles two at a time; an odd last one alone
     at::parallel_for(0, pairs, std::max<int64_t>(1, (1 << 17) / tile_work), [&](int64_t begin, int64_t end) {
@@ -168,18 +194,124 @@ void matmul(const at::Tensor& x, const uint8_t* codes, const float* scales, cons
           if (tile + 1 < tiles) {
             kTilePairRows[std::min<int64_t>(4, rows - g)](
                 blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
-                words.data() + g * (k / 4), d.data() + g * blocks, total.data() + g * blocks,
+                words + g * (k / 4), d + g * blocks, total + g * blocks,
                 out + (r0 + g) * n + tile * kTile, n, columns, (k / 4) * 64, blocks * kTile);
           } else {
             kTileRows[std::min(kRowGroup, rows - g)](
                 blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
-                words.data() + g * (k / 4), d.data() + g * blocks, total.data() + g * blocks,
+                words + g * (k / 4), d + g * blocks, total + g * blocks,
                 out + (r0 + g) * n + tile * kTile, n, std::min(kTile, columns));
           }
         }
       }
     });
+  });
+}
+
+// ---- AVX2 (no VNNI) -----------------------------------------------------------------------------------
+
+template <typename T>  // 8 floats from float32 or bfloat16
+AVX2_TARGET inline __m256 load8(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+}
+
+// quantize_row's arithmetic on 256-bit registers: the same max, reciprocal, rounding and sums.
+template <typename T>
+AVX2_TARGET void quantize_row_avx2(const T* a, int64_t k, int32_t* words, float* scale, float* total) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < k / kGroup; ++b) {
+    __m256 x[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      x[i] = load8(a + b * kGroup + 8 * i);
+      m = _mm256_max_ps(m, _mm256_and_ps(x[i], magnitude));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    const float amax = *std::max_element(lanes, lanes + 8);
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int8_t* qa = reinterpret_cast<int8_t*>(words + b * 8);
+    int32_t sum = 0;
+    for (int i = 0; i < 4; ++i) {
+      alignas(32) int32_t q[8];  // to nearest, ties to even
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_cvtps_epi32(_mm256_mul_ps(x[i], _mm256_set1_ps(inv))));
+      for (int j = 0; j < 8; ++j) {
+        qa[8 * i + j] = static_cast<int8_t>(std::clamp(q[j], -128, 127));
+        sum += q[j];
+      }
+    }
+    scale[b] = amax / 127.0f;
+    total[b] = scale[b] * static_cast<float>(sum);
+  }
+}
+
+// out[r][8 columns of a tile] for R rows: per block, 8 words of VPMADDUBSW summed in int16, one VPMADDWD into
+// int32 lanes, then each lane's float sum += int * (s * d) + c * (d * sum qa), as tile_rows does.
+template <int R>
+AVX2_TARGET void half_tile_rows(int64_t blocks, const uint8_t* codes, const float* scales, const float* offsets,
+                                const int32_t* words, const float* d, const float* total, float* out,
+                                int64_t out_stride, int64_t columns) {
+  const int64_t row_words = blocks * 8;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+    for (int64_t quad = 0; quad < 8; ++quad) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b * 8 + quad) * 64));
+      for (int r = 0; r < R; ++r)
+        sums[r] = _mm256_add_epi16(
+            sums[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(words[r * row_words + b * 8 + quad])));
+    }
+    const __m256 s = _mm256_loadu_ps(scales + b * kTile), c = _mm256_loadu_ps(offsets + b * kTile);
+    for (int r = 0; r < R; ++r) {
+      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));
+      acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(s, _mm256_set1_ps(d[r * blocks + b])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(total[r * blocks + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (columns >= kHalf) {
+      _mm256_storeu_ps(out + r * out_stride, acc[r]);
+    } else {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[r]);
+      std::memcpy(out + r * out_stride, lanes, columns * sizeof(float));
+    }
+  }
+}
+
+using HalfTileRows = void (*)(int64_t, const uint8_t*, const float*, const float*, const int32_t*, const float*,
+                              const float*, float*, int64_t, int64_t);
+constexpr HalfTileRows kHalfTileRows[kAvx2Rows + 1] = {nullptr, half_tile_rows<1>, half_tile_rows<2>,
+                                                       half_tile_rows<3>, half_tile_rows<4>};
+
+void matmul_avx2(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets,
+                 int64_t tiles, float* out, int64_t n) {
+  const int64_t k = x.size(1), blocks = k / kGroup;
+  row_chunks(x, quantize_row_avx2<float>, quantize_row_avx2<uint16_t>,
+             [&](int64_t r0, int64_t rows, const int32_t* words, const float* d, const float* total) {
+    const int64_t half_work = rows * k * kHalf;  // multiply-adds of half a tile
+    at::parallel_for(0, 2 * tiles, std::max<int64_t>(1, (1 << 17) / half_work), [&](int64_t begin, int64_t end) {
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t tile = unit / 2, half = unit % 2, first = tile * kTile + half * kHalf;
+        if (first >= n) continue;  // a padding half
+        const int64_t columns = std::min(kHalf, n - first);
+        for (int64_t g = 0; g < rows; g += kAvx2Rows) {
+          kHalfTileRows[std::min(kAvx2Rows, rows - g)](
+              blocks, codes + tile * (k / 4) * 64 + half * 32, scales + tile * blocks * kTile + half * kHalf,
+              offsets + tile * blocks * kTile + half * kHalf, words + g * (k / 4), d + g * blocks, total + g * blocks,
+              out + (r0 + g) * n + first, n, columns);
+        }
+      }
+    });
+  });
 }
 #endif  // ONECAT_VNNI
 
@@ -187,20 +319,24 @@ void matmul(const at::Tensor& x, const uint8_t* codes, const float* scales, cons
 
 namespace onecat_cpu {
 
-bool int8_matmul_supported() {
+// "avx512vnni" or "avx2": the kernel this CPU runs; "" where neither can.
+std::string int8_matmul_isa() {
 #ifdef ONECAT_VNNI
-  static const bool has = cpu_has_vnni();
-  return has;
+  static const std::string isa = cpu_has_vnni() ? "avx512vnni" : cpu_has_avx2() ? "avx2" : "";
+  return isa;
 #else
-  return false;
+  return "";
 #endif
 }
 
 // x [M, K] float32 or bfloat16; codes uint8 [tiles, K / 4, 64]; scales, offsets float32 [tiles, K / 32, 16];
-// n: the output columns (<= tiles * 16). Returns float32 [M, n].
+// n: the output columns (<= tiles * 16); isa: "" for this CPU's kernel, or "avx2" (a VNNI CPU running the AVX2
+// kernel: its bits are checked against VNNI's). Returns float32 [M, n].
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                       const at::Tensor& offsets, int64_t n) {
-  TORCH_CHECK(int8_matmul_supported(), "int8_matmul needs an x86-64 CPU with AVX512-VNNI");
+                       const at::Tensor& offsets, int64_t n, const std::string& isa) {
+  const std::string have = int8_matmul_isa();
+  TORCH_CHECK(!have.empty(), "int8_matmul needs an x86-64 CPU with AVX512-VNNI or AVX2+FMA");
+  TORCH_CHECK(isa.empty() || isa == "avx2", "isa must be \"\" (this CPU's kernel) or \"avx2\", got ", isa);
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "x must be a contiguous float32 or bfloat16 CPU matrix");
@@ -216,9 +352,11 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(n > 0 && n <= tiles * kTile, "n must be within the packed columns");
   at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
 #ifdef ONECAT_VNNI
-  if (x.size(0) > 0)
-    matmul(x, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), tiles,
-           out.data_ptr<float>(), n);
+  if (x.size(0) > 0) {
+    const auto run = (have == "avx512vnni" && isa.empty()) ? matmul_vnni : matmul_avx2;
+    run(x, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), tiles,
+        out.data_ptr<float>(), n);
+  }
 #endif
   return out;
 }
@@ -226,8 +364,8 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
 }  // namespace onecat_cpu
 
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
-  m.def("int8_matmul_supported() -> bool", &onecat_cpu::int8_matmul_supported);
-  m.def("int8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int n) -> Tensor");
+  m.def("int8_matmul_isa() -> str", &onecat_cpu::int8_matmul_isa);
+  m.def("int8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int n, str isa=\"\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("int8_matmul", &onecat_cpu::int8_matmul); }

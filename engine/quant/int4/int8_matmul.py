@@ -1,4 +1,4 @@
-"""Many-row steps of a packed 4-bit layer on int8 dot products (csrc/cpu/int8_matmul.cpp, AVX512-VNNI).
+"""Many-row steps of a packed 4-bit layer on int8 dot products (csrc/cpu/int8_matmul.cpp: AVX512-VNNI, or AVX2).
 
 A 16-sequence decode step or a prefill chunk multiplies many rows by the same weights. The bf16 GEMM on a
 dequantized copy reads 2 bytes a weight and multiplies bf16 pairs; this path keeps the layer's 4-bit codes
@@ -9,9 +9,11 @@ are float. Measured on a 2-core AMD EPYC (AVX512-VNNI/BF16), the embedded model'
 numerics: WikiText-2 perplexity of the packed embedded model (16 x 256 tokens) 38.84 against 38.59 with
 bf16 activations (+0.64%; the float32 engine's 38.62), inside the packed-weights contract's 1%.
 
-Layers of one 4-bit term (Q4_0, Q4_1, 4-bit HF checkpoints) take it where the CPU has AVX512-VNNI; a
-two-term layer (Q8_0, the embedded model's tied LM head) would do twice the integer work and keeps the bf16
-GEMM. ONECAT_CPU_INT8_MATMUL=0 turns the path off (the bf16 GEMM everywhere, for A/B runs).
+Layers of one 4-bit term (Q4_0, Q4_1, 4-bit HF checkpoints) take it where the CPU has AVX512-VNNI or, with the
+same bits (VPMADDUBSW + VPMADDWD make VPDPBUSD's exact integer sums), AVX2 + FMA, where the bf16 GEMM has no
+bf16 instructions to run on; a two-term layer (Q8_0, the embedded model's tied LM head) would do twice the
+integer work and keeps the bf16 GEMM. ONECAT_CPU_INT8_MATMUL=0 turns the path off (the bf16 GEMM everywhere,
+for A/B runs).
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ import torch.nn.functional as F
 from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
 from onecat.engine.switches import switch
 
-# the CPU packed layers' int8 dot products for 2+ rows (AVX512-VNNI, csrc/cpu/int8_matmul.cpp); 0 keeps the
-# bf16 GEMM (A/B)
+# the CPU packed layers' int8 dot products for many rows (AVX512-VNNI or AVX2, csrc/cpu/int8_matmul.cpp); 0 keeps
+# the bf16 GEMM (A/B)
 ENV = "ONECAT_CPU_INT8_MATMUL"
 TILE = 16  # output columns per tile: one int32 lane each in a 512-bit register
+ISA_NAMES = {"avx512vnni": "AVX512-VNNI", "avx2": "AVX2"}
 
 
 def unavailable_reason() -> str | None:
@@ -37,7 +40,16 @@ def unavailable_reason() -> str | None:
         ops = cpu_ops.load()
     except RuntimeError as exc:
         return str(exc)
-    return None if ops.int8_matmul_supported() else "this CPU has no AVX512-VNNI"
+    return None if ops.int8_matmul_isa() else "this CPU has neither AVX512-VNNI nor AVX2+FMA"
+
+
+def isa() -> str | None:
+    """The instruction set the int8 kernel runs on here ("AVX512-VNNI" or "AVX2"); None where it does not run."""
+    if unavailable_reason() is not None:
+        return None
+    from onecat.engine.kernels import cpu_ops
+
+    return ISA_NAMES[cpu_ops.load().int8_matmul_isa()]
 
 
 class Int8MatmulWeights:
@@ -60,6 +72,7 @@ class Int8MatmulWeights:
         self.scales = scale.view(tiles, TILE, k // GROUP).permute(0, 2, 1).contiguous()
         self.offsets = (zero - 8 * scale).view(tiles, TILE, k // GROUP).permute(0, 2, 1).contiguous()
 
-    def __call__(self, x2: torch.Tensor) -> torch.Tensor:
-        """x2 [M, K] float32 or bfloat16 -> float32 [M, N]."""
-        return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features)
+    def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
+        """x2 [M, K] float32 or bfloat16 -> float32 [M, N]. `kernel` "avx2" runs the AVX2 kernel on a VNNI CPU
+        too (its bits are compared with VNNI's); "" the CPU's own."""
+        return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features, kernel)

@@ -17,7 +17,7 @@ kernel's own weights ((q - 8) * scale + zero with its bf16 scale and zero) round
 bytes per weight next to the packed ~0.6. Where torch has oneDNN, the copy is held in oneDNN's blocked
 layout (packed once at load, as torch.compile's freezing does): F.linear would reorder it on every call,
 which at 16 rows cost ~40% of the GEMM (measured, same CPU; the results are the same to the bit).
-Where the CPU has AVX512-VNNI, one-term layers run those rows on int8 dot products over the codes instead
+Where the CPU has AVX512-VNNI or AVX2, one-term layers run those rows on int8 dot products over the codes instead
 (int8_matmul.py: no dense copy, activations rounded to int8 per 32-value block, row-independent by
 construction).
 """
@@ -175,7 +175,7 @@ class Int4PackedLinear(nn.Module):
         why_not = int8_matmul.unavailable_reason()
         if why_not is not None:
             return f"{bf16} (int8 dot products off: {why_not})"
-        return (f"int8 dot products on the 4-bit codes (AVX512-VNNI, activations rounded to int8 per "
+        return (f"int8 dot products on the 4-bit codes ({int8_matmul.isa()}, activations rounded to int8 per "
                 f"{GROUP}-value block) from {DENSE_FROM_ROWS} rows on; two-term (Q8_0) layers: {bf16}")
 
     def extra_repr(self) -> str:
