@@ -99,15 +99,24 @@ def _q4_1_layer() -> Int4PackedLinear:
 
 
 @needs_int8
-def test_the_packed_layer_runs_many_rows_on_int8_and_few_on_the_4bit_kernel():
+def test_the_packed_layer_runs_many_rows_on_int8_and_few_where_its_cpu_says():
+    """16+ rows take int8 everywhere it runs; fewer take it on AVX2 (int8_matmul.FROM_ROWS: every row count there)
+    and keep the 4-bit kernel, which reads bf16, on AVX512-VNNI."""
     layer = _q4_1_layer()
     assert layer.int8 is not None and layer.dense_blocked is None  # no bf16 copy kept
     assert layer.input_dtype == torch.float32  # producers hand it float32 rows to round to int8
     x = torch.randn(DENSE_FROM_ROWS + 3, 256)
     assert torch.equal(layer(x), layer.int8(x))
     few = x[:DENSE_FROM_ROWS - 1]
-    assert not torch.equal(layer(few), layer.int8(few))
-    assert torch.equal(layer(few), layer(few.to(torch.bfloat16)))  # the 4-bit kernel reads bf16
+    if int8_matmul.isa() == "AVX2":
+        assert layer.int8_from_rows == 1
+        for rows in (1, 3, DENSE_FROM_ROWS - 1):
+            assert torch.equal(layer(few[:rows]), layer.int8(few[:rows]))
+        assert torch.equal(layer(x[:1])[0], layer(x)[0])  # a row's bits do not depend on its batch
+    else:
+        assert layer.int8_from_rows == DENSE_FROM_ROWS
+        assert not torch.equal(layer(few), layer.int8(few))
+        assert torch.equal(layer(few), layer(few.to(torch.bfloat16)))  # the 4-bit kernel reads bf16
 
 
 def test_the_switch_turns_the_int8_path_off(monkeypatch):

@@ -3,7 +3,9 @@
 // (the same kernels on the same inputs, in the same order: engine/models/llama.py, engine/layers/,
 // engine/attention/cpu_paged.py), so its result is the Python path's to the bit; what it saves is
 // the ~40 Python-level calls per layer around them, which cost more than the arithmetic of a one-token
-// step on a small CPU. Anything else (other batch shapes, other weights) stays in Python.
+// step on a small CPU. Anything else (other batch shapes, other weights) stays in Python. Where the packed layers
+// run every row count on int8 dot products (engine/quant/int4/int8_matmul.py FROM_ROWS: AVX2 CPUs), the step
+// calls that kernel as they do, on float32 rows.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -12,12 +14,14 @@
 namespace {
 
 using onecat_cpu::add_rms_norm;
+using onecat_cpu::int8_matmul;
 using onecat_cpu::paged_attention;
 using onecat_cpu::rope_write_kv;
 using onecat_cpu::silu_mul;
 
 constexpr int64_t kGroup = 32;   // engine/quant/int4/layout.py GROUP
-constexpr int64_t kPerLayer = 12;  // tensors per layer in `layers`, in the order below
+constexpr int64_t kTile = 16;  // output columns per tile of the int8 layout (int8_matmul.cpp)
+constexpr int64_t kPerLayer = 16;  // tensors per layer in `layers`, in the order below
 
 // Int4PackedLinear.forward for one term, no padding rows, no bias: bf16 in, the kernel's bf16 out (the
 // fused ops after o/gate_up/down read it as it is), or float32 for the qkv projection (RoPE works in place).
@@ -26,17 +30,25 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   return to_float ? y.to(at::kFloat) : y;
 }
 
-// layers: per layer [input_norm, qkv packed, qkv scale_zero, o packed, o scale_zero, post_norm,
-// gate_up packed, gate_up scale_zero, down packed, down scale_zero, k cache, v cache].
+// One packed linear (three tensors of `layers`) as the Python layer runs it: the 4-bit kernel (packed,
+// scale_zero, an unused third) or, with `int8`, the int8 dot products (codes, scales, offsets) on float32 rows,
+// which return float32.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor* t, bool int8, bool to_float) {
+  if (int8) return int8_matmul(x.contiguous(), t[0], t[1], t[2], t[0].size(0) * kTile, "");
+  return int4_linear(x, t[0], t[1], to_float);
+}
+
+// layers: per layer [input_norm, qkv (3), o (3), post_norm, gate_up (3), down (3), k cache, v cache].
 // Returns (h, residual): the last layer's MLP output and the residual stream before it.
 std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
     at::Tensor h, const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& cos, const at::Tensor& sin,
     at::TensorList layers, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-    const at::Tensor& seq_lens, int64_t q_heads, int64_t kv_heads, double eps, double scale) {
+    const at::Tensor& seq_lens, int64_t q_heads, int64_t kv_heads, double eps, double scale, bool int8) {
   TORCH_CHECK(h.dim() == 2 && h.size(0) == 1 && h.scalar_type() == at::kFloat, "h must be one float32 row");
-  // Returns (h, residual) with h in bfloat16 (the last down projection's output), as the Python layers.
+  // Returns (h, residual) with h in bfloat16 (the 4-bit kernel's output) or float32 (int8), as the Python layers.
   TORCH_CHECK(layers.size() % kPerLayer == 0, "layers must hold ", kPerLayer, " tensors per layer");
   const int64_t dim = cos.size(1), q_size = q_heads * dim;
+  const bool bf16_inputs = !int8;  // the 4-bit kernel reads bf16 rows; the int8 one rounds float32 rows itself
   c10::optional<at::Tensor> residual;
   for (size_t l = 0; l < layers.size(); l += kPerLayer) {
     const at::Tensor* w = &layers[l];
@@ -45,20 +57,20 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
       x = std::get<0>(add_rms_norm(h, c10::nullopt, w[0], eps, false));
       residual = h;
     } else {
-      auto normed = add_rms_norm(h, residual, w[0], eps, true);
+      auto normed = add_rms_norm(h, residual, w[0], eps, bf16_inputs);
       x = std::get<0>(normed);
       residual = std::get<1>(normed);
     }
-    at::Tensor qkv = int4_linear(x, w[1], w[2], true);
-    rope_write_kv(qkv, positions, cos, sin, q_heads, kv_heads, w[10], w[11], slots);
+    at::Tensor qkv = packed_linear(x, &w[1], int8, true);
+    rope_write_kv(qkv, positions, cos, sin, q_heads, kv_heads, w[14], w[15], slots);
     at::Tensor q = qkv.slice(1, 0, q_size).view({1, q_heads, dim});
-    at::Tensor attn = paged_attention(q, w[10], w[11], c10::nullopt, c10::nullopt, 0, block_tables, query_start_loc,
+    at::Tensor attn = paged_attention(q, w[14], w[15], c10::nullopt, c10::nullopt, 0, block_tables, query_start_loc,
                                       seq_lens, scale);
-    at::Tensor o = int4_linear(attn.reshape({1, q_size}), w[3], w[4], false);
-    auto normed = add_rms_norm(o, residual, w[5], eps, true);
+    at::Tensor o = packed_linear(attn.reshape({1, q_size}), &w[4], int8, false);
+    auto normed = add_rms_norm(o, residual, w[7], eps, bf16_inputs);
     residual = std::get<1>(normed);
-    at::Tensor act = silu_mul(int4_linear(std::get<0>(normed), w[6], w[7], false), true);
-    h = int4_linear(act, w[8], w[9], false);
+    at::Tensor act = silu_mul(packed_linear(std::get<0>(normed), &w[8], int8, false), bf16_inputs);
+    h = packed_linear(act, &w[11], int8, false);
   }
   return {h, *residual};
 }
@@ -68,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("decode_layers_int4(Tensor h, Tensor positions, Tensor slots, Tensor cos, Tensor sin, Tensor[] layers, "
         "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, int q_heads, int kv_heads, float eps, "
-        "float scale) -> (Tensor, Tensor)");
+        "float scale, bool int8=False) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("decode_layers_int4", &decode_layers_int4); }

@@ -25,11 +25,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
-#include <cstring>
-#include <string>
+#include "fused_ops.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ONECAT_VNNI 1

@@ -5,7 +5,8 @@ calls, views, casts, the attention plan's index ops) than in the 4-bit matmuls a
 csrc/cpu/decode_layers.cpp makes the same ATen calls on the same inputs in the same order, so the step's
 result is the Python path's to the bit (tested), in one call. It applies where the Python layers would do
 exactly what it does: float32 activations, every linear a single-term 4-bit packing (GGUF Q4_0/Q4_1)
-without bias or padding rows, no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one
+without bias or padding rows (run by the 4-bit kernel, or by the int8 one where the layers take it at one row:
+int8_matmul.FROM_ROWS), no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one
 sequence; any other step runs the Python layers.
 """
 from __future__ import annotations
@@ -41,7 +42,16 @@ def unsupported_reason(model: nn.Module) -> str | None:
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if not isinstance(norm, RMSNorm) or norm.eps != layers[0].input_layernorm.eps:
                 return f"layer {i} norms differ from the first layer's"
+    kernels = {_int8_at_one_row(linear) for layer in layers for linear in (
+        layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)}
+    if len(kernels) > 1:
+        return "some linears run one-row calls on int8 dot products, others on the 4-bit kernel"
     return None
+
+
+def _int8_at_one_row(linear) -> bool:
+    """Whether the packed linear runs a one-row call on int8 dot products (else the 4-bit kernel)."""
+    return getattr(linear, "int8", None) is not None and linear.int8_from_rows == 1
 
 
 class CpuDecodeLayers:
@@ -53,6 +63,7 @@ class CpuDecodeLayers:
         self.q_heads, self.kv_heads = first.num_heads, first.num_kv_heads
         self.scale, self.eps = first.scale, model.layers[0].input_layernorm.eps
         self.rotary = first.rotary
+        self.int8 = _int8_at_one_row(first.qkv_proj)
         self.weights = []  # per layer, in decode_layers.cpp's order (the caches go in per step)
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
@@ -61,9 +72,12 @@ class CpuDecodeLayers:
                                  *self._packed(m.down_proj)])
         self.steps = 0  # steps run in one call (reported)
 
-    @staticmethod
-    def _packed(linear) -> list[torch.Tensor]:
-        return [linear._buffers["packed0"], linear._buffers["scale_zero0"]]
+    def _packed(self, linear) -> list[torch.Tensor]:
+        """The three tensors decode_layers.cpp reads a linear from: the int8 layout's codes, scales and offsets,
+        or the 4-bit kernel's packing and scale_zero (and an unused empty third)."""
+        if self.int8:
+            return [linear.int8.codes, linear.int8.scales, linear.int8.offsets]
+        return [linear._buffers["packed0"], linear._buffers["scale_zero0"], torch.empty(0)]
 
     def __call__(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(h, residual) after the last layer, as the Python layers give them; None when the step is not one
@@ -77,7 +91,7 @@ class CpuDecodeLayers:
         flat = [t for w, cache in zip(self.weights, caches) for t in (*w, cache.k, cache.v)]
         out = self.ops.decode_layers_int4(h, positions, meta.slot_mapping, self.rotary.cos, self.rotary.sin, flat,
                                           meta.block_tables, meta.query_start_loc, meta.seq_lens, self.q_heads,
-                                          self.kv_heads, self.eps, self.scale)
+                                          self.kv_heads, self.eps, self.scale, self.int8)
         ctx.attention.count_calls(len(self.weights))
         self.steps += 1
         return out

@@ -28,6 +28,12 @@ from onecat.engine.switches import switch
 ENV = "ONECAT_CPU_INT8_MATMUL"
 TILE = 16  # output columns per tile: one int32 lane each in a 512-bit register
 ISA_NAMES = {"avx512vnni": "AVX512-VNNI", "avx2": "AVX2"}
+# The fewest rows a call of a layer takes this path with. On AVX2 every call: torch's 4-bit kernel there widens
+# bf16 activations without bf16 instructions, and the int8 kernel ran the embedded model's four projections 2.5x
+# faster at 1, 4 and 8 rows (thread time, one thread, 2-core AMD EPYC without AVX512), so a packed model's rows
+# all take int8 there and a row's result never depends on its batch. With AVX512-VNNI from 16 rows (where it was
+# measured against the bf16 GEMM it replaced); fewer keep the 4-bit kernel.
+FROM_ROWS = {"avx2": 1, "avx512vnni": 16}
 
 
 def unavailable_reason() -> str | None:
@@ -50,6 +56,15 @@ def isa() -> str | None:
     from onecat.engine.kernels import cpu_ops
 
     return ISA_NAMES[cpu_ops.load().int8_matmul_isa()]
+
+
+def from_rows() -> int | None:
+    """FROM_ROWS for this CPU's kernel; None where the path does not run."""
+    if unavailable_reason() is not None:
+        return None
+    from onecat.engine.kernels import cpu_ops
+
+    return FROM_ROWS[cpu_ops.load().int8_matmul_isa()]
 
 
 class Int8MatmulWeights:

@@ -19,7 +19,8 @@ layout (packed once at load, as torch.compile's freezing does): F.linear would r
 which at 16 rows cost ~40% of the GEMM (measured, same CPU; the results are the same to the bit).
 Where the CPU has AVX512-VNNI or AVX2, one-term layers run those rows on int8 dot products over the codes instead
 (int8_matmul.py: no dense copy, activations rounded to int8 per 32-value block, row-independent by
-construction).
+construction); on AVX2 every row count does (int8_matmul.FROM_ROWS), so there a packed model's rows are
+batch-invariant too.
 """
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ class Int4PackedLinear(nn.Module):
         # GEMM on a dequantized copy
         self.int8 = (int8_matmul.Int8MatmulWeights(terms[0]) if len(terms) == 1
                      and int8_matmul.unavailable_reason() is None else None)
+        # the fewest rows a call takes int8 with (every call on AVX2: int8_matmul.FROM_ROWS)
+        self.int8_from_rows = int8_matmul.from_rows() if self.int8 is not None else None
         # what the layer's inputs should come as: the int8 path rounds float32 rows to int8 more closely than
         # bf16 ones (WikiText-2, the embedded model: +0.36-0.49% perplexity against +0.40-0.84%); the 4-bit
         # kernel casts them to bf16 itself
@@ -118,9 +121,10 @@ class Int4PackedLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         rows = x2.shape[0]  # a step's sequences are never more than its rows: ask only when the rows are many
-        dense = rows >= DENSE_FROM_ROWS and (decode_step_sequences() or rows) >= DENSE_FROM_ROWS
-        if dense and self.int8 is not None:
+        if self.int8 is not None and rows >= self.int8_from_rows and \
+                (decode_step_sequences() or rows) >= self.int8_from_rows:
             return self._finish(self.int8(x2), lead)
+        dense = rows >= DENSE_FROM_ROWS and (decode_step_sequences() or rows) >= DENSE_FROM_ROWS
         x2 = x2.to(_KERNEL_DTYPE)
         if dense and self.dense_blocked is not None:
             y = self._dense_blocks(x2)
@@ -175,8 +179,10 @@ class Int4PackedLinear(nn.Module):
         why_not = int8_matmul.unavailable_reason()
         if why_not is not None:
             return f"{bf16} (int8 dot products off: {why_not})"
+        first = int8_matmul.from_rows()
+        rows = "every row count" if first == 1 else f"from {first} rows on"
         return (f"int8 dot products on the 4-bit codes ({int8_matmul.isa()}, activations rounded to int8 per "
-                f"{GROUP}-value block) from {DENSE_FROM_ROWS} rows on; two-term (Q8_0) layers: {bf16}")
+                f"{GROUP}-value block) {rows}; two-term (Q8_0) layers: {bf16}")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
