@@ -119,6 +119,25 @@ def test_the_packed_layer_runs_many_rows_on_int8_and_few_where_its_cpu_says():
         assert torch.equal(layer(few), layer(few.to(torch.bfloat16)))  # the 4-bit kernel reads bf16
 
 
+@needs_int8
+def test_a_q8_0_layer_sums_its_two_terms_products_where_the_cpu_takes_two_terms():
+    """Q8_0 packs as two 4-bit terms: on AVX2 (int8_matmul.MAX_TERMS) each term's int8 product, summed in term
+    order; with AVX512-VNNI the layer keeps its bf16 GEMM."""
+    w = np.random.default_rng(6).standard_normal((96, 256)).astype(np.float32)
+    layer = Int4PackedLinear(QuantizedWeight.from_gguf("Q8_0", quants.quantize(w, GGMLQuantizationType.Q8_0),
+                                                       w.shape).terms, None)
+    assert layer.num_terms == 2
+    if not int8_matmul.takes_terms(2):
+        assert layer.int8 is None
+        return
+    x = torch.randn(20, 256)
+    parts = [t(x) for t in layer.int8.terms]
+    assert torch.equal(layer(x), parts[0] + parts[1])
+    assert torch.equal(layer(x[3:4])[0], layer(x)[3])  # row-independent
+    ref = torch.from_numpy(w) @ x.T
+    assert ((layer(x).T - ref).abs().max() / ref.abs().max()).item() < 0.02  # int8 activations, 8-bit weights
+
+
 def test_the_switch_turns_the_int8_path_off(monkeypatch):
     monkeypatch.setenv(int8_matmul.ENV, "0")
     assert int8_matmul.unavailable_reason() == f"{int8_matmul.ENV}=0"

@@ -34,6 +34,10 @@ ISA_NAMES = {"avx512vnni": "AVX512-VNNI", "avx2": "AVX2"}
 # all take int8 there and a row's result never depends on its batch. With AVX512-VNNI from 16 rows (where it was
 # measured against the bf16 GEMM it replaced); fewer keep the 4-bit kernel.
 FROM_ROWS = {"avx2": 1, "avx512vnni": 16}
+# The most 4-bit terms a layer takes this path with. A two-term layer (Q8_0: the embedded model's tied LM head)
+# runs the kernel once per term, twice the integer work: with AVX512-VNNI its bf16 GEMM stays; on AVX2 that GEMM
+# took 129 ms a 16-row call of the 49152 x 576 LM head (26% of a 16-stream step), so there it takes int8 too.
+MAX_TERMS = {"avx2": 2, "avx512vnni": 1}
 
 
 def unavailable_reason() -> str | None:
@@ -49,22 +53,38 @@ def unavailable_reason() -> str | None:
     return None if ops.int8_matmul_isa() else "this CPU has neither AVX512-VNNI nor AVX2+FMA"
 
 
-def isa() -> str | None:
-    """The instruction set the int8 kernel runs on here ("AVX512-VNNI" or "AVX2"); None where it does not run."""
+def _kernel() -> str | None:
+    """The kernel this CPU runs ("avx512vnni", "avx2"); None where the path does not run."""
     if unavailable_reason() is not None:
         return None
     from onecat.engine.kernels import cpu_ops
 
-    return ISA_NAMES[cpu_ops.load().int8_matmul_isa()]
+    return cpu_ops.load().int8_matmul_isa()
+
+
+def isa() -> str | None:
+    """The instruction set the int8 kernel runs on here ("AVX512-VNNI" or "AVX2"); None where it does not run."""
+    kernel = _kernel()
+    return None if kernel is None else ISA_NAMES[kernel]
 
 
 def from_rows() -> int | None:
     """FROM_ROWS for this CPU's kernel; None where the path does not run."""
-    if unavailable_reason() is not None:
-        return None
-    from onecat.engine.kernels import cpu_ops
+    kernel = _kernel()
+    return None if kernel is None else FROM_ROWS[kernel]
 
-    return FROM_ROWS[cpu_ops.load().int8_matmul_isa()]
+
+def takes_terms(terms: int) -> bool:
+    """Whether a layer of `terms` 4-bit terms takes the path here (MAX_TERMS)."""
+    kernel = _kernel()
+    return kernel is not None and terms <= MAX_TERMS[kernel]
+
+
+def for_terms(terms: list[Int4Blocks]) -> Int8MatmulWeights | Int8MatmulSum | None:
+    """The layer's int8 path where it takes one (takes_terms), else None."""
+    if not takes_terms(len(terms)):
+        return None
+    return Int8MatmulWeights(terms[0]) if len(terms) == 1 else Int8MatmulSum([Int8MatmulWeights(t) for t in terms])
 
 
 class Int8MatmulWeights:
@@ -91,3 +111,19 @@ class Int8MatmulWeights:
         """x2 [M, K] float32 or bfloat16 -> float32 [M, N]. `kernel` "avx2" runs the AVX2 kernel on a VNNI CPU
         too (its bits are compared with VNNI's); "" the CPU's own."""
         return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features, kernel)
+
+
+class Int8MatmulSum:
+    """A layer of several 4-bit terms (Q8_0 as two): each term's int8 product, summed in float32 in term order
+    (each row's result still depends on that row alone)."""
+
+    def __init__(self, terms: list[Int8MatmulWeights]):
+        self.terms = terms
+        self.out_features = terms[0].out_features
+
+    def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
+        x2 = x2.contiguous()
+        y = self.terms[0](x2, kernel)
+        for term in self.terms[1:]:
+            y += term(x2, kernel)
+        return y

@@ -85,8 +85,7 @@ class Int4PackedLinear(nn.Module):
             self.register_buffer(f"scale_zero{i}", scale_zero.to(_KERNEL_DTYPE))  # [K/32, N, 2]
         # DENSE_FROM_ROWS+ rows: int8 dot products on the codes where they run (int8_matmul.py), else a bf16
         # GEMM on a dequantized copy
-        self.int8 = (int8_matmul.Int8MatmulWeights(terms[0]) if len(terms) == 1
-                     and int8_matmul.unavailable_reason() is None else None)
+        self.int8 = int8_matmul.for_terms(terms)
         # the fewest rows a call takes int8 with (every call on AVX2: int8_matmul.FROM_ROWS)
         self.int8_from_rows = int8_matmul.from_rows() if self.int8 is not None else None
         # what the layer's inputs should come as: the int8 path rounds float32 rows to int8 more closely than
@@ -181,8 +180,9 @@ class Int4PackedLinear(nn.Module):
             return f"{bf16} (int8 dot products off: {why_not})"
         first = int8_matmul.from_rows()
         rows = "every row count" if first == 1 else f"from {first} rows on"
+        two_terms = "the same, one product a term" if int8_matmul.takes_terms(2) else bf16
         return (f"int8 dot products on the 4-bit codes ({int8_matmul.isa()}, activations rounded to int8 per "
-                f"{GROUP}-value block) {rows}; two-term (Q8_0) layers: {bf16}")
+                f"{GROUP}-value block) {rows}; two-term (Q8_0) layers: {two_terms}")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
