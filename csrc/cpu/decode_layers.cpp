@@ -31,10 +31,10 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::
 }
 
 // One packed linear (three tensors of `layers`) as the Python layer runs it: the 4-bit kernel (packed,
-// scale_zero, an unused third) or, with `int8`, the int8 dot products (codes, scales, offsets) on float32 rows,
+// scale_zero, an unused third) or, with `int8`, the int8 dot products (its layout's three) on float32 rows,
 // which return float32.
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor* t, bool int8, bool to_float) {
-  if (int8) return int8_matmul(x.contiguous(), t[0], t[1], t[2], t[0].size(0) * kTile, "");
+  if (int8) return int8_matmul(x.contiguous(), t[0], t[1], t[2], t[0].size(0) * kTile);
   return int4_linear(x, t[0], t[1], to_float);
 }
 

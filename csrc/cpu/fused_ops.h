@@ -3,8 +3,6 @@
 #pragma once
 #include <ATen/ATen.h>
 
-#include <string>
-
 namespace onecat_cpu {
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
@@ -17,8 +15,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                            int64_t fp8_kind, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, double scale);
-// int8_matmul.cpp: a packed layer's rows on int8 dot products (isa "": this CPU's kernel)
+// int8_matmul.cpp: a packed layer's rows on int8 dot products (the layout of `scales` picks the kernel)
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                       const at::Tensor& offsets, int64_t n, const std::string& isa);
+                       const at::Tensor& offsets, int64_t n);
 
 }  // namespace onecat_cpu

@@ -13,7 +13,9 @@
 // lane per column); codes [tiles][K / 4][16 columns][4 values], scales and offsets [tiles][K / 32][16].
 // AVX512-VNNI: tiles go two at a time over 4 rows (each broadcast activation word feeds both: 5-10% faster
 // than one tile over 8 rows on a 2-core AMD EPYC, the same bits), an odd last tile alone.
-// AVX2 (no VNNI): half a tile (8 columns, one 256-bit register) over 4 rows; VPMADDUBSW multiplies code and
+// AVX2 (no VNNI), on a compact layout (two codes a byte, scale and zero in bfloat16: 0.625 bytes a weight
+// against the byte layout's 1.25, since a one-row call streams its weights from memory): half a tile (8
+// columns, one 256-bit register) over 4 rows; VPMADDUBSW multiplies code and
 // activation pairs into int16 (at most 2 * 15 * 127 = 3810, so a block's 8 words sum to at most 30480: no
 // saturation, no overflow) and VPMADDWD adds each column's two int16 into its int32 lane: the block's
 // integer sums are VPDPBUSD's exactly, and the float part runs the same operations per column in the same
@@ -251,26 +253,33 @@ AVX2_TARGET void quantize_row_avx2(const T* a, int64_t k, int32_t* words, float*
   }
 }
 
-// out[r][8 columns of a tile] for R rows: per block, 8 words of VPMADDUBSW summed in int16, one VPMADDWD into
-// int32 lanes, then each lane's float sum += int * (s * d) + c * (d * sum qa), as tile_rows does.
+// out[r][8 columns of a tile] for R rows from the compact layout: per block, 4 bytes-pairs of two words' codes
+// (low and high nibble), 8 VPMADDUBSW summed in int16, one VPMADDWD into int32 lanes, then each lane's float sum
+// += int * (s * d) + c * (d * sum qa) with c = z - 8 * s (exact times 8, one rounding: the byte layout's offset),
+// as tile_rows does.
 template <int R>
-AVX2_TARGET void half_tile_rows(int64_t blocks, const uint8_t* codes, const float* scales, const float* offsets,
+AVX2_TARGET void half_tile_rows(int64_t blocks, const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros,
                                 const int32_t* words, const float* d, const float* total, float* out,
                                 int64_t out_stride, int64_t columns) {
   const int64_t row_words = blocks * 8;
-  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i sums[R];
     for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    for (int64_t quad = 0; quad < 8; ++quad) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b * 8 + quad) * 64));
-      for (int r = 0; r < R; ++r)
-        sums[r] = _mm256_add_epi16(
-            sums[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(words[r * row_words + b * 8 + quad])));
+    for (int64_t pair = 0; pair < 4; ++pair) {
+      const __m256i both = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + (b * 4 + pair) * 64));
+      const __m256i w0 = _mm256_and_si256(both, nibble);
+      const __m256i w1 = _mm256_and_si256(_mm256_srli_epi16(both, 4), nibble);
+      for (int r = 0; r < R; ++r) {
+        const int32_t* a = words + r * row_words + b * 8 + 2 * pair;
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(w0, _mm256_set1_epi32(a[0])));
+        sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(w1, _mm256_set1_epi32(a[1])));
+      }
     }
-    const __m256 s = _mm256_loadu_ps(scales + b * kTile), c = _mm256_loadu_ps(offsets + b * kTile);
+    const __m256 s = load8(scales + b * kTile), z = load8(zeros + b * kTile);
+    const __m256 c = _mm256_sub_ps(z, _mm256_mul_ps(_mm256_set1_ps(8.0f), s));
     for (int r = 0; r < R; ++r) {
       const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], ones));
       acc[r] = _mm256_fmadd_ps(dots, _mm256_mul_ps(s, _mm256_set1_ps(d[r * blocks + b])), acc[r]);
@@ -288,12 +297,12 @@ AVX2_TARGET void half_tile_rows(int64_t blocks, const uint8_t* codes, const floa
   }
 }
 
-using HalfTileRows = void (*)(int64_t, const uint8_t*, const float*, const float*, const int32_t*, const float*,
+using HalfTileRows = void (*)(int64_t, const uint8_t*, const uint16_t*, const uint16_t*, const int32_t*, const float*,
                               const float*, float*, int64_t, int64_t);
 constexpr HalfTileRows kHalfTileRows[kAvx2Rows + 1] = {nullptr, half_tile_rows<1>, half_tile_rows<2>,
                                                        half_tile_rows<3>, half_tile_rows<4>};
 
-void matmul_avx2(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets,
+void matmul_avx2(const at::Tensor& x, const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros,
                  int64_t tiles, float* out, int64_t n) {
   const int64_t k = x.size(1), blocks = k / kGroup;
   row_chunks(x, quantize_row_avx2<float>, quantize_row_avx2<uint16_t>,
@@ -306,8 +315,8 @@ void matmul_avx2(const at::Tensor& x, const uint8_t* codes, const float* scales,
         const int64_t columns = std::min(kHalf, n - first);
         for (int64_t g = 0; g < rows; g += kAvx2Rows) {
           kHalfTileRows[std::min(kAvx2Rows, rows - g)](
-              blocks, codes + tile * (k / 4) * 64 + half * 32, scales + tile * blocks * kTile + half * kHalf,
-              offsets + tile * blocks * kTile + half * kHalf, words + g * (k / 4), d + g * blocks, total + g * blocks,
+              blocks, codes + tile * (k / 8) * 64 + half * 32, scales + tile * blocks * kTile + half * kHalf,
+              zeros + tile * blocks * kTile + half * kHalf, words + g * (k / 4), d + g * blocks, total + g * blocks,
               out + (r0 + g) * n + first, n, columns);
         }
       }
@@ -330,34 +339,40 @@ std::string int8_matmul_isa() {
 #endif
 }
 
-// x [M, K] float32 or bfloat16; codes uint8 [tiles, K / 4, 64]; scales, offsets float32 [tiles, K / 32, 16];
-// n: the output columns (<= tiles * 16); isa: "" for this CPU's kernel, or "avx2" (a VNNI CPU running the AVX2
-// kernel: its bits are checked against VNNI's). Returns float32 [M, n].
+// x [M, K] float32 or bfloat16; n: the output columns (<= tiles * 16). Two layouts (int8_matmul.py packs them):
+// bytes (the AVX512-VNNI kernel): codes uint8 [tiles, K / 4, 64], scales and offsets float32 [tiles, K / 32, 16];
+// compact (the AVX2 kernel): codes uint8 [tiles, K / 8, 64] (two words' codes a byte, low nibble first), scales
+// and zeros bfloat16 [tiles, K / 32, 16]. Returns float32 [M, n].
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                       const at::Tensor& offsets, int64_t n, const std::string& isa) {
+                       const at::Tensor& offsets, int64_t n) {
   const std::string have = int8_matmul_isa();
-  TORCH_CHECK(!have.empty(), "int8_matmul needs an x86-64 CPU with AVX512-VNNI or AVX2+FMA");
-  TORCH_CHECK(isa.empty() || isa == "avx2", "isa must be \"\" (this CPU's kernel) or \"avx2\", got ", isa);
+  const bool compact = scales.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(compact ? !have.empty() : have == "avx512vnni",
+              compact ? "int8_matmul's compact layout needs an x86-64 CPU with AVX2+FMA"
+                      : "int8_matmul's byte layout needs an x86-64 CPU with AVX512-VNNI");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "x must be a contiguous float32 or bfloat16 CPU matrix");
   const int64_t k = x.size(1);
   TORCH_CHECK(k % kGroup == 0, "K must be a multiple of ", kGroup);
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
-                  codes.size(1) == k / 4 && codes.size(2) == 64, "codes must be uint8 [tiles, K / 4, 64]");
+                  codes.size(1) == k / (compact ? 8 : 4) && codes.size(2) == 64,
+              "codes must be uint8 [tiles, K / 4, 64] (bytes) or [tiles, K / 8, 64] (compact)");
   const int64_t tiles = codes.size(0);
   for (const at::Tensor* t : {&scales, &offsets})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == tiles &&
-                    t->size(1) == k / kGroup && t->size(2) == kTile,
-                "scales and offsets must be float32 [tiles, K / 32, 16]");
+    TORCH_CHECK(t->scalar_type() == scales.scalar_type() && t->is_contiguous() && t->dim() == 3 &&
+                    t->size(0) == tiles && t->size(1) == k / kGroup && t->size(2) == kTile,
+                "scales and offsets (zeros) must be [tiles, K / 32, 16], float32 (bytes) or bfloat16 (compact)");
+  TORCH_CHECK(compact || scales.scalar_type() == at::kFloat, "the byte layout's scales are float32");
   TORCH_CHECK(n > 0 && n <= tiles * kTile, "n must be within the packed columns");
   at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
 #ifdef ONECAT_VNNI
-  if (x.size(0) > 0) {
-    const auto run = (have == "avx512vnni" && isa.empty()) ? matmul_vnni : matmul_avx2;
-    run(x, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), tiles,
-        out.data_ptr<float>(), n);
-  }
+  if (x.size(0) > 0 && compact)
+    matmul_avx2(x, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()),
+                reinterpret_cast<const uint16_t*>(offsets.data_ptr<at::BFloat16>()), tiles, out.data_ptr<float>(), n);
+  else if (x.size(0) > 0)
+    matmul_vnni(x, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), tiles,
+                out.data_ptr<float>(), n);
 #endif
   return out;
 }
@@ -366,7 +381,7 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
 
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("int8_matmul_isa() -> str", &onecat_cpu::int8_matmul_isa);
-  m.def("int8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int n, str isa=\"\") -> Tensor");
+  m.def("int8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("int8_matmul", &onecat_cpu::int8_matmul); }

@@ -88,14 +88,20 @@ def for_terms(terms: list[Int4Blocks]) -> Int8MatmulWeights | Int8MatmulSum | No
 
 
 class Int8MatmulWeights:
-    """One 4-bit term in the kernel's layout: codes [tiles, K / 4, 64] (16 columns x 4 consecutive values
-    per 64 bytes), scale and offset [tiles, K / 32, 16] in float32 with w = scale * q + offset; the scale
-    and zero rounded to bf16 first, as the layer's other kernels hold them."""
+    """One 4-bit term in a kernel's layout, with w = scale * q + offset and the scale and zero rounded to bf16
+    first, as the layer's other kernels hold them. `layout` "bytes" (the AVX512-VNNI kernel): codes [tiles, K / 4,
+    64] (16 columns x 4 consecutive values per 64 bytes), scale and offset [tiles, K / 32, 16] in float32.
+    "compact" (the AVX2 kernel): two 64-byte words' codes a byte (the even word's in the low nibble), codes
+    [tiles, K / 8, 64], scale and zero in bfloat16 (the offset is formed in the kernel, to the same bits). Default:
+    this CPU's kernel's."""
 
-    def __init__(self, blocks: Int4Blocks):
+    LAYOUTS = {"avx512vnni": "bytes", "avx2": "compact"}
+
+    def __init__(self, blocks: Int4Blocks, layout: str | None = None):
         from onecat.engine.kernels import cpu_ops
 
         self.ops = cpu_ops.load()  # loaded once here: a step calls the layer ~120 times
+        self.layout = layout or self.LAYOUTS[self.ops.int8_matmul_isa()]
         n, k = blocks.shape
         pad = -n % TILE
         tiles = (n + pad) // TILE
@@ -103,14 +109,19 @@ class Int8MatmulWeights:
         zero = F.pad(blocks.zero.to(torch.bfloat16).float(), (0, 0, 0, pad))
         codes = F.pad(blocks.codes, (0, 0, 0, pad), value=8)
         self.out_features = n
-        self.codes = codes.view(tiles, TILE, k // 4, 4).permute(0, 2, 1, 3).reshape(tiles, k // 4, 4 * TILE).contiguous()
-        self.scales = scale.view(tiles, TILE, k // GROUP).permute(0, 2, 1).contiguous()
-        self.offsets = (zero - 8 * scale).view(tiles, TILE, k // GROUP).permute(0, 2, 1).contiguous()
+        words = codes.view(tiles, TILE, k // 4, 4).permute(0, 2, 1, 3).reshape(tiles, k // 4, 4 * TILE)
+        by_tile = {"scale": scale, "zero": zero, "offset": zero - 8 * scale}
+        by_tile = {name: t.view(tiles, TILE, k // GROUP).permute(0, 2, 1).contiguous() for name, t in by_tile.items()}
+        if self.layout == "bytes":
+            self.codes, self.scales, self.offsets = words.contiguous(), by_tile["scale"], by_tile["offset"]
+        else:
+            pairs = words.view(tiles, k // 8, 2, 4 * TILE)
+            self.codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
+            self.scales, self.offsets = (by_tile[name].to(torch.bfloat16) for name in ("scale", "zero"))
 
-    def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
-        """x2 [M, K] float32 or bfloat16 -> float32 [M, N]. `kernel` "avx2" runs the AVX2 kernel on a VNNI CPU
-        too (its bits are compared with VNNI's); "" the CPU's own."""
-        return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features, kernel)
+    def __call__(self, x2: torch.Tensor) -> torch.Tensor:
+        """x2 [M, K] float32 or bfloat16 -> float32 [M, N]."""
+        return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features)
 
 
 class Int8MatmulSum:
@@ -121,9 +132,9 @@ class Int8MatmulSum:
         self.terms = terms
         self.out_features = terms[0].out_features
 
-    def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
+    def __call__(self, x2: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
-        y = self.terms[0](x2, kernel)
+        y = self.terms[0](x2)
         for term in self.terms[1:]:
-            y += term(x2, kernel)
+            y += term(x2)
         return y
