@@ -133,8 +133,9 @@ def test_one_call_decode_step_equals_the_python_layers_bit_for_bit(kv_cache_dtyp
     the Python layers."""
     from onecat.engine import LLM, SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=3)
-    prompts = [[1000 + (i * 37 + j * 11) % 30000 for j in range(70 + 40 * i)] for i in range(3)]
+    # 16 tokens after prompts of 70 and 150: each decode crosses a 16-token KV block boundary
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=3)
+    prompts = [[1000 + (i * 37 + j * 11) % 30000 for j in range(70 + 80 * i)] for i in range(2)]
     # prefix caching off: a cached prefix would leave a short tail to prefill, which takes the 4-bit kernel
     # instead of the dense copy a whole prompt takes (int4/linear.py DENSE_FROM_ROWS), another rounding
     with LLM(EMBEDDED, dtype="float32", quantization="gguf", max_model_len=512, enable_prefix_caching=False,
@@ -143,7 +144,7 @@ def test_one_call_decode_step_equals_the_python_layers_bit_for_bit(kv_cache_dtyp
         one_call = llm.model.cpu_decode
         assert one_call is not None, llm.info()["fused_kernels_detail"]
         fast = [llm.generate([p], params)[0] for p in prompts]  # alone: batch-1 decode steps
-        assert one_call.steps >= 3 * 39
+        assert one_call.steps >= 2 * 15
         llm.model.cpu_decode = None
         slow = [llm.generate([p], params)[0] for p in prompts]
         llm.model.cpu_decode = one_call

@@ -4,12 +4,10 @@ one, several layers, bias-free and biased projections. (On a GPU, tests/test_gpu
 it with and without CUDA graphs.)"""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+
+from tests.triton_interpret import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -58,9 +56,7 @@ print("ok")
 
 
 def test_fused_block_forward_matches_the_reference_path():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-4000:]
+    run_interpreted(SCRIPT, timeout=300)
 
 
 def test_a_drafter_on_the_cpu_keeps_the_reference_path(tmp_path):

@@ -195,7 +195,10 @@ def test_greedy_dflash_is_token_identical(arch, k, memory, drafters, reference_t
     assert [o.token_ids for o in outs] == reference_tokens[arch]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+# the MoE target marked slow: rejection sampling and the state rollback it drives are the same code for both
+# targets, and the dense one keeps the law checked by default; the MoE target's verify rows stay checked by default
+# in test_greedy_dflash_is_token_identical (its tokens equal target-only's at k = 1..4)
+@pytest.mark.parametrize("arch", [ARCHS[0], pytest.param(ARCHS[1], marks=pytest.mark.slow)])
 def test_seeded_sampling_keeps_the_target_law(arch, drafters):
     """Top-k sampling at temperature 1: the joint law of the first two tokens (the second one verified) is the
     target's, by chi-square; the random drafter's q is far from p, so rejection sampling does real work."""

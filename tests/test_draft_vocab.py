@@ -50,15 +50,15 @@ def _llm(drafter, size: int | None, dtype: str = "float32"):
 
 
 @needs_embedded_model
-def test_drafts_come_from_the_draft_vocabulary_and_output_stays_the_targets(tmp_path):
+def test_drafts_come_from_the_draft_vocabulary_and_output_stays_the_targets(tmp_path, embedded_llm):
     ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[:3000].tolist()
     drafter = _drafter(tmp_path, ids)
     allowed = set(ids[:2000])
     params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
               SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=24, ignore_eos=True)]
-    with LLM(EMBEDDED, dtype="float32", max_model_len=128, enable_prefix_caching=False) as plain:
-        want = [o.token_ids for o in plain.generate(PROMPTS, params[0])]
-        want_sampled = [o.token_ids for o in plain.generate(PROMPTS, params[1])]
+    # target-only: the session's float32 engine of the embedded model
+    want = [o.token_ids for o in embedded_llm.generate(PROMPTS, params[0])]
+    want_sampled = [o.token_ids for o in embedded_llm.generate(PROMPTS, params[1])]
     with _llm(drafter, 2000) as llm:
         proposer = llm.engine.proposer.proposer
         seen = {"drafts": 0, "sampled": 0}

@@ -4,11 +4,9 @@ a several-row call must equal that row's one-row call and the float32 product, p
 in, and with the SiLU*up pair. (The GPU's bits are checked in tests/test_gemv_gpu.py.)"""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
+
+from tests.triton_interpret import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -44,6 +42,4 @@ print("ok")
 
 
 def test_row_loop_and_row_programs_give_each_row_its_one_row_result():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_interpreted(SCRIPT, timeout=240)

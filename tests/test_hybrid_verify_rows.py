@@ -5,10 +5,6 @@ steps of those tokens give; a rollback to any accepted prefix must recompute bit
 The Triton kernel of the same rows (CUDA) is checked against the reference under Triton's interpreter."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,6 +12,7 @@ from onecat.engine.cache.recurrent_state import RecurrentStateCache, Trail
 from onecat.engine.config import ModelConfig
 from onecat.engine.layers.gated_deltanet import GatedDeltaNet, delta_rows, linear_attention_sizes
 from onecat.engine.random_models import shape_config
+from tests.triton_interpret import run_interpreted
 
 WIDTH = 5
 
@@ -124,6 +121,4 @@ print("ok")
 
 def test_triton_rows_kernel_matches_the_reference_under_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_interpreted(KERNEL_SCRIPT, timeout=300)

@@ -123,14 +123,23 @@ def test_onecat_as_an_lm_eval_model_gives_the_servers_numbers(tmp_path, monkeypa
     assert local["results"]["onecat_tiny_ll"]["acc,none"] == remote["results"]["onecat_tiny_ll"]["acc,none"]
 
 
-def test_lm_eval_gate_workload_pairs_documents_across_arms(tmp_path):
+def test_lm_eval_gate_workload_pairs_documents_across_arms(tmp_path, monkeypatch):
     """contracts/lm_eval_cpu.yaml: an lm-eval task in both arms, one stored outcome per document and arm,
     and task_score's paired verdict."""
+    import lm_eval.tasks
     from typer.testing import CliRunner
 
     from onecat.cli.main import app
     from onecat.results.store import Store
 
+    class LocalTasks(lm_eval.tasks.TaskManager):
+        """Indexes the contract's include_path only: lm-eval's index of its thousands of built-in task YAMLs
+        (about 13 s on two cores, once per arm) holds nothing this contract's local task uses."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "include_defaults": False})
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalTasks)  # the runner imports it from there when it runs
     db = tmp_path / "r.duckdb"
     res = CliRunner().invoke(app, ["gate", "run", "contracts/lm_eval_cpu.yaml", "--db", str(db),
                                    "--out", str(tmp_path / "reports"), "--no-progress"])

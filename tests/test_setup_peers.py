@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "setup_peers.sh"
@@ -92,7 +93,13 @@ def test_check_peer_reports_a_peer_killed_by_sigsegv_and_passes_a_healthy_one(tm
     assert "ggml_amx_init: loading the tile config" in dead.stderr  # its last output
     _program(server, f'#!/bin/sh\nexec "{sys.executable}" "{STUB}" "$@"\n')
     (peers / "llama-server" / "build-info.txt").write_text("cflags=-fno-tree-dse -fno-dse\namx=off: rebuilt\n")
-    alive = subprocess.run(check, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    # the healthy peer through --spec: contracts/peers_cpu.yaml with the tiny GGUF of tests/data as its model; a run
+    # that gets an answer loads the model's tokenizer, and the embedded GGUF's header takes seconds to read
+    spec = yaml.safe_load((ROOT / "contracts" / "peers_cpu.yaml").read_text())
+    spec["model"]["source"] = str(ROOT / "tests" / "data" / "tiny-qwen35.gguf")
+    (tmp_path / "peers_tiny.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    alive = subprocess.run(check + ["--spec", str(tmp_path / "peers_tiny.yaml")], capture_output=True, text=True,
+                           env=env, timeout=300, cwd=ROOT)
     assert alive.returncode == 0, alive.stderr
     assert "llama_server: answered 'The capital of France is' with ' t" in alive.stdout
     assert "AMX_INT8" in alive.stdout  # the instruction sets it reported

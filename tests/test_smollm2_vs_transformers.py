@@ -1,6 +1,8 @@
 """The embedded SmolLM2 GGUF through onecat vs transformers' own GGUF loader: tokens, template, greedy."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -22,9 +24,23 @@ TEXTS = PROMPTS + ["  spaces   and\ttabs\n\nnewlines 3.14159 ünïcödé 日本�
 
 @pytest.fixture(scope="module")
 def hf(embedded_path):
+    import functools
+
+    import gguf
+
+    from onecat.engine.loader.gguf import open_gguf
+
     d, f = str(embedded_path.parent), embedded_path.name
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
+    # Only repeated work is saved, not what transformers computes: it parses the file's header anew for the config,
+    # the weights and the tokenizer (seconds each), and it gets gguf's own reader of the file parsed once (the one
+    # this process keeps for it), which it only reads; and it builds gguf's name table for the same architecture once
+    # per submodule (~400 times), a pure function of its arguments, here built once.
+    reader, parse = open_gguf(embedded_path), gguf.GGUFReader
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", lambda path: reader if Path(path) == embedded_path else parse(path))
+        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+        tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
     yield model, tok
     del model
 

@@ -14,15 +14,23 @@ import pytest
 
 from onecat.engine import LLM
 from onecat.engine.parallel import rank_process, runtime
-from tests.conftest import EMBEDDED
 
-# What every script below runs; it never calls close() and has no main guard.
-SCRIPT = textwrap.dedent(f"""
+# What every script below runs (with the model's path in MODEL); it never calls close() and has no main guard.
+SCRIPT = textwrap.dedent("""
     from onecat.engine import LLM, SamplingParams
-    llm = LLM({EMBEDDED!r}, tensor_parallel_size=2, max_model_len=96)
-    out = llm.generate(["Hello"], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    llm = LLM(MODEL, tensor_parallel_size=2, max_model_len=96)
+    out = llm.generate(["t1 t5 t9"], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     print("TOKENS", len(out[0].token_ids), "WORKERS", *[p.pid for p in llm.tp.workers.procs], flush=True)
 """)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    """A tiny random Llama checkpoint: these tests are about starting and ending the ranks, and each process
+    loads it in a fraction of the seconds the embedded GGUF's header takes to parse in every process."""
+    from tests.tiny_models import make_tiny_model
+
+    return str(make_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama"))
 
 
 def _gone(pid: int, within_s: float = 10.0) -> bool:
@@ -37,15 +45,16 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 
 
 @pytest.mark.parametrize("how", ["stdin", pytest.param("file without a main guard", marks=pytest.mark.slow)])
-def test_a_script_without_close_runs_and_exits_cleanly(tmp_path, how):
+def test_a_script_without_close_runs_and_exits_cleanly(tmp_path, model, how):
     """The stdin script used to kill every worker at once (spawn re-imports `<stdin>`, which is no file) and
     the parent then waited 121 s for the rendezvous; the unguarded file made every worker build an engine of
     its own. Both ended, when they ran, with the resource tracker's leaked shared_memory warning."""
+    code = f"MODEL = {model!r}\n{SCRIPT}"
     if how == "stdin":
-        argv, stdin = [sys.executable, "-"], SCRIPT
+        argv, stdin = [sys.executable, "-"], code
     else:
         script = tmp_path / "generate.py"
-        script.write_text(SCRIPT)
+        script.write_text(code)
         argv, stdin = [sys.executable, str(script)], None
     t0 = time.monotonic()
     try:
@@ -81,7 +90,7 @@ if child and "resource_tracker" not in " ".join(sys.orig_argv):  # the engine's 
 
 @pytest.mark.parametrize("failure, cause", [("raise", "RuntimeError: injected start failure"),
                                             ("exit", "injected last words")])
-def test_a_worker_that_dies_at_start_fails_the_engine_with_its_cause(tmp_path, monkeypatch, failure, cause):
+def test_a_worker_that_dies_at_start_fails_the_engine_with_its_cause(tmp_path, monkeypatch, model, failure, cause):
     """A `sitecustomize` on the child processes' path breaks only them: one raises while building its Worker,
     the other writes a line and exits with code 7 before onecat is imported. The parent must name the cause
     within 10 s of starting the workers, and leave no process."""
@@ -99,7 +108,7 @@ def test_a_worker_that_dies_at_start_fails_the_engine_with_its_cause(tmp_path, m
 
     monkeypatch.setattr(runtime.WorkerRanks, "__init__", timed_start)
     with pytest.raises(runtime.TensorParallelError) as err:
-        LLM(EMBEDDED, tensor_parallel_size=2, max_model_len=96)
+        LLM(model, tensor_parallel_size=2, max_model_len=96)
     took = time.monotonic() - started[0]
     message = str(err.value)
     assert "rank 1" in message and cause in message, message

@@ -20,6 +20,29 @@ def _scalar_index(tensor, scope):
 
 
 interpreter._patch_lang_tensor = _scalar_index
+
+# Every call of a jit function (each nested helper, in every program) patches triton.language's builtins again,
+# finding them with inspect.getmembers over the language modules and the tensor class: a fifth to a third of an
+# interpreted kernel's time. Their names are listed once here; each call then does what the original does with
+# them: patches each name whose attribute is a builtin now (inside an outer call it is that call's wrapper, no
+# builtin, and is left as it is).
+import inspect
+
+import triton.language as tl
+
+_builtin_names = {}
+
+
+def _patch_builtin(pkg, builder, scope):
+    if pkg not in _builtin_names:
+        _builtin_names[pkg] = [name for name, member in inspect.getmembers(pkg) if tl.core.is_builtin(member)]
+    for name in _builtin_names[pkg]:
+        member = getattr(pkg, name)
+        if tl.core.is_builtin(member):
+            interpreter._patch_attr(pkg, name, member, builder, scope)
+
+
+interpreter._patch_builtin = _patch_builtin
 """
 
 
