@@ -2,10 +2,13 @@
 
 A 16-sequence decode step or a prefill chunk multiplies many rows by the same weights. The bf16 GEMM on a
 dequantized copy reads 2 bytes a weight and multiplies bf16 pairs; this path keeps the layer's 4-bit codes
-(one byte each here, in the kernel's tile layout) and rounds each row's activations to int8 per 32-value
-block, as llama.cpp does, so the products are exact integer dot products and only the per-block scales
-are float. Measured on a 2-core AMD EPYC (AVX512-VNNI/BF16), the embedded model's projections, weights of
-30 layers (from memory, as in a step): at 16 rows 1.14-1.42x the bf16 GEMM, at 256 rows 1.03-1.23x. The
+(one byte each in the AVX512-VNNI kernel's tile layout, two a byte in the AVX2 kernel's) and rounds each row's
+activations to int8 per 32-value block, as llama.cpp does, so the products are exact integer dot products and
+only the per-block scales are float. Measured on a 2-core AMD EPYC (AVX512-VNNI/BF16), the embedded model's
+projections, weights of 30 layers (from memory, as in a step): at 16 rows 1.14-1.42x the bf16 GEMM, at 256 rows
+1.03-1.23x. On a 2-core AMD EPYC with AVX2 only, where the bf16 GEMM has no bf16 instructions, a 16-sequence
+step of the packed embedded model (benchmarks/cpu_packed_steps.py, medians of 3 interleaved runs,
+results/cpu_packed_steps_epyc_avx2.json): prefill 25.8 -> 2.66 s, decode 300.9 -> 55.8 ms. The
 numerics: WikiText-2 perplexity of the packed embedded model (16 x 256 tokens) 38.84 against 38.59 with
 bf16 activations (+0.64%; the float32 engine's 38.62), inside the packed-weights contract's 1%.
 
