@@ -131,3 +131,23 @@ def test_whole_tensor_decode_gives_the_gguf_package_values(tmp_path):
         want = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(48, 256)
         got = dequantize_tensor(t)
         assert got.shape == (48, 256) and np.array_equal(got.view(np.uint32), want.view(np.uint32)), t.name
+
+
+def test_the_loaders_reader_reads_what_the_gguf_package_reads_still_mapped(tmp_path):
+    """open_gguf's reader (plain ndarray views of the file's mapping, for a faster header parse) gives every
+    metadata value and tensor byte that gguf's own reader gives, and the tensors still map the file (no copy)."""
+    from onecat.engine.loader.gguf import open_gguf
+
+    quant, _ = pair_of_files(tmp_path, [QT.Q4_K, QT.Q6_K])
+    ours, theirs = open_gguf(quant), gguf.GGUFReader(str(quant))
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        assert ours.fields[key].contents() == field.contents(), key
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in ours.tensors] == [
+        (t.name, t.tensor_type, list(t.shape), t.data_offset) for t in theirs.tensors]
+    for mine, want in zip(ours.tensors, theirs.tensors):
+        assert np.array_equal(mine.data, want.data), mine.name
+        base = mine.data
+        while base.base is not None and not isinstance(base, np.memmap):
+            base = base.base
+        assert isinstance(base, np.memmap), f"{mine.name} is no longer a view of the file's mapping"

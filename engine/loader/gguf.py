@@ -43,12 +43,29 @@ def open_gguf(path: Path):
     return _open_gguf_cached(str(path.resolve()), st.st_mtime_ns, st.st_size)
 
 
-@functools.lru_cache(maxsize=4)
-def _open_gguf_cached(path: str, mtime_ns: int, size: int):
+@functools.cache
+def _plain_view_reader_class():
+    """gguf's reader slices a numpy.memmap once per metadata value (three views per vocabulary entry), and each
+    memmap view runs memmap's own bookkeeping: half of a 49K-token header's parse. A plain ndarray view of the
+    same mapping gives the same fields and tensors, memory-mapped as before, in about half the time."""
     from gguf import GGUFReader
 
+    class PlainViewGGUFReader(GGUFReader):
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, mapped):
+            self._data = mapped.view(np.ndarray)
+
+    return PlainViewGGUFReader
+
+
+@functools.lru_cache(maxsize=4)
+def _open_gguf_cached(path: str, mtime_ns: int, size: int):
     try:
-        return GGUFReader(path)
+        return _plain_view_reader_class()(path)
     except Exception as e:  # the reader raises ValueError/IndexError/struct errors on bad files
         raise CorruptModelError(f"cannot read GGUF file {path}: {e}. The file is truncated or corrupt") from None
 
