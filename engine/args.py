@@ -207,6 +207,11 @@ class EngineArgs(BaseModel):
     max_model_len: Optional[int] = Field(default=None, ge=1, description="context length; default: the model's")
     max_num_seqs: int = Field(default=64, ge=1, description="sequences decoded together")
     max_num_batched_tokens: int = Field(default=2048, ge=1, description="tokens per engine step (chunked prefill)")
+    admission_wave: int = Field(
+        default=1, ge=1, description="while sequences decode, waiting requests start only once this many of them "
+                                     "(or all that wait, if fewer) have free slots, then together: fewer steps mix "
+                                     "prefill into decoding, and a mixed step runs eagerly where pure decode steps "
+                                     "replay CUDA graphs (offline batch jobs); 1: each starts as soon as a slot frees")
     block_size: Annotated[int, AfterValidator(_power_of_two)] = Field(default=16, description="tokens per KV block")
     enable_prefix_caching: bool = Field(default=True, description="reuse KV blocks of shared prompt prefixes")
     seed: int = Field(default=0, description="seed of requests that give none")
@@ -239,6 +244,13 @@ class EngineArgs(BaseModel):
         default="none", description="prefix caching of hybrid models' recurrent state: none (prefix caching off "
                                     "for them) | align (state saved where chunks end, at block boundaries) | all "
                                     "(not implemented)")
+
+    @model_validator(mode="after")
+    def _wave_fits(self) -> "EngineArgs":
+        if self.admission_wave > self.max_num_seqs:
+            raise ValueError(f"admission_wave {self.admission_wave} exceeds max_num_seqs {self.max_num_seqs}: a wave "
+                             f"could never start while a sequence decodes; set it to at most max_num_seqs")
+        return self
 
     @classmethod
     def create(cls, **settings: Any) -> "EngineArgs":

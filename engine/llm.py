@@ -144,6 +144,7 @@ class LLM:
             "kv_cache_dtype": self.cfg.kv_cache_dtype, "block_size": self.cfg.block_size,
             "num_kv_blocks": self.engine.blocks.num_blocks, "max_model_len": self.max_model_len,
             "max_num_seqs": self.cfg.max_num_seqs, "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
+            "admission_wave": self.cfg.admission_wave,
             "enable_prefix_caching": self.cfg.enable_prefix_caching, "quantization": self.worker.packing,
             "fused_kernels": self.worker.fused_kernels["used"], "fused_kernels_detail": self.worker.fused_kernels,
             "async_scheduling": {"enabled": self.cfg.async_scheduling,

@@ -60,14 +60,17 @@
 # of a decode step's RoPE and K/V store inside the paged decode's split kernel, then target-only decode with it off
 # and on (ONECAT_ROPE_IN_SPLIT), alternated twice, batch 1 and 8, the 8B and the embedded default's shapes.
 # `paged_sweep` the paged decode attention alone at 1K-32K contexts, batch 1 and 8, in its tile and partition
-# variants, against the copy rate (benchmarks/gpu_paged_decode.py).
+# variants, against the copy rate (benchmarks/gpu_paged_decode.py). `admission_waves` the pipeline's GPU tests
+# with requests waiting (and without), then an offline job of 1,024 requests on 256 slots, the embedded default's
+# shape, new requests started one by one and in waves of 32 (admission_wave), alternated twice
+# (benchmarks/gpu_admission_waves.py).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
-#                                gdn_split_route|draft_pool_route|rope_split|paged_sweep]...
+#                                gdn_split_route|draft_pool_route|rope_split|paged_sweep|admission_waves]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -291,6 +294,9 @@ for step in $steps; do
            decode_switch_ab ONECAT_MERGE_IN_SPLIT merge ;;
     paged_sweep) (cd benchmarks && timeout 300 python3 gpu_paged_decode.py --out "$out/gpu_paged_decode.json" \
              >"$out/paged_sweep.log" 2>&1); echo "paged decode sweep rc=$?"; grep "context" "$out/paged_sweep.log" | cut -c1-220 ;;
+    admission_waves) gpu_tests pipeline tests/test_engine_core.py -k pipeline
+           (cd benchmarks && timeout 300 python3 gpu_admission_waves.py --out "$out/gpu_admission_waves.json" \
+             >"$out/admission_waves.log" 2>&1); echo "admission waves rc=$?"; grep -E "wave" "$out/admission_waves.log" ;;
     rope_split) gpu_tests rope_split tests/test_rope_in_split_gpu.py
            decode_switch_ab ONECAT_ROPE_IN_SPLIT rope_split ;;
     rows) timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not slow" tests/test_rows_gemm_gpu.py \

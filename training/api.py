@@ -40,6 +40,7 @@ RECIPE = ("DFlash block drafter (arXiv 2602.06036; SpecForge DFlash trainer): fr
 TEMPLATE_ROOM = 128  # tokens the chat template may add around a prompt
 SAVE_RESERVE_S = 10.0  # kept free at the end of a time budget for the last evaluation and save
 CUDA_KV_CACHE_GB = 16.0
+REGEN_WAVES_PER_BATCH = 8  # on CUDA, waiting prompts start in waves of regen_batch / 8 (EngineArgs.admission_wave)
 
 
 @dataclass
@@ -99,6 +100,8 @@ def _open_target(target: str, opts: TrainOptions, device: torch.device, max_mode
                 "cuda_graph": "full" if cuda and not capture else "off"}
     if cuda:
         settings["max_num_batched_tokens"] = 16384 if capture else 8192
+    if cuda and not capture:  # new prompts start in waves: most steps stay pure decode, on graphs and pipelined
+        settings["admission_wave"] = max(1, opts.regen_batch // REGEN_WAVES_PER_BATCH)
     kv = opts.kv_cache_memory_gb or (CUDA_KV_CACHE_GB if cuda else None)
     if kv is not None:
         settings["kv_cache_memory_gb"] = kv

@@ -78,6 +78,7 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
     if done:
         log(f"[regen] continuing: {total - len(jobs)} of {total} answers exist, {len(jobs)} to go")
     t0 = time.perf_counter()
+    steps0, prefill0 = llm.engine.stats["steps"], llm.engine.stats["prefill_steps"]
     samples: list[Sample] = []
     not_started = 0
     phases = [[j for j in jobs if not j.sampled], [j for j in jobs if j.sampled]]
@@ -99,6 +100,9 @@ def regenerate(llm, prompts: list[str], *, max_new_tokens: int, sampled_fraction
              "not_started_by_deadline": not_started,
              "complete": not_started == 0 and all(s.finished for s in samples),
              "prompt_tokens": sum(len(s.prompt_ids) for s in samples), "response_tokens": response_tokens,
+             "engine_steps": llm.engine.stats["steps"] - steps0,
+             "steps_with_prompt_rows": llm.engine.stats["prefill_steps"] - prefill0,
+             "admission_wave": llm.cfg.admission_wave,
              "seconds": round(seconds, 2), "response_tokens_per_s": round(response_tokens / max(seconds, 1e-9), 1)}
     return samples, stats
 
@@ -132,7 +136,7 @@ def _run_phase(llm, jobs: list, deadline: float | None, log: Callable[[str], Non
     core = llm.engine
     rids = [llm.add_request({"prompt_token_ids": j.ids}, j.params, add_special_tokens=False) for j in jobs]
     t0 = last_log = time.perf_counter()
-    tokens0 = core.stats["generation_tokens"]
+    tokens0, steps0, prefill0 = (core.stats[k] for k in ("generation_tokens", "steps", "prefill_steps"))
     while core.has_unfinished():
         now = time.perf_counter()
         if deadline is not None and now >= deadline:
@@ -153,5 +157,6 @@ def _run_phase(llm, jobs: list, deadline: float | None, log: Callable[[str], Non
         samples.append(Sample(list(job.ids), list(out.token_ids), job.sampled, finished, job.prompt_index,
                               job.answer))
     log(f"[regen] {name}: {len(samples)} sequences, {sum(len(s.response_ids) for s in samples)} response tokens "
-        f"in {time.perf_counter() - t0:.1f} s")
+        f"in {time.perf_counter() - t0:.1f} s, {core.stats['steps'] - steps0} steps "
+        f"({core.stats['prefill_steps'] - prefill0} with prompt rows)")
     return samples, not_started

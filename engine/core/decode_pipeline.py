@@ -7,7 +7,8 @@ token (an argmax, or a draw keyed by the request's seed and the token's position
 which needs no host value of step N) is copied into step N+1's graph inputs by the GPU itself. So each engine
 step launches the next decode, then reads and applies the previous one while the GPU computes.
 
-It runs only when the batch is steady: CUDA graphs on, nothing waiting to be admitted, no speculative proposer or
+It runs only when the batch is steady: CUDA graphs on, no waiting request to admit now (none waits, the slots are
+full, or an admission wave has not opened: core/scheduler.py), no speculative proposer or
 one whose gate has paused drafting for this batch size (its plain steps then decode as target-only's do; a block
 drafter's tapped features are recorded from the graph's output as in a plain step; a prompt-lookup proposer whose
 turn comes is asked while the step is in flight, and only a draft found drains the pipeline), no request with logits
@@ -74,7 +75,7 @@ class DecodePipeline:
             return False
         if c.worker.has_peer_ranks:  # tensor parallel: every replay is described to the other ranks first
             return False
-        if c.scheduler.waiting or not c.scheduler.running or len(c.scheduler.running) > graphs.sizes[-1]:
+        if c.scheduler.admits_waiting() or not c.scheduler.running or len(c.scheduler.running) > graphs.sizes[-1]:
             return False
         for seq in c.scheduler.running:
             p = seq.params

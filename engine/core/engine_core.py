@@ -44,7 +44,8 @@ class EngineCore:
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
         self.proposer = proposer  # speculative decoding, when configured
         self.pipeline = DecodePipeline(self) if cfg.async_scheduling else None
-        self.stats = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        # prefill_steps: steps with prompt rows (eager on CUDA, where pure decode steps may replay graphs)
+        self.stats = {"steps": 0, "prefill_steps": 0, "prompt_tokens": 0, "generation_tokens": 0}
 
     @contextmanager
     def proposer_swapped(self, proposer: SpeculativeProposer | None) -> Iterator[None]:
@@ -235,11 +236,13 @@ class EngineCore:
         self.stats["steps"] += 1
         now = time.perf_counter()
         touched = []
+        prefill = False
         for u in updates:
             seq = u.seq
             seq.num_computed_tokens += u.num_new_tokens
             if seq.num_computed_tokens <= seq.num_prompt_tokens:
                 self.stats["prompt_tokens"] += u.num_new_tokens
+                prefill = True
             if not u.new_tokens:  # a prefill chunk that did not reach the end of the prompt
                 self._keep_computed(seq, u.features)
                 continue
@@ -258,6 +261,7 @@ class EngineCore:
                 if not seq.is_finished:
                     self._keep_computed(seq, u.features)
             touched.append(seq)
+        self.stats["prefill_steps"] += prefill
         return touched
 
     def _keep_computed(self, seq: Sequence, features: FeatureRows | None) -> None:

@@ -4,6 +4,11 @@ Each step: running sequences first (decodes and unfinished prefills, oldest firs
 sequences while the token budget, the sequence limit and free KV blocks allow. When a running
 sequence cannot get a block, the newest running sequence is preempted: its blocks are freed and it
 goes back to the front of the queue to be recomputed later (prefix caching makes that cheap).
+With `admission_wave` W > 1, waiting sequences start while others decode only once W of them (or all
+that wait, if fewer) have free slots; the wave then goes on over the next steps, as the token budget
+allows, until the slots are full or nothing waits. A step with prefill rows runs eagerly where a pure
+decode step replays a CUDA graph, and a long offline job whose requests end one by one would otherwise
+mix a new prompt into nearly every step.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._wave_open = False  # admission_wave: a wave of waiting sequences is being admitted
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -60,7 +66,7 @@ class Scheduler:
                 out.scheduled.append(ScheduledSeq(seq, n - extra, extra))
                 budget -= n
                 i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs and self._may_admit():
             seq = self.waiting[0]
             if seq.num_computed_tokens == 0 and not seq.block_table:
                 self.blocks.match_prefix(seq)
@@ -76,7 +82,21 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
+            self._wave_open = False
         return out
+
+    def _may_admit(self) -> bool:
+        self._wave_open = self.admits_waiting()
+        return self._wave_open
+
+    def admits_waiting(self) -> bool:
+        """Whether the next step would start a waiting sequence (the one-step-ahead decode pipeline drains for
+        it): with a free slot, when nothing runs, a wave is open, or a wave's slots are free."""
+        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
+            return False
+        wave = min(self.cfg.admission_wave, len(self.waiting))
+        return self._wave_open or not self.running or self.cfg.max_num_seqs - len(self.running) >= wave
 
     def reserve_decode(self, seq: Sequence, num_tokens: int) -> bool:
         """Give a running sequence KV room for `num_tokens` tokens outside `schedule()` (the one-step-ahead
