@@ -62,7 +62,7 @@ def _plain_view_reader_class():
     return PlainViewGGUFReader
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)  # a process that opens a few small files keeps a large one's parsed header
 def _open_gguf_cached(path: str, mtime_ns: int, size: int):
     try:
         return _plain_view_reader_class()(path)
