@@ -216,7 +216,8 @@ class EngineCore:
             return {}
         seqs = [scheduled[i].seq for i in result.sample_rows]
         params = [seq.params for seq in seqs]
-        keys = row_keys([seq.seed for seq in seqs], [seq.num_tokens for seq in seqs], result.logits.device)
+        keys = None if all(p.greedy for p in params) else \
+            row_keys([seq.seed for seq in seqs], [seq.num_tokens for seq in seqs], result.logits.device)
         tokens = sample(apply_logits_processors(result.logits, seqs), params, keys)
         if any(p.logprobs is not None for p in params):
             for seq, lp in zip(seqs, token_logprobs(result.logits, tokens, [p.logprobs for p in params])):
