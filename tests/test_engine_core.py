@@ -107,22 +107,18 @@ def test_sampling_params_with_processors_copy_and_compare():
         SamplingParams(keep_probs="yes")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_pipeline_and_plain_step_apply_steps_alike(tmp_path):
-    """The one-step-ahead pipeline and the plain step give the same tokens, stops and counts, and both
-    leave every KV block free."""
+def _pipeline_against_plain_steps(tmp_path, prompts, params, **settings) -> None:
+    """The same requests with the one-step-ahead pipeline off and on: the same tokens, stops and counts, the
+    pipeline used only when on, and every KV block free after either."""
     from onecat.engine import LLM
     from tests.tiny_models import make_tiny_model
 
     model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
                                 num_key_value_heads=2)
-    prompts = [" ".join(f"t{(i * 7 + j * 3) % 300 + 1}" for j in range(n)) for i, n in enumerate((5, 37, 130))]
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (5, 30, 17)]
     seen = {}
     for on in (False, True):
         with LLM(str(model_dir), device="cuda", dtype="float16", max_model_len=512, kv_cache_memory_gb=1.0,
-                 cuda_graph=True, async_scheduling=on) as llm:
+                 cuda_graph=True, async_scheduling=on, **settings) as llm:
             outs = llm.generate(prompts, params)
             core = llm.engine
             seen[on] = ([(o.token_ids, o.finish_reason) for o in outs], core.stats["generation_tokens"],
@@ -130,6 +126,16 @@ def test_pipeline_and_plain_step_apply_steps_alike(tmp_path):
             assert not core.has_unfinished() and _all_blocks_free(core)
     assert seen[True][:2] == seen[False][:2]
     assert seen[False][2] == 0 and seen[True][2] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pipeline_and_plain_step_apply_steps_alike(tmp_path):
+    """The one-step-ahead pipeline and the plain step give the same tokens, stops and counts, and both
+    leave every KV block free."""
+    prompts = [" ".join(f"t{(i * 7 + j * 3) % 300 + 1}" for j in range(n)) for i, n in enumerate((5, 37, 130))]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (5, 30, 17)]
+    _pipeline_against_plain_steps(tmp_path, prompts, params)
 
 
 @pytest.mark.gpu
@@ -138,21 +144,6 @@ def test_pipeline_and_plain_step_apply_steps_alike(tmp_path):
 def test_pipeline_runs_while_requests_wait_and_keeps_tokens(tmp_path, wave):
     """With more requests than slots, the pipeline runs while nothing can be admitted (slots full, or an
     admission wave not open) and drains for each admission: the plain step's tokens, stops and counts."""
-    from onecat.engine import LLM
-    from tests.tiny_models import make_tiny_model
-
-    model_dir = make_tiny_model("llama", tmp_path / "tiny", hidden_size=256, num_attention_heads=8,
-                                num_key_value_heads=2)
     prompts = [" ".join(f"t{(i * 5 + j * 3) % 300 + 1}" for j in range(4 + 9 * i)) for i in range(7)]
     params = [SamplingParams(temperature=0.0, max_tokens=4 + (11 * i) % 23, ignore_eos=True) for i in range(7)]
-    seen = {}
-    for on in (False, True):
-        with LLM(str(model_dir), device="cuda", dtype="float16", max_model_len=512, kv_cache_memory_gb=1.0,
-                 cuda_graph=True, async_scheduling=on, max_num_seqs=3, admission_wave=wave) as llm:
-            outs = llm.generate(prompts, params)
-            core = llm.engine
-            seen[on] = ([(o.token_ids, o.finish_reason) for o in outs], core.stats["generation_tokens"],
-                        llm.info()["async_scheduling"]["launches"])
-            assert not core.has_unfinished() and _all_blocks_free(core)
-    assert seen[True][:2] == seen[False][:2]
-    assert seen[False][2] == 0 and seen[True][2] > 0
+    _pipeline_against_plain_steps(tmp_path, prompts, params, max_num_seqs=3, admission_wave=wave)
