@@ -63,14 +63,18 @@
 # variants, against the copy rate (benchmarks/gpu_paged_decode.py). `admission_waves` the pipeline's GPU tests
 # with requests waiting (and without), then an offline job of 1,024 requests on 256 slots, the embedded default's
 # shape, new requests started one by one and in waves of 32 (admission_wave), alternated twice
-# (benchmarks/gpu_admission_waves.py).
+# (benchmarks/gpu_admission_waves.py). `regen` the drafter's training data: the target (EMBEDDED_GGUF) answers the
+# prompts of DRAFTER_PROMPTS (a jsonl of scripts/remote_gpu_prep.sh) greedy and sampled (REGEN_EXTRA more sampled
+# answers a prompt, default 2) within REGEN_BUDGET s (default 400), kept in REGEN_SAMPLES (default
+# /tmp/m/samples, continued by the next call to a warm machine) and copied to OUT/samples as compact parts of at
+# most 15 MiB, to carry into the next call or back (docs/training.md).
 #   scripts/gpu_bench.sh OUTDIR [tests|gemv|profile|bench|speculative|routes|embedded|merge|rows|rows_ab|gdn|
 #                                gdn_route|draft_vocab|draft_vocab_embedded|route_ab|sampling|sampled_decode|packed_rows|
 #                                packed_rows_route|packed_rows_e2e|pending_tests|moe_fused_route|
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
-#                                gdn_split_route|draft_pool_route|rope_split|paged_sweep|admission_waves]...
+#                                gdn_split_route|draft_pool_route|rope_split|paged_sweep|admission_waves|regen]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -294,6 +298,13 @@ for step in $steps; do
            decode_switch_ab ONECAT_MERGE_IN_SPLIT merge ;;
     paged_sweep) (cd benchmarks && timeout 300 python3 gpu_paged_decode.py --out "$out/gpu_paged_decode.json" \
              >"$out/paged_sweep.log" 2>&1); echo "paged decode sweep rc=$?"; grep "context" "$out/paged_sweep.log" | cut -c1-220 ;;
+    regen) samples=${REGEN_SAMPLES:-/tmp/m/samples}
+           opts="{\"device\": \"cuda\", \"samples_file\": \"$samples\", \"regenerate_only\": true,
+             \"extra_sampled_answers\": ${REGEN_EXTRA:-2}, \"time_budget_s\": ${REGEN_BUDGET:-400}}"
+           timeout $(( ${REGEN_BUDGET:-400} + 60 )) python3 -m onecat.training "${EMBEDDED_GGUF:?set EMBEDDED_GGUF}" \
+             "jsonl:${DRAFTER_PROMPTS:?set DRAFTER_PROMPTS}" /tmp/m/regen "$opts" >"$out/regen.log" 2>&1
+           echo "regeneration rc=$?"; grep -E "\[regen\]" "$out/regen.log" | tail -4
+           [ -d "$samples" ] && cp -r "$samples" "$out/samples" && du -sh "$out/samples" ;;
     admission_waves) gpu_tests pipeline tests/test_engine_core.py -k pipeline
            (cd benchmarks && timeout 300 python3 gpu_admission_waves.py --out "$out/gpu_admission_waves.json" \
              >"$out/admission_waves.log" 2>&1); echo "admission waves rc=$?"; grep -E "wave" "$out/admission_waves.log" ;;
