@@ -32,9 +32,10 @@ def hf(embedded_path):
 
     d, f = str(embedded_path.parent), embedded_path.name
     # Only repeated work is saved, not what transformers computes: it parses the file's header anew for the config,
-    # the weights and the tokenizer (seconds each), and it gets gguf's own reader of the file parsed once (the one
-    # this process keeps for it), which it only reads; and it builds gguf's name table for the same architecture once
-    # per submodule (~400 times), a pure function of its arguments, here built once.
+    # the weights and the tokenizer (seconds each), and it gets the file's reader parsed once (open_gguf's: gguf's
+    # reader over plain views of the mapping, the same fields and tensors), which it only reads; and it builds
+    # gguf's name table for the same architecture once per submodule (~400 times), a pure function of its
+    # arguments, here built once.
     reader, parse = open_gguf(embedded_path), gguf.GGUFReader
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf, "GGUFReader", lambda path: reader if Path(path) == embedded_path else parse(path))
