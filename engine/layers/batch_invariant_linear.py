@@ -11,12 +11,17 @@ and walks K in one fixed order whatever the row count; the one exception is a si
 K > 1024, which takes another kernel, so such a row is sent twice (one row is bandwidth-bound: the
 copy costs little). Its fused bias is not row-count invariant, so the bias is added apart. Checked
 bitwise for 1..4096 rows, K up to 8960 and 1..7 threads.
+
+Where the CPU has AVX2 + FMA without AVX512 the layers take the one-pass rows kernel instead
+(engine/kernels/f32_rows.py): invariant by construction, and it streams the weights once for a decode or verify
+step's few rows. One kernel serves every layer of a process, so prompt and decode rows agree.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from onecat.engine.kernels import f32_rows
 from onecat.engine.kernels.onednn import onednn_blocked, onednn_matmul
 
 ONE_ROW_KERNEL_ABOVE_K = 1024
@@ -28,11 +33,13 @@ def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class _PackedWeight:
-    """The weight reordered into oneDNN's blocked layout, and which dense weight it was made from
-    (a meta tensor once the dense copy is dropped: then this is the only copy)."""
+    """The weight in the kernel's layout (the rows kernel's tiles, or oneDNN's blocked layout), and which dense
+    weight it was made from (a meta tensor once the dense copy is dropped: then this is the only copy)."""
 
     def __init__(self, weight: torch.Tensor):
-        self.blocked = onednn_blocked(weight)
+        self.rows = f32_rows.unavailable_reason() is None
+        self.shape = tuple(weight.shape)
+        self.blocked = f32_rows.pack(weight) if self.rows else onednn_blocked(weight)
         self.source = self._key(weight)
 
     @staticmethod
@@ -53,10 +60,13 @@ def batch_invariant_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, k).contiguous()
     if rows.shape[0] == 0:
         return x.new_empty(*lead, module.out_features)
-    one = rows.shape[0] == 1 and k > ONE_ROW_KERNEL_ABOVE_K
-    out = onednn_matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked)
-    if one:
-        out = out[:1]
+    if packed.rows:
+        out = f32_rows.matmul(rows, packed.blocked, packed.shape[0])
+    else:
+        one = rows.shape[0] == 1 and k > ONE_ROW_KERNEL_ABOVE_K
+        out = onednn_matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked)
+        if one:
+            out = out[:1]
     if module.bias is not None:
         out = out.add_(module.bias)
     return out.view(*lead, -1)
@@ -72,12 +82,15 @@ def pack_weight(module: nn.Linear, keep_dense: bool) -> None:
 
 
 def dense_weight(module: nn.Linear) -> torch.Tensor | None:
-    """The module's dense [N, K] weight, also when pack_weight dropped it: read back from the blocked copy as
-    I @ W^T (exact: each output sums one nonzero product). None for a module with neither."""
+    """The module's dense [N, K] weight, also when pack_weight dropped it: read back from the packed copy (the rows
+    kernel's tiles rearranged; oneDNN's as I @ W^T, exact: each output sums one nonzero product). None for a
+    module with neither."""
     if not module.weight.is_meta:
         return module.weight.data
     packed = getattr(module, "_batch_invariant_weight", None)
     if packed is None:
         return None
-    k = module.weight.shape[1]
+    n, k = module.weight.shape
+    if packed.rows:
+        return f32_rows.unpack(packed.blocked, n, k)
     return onednn_matmul(torch.eye(k, dtype=torch.float32), packed.blocked).T.contiguous()

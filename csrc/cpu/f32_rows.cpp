@@ -1,0 +1,166 @@
+// Float32 matmul of a few rows (a decode step, a speculative verify step, a drafter's block) that streams the
+// weights once for all rows, and gives each output the same bits whatever the row count.
+//
+// Layout (engine/layers/f32_rows.py packs it once at load): output columns in tiles of 8, each tile's weights
+// K-major, [tiles][K][8] (the last tile zero-padded). Every output is one chain of fused multiply-adds over K in
+// order, acc = fma(x[k], w[k], acc) from acc = 0: the vector width only decides how many columns advance
+// together, so the AVX2 kernel, the portable loop (std::fma) and any row or thread split give the same bits.
+// Register blocks: up to 4 rows x 3 tiles (12 accumulators, 3 weight loads and 4 broadcasts a step of K) and
+// up to 2 rows x 6 tiles for one or two rows (more independent chains while the weights stream from memory).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ONECAT_F32_AVX2 1
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// columns a tile; tiles a thread's unit; rows a pass; rows from which K goes in chunks of kKChunk
+constexpr int64_t kLanes = 8, kUnit = 12, kRowChunk = 64, kFewRows = 8, kKChunk = 256;
+
+#ifdef ONECAT_F32_AVX2
+bool cpu_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+// RB rows x TB tiles of outputs over K steps [k0, k1); x rows at x + r * ldx, tile t's weights at w + t * wstride,
+// out rows at ldo. The chains start at 0 for k0 = 0, else go on from the partial sums in out (a float32 store and
+// load change nothing).
+template <int RB, int TB>
+__attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx, const float* w, int64_t wstride,
+                                                    int64_t k0, int64_t k1, float* out, int64_t ldo) {
+  __m256 acc[RB][TB];
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 6
+    for (int t = 0; t < TB; ++t)
+      acc[r][t] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + r * ldo + t * kLanes);
+  for (int64_t i = k0; i < k1; ++i) {
+    __m256 wv[TB];
+#pragma GCC unroll 6
+    for (int t = 0; t < TB; ++t) wv[t] = _mm256_loadu_ps(w + t * wstride + i * kLanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + i);
+#pragma GCC unroll 6
+      for (int t = 0; t < TB; ++t) acc[r][t] = _mm256_fmadd_ps(xv, wv[t], acc[r][t]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 6
+    for (int t = 0; t < TB; ++t) _mm256_storeu_ps(out + r * ldo + t * kLanes, acc[r][t]);
+}
+
+using BlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
+
+template <int RB, int... TB>
+constexpr void fill_row(BlockFn* row, std::integer_sequence<int, TB...>) {
+  ((row[TB] = &block_avx2<RB, TB + 1>), ...);
+}
+
+struct BlockTable {
+  BlockFn fn[4][6];
+  constexpr BlockTable() : fn{} {
+    fill_row<1>(fn[0], std::make_integer_sequence<int, 6>{});
+    fill_row<2>(fn[1], std::make_integer_sequence<int, 6>{});
+    fill_row<3>(fn[2], std::make_integer_sequence<int, 6>{});
+    fill_row<4>(fn[3], std::make_integer_sequence<int, 6>{});
+  }
+};
+constexpr BlockTable kBlocks{};
+#endif
+
+// The same chains one column at a time (std::fma rounds once, as the vector FMA does): CPUs without AVX2 + FMA,
+// and the reference the kernel's bits are tested against.
+void block_portable(const float* x, int64_t ldx, const float* w, int64_t wstride, int64_t k0, int64_t k1,
+                    int64_t rows, int64_t tiles, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < tiles; ++t)
+      for (int64_t c = 0; c < kLanes; ++c) {
+        float acc = k0 == 0 ? 0.0f : out[r * ldo + t * kLanes + c];
+        for (int64_t i = k0; i < k1; ++i) acc = std::fma(x[r * ldx + i], w[t * wstride + i * kLanes + c], acc);
+        out[r * ldo + t * kLanes + c] = acc;
+      }
+}
+
+// Rows [r0, r0 + rows) x tiles [t0, t1): row blocks of up to 4 (2 when there are only 1-2 rows: wider tiles).
+// Past kFewRows rows the weights are reused from cache, so K goes in chunks that keep a block's weights in L1.
+void span(const float* x, int64_t ldx, const float* w, int64_t wstride, int64_t k, int64_t r0, int64_t rows,
+          int64_t t0, int64_t t1, float* out, int64_t ldo, bool portable) {
+  const int64_t rb_max = rows <= 2 ? 2 : 4, tb_max = rows <= 2 ? 6 : 3;
+  const int64_t k_step = rows > kFewRows ? kKChunk : k;
+  for (int64_t t = t0; t < t1; t += tb_max) {
+    const int64_t tb = std::min(tb_max, t1 - t);
+    for (int64_t k0 = 0; k0 < k; k0 += k_step) {
+      const int64_t k1 = std::min(k, k0 + k_step);
+      for (int64_t r = r0; r < r0 + rows; r += rb_max) {
+        const int64_t rb = std::min(rb_max, r0 + rows - r);
+        const float* xs = x + r * ldx;
+        const float* ws = w + t * wstride;
+        float* os = out + r * ldo + t * kLanes;
+#ifdef ONECAT_F32_AVX2
+        if (!portable) {
+          kBlocks.fn[rb - 1][tb - 1](xs, ldx, ws, wstride, k0, k1, os, ldo);
+          continue;
+        }
+#endif
+        block_portable(xs, ldx, ws, wstride, k0, k1, rb, tb, os, ldo);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace onecat_cpu {
+
+std::string f32_rows_isa() {
+#ifdef ONECAT_F32_AVX2
+  if (cpu_has_avx2_fma()) return "avx2";
+#endif
+  return "";
+}
+
+// x [M, K] float32 times the packed weight [tiles, K + padding, 8] -> [M, tiles * 8]; portable: the scalar loop.
+at::Tensor f32_rows_matmul(const at::Tensor& x, const at::Tensor& packed, bool portable) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
+              "f32_rows_matmul: float32 x [M, K] and packed weight [tiles, K, 8]");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kLanes && packed.size(1) >= x.size(1) &&
+                  packed.is_contiguous(),
+              "f32_rows_matmul: the packed weight must be [tiles, K + padding, 8] contiguous with x's K");
+  const at::Tensor xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1), tiles = packed.size(0), n = tiles * kLanes;
+  const int64_t wstride = packed.size(1) * kLanes;
+  at::Tensor out = at::empty({m, n}, x.options());
+  const bool scalar = portable || f32_rows_isa().empty();
+  const float* xp = xc.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t units = (tiles + kUnit - 1) / kUnit;
+  for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, m - r0);
+    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+      span(xp, k, wp, wstride, k, r0, rows, u0 * kUnit, std::min(tiles, u1 * kUnit), op, n, scalar);
+    });
+  }
+  return out;
+}
+
+}  // namespace onecat_cpu
+
+TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
+  m.def("f32_rows_isa() -> str", &onecat_cpu::f32_rows_isa);
+  m.def("f32_rows_matmul(Tensor x, Tensor packed, bool portable) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("f32_rows_matmul", &onecat_cpu::f32_rows_matmul); }

@@ -1,0 +1,83 @@
+"""Float32 CPU matmul that streams a layer's weights once for all its rows (csrc/cpu/f32_rows.cpp, AVX2 + FMA).
+
+A decode step, a speculative verify step (1 + k rows) and a drafter's block multiply a few rows by every weight
+of the model. oneDNN's blocked GEMM (engine/kernels/onednn.py) costs ~1.4-1.5x more at 8 rows than at one on an
+AVX2-only CPU, where this kernel streams the weights once: on a 2-core AMD EPYC without AVX512, the embedded
+model's projections (weights of 30 layers, so from memory as in a step) took 0.68x oneDNN's time at one row and
+0.65x at 8 rows, and were level or ahead up to 256 rows (benchmarks/cpu_f32_rows.py).
+
+Each output is one chain of fused multiply-adds over K in order, so a row's bits depend on nothing else: not
+the row count (a prompt's rows and a decode row agree), the other rows, the thread split or the vector width
+(the portable loop gives the same bits). Layout: output columns in tiles of 8, each tile K-major, [tiles, K +
+pad, 8]; the pad rows keep the tiles' starts off a common 4 KB offset (streams that alias in L1 ran a K = 1536
+projection 1.4x slower).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from onecat.engine.switches import switch
+
+LANES = 8  # output columns per tile: one 256-bit register of float32
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return frozenset(fh.read().split())
+    except OSError:
+        return frozenset()
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """None where float32 CPU layers take this kernel here, else why not (then they keep oneDNN's GEMM)."""
+    # float32 CPU layers on the one-pass rows kernel: 1 on, 0 off (oneDNN's blocked GEMM); unset: on where the CPU
+    # has AVX2 + FMA but no AVX512F (where it was measured against oneDNN; with AVX512 oneDNN keeps them)
+    wanted = switch("ONECAT_CPU_F32_ROWS", None)
+    if wanted is False:
+        return "ONECAT_CPU_F32_ROWS=0"
+    if wanted is None and "avx512f" in _cpu_flags():
+        return "this CPU has AVX512F, where oneDNN's GEMM is kept (ONECAT_CPU_F32_ROWS=1 takes the kernel)"
+    from onecat.engine.kernels import cpu_ops
+
+    try:
+        ops = cpu_ops.load()
+    except RuntimeError as exc:
+        return str(exc)
+    return None if ops.f32_rows_isa() else "this CPU has no AVX2 + FMA"
+
+
+def pad_rows(k: int) -> int:
+    """Rows of padding after each tile's K rows: a tile is (K + pad) * 32 bytes, never a multiple of 4 KB."""
+    return 2 if (k + 2) % 128 else 4
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] float32 -> [tiles, K + pad, 8] (padding columns and rows are zeros)."""
+    n, k = weight.shape
+    tiles = -(-n // LANES)
+    padded = weight.new_zeros(tiles * LANES, k + pad_rows(k))
+    padded[:n, :k] = weight.detach()
+    return padded.view(tiles, LANES, -1).transpose(1, 2).contiguous()
+
+
+def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """pack's inverse: the [N, K] weight."""
+    return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:n, :k].contiguous()
+
+
+@functools.cache
+def _ops():
+    from onecat.engine.kernels import cpu_ops
+
+    return cpu_ops.load()
+
+
+def matmul(rows: torch.Tensor, packed: torch.Tensor, n: int, portable: bool = False) -> torch.Tensor:
+    """rows [M, K] float32 times the packed weight's transpose -> [M, N]; `portable`: the scalar loop (same bits)."""
+    out = _ops().f32_rows_matmul(rows, packed, portable)
+    return out if out.shape[1] == n else out[:, :n].contiguous()
