@@ -161,11 +161,14 @@ class LLM:
 
     def _cpu_isa(self) -> dict:
         """The CPU instruction sets the computation uses: torch's kernels dispatch on its CPU capability, the
-        C++ CPU ops (engine/kernels/cpu_ops.py) are compiled for theirs, and packed 4-bit layers run their
+        C++ CPU ops (engine/kernels/cpu_ops.py) are compiled for theirs, float32 layers run on the rows kernel or
+        oneDNN (engine/kernels/f32_rows.py), and packed 4-bit layers run their
         many-row steps on int8 dot products (AVX512-VNNI or AVX2) where they can (engine/quant/int4/int8_matmul.py)."""
+        from onecat.engine.kernels import f32_rows
         from onecat.engine.kernels.cpu_ops import vector_isa
 
-        isa = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa()}
+        isa = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa(),
+               "float32_matmul": "oneDNN blocked GEMM" if f32_rows.unavailable_reason() else "rows kernel (AVX2 + FMA)"}
         model = self.worker.model
         int8 = sum(1 for m in model.modules() if getattr(m, "int8", None) is not None) if model is not None else 0
         if int8:

@@ -109,6 +109,7 @@ def _isa_cell(isa: Optional[dict[str, Any]]) -> str:
              f"torch {isa['torch_cpu_capability']}" if isa.get("torch_cpu_capability") else "",
              f"oneDNN {isa['onednn_isa']}" if isa.get("onednn_isa") else "",
              f"CPU ops {isa['cpu_ops']}" if isa.get("cpu_ops") else "",
+             f"float32 matmul {isa['float32_matmul']}" if isa.get("float32_matmul") else "",
              f"int8 matmul {isa['int8_matmul']}" if isa.get("int8_matmul") else ""]
     return _cell("; ".join(p for p in parts if p)) or "-"
 

@@ -20,7 +20,13 @@ def test_llm_info_names_the_cpu_isa(tmp_path):
 
     with LLM(str(make_tiny_model("llama", tmp_path / "m")), device="cpu", max_model_len=64) as llm:
         isa = llm.info()["cpu_isa"]
-    assert isa == {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa()}
+    from onecat.engine.kernels import f32_rows
+    from onecat.reports.compare import _isa_cell
+
+    kernel = "oneDNN blocked GEMM" if f32_rows.unavailable_reason() else "rows kernel (AVX2 + FMA)"
+    assert isa == {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_ops": vector_isa(),
+                   "float32_matmul": kernel}
+    assert f"float32 matmul {kernel}" in _isa_cell(isa)
     assert isa["torch_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256")
 
 
