@@ -1,10 +1,12 @@
 """Float32 CPU matmul that streams a layer's weights once for all its rows (csrc/cpu/f32_rows.cpp, AVX2 + FMA).
 
 A decode step, a speculative verify step (1 + k rows) and a drafter's block multiply a few rows by every weight
-of the model. oneDNN's blocked GEMM (engine/kernels/onednn.py) costs ~1.4-1.5x more at 8 rows than at one on an
-AVX2-only CPU, where this kernel streams the weights once: on a 2-core AMD EPYC without AVX512, the embedded
-model's projections (weights of 30 layers, so from memory as in a step) took 0.68x oneDNN's time at one row and
-0.65x at 8 rows, and were level or ahead up to 256 rows (benchmarks/cpu_f32_rows.py).
+of the model. oneDNN's blocked GEMM (engine/kernels/onednn.py) costs ~1.4-1.6x more at 8 rows than at one on an
+AVX2-only CPU, and reads one row's weights at well below the memory's rate; this kernel streams them once for
+all the rows: on a 2-core AMD EPYC without AVX512, one step's projections of the embedded model (weights of 30
+layers, so from memory as in a step) took 0.57x oneDNN's time at one row, 0.60x at 8, 0.69x at 16 and 0.90x at
+256 (benchmarks/cpu_f32_rows.py, results/cpu_f32_rows_epyc_avx2.json); the float32 engine's batch-1 decode went
+from 21.5 to 35.7 tok/s there (contracts/smollm2_dflash.yaml's target-only arm).
 
 Each output is one chain of fused multiply-adds over K in order, so a row's bits depend on nothing else: not
 the row count (a prompt's rows and a decode row agree), the other rows, the thread split or the vector width
