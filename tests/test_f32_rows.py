@@ -52,6 +52,10 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_any_thread_split(ops):
     assert torch.allclose(batch.double(), ref, rtol=0, atol=1e-4)  # a float32 sum of 600 products
 
 
+def test_no_inner_dimension_gives_zeros(ops):
+    assert torch.equal(f32_rows.matmul(torch.empty(3, 0), f32_rows.pack(torch.empty(10, 0)), 10), torch.zeros(3, 10))
+
+
 def test_pack_rounds_trip_and_keeps_tiles_off_a_common_4k_offset():
     w, _ = _weights(37, 1536)
     packed = f32_rows.pack(w)

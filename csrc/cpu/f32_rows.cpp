@@ -95,12 +95,13 @@ void block_portable(const float* x, int64_t ldx, const float* w, int64_t wstride
 }
 
 // Rows [r0, r0 + rows) x tiles [t0, t1): row blocks of up to 4 (2 when there are only 1-2 rows: wider tiles).
-// Past kFewRows rows (two or more row blocks) K goes in chunks, so the later blocks find the weights in L1: a
-// verify step's 8 rows cost 1.24x one row's time against 1.57x with each block walking the whole of K.
+// Past kFewRows rows (two or more row blocks) K goes in chunks, so the later blocks find the weights in L1 (one
+// run on a 2-core AVX2 EPYC: a step's projections at 8 rows 1.24x one row's time, against 1.57x with each block
+// walking the whole of K).
 void span(const float* x, int64_t ldx, const float* w, int64_t wstride, int64_t k, int64_t r0, int64_t rows,
           int64_t t0, int64_t t1, float* out, int64_t ldo, bool portable) {
-  // 1-2 rows: 6 tiles (more chains while the weights stream); 3-4 rows: 4 x 3; 5-8 rows: all rows on one tile, so
-  // each weight vector read from memory feeds every row at once; more rows: 4 x 3 over L1-sized K chunks
+  // 1-2 rows: 6 tiles (more chains while the weights stream); more rows: 4 x 3 (8 rows on one tile a block ran
+  // slower: its broadcasts outnumber the FMAs' weight loads)
   const int64_t rb_max = rows <= 2 ? 2 : 4, tb_max = rows <= 2 ? 6 : 3;
   const int64_t k_step = rows > kFewRows ? kKChunk : k;
   for (int64_t t = t0; t < t1; t += tb_max) {
@@ -130,7 +131,8 @@ namespace onecat_cpu {
 
 std::string f32_rows_isa() {
 #ifdef ONECAT_F32_AVX2
-  if (cpu_has_avx2_fma()) return "avx2";
+  static const bool avx2 = cpu_has_avx2_fma();
+  if (avx2) return "avx2";
 #endif
   return "";
 }
@@ -145,6 +147,7 @@ at::Tensor f32_rows_matmul(const at::Tensor& x, const at::Tensor& packed, bool p
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0), k = xc.size(1), tiles = packed.size(0), n = tiles * kLanes;
   const int64_t wstride = packed.size(1) * kLanes;
+  if (k == 0) return at::zeros({m, n}, x.options());
   at::Tensor out = at::empty({m, n}, x.options());
   const bool scalar = portable || f32_rows_isa().empty();
   const float* xp = xc.data_ptr<float>();
