@@ -11,8 +11,8 @@ from 21.5 to 35.7 tok/s there (contracts/smollm2_dflash.yaml's target-only arm).
 Each output is one chain of fused multiply-adds over K in order, so a row's bits depend on nothing else: not
 the row count (a prompt's rows and a decode row agree), the other rows, the thread split or the vector width
 (the portable loop gives the same bits). Layout: output columns in tiles of 8, each tile K-major, [tiles, K +
-pad, 8]; the pad rows keep the tiles' starts off a common 4 KB offset (streams that alias in L1 ran a K = 1536
-projection 1.4x slower).
+pad, 8]; the pad rows keep the tiles' starts off a common 4 KB offset (without them the tiles of a K = 1536
+projection, 48 KB apart, ran a one-row call about twice as slow). The kernel is chosen once per process.
 """
 from __future__ import annotations
 
