@@ -92,8 +92,8 @@ def main() -> None:
                           for p in SHAPES) for kern in ("onednn", "rows")}
         record["step_us"][m] = {**{k: round(v, 1) for k, v in step.items()},
                                 "ratio": round(step["rows"] / step["onednn"], 3)}
-        print(f"one step's projections, {m} rows: oneDNN {step['onednn'] / 1e3:.1f} ms, rows {step['rows'] / 1e3:.1f} ms"
-              f" ({step['rows'] / step['onednn']:.2f}x)")
+        print(f"one step's projections, {m} rows: oneDNN {step['onednn'] / 1e3:.1f} ms, "
+              f"rows {step['rows'] / 1e3:.1f} ms ({step['rows'] / step['onednn']:.2f}x)")
     record["load_average_1m_end"] = os.getloadavg()[0]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -2,9 +2,10 @@
 // weights once for all rows, and gives each output the same bits whatever the row count.
 //
 // Layout (engine/kernels/f32_rows.py packs it once at load): output columns in tiles of 8, each tile's weights
-// K-major, [tiles][K + pad][8] (the last tile's missing columns and the pad rows are zeros). Every output is one chain of fused multiply-adds over K in
-// order, acc = fma(x[k], w[k], acc) from acc = 0: the vector width only decides how many columns advance
-// together, so the AVX2 kernel, the portable loop (std::fma) and any row or thread split give the same bits.
+// K-major, [tiles][K + pad][8] (the last tile's missing columns and the pad rows are zeros). Every output is one
+// chain of fused multiply-adds over K in order, acc = fma(x[k], w[k], acc) from acc = 0: the vector width only
+// decides how many columns advance together, so the AVX2 kernel, the portable loop (std::fma) and any row or
+// thread split give the same bits.
 // Register blocks: up to 4 rows x 3 tiles (12 accumulators, 3 weight loads and 4 broadcasts a step of K) and
 // up to 2 rows x 6 tiles for one or two rows (more independent chains while the weights stream from memory).
 #include <ATen/ATen.h>
