@@ -42,8 +42,9 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_any_thread_split(ops):
     try:
         torch.set_num_threads(2)
         batch = f32_rows.matmul(x[:70], packed, 200)
-        torch.set_num_threads(1)
-        assert torch.equal(f32_rows.matmul(x[:70], packed, 200), batch)
+        for n_threads in (1, 3, 8):  # 25 tiles: units of 12, 9 and 4 tiles
+            torch.set_num_threads(n_threads)
+            assert torch.equal(f32_rows.matmul(x[:70], packed, 200), batch), n_threads
     finally:
         torch.set_num_threads(threads)
     for m in (1, 3, 8, 16, 33):

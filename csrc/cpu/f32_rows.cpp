@@ -25,7 +25,7 @@
 
 namespace {
 
-// columns a tile; tiles a thread's unit; rows a pass; rows past which K goes in chunks of kKChunk
+// columns a tile; tiles a thread's unit at most; rows a pass; rows past which K goes in chunks of kKChunk
 constexpr int64_t kLanes = 8, kUnit = 12, kRowChunk = 64, kFewRows = 4, kKChunk = 256;
 
 #ifdef ONECAT_F32_AVX2
@@ -154,11 +154,14 @@ at::Tensor f32_rows_matmul(const at::Tensor& x, const at::Tensor& packed, bool p
   const float* xp = xc.data_ptr<float>();
   const float* wp = packed.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t units = (tiles + kUnit - 1) / kUnit;
+  // a thread's unit: kUnit tiles, fewer where that would leave threads idle (a 576-column layer is 72 tiles)
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t unit = std::max<int64_t>(1, std::min(kUnit, (tiles + threads - 1) / threads));
+  const int64_t units = (tiles + unit - 1) / unit;
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, m - r0);
     at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-      span(xp, k, wp, wstride, k, r0, rows, u0 * kUnit, std::min(tiles, u1 * kUnit), op, n, scalar);
+      span(xp, k, wp, wstride, k, r0, rows, u0 * unit, std::min(tiles, u1 * unit), op, n, scalar);
     });
   }
   return out;
