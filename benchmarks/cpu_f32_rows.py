@@ -52,9 +52,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from onecat.engine.kernels import f32_rows
     from onecat.engine.kernels.onednn import onednn_blocked, onednn_matmul
+    from onecat.engine.layers.batch_invariant_linear import ONE_ROW_KERNEL_ABOVE_K
 
     reason = f32_rows.unavailable_reason()
-    if reason is not None and os.environ.get("ONECAT_CPU_F32_ROWS") != "1":
+    if reason is not None:
         raise SystemExit(f"the rows kernel does not run here: {reason}")
     rows_list = [int(r) for r in args.rows.split(",")]
     record = {"benchmark": "cpu_f32_rows", "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -63,7 +64,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
 
     def onednn(x, w):
-        one = x.shape[0] == 1 and x.shape[1] > 1024
+        one = x.shape[0] == 1 and x.shape[1] > ONE_ROW_KERNEL_ABOVE_K
         return onednn_matmul(x.expand(2, -1).contiguous() if one else x, w)
 
     for name, (n, k) in SHAPES.items():

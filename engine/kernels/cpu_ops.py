@@ -13,6 +13,7 @@ ops and the reference attention and reports why.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -30,13 +31,18 @@ _lock = threading.Lock()
 _state: dict = {}  # "ops": torch.ops.onecat_cpu once loaded, or "failure": why it cannot be
 
 
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The words of /proc/cpuinfo (its feature flags among them); empty where it cannot be read."""
+    try:
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return frozenset()
+
+
 def _vector_flags() -> list[str]:
     """AVX2 + FMA code (ATen's Vectorized<float>, SLEEF's exp) where this CPU has them, else portable code."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    if {"avx2", "fma", "f16c"} <= flags:
+    if {"avx2", "fma", "f16c"} <= cpu_flags():
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     return []
 

@@ -26,15 +26,6 @@ LANES = 8  # output columns per tile: one 256-bit register of float32
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return frozenset(fh.read().split())
-    except OSError:
-        return frozenset()
-
-
-@functools.cache
 def unavailable_reason() -> str | None:
     """None where float32 CPU layers take this kernel here, else why not (then they keep oneDNN's GEMM)."""
     # float32 CPU layers on the one-pass rows kernel: 1 on, 0 off (oneDNN's blocked GEMM); unset: on where the CPU
@@ -42,10 +33,10 @@ def unavailable_reason() -> str | None:
     wanted = switch("ONECAT_CPU_F32_ROWS", None)
     if wanted is False:
         return "ONECAT_CPU_F32_ROWS=0"
-    if wanted is None and "avx512f" in _cpu_flags():
-        return "this CPU has AVX512F, where oneDNN's GEMM is kept (ONECAT_CPU_F32_ROWS=1 takes the kernel)"
     from onecat.engine.kernels import cpu_ops
 
+    if wanted is None and "avx512f" in cpu_ops.cpu_flags():
+        return "this CPU has AVX512F, where oneDNN's GEMM is kept (ONECAT_CPU_F32_ROWS=1 takes the kernel)"
     try:
         ops = cpu_ops.load()
     except RuntimeError as exc:
