@@ -82,6 +82,34 @@ def test_rope_write_kv_refuses_out_of_range_positions_and_slots():
         ops.rope_write_kv(qkv, torch.tensor([3]), rotary.cos, rotary.sin, 9, 3, cache, cache.clone(), torch.tensor([32]))
 
 
+def test_qk_norm_rope_norms_then_rotates_the_q_and_k_heads_and_leaves_v():
+    """A Qwen3-style attention's q/k RMSNorm (a weight for the q heads, one for the k heads) then RoPE, in place;
+    each row the same bits alone or among others."""
+    hq, hkv, d, rows = 9, 3, 64, 7
+    rotary = RotaryEmbedding(d, 100000.0, 512, None)
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(rows, (hq + 2 * hkv) * d, generator=g) * 2
+    wq, wk = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    positions = torch.tensor([0, 3, 9, 100, 255, 300, 511])
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    ref_q = _reference_norm(q.reshape(rows, hq, d), None, wq, 1e-6)[0]
+    ref_k = _reference_norm(k.reshape(rows, hkv, d), None, wk, 1e-6)[0]
+    cos, sin = rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1)
+    ref_q = ref_q * cos + RotaryEmbedding._rotate_half(ref_q) * sin
+    ref_k = ref_k * cos + RotaryEmbedding._rotate_half(ref_k) * sin
+    ops = cpu_ops.load()
+    work = qkv.clone()
+    ops.qk_norm_rope(work, positions, rotary.cos, rotary.sin, hq, hkv, wq, wk, 1e-6)
+    torch.testing.assert_close(work[:, :hq * d].view(rows, hq, d), ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(work[:, hq * d:(hq + hkv) * d].view(rows, hkv, d), ref_k, rtol=1e-5, atol=1e-5)
+    assert torch.equal(work[:, (hq + hkv) * d:], v)
+    one = qkv[3:4].clone()
+    ops.qk_norm_rope(one, positions[3:4], rotary.cos, rotary.sin, hq, hkv, wq, wk, 1e-6)
+    assert torch.equal(one, work[3:4])
+    with pytest.raises(RuntimeError, match="outside the rotary table"):
+        ops.qk_norm_rope(qkv[:1].clone(), torch.tensor([512]), rotary.cos, rotary.sin, hq, hkv, wq, wk, 1e-6)
+
+
 @pytest.mark.parametrize("bf16_out", [False, True])
 def test_silu_mul_matches_reference(bf16_out):
     gate_up = torch.randn(11, 2 * 1536, generator=torch.Generator().manual_seed(2)) * 4

@@ -59,7 +59,7 @@ def test_fused_block_forward_matches_the_reference_path():
     run_interpreted(SCRIPT, timeout=300)
 
 
-def test_a_drafter_on_the_cpu_keeps_the_reference_path(tmp_path):
+def test_a_drafter_on_the_cpu_without_the_fused_ops_keeps_the_reference_path(tmp_path):
     from onecat.engine.speculative.dflash_fused import fused_forward_applies
     from tests.test_speculative import write_random_dflash
     from onecat.engine.speculative.dflash_model import DFlashDrafter
@@ -69,3 +69,49 @@ def test_a_drafter_on_the_cpu_keeps_the_reference_path(tmp_path):
     drafter = DFlashDrafter(json.loads((path / "config.json").read_text()), 64)
     with torch.inference_mode():
         assert not fused_forward_applies(drafter, torch.zeros(2, 4, 64), 2)
+
+
+def test_fused_block_forward_on_the_cpu_ops_matches_the_reference_path():
+    """On a CPU the fused path runs the C++ ops (norms with their residual adds, q/k norm + RoPE, SiLU*mul) and
+    q/k/v in one batch-invariant matmul: the reference path's result to float32 rounding, with padded contexts,
+    an empty one, one request whose context is all visible (no mask), and bf16-valued weights (packed as bf16)."""
+    from onecat.engine.kernels import cpu_ops
+    from onecat.engine.speculative.dflash_fused import fused_forward_applies
+    from onecat.engine.speculative.dflash_model import DFlashDrafter
+    from onecat.engine.worker.fused_kernels import enable_fused_kernels
+
+    if cpu_ops.unavailable_reason() is not None:
+        pytest.skip(f"CPU fused ops unavailable: {cpu_ops.unavailable_reason()}")
+    torch.manual_seed(0)
+    cfg = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+           "dflash_config": {"block_size": 8, "target_layer_ids": [0, 1], "mask_token_id": 0}}
+    drafter = DFlashDrafter(cfg, 128).eval()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            value = torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0)
+            p.copy_(value.bfloat16().float())  # a bf16 checkpoint run in float32
+    R, B, C = 3, 8, 12
+    feats = torch.randn(R, C, 2 * 64)
+    ctx_pos = torch.arange(C).expand(R, C) + torch.tensor([[0], [5], [40]])
+    lens = torch.tensor([5, 0, 12])
+    block_pos = torch.tensor([[5], [5], [52]]) + torch.arange(B)
+    embeds = torch.randn(R, B, 64)
+    with torch.inference_mode():
+        layer_kv = drafter.context_kv(drafter.context(feats), ctx_pos)
+        assert not fused_forward_applies(drafter, embeds, R)
+        ref = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
+        alone = drafter.forward_cached(embeds[2:], block_pos[2:], [(k[2:], v[2:]) for k, v in layer_kv], lens[2:])
+        assert enable_fused_kernels(drafter, torch.device("cpu"), torch.float32, True)["used"]
+        assert fused_forward_applies(drafter, embeds, R) and not fused_forward_applies(drafter, embeds, 1)
+        assert not fused_forward_applies(drafter, embeds.double(), R)
+        got = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
+        got_alone = drafter.forward_cached(embeds[2:], block_pos[2:], [(k[2:], v[2:]) for k, v in layer_kv],
+                                           lens[2:])
+    for out, want in ((got, ref), (got_alone, alone)):
+        err = (out - want).abs().max().item()
+        assert out.shape == want.shape and err < 2e-5 * want.abs().max().item(), err
+    packed = drafter.layers[0].self_attn._batch_invariant_weight
+    assert packed.rows is False or packed.blocked.dtype == torch.bfloat16  # the stacked q/k/v, as bf16
+    with torch.enable_grad():
+        assert not fused_forward_applies(drafter, embeds, R)  # training keeps the reference path

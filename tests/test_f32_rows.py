@@ -53,6 +53,19 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_any_thread_split(ops):
     assert torch.allclose(batch.double(), ref, rtol=0, atol=1e-4)  # a float32 sum of 600 products
 
 
+def test_bf16_valued_weights_pack_as_bf16_and_give_the_float32_packings_bits(ops):
+    w, x = _weights(100, 300, seed=2)
+    exact = w.bfloat16().float()  # a bf16 checkpoint run in float32
+    narrow, wide = f32_rows.pack(exact), f32_rows.pack(exact, narrow=False)
+    assert narrow.dtype == torch.bfloat16 and wide.dtype == torch.float32
+    assert f32_rows.pack(w).dtype == torch.float32  # one value that is not a bf16 number keeps float32
+    for m in (1, 2, 3, 5, 9, 70):
+        got = f32_rows.matmul(x[:m], narrow, 100)
+        assert torch.equal(got, f32_rows.matmul(x[:m], wide, 100)), m
+        assert torch.equal(got, f32_rows.matmul(x[:m], narrow, 100, portable=True)), m
+    assert torch.equal(f32_rows.unpack(narrow, 100, 300), exact)
+
+
 def test_no_inner_dimension_gives_zeros(ops):
     assert torch.equal(f32_rows.matmul(torch.empty(3, 0), f32_rows.pack(torch.empty(10, 0)), 10), torch.zeros(3, 10))
 

@@ -8,6 +8,8 @@
 // thread split give the same bits.
 // Register blocks: up to 4 rows x 3 tiles (12 accumulators, 3 weight loads and 4 broadcasts a step of K) and
 // up to 2 rows x 6 tiles for one or two rows (more independent chains while the weights stream from memory).
+// Weights whose values are all bfloat16 numbers (a bf16 checkpoint run in float32) may be packed as bfloat16: a
+// weight widens to the same float32 exactly, so the bits are those of the float32 packing, at half the bytes.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -34,11 +37,18 @@ bool cpu_has_avx2_fma() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+// 8 weights of a tile row as float32: loaded, or widened from bfloat16 (its bits are a float32's top half)
+__attribute__((target("avx2,fma"))) inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint16_t* w) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 // RB rows x TB tiles of outputs over K steps [k0, k1); x rows at x + r * ldx, tile t's weights at w + t * wstride,
 // out rows at ldo. The chains start at 0 for k0 = 0, else go on from the partial sums in out (a float32 store and
 // load change nothing).
-template <int RB, int TB>
-__attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx, const float* w, int64_t wstride,
+template <typename W, int RB, int TB>
+__attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx, const W* w, int64_t wstride,
                                                     int64_t k0, int64_t k1, float* out, int64_t ldo) {
   __m256 acc[RB][TB];
 #pragma GCC unroll 4
@@ -49,7 +59,7 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx,
   for (int64_t i = k0; i < k1; ++i) {
     __m256 wv[TB];
 #pragma GCC unroll 6
-    for (int t = 0; t < TB; ++t) wv[t] = _mm256_loadu_ps(w + t * wstride + i * kLanes);
+    for (int t = 0; t < TB; ++t) wv[t] = load8(w + t * wstride + i * kLanes);
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * ldx + i);
@@ -63,34 +73,46 @@ __attribute__((target("avx2,fma"))) void block_avx2(const float* x, int64_t ldx,
     for (int t = 0; t < TB; ++t) _mm256_storeu_ps(out + r * ldo + t * kLanes, acc[r][t]);
 }
 
-using BlockFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t);
+template <typename W>
+using BlockFn = void (*)(const float*, int64_t, const W*, int64_t, int64_t, int64_t, float*, int64_t);
 
-template <int RB, int... TB>
-constexpr void fill_row(BlockFn* row, std::integer_sequence<int, TB...>) {
-  ((row[TB] = &block_avx2<RB, TB + 1>), ...);
+template <typename W, int RB, int... TB>
+constexpr void fill_row(BlockFn<W>* row, std::integer_sequence<int, TB...>) {
+  ((row[TB] = &block_avx2<W, RB, TB + 1>), ...);
 }
 
+template <typename W>
 struct BlockTable {  // fn[rows - 1][tiles - 1]
-  BlockFn fn[4][6];
+  BlockFn<W> fn[4][6];
   constexpr BlockTable() : fn{} {
-    fill_row<1>(fn[0], std::make_integer_sequence<int, 6>{});
-    fill_row<2>(fn[1], std::make_integer_sequence<int, 6>{});
-    fill_row<3>(fn[2], std::make_integer_sequence<int, 6>{});
-    fill_row<4>(fn[3], std::make_integer_sequence<int, 6>{});
+    fill_row<W, 1>(fn[0], std::make_integer_sequence<int, 6>{});
+    fill_row<W, 2>(fn[1], std::make_integer_sequence<int, 6>{});
+    fill_row<W, 3>(fn[2], std::make_integer_sequence<int, 6>{});
+    fill_row<W, 4>(fn[3], std::make_integer_sequence<int, 6>{});
   }
 };
-constexpr BlockTable kBlocks{};
+template <typename W>
+constexpr BlockTable<W> kBlocks{};
 #endif
+
+inline float widen(float w) { return w; }
+inline float widen(uint16_t w) {
+  const uint32_t bits = static_cast<uint32_t>(w) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 // The same chains one column at a time (std::fma rounds once, as the vector FMA does): CPUs without AVX2 + FMA,
 // and the reference the kernel's bits are tested against.
-void block_portable(const float* x, int64_t ldx, const float* w, int64_t wstride, int64_t k0, int64_t k1,
+template <typename W>
+void block_portable(const float* x, int64_t ldx, const W* w, int64_t wstride, int64_t k0, int64_t k1,
                     int64_t rows, int64_t tiles, float* out, int64_t ldo) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < tiles; ++t)
       for (int64_t c = 0; c < kLanes; ++c) {
         float acc = k0 == 0 ? 0.0f : out[r * ldo + t * kLanes + c];
-        for (int64_t i = k0; i < k1; ++i) acc = std::fma(x[r * ldx + i], w[t * wstride + i * kLanes + c], acc);
+        for (int64_t i = k0; i < k1; ++i) acc = std::fma(x[r * ldx + i], widen(w[t * wstride + i * kLanes + c]), acc);
         out[r * ldo + t * kLanes + c] = acc;
       }
 }
@@ -99,7 +121,8 @@ void block_portable(const float* x, int64_t ldx, const float* w, int64_t wstride
 // Past kFewRows rows (two or more row blocks) K goes in chunks, so the later blocks find the weights in L1 (one
 // run on a 2-core AVX2 EPYC: a step's projections at 8 rows 1.24x one row's time, against 1.57x with each block
 // walking the whole of K).
-void span(const float* x, int64_t ldx, const float* w, int64_t wstride, int64_t k, int64_t r0, int64_t rows,
+template <typename W>
+void span(const float* x, int64_t ldx, const W* w, int64_t wstride, int64_t k, int64_t r0, int64_t rows,
           int64_t t0, int64_t t1, float* out, int64_t ldo, bool portable) {
   // 1-2 rows: 6 tiles (more chains while the weights stream); more rows: 4 x 3 (8 rows on one tile a block ran
   // slower: its broadcasts outnumber the FMAs' weight loads)
@@ -112,11 +135,11 @@ void span(const float* x, int64_t ldx, const float* w, int64_t wstride, int64_t 
       for (int64_t r = r0; r < r0 + rows; r += rb_max) {
         const int64_t rb = std::min(rb_max, r0 + rows - r);
         const float* xs = x + r * ldx;
-        const float* ws = w + t * wstride;
+        const W* ws = w + t * wstride;
         float* os = out + r * ldo + t * kLanes;
 #ifdef ONECAT_F32_AVX2
         if (!portable) {
-          kBlocks.fn[rb - 1][tb - 1](xs, ldx, ws, wstride, k0, k1, os, ldo);
+          kBlocks<W>.fn[rb - 1][tb - 1](xs, ldx, ws, wstride, k0, k1, os, ldo);
           continue;
         }
 #endif
@@ -138,10 +161,12 @@ std::string f32_rows_isa() {
   return "";
 }
 
-// x [M, K] float32 times the packed weight [tiles, K + padding, 8] -> [M, tiles * 8]; portable: the scalar loop.
+// x [M, K] float32 times the packed weight [tiles, K + padding, 8] (float32, or bfloat16 widened exactly) ->
+// [M, tiles * 8]; portable: the scalar loop.
 at::Tensor f32_rows_matmul(const at::Tensor& x, const at::Tensor& packed, bool portable) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat,
-              "f32_rows_matmul: float32 x [M, K] and packed weight [tiles, K, 8]");
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && (packed.scalar_type() == at::kFloat || bf16),
+              "f32_rows_matmul: float32 x [M, K] and packed weight [tiles, K, 8] in float32 or bfloat16");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kLanes && packed.size(1) >= x.size(1) &&
                   packed.is_contiguous(),
               "f32_rows_matmul: the packed weight must be [tiles, K + padding, 8] contiguous with x's K");
@@ -152,7 +177,7 @@ at::Tensor f32_rows_matmul(const at::Tensor& x, const at::Tensor& packed, bool p
   at::Tensor out = at::empty({m, n}, x.options());
   const bool scalar = portable || f32_rows_isa().empty();
   const float* xp = xc.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
+  const void* wp = packed.data_ptr();
   float* op = out.data_ptr<float>();
   // a thread's unit: kUnit tiles, fewer where that would leave threads idle (a 576-column layer is 72 tiles)
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
@@ -161,7 +186,11 @@ at::Tensor f32_rows_matmul(const at::Tensor& x, const at::Tensor& packed, bool p
   for (int64_t r0 = 0; r0 < m; r0 += kRowChunk) {
     const int64_t rows = std::min(kRowChunk, m - r0);
     at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-      span(xp, k, wp, wstride, k, r0, rows, u0 * unit, std::min(tiles, u1 * unit), op, n, scalar);
+      const int64_t t0 = u0 * unit, t1 = std::min(tiles, u1 * unit);
+      if (bf16)
+        span(xp, k, static_cast<const uint16_t*>(wp), wstride, k, r0, rows, t0, t1, op, n, scalar);
+      else
+        span(xp, k, static_cast<const float*>(wp), wstride, k, r0, rows, t0, t1, op, n, scalar);
     });
   }
   return out;

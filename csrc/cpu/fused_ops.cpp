@@ -1,6 +1,7 @@
 // Row-wise fused CPU ops for the float32 decoder layer: residual add + RMSNorm, RoPE + K/V cache write,
-// SiLU(gate) * up. In eager torch each of these is 3-10 small ops whose per-call cost (~1-3 us each on a
-// small CPU) outweighs their arithmetic at decode batch sizes; here each is one call.
+// SiLU(gate) * up, q/k norm + RoPE (a DFlash drafter's block). In eager torch each of these is 3-10 small ops
+// whose per-call cost (~1-3 us each on a small CPU) outweighs their arithmetic at decode batch sizes; here each
+// is one call.
 //
 // Every output row is computed by the same scalar loop whatever the number of rows, so results do not
 // depend on the batch (the engine's CPU batch-invariance holds). Products and sums are written out in
@@ -121,6 +122,59 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::
   return {out, sum};
 }
 
+// One head of head_dim = 2 * half values rotated in place by the half-split (NeoX/HF) rotation with the
+// position's cos / sin rows.
+static inline void rotate_head(float* x, const float* c, const float* s, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    const float a = x1 * c[i], b = (-x2) * s[i];  // x * cos + rotate_half(x) * sin, first half
+    const float p = x2 * c[i + half], q = x1 * s[i + half];  // second half
+    x[i] = a + b;
+    x[i + half] = p + q;
+  }
+}
+
+static void check_rope_tables(const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions, int64_t rows) {
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+              sin.scalar_type() == at::kFloat && cos.dim() == 2 && cos.sizes() == sin.sizes(),
+              "cos/sin must be contiguous float32 [positions, head_dim] tables");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == rows,
+              "positions must be a contiguous int64 vector, one per row");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < cos.size(0), "position ", pos[r], " is outside the rotary table [0, ",
+                cos.size(0), ")");
+}
+
+// In place on qkv rows [q heads | k heads | v heads] of head_dim each: every q head RMSNormed with q_weight and
+// every k head with k_weight (head_dim each), then both rotated at the row's position (a Qwen3-style attention's
+// q/k norm and RoPE, with no cache to write: a DFlash drafter's block).
+void qk_norm_rope(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                  int64_t q_heads, int64_t kv_heads, const at::Tensor& q_weight, const at::Tensor& k_weight,
+                  double eps) {
+  check_rows(qkv, "qkv");
+  const int64_t rows = qkv.size(0), dim = cos.size(1);
+  check_rope_tables(cos, sin, positions, rows);
+  TORCH_CHECK(qkv.size(1) == (q_heads + 2 * kv_heads) * dim, "qkv width is not (q_heads + 2 kv_heads) * head_dim");
+  for (const at::Tensor* w : {&q_weight, &k_weight})
+    TORCH_CHECK(w->scalar_type() == at::kFloat && w->is_contiguous() && w->numel() == dim,
+                "q/k norm weights must be contiguous float32 vectors of head_dim");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const float e = static_cast<float>(eps);
+  at::parallel_for(0, rows, row_grain(qkv.size(1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* row = qkv.data_ptr<float>() + r * qkv.stride(0);
+      const float* c = cos.data_ptr<float>() + pos[r] * dim;
+      const float* s = sin.data_ptr<float>() + pos[r] * dim;
+      for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
+        float* x = row + h * dim;
+        norm_row(x, nullptr, (h < q_heads ? q_weight : k_weight).data_ptr<float>(), nullptr, x, dim, e);
+        rotate_head(x, c, s, dim / 2);
+      }
+    }
+  });
+}
+
 // In place on qkv rows [q heads | k heads | v heads] of head_dim each: rotate the q and k heads by the
 // half-split (NeoX/HF) rotation at each row's position, then store the rotated k and the v heads at
 // the row's cache slot (caches [blocks, block_size, kv_heads, head_dim] of float32 or bfloat16, slot =
@@ -130,13 +184,9 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
                    const at::Tensor& slots) {
   check_rows(qkv, "qkv");
   const int64_t rows = qkv.size(0);
-  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
-              sin.scalar_type() == at::kFloat && cos.dim() == 2 && cos.sizes() == sin.sizes(),
-              "cos/sin must be contiguous float32 [positions, head_dim] tables");
-  const int64_t dim = cos.size(1), half = dim / 2, max_pos = cos.size(0);
+  check_rope_tables(cos, sin, positions, rows);
+  const int64_t dim = cos.size(1), half = dim / 2;
   TORCH_CHECK(qkv.size(1) == (q_heads + 2 * kv_heads) * dim, "qkv width is not (q_heads + 2 kv_heads) * head_dim");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.numel() == rows,
-              "positions must be a contiguous int64 vector, one per row");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == rows,
               "slots must be a contiguous int64 vector, one per row");
   const bool bf16_cache = k_cache.scalar_type() == at::kBFloat16;
@@ -148,25 +198,14 @@ void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1), row_kv = kv_heads * dim;
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(pos[r] >= 0 && pos[r] < max_pos, "position ", pos[r], " is outside the rotary table [0, ", max_pos, ")");
+  for (int64_t r = 0; r < rows; ++r)
     TORCH_CHECK(slot[r] >= 0 && slot[r] < num_slots, "cache slot ", slot[r], " is outside the cache");
-  }
   at::parallel_for(0, rows, row_grain(qkv.size(1)), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* row = qkv.data_ptr<float>() + r * qkv.stride(0);
       const float* c = cos.data_ptr<float>() + pos[r] * dim;
       const float* s = sin.data_ptr<float>() + pos[r] * dim;
-      for (int64_t h = 0; h < q_heads + kv_heads; ++h) {
-        float* x = row + h * dim;
-        for (int64_t i = 0; i < half; ++i) {
-          const float x1 = x[i], x2 = x[i + half];
-          const float a = x1 * c[i], b = (-x2) * s[i];  // x * cos + rotate_half(x) * sin, first half
-          const float p = x2 * c[i + half], q = x1 * s[i + half];  // second half
-          x[i] = a + b;
-          x[i + half] = p + q;
-        }
-      }
+      for (int64_t h = 0; h < q_heads + kv_heads; ++h) rotate_head(row + h * dim, c, s, half);
       const float* k_row = row + q_heads * dim;
       const float* v_row = row + (q_heads + kv_heads) * dim;
       if (bf16_cache) {  // rounded to nearest even, as a cast does
@@ -232,10 +271,13 @@ TORCH_LIBRARY(onecat_cpu, m) {
   m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int q_heads, int kv_heads, "
         "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
   m.def("silu_mul(Tensor gate_up, bool bf16_out) -> Tensor");
+  m.def("qk_norm_rope(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int q_heads, int kv_heads, "
+        "Tensor q_weight, Tensor k_weight, float eps) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) {
   m.impl("add_rms_norm", &onecat_cpu::add_rms_norm);
   m.impl("rope_write_kv", &onecat_cpu::rope_write_kv);
   m.impl("silu_mul", &onecat_cpu::silu_mul);
+  m.impl("qk_norm_rope", &onecat_cpu::qk_norm_rope);
 }

@@ -10,6 +10,9 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::
 void rope_write_kv(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                    int64_t q_heads, int64_t kv_heads, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots);
 at::Tensor silu_mul(const at::Tensor& gate_up, bool bf16_out);
+void qk_norm_rope(at::Tensor qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                  int64_t q_heads, int64_t kv_heads, const at::Tensor& q_weight, const at::Tensor& k_weight,
+                  double eps);
 // paged_attention.cpp
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,

@@ -13,6 +13,9 @@ the row count (a prompt's rows and a decode row agree), the other rows, the thre
 (the portable loop gives the same bits). Layout: output columns in tiles of 8, each tile K-major, [tiles, K +
 pad, 8]; the pad rows keep the tiles' starts off a common 4 KB offset (without them the tiles of a K = 1536
 projection, 48 KB apart, ran a one-row call about twice as slow). The kernel is chosen once per process.
+A weight whose every value is a bfloat16 number (a bf16 checkpoint run in float32, as the DFlash drafter that
+ships with the engine is) is packed as bfloat16: the kernel widens each weight to the same float32, so the bits
+are those of the float32 packing and the call streams half the bytes (ONECAT_CPU_F32_ROWS_BF16=0 keeps float32).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import torch
 from onecat.engine.switches import switch
 
 LANES = 8  # output columns per tile: one 256-bit register of float32
+# weights that are all bfloat16 numbers packed as bfloat16 (the same bits, half the bytes): 1 on, 0 off (read once)
+BF16_WEIGHTS = switch("ONECAT_CPU_F32_ROWS_BF16", True)
 
 
 @functools.cache
@@ -45,22 +50,32 @@ def unavailable_reason() -> str | None:
 
 
 def pad_rows(k: int) -> int:
-    """Rows of padding after each tile's K rows: a tile is (K + pad) * 32 bytes, never a multiple of 4 KB."""
+    """Rows of padding after each tile's K rows: a tile is (K + pad) * 32 bytes (16 in bfloat16), never a multiple
+    of 4 KB."""
     return 2 if (k + 2) % 128 else 4
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] float32 -> [tiles, K + pad, 8] (padding columns and rows are zeros)."""
+def bf16_exact(weight: torch.Tensor) -> bool:
+    """Whether every value of the float32 weight is a bfloat16 number, so that packing it as bfloat16 loses nothing."""
+    return bool(torch.equal(weight, weight.to(torch.bfloat16).float()))
+
+
+def pack(weight: torch.Tensor, narrow: bool | None = None) -> torch.Tensor:
+    """[N, K] float32 -> [tiles, K + pad, 8] (padding columns and rows are zeros), in bfloat16 where `narrow`
+    (None: where every weight is a bfloat16 number and ONECAT_CPU_F32_ROWS_BF16 is not 0)."""
+    weight = weight.detach()
+    if narrow is None:
+        narrow = BF16_WEIGHTS and bf16_exact(weight)
     n, k = weight.shape
     tiles = -(-n // LANES)
-    padded = weight.new_zeros(tiles * LANES, k + pad_rows(k))
-    padded[:n, :k] = weight.detach()
+    padded = weight.new_zeros(tiles * LANES, k + pad_rows(k), dtype=torch.bfloat16 if narrow else torch.float32)
+    padded[:n, :k] = weight
     return padded.view(tiles, LANES, -1).transpose(1, 2).contiguous()
 
 
 def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """pack's inverse: the [N, K] weight."""
-    return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:n, :k].contiguous()
+    """pack's inverse: the [N, K] float32 weight."""
+    return packed.transpose(1, 2).reshape(-1, packed.shape[1])[:n, :k].float().contiguous()
 
 
 @functools.cache

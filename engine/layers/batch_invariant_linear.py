@@ -44,7 +44,8 @@ class _PackedWeight:
 
     @staticmethod
     def _key(weight: torch.Tensor) -> tuple:
-        return (weight.data_ptr(), weight._version, tuple(weight.shape))
+        # an inference tensor (a stack built while drafting) has no version counter; it is rebuilt, not changed
+        return (weight.data_ptr(), 0 if weight.is_inference() else weight._version, tuple(weight.shape))
 
     def matches(self, weight: torch.Tensor) -> bool:
         return weight.is_meta or self.source == self._key(weight)
@@ -52,14 +53,21 @@ class _PackedWeight:
 
 def batch_invariant_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """module(x) for float32 on CPU, each output row independent of the other rows of x."""
-    packed = getattr(module, "_batch_invariant_weight", None)
-    if packed is None or not packed.matches(module.weight):
-        packed = _PackedWeight(module.weight)
-        module._batch_invariant_weight = packed
+    return invariant_matmul(module, module.weight, module.bias, x)
+
+
+def invariant_matmul(owner: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None,
+                     x: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight, bias) as batch_invariant_linear computes it, the weight's packed form kept on `owner`
+    (repacked when the weight changes): a layer's own weight, or one no layer holds (a drafter's stacked q/k/v)."""
+    packed = getattr(owner, "_batch_invariant_weight", None)
+    if packed is None or not packed.matches(weight):
+        packed = _PackedWeight(weight)
+        owner._batch_invariant_weight = packed
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).contiguous()
     if rows.shape[0] == 0:
-        return x.new_empty(*lead, module.out_features)
+        return x.new_empty(*lead, packed.shape[0])
     if packed.rows:
         out = f32_rows.matmul(rows, packed.blocked, packed.shape[0])
     else:
@@ -67,8 +75,8 @@ def batch_invariant_linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         out = onednn_matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked)
         if one:
             out = out[:1]
-    if module.bias is not None:
-        out = out.add_(module.bias)
+    if bias is not None:
+        out = out.add_(bias)
     return out.view(*lead, -1)
 
 

@@ -41,15 +41,19 @@ def rows_gemm_ok(x: torch.Tensor, weight: torch.Tensor, fused: bool) -> bool:
     return rows_gemm_unsupported_reason(x, weight) is None
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> torch.Tensor:
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fused: bool,
+            owner: nn.Module | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias), through the rows GEMV or the few-row GEMM where one takes the call (a weight no
-    Linear holds: a drafter's stacked q/k/v)."""
+    Linear holds: a drafter's stacked q/k/v); float32 on CPU through the batch-invariant matmul, the packed weight
+    kept on `owner`."""
     if fused and dense_rows.takes(x, weight):
         return dense_rows.dense_rows_gemv(x, weight, bias)
     if rows_gemm_ok(x, weight, fused):
         from onecat.engine.kernels.triton_rows_gemm import rows_gemm
 
         return rows_gemm(x, weight, bias)
+    if owner is not None and batch_invariant_linear.supported(x, weight):
+        return batch_invariant_linear.invariant_matmul(owner, weight, bias, x)
     return F.linear(x, weight, bias)
 
 

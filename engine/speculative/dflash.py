@@ -81,9 +81,9 @@ class DFlashProposer(Proposer):
                           and not target.has_peer_ranks)
         self.ahead_served = 0  # requests' rounds whose drafts were drafted ahead
         device = target.device
-        if device.type == "cuda":  # the target's fused-kernel choice: drafting through dflash_fused.py
-            enable_fused_kernels(self.drafter, device, self.dtype, switch(FUSED_FLAG, True) and
-                                 bool((getattr(target, "fused_kernels", None) or {}).get("used")))
+        # the target's fused-kernel choice (Triton on a GPU, the C++ ops on a CPU): drafting through dflash_fused.py
+        enable_fused_kernels(self.drafter, device, self.dtype, switch(FUSED_FLAG, True) and
+                             bool((getattr(target, "fused_kernels", None) or {}).get("used")))
         self._block_offsets = torch.arange(self.drafter.block_size, device=device)
         self._mask_block = torch.full((1, self.drafter.block_size), self.drafter.mask_token_id, device=device)
         self.graphs, self.graphs_off_reason = None, None
@@ -187,7 +187,8 @@ class DFlashProposer(Proposer):
                 "block_size": self.drafter.block_size, "target_layer_ids": self.drafter.target_layer_ids,
                 "sliding_window": self.drafter.sliding_window, **describe_graphs(self.graphs, self.graphs_off_reason),
                 **({"cuda_graph_context_projections": self.graphs.flush_replays} if self.graphs is not None else {}),
-                "fused_kernels": self.drafter.norm.use_fused, "dtype": str(self.dtype).removeprefix("torch."),
+                "fused_kernels": self.drafter.norm.use_fused or self.drafter.norm.cpu_ops is not None,
+                "dtype": str(self.dtype).removeprefix("torch."),
                 "drafts_ahead": self._ahead_on, "rounds_drafted_ahead": self.ahead_served,
                 "draft_vocab": self.vocab.describe() if self.vocab is not None else None,
                 "quantization": self.quantization}

@@ -10,6 +10,10 @@ norm, gate/up, SiLU*mul, down; with ONECAT_ROWS_GEMM=1 the matmuls run the few-r
 (tests/test_dflash_fused.py). Inference only (training takes the reference path, whose gradients reach
 every weight), and only where the drafter's norms run the fused Triton kernels (`use_fused`, set from the
 target's fused-kernel choice) and every row has its own context (S == R: drafting, never training's packing).
+On a CPU the same path runs the fused C++ ops (their `cpu_ops`, float32, set likewise): the norms with their
+residual adds, q/k norm + RoPE in one call (qk_norm_rope), SiLU*mul, and q/k/v in one call of the rows kernel
+over the stacked weights; there a block's ~50 eager ops a layer cost more than its matmuls (a round's drafter
+took ~5 ms, of which the matmuls ~2).
 """
 from __future__ import annotations
 
@@ -23,8 +27,13 @@ FUSED_FLAG = "ONECAT_DFLASH_FUSED"  # 0: the drafter drafts through the referenc
 
 
 def fused_forward_applies(drafter, block_embeds: torch.Tensor, contexts: int) -> bool:
-    """`use_fused` is set on CUDA only (DFlashProposer); tests set it to run the kernels under Triton's interpreter."""
-    return drafter.norm.use_fused and not torch.is_grad_enabled() and contexts == block_embeds.shape[0]
+    """`use_fused` is set on CUDA only (DFlashProposer); tests set it to run the kernels under Triton's interpreter.
+    `cpu_ops` (the fused C++ ops) on a CPU, for float32 blocks."""
+    if torch.is_grad_enabled() or contexts != block_embeds.shape[0]:
+        return False
+    if drafter.norm.use_fused:
+        return True
+    return not block_embeds.is_cuda and drafter.norm.cpu_ops is not None and block_embeds.dtype == torch.float32
 
 
 def _stacked_qkv(attn) -> torch.Tensor:
@@ -45,7 +54,7 @@ def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.T
     packed = getattr(attn, "qkv_packed", None)
     if packed is not None:
         return packed(h), residual
-    qkv = project(h, _stacked_qkv(attn), None, attn.q_proj.use_fused)
+    qkv = project(h, _stacked_qkv(attn), None, attn.q_proj.use_fused, owner=attn)
     if attn.q_proj.bias is not None:
         qkv = qkv + torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
     return qkv, residual
@@ -53,12 +62,16 @@ def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.T
 
 def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
                v_ctx: torch.Tensor, visible: torch.Tensor, R: int, B: int) -> torch.Tensor:
-    from onecat.engine.kernels.triton_fused import qk_rope_cache
-
     nh, nkv, hd = attn.nh, attn.nkv, attn.hd
     g = nh // nkv
-    qk_rope_cache(qkv, pos, cos, sin, nh, nkv, hd, None, None, None, attn.q_norm.weight, attn.k_norm.weight,
-                  attn.q_norm.eps)
+    if attn.q_norm.use_fused:  # Triton (CUDA, or its interpreter in tests)
+        from onecat.engine.kernels.triton_fused import qk_rope_cache
+
+        qk_rope_cache(qkv, pos, cos, sin, nh, nkv, hd, None, None, None, attn.q_norm.weight, attn.k_norm.weight,
+                      attn.q_norm.eps)
+    else:
+        attn.q_norm.cpu_ops.qk_norm_rope(qkv, pos, cos, sin, nh, nkv, attn.q_norm.weight, attn.k_norm.weight,
+                                         attn.q_norm.eps)
     q = qkv[:, :nh * hd].view(R, B, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * B, hd)
     k = qkv[:, nh * hd:(nh + nkv) * hd].view(R, B, nkv, hd)
     v = qkv[:, (nh + nkv) * hd:].view(R, B, nkv, hd)
@@ -76,6 +89,8 @@ def forward_fused(drafter, block_embeds: torch.Tensor, block_pos: torch.Tensor,
     C = layer_kv[0][0].shape[1] if layer_kv else 0
     ctx_visible = torch.arange(C, device=ctx_len.device) < ctx_len.unsqueeze(1)
     visible = torch.cat([ctx_visible, ctx_visible.new_ones(R, B)], dim=1)[:, None, None, :]  # [R, 1, 1, C + B]
+    if not (ctx_len.is_cuda or drafter.norm.use_fused) and bool(ctx_visible.all()):
+        visible = None  # every row sees its whole context (one request): attention without a mask
     pos = block_pos.reshape(R * B)
     cos, sin = drafter.rotary.cos, drafter.rotary.sin
     x, residual = block_embeds.reshape(R * B, H), None

@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from onecat.engine.errors import ConfigError, ModelNotFoundError
-from onecat.engine.layers.linear import Linear
+from onecat.engine.layers.linear import Linear, project
 from onecat.engine.layers.mlp import GatedMLP
 from onecat.engine.layers.norm import RMSNorm
 from onecat.engine.layers.rotary import RotaryEmbedding
@@ -158,7 +158,7 @@ class DFlashDrafter(nn.Module):
             kv, norm_weight = packed(ctx), self.kv_packed_norm
         else:
             weight, bias, norm_weight = self._stacked_kv_weights()
-            kv = nn.functional.linear(ctx, weight, bias)
+            kv = project(ctx, weight, bias, False, owner=self)  # float32 on CPU: the rows kernel
         kv = kv.view(*ctx.shape[:-1], len(self.layers), 2, attn.nkv, attn.hd)
         k, v = kv.select(-3, 0), kv.select(-3, 1)  # [..., C, layers, nkv, hd]
         k = RMSNorm.normalize(k, norm_weight[:, None, :], attn.k_norm.eps)
