@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from onecat.engine.speculative.draft_length import DraftLengths
+from onecat.engine.speculative import draft_length
+from onecat.engine.speculative.draft_length import DraftLengths, RoundCosts
 from onecat.engine.worker.cuda_graph import NARROW_VERIFY_MAX_SIZE, DecodeGraphs
 
 
@@ -73,6 +74,70 @@ def test_the_pool_can_be_switched_off_for_an_a_b(monkeypatch):
     _rounds(lengths, "a", 30, accepted=3)
     lengths.release("a")
     assert lengths.length("b") == 15  # the prior alone, as before the pool
+
+
+def _timed_rounds(lengths: DraftLengths, rid: str, n: int, accepted: int, cost) -> list[int]:
+    """As _rounds, each round then timed as the engine times it: `cost(drafts)` seconds at batch 1."""
+    asked = []
+    for _ in range(n):
+        k = lengths.length(rid, 1)
+        asked.append(k)
+        lengths.observe(rid, k, min(accepted, k))
+        lengths.costs.record(1, k, cost(k))
+    return asked
+
+
+def test_round_costs_are_medians_of_recent_timings_and_optimistic_where_untimed():
+    costs = RoundCosts()
+    for _ in range(3):
+        costs.record(1, 0, 10.0)  # plain steps alone say nothing of a round's cost
+    assert not costs.known(1)
+    costs.record(1, 7, 90.0)  # a request's first round (its prompt's features projected): far dearer
+    costs.record(1, 7, 20.0)
+    assert not costs.known(1)  # two timings: not yet a price
+    costs.record(1, 7, 21.0)
+    assert costs.known(1) and not costs.known(2)
+    est = costs.estimates(1, 9)
+    assert est[6] == 21.0  # the median: the outlier does not set the price
+    assert est[2] == 10.0 + 11.0 * 3 / 7  # between the plain step and the timed length
+    assert est[8] == 21.0  # wider than any timed: no dearer than the widest
+    for _ in range(3):
+        costs.record(1, 8, 20.5)  # timed a little below a narrower length (a busy machine's noise)
+    assert costs.estimates(1, 8)[7] == 21.0  # never below a narrower length's price
+    only_rounds = RoundCosts()
+    for t in (16.0, 16.0, 16.0):
+        only_rounds.record(4, 7, t)
+    assert only_rounds.estimates(3, 3)[2] == 16.0 * 4 / 8  # narrower, nothing below: in proportion to its rows
+    assert only_rounds.describe() == {"4": {"7": 16000.0}}  # milliseconds
+    for _ in range(draft_length.MAX_AGE):
+        only_rounds.record(4, 2, 5.0)
+    assert 7 not in only_rounds._timed(4)  # not re-timed for MAX_AGE steps: untimed again, so tried again
+
+
+def test_timed_rounds_set_the_length_where_a_wider_round_costs_more_than_its_drafts_bring():
+    """Three drafts always accepted. Rows that cost a jump past four drafts (as the CPU's second row block does):
+    three drafts, not the rate-only rule's three and one more. Rows that cost nothing: the whole block, since every
+    position's estimated rate is above zero."""
+    def jump(n):
+        return 1.0 + 0.01 * n + (0.3 if n > 4 else 0.0)
+
+    asked = _timed_rounds(DraftLengths(7), "a", 40, accepted=3, cost=jump)
+    assert asked[0] == 7 and asked[-20:] == [3] * 20
+    assert asked.count(7) <= 4  # the rate-only rule's first rounds, then three to price the length
+    assert _rounds(DraftLengths(7), "a", 40, accepted=3)[-1] == 4  # untimed: the rate-only rule
+    flat = _timed_rounds(DraftLengths(7), "b", 40, accepted=3, cost=lambda n: 1.0)
+    assert flat[-1] == 7
+    rising = DraftLengths(7)  # positions no longer offered drift back to the prior: a longer length is tried again
+    asked = _timed_rounds(rising, "c", 40, accepted=3, cost=jump)
+    asked += _timed_rounds(rising, "c", 80, accepted=7, cost=jump)
+    assert asked[-1] == 7
+    assert "round_ms_by_batch_and_drafts" in rising.describe()
+
+
+def test_the_costs_can_be_switched_off_for_an_a_b(monkeypatch):
+    monkeypatch.setattr(draft_length, "COSTED", False)
+    asked = _timed_rounds(DraftLengths(7), "a", 40, accepted=3, cost=lambda n: 1.0 + (0.3 if n > 4 else 0.0))
+    assert asked[-1] == 4  # the rate-only rule: three accepted positions and one more
 
 
 def _graphs(hybrid: bool = False) -> DecodeGraphs:

@@ -120,6 +120,7 @@ class SpeculativeDecoder:
         trim = proposer.trims_drafts and switch(DRAFT_LENGTHS_FLAG, True)
         self.lengths = DraftLengths(proposer.k) if trim else None
         self._captures = proposer.graph_captures
+        self._widest = 0  # the most drafts a sequence of the last lookahead verifies
         self.pipelined_lookups = 0  # empty proposals made while a pipelined step was in flight (pipeline_paused)
 
     @property
@@ -145,7 +146,7 @@ class SpeculativeDecoder:
             left = (p.max_tokens - seq.num_output_tokens) if p.max_tokens is not None else self.k + 1
             budget = min(self.k, left - 1, self.max_model_len - seq.num_tokens - 1)
             if budget > 0 and self.lengths is not None:
-                budget = min(budget, self.lengths.length(seq.request_id))
+                budget = min(budget, self.lengths.length(seq.request_id, len(decoding)))
             if budget > 0:
                 seqs.append(seq)
                 budgets.append(budget)
@@ -158,6 +159,7 @@ class SpeculativeDecoder:
                 result[seq.request_id] = len(draft)
         if decoding:
             self.gate.proposed(bool(result))
+        self._widest = max(result.values(), default=0)
         return result
 
     def pipeline_paused(self, running: list[Sequence], in_flight: bool = False) -> bool:
@@ -186,6 +188,8 @@ class SpeculativeDecoder:
         captures = self.proposer.graph_captures
         timed, self._captures = captures == self._captures, captures
         self.gate.record(batch, drafted, seconds if timed else None, tokens_per_seq)
+        if timed and self.lengths is not None:  # what a round of each draft length costs (draft_length.py)
+            self.lengths.costs.record(batch, self._widest if drafted else 0, seconds)
 
     def verify(self, blocks: list[tuple[Sequence, ScheduledSeq, torch.Tensor]],
                spans: list[FeatureRows] | None = None) -> list[list[int]]:

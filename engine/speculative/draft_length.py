@@ -15,39 +15,141 @@ that took five rounds of 16-row verify steps a request, and route 1's packed tar
 its GEMV's two-operand form (~1.26 ms a round averaged on an H100, docs/speculative.md).
 Verify steps then replay a narrower CUDA graph (worker/cuda_graph.py keeps widths 2, 4, 8, ..., 1 + k).
 Which drafts are proposed never changes the tokens: the verifier is exact whatever the draft length.
+
+Once the engine has timed its rounds (`RoundCosts`: seconds a round, per batch size bucket and per the step's
+widest draft count), a request drafts the length that moves the most tokens a second by its rates and those
+costs: argmax over L of (1 + r_1 + ... + r_L) / cost(L). A row's price is whatever the hardware makes it: on the
+2-core AVX2 CPU the float32 verify step of 5-8 rows cost ~1.3x one of 4 (the rows kernel's second row block),
+where a rate-only rule kept drafting positions accepted ~6% of the time. A length not yet timed is priced
+optimistically (no dearer than the widest timed one; a narrower one in proportion to its rows, or between its
+timed neighbours and the plain step), so it is tried once and then priced by its own rounds; positions a request
+stops offering drift back to the prior as their counts decay (slowly there: IDLE_DECAY), so a longer length is tried
+again now and then (about every 140 rounds where a wider round costs 1.3x and its positions were never accepted).
 """
 from __future__ import annotations
+
+import statistics
+from collections import deque
 
 from onecat.engine.switches import switch
 
 KEEP_RATE = 0.1  # a position whose drafts are accepted less often than this is not worth its verify row
 PRIOR = 0.5  # pseudo-rounds of an unseen position (a rate of 1/2): the first request drafts the whole block
 DECAY = 0.9  # weight of a round's counts one round later
+# ... of a position's counts one round in which it was not offered, once lengths are chosen by cost: without the
+# rate-only rule's one more position, counts decaying at DECAY would bring a dear length back every few rounds
+IDLE_DECAY = 0.98
 SEED_ROUNDS = 5.0  # the pooled rate of a position weighs as this many rounds until the request has offered it as often
+SAMPLES, MIN_SAMPLES, MAX_AGE = 9, 3, 256  # a length's price: the median of its last 9 timings (3 at least, of the
+# last 256 steps)
 POOL = switch("ONECAT_DRAFT_LENGTH_POOL", True)  # 0: every request starts from the prior alone (A/B); read once
+COSTED = switch("ONECAT_DRAFT_LENGTH_COSTS", True)  # 0: the rate-only rule whatever the timings (A/B); read once
+
+
+class RoundCosts:
+    """Seconds a decode step takes, per batch size bucket (as the gate's: 1, 2, 3-4, 5-8, ...) and per the step's
+    widest draft count (0: a plain step): the median of a length's last SAMPLES timings, counted once it has
+    MIN_SAMPLES of them no older than MAX_AGE steps. A median, since one round in a request's life is far dearer
+    than the rest (its first, which projects the whole prompt's features for the drafter); an age limit, since a
+    length whose price is never re-taken would keep it forever (it is then priced as untimed, and tried again)."""
+
+    def __init__(self):
+        self._samples: dict[int, dict[int, deque]] = {}  # bucket -> drafts -> (step, seconds)
+        self._steps = 0
+
+    @staticmethod
+    def bucket(batch: int) -> int:
+        return 1 << max(0, batch - 1).bit_length()
+
+    def record(self, batch: int, drafts: int, seconds: float) -> None:
+        """A timed decode step of `batch` sequences whose widest verified `drafts` drafts (0: a plain step)."""
+        self._steps += 1
+        table = self._samples.setdefault(self.bucket(batch), {})
+        table.setdefault(drafts, deque(maxlen=SAMPLES)).append((self._steps, seconds))
+
+    def _timed(self, batch: int) -> dict[int, float]:
+        fresh = {}
+        for drafts, samples in self._samples.get(self.bucket(batch), {}).items():
+            recent = [t for step, t in samples if self._steps - step <= MAX_AGE]
+            if len(recent) >= MIN_SAMPLES:
+                fresh[drafts] = statistics.median(recent)
+        return fresh
+
+    def known(self, batch: int) -> bool:
+        """Whether rounds with drafts are timed at this batch size."""
+        return any(self._timed(batch))
+
+    def any_known(self) -> bool:
+        return any(any(table) for table in self._samples.values())
+
+    def estimates(self, batch: int, widest: int) -> list[float]:
+        """A round's seconds at 1..widest drafts: as timed, else between the timed neighbours (the plain step counts
+        as 0 drafts), else optimistic: a wider round as dear as the widest timed, a narrower one in proportion to
+        its rows; never below a narrower length's (a timing that came out low on a busy machine does not make a
+        wider round look cheaper than a narrower one). Needs `known(batch)`."""
+        points = self._timed(batch)
+        out = []
+        for drafts in range(1, widest + 1):
+            lower = [n for n in points if n <= drafts]
+            upper = [n for n in points if n > drafts]
+            if lower and (not upper or max(lower) == drafts):
+                lo = max(lower)
+                out.append(points[lo])  # timed, or wider than every timed length
+            elif lower:
+                lo, hi = max(lower), min(upper)
+                out.append(points[lo] + (points[hi] - points[lo]) * (drafts - lo) / (hi - lo))
+            else:
+                hi = min(upper)
+                out.append(points[hi] * (drafts + 1) / (hi + 1))
+            if len(out) > 1:
+                out[-1] = max(out[-1], out[-2])
+        return out
+
+    def describe(self) -> dict:
+        return {str(b): {str(n): round(1e3 * statistics.median(t for _, t in samples), 3)
+                         for n, samples in sorted(table.items())}
+                for b, table in sorted(self._samples.items())}
 
 
 class DraftLengths:
     def __init__(self, k: int):
         self.k = k
+        self.costs = RoundCosts()
         self._offered: dict[str, list[float]] = {}
         self._accepted: dict[str, list[float]] = {}
         self._pool = ([0.0] * k, [0.0] * k)  # finished requests' counts (offered, accepted), each half the one before
         self.proposed = 0  # drafts verified, and the blocks' worth of them (for describe()): a round in which the
         self.full = 0  # proposer had nothing to offer asks for none
 
-    def length(self, request_id: str) -> int:
-        """Drafts worth proposing for the request's next round (1..k)."""
+    def length(self, request_id: str, batch: int | None = None) -> int:
+        """Drafts worth proposing for the request's next round (1..k): by the timed rounds' costs at this batch size
+        where there are any, else through the positions accepted at least KEEP_RATE of the time, and one more."""
+        rates = self.rates(request_id)
+        if batch is not None and COSTED and self.costs.known(batch):
+            tokens, best, best_rate = 1.0, 1, 0.0
+            for n, (rate, seconds) in enumerate(zip(rates, self.costs.estimates(batch, self.k)), start=1):
+                tokens += rate
+                if tokens / seconds > best_rate:
+                    best, best_rate = n, tokens / seconds
+            return best
+        for j, rate in enumerate(rates):
+            if rate < KEEP_RATE:
+                return j + 1
+        return self.k
+
+    def rates(self, request_id: str) -> list[float]:
+        """Per draft position, how often the request's recent rounds accepted through it (an unseen position: 1/2;
+        a new request's: the finished requests' pooled rate, fading as its own offers come in)."""
         offered, accepted = self._offered.get(request_id), self._accepted.get(request_id)
         pool_offered, pool_accepted = self._pool
+        rates = []
         for j in range(self.k):
             own_o, own_a = (offered[j], accepted[j]) if offered is not None else (0.0, 0.0)
             # the pool's rate, weighted as up to SEED_ROUNDS rounds, fading as the request's own offers come in
             w = SEED_ROUNDS * min(1.0, pool_offered[j]) * max(0.0, 1.0 - own_o / SEED_ROUNDS)
             pooled = w * pool_accepted[j] / pool_offered[j] if w else 0.0
-            if (own_a + PRIOR + pooled) / (own_o + 2 * PRIOR + w) < KEEP_RATE:
-                return j + 1
-        return self.k
+            rates.append((own_a + PRIOR + pooled) / (own_o + 2 * PRIOR + w))
+        return rates
 
     def observe(self, request_id: str, drafted: int, accepted: int) -> None:
         """A verified round: `drafted` positions offered, the first `accepted` of them accepted."""
@@ -55,9 +157,11 @@ class DraftLengths:
         self.full += self.k
         offered = self._offered.setdefault(request_id, [0.0] * self.k)
         taken = self._accepted.setdefault(request_id, [0.0] * self.k)
+        idle = IDLE_DECAY if COSTED and self.costs.any_known() else DECAY
         for j in range(self.k):
-            offered[j] = DECAY * offered[j] + (j < drafted)
-            taken[j] = DECAY * taken[j] + (j < accepted)
+            decay = DECAY if j < drafted else idle
+            offered[j] = decay * offered[j] + (j < drafted)
+            taken[j] = decay * taken[j] + (j < accepted)
 
     def release(self, request_id: str) -> None:
         """The request is done: its counts join the pool (each finished request weighs half of what came before)."""
@@ -68,6 +172,8 @@ class DraftLengths:
 
     def describe(self) -> dict:
         start = "starting where the finished requests ended" if POOL else "starting from the prior alone"
-        return {"policy": f"per request: positions accepted >= {KEEP_RATE:g} of the recent rounds, and one more; "
-                          f"{start}",
-                "drafts_asked_per_block": round(self.proposed / self.full, 3) if self.full else None}
+        return {"policy": "per request: the length that moves the most tokens a second by its positions' recent "
+                          "acceptance and the timed rounds' cost at each length (before any round is timed: positions "
+                          f"accepted >= {KEEP_RATE:g} of the recent rounds, and one more); {start}",
+                "drafts_asked_per_block": round(self.proposed / self.full, 3) if self.full else None,
+                "round_ms_by_batch_and_drafts": self.costs.describe()}
