@@ -210,7 +210,7 @@ class LLM:
         draft (none: every step) and `exact_batch1` as the speculative setting of that name; afterwards the
         engine's own proposer and verify settings are back."""
         own = self.engine.proposer
-        decoder = SpeculativeDecoder(proposer, self.max_model_len, gate, self.device.type)
+        decoder = SpeculativeDecoder(proposer, self.max_model_len, gate)
         self.worker.setup_verify(proposer.k, exact_batch1, decoder.trims_drafts)
         try:
             with self.engine.proposer_swapped(decoder):

@@ -42,8 +42,7 @@ def build_proposer(spec: SpeculativeConfig, target, open_draft_engine: OpenDraft
         dtype = None if spec.dtype == "auto" else getattr(torch, spec.dtype)  # auto: the target's
         proposer = DFlashProposer(k, target, spec.model, revision=spec.revision, dtype=dtype,
                                   draft_vocab_size=spec.draft_vocab_size, quantization=spec.quantization)
-    return SpeculativeDecoder(proposer, target.max_model_len, SpeculationGate(enabled=spec.disable_when_slower),
-                              target.device.type)
+    return SpeculativeDecoder(proposer, target.max_model_len, SpeculationGate(enabled=spec.disable_when_slower))
 
 
 def _synthetic(spec: SpeculativeConfig, target) -> Proposer:

@@ -15,7 +15,7 @@ from onecat.engine.core.scheduler_output import ScheduledSeq
 from onecat.engine.core.sequence import FeatureRows, Sequence
 from onecat.engine.errors import ConfigError
 from onecat.engine.speculative.controller import SpeculationGate
-from onecat.engine.speculative.draft_length import DraftLengths, costed_by_default
+from onecat.engine.speculative.draft_length import DraftLengths
 from onecat.engine.speculative.draft_ahead import VerifiedRead
 from onecat.engine.speculative.verifier import Draft, DraftBlock, emitted_tokens, verified_on_device
 from onecat.engine.switches import switch
@@ -112,15 +112,13 @@ class SpeculativeDecoder:
     requests are gated too: their tokens are keyed draws (verifier.py), the same whether a step drafted or
     not, so the gate's timing never changes a seeded request's output."""
 
-    def __init__(self, proposer: Proposer, max_model_len: int, gate: SpeculationGate | None = None,
-                 device_type: str = "cpu"):
-        """`device_type`: the engine's ("cpu", "cuda"), which sets whether draft lengths are priced by timed rounds."""
+    def __init__(self, proposer: Proposer, max_model_len: int, gate: SpeculationGate | None = None):
         self.proposer = proposer
         self.max_model_len = max_model_len
         self.k = proposer.k
         self.gate = gate if gate is not None else SpeculationGate(enabled=False)
         trim = proposer.trims_drafts and switch(DRAFT_LENGTHS_FLAG, True)
-        self.lengths = DraftLengths(proposer.k, costed_by_default(device_type)) if trim else None
+        self.lengths = DraftLengths(proposer.k) if trim else None
         self._captures = proposer.graph_captures
         self._widest = 0  # the most drafts a sequence of the last lookahead verifies
         self.pipelined_lookups = 0  # empty proposals made while a pipelined step was in flight (pipeline_paused)

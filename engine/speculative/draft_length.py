@@ -43,15 +43,7 @@ SEED_ROUNDS = 5.0  # the pooled rate of a position weighs as this many rounds un
 SAMPLES, MIN_SAMPLES, MAX_AGE = 9, 3, 256  # a length's price: the median of its last 9 timings (3 at least, of the
 # last 256 steps)
 POOL = switch("ONECAT_DRAFT_LENGTH_POOL", True)  # 0: every request starts from the prior alone (A/B); read once
-# lengths priced by the timed rounds: 1 on, 0 off (the rate-only rule); unset: on for a CPU engine, off on a GPU,
-# where an H100 measured it slower (8B shape, DFlash-shaped rounds: 0.96x at batch 1, 0.82-0.92x at batch 8; its
-# step timings there are the host's view of pipelined work); read once
-COSTED = switch("ONECAT_DRAFT_LENGTH_COSTS", None)
-
-
-def costed_by_default(device_type: str) -> bool:
-    """Whether an engine on this device type prices draft lengths by its timed rounds (COSTED, else CPU only)."""
-    return COSTED if COSTED is not None else device_type == "cpu"
+COSTED = switch("ONECAT_DRAFT_LENGTH_COSTS", True)  # 0: the rate-only rule whatever the timings (A/B); read once
 
 
 class RoundCosts:
@@ -120,9 +112,8 @@ class RoundCosts:
 
 
 class DraftLengths:
-    def __init__(self, k: int, costed: bool = True):
-        """`costed`: lengths by the timed rounds once there are any (else the rate-only rule throughout)."""
-        self.k, self.costed = k, costed
+    def __init__(self, k: int):
+        self.k = k
         self.costs = RoundCosts()
         self._offered: dict[str, list[float]] = {}
         self._accepted: dict[str, list[float]] = {}
@@ -134,7 +125,7 @@ class DraftLengths:
         """Drafts worth proposing for the request's next round (1..k): by the timed rounds' costs at this batch size
         where there are any, else through the positions accepted at least KEEP_RATE of the time, and one more."""
         rates = self.rates(request_id)
-        if batch is not None and self.costed and self.costs.known(batch):
+        if batch is not None and COSTED and self.costs.known(batch):
             tokens, best, best_rate = 1.0, 1, 0.0
             for n, (rate, seconds) in enumerate(zip(rates, self.costs.estimates(batch, self.k)), start=1):
                 tokens += rate
@@ -166,7 +157,7 @@ class DraftLengths:
         self.full += self.k
         offered = self._offered.setdefault(request_id, [0.0] * self.k)
         taken = self._accepted.setdefault(request_id, [0.0] * self.k)
-        idle = IDLE_DECAY if self.costed and self.costs.any_known() else DECAY
+        idle = IDLE_DECAY if COSTED and self.costs.any_known() else DECAY
         for j in range(self.k):
             decay = DECAY if j < drafted else idle
             offered[j] = decay * offered[j] + (j < drafted)
@@ -181,9 +172,8 @@ class DraftLengths:
 
     def describe(self) -> dict:
         start = "starting where the finished requests ended" if POOL else "starting from the prior alone"
-        rule = f"positions accepted >= {KEEP_RATE:g} of the recent rounds, and one more"
-        policy = (f"the length that moves the most tokens a second by its positions' recent acceptance and the timed "
-                  f"rounds' cost at each length (before any round is timed: {rule})" if self.costed else rule)
-        return {"policy": f"per request: {policy}; {start}",
+        return {"policy": "per request: the length that moves the most tokens a second by its positions' recent "
+                          "acceptance and the timed rounds' cost at each length (before any round is timed: positions "
+                          f"accepted >= {KEEP_RATE:g} of the recent rounds, and one more); {start}",
                 "drafts_asked_per_block": round(self.proposed / self.full, 3) if self.full else None,
                 "round_ms_by_batch_and_drafts": self.costs.describe()}
