@@ -121,23 +121,24 @@ def test_timed_rounds_set_the_length_where_a_wider_round_costs_more_than_its_dra
     def jump(n):
         return 1.0 + 0.01 * n + (0.3 if n > 4 else 0.0)
 
-    asked = _timed_rounds(DraftLengths(7), "a", 40, accepted=3, cost=jump)
+    asked = _timed_rounds(DraftLengths(7, costed=True), "a", 40, accepted=3, cost=jump)
     assert asked[0] == 7 and asked[-20:] == [3] * 20
     assert asked.count(7) <= 4  # the rate-only rule's first rounds, then three to price the length
     assert _rounds(DraftLengths(7), "a", 40, accepted=3)[-1] == 4  # untimed: the rate-only rule
-    flat = _timed_rounds(DraftLengths(7), "b", 40, accepted=3, cost=lambda n: 1.0)
+    flat = _timed_rounds(DraftLengths(7, costed=True), "b", 40, accepted=3, cost=lambda n: 1.0)
     assert flat[-1] == 7
-    rising = DraftLengths(7)  # positions no longer offered drift back to the prior: a longer length is tried again
+    rising = DraftLengths(7, costed=True)  # positions no longer offered drift back to the prior: a longer length is tried again
     asked = _timed_rounds(rising, "c", 40, accepted=3, cost=jump)
     asked += _timed_rounds(rising, "c", 80, accepted=7, cost=jump)
     assert asked[-1] == 7
     assert "round_ms_by_batch_and_drafts" in rising.describe()
 
 
-def test_the_costs_can_be_switched_off_for_an_a_b(monkeypatch):
-    monkeypatch.setattr(draft_length, "COSTED", False)
+def test_timed_costs_are_off_by_default_and_the_switch_turns_them_on(monkeypatch):
     asked = _timed_rounds(DraftLengths(7), "a", 40, accepted=3, cost=lambda n: 1.0 + (0.3 if n > 4 else 0.0))
     assert asked[-1] == 4  # the rate-only rule: three accepted positions and one more
+    monkeypatch.setattr(draft_length, "COSTED", True)
+    assert DraftLengths(7).costed
 
 
 def _graphs(hybrid: bool = False) -> DecodeGraphs:

@@ -16,11 +16,12 @@ its GEMV's two-operand form (~1.26 ms a round averaged on an H100, docs/speculat
 Verify steps then replay a narrower CUDA graph (worker/cuda_graph.py keeps widths 2, 4, 8, ..., 1 + k).
 Which drafts are proposed never changes the tokens: the verifier is exact whatever the draft length.
 
-Once the engine has timed its rounds (`RoundCosts`: seconds a round, per batch size bucket and per the step's
-widest draft count), a request drafts the length that moves the most tokens a second by its rates and those
-costs: argmax over L of (1 + r_1 + ... + r_L) / cost(L). A row's price is whatever the hardware makes it: on the
-2-core AVX2 CPU the float32 verify step of 5-8 rows cost ~1.3x one of 4 (the rows kernel's second row block),
-where a rate-only rule kept drafting positions accepted ~6% of the time. A length not yet timed is priced
+With ONECAT_DRAFT_LENGTH_COSTS=1 (off by default: measured slower, at COSTED), once the engine has timed its
+rounds (`RoundCosts`: seconds a round, per batch size bucket and per the step's widest draft count), a request
+drafts the length that moves the most tokens a second by its rates and those costs: argmax over L of
+(1 + r_1 + ... + r_L) / cost(L). A row's price is whatever the hardware makes it: on the 2-core AVX2 CPU the
+float32 verify forward took 36.0 ms a round at k = 7 (~6 rows) against 29.4 ms at k = 3 (4 rows) in one profile,
+for positions accepted ~6% of the time or less. A length not yet timed is priced
 optimistically (no dearer than the widest timed one; a narrower one in proportion to its rows, or between its
 timed neighbours and the plain step), so it is tried once and then priced by its own rounds; positions a request
 stops offering drift back to the prior as their counts decay (slowly there: IDLE_DECAY), so a longer length is tried
@@ -43,7 +44,11 @@ SEED_ROUNDS = 5.0  # the pooled rate of a position weighs as this many rounds un
 SAMPLES, MIN_SAMPLES, MAX_AGE = 9, 3, 256  # a length's price: the median of its last 9 timings (3 at least, of the
 # last 256 steps)
 POOL = switch("ONECAT_DRAFT_LENGTH_POOL", True)  # 0: every request starts from the prior alone (A/B); read once
-COSTED = switch("ONECAT_DRAFT_LENGTH_COSTS", True)  # 0: the rate-only rule whatever the timings (A/B); read once
+# lengths priced by the timed rounds: 1 on; 0 (default) the rate-only rule. Measured slower wherever tried: the
+# DFlash gate on the 2-core AVX2 EPYC 1.377x against the rate-only rule's 1.543x (acceptance 2.14 against 2.20 at
+# batch 1: noisy timings on a shared CPU priced useful positions out), an H100's 8B DFlash-shaped rounds 0.96x at
+# batch 1 and 0.82-0.92x at batch 8 (docs/speculative.md); kept for the A/B; read once
+COSTED = switch("ONECAT_DRAFT_LENGTH_COSTS", False)
 
 
 class RoundCosts:
@@ -112,8 +117,9 @@ class RoundCosts:
 
 
 class DraftLengths:
-    def __init__(self, k: int):
-        self.k = k
+    def __init__(self, k: int, costed: bool | None = None):
+        """`costed`: lengths by the timed rounds once there are any (None: ONECAT_DRAFT_LENGTH_COSTS)."""
+        self.k, self.costed = k, COSTED if costed is None else costed
         self.costs = RoundCosts()
         self._offered: dict[str, list[float]] = {}
         self._accepted: dict[str, list[float]] = {}
@@ -125,7 +131,7 @@ class DraftLengths:
         """Drafts worth proposing for the request's next round (1..k): by the timed rounds' costs at this batch size
         where there are any, else through the positions accepted at least KEEP_RATE of the time, and one more."""
         rates = self.rates(request_id)
-        if batch is not None and COSTED and self.costs.known(batch):
+        if batch is not None and self.costed and self.costs.known(batch):
             tokens, best, best_rate = 1.0, 1, 0.0
             for n, (rate, seconds) in enumerate(zip(rates, self.costs.estimates(batch, self.k)), start=1):
                 tokens += rate
@@ -157,7 +163,7 @@ class DraftLengths:
         self.full += self.k
         offered = self._offered.setdefault(request_id, [0.0] * self.k)
         taken = self._accepted.setdefault(request_id, [0.0] * self.k)
-        idle = IDLE_DECAY if COSTED and self.costs.any_known() else DECAY
+        idle = IDLE_DECAY if self.costed and self.costs.any_known() else DECAY
         for j in range(self.k):
             decay = DECAY if j < drafted else idle
             offered[j] = decay * offered[j] + (j < drafted)
@@ -172,8 +178,9 @@ class DraftLengths:
 
     def describe(self) -> dict:
         start = "starting where the finished requests ended" if POOL else "starting from the prior alone"
-        return {"policy": "per request: the length that moves the most tokens a second by its positions' recent "
-                          "acceptance and the timed rounds' cost at each length (before any round is timed: positions "
-                          f"accepted >= {KEEP_RATE:g} of the recent rounds, and one more); {start}",
+        rule = f"positions accepted >= {KEEP_RATE:g} of the recent rounds, and one more"
+        policy = (f"the length that moves the most tokens a second by its positions' recent acceptance and the timed "
+                  f"rounds' cost at each length (before any round is timed: {rule})" if self.costed else rule)
+        return {"policy": f"per request: {policy}; {start}",
                 "drafts_asked_per_block": round(self.proposed / self.full, 3) if self.full else None,
                 "round_ms_by_batch_and_drafts": self.costs.describe()}
