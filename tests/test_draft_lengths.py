@@ -127,7 +127,7 @@ def test_timed_rounds_set_the_length_where_a_wider_round_costs_more_than_its_dra
     assert _rounds(DraftLengths(7), "a", 40, accepted=3)[-1] == 4  # untimed: the rate-only rule
     flat = _timed_rounds(DraftLengths(7, costed=True), "b", 40, accepted=3, cost=lambda n: 1.0)
     assert flat[-1] == 7
-    rising = DraftLengths(7, costed=True)  # positions no longer offered drift back to the prior: a longer length is tried again
+    rising = DraftLengths(7, costed=True)  # positions no longer offered drift back to the prior: tried again
     asked = _timed_rounds(rising, "c", 40, accepted=3, cost=jump)
     asked += _timed_rounds(rising, "c", 80, accepted=7, cost=jump)
     assert asked[-1] == 7
