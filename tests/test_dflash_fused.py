@@ -11,20 +11,27 @@ from tests.triton_interpret import run_interpreted
 
 pytest.importorskip("triton")
 
-SCRIPT = r"""
-import torch
-from onecat.engine.speculative.dflash_model import DFlashDrafter
-from onecat.engine.speculative.dflash_fused import fused_forward_applies
+def random_drafter(bias: bool = False, bf16_values: bool = False):
+    """A two-layer drafter of random weights (norms near 1); `bf16_values`: every weight a bfloat16 number."""
+    from onecat.engine.speculative.dflash_model import DFlashDrafter
 
-torch.manual_seed(0)
-for bias in (False, True):
     cfg = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
            "attention_bias": bias, "dflash_config": {"block_size": 8, "target_layer_ids": [0, 1], "mask_token_id": 0}}
     drafter = DFlashDrafter(cfg, 128).eval()
     with torch.no_grad():
         for name, p in drafter.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0))
+            value = torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0)
+            p.copy_(value.bfloat16().float() if bf16_values else value)
+    return drafter
+
+
+def reference_case(bias: bool = False, bf16_values: bool = False):
+    """A random drafter, three requests' blocks (8 rows) with contexts padded to 12 rows (5 visible, none, all 12),
+    their context K/V, and the reference path's output: (drafter, layer_kv, lens, block_pos, embeds, reference)."""
+    from onecat.engine.speculative.dflash_fused import fused_forward_applies
+
+    drafter = random_drafter(bias, bf16_values)
     R, B, C = 3, 8, 12
     feats = torch.randn(R, C, 2 * 64)
     ctx_pos = torch.arange(C).expand(R, C) + torch.tensor([[0], [5], [40]])
@@ -35,6 +42,19 @@ for bias in (False, True):
         layer_kv = drafter.context_kv(drafter.context(feats), ctx_pos)
         assert not fused_forward_applies(drafter, embeds, R)
         ref = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
+    return drafter, layer_kv, lens, block_pos, embeds, ref
+
+
+SCRIPT = r"""
+import torch
+from onecat.engine.speculative.dflash_fused import fused_forward_applies
+from tests.test_dflash_fused import reference_case
+
+torch.manual_seed(0)
+for bias in (False, True):
+    drafter, layer_kv, lens, block_pos, embeds, ref = reference_case(bias)
+    R = embeds.shape[0]
+    with torch.inference_mode():
         for m in drafter.modules():
             if hasattr(type(m), "use_fused"):
                 m.use_fused = True
@@ -77,30 +97,14 @@ def test_fused_block_forward_on_the_cpu_ops_matches_the_reference_path():
     an empty one, one request whose context is all visible (no mask), and bf16-valued weights (packed as bf16)."""
     from onecat.engine.kernels import cpu_ops
     from onecat.engine.speculative.dflash_fused import fused_forward_applies
-    from onecat.engine.speculative.dflash_model import DFlashDrafter
     from onecat.engine.worker.fused_kernels import enable_fused_kernels
 
     if cpu_ops.unavailable_reason() is not None:
         pytest.skip(f"CPU fused ops unavailable: {cpu_ops.unavailable_reason()}")
     torch.manual_seed(0)
-    cfg = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-           "dflash_config": {"block_size": 8, "target_layer_ids": [0, 1], "mask_token_id": 0}}
-    drafter = DFlashDrafter(cfg, 128).eval()
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            value = torch.randn_like(p) * (0.3 if "norm" not in name else 0.2) + (1.0 if "norm" in name else 0.0)
-            p.copy_(value.bfloat16().float())  # a bf16 checkpoint run in float32
-    R, B, C = 3, 8, 12
-    feats = torch.randn(R, C, 2 * 64)
-    ctx_pos = torch.arange(C).expand(R, C) + torch.tensor([[0], [5], [40]])
-    lens = torch.tensor([5, 0, 12])
-    block_pos = torch.tensor([[5], [5], [52]]) + torch.arange(B)
-    embeds = torch.randn(R, B, 64)
+    drafter, layer_kv, lens, block_pos, embeds, ref = reference_case(bf16_values=True)  # bf16 weights in float32
+    R = embeds.shape[0]
     with torch.inference_mode():
-        layer_kv = drafter.context_kv(drafter.context(feats), ctx_pos)
-        assert not fused_forward_applies(drafter, embeds, R)
-        ref = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
         alone = drafter.forward_cached(embeds[2:], block_pos[2:], [(k[2:], v[2:]) for k, v in layer_kv], lens[2:])
         assert enable_fused_kernels(drafter, torch.device("cpu"), torch.float32, True)["used"]
         assert fused_forward_applies(drafter, embeds, R) and not fused_forward_applies(drafter, embeds, 1)
