@@ -28,8 +28,9 @@
 
 namespace {
 
-// columns a tile; tiles a thread's unit at most; rows a pass; rows past which K goes in chunks of kKChunk
-constexpr int64_t kLanes = 8, kUnit = 12, kRowChunk = 64, kFewRows = 4, kKChunk = 256;
+// columns a tile; tiles a thread's unit at most; rows a pass; rows one pass over K takes (past them, blocks of at most
+// 4 rows and K in chunks of kKChunk)
+constexpr int64_t kLanes = 8, kUnit = 12, kRowChunk = 64, kOnePassRows = 4, kKChunk = 256;
 
 #ifdef ONECAT_F32_AVX2
 bool cpu_has_avx2_fma() {
@@ -117,23 +118,28 @@ void block_portable(const float* x, int64_t ldx, const W* w, int64_t wstride, in
       }
 }
 
-// Rows [r0, r0 + rows) x tiles [t0, t1): row blocks of up to 4 (2 when there are only 1-2 rows: wider tiles).
-// Past kFewRows rows (two or more row blocks) K goes in chunks, so the later blocks find the weights in L1 (one
-// run on a 2-core AVX2 EPYC: a step's projections at 8 rows 1.24x one row's time, against 1.57x with each block
-// walking the whole of K).
+// Rows [r0, r0 + rows) x tiles [t0, t1): 1-2 rows in one block on 6 tiles (more chains while the weights stream),
+// 3-4 rows in one block on 3. Past kOnePassRows rows, blocks of at most 4 rows as even as the count allows (5 rows
+// as 3 + 2, not 4 + 1, whose 1-row block of 3 chains waits on each FMA's latency) and K in chunks, so the later
+// blocks find the weights in L1 (8 rows on one tile a block ran slower: its broadcasts outnumber the FMAs' weight
+// loads; 5-6 rows in one pass on 2 tiles ran 1.4-1.6x slower). A 2-core AVX2 EPYC, one step's projections of the
+// embedded model (benchmarks/cpu_f32_rows.py, one run each): 4 + 1 / 4 + 2 rows 17.0 / 18.6 ms, 3 + 2 / 3 + 3 rows
+// 16.5 / 17.1 ms; 4 rows 12.7-13.1 ms (at four rows and more the FMAs, not the weights' bytes, set the time).
 template <typename W>
 void span(const float* x, int64_t ldx, const W* w, int64_t wstride, int64_t k, int64_t r0, int64_t rows,
           int64_t t0, int64_t t1, float* out, int64_t ldo, bool portable) {
-  // 1-2 rows: 6 tiles (more chains while the weights stream); more rows: 4 x 3 (8 rows on one tile a block ran
-  // slower: its broadcasts outnumber the FMAs' weight loads)
-  const int64_t rb_max = rows <= 2 ? 2 : 4, tb_max = rows <= 2 ? 6 : 3;
-  const int64_t k_step = rows > kFewRows ? kKChunk : k;
+  const bool one_pass = rows <= kOnePassRows;
+  const int64_t tb_max = rows <= 2 ? 6 : 3;
+  const int64_t blocks = (rows + 3) / 4;
+  const int64_t k_step = one_pass ? k : kKChunk;
   for (int64_t t = t0; t < t1; t += tb_max) {
     const int64_t tb = std::min(tb_max, t1 - t);
     for (int64_t k0 = 0; k0 < k; k0 += k_step) {
       const int64_t k1 = std::min(k, k0 + k_step);
-      for (int64_t r = r0; r < r0 + rows; r += rb_max) {
-        const int64_t rb = std::min(rb_max, r0 + rows - r);
+      for (int64_t b = 0, next = r0; b < blocks; ++b) {
+        const int64_t rb = rows / blocks + (b < rows % blocks ? 1 : 0);  // the first rows % blocks get one more
+        const int64_t r = next;
+        next += rb;
         const float* xs = x + r * ldx;
         const W* ws = w + t * wstride;
         float* os = out + r * ldo + t * kLanes;
