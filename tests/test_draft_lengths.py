@@ -198,3 +198,34 @@ def test_a_hybrid_model_verifies_narrower_rows_on_its_one_set_of_trail_buffers(m
     ModelRunner.setup_verify(runner, 16, False, narrow=True)
     assert states.verify_trails.width == 16 and states.verify_trails is not trails
     assert list(graphs.graphs) == [(1, 1, ())] and graphs.report()["captured_verify_widths"] == []
+
+
+def test_the_decoder_times_rounds_by_their_widest_draft_only_where_lengths_are_priced(monkeypatch):
+    from onecat.engine import SamplingParams
+    from onecat.engine.core.sequence import Sequence
+    from onecat.engine.speculative.base import Proposer, SpeculativeDecoder
+    from onecat.engine.speculative.controller import SpeculationGate
+
+    class Fixed(Proposer):
+        trims_drafts = True
+
+        def propose(self, seqs, budgets):
+            return [[1] * min(b, 2 + i) for i, b in enumerate(budgets)]  # 2 and 3 drafts
+
+    def decoder():
+        return SpeculativeDecoder(Fixed(5), 4096, SpeculationGate(enabled=False))
+
+    seqs = [Sequence(f"r{i}", None, list(range(10, 30)), SamplingParams(temperature=0.0, max_tokens=64), 0)
+            for i in range(2)]
+    for s in seqs:
+        s.num_computed_tokens = s.num_tokens - 1
+    plain = decoder()
+    plain.lookahead(seqs)
+    plain.step_done(2, True, 0.5, 2.0)
+    assert not plain.lengths.costed and plain.lengths.describe()["round_ms_by_batch_and_drafts"] == {}
+    monkeypatch.setattr(draft_length, "COSTED", True)
+    priced = decoder()
+    assert priced.lookahead(seqs) == {"r0": 2, "r1": 3}
+    priced.step_done(2, True, 0.5, 2.0)
+    priced.step_done(2, False, 0.25, 1.0)  # a plain step: 0 drafts
+    assert priced.lengths.describe()["round_ms_by_batch_and_drafts"] == {"2": {"0": 250.0, "3": 500.0}}

@@ -188,7 +188,7 @@ class SpeculativeDecoder:
         captures = self.proposer.graph_captures
         timed, self._captures = captures == self._captures, captures
         self.gate.record(batch, drafted, seconds if timed else None, tokens_per_seq)
-        if timed and self.lengths is not None:  # what a round of each draft length costs (draft_length.py)
+        if timed and self.lengths is not None and self.lengths.costed:  # what a round of each length costs
             self.lengths.costs.record(batch, self._widest if drafted else 0, seconds)
 
     def verify(self, blocks: list[tuple[Sequence, ScheduledSeq, torch.Tensor]],
