@@ -19,9 +19,9 @@ Which drafts are proposed never changes the tokens: the verifier is exact whatev
 With ONECAT_DRAFT_LENGTH_COSTS=1 (off by default: measured slower, at COSTED), once the engine has timed its
 rounds (`RoundCosts`: seconds a round, per batch size bucket and per the step's widest draft count), a request
 drafts the length that moves the most tokens a second by its rates and those costs: argmax over L of
-(1 + r_1 + ... + r_L) / cost(L). A row's price is whatever the hardware makes it: on the 2-core AVX2 CPU the
-float32 verify forward took 36.0 ms a round at k = 7 (~6 rows) against 29.4 ms at k = 3 (4 rows) in one profile,
-for positions accepted ~6% of the time or less. A length not yet timed is priced
+(1 + r_1 + ... + r_L) / cost(L). A row's price is whatever the hardware makes it: on the 2-core AVX2 CPU a k = 7
+step (~5 rows) took 27.0 ms of CPU time against 24.5 ms at k = 3 (4 rows) under the profiler, for a fourth
+position accepted 2-6% of the time. A length not yet timed is priced
 optimistically (no dearer than the widest timed one; a narrower one in proportion to its rows, or between its
 timed neighbours and the plain step), so it is tried once and then priced by its own rounds; positions a request
 stops offering drift back to the prior as their counts decay (slowly there: IDLE_DECAY), so a longer length is tried
@@ -45,9 +45,9 @@ SAMPLES, MIN_SAMPLES, MAX_AGE = 9, 3, 256  # a length's price: the median of its
 # last 256 steps)
 POOL = switch("ONECAT_DRAFT_LENGTH_POOL", True)  # 0: every request starts from the prior alone (A/B); read once
 # lengths priced by the timed rounds: 1 on; 0 (default) the rate-only rule. Measured slower wherever tried: the
-# DFlash gate on the 2-core AVX2 EPYC 1.377x against the rate-only rule's 1.543x (acceptance 2.14 against 2.20 at
-# batch 1: noisy timings on a shared CPU priced useful positions out), an H100's 8B DFlash-shaped rounds 0.96x at
-# batch 1 and 0.82-0.92x at batch 8 (docs/speculative.md); kept for the A/B; read once
+# DFlash gate on the 2-core AVX2 EPYC 1.377x against the rate-only rule's 1.426-1.543x (one run against two;
+# acceptance 2.14 against 2.20 at batch 1: noisy timings on a shared CPU priced useful positions out), an H100's 8B
+# DFlash-shaped rounds 0.96x at batch 1 and 0.82-0.92x at batch 8 (docs/speculative.md); kept for the A/B; read once
 COSTED = switch("ONECAT_DRAFT_LENGTH_COSTS", False)
 
 
