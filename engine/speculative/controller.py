@@ -37,6 +37,11 @@ PROBE_COST = 0.01  # while drafting loses: the share of decode time its probes m
 MAX_LOSING_PROBE_EVERY = 1024  # ... and yet a rise in acceptance is noticed within this many steps
 
 
+def batch_bucket(batch: int) -> int:
+    """The bucket a batch size is measured in: the next power of two (1, 2, 3-4, 5-8, ...)."""
+    return 1 << max(0, batch - 1).bit_length()
+
+
 @dataclass(slots=True)
 class _Mean:
     seen: int = 0
@@ -70,7 +75,7 @@ class SpeculationGate:
     def _bucket(self, batch: int) -> _Bucket:
         """Batch sizes share a bucket up to the next power of two (1, 2, 3-4, 5-8, ...): a batch that
         shrinks as its requests finish is not measured afresh at every size."""
-        key = 1 << max(0, batch - 1).bit_length()
+        key = batch_bucket(batch)
         b = self._buckets.get(key)  # (asked a few times every decode step: no bucket is built to be dropped)
         if b is None:
             b = self._buckets[key] = _Bucket(probe_every=self.probe_every)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from onecat.engine.speculative.controller import batch_bucket
 from onecat.engine.switches import switch
 
 KEEP_RATE = 0.1  # a position whose drafts are accepted less often than this is not worth its verify row
@@ -62,19 +63,15 @@ class RoundCosts:
         self._samples: dict[int, dict[int, deque]] = {}  # bucket -> drafts -> (step, seconds)
         self._steps = 0
 
-    @staticmethod
-    def bucket(batch: int) -> int:
-        return 1 << max(0, batch - 1).bit_length()
-
     def record(self, batch: int, drafts: int, seconds: float) -> None:
         """A timed decode step of `batch` sequences whose widest verified `drafts` drafts (0: a plain step)."""
         self._steps += 1
-        table = self._samples.setdefault(self.bucket(batch), {})
+        table = self._samples.setdefault(batch_bucket(batch), {})
         table.setdefault(drafts, deque(maxlen=SAMPLES)).append((self._steps, seconds))
 
     def _timed(self, batch: int) -> dict[int, float]:
         fresh = {}
-        for drafts, samples in self._samples.get(self.bucket(batch), {}).items():
+        for drafts, samples in self._samples.get(batch_bucket(batch), {}).items():
             recent = [t for step, t in samples if self._steps - step <= MAX_AGE]
             if len(recent) >= MIN_SAMPLES:
                 fresh[drafts] = statistics.median(recent)
@@ -87,12 +84,14 @@ class RoundCosts:
     def any_known(self) -> bool:
         return any(any(table) for table in self._samples.values())
 
-    def estimates(self, batch: int, widest: int) -> list[float]:
+    def estimates(self, batch: int, widest: int) -> list[float] | None:
         """A round's seconds at 1..widest drafts: as timed, else between the timed neighbours (the plain step counts
         as 0 drafts), else optimistic: a wider round as dear as the widest timed, a narrower one in proportion to
         its rows; never below a narrower length's (a timing that came out low on a busy machine does not make a
-        wider round look cheaper than a narrower one). Needs `known(batch)`."""
+        wider round look cheaper than a narrower one). None until a round with drafts is timed (`known`)."""
         points = self._timed(batch)
+        if not any(points):
+            return None
         out = []
         for drafts in range(1, widest + 1):
             lower = [n for n in points if n <= drafts]
@@ -131,9 +130,10 @@ class DraftLengths:
         """Drafts worth proposing for the request's next round (1..k): by the timed rounds' costs at this batch size
         where there are any, else through the positions accepted at least KEEP_RATE of the time, and one more."""
         rates = self.rates(request_id)
-        if batch is not None and self.costed and self.costs.known(batch):
+        prices = self.costs.estimates(batch, self.k) if batch is not None and self.costed else None
+        if prices is not None:
             tokens, best, best_rate = 1.0, 1, 0.0
-            for n, (rate, seconds) in enumerate(zip(rates, self.costs.estimates(batch, self.k)), start=1):
+            for n, (rate, seconds) in enumerate(zip(rates, prices), start=1):
                 tokens += rate
                 if tokens / seconds > best_rate:
                     best, best_rate = n, tokens / seconds
