@@ -59,6 +59,10 @@
 # (ONECAT_DRAFT_LENGTH_POOL 0, 1). `rope_split` the GPU tests
 # of a decode step's RoPE and K/V store inside the paged decode's split kernel, then target-only decode with it off
 # and on (ONECAT_ROPE_IN_SPLIT), alternated twice, batch 1 and 8, the 8B and the embedded default's shapes.
+# `drafter_block` the DFlash drafters' GPU tests, then the 8B shape's drafter (and route 1's, Qwen3.5-27B in bf16): its
+# block forward, LM head and context projection timed in CUDA graphs (the block attention kernel, SDPA, the tensor-core
+# rows GEMV) against its matmuls alone and its weight bytes, with a kernel profile of an 8B round
+# (benchmarks/gpu_drafter_block.py); `hybrid_rollback` the hybrid verify graphs' rollback test.
 # `paged_sweep` the paged decode attention alone at 1K-32K contexts, batch 1 and 8, in its tile and partition
 # variants, against the copy rate (benchmarks/gpu_paged_decode.py). `admission_waves` the pipeline's GPU tests
 # with requests waiting (and without), then an offline job of 1,024 requests on 256 slots, the embedded default's
@@ -74,7 +78,8 @@
 #                                route_profile|gemv16|gemv16_route|narrow_route|syncs|dense_rows|dense_rows_ab|
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
-#                                gdn_split_route|draft_pool_route|rope_split|paged_sweep|admission_waves|regen]...
+#                                gdn_split_route|draft_pool_route|rope_split|paged_sweep|admission_waves|regen|
+#                                drafter_block|hybrid_rollback]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -222,6 +227,16 @@ for step in $steps; do
            (cd benchmarks && timeout 240 python3 gpu_rows_gemm.py --rows 2,8,16 --out "$out/dense_rows_gemv.json" \
              >"$out/dense_rows_gemv.log" 2>&1); echo "dense rows GEMV timing rc=$?"
            grep -E "rows:" "$out/dense_rows_gemv.log" | cut -c1-400 ;;
+    drafter_block) gpu_tests drafter_block tests/test_block_attention_gpu.py tests/test_draft_ahead.py \
+             tests/test_gpu_engine.py -k "block_attention or ahead or replay_graphs or bit_for_bit"
+           (cd benchmarks && timeout 200 python3 gpu_drafter_block.py --profile --out "$out/drafter_block.json" \
+             >"$out/drafter_block.log" 2>&1); echo "drafter block rc=$?"; grep -E "\] (default|_sdpa|_dense|alone)" \
+             "$out/drafter_block.log" | cut -c1-400
+           (cd benchmarks && timeout 240 python3 gpu_drafter_block.py --shape qwen3.5-27b --dtype bfloat16 \
+             --out "$out/drafter_block_qwen3.5-27b.json" >"$out/drafter_block_qwen3.5-27b.log" 2>&1)
+           echo "drafter block qwen3.5-27b rc=$?"; grep -E "\] (default|_sdpa|_dense|alone)" \
+             "$out/drafter_block_qwen3.5-27b.log" | cut -c1-400 ;;
+    hybrid_rollback) gpu_tests hybrid_rollback tests/test_hybrid_gpu.py -k "rollback" ;;
     dense_rows_ab) for flag in 0 1; do
              ONECAT_DENSE_ROWS_GEMV=$flag timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1,8 \
                --arms ngram_shaped,dflash_shaped,no_draft --out "$out/dense_rows_ab_$flag.json" \

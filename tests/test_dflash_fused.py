@@ -48,7 +48,7 @@ def reference_case(bias: bool = False, bf16_values: bool = False):
 SCRIPT = r"""
 import torch
 from onecat.engine.speculative.dflash_fused import fused_forward_applies
-from tests.test_dflash_fused import reference_case
+from tests.test_dflash_fused import random_drafter, reference_case
 
 torch.manual_seed(0)
 for bias in (False, True):
@@ -71,6 +71,25 @@ for bias in (False, True):
             v[1].normal_()
         again = drafter.forward_cached(embeds, block_pos, layer_kv, lens)
     assert torch.equal(again[1], got[1])
+
+# the context's K norm and RoPE by the fused kernel (one launch a layer, in place) against the torch ops
+drafter = random_drafter()
+feats, pos = torch.randn(2, 7, 2 * 64), torch.arange(7).expand(2, 7) + torch.tensor([[0], [30]])
+with torch.inference_mode():
+    want = drafter.context_kv(drafter.context(feats), pos)
+    want_stacked = drafter.context_kv_stacked(drafter.context(feats[0]), pos[0])
+    for m in drafter.modules():
+        if hasattr(type(m), "use_fused"):
+            m.use_fused = True
+    got = drafter.context_kv(drafter.context(feats), pos)
+    got_stacked = drafter.context_kv_stacked(drafter.context(feats[0]), pos[0])
+for (gk, gv), (wk, wv) in zip(got, want):
+    assert gk.shape == wk.shape == (2, 7, 2, 16) and torch.equal(gv, wv), gk.shape
+    assert (gk - wk).abs().max().item() < 1e-5 * wk.abs().max().item()
+assert got_stacked.shape == want_stacked.shape == (2, 2, 7, 2, 16)
+assert (got_stacked - want_stacked).abs().max().item() < 1e-5 * want_stacked.abs().max().item()
+assert torch.equal(want_stacked[1, 0], want[1][0][0])
+assert torch.equal(got_stacked[:, 1], torch.stack([v[0] for _, v in got]))
 print("ok")
 """
 

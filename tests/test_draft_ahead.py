@@ -39,7 +39,7 @@ class AheadChecker(DraftChecker):
             if seq.params.greedy:
                 assert list(draft) == want.argmax(-1).tolist()
             else:  # drawn with the keys of the positions the drafts will occupy
-                keys = row_keys([seq.seed] * n, list(range(seq.num_tokens, seq.num_tokens + n)), "cpu")
+                keys = row_keys([seq.seed] * n, list(range(seq.num_tokens, seq.num_tokens + n)), want.device)
                 assert list(draft) == sample(want, [seq.params] * n, keys)
                 self.sampled += 1
             self.checked += 1

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from onecat.engine.core.keyed_draws import span_keys
-from onecat.engine.core.sampler import sample_on_device
+from onecat.engine.core.sampler import greedy_on_device, sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.errors import ConfigError
 from onecat.engine.model_source import resolve_model_source
@@ -165,7 +165,7 @@ class DFlashProposer(Proposer):
         if logits is None:
             return [[]] * len(seqs)
         starts = list(itertools.accumulate(counts, initial=0))
-        tokens = self.token_ids(logits.argmax(dim=-1))
+        tokens = self.token_ids(greedy_on_device(logits))
         sampled = [i for i, (s, n) in enumerate(zip(seqs, counts)) if n and not s.params.greedy]
         if sampled:  # drawn as the target will draw each position (keyed_draws.py): equal wherever q and p agree
             rows = to_device([r for i in sampled for r in range(starts[i], starts[i + 1])], logits.device)

@@ -25,7 +25,10 @@ FLUSH_ROWS = 1024  # project queued rows once this many wait, so a long prefill 
 
 def project_rows(drafter, feats: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Every drafter layer's context keys and values of feature rows `feats` [n, L*H] at positions `pos` [n]:
-    [layers, 2, n, nkv, hd]."""
+    [layers, 2, n, nkv, hd] (a DFlash drafter lays them out so in one copy; an MTP head's layers are stacked)."""
+    stacked = getattr(drafter, "context_kv_stacked", None)
+    if stacked is not None:
+        return stacked(drafter.context(feats), pos)
     return torch.stack([torch.stack(kv) for kv in drafter.context_kv(drafter.context(feats), pos)])
 
 

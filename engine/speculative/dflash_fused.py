@@ -3,8 +3,10 @@ a request) is too small for its math to matter and each kernel's launch and tail
 
 Per layer, eleven kernels instead of about fifty: the input norm with the previous layer's residual add
 (add_rmsnorm), q/k/v in one matmul over stacked weights, q/k norm and RoPE in one kernel (qk_rope_cache,
-no cache write), attention over [context ; block] in one scaled_dot_product_attention call (the query heads
-grouped per key/value head, the context's padding masked), o_proj, the post-attention residual add with its
+no cache write), attention over [context ; block] by the block attention kernel's two launches (keys read where
+they lie, split over programs; engine/kernels/triton_block_attention.py) or, where it does not run, one
+scaled_dot_product_attention call over the concatenation (the query heads grouped per key/value head, the
+context's padding masked), o_proj, the post-attention residual add with its
 norm, gate/up, SiLU*mul, down; with ONECAT_ROWS_GEMM=1 the matmuls run the few-row GEMM
 (engine/kernels/triton_rows_gemm.py), which also takes SiLU*mul into gate/up: ten. The same math as DFlashDrafter.forward_cached, rounded in other places
 (tests/test_dflash_fused.py). Inference only (training takes the reference path, whose gradients reach
@@ -21,9 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from onecat.engine.layers.linear import project
+from onecat.engine.switches import switch
 
 
 FUSED_FLAG = "ONECAT_DFLASH_FUSED"  # 0: the drafter drafts through the reference ops on a GPU too (A/B)
+# the block's attention by the split kernel (engine/kernels/triton_block_attention.py) where the fused kernels run;
+# 0: one scaled_dot_product_attention call over the concatenated context and block (A/B)
+BLOCK_ATTENTION = switch("ONECAT_DRAFTER_BLOCK_ATTENTION", True)
 
 
 def fused_forward_applies(drafter, block_embeds: torch.Tensor, contexts: int) -> bool:
@@ -34,6 +40,25 @@ def fused_forward_applies(drafter, block_embeds: torch.Tensor, contexts: int) ->
     if drafter.norm.use_fused:
         return True
     return not block_embeds.is_cuda and drafter.norm.cpu_ops is not None and block_embeds.dtype == torch.float32
+
+
+def _block_attention_takes(drafter, layer_kv, dtype: torch.dtype) -> bool:
+    """The block attention kernel's layout: context K/V of the block's dtype, each position's heads contiguous,
+    a power-of-two head size (one a tl.arange spans)."""
+    hd = drafter.layers[0].self_attn.hd
+    k, v = layer_kv[0]
+    return (hd & (hd - 1)) == 0 and hd >= 16 and k.dtype == v.dtype == dtype and k.stride(-1) == v.stride(-1) == 1 \
+        and k.stride(2) == v.stride(2) == hd
+
+
+def _visible(layer_kv, ctx_len: torch.Tensor, R: int, B: int, always: bool) -> torch.Tensor | None:
+    """The SDPA path's mask [R, 1, 1, C + B] (context rows below each length, the whole block); None where every
+    row sees its whole context and `always` is off (one request on a CPU: attention without a mask)."""
+    C = layer_kv[0][0].shape[1] if layer_kv else 0
+    ctx_visible = torch.arange(C, device=ctx_len.device) < ctx_len.unsqueeze(1)
+    if not always and bool(ctx_visible.all()):
+        return None
+    return torch.cat([ctx_visible, ctx_visible.new_ones(R, B)], dim=1)[:, None, None, :]
 
 
 def _stacked_qkv(attn) -> torch.Tensor:
@@ -61,7 +86,10 @@ def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.T
 
 
 def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
-               v_ctx: torch.Tensor, visible: torch.Tensor, R: int, B: int) -> torch.Tensor:
+               v_ctx: torch.Tensor, lens: torch.Tensor, visible, R: int, B: int) -> torch.Tensor:
+    """o_proj of the block's attention over [context ; block]: by the block attention kernel (`lens`, int32)
+    where it runs, else one scaled_dot_product_attention call over the concatenation under the mask `visible`
+    (None: every row sees its whole context)."""
     nh, nkv, hd = attn.nh, attn.nkv, attn.hd
     g = nh // nkv
     if attn.q_norm.use_fused:  # Triton (CUDA, or its interpreter in tests)
@@ -72,6 +100,10 @@ def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     else:
         attn.q_norm.cpu_ops.qk_norm_rope(qkv, pos, cos, sin, nh, nkv, attn.q_norm.weight, attn.k_norm.weight,
                                          attn.q_norm.eps)
+    if lens is not None:
+        from onecat.engine.kernels.triton_block_attention import block_attention
+
+        return attn.o_proj(block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, attn.scale))
     q = qkv[:, :nh * hd].view(R, B, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * B, hd)
     k = qkv[:, nh * hd:(nh + nkv) * hd].view(R, B, nkv, hd)
     v = qkv[:, (nh + nkv) * hd:].view(R, B, nkv, hd)
@@ -86,17 +118,17 @@ def forward_fused(drafter, block_embeds: torch.Tensor, block_pos: torch.Tensor,
                   layer_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_len: torch.Tensor) -> torch.Tensor:
     """DFlashDrafter.forward_cached's result ([R, B, H] after the final norm) through the fused kernels."""
     R, B, H = block_embeds.shape
-    C = layer_kv[0][0].shape[1] if layer_kv else 0
-    ctx_visible = torch.arange(C, device=ctx_len.device) < ctx_len.unsqueeze(1)
-    visible = torch.cat([ctx_visible, ctx_visible.new_ones(R, B)], dim=1)[:, None, None, :]  # [R, 1, 1, C + B]
-    if not (ctx_len.is_cuda or drafter.norm.use_fused) and bool(ctx_visible.all()):
-        visible = None  # every row sees its whole context (one request): attention without a mask
+    lens = visible = None
+    if drafter.norm.use_fused and BLOCK_ATTENTION and _block_attention_takes(drafter, layer_kv, block_embeds.dtype):
+        lens = ctx_len.to(torch.int32)
+    else:
+        visible = _visible(layer_kv, ctx_len, R, B, ctx_len.is_cuda or drafter.norm.use_fused)
     pos = block_pos.reshape(R * B)
     cos, sin = drafter.rotary.cos, drafter.rotary.sin
     x, residual = block_embeds.reshape(R * B, H), None
     for layer, (k_ctx, v_ctx) in zip(drafter.layers, layer_kv):
         qkv, residual = _qkv(layer, x, residual)  # [T, (nh + 2 nkv) hd]
-        x = _attention(layer.self_attn, qkv, pos, cos, sin, k_ctx, v_ctx, visible, R, B)
+        x = _attention(layer.self_attn, qkv, pos, cos, sin, k_ctx, v_ctx, lens, visible, R, B)
         x, residual = layer.mlp.after_norm(layer.post_attention_layernorm, x, residual)
     out = drafter.norm(x) if residual is None else drafter.norm(x, residual)[0]
     return out.view(R, B, H)

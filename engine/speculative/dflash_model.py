@@ -149,22 +149,51 @@ class DFlashDrafter(nn.Module):
         pass over all layers (a few kernels a round instead of a dozen per layer; equal to the per-layer path
         to rounding; a drafter quantized at load runs its stacked packed layer, drafter_quant.py); training takes
         the per-layer path, whose gradients reach each projection."""
-        cos, sin = self.rope(ctx_pos)
+        kv = self._context_kv_rows(ctx, ctx_pos)
+        if kv is None:
+            cos, sin = self.rope(ctx_pos)
+            return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        return [(kv[..., i, 0, :, :], kv[..., i, 1, :, :]) for i in range(len(self.layers))]
+
+    def context_kv_stacked(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> torch.Tensor:
+        """`context_kv` of ctx [n, H] at positions [n] as one tensor [layers, 2, n, nkv, hd] (the drafter cache's
+        layout): one layout copy from the stacked projection, not a stack of every layer's views."""
+        kv = self._context_kv_rows(ctx, ctx_pos)
+        if kv is None:
+            return torch.stack([torch.stack(pair) for pair in self.context_kv(ctx, ctx_pos)])
+        return kv.permute(1, 2, 0, 3, 4).contiguous()
+
+    def _context_kv_rows(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> torch.Tensor | None:
+        """Every layer's context K (normed, rotated) and V from one stacked projection: [..., C, layers, 2, nkv,
+        hd]; None where the per-layer path runs (training, projections that are not plain Linears). The k norm
+        and RoPE run in place: by the fused kernel, one launch a layer, where the drafter's fused kernels run, else
+        in torch ops over all layers at once."""
         attn = self.layers[0].self_attn
         packed = getattr(self, "kv_packed", None)
         if torch.is_grad_enabled() or (packed is None and not isinstance(attn.k_proj, nn.Linear)):
-            return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+            return None
         if packed is not None:
             kv, norm_weight = packed(ctx), self.kv_packed_norm
         else:
             weight, bias, norm_weight = self._stacked_kv_weights()
             kv = project(ctx, weight, bias, False, owner=self)  # float32 on CPU: the rows kernel
-        kv = kv.view(*ctx.shape[:-1], len(self.layers), 2, attn.nkv, attn.hd)
-        k, v = kv.select(-3, 0), kv.select(-3, 1)  # [..., C, layers, nkv, hd]
-        k = RMSNorm.normalize(k, norm_weight[:, None, :], attn.k_norm.eps)
+        layers, nkv, hd = len(self.layers), attn.nkv, attn.hd
+        kv = kv.view(*ctx.shape[:-1], layers, 2, nkv, hd)
+        if attn.k_norm.use_fused:  # Triton (CUDA, or its interpreter in tests)
+            from onecat.engine.kernels.triton_fused import qk_rope_cache
+
+            rows = kv.view(-1, layers, 2 * nkv * hd)
+            pos = ctx_pos.expand(ctx.shape[:-1]).reshape(-1)
+            for i in range(layers):  # no q heads: each (row, layer)'s k heads normed and rotated in place
+                qk_rope_cache(rows[:, i], pos, self.rotary.cos, self.rotary.sin, 0, nkv, hd, None, None, None,
+                              norm_weight[i], norm_weight[i], attn.k_norm.eps)
+            return kv
+        cos, sin = self.rope(ctx_pos)
+        k = kv.select(-3, 0)  # [..., C, layers, nkv, hd]
+        normed = RMSNorm.normalize(k, norm_weight[:, None, :], attn.k_norm.eps)
         cos, sin = cos[..., None, None, :], sin[..., None, None, :]
-        k = k * cos + RotaryEmbedding._rotate_half(k) * sin
-        return [(k[..., i, :, :], v[..., i, :, :]) for i in range(len(self.layers))]
+        k.copy_(normed * cos + RotaryEmbedding._rotate_half(normed) * sin)
+        return kv
 
     def _stacked_kv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Every layer's [k_proj; v_proj] weights (and biases) stacked, and the k_norm weights [layers, hd];

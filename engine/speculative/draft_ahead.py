@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from onecat.engine.core.keyed_draws import keys_at, seed_key
-from onecat.engine.core.sampler import sample_on_device
+from onecat.engine.core.sampler import greedy_on_device, sample_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.dflash_cache import project_rows
 from onecat.engine.switches import switch
@@ -106,7 +106,7 @@ def draft_ahead(proposer, seqs: list, spans: list[FeatureRows], accepted: torch.
     if proposer.vocab is not None:
         proposer.vocab.round(seqs)
     logits = proposer.score(h[:, 1:1 + k].reshape(-1, h.shape[-1]))
-    tokens = proposer.token_ids(logits.argmax(dim=-1)).view(len(seqs), k)
+    tokens = proposer.token_ids(greedy_on_device(logits)).view(len(seqs), k)
     sampled = [r for r, s in enumerate(seqs) if not s.params.greedy]
     if sampled:  # keyed as a fresh round keys them: draft j sits at the anchor's position + 1 + j
         index = to_device(sampled, device)

@@ -21,7 +21,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from onecat.engine.core.keyed_draws import span_keys
-from onecat.engine.core.sampler import sample_on_device
+from onecat.engine.core.sampler import greedy_on_device, sample_on_device
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.transfers import to_device
 
@@ -55,7 +55,7 @@ def verified_on_device(blocks: list[DraftBlock]) -> torch.Tensor:
     lens = [len(b.draft) for b in blocks]
     params = [b.params for b in blocks for _ in range(len(b.draft) + 1)]
     if all(p.greedy for p in params):
-        drawn = [b.logits.argmax(dim=-1) for b in blocks]
+        drawn = [greedy_on_device(b.logits) for b in blocks]
     else:
         keys = span_keys([(b.seed, b.start, n + 1) for b, n in zip(blocks, lens)], device)
         flat = sample_on_device(torch.cat([b.logits for b in blocks]), params, keys)
