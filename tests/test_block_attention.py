@@ -1,7 +1,8 @@
 """The DFlash drafter's block attention kernel (engine/kernels/triton_block_attention.py) under Triton's
 interpreter (CPU) against scaled_dot_product_attention over the concatenated context and block: requests whose
 contexts are padded to one buffer (lengths 0, partial, whole; one spanning several key parts), a context buffer
-with room past its rows (a CUDA graph's static buffer), float32 and float16, blocks of 8 and 16 rows. And the
+with room past its rows (a CUDA graph's static buffer), float32 and float16, blocks of 8 and 16 rows, the SM80+
+and the V100 tilings. And the
 drafter's fused forward takes it where it runs (tests/test_dflash_fused.py compares that forward's output)."""
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ pytest.importorskip("triton")
 SCRIPT = r"""
 import torch
 import torch.nn.functional as F
-from onecat.engine.kernels.triton_block_attention import PART, block_attention
+from onecat.engine.kernels.triton_block_attention import PART, SM70_PART, SM70_WARPS, block_attention, config
+
+assert config(128, 90) == (PART, 4) and config(256, 80) == (PART, 8)
+assert config(128, 70) == (SM70_PART, SM70_WARPS) and config(256, 70) is None  # V100: SDPA at head size 256
 
 
 def reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale):
@@ -32,15 +36,17 @@ def reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale):
 
 torch.manual_seed(0)
 nh, nkv, hd = 4, 2, 16
-for dtype, B, C, lens in ((torch.float32, 8, 12, [5, 0, 12]), (torch.float16, 16, PART + 7, [PART + 7, 3, PART + 1]),
-                          (torch.float32, 16, 2 * PART + 5, [2 * PART, 0, 1])):
+for dtype, B, C, lens, tiling in ((torch.float32, 8, 12, [5, 0, 12], (PART, 4)),
+                                  (torch.float16, 16, PART + 7, [PART + 7, 3, PART + 1], (PART, 4)),
+                                  (torch.float32, 16, 2 * PART + 5, [2 * PART, 0, 1], (PART, 4)),
+                                  (torch.float32, 16, 3 * SM70_PART + 2, [40, 0, 3 * SM70_PART + 2], (SM70_PART, 8))):
     R = len(lens)
     lens = torch.tensor(lens, dtype=torch.int32)
     qkv = torch.randn(R * B, (nh + 2 * nkv) * hd).to(dtype)
     room = torch.randn(2, R + 1, C + 9, nkv, hd).to(dtype)  # a static buffer: more rows and positions than used
     k_ctx, v_ctx = room[0, :R, :C], room[1, :R, :C]
     scale = hd ** -0.5
-    got = block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale)
+    got = block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale, tiling)
     want = reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     err = (got.float() - want).abs().max().item()
@@ -48,7 +54,7 @@ for dtype, B, C, lens in ((torch.float32, 8, 12, [5, 0, 12]), (torch.float16, 16
     # what lies past each request's length never reaches its output
     for r, n in enumerate(lens.tolist()):
         room[:, r, n:].normal_()
-    assert torch.equal(block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale), got)
+    assert torch.equal(block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale, tiling), got)
 
 # the fused drafter forward runs it where the fused kernels do
 import onecat.engine.kernels.triton_block_attention as kernel

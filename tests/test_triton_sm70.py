@@ -23,8 +23,9 @@ def test_w4a16_gemv_builds_for_sm70_without_spills():
     # W4A16, NVFP4, MXFP4; MoE gate_up and down; the routed GEMVs of three formats, gate_up and down, plain and
     # fused; the verify
     # rows' delta rule; the fused DeltaNet step's two kernels, decode and verify; the split verify step's inputs
-    # kernel; the gated attention's two; peer all-reduce, all-gather
-    assert len(reports) == 3 * len(CASES) + 2 + 12 + 1 + 4 + 1 + 2 + 2
+    # kernel; the gated attention's two; a DFlash drafter's block attention, split and merge; peer all-reduce,
+    # all-gather
+    assert len(reports) == 3 * len(CASES) + 2 + 12 + 1 + 4 + 1 + 2 + 2 + 2
     assert any(r.label.startswith("gated_delta_finish_verify") for r in reports)
     for r in reports:
         assert r.problems == [], (r.label, r.problems)

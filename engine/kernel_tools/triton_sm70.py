@@ -7,8 +7,9 @@ and eight rows): the W4A16 GEMV (group 128) and the NVFP4 / MXFP4 GEMV (triton_f
 (triton_moe_gemv.py) at the Qwen3-30B-A3B widths; the routed GEMVs of packed experts (triton_moe_routed.py:
 NVFP4, MXFP4, W4A16; each also with its fused epilogue: SiLU * mul, the weighted top-k sum), the verify rows' gated delta rule (triton_gated_delta_rows.py), the fused DeltaNet
 decode and verify steps' kernels (triton_gated_delta_step.py) and the gated attention's
-(triton_gated_attention.py) at the Qwen3.5 routes' widths; and the tensor-parallel one-shot all-reduce /
-all-gather at TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at
+(triton_gated_attention.py) at the Qwen3.5 routes' widths; a DFlash drafter's block attention
+(triton_block_attention.py) at head size 128 (256 is not launched on a V100); and the tensor-parallel one-shot
+all-reduce / all-gather at TP=4 (engine/parallel/peer_collectives.py): registers, spills and 128-bit loads, occupancy at
 V100 limits. Needs Triton importable (the engine's CUDA extra); without it the check says so and reports
 nothing.
 """
@@ -230,6 +231,31 @@ def _attention_ptx(gate: bool) -> tuple[str, str, int]:
                     divisible=("stride_t",))
 
 
+BLOCK_ATTENTION_SIGNATURE = {"qkv_ptr": "*fp16", "kc_ptr": "*fp16", "vc_ptr": "*fp16", "len_ptr": "*i32",
+                             "po_ptr": "*fp32", "pm_ptr": "*fp32", "pl_ptr": "*fp32", "stride_t": "i32",
+                             "stride_kr": "i32", "stride_kc": "i32", "stride_vr": "i32", "stride_vc": "i32",
+                             "num_heads": "i32", "num_kv_heads": "i32", "ctx_parts": "i32", "n_parts": "i32",
+                             "qk_scale": "fp32", "B": "constexpr", "B_PAD": "constexpr", "D": "constexpr",
+                             "PART": "constexpr", "PRECISION": "constexpr"}
+BLOCK_MERGE_SIGNATURE = {"po_ptr": "*fp32", "pm_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*fp16",
+                         "stride_ot": "i32", "num_heads": "i32", "n_parts": "i32", "B": "constexpr",
+                         "B_PAD": "constexpr", "D": "constexpr"}
+
+
+def _block_attention_ptx(merge: bool) -> tuple[str, str, int]:
+    """A DFlash drafter's block attention (triton_block_attention.py) for a block of 16 at head size 128 (the 8B
+    shape's drafter), as forward_fused launches it on a V100 (config(); head size 256 is not launched there)."""
+    from onecat.engine.kernels import triton_block_attention as kb
+
+    part, warps = kb.config(128, 70)
+    consts = {"B": 16, "B_PAD": 16, "D": 128}
+    if merge:
+        return _compile(kb.block_attention_merge_kernel, BLOCK_MERGE_SIGNATURE, consts, warps, divisible=("stride_ot",))
+    return _compile(kb.block_attention_split_kernel, BLOCK_ATTENTION_SIGNATURE,
+                    dict(consts, PART=part, PRECISION="tf32"), warps,
+                    divisible=("stride_t", "stride_kr", "stride_kc", "stride_vr", "stride_vc"))
+
+
 def _cases():
     for k, m in CASES:
         yield f"w4a16_gemv K={k} rows={m} g{GROUP} (Triton)", f"w4a16_gemv_k{k}_m{m}", lambda k=k, m=m: _ptx(k, m)
@@ -260,6 +286,10 @@ def _cases():
         what = "sigmoid_gate" if gate else "qk_norm_rope_cache"
         yield (f"gated_attention_{what} H={ATTN_SHAPE['H']} D={ATTN_SHAPE['D']} (Triton)", f"gated_attention_{what}",
                lambda g=gate: _attention_ptx(g))
+    for merge in (False, True):
+        what = "merge" if merge else "split"
+        yield (f"dflash_block_attention_{what} B=16 D=128 (Triton)", f"dflash_block_attention_{what}",
+               lambda m=merge: _block_attention_ptx(m))
     for gather in (False, True):
         what = "all_gather" if gather else "all_reduce"
         yield f"tp_peer_{what} world={PEER_WORLD} fp16 (Triton)", f"tp_peer_{what}", lambda g=gather: _peer_ptx(g)

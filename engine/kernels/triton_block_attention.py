@@ -15,7 +15,20 @@ import torch
 import triton
 import triton.language as tl
 
-PART = 64  # keys per program (a tl.dot needs 16 or more)
+PART = 64  # keys per program on SM80+ (a tl.dot needs 16 or more)
+# SM70 (V100): Triton lowers tl.dot to FMAs there; 16 keys a program and 8 warps is the tiling whose sm_70 build
+# does not spill at head size 128 (`onecat kernels check`: 64 keys spill 6 KB a thread at 4 warps, 324 B at 8);
+# at head size 256 every tiling tried spilled (112 B to 35 KB), so a V100 drafter of that head size keeps
+# scaled_dot_product_attention (config() is None)
+SM70_PART, SM70_WARPS, SM70_MAX_HEAD_DIM = 16, 8, 128
+
+
+def config(head_dim: int, capability: int) -> tuple[int, int] | None:
+    """(keys a program, warps) for the split kernel on a device of `capability` (10 * major + minor), or None:
+    the kernel is not launched there."""
+    if capability >= 80:
+        return PART, 4 if head_dim <= 128 else 8
+    return (SM70_PART, SM70_WARPS) if head_dim <= SM70_MAX_HEAD_DIM else None
 
 
 @triton.jit
@@ -88,7 +101,8 @@ def block_attention_merge_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, stride_ot, num
 
 
 def block_attention(qkv: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, ctx_len: torch.Tensor,
-                    num_heads: int, num_kv_heads: int, head_dim: int, block: int, scale: float) -> torch.Tensor:
+                    num_heads: int, num_kv_heads: int, head_dim: int, block: int, scale: float,
+                    tiling: tuple[int, int] = (PART, 4)) -> torch.Tensor:
     """qkv [R * block, (num_heads + 2 num_kv_heads) head_dim] (q and k normed and rotated), k_ctx / v_ctx
     [R, C, num_kv_heads, head_dim] (any row stride), ctx_len [R] -> [R * block, num_heads * head_dim]: each
     block row's attention over its request's first ctx_len context rows and the whole block."""
@@ -97,9 +111,10 @@ def block_attention(qkv: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     assert T == R * block and qkv.stride(1) == 1 and k_ctx.stride(-1) == 1 and v_ctx.stride(-1) == 1
     assert k_ctx.stride(2) == head_dim and v_ctx.stride(2) == head_dim and ctx_len.dtype == torch.int32
     assert head_dim == triton.next_power_of_2(head_dim) and k_ctx.dtype == v_ctx.dtype == qkv.dtype
+    part, warps = tiling
     b_pad = max(16, triton.next_power_of_2(block))
-    ctx_parts = triton.cdiv(C, PART)
-    n_parts = ctx_parts + triton.cdiv(block, PART)
+    ctx_parts = triton.cdiv(C, part)
+    n_parts = ctx_parts + triton.cdiv(block, part)
     dev = qkv.device
     po = torch.empty(R * num_heads * n_parts * b_pad * head_dim, dtype=torch.float32, device=dev)
     pm = torch.empty(R * num_heads * n_parts * b_pad, dtype=torch.float32, device=dev)
@@ -107,11 +122,10 @@ def block_attention(qkv: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     out = torch.empty(T, num_heads * head_dim, dtype=qkv.dtype, device=dev)
     if T == 0:
         return out
-    warps = 4 if head_dim <= 128 else 8
     block_attention_split_kernel[(R * num_heads, n_parts)](
         qkv, k_ctx, v_ctx, ctx_len, po, pm, pl, qkv.stride(0), k_ctx.stride(0), k_ctx.stride(1), v_ctx.stride(0),
         v_ctx.stride(1), num_heads, num_kv_heads, ctx_parts, n_parts, scale * 1.4426950408889634,
-        B=block, B_PAD=b_pad, D=head_dim, PART=PART,
+        B=block, B_PAD=b_pad, D=head_dim, PART=part,
         PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32", num_warps=warps)
     block_attention_merge_kernel[(R * num_heads,)](po, pm, pl, out, out.stride(0), num_heads, n_parts,
                                                    B=block, B_PAD=b_pad, D=head_dim, num_warps=warps)

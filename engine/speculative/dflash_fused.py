@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from onecat.engine.kernels.device import capability
 from onecat.engine.layers.linear import project
 from onecat.engine.switches import switch
 
@@ -42,13 +43,18 @@ def fused_forward_applies(drafter, block_embeds: torch.Tensor, contexts: int) ->
     return not block_embeds.is_cuda and drafter.norm.cpu_ops is not None and block_embeds.dtype == torch.float32
 
 
-def _block_attention_takes(drafter, layer_kv, dtype: torch.dtype) -> bool:
-    """The block attention kernel's layout: context K/V of the block's dtype, each position's heads contiguous,
-    a power-of-two head size (one a tl.arange spans)."""
+def _block_attention_tiling(drafter, layer_kv, dtype: torch.dtype) -> tuple[int, int] | None:
+    """The block attention kernel's tiling for this call (None: SDPA runs it): BLOCK_ATTENTION on, context K/V of
+    the block's dtype with each position's heads contiguous, a power-of-two head size (one a tl.arange spans), and
+    a tiling for the device (triton_block_attention.config; Triton's interpreter in tests: SM80+'s)."""
     hd = drafter.layers[0].self_attn.hd
     k, v = layer_kv[0]
-    return (hd & (hd - 1)) == 0 and hd >= 16 and k.dtype == v.dtype == dtype and k.stride(-1) == v.stride(-1) == 1 \
-        and k.stride(2) == v.stride(2) == hd
+    if not (BLOCK_ATTENTION and (hd & (hd - 1)) == 0 and hd >= 16 and k.dtype == v.dtype == dtype
+            and k.stride(-1) == v.stride(-1) == 1 and k.stride(2) == v.stride(2) == hd):
+        return None
+    from onecat.engine.kernels.triton_block_attention import config
+
+    return config(hd, capability(k.device.index or 0) if k.is_cuda else 90)
 
 
 def _visible(layer_kv, ctx_len: torch.Tensor, R: int, B: int, always: bool) -> torch.Tensor | None:
@@ -86,9 +92,9 @@ def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.T
 
 
 def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
-               v_ctx: torch.Tensor, lens: torch.Tensor, visible, R: int, B: int) -> torch.Tensor:
-    """o_proj of the block's attention over [context ; block]: by the block attention kernel (`lens`, int32)
-    where it runs, else one scaled_dot_product_attention call over the concatenation under the mask `visible`
+               v_ctx: torch.Tensor, lens: torch.Tensor, tiling, visible, R: int, B: int) -> torch.Tensor:
+    """o_proj of the block's attention over [context ; block]: by the block attention kernel (`lens`, int32; its
+    `tiling`) where it runs, else one scaled_dot_product_attention call over the concatenation under the mask `visible`
     (None: every row sees its whole context)."""
     nh, nkv, hd = attn.nh, attn.nkv, attn.hd
     g = nh // nkv
@@ -103,7 +109,7 @@ def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     if lens is not None:
         from onecat.engine.kernels.triton_block_attention import block_attention
 
-        return attn.o_proj(block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, attn.scale))
+        return attn.o_proj(block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, attn.scale, tiling))
     q = qkv[:, :nh * hd].view(R, B, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * B, hd)
     k = qkv[:, nh * hd:(nh + nkv) * hd].view(R, B, nkv, hd)
     v = qkv[:, (nh + nkv) * hd:].view(R, B, nkv, hd)
@@ -119,7 +125,8 @@ def forward_fused(drafter, block_embeds: torch.Tensor, block_pos: torch.Tensor,
     """DFlashDrafter.forward_cached's result ([R, B, H] after the final norm) through the fused kernels."""
     R, B, H = block_embeds.shape
     lens = visible = None
-    if drafter.norm.use_fused and BLOCK_ATTENTION and _block_attention_takes(drafter, layer_kv, block_embeds.dtype):
+    tiling = _block_attention_tiling(drafter, layer_kv, block_embeds.dtype) if drafter.norm.use_fused else None
+    if tiling is not None:
         lens = ctx_len.to(torch.int32)
     else:
         visible = _visible(layer_kv, ctx_len, R, B, ctx_len.is_cuda or drafter.norm.use_fused)
@@ -128,7 +135,7 @@ def forward_fused(drafter, block_embeds: torch.Tensor, block_pos: torch.Tensor,
     x, residual = block_embeds.reshape(R * B, H), None
     for layer, (k_ctx, v_ctx) in zip(drafter.layers, layer_kv):
         qkv, residual = _qkv(layer, x, residual)  # [T, (nh + 2 nkv) hd]
-        x = _attention(layer.self_attn, qkv, pos, cos, sin, k_ctx, v_ctx, lens, visible, R, B)
+        x = _attention(layer.self_attn, qkv, pos, cos, sin, k_ctx, v_ctx, lens, tiling, visible, R, B)
         x, residual = layer.mlp.after_norm(layer.post_attention_layernorm, x, residual)
     out = drafter.norm(x) if residual is None else drafter.norm(x, residual)[0]
     return out.view(R, B, H)
