@@ -124,6 +124,7 @@ def compare(base: LLM, spec: LLM, prompts: dict, batch_sizes: list[int], max_tok
                 else:
                     run_batches(llm, ids[:bs], bs, min(16, max_tokens), sampling)
             runs: dict[str, list[dict]] = {"target_only": [], "dflash": []}
+            before = gate_report(spec)
             for r in range(repeats):
                 if r and deadline is not None and time.time() > deadline:
                     log(f"{set_name} bs={bs}: time budget reached after {r} repeat(s)")
@@ -131,8 +132,23 @@ def compare(base: LLM, spec: LLM, prompts: dict, batch_sizes: list[int], max_tok
                 runs["target_only"].append(run_batches(base, ids, bs, max_tokens, sampling))
                 runs["dflash"].append(run_batches(spec, ids, bs, max_tokens, sampling))
             rows.append(figures(set_name, bs, [p["id"] for p in items], runs, sampling))
+            rows[-1]["gate"] = gate_during(before, gate_report(spec))
             log(summary_line(rows[-1]))
     return rows
+
+
+def gate_report(llm: LLM) -> dict | None:
+    """The speculative engine's gate report (info()["speculative"]["gate"]), or None without a gate."""
+    return (llm.info().get("speculative") or {}).get("gate")
+
+
+def gate_during(before: dict | None, after: dict | None) -> dict | None:
+    """What the gate did over the timed repeats: its step counts' growth (drafted, plain by choice, probes of
+    either kind) and its measured costs at the end, per batch size."""
+    if not after:
+        return None
+    counts = {k: v - (before or {}).get("steps", {}).get(k, 0) for k, v in after.get("steps", {}).items()}
+    return {"steps": counts, "per_batch_size_up_to": after.get("per_batch_size_up_to")}
 
 
 def figures(set_name: str, bs: int, item_ids: list[str], runs: dict[str, list[dict]], sampling: str = "greedy"
