@@ -4,11 +4,12 @@ in the tilings it can launch: where the 16K-context decode step loses to the 1K 
     python benchmarks/gpu_paged_decode.py --out results.json [--contexts 1024,4096,16384,32768] [--batch 1,8]
 
 At the Llama-3-8B shape's attention (32 query heads, 8 KV heads, head size 128, bf16 KV) a decode step of `batch`
-sequences of `context` tokens each. Per variant (the wide one-stage tile, the default; 64-token tiles in two stages;
-partitions of 128, 256 or 512 tokens) one CUDA graph runs the step's attention for as many layers as it takes to
+sequences of `context` tokens each. Per variant (the wide one-stage tile; 64-token tiles in two stages; partitions of
+128, 256 or 512 tokens at every length, or 128 up to tpd.LONG_FROM tokens and 512 past it, as
+ONECAT_PAGED_LONG_PARTITION=1 launches it; wide128 is the default) one CUDA graph runs the step's attention for as many layers as it takes to
 read ~512 MB of KV (each layer its own cache, so L2 does not hold them), and the figure is per layer: microseconds,
 the KV bytes it must read, and their share of the card's copy rate (a device-to-device copy of 1 GiB). Every variant
-is first checked against the default (largest difference of the outputs): another tile or partition size sums the
+is first checked against the first (largest difference of the outputs): another tile or partition size sums the
 softmax in another order, so small differences are expected. Off a GPU (`--device cpu`
 under Triton's interpreter: tests/test_gpu_paged_decode_bench.py) only that check runs.
 """
@@ -23,9 +24,12 @@ import platform
 import torch
 from gpu_gemv import graph_time
 
-# (label, WIDE_TILE, PARTITION): the wide tile needs the whole partition in one stage, so it stays at 128 tokens
-VARIANTS = (("wide128", True, 128), ("tiles64x2_128", False, 128), ("tiles64x2_256", False, 256),
-            ("tiles64x2_512", False, 512))
+# (label, WIDE_TILE, PARTITION, LONG_PARTITION): the wide tile needs the whole partition in one stage, so its
+# partition stays at 128 tokens (a long sequence's LONG_PARTITION-token partitions walk several such tiles);
+# LONG_PARTITION = PARTITION: every length in the one partition size
+VARIANTS = (("wide128", True, 128, 128), ("wide128_long512", True, 128, 512), ("tiles64x2_128", False, 128, 128),
+            ("tiles64x2_256", False, 256, 256), ("tiles64x2_512", False, 512, 512),
+            ("tiles64x2_128_long512", False, 128, 512))
 PAGE = 16
 TARGET_BYTES = 512 << 20  # KV read by one graph: enough layers that L2 holds none of it
 
@@ -56,12 +60,12 @@ def tiling(variant):
     launch; a CUDA graph keeps what was launched at its capture)."""
     from onecat.engine.kernels import triton_paged_decode as tpd
 
-    saved = tpd.WIDE_TILE, tpd.PARTITION
-    tpd.WIDE_TILE, tpd.PARTITION = variant[1], variant[2]
+    saved = tpd.WIDE_TILE, tpd.PARTITION, tpd.LONG_PARTITION
+    tpd.WIDE_TILE, tpd.PARTITION, tpd.LONG_PARTITION = variant[1:]
     try:
         yield
     finally:
-        tpd.WIDE_TILE, tpd.PARTITION = saved
+        tpd.WIDE_TILE, tpd.PARTITION, tpd.LONG_PARTITION = saved
 
 
 def bench(batch: int, context: int, heads: tuple[int, int, int], dtype, device: str, rate: float | None) -> dict:

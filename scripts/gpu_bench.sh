@@ -64,7 +64,9 @@
 # rows GEMV) against its matmuls alone and its weight bytes, with a kernel profile of an 8B round
 # (benchmarks/gpu_drafter_block.py); `hybrid_rollback` the hybrid verify graphs' rollback test.
 # `paged_sweep` the paged decode attention alone at 1K-32K contexts, batch 1 and 8, in its tile and partition
-# variants, against the copy rate (benchmarks/gpu_paged_decode.py). `admission_waves` the pipeline's GPU tests
+# variants, against the copy rate (benchmarks/gpu_paged_decode.py); `paged_long` the sweep at 4K-32K, target-only decode at
+# 16K context, batch 1, with the long sequences' 512-token partitions off and on (ONECAT_PAGED_LONG_PARTITION), then
+# the paged decode's GPU tests. `admission_waves` the pipeline's GPU tests
 # with requests waiting (and without), then an offline job of 1,024 requests on 256 slots, the embedded default's
 # shape, new requests started one by one and in waves of 32 (admission_wave), alternated twice
 # (benchmarks/gpu_admission_waves.py). `regen` the drafter's training data: the target (EMBEDDED_GGUF) answers the
@@ -79,7 +81,7 @@
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
 #                                gdn_split_route|draft_pool_route|rope_split|paged_sweep|admission_waves|regen|
-#                                drafter_block|hybrid_rollback]...
+#                                drafter_block|hybrid_rollback|paged_long]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -313,6 +315,16 @@ for step in $steps; do
            decode_switch_ab ONECAT_MERGE_IN_SPLIT merge ;;
     paged_sweep) (cd benchmarks && timeout 300 python3 gpu_paged_decode.py --out "$out/gpu_paged_decode.json" \
              >"$out/paged_sweep.log" 2>&1); echo "paged decode sweep rc=$?"; grep "context" "$out/paged_sweep.log" | cut -c1-220 ;;
+    paged_long) (cd benchmarks && timeout 200 python3 gpu_paged_decode.py --contexts 4096,8192,16384,32768 \
+             --out "$out/gpu_paged_decode_long.json" >"$out/paged_long.log" 2>&1); echo "paged decode sweep rc=$?"
+           grep "context" "$out/paged_long.log" | cut -c1-160
+           for f in 0 1; do
+             ONECAT_PAGED_LONG_PARTITION=$f timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1 \
+               --arms no_draft --prompt-len 16384 --max-tokens 128 --out "$out/paged_long_16k_$f.json" \
+               >"$out/paged_long_16k_$f.log" 2>&1; echo "16K decode long partition=$f rc=$?"
+             grep "target-only" "$out/paged_long_16k_$f.log"
+           done
+           gpu_tests paged_long tests/test_gpu_engine.py -k "triton_paged or one_pass or graphs_on_off" ;;
     regen) samples=${REGEN_SAMPLES:-/tmp/m/samples}
            opts="{\"device\": \"cuda\", \"samples_file\": \"$samples\", \"regenerate_only\": true,
              \"extra_sampled_answers\": ${REGEN_EXTRA:-2}, \"time_budget_s\": ${REGEN_BUDGET:-400}}"

@@ -45,14 +45,19 @@ def _paged_case(qlens, slens, num_heads, num_kv_heads, head_dim, block_size, fp8
 
 
 CASES = [([1] * 8, [1, 15, 16, 128, 129, 257, 1000, 3000]),  # pure decode, partition and block edges
-         ([1, 4, 40, 1, 300], [700, 260, 40, 33, 900])]  # mixed: decode, verify-sized, fresh and cached prefill
+         ([1, 4, 40, 1, 300], [700, 260, 40, 33, 900]),  # mixed: decode, verify-sized, fresh and cached prefill
+         ([1, 1, 1, 4], [8192, 8193, 12000, 9000])]  # either side of the long sequences' 512-token partitions
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not _sm80(), reason="TRITON_PAGED needs SM80+")
 @pytest.mark.parametrize("fp8_dtype", [None, torch.float8_e4m3fn, torch.float8_e5m2], ids=["fp16", "e4m3", "e5m2"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("heads", [(8, 2, 64), (32, 8, 128), (4, 4, 128)], ids=["gqa4-d64", "gqa4-d128", "mha"])
-def test_triton_paged_matches_reference(fp8_dtype, case, heads):
+def test_triton_paged_matches_reference(fp8_dtype, case, heads, monkeypatch):
+    from onecat.engine.kernels import triton_paged_decode as tpd
+
+    if case == 2:  # the long sequences in their 512-token partitions (ONECAT_PAGED_LONG_PARTITION=1)
+        monkeypatch.setattr(tpd, "LONG_PARTITION", 512)
     from onecat.engine.attention.torch_ref import TorchReferenceBackend
     from onecat.engine.attention.triton_paged import TritonPagedBackend
     from onecat.engine.cache.kv import LayerKVCache

@@ -1,7 +1,7 @@
 """The split-KV paged decode (engine/kernels/triton_paged_decode.py) under Triton's interpreter (CPU): the
 merge done by each (token, KV head)'s last split program (MERGE_IN_SPLIT) gives the merge kernel's result,
 over contexts that end on and off partition and block edges, several split programs per token and several
-partitions per program, the verify layout (work items naming their token and sequence), and fp16 against a
+partitions per program, the long sequences' longer partitions (a row of each kind in one launch), the verify layout (work items naming their token and sequence), and fp16 against a
 float64 softmax; the counters are all zero again after every launch. (The GPU's bits and the CUDA-graph
 replay are checked in tests/test_gpu_engine.py.)"""
 from __future__ import annotations
@@ -18,7 +18,9 @@ from onecat.engine.kernels import triton_paged_decode as tpd
 
 g = torch.Generator().manual_seed(0)
 H, KVH, D, PAGE = 4, 2, 32, 16
-for lens, rows_per_seq in [([1, 15, 16, 129, 300, 700], 1), ([40, 260], 3)]:
+for lens, rows_per_seq, long_from in [([1, 15, 16, 129, 300, 700], 1, 8192), ([40, 260], 3, 8192),
+                                      ([100, 300, 700, 1100], 1, 256), ([250, 700], 3, 256)]:
+    tpd.LONG_FROM, tpd.LONG_PARTITION = long_from, 512  # lowered: contexts past 256 tokens take 512-token ones
     blocks = sum(-(-s // PAGE) for s in lens) + 3
     k = torch.randn(blocks, PAGE, KVH, D, generator=g).half()
     v = torch.randn(blocks, PAGE, KVH, D, generator=g).half()

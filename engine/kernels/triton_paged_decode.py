@@ -2,8 +2,8 @@
 place (no per-step context copy).
 
 Each program takes one query token, one KV head with all its GQA query heads, and walks fixed
-128-token partitions of that token's context through the block table; a second kernel merges the
-partitions by their log-sum-exp. A partition boundary depends only on the sequence's own length,
+128-token partitions of that token's context through the block table (with ONECAT_PAGED_LONG_PARTITION=1,
+512-token ones past 8K tokens of context); a second kernel merges the partitions by their log-sum-exp. A partition boundary depends only on the sequence's own length,
 never on the batch or the launch grid, so results are batch-invariant and identical inside and
 outside CUDA graphs.
 
@@ -29,6 +29,14 @@ from onecat.engine.switches import switch
 
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
 #                  that a 1K-token decode already spreads over 8 programs per KV head)
+# ONECAT_PAGED_LONG_PARTITION=1: a sequence past LONG_FROM context tokens splits into LONG_PARTITION-token partitions
+# (its own length decides, so rows stay batch-invariant, in CUDA graphs too). Why: at 16K-32K tokens and batch 1 the
+# 128-token partitions cost as much in their partials and the merge's second pass as in reading K/V (H100, 64-token
+# tiles in two stages: 47 us a layer at 16K with 128-token partitions against 33 us with 512-token ones, every length
+# in one size; benchmarks/results/gpu_paged_decode_h100.json). Off until timed on a GPU in this form (the wide tile
+# walking a 512-token partition, and end to end: `gpu_bench.sh paged_long`); off: 128 tokens at every length
+LONG_PARTITION = 512 if switch("ONECAT_PAGED_LONG_PARTITION", False) else PARTITION
+LONG_FROM = 8192
 MERGE_BLOCK = 16  # partitions merged per vector step
 BLOCK_N = 64  # context tokens per inner tile, pipelined over 2 stages ...
 WIDE_TILE = True  # ... or, up to head_dim 128, the whole partition as one tile in 1 stage: 64 KB of K/V tiles at
@@ -51,7 +59,8 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
                  stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, num_kv_heads, max_splits,
                  splits_per_prog, qk_scale, eps,
                  GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                 BLOCK: tl.constexpr, PART: tl.constexpr, KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
+                 BLOCK: tl.constexpr, PART: tl.constexpr, LONG_PART: tl.constexpr, LONG_FROM: tl.constexpr,
+                 KV_KIND: tl.constexpr, INDIRECT: tl.constexpr,
                  MERGE: tl.constexpr, S_BLOCK: tl.constexpr, ONE_PASS: tl.constexpr, ROPE: tl.constexpr,
                  QK_NORM: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
@@ -72,7 +81,8 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
     d = tl.arange(0, D)
     gmask = g < GROUP
     qh = kvh * GROUP + g
-    n_parts = tl.cdiv(ctx, PART)
+    part = _partition(ctx, PART, LONG_PART, LONG_FROM)
+    n_parts = tl.cdiv(ctx, part)
     if ROPE:  # q and the new k unrotated in the qkv row: rotate them first, q into `out` (see _rotate_new_token)
         _rotate_new_token(q_ptr, kv_new_ptr, k_ptr, v_ptr, out_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, qw_ptr,
                           kw_ptr, tok, kvh, qh, gmask, stride_qt, stride_qh, stride_ot, stride_oh, num_kv_heads, eps,
@@ -83,12 +93,12 @@ def split_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, ctx_ptr, tok_ptr, 
     for it in range(0, splits_per_prog):
         s = first_split + it * num_split_progs
         if s < n_parts:
-            start = s * PART
-            end = tl.minimum(start + PART, ctx)
+            start = s * part
+            end = tl.minimum(start + part, ctx)
             m_i = tl.full([G_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([G_PAD], tl.float32)
             acc = tl.zeros([G_PAD, D], tl.float32)
-            for n0 in range(0, PART, BLOCK):
+            for n0 in range(0, part, BLOCK):
                 offs = start + n0 + tl.arange(0, BLOCK)
                 nmask = offs < end
                 page = tl.load(bt_ptr + row * stride_bt + offs // PAGE, mask=nmask, other=0).to(tl.int64)
@@ -194,9 +204,17 @@ def _merge_head(out_ptr, po_ptr, plse_ptr, tok, h, n_parts, base, stride_ot, str
     tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _partition(ctx, PART: tl.constexpr, LONG_PART: tl.constexpr, LONG_FROM: tl.constexpr):
+    """The partition size of a sequence of `ctx` context tokens: PART, or LONG_PART past LONG_FROM tokens (its own
+    length alone decides, so a row's sums never depend on the batch or the launch)."""
+    return tl.where(ctx > LONG_FROM, LONG_PART, PART)
+
+
 @triton.jit(do_not_specialize=["max_splits"])
 def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_oh, num_heads, max_splits,
-                 D: tl.constexpr, PART: tl.constexpr, INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr,
+                 D: tl.constexpr, PART: tl.constexpr, LONG_PART: tl.constexpr, LONG_FROM: tl.constexpr,
+                 INDIRECT: tl.constexpr, S_BLOCK: tl.constexpr,
                  ONE_PASS: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # pdl.py: wait for the previous kernel, then let the next one start
         tl.extra.cuda.gdc_wait()
@@ -207,7 +225,8 @@ def merge_kernel(out_ptr, po_ptr, plse_ptr, ctx_ptr, tok_ptr, stride_ot, stride_
         tok = tl.load(tok_ptr + i).to(tl.int64)
     else:
         tok = i.to(tl.int64)
-    n_parts = tl.cdiv(tl.load(ctx_ptr + i), PART)
+    ctx = tl.load(ctx_ptr + i)
+    n_parts = tl.cdiv(ctx, _partition(ctx, PART, LONG_PART, LONG_FROM))
     _merge_head(out_ptr, po_ptr, plse_ptr, tok, h, n_parts, (i * num_heads + h) * max_splits, stride_ot, stride_oh,
                 D, S_BLOCK, ONE_PASS)
 
@@ -293,10 +312,12 @@ def paged_decode(out: torch.Tensor, q: torch.Tensor, cache: LayerKVCache, block_
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), num_kv_heads, max_splits,
         per_prog, float(scale) * 1.4426950408889634, rot.eps,
         GROUP=group, G_PAD=max(16, 1 << (group - 1).bit_length()), D=head_dim, PAGE=page,
-        BLOCK=PARTITION if wide else BLOCK_N, PART=PARTITION, KV_KIND=kind, INDIRECT=indirect,
+        BLOCK=PARTITION if wide else BLOCK_N, PART=PARTITION, LONG_PART=LONG_PARTITION, LONG_FROM=LONG_FROM,
+        KV_KIND=kind, INDIRECT=indirect,
         MERGE=merge_in_split, S_BLOCK=MERGE_BLOCK, ONE_PASS=MERGE_ONE_PASS, ROPE=new is not None, QK_NORM=norm,
         num_warps=4, num_stages=1 if wide else 2, **launch)
     if not merge_in_split:
         merge_kernel[(n, num_heads)](out, po, plse, ctx_lens, tok, out.stride(0), out.stride(1), num_heads,
-                                     max_splits, D=head_dim, PART=PARTITION, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK,
+                                     max_splits, D=head_dim, PART=PARTITION, LONG_PART=LONG_PARTITION,
+                                     LONG_FROM=LONG_FROM, INDIRECT=indirect, S_BLOCK=MERGE_BLOCK,
                                      ONE_PASS=MERGE_ONE_PASS, num_warps=2, **launch)
