@@ -94,7 +94,8 @@ def _split_build(head_dim: int, group: int, qk_norm: bool, rope: bool) -> tuple[
 
     wide = tpd.WIDE_TILE and head_dim <= tpd.WIDE_MAX_HEAD_DIM
     constexprs = {"GROUP": group, "G_PAD": max(16, 1 << (group - 1).bit_length()), "D": head_dim, "PAGE": 16,
-                  "BLOCK": tpd.PARTITION if wide else tpd.BLOCK_N, "PART": tpd.PARTITION, "KV_KIND": 0,
+                  "BLOCK": tpd.PARTITION if wide else tpd.BLOCK_N, "PART": tpd.PARTITION,
+                  "LONG_PART": tpd.LONG_PARTITION, "LONG_FROM": tpd.LONG_FROM, "KV_KIND": 0,
                   "INDIRECT": False, "MERGE": False, "S_BLOCK": tpd.MERGE_BLOCK, "ONE_PASS": tpd.MERGE_ONE_PASS,
                   "ROPE": rope, "QK_NORM": qk_norm, "PDL": False}
     pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "kv_new_ptr": "*bf16",
