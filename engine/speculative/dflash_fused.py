@@ -92,11 +92,11 @@ def _qkv(layer, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.T
 
 
 def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_ctx: torch.Tensor,
-               v_ctx: torch.Tensor, lens: torch.Tensor, tiling, visible, R: int, B: int) -> torch.Tensor:
-    """o_proj of the block's attention over [context ; block]: by the block attention kernel (`lens`, int32; its
-    `tiling`) where it runs, else one scaled_dot_product_attention call over the concatenation under the mask `visible`
-    (None: every row sees its whole context)."""
+               v_ctx: torch.Tensor, seen: "_Seen") -> torch.Tensor:
+    """o_proj of the block's attention over [context ; block]: by the block attention kernel where it runs, else
+    one scaled_dot_product_attention call over the concatenation under `seen`'s mask."""
     nh, nkv, hd = attn.nh, attn.nkv, attn.hd
+    R, B = seen.R, seen.B
     g = nh // nkv
     if attn.q_norm.use_fused:  # Triton (CUDA, or its interpreter in tests)
         from onecat.engine.kernels.triton_fused import qk_rope_cache
@@ -106,36 +106,54 @@ def _attention(attn, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     else:
         attn.q_norm.cpu_ops.qk_norm_rope(qkv, pos, cos, sin, nh, nkv, attn.q_norm.weight, attn.k_norm.weight,
                                          attn.q_norm.eps)
-    if lens is not None:
+    if seen.tiling is not None and qkv.dtype == k_ctx.dtype and qkv.stride(-1) == 1:
         from onecat.engine.kernels.triton_block_attention import block_attention
 
-        return attn.o_proj(block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, attn.scale, tiling))
+        return attn.o_proj(block_attention(qkv, k_ctx, v_ctx, seen.lens(), nh, nkv, hd, B, attn.scale, seen.tiling))
     q = qkv[:, :nh * hd].view(R, B, nkv, g, hd).permute(0, 2, 3, 1, 4).reshape(R, nkv, g * B, hd)
     k = qkv[:, nh * hd:(nh + nkv) * hd].view(R, B, nkv, hd)
     v = qkv[:, (nh + nkv) * hd:].view(R, B, nkv, hd)
     keys = torch.cat([k_ctx, k], dim=1).transpose(1, 2)  # [R, nkv, C + B, hd]
     values = torch.cat([v_ctx, v], dim=1).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=attn.scale)  # [R, nkv, gB, hd]
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen.mask(), scale=attn.scale)  # [R, nkv, gB, hd]
     out = out.view(R, nkv, g, B, hd).permute(0, 3, 1, 2, 4).reshape(R * B, nh * hd)
     return attn.o_proj(out)
+
+
+class _Seen:
+    """What each block row sees, as the attention path asks for it, made once a forward: the kernel's int32
+    lengths (and its `tiling`, None where it does not run) or SDPA's mask [R, 1, 1, C + B] (None where every row
+    sees its whole context on a CPU: attention without a mask)."""
+
+    def __init__(self, drafter, layer_kv, ctx_len: torch.Tensor, R: int, B: int, dtype: torch.dtype):
+        self.layer_kv, self.ctx_len, self.R, self.B = layer_kv, ctx_len, R, B
+        self.always = ctx_len.is_cuda or drafter.norm.use_fused
+        self.tiling = _block_attention_tiling(drafter, layer_kv, dtype) if drafter.norm.use_fused else None
+        self._lens = self._mask = None
+        self._masked = False
+
+    def lens(self) -> torch.Tensor:
+        if self._lens is None:
+            self._lens = self.ctx_len.to(torch.int32)
+        return self._lens
+
+    def mask(self) -> torch.Tensor | None:
+        if not self._masked:
+            self._mask, self._masked = _visible(self.layer_kv, self.ctx_len, self.R, self.B, self.always), True
+        return self._mask
 
 
 def forward_fused(drafter, block_embeds: torch.Tensor, block_pos: torch.Tensor,
                   layer_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_len: torch.Tensor) -> torch.Tensor:
     """DFlashDrafter.forward_cached's result ([R, B, H] after the final norm) through the fused kernels."""
     R, B, H = block_embeds.shape
-    lens = visible = None
-    tiling = _block_attention_tiling(drafter, layer_kv, block_embeds.dtype) if drafter.norm.use_fused else None
-    if tiling is not None:
-        lens = ctx_len.to(torch.int32)
-    else:
-        visible = _visible(layer_kv, ctx_len, R, B, ctx_len.is_cuda or drafter.norm.use_fused)
+    seen = _Seen(drafter, layer_kv, ctx_len, R, B, block_embeds.dtype)
     pos = block_pos.reshape(R * B)
     cos, sin = drafter.rotary.cos, drafter.rotary.sin
     x, residual = block_embeds.reshape(R * B, H), None
     for layer, (k_ctx, v_ctx) in zip(drafter.layers, layer_kv):
         qkv, residual = _qkv(layer, x, residual)  # [T, (nh + 2 nkv) hd]
-        x = _attention(layer.self_attn, qkv, pos, cos, sin, k_ctx, v_ctx, lens, tiling, visible, R, B)
+        x = _attention(layer.self_attn, qkv, pos, cos, sin, k_ctx, v_ctx, seen)
         x, residual = layer.mlp.after_norm(layer.post_attention_layernorm, x, residual)
     out = drafter.norm(x) if residual is None else drafter.norm(x, residual)[0]
     return out.view(R, B, H)
