@@ -32,6 +32,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+from gpu_gemv import graph_time
 
 REPS = 50
 
@@ -41,23 +42,8 @@ def log(*a) -> None:
 
 
 def graph_us(fn, reps: int = REPS) -> float:
-    """Median microseconds of one replay of a CUDA graph of fn (warmed up eagerly first)."""
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return round(sorted(times)[len(times) // 2], 1)
+    """Median microseconds of one replay of a CUDA graph of fn (gpu_gemv.graph_time: warmed up eagerly first)."""
+    return round(graph_time([fn], reps) * 1e6, 1)
 
 
 def copy_rate_GBps() -> float:

@@ -14,25 +14,11 @@ pytest.importorskip("triton")
 
 SCRIPT = r"""
 import torch
-import torch.nn.functional as F
 from onecat.engine.kernels.triton_block_attention import PART, SM70_PART, SM70_WARPS, block_attention, config
+from tests.block_attention_reference import reference
 
 assert config(128, 90) == (PART, 4) and config(256, 80) == (PART, 8)
 assert config(128, 70) == (SM70_PART, SM70_WARPS) and config(256, 70) is None  # V100: SDPA at head size 256
-
-
-def reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale):
-    R, C = k_ctx.shape[:2]
-    g = nh // nkv
-    q = qkv[:, :nh * hd].float().view(R, B, nh, hd).transpose(1, 2)
-    k = qkv[:, nh * hd:(nh + nkv) * hd].float().view(R, B, nkv, hd)
-    v = qkv[:, (nh + nkv) * hd:].float().view(R, B, nkv, hd)
-    keys = torch.cat([k_ctx.float(), k], 1).transpose(1, 2).repeat_interleave(g, 1)
-    values = torch.cat([v_ctx.float(), v], 1).transpose(1, 2).repeat_interleave(g, 1)
-    seen = torch.cat([torch.arange(C) < lens.long().unsqueeze(1), torch.ones(R, B, dtype=torch.bool)], 1)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen[:, None, None, :], scale=scale)
-    return out.transpose(1, 2).reshape(R * B, nh * hd)
-
 
 torch.manual_seed(0)
 nh, nkv, hd = 4, 2, 16

@@ -6,23 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+
+from tests.block_attention_reference import reference
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-def _reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale):
-    R, C = k_ctx.shape[:2]
-    g = nh // nkv
-    q = qkv[:, :nh * hd].float().view(R, B, nh, hd).transpose(1, 2)
-    k = qkv[:, nh * hd:(nh + nkv) * hd].float().view(R, B, nkv, hd)
-    v = qkv[:, (nh + nkv) * hd:].float().view(R, B, nkv, hd)
-    keys = torch.cat([k_ctx.float(), k], 1).transpose(1, 2).repeat_interleave(g, 1)
-    values = torch.cat([v_ctx.float(), v], 1).transpose(1, 2).repeat_interleave(g, 1)
-    seen = torch.cat([torch.arange(C, device=qkv.device) < lens.long().unsqueeze(1),
-                      torch.ones(R, B, dtype=torch.bool, device=qkv.device)], 1)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=seen[:, None, None, :], scale=scale)
-    return out.transpose(1, 2).reshape(R * B, nh * hd)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -39,7 +26,7 @@ def test_block_attention_on_the_gpu(dtype, nh, nkv, hd):
     lens = torch.tensor([C, 0, 77], dtype=torch.int32, device=dev)
     scale = hd ** -0.5
     got = block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale)
-    want = _reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale)
+    want = reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale)
     tol = 2e-3 if dtype == torch.float16 else 1.6e-2
     assert got.dtype == dtype and (got.float() - want).abs().max().item() < tol
     g = torch.cuda.CUDAGraph()
@@ -51,6 +38,6 @@ def test_block_attention_on_the_gpu(dtype, nh, nkv, hd):
     for r, n in enumerate(lens.tolist()):
         room[:, r, n:].normal_()
     g.replay()
-    again = _reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale)
+    again = reference(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale)
     assert (replayed.float() - again).abs().max().item() < tol
     assert torch.equal(replayed, block_attention(qkv, k_ctx, v_ctx, lens, nh, nkv, hd, B, scale))
