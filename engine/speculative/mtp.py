@@ -30,6 +30,7 @@ import itertools
 import torch
 
 from onecat.engine.core.keyed_draws import span_keys
+from onecat.engine.core.sampler import greedy_on_device
 from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative.base import Proposer, drafts_stay_on_device, hidden_state_tap
 from onecat.engine.speculative.dflash_cache import FLUSH_ROWS, DrafterKVCache
@@ -146,7 +147,7 @@ class MTPProposer(Proposer):
             layer_kv, ctx_len = self.cache.gather(request_ids)
             (k_ctx, v_ctx), = layer_kv
             visible = torch.arange(k_ctx.shape[1], device=device) < ctx_len.unsqueeze(1)
-            pick = None
+            pick = greedy_on_device
             if sampled:  # the sampled rows as a device index (a list index copies in sync), their drafts' keys
                 keys = span_keys([(seqs[r].seed, seqs[r].num_tokens, steps) for r in sampled], device)
                 pick = keyed_pick(to_device(sampled, device), [params[r] for r in sampled],

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from onecat.engine.core.keyed_draws import span_keys
-from onecat.engine.core.sampler import constant, sample_on_device
+from onecat.engine.core.sampler import constant, greedy_on_device, sample_on_device
 from onecat.engine.core.sampler_graphs import draw_settings
 from onecat.engine.sampling_params import SamplingParams
 from onecat.engine.speculative.round_graphs import MAX_ROWS, ContextGraphs
@@ -34,7 +34,7 @@ def keyed_pick(index: torch.Tensor, params: list[SamplingParams], keys: torch.Te
     step = iter(range(keys.shape[1]))
 
     def pick(logits: torch.Tensor) -> torch.Tensor:
-        token = logits.argmax(dim=-1)
+        token = greedy_on_device(logits)
         token[index] = sample_on_device(logits[index], params, keys[:, next(step)])
         return token
 
@@ -57,7 +57,7 @@ class MTPGraphs(ContextGraphs):
         for each (row, settings) of `sampled` a draw keyed by the row's keys[row, j]."""
         (k_ctx, v_ctx), = self.context(rows, ctx)
         visible = torch.arange(ctx, device=self.device) < self.lens[:rows].unsqueeze(1)
-        pick = None
+        pick = greedy_on_device
         if sampled:
             index = constant([r for r, _ in sampled], self.device)
             pick = keyed_pick(index, [p for _, p in sampled], self.keys[index])
