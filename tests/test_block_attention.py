@@ -1,8 +1,8 @@
 """The DFlash drafter's block attention kernel (engine/kernels/triton_block_attention.py) under Triton's
 interpreter (CPU) against scaled_dot_product_attention over the concatenated context and block: requests whose
 contexts are padded to one buffer (lengths 0, partial, whole; one spanning several key parts), a context buffer
-with room past its rows (a CUDA graph's static buffer), float32 and float16, blocks of 8 and 16 rows, the SM80+
-and the V100 tilings. And the
+with room past its rows (a CUDA graph's static buffer), contexts long enough that each program walks several
+tiles, float32 and float16, blocks of 8 and 16 rows, the SM80+ and the V100 tilings. And the
 drafter's fused forward takes it where it runs (tests/test_dflash_fused.py compares that forward's output)."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ pytest.importorskip("triton")
 
 SCRIPT = r"""
 import torch
-from onecat.engine.kernels.triton_block_attention import PART, SM70_PART, SM70_WARPS, block_attention, config
+from onecat.engine.kernels.triton_block_attention import (MAX_CONTEXT_PARTS, PART, SM70_PART, SM70_WARPS,
+                                                          block_attention, config)
 from tests.block_attention_reference import reference
 
 assert config(128, 90) == (PART, 4) and config(256, 80) == (PART, 8)
@@ -25,7 +26,11 @@ nh, nkv, hd = 4, 2, 16
 for dtype, B, C, lens, tiling in ((torch.float32, 8, 12, [5, 0, 12], (PART, 4)),
                                   (torch.float16, 16, PART + 7, [PART + 7, 3, PART + 1], (PART, 4)),
                                   (torch.float32, 16, 2 * PART + 5, [2 * PART, 0, 1], (PART, 4)),
-                                  (torch.float32, 16, 3 * SM70_PART + 2, [40, 0, 3 * SM70_PART + 2], (SM70_PART, 8))):
+                                  # past MAX_CONTEXT_PARTS parts: each program walks several tiles
+                                  (torch.float32, 8, MAX_CONTEXT_PARTS * PART + 70, [MAX_CONTEXT_PARTS * PART + 70, 0,
+                                                                                     3 * PART + 9], (PART, 4)),
+                                  (torch.float32, 16, 3 * SM70_PART + 2, [40, 0, 3 * SM70_PART + 2], (SM70_PART, 8)),
+                                  (torch.float16, 16, 200, [200, 77, 1], (SM70_PART, 8))):
     R = len(lens)
     lens = torch.tensor(lens, dtype=torch.int32)
     qkv = torch.randn(R * B, (nh + 2 * nkv) * hd).to(dtype)

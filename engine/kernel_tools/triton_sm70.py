@@ -234,7 +234,8 @@ def _attention_ptx(gate: bool) -> tuple[str, str, int]:
 BLOCK_ATTENTION_SIGNATURE = {"qkv_ptr": "*fp16", "kc_ptr": "*fp16", "vc_ptr": "*fp16", "len_ptr": "*i32",
                              "po_ptr": "*fp32", "pm_ptr": "*fp32", "pl_ptr": "*fp32", "stride_t": "i32",
                              "stride_kr": "i32", "stride_kc": "i32", "stride_vr": "i32", "stride_vc": "i32",
-                             "num_heads": "i32", "num_kv_heads": "i32", "ctx_parts": "i32", "n_parts": "i32",
+                             "num_heads": "i32", "num_kv_heads": "i32", "ctx_parts": "i32", "chunk": "i32",
+                             "n_parts": "i32",
                              "qk_scale": "fp32", "B": "constexpr", "B_PAD": "constexpr", "D": "constexpr",
                              "PART": "constexpr", "PRECISION": "constexpr"}
 BLOCK_MERGE_SIGNATURE = {"po_ptr": "*fp32", "pm_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*fp16",

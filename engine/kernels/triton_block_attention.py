@@ -5,8 +5,9 @@ Why: the block forward's attention was scaled_dot_product_attention over torch.c
 padding mask, the query heads regrouped per KV head (two concatenations, a layout copy in and out, the mask's
 few kernels a layer). Its kernel ran one program per (request, KV head), each walking every context key in turn:
 on the 8B shape 16.6 us a layer for ~2 MB of keys and values, on route 1's drafter (head size 256) ~110 us. Here
-programs split the keys into PART-row parts (the block's own rows a part of their own), one program per (request,
-query head, part), and a second kernel merges the parts by their log-sum-exp into o_proj's input layout. The
+programs split the keys into parts (at most MAX_CONTEXT_PARTS of the context, walked PART rows at a time with an
+online softmax; the block's own rows a part of their own), one program per (request, query head, part), and a
+second kernel merges the parts by their log-sum-exp into o_proj's input layout. The
 grid depends only on the buffer's context size, so one launch serves a CUDA graph whatever the lengths.
 """
 from __future__ import annotations
@@ -21,6 +22,10 @@ PART = 64  # keys per program on SM80+ (a tl.dot needs 16 or more)
 # at head size 256 every tiling tried spilled (112 B to 35 KB), so a V100 drafter of that head size keeps
 # scaled_dot_product_attention (config() is None)
 SM70_PART, SM70_WARPS, SM70_MAX_HEAD_DIM = 16, 8, 128
+# context parts a (request, head) is split into at most: a longer context gives each program more PART-row tiles
+# (an online softmax over them) instead of more partials, which cost B_PAD x head size floats each (16 rows x 32
+# heads of 4,096 context rows in 64-row parts would have been 272 MB of partials on the 8B shape; 8 parts: 38 MB)
+MAX_CONTEXT_PARTS = 8
 
 
 def config(head_dim: int, capability: int) -> tuple[int, int] | None:
@@ -34,7 +39,7 @@ def config(head_dim: int, capability: int) -> tuple[int, int] | None:
 @triton.jit
 def block_attention_split_kernel(qkv_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_ptr, pl_ptr,
                                  stride_t, stride_kr, stride_kc, stride_vr, stride_vc, num_heads, num_kv_heads,
-                                 ctx_parts, n_parts, qk_scale,
+                                 ctx_parts, chunk, n_parts, qk_scale,
                                  B: tl.constexpr, B_PAD: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
                                  PRECISION: tl.constexpr):
     rh = tl.program_id(0)
@@ -46,31 +51,36 @@ def block_attention_split_kernel(qkv_ptr, kc_ptr, vc_ptr, len_ptr, po_ptr, pm_pt
     d = tl.arange(0, D)
     c = tl.arange(0, PART)
     q = tl.load(qkv_ptr + (r * B + b)[:, None] * stride_t + h * D + d[None, :], mask=(b < B)[:, None], other=0.0)
-    if s < ctx_parts:  # a part of the context: rows below the request's length
-        first = s * PART
-        limit = tl.load(len_ptr + r)
+    if s < ctx_parts:  # `chunk` context rows, those below the request's length, PART at a time
+        first = s * chunk
+        stop = tl.minimum(first + chunk, tl.load(len_ptr + r))
         k_base = kc_ptr + r * stride_kr + kvh * D
         v_base = vc_ptr + r * stride_vr + kvh * D
         k_stride = stride_kc
         v_stride = stride_vc
-    else:  # a part of the block's own rows (q/k/v rows of the qkv projection), every one visible
+    else:  # PART of the block's own rows (q/k/v rows of the qkv projection), every one visible
         first = (s - ctx_parts) * PART
-        limit = s * 0 + B  # an int32 like the other branch's
+        stop = tl.minimum(first + PART, B)
         k_base = qkv_ptr + r * B * stride_t + (num_heads + kvh) * D
         v_base = qkv_ptr + r * B * stride_t + (num_heads + num_kv_heads + kvh) * D
         k_stride = stride_t
         v_stride = stride_t
-    rows = first + c
-    live = rows < limit
-    k = tl.load(k_base + rows[:, None] * k_stride + d[None, :], mask=live[:, None], other=0.0)
-    v = tl.load(v_base + rows[:, None] * v_stride + d[None, :], mask=live[:, None], other=0.0)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
-    scores = tl.where(live[None, :], scores, float("-inf"))
-    m = tl.max(scores, 1)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    p = tl.exp2(scores - m_safe[:, None])
-    l_sum = tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    m = tl.full([B_PAD], float("-inf"), tl.float32)
+    l_sum = tl.zeros([B_PAD], tl.float32)
+    acc = tl.zeros([B_PAD, D], tl.float32)
+    for start in range(first, stop, PART):  # online softmax over the part's tiles (none: an empty part)
+        rows = start + c
+        live = rows < stop
+        k = tl.load(k_base + rows[:, None] * k_stride + d[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(v_base + rows[:, None] * v_stride + d[None, :], mask=live[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # log2 units
+        scores = tl.where(live[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
     part = rh * n_parts + s
     tl.store(po_ptr + (part * B_PAD + b)[:, None] * D + d[None, :], acc)
     tl.store(pm_ptr + part * B_PAD + b, m)
@@ -113,7 +123,8 @@ def block_attention(qkv: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
     assert head_dim == triton.next_power_of_2(head_dim) and k_ctx.dtype == v_ctx.dtype == qkv.dtype
     part, warps = tiling
     b_pad = max(16, triton.next_power_of_2(block))
-    ctx_parts = triton.cdiv(C, part)
+    chunk = part * triton.cdiv(triton.cdiv(C, part), MAX_CONTEXT_PARTS)  # context rows a program: PART-row tiles
+    ctx_parts = triton.cdiv(C, chunk)
     n_parts = ctx_parts + triton.cdiv(block, part)
     dev = qkv.device
     po = torch.empty(R * num_heads * n_parts * b_pad * head_dim, dtype=torch.float32, device=dev)
@@ -124,7 +135,7 @@ def block_attention(qkv: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
         return out
     block_attention_split_kernel[(R * num_heads, n_parts)](
         qkv, k_ctx, v_ctx, ctx_len, po, pm, pl, qkv.stride(0), k_ctx.stride(0), k_ctx.stride(1), v_ctx.stride(0),
-        v_ctx.stride(1), num_heads, num_kv_heads, ctx_parts, n_parts, scale * 1.4426950408889634,
+        v_ctx.stride(1), num_heads, num_kv_heads, ctx_parts, chunk, n_parts, scale * 1.4426950408889634,
         B=block, B_PAD=b_pad, D=head_dim, PART=part,
         PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32", num_warps=warps)
     block_attention_merge_kernel[(R * num_heads,)](po, pm, pl, out, out.stride(0), num_heads, n_parts,
