@@ -59,7 +59,8 @@
 # (ONECAT_DRAFT_LENGTH_POOL 0, 1). `rope_split` the GPU tests
 # of a decode step's RoPE and K/V store inside the paged decode's split kernel, then target-only decode with it off
 # and on (ONECAT_ROPE_IN_SPLIT), alternated twice, batch 1 and 8, the 8B and the embedded default's shapes.
-# `drafter_block` the DFlash drafters' GPU tests, then the 8B shape's drafter (and route 1's, Qwen3.5-27B in bf16): its
+# `drafter_block` the DFlash drafters' GPU tests, then the 8B shape's drafter at 512 and 4,096 context rows (and route
+# 1's, Qwen3.5-27B in bf16): its
 # block forward, LM head and context projection timed in CUDA graphs (the block attention kernel, SDPA, the tensor-core
 # rows GEMV) against its matmuls alone and its weight bytes, with a kernel profile of an 8B round
 # (benchmarks/gpu_drafter_block.py); `hybrid_rollback` the hybrid verify graphs' rollback test.
@@ -234,6 +235,9 @@ for step in $steps; do
            (cd benchmarks && timeout 200 python3 gpu_drafter_block.py --profile --out "$out/drafter_block.json" \
              >"$out/drafter_block.log" 2>&1); echo "drafter block rc=$?"; grep -E "\] (default|_sdpa|_dense|alone)" \
              "$out/drafter_block.log" | cut -c1-400
+           (cd benchmarks && timeout 150 python3 gpu_drafter_block.py --context 4096 --out "$out/drafter_block_4k.json" \
+             >"$out/drafter_block_4k.log" 2>&1); echo "drafter block 4K context rc=$?"
+           grep -E "\] (default|_sdpa)" "$out/drafter_block_4k.log" | cut -c1-400
            (cd benchmarks && timeout 240 python3 gpu_drafter_block.py --shape qwen3.5-27b --dtype bfloat16 \
              --out "$out/drafter_block_qwen3.5-27b.json" >"$out/drafter_block_qwen3.5-27b.log" 2>&1)
            echo "drafter block qwen3.5-27b rc=$?"; grep -E "\] (default|_sdpa|_dense|alone)" \
