@@ -6,12 +6,12 @@ in the tilings it can launch: where the 16K-context decode step loses to the 1K 
 At the Llama-3-8B shape's attention (32 query heads, 8 KV heads, head size 128, bf16 KV) a decode step of `batch`
 sequences of `context` tokens each. Per variant (the wide one-stage tile; 64-token tiles in two stages; partitions of
 128, 256 or 512 tokens at every length, or 128 up to tpd.LONG_FROM tokens and 512 past it, as
-ONECAT_PAGED_LONG_PARTITION=1 launches it; wide128 is the default) one CUDA graph runs the step's attention for as many layers as it takes to
-read ~512 MB of KV (each layer its own cache, so L2 does not hold them), and the figure is per layer: microseconds,
-the KV bytes it must read, and their share of the card's copy rate (a device-to-device copy of 1 GiB). Every variant
-is first checked against the first (largest difference of the outputs): another tile or partition size sums the
-softmax in another order, so small differences are expected. Off a GPU (`--device cpu`
-under Triton's interpreter: tests/test_gpu_paged_decode_bench.py) only that check runs.
+ONECAT_PAGED_LONG_PARTITION=1 launches it; wide128 is the default) one CUDA graph runs the step's attention for as
+many layers as it takes to read ~512 MB of KV (each layer its own cache, so L2 does not hold them), and the figure is
+per layer: microseconds, the KV bytes it must read, and their share of the card's copy rate (a device-to-device copy
+of 1 GiB). Every variant is first checked against the first (largest difference of the outputs): another tile or
+partition size sums the softmax in another order, so small differences are expected. Off a GPU (`--device cpu` under
+Triton's interpreter: tests/test_gpu_paged_decode_bench.py) only that check runs.
 """
 from __future__ import annotations
 

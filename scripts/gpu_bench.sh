@@ -65,9 +65,9 @@
 # rows GEMV) against its matmuls alone and its weight bytes, with a kernel profile of an 8B round
 # (benchmarks/gpu_drafter_block.py); `hybrid_rollback` the hybrid verify graphs' rollback test.
 # `paged_sweep` the paged decode attention alone at 1K-32K contexts, batch 1 and 8, in its tile and partition
-# variants, against the copy rate (benchmarks/gpu_paged_decode.py); `paged_long` the sweep at 4K-32K, target-only decode at
-# 16K context, batch 1, with the long sequences' 512-token partitions off and on (ONECAT_PAGED_LONG_PARTITION), then
-# the paged decode's GPU tests. `admission_waves` the pipeline's GPU tests
+# variants, against the copy rate (benchmarks/gpu_paged_decode.py); `paged_long` the sweep at 4K-32K, target-only
+# decode at 16K context, batch 1, with the long sequences' 512-token partitions off and on
+# (ONECAT_PAGED_LONG_PARTITION), then the paged decode's GPU tests. `admission_waves` the pipeline's GPU tests
 # with requests waiting (and without), then an offline job of 1,024 requests on 256 slots, the embedded default's
 # shape, new requests started one by one and in waves of 32 (admission_wave), alternated twice
 # (benchmarks/gpu_admission_waves.py). `regen` the drafter's training data: the target (EMBEDDED_GGUF) answers the
@@ -235,8 +235,8 @@ for step in $steps; do
            (cd benchmarks && timeout 200 python3 gpu_drafter_block.py --profile --out "$out/drafter_block.json" \
              >"$out/drafter_block.log" 2>&1); echo "drafter block rc=$?"; grep -E "\] (default|_sdpa|_dense|alone)" \
              "$out/drafter_block.log" | cut -c1-400
-           (cd benchmarks && timeout 150 python3 gpu_drafter_block.py --context 4096 --out "$out/drafter_block_4k.json" \
-             >"$out/drafter_block_4k.log" 2>&1); echo "drafter block 4K context rc=$?"
+           (cd benchmarks && timeout 150 python3 gpu_drafter_block.py --context 4096 \
+             --out "$out/drafter_block_4k.json" >"$out/drafter_block_4k.log" 2>&1); echo "drafter block 4K rc=$?"
            grep -E "\] (default|_sdpa)" "$out/drafter_block_4k.log" | cut -c1-400
            (cd benchmarks && timeout 240 python3 gpu_drafter_block.py --shape qwen3.5-27b --dtype bfloat16 \
              --out "$out/drafter_block_qwen3.5-27b.json" >"$out/drafter_block_qwen3.5-27b.log" 2>&1)

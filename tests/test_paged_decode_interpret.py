@@ -1,9 +1,9 @@
-"""The split-KV paged decode (engine/kernels/triton_paged_decode.py) under Triton's interpreter (CPU): the
-merge done by each (token, KV head)'s last split program (MERGE_IN_SPLIT) gives the merge kernel's result,
-over contexts that end on and off partition and block edges, several split programs per token and several
-partitions per program, the long sequences' longer partitions (a row of each kind in one launch), the verify layout (work items naming their token and sequence), and fp16 against a
-float64 softmax; the counters are all zero again after every launch. (The GPU's bits and the CUDA-graph
-replay are checked in tests/test_gpu_engine.py.)"""
+"""The split-KV paged decode (engine/kernels/triton_paged_decode.py) under Triton's interpreter (CPU): the merge done
+by each (token, KV head)'s last split program (MERGE_IN_SPLIT) gives the merge kernel's result, over contexts that
+end on and off partition and block edges, several split programs per token and several partitions per program, the
+long sequences' longer partitions (a row of each kind in one launch), the verify layout (work items naming their
+token and sequence), and fp16 against a float64 softmax; the counters are all zero again after every launch. (The
+GPU's bits and the CUDA-graph replay are checked in tests/test_gpu_engine.py.)"""
 from __future__ import annotations
 
 import pytest

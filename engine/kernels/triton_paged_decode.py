@@ -1,10 +1,10 @@
 """The split-KV paged decode kernel (Triton) behind TRITON_PAGED attention, reading the paged KV cache in
 place (no per-step context copy).
 
-Each program takes one query token, one KV head with all its GQA query heads, and walks fixed
-128-token partitions of that token's context through the block table (with ONECAT_PAGED_LONG_PARTITION=1,
-512-token ones past 8K tokens of context); a second kernel merges the partitions by their log-sum-exp. A partition boundary depends only on the sequence's own length,
-never on the batch or the launch grid, so results are batch-invariant and identical inside and
+Each program takes one query token, one KV head with all its GQA query heads, and walks fixed 128-token partitions of
+that token's context through the block table (with ONECAT_PAGED_LONG_PARTITION=1, 512-token ones past 8K tokens of
+context); a second kernel merges the partitions by their log-sum-exp. A partition boundary depends only on the
+sequence's own length, never on the batch or the launch grid, so results are batch-invariant and identical inside and
 outside CUDA graphs.
 
 With MERGE_IN_SPLIT the split kernel merges too, one kernel a layer fewer: each program counts itself
