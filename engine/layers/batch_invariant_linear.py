@@ -27,9 +27,12 @@ from onecat.engine.kernels.onednn import onednn_blocked, onednn_matmul
 ONE_ROW_KERNEL_ABOVE_K = 1024
 
 
+ONEDNN = torch.backends.mkldnn.is_available()
+
+
 def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available())
+    return not x.is_cuda and x.device.type == "cpu" and x.dtype is torch.float32 and weight.dtype is torch.float32 \
+        and ONEDNN
 
 
 class _PackedWeight:
@@ -64,12 +67,15 @@ def invariant_matmul(owner: nn.Module, weight: torch.Tensor, bias: torch.Tensor 
     if packed is None or not packed.matches(weight):
         packed = _PackedWeight(weight)
         owner._batch_invariant_weight = packed
+    flat = x.dim() == 2 and x.is_contiguous()  # a step's rows as they come: no reshape, no view back
     lead, k = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, k).contiguous()
+    rows = x if flat else x.reshape(-1, k).contiguous()
     if rows.shape[0] == 0:
         return x.new_empty(*lead, packed.shape[0])
     if packed.rows:
         out = f32_rows.matmul(rows, packed.blocked, packed.shape[0])
+        if flat:
+            return out if bias is None else out.add_(bias)
     else:
         one = rows.shape[0] == 1 and k > ONE_ROW_KERNEL_ABOVE_K
         out = onednn_matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked)

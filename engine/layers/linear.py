@@ -68,6 +68,11 @@ class Linear(nn.Linear):
         return gemv_unsupported_reason(x, self.weight) is None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cuda:  # a CPU step: its float32 rows first, with no CUDA path's checks and one parameter lookup
+            params = self._parameters
+            weight = params["weight"]
+            if batch_invariant_linear.supported(x, weight):
+                return batch_invariant_linear.invariant_matmul(self, weight, params["bias"], x)
         if self.gemv_ok(x):
             from onecat.engine.kernels.triton_gemv import gemv
 
