@@ -25,14 +25,11 @@ from onecat.engine.kernels import f32_rows
 from onecat.engine.kernels.onednn import onednn_blocked, onednn_matmul
 
 ONE_ROW_KERNEL_ABOVE_K = 1024
-
-
 ONEDNN = torch.backends.mkldnn.is_available()
 
 
 def supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return not x.is_cuda and x.device.type == "cpu" and x.dtype is torch.float32 and weight.dtype is torch.float32 \
-        and ONEDNN
+    return x.device.type == "cpu" and x.dtype is torch.float32 and weight.dtype is torch.float32 and ONEDNN
 
 
 class _PackedWeight:
@@ -74,8 +71,6 @@ def invariant_matmul(owner: nn.Module, weight: torch.Tensor, bias: torch.Tensor 
         return x.new_empty(*lead, packed.shape[0])
     if packed.rows:
         out = f32_rows.matmul(rows, packed.blocked, packed.shape[0])
-        if flat:
-            return out if bias is None else out.add_(bias)
     else:
         one = rows.shape[0] == 1 and k > ONE_ROW_KERNEL_ABOVE_K
         out = onednn_matmul(rows.expand(2, k).contiguous() if one else rows, packed.blocked)
@@ -83,7 +78,7 @@ def invariant_matmul(owner: nn.Module, weight: torch.Tensor, bias: torch.Tensor 
             out = out[:1]
     if bias is not None:
         out = out.add_(bias)
-    return out.view(*lead, -1)
+    return out if flat else out.view(*lead, -1)
 
 
 def pack_weight(module: nn.Linear, keep_dense: bool) -> None:

@@ -83,8 +83,6 @@ class Linear(nn.Linear):
             from onecat.engine.kernels.triton_rows_gemm import rows_gemm
 
             return rows_gemm(x, self.weight, self.bias)
-        if batch_invariant_linear.supported(x, self.weight):
-            return batch_invariant_linear.batch_invariant_linear(self, x)
         if self.weight.is_meta:  # F.linear would return uninitialized memory
             raise RuntimeError(f"this layer keeps only its oneDNN-packed float32 weight; it cannot take a "
                                f"{x.dtype} input on {x.device}")
