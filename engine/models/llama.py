@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from onecat.engine.config import ModelConfig
+from onecat.engine.core.sampler import greedy_on_device
 from onecat.engine.errors import CorruptModelError
 from onecat.engine.layers.attention import SelfAttention
 from onecat.engine.layers.linear import Linear, norm_then_linear
@@ -90,11 +91,7 @@ class LlamaForCausalLM(nn.Module):
 
     def greedy_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """Row-wise argmax of the logits (first index on ties), by the fused kernels where they are on."""
-        if getattr(self.lm_head, "use_fused", False) and logits.is_cuda:
-            from onecat.engine.kernels.triton_fused import argmax_rows
-
-            return argmax_rows(logits)
-        return logits.argmax(dim=-1)
+        return greedy_on_device(logits) if getattr(self.lm_head, "use_fused", False) else logits.argmax(dim=-1)
 
     # ---- loading ------------------------------------------------------------------------------
     _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
