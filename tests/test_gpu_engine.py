@@ -56,7 +56,7 @@ CASES = [([1] * 8, [1, 15, 16, 128, 129, 257, 1000, 3000]),  # pure decode, part
 def test_triton_paged_matches_reference(fp8_dtype, case, heads, monkeypatch):
     from onecat.engine.kernels import triton_paged_decode as tpd
 
-    if case == 2:  # the long sequences in their 512-token partitions (ONECAT_PAGED_LONG_PARTITION=1)
+    if case == 2:  # the long sequences in their 512-token partitions (the default; ONECAT_PAGED_LONG_PARTITION=0)
         monkeypatch.setattr(tpd, "LONG_PARTITION", 512)
     from onecat.engine.attention.torch_ref import TorchReferenceBackend
     from onecat.engine.attention.triton_paged import TritonPagedBackend

@@ -29,13 +29,14 @@ from onecat.engine.switches import switch
 
 PARTITION = 128  # context tokens per split; fixed so numerics never depend on the batch (small enough
 #                  that a 1K-token decode already spreads over 8 programs per KV head)
-# ONECAT_PAGED_LONG_PARTITION=1: a sequence past LONG_FROM context tokens splits into LONG_PARTITION-token partitions
+# A sequence past LONG_FROM context tokens splits into LONG_PARTITION-token partitions
 # (its own length decides, so rows stay batch-invariant, in CUDA graphs too). Why: at 16K-32K tokens and batch 1 the
 # 128-token partitions cost as much in their partials and the merge's second pass as in reading K/V (H100, 64-token
 # tiles in two stages: 47 us a layer at 16K with 128-token partitions against 33 us with 512-token ones, every length
-# in one size; benchmarks/results/gpu_paged_decode_h100.json). Off until timed on a GPU in this form (the wide tile
-# walking a 512-token partition, and end to end: `gpu_bench.sh paged_long`); off: 128 tokens at every length
-LONG_PARTITION = 512 if switch("ONECAT_PAGED_LONG_PARTITION", False) else PARTITION
+# in one size; benchmarks/results/gpu_paged_decode_h100.json). In this form (the wide tile walking a 512-token
+# partition) on an H100: 51.3 -> 33.5 us a layer at 16K, batch 1 decode at 16K 147.5 -> 166.8 tok/s
+# (results/gpu_paged_decode_long_h100.json). ONECAT_PAGED_LONG_PARTITION=0: 128 tokens at every length (A/B)
+LONG_PARTITION = 512 if switch("ONECAT_PAGED_LONG_PARTITION", True) else PARTITION
 LONG_FROM = 8192
 MERGE_BLOCK = 16  # partitions merged per vector step
 BLOCK_N = 64  # context tokens per inner tile, pipelined over 2 stages ...
