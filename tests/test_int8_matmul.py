@@ -57,14 +57,16 @@ def test_int8_matmul_matches_its_integer_reference(n, k, m, dtype):
 @needs_vnni
 @pytest.mark.parametrize("n,k,m", [(40, 64, 3), (200, 576, 16), (568, 1536, 37), (96, 576, 130)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_avx2_kernel_gives_the_vnni_kernels_bits(n, k, m, dtype):
+def test_the_three_kernels_give_the_same_bits(n, k, m, dtype):
     """Same integer block sums, same float operations per column in the same order (the compact layout's offset
-    formed to the byte layout's bits): a machine's results do not depend on which of the two kernels its CPU has."""
+    formed to the byte layout's bits): AVX512-VNNI on either layout and AVX2 on the compact one agree, so a
+    machine's results do not depend on which kernel its CPU has."""
     blocks = random_blocks(n, k, seed=5)
     x = torch.randn(m, k).to(dtype)
     x[1, 32:64] = 0
     compact, wide = int8_matmul.Int8MatmulWeights(blocks, "compact"), int8_matmul.Int8MatmulWeights(blocks, "bytes")
     assert torch.equal(compact(x), wide(x))
+    assert torch.equal(compact(x, "avx2"), wide(x))
 
 
 @needs_int8
@@ -100,37 +102,66 @@ def _q4_1_layer() -> Int4PackedLinear:
 
 
 @needs_int8
-def test_the_packed_layer_runs_many_rows_on_int8_and_few_where_its_cpu_says():
-    """16+ rows take int8 everywhere it runs; fewer take it on AVX2 (int8_matmul.FROM_ROWS: every row count there)
-    and keep the 4-bit kernel, which reads bf16, on AVX512-VNNI."""
+def test_the_packed_layer_runs_every_row_count_on_int8():
+    """Where the int8 kernel runs, a packed layer's rows all take it (no bf16 copy, no 4-bit kernel): a row's bits
+    do not depend on its batch."""
     layer = _q4_1_layer()
     assert layer.int8 is not None and layer.dense_blocked is None  # no bf16 copy kept
     assert layer.input_dtype == torch.float32  # producers hand it float32 rows to round to int8
     x = torch.randn(DENSE_FROM_ROWS + 3, 256)
-    assert torch.equal(layer(x), layer.int8(x))
-    few = x[:DENSE_FROM_ROWS - 1]
-    if int8_matmul.isa() == "AVX2":
-        assert layer.int8_from_rows == 1
-        for rows in (1, 3, DENSE_FROM_ROWS - 1):
-            assert torch.equal(layer(few[:rows]), layer.int8(few[:rows]))
-        assert torch.equal(layer(x[:1])[0], layer(x)[0])  # a row's bits do not depend on its batch
-    else:
-        assert layer.int8_from_rows == DENSE_FROM_ROWS
-        assert not torch.equal(layer(few), layer.int8(few))
-        assert torch.equal(layer(few), layer(few.to(torch.bfloat16)))  # the 4-bit kernel reads bf16
+    for rows in (1, 3, DENSE_FROM_ROWS - 1, DENSE_FROM_ROWS + 3):
+        assert torch.equal(layer(x[:rows]), layer.int8(x[:rows]))
+    assert torch.equal(layer(x[:1])[0], layer(x)[0])
+
+
+def _q8_0_layer() -> tuple[Int4PackedLinear, np.ndarray]:
+    w = np.random.default_rng(6).standard_normal((96, 256)).astype(np.float32)
+    return Int4PackedLinear(QuantizedWeight.from_gguf("Q8_0", quants.quantize(w, GGMLQuantizationType.Q8_0),
+                                                      w.shape).terms, None), w
+
+
+@needs_vnni
+def test_a_q8_0_layer_is_one_eight_bit_term_with_avx512_vnni():
+    """Q8_0's two 4-bit terms run as one term of 8-bit codes (q + 128) in the byte layout: exact integer block
+    sums against an integer reference over the file's int8 values, the same at every row count."""
+    layer, w = _q8_0_layer()
+    assert layer.num_terms == 2 and isinstance(layer.int8, int8_matmul.Int8MatmulWeights)
+    assert layer.int8.layout == "bytes"
+    hi, lo = layer_terms = _q8_terms(w)
+    assert int8_matmul.one_eight_bit_term(layer_terms)
+    q = 16 * (hi.codes.int() - 8) + lo.codes.int()  # the file's int8 values
+    assert int(q.min()) >= -128 and int(q.max()) <= 127
+    eight_bit = Int4Blocks(torch.zeros_like(lo.codes), lo.scale, torch.zeros_like(lo.scale))  # w = d * q
+    x = torch.randn(20, 256)
+    ref = _reference_codes(x, q.double(), eight_bit)
+    assert ((layer(x).double() - ref).abs().max() / ref.abs().max()).item() < 2e-6
+    assert torch.equal(layer(x[3:4])[0], layer(x)[3])  # row-independent
+    assert not int8_matmul.one_eight_bit_term([hi, random_blocks(96, 256)])  # not Q8_0's split: two products
+
+
+def _q8_terms(w: np.ndarray) -> list[Int4Blocks]:
+    return QuantizedWeight.from_gguf("Q8_0", quants.quantize(w, GGMLQuantizationType.Q8_0), w.shape).terms
+
+
+def _reference_codes(x: torch.Tensor, q: torch.Tensor, blocks: Int4Blocks) -> torch.Tensor:
+    """reference() with signed codes q and no zero: w = scale * q."""
+    m, k = x.shape
+    xb = x.float().view(m, k // 32, 32)
+    amax = xb.abs().amax(2, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    qa = torch.round(xb * inv).clamp(-127, 127).double()
+    d = (amax / 127)[..., 0].double()
+    s = blocks.scale.to(torch.bfloat16).double()
+    dots = torch.einsum("mbk,nbk->mnb", qa, q.view(q.shape[0], k // 32, 32))
+    return (dots * s[None] * d[:, None]).sum(2)
 
 
 @needs_int8
-def test_a_q8_0_layer_sums_its_two_terms_products_where_the_cpu_takes_two_terms():
-    """Q8_0 packs as two 4-bit terms: on AVX2 (int8_matmul.MAX_TERMS) each term's int8 product, summed in term
-    order; with AVX512-VNNI the layer keeps its bf16 GEMM."""
-    w = np.random.default_rng(6).standard_normal((96, 256)).astype(np.float32)
-    layer = Int4PackedLinear(QuantizedWeight.from_gguf("Q8_0", quants.quantize(w, GGMLQuantizationType.Q8_0),
-                                                       w.shape).terms, None)
-    assert layer.num_terms == 2
-    if not int8_matmul.takes_terms(2):
-        assert layer.int8 is None
-        return
+def test_a_q8_0_layer_sums_its_two_terms_products_on_avx2():
+    """On AVX2 (no VNNI: VPMADDUBSW would saturate on 8-bit codes) each term's int8 product, summed in term order."""
+    if int8_matmul.isa() != "AVX2":
+        pytest.skip("AVX512-VNNI runs Q8_0 as one 8-bit term")
+    layer, w = _q8_0_layer()
     x = torch.randn(20, 256)
     parts = [t(x) for t in layer.int8.terms]
     assert torch.equal(layer(x), parts[0] + parts[1])

@@ -3,6 +3,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace onecat_cpu {
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
@@ -18,8 +20,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                            int64_t fp8_kind, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, double scale);
-// int8_matmul.cpp: a packed layer's rows on int8 dot products (the layout of `scales` picks the kernel)
+// int8_matmul.cpp: a packed layer's rows on int8 dot products (the layout of `scales` picks the kernel; `kernel`
+// "avx2" runs the compact layout on the AVX2 kernel where the CPU has a faster one, to compare their bits)
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                       const at::Tensor& offsets, int64_t n);
+                       const at::Tensor& offsets, int64_t n, const std::string& kernel = "");
 
 }  // namespace onecat_cpu

@@ -211,6 +211,91 @@ void matmul_vnni(const at::Tensor& x, const uint8_t* codes, const float* scales,
   });
 }
 
+// ---- AVX512-VNNI on the compact layout -----------------------------------------------------------------
+
+// out[r][16 columns of each of T tiles] for R rows from the compact layout (two words' codes a byte, scale and
+// zero in bfloat16): per block 4 loads of 64 bytes a tile, each split into its two words' codes (low nibble: the
+// even word) and fed to R x 2 VPDPBUSD; then each lane's float sum += int * (s * d) + c * (d * sum qa) with
+// c = z - 8 * s, as tile_rows and half_tile_rows do: the same bits as both, half the bytes of the byte layout
+// (a one-row call streams its weights).
+template <int T, int R>
+VNNI_TARGET void compact_tiles_rows(int64_t blocks, const uint8_t* codes, const uint16_t* scales,
+                                    const uint16_t* zeros, const int32_t* words, const float* d, const float* total,
+                                    float* out, int64_t out_stride, int64_t columns, int64_t tile_codes,
+                                    int64_t tile_scales) {
+  const int64_t row_words = blocks * 8;
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i dots[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) dots[r][t] = _mm512_setzero_si512();
+    for (int64_t pair = 0; pair < 4; ++pair) {
+      __m512i w0[T], w1[T];
+      for (int t = 0; t < T; ++t) {
+        const __m512i both = _mm512_loadu_si512(codes + t * tile_codes + (b * 4 + pair) * 64);
+        w0[t] = _mm512_and_si512(both, nibble);
+        w1[t] = _mm512_and_si512(_mm512_srli_epi16(both, 4), nibble);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int32_t* a = words + r * row_words + b * 8 + 2 * pair;
+        const __m512i a0 = _mm512_set1_epi32(a[0]), a1 = _mm512_set1_epi32(a[1]);
+        for (int t = 0; t < T; ++t) {
+          dots[r][t] = _mm512_dpbusd_epi32(dots[r][t], w0[t], a0);
+          dots[r][t] = _mm512_dpbusd_epi32(dots[r][t], w1[t], a1);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512 s = load16(scales + t * tile_scales + b * kTile), z = load16(zeros + t * tile_scales + b * kTile);
+      const __m512 c = _mm512_sub_ps(z, _mm512_mul_ps(_mm512_set1_ps(8.0f), s));
+      for (int r = 0; r < R; ++r) {
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r][t]), _mm512_mul_ps(s, _mm512_set1_ps(d[r * blocks + b])),
+                                    acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(c, _mm512_set1_ps(total[r * blocks + b]), acc[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    const int64_t cols = std::min<int64_t>(kTile, columns - t * kTile);
+    const __mmask16 mask = cols >= kTile ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride + t * kTile, mask, acc[r][t]);
+  }
+}
+
+using CompactTilesRows = void (*)(int64_t, const uint8_t*, const uint16_t*, const uint16_t*, const int32_t*,
+                                  const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+constexpr CompactTilesRows kCompactPairRows[5] = {nullptr, compact_tiles_rows<2, 1>, compact_tiles_rows<2, 2>,
+                                                  compact_tiles_rows<2, 3>, compact_tiles_rows<2, 4>};
+constexpr CompactTilesRows kCompactTileRows[kRowGroup + 1] = {
+    nullptr, compact_tiles_rows<1, 1>, compact_tiles_rows<1, 2>, compact_tiles_rows<1, 3>, compact_tiles_rows<1, 4>,
+    compact_tiles_rows<1, 5>, compact_tiles_rows<1, 6>, compact_tiles_rows<1, 7>, compact_tiles_rows<1, 8>};
+
+void matmul_vnni_compact(const at::Tensor& x, const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros,
+                         int64_t tiles, float* out, int64_t n) {
+  const int64_t k = x.size(1), blocks = k / kGroup;
+  row_chunks(x, quantize_row<float>, quantize_row<uint16_t>,
+             [&](int64_t r0, int64_t rows, const int32_t* words, const float* d, const float* total) {
+    const int64_t tile_work = rows * k * kTile;  // multiply-adds of one tile
+    const int64_t pairs = (tiles + 1) / 2;  // tiles two at a time; an odd last one alone
+    at::parallel_for(0, pairs, std::max<int64_t>(1, (1 << 17) / tile_work), [&](int64_t begin, int64_t end) {
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const int64_t tile = 2 * pair, columns = std::min(2 * kTile, n - tile * kTile);
+        const bool two = tile + 1 < tiles;
+        for (int64_t g = 0; g < rows; g += (two ? 4 : kRowGroup)) {
+          const CompactTilesRows fn = two ? kCompactPairRows[std::min<int64_t>(4, rows - g)]
+                                          : kCompactTileRows[std::min(kRowGroup, rows - g)];
+          fn(blocks, codes + tile * (k / 8) * 64, scales + tile * blocks * kTile, zeros + tile * blocks * kTile,
+             words + g * (k / 4), d + g * blocks, total + g * blocks, out + (r0 + g) * n + tile * kTile, n, columns,
+             (k / 8) * 64, blocks * kTile);
+        }
+      }
+    });
+  });
+}
+
 // ---- AVX2 (no VNNI) -----------------------------------------------------------------------------------
 
 template <typename T>  // 8 floats from float32 or bfloat16
@@ -341,11 +426,13 @@ std::string int8_matmul_isa() {
 
 // x [M, K] float32 or bfloat16; n: the output columns (<= tiles * 16). Two layouts (int8_matmul.py packs them):
 // bytes (the AVX512-VNNI kernel): codes uint8 [tiles, K / 4, 64], scales and offsets float32 [tiles, K / 32, 16];
-// compact (the AVX2 kernel): codes uint8 [tiles, K / 8, 64] (two words' codes a byte, low nibble first), scales
-// and zeros bfloat16 [tiles, K / 32, 16]. Returns float32 [M, n].
+// compact (both kernels): codes uint8 [tiles, K / 8, 64] (two words' codes a byte, low nibble first), scales
+// and zeros bfloat16 [tiles, K / 32, 16]. `kernel`: "" this CPU's, "avx2" the AVX2 one (compact layout only).
+// Returns float32 [M, n].
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                       const at::Tensor& offsets, int64_t n) {
-  const std::string have = int8_matmul_isa();
+                       const at::Tensor& offsets, int64_t n, const std::string& kernel) {
+  TORCH_CHECK(kernel.empty() || kernel == "avx2", "kernel must be \"\" (this CPU's) or \"avx2\"");
+  const std::string have = kernel.empty() ? int8_matmul_isa() : (int8_matmul_isa().empty() ? "" : kernel);
   const bool compact = scales.scalar_type() == at::kBFloat16;
   TORCH_CHECK(compact ? !have.empty() : have == "avx512vnni",
               compact ? "int8_matmul's compact layout needs an x86-64 CPU with AVX2+FMA"
@@ -367,7 +454,12 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(n > 0 && n <= tiles * kTile, "n must be within the packed columns");
   at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
 #ifdef ONECAT_VNNI
-  if (x.size(0) > 0 && compact)
+  if (x.size(0) > 0 && compact && have == "avx512vnni")
+    matmul_vnni_compact(x, codes.data_ptr<uint8_t>(),
+                        reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()),
+                        reinterpret_cast<const uint16_t*>(offsets.data_ptr<at::BFloat16>()), tiles,
+                        out.data_ptr<float>(), n);
+  else if (x.size(0) > 0 && compact)
     matmul_avx2(x, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()),
                 reinterpret_cast<const uint16_t*>(offsets.data_ptr<at::BFloat16>()), tiles, out.data_ptr<float>(), n);
   else if (x.size(0) > 0)
@@ -381,7 +473,7 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
 
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("int8_matmul_isa() -> str", &onecat_cpu::int8_matmul_isa);
-  m.def("int8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int n) -> Tensor");
+  m.def("int8_matmul(Tensor x, Tensor codes, Tensor scales, Tensor offsets, int n, str kernel=\"\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("int8_matmul", &onecat_cpu::int8_matmul); }

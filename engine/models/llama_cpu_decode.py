@@ -5,8 +5,8 @@ calls, views, casts, the attention plan's index ops) than in the 4-bit matmuls a
 csrc/cpu/decode_layers.cpp makes the same ATen calls on the same inputs in the same order, so the step's
 result is the Python path's to the bit (tested), in one call. It applies where the Python layers would do
 exactly what it does: float32 activations, every linear a single-term 4-bit packing (GGUF Q4_0/Q4_1)
-without bias or padding rows (run by the 4-bit kernel, or by the int8 one where the layers take it at one row:
-int8_matmul.FROM_ROWS), no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one
+without bias or padding rows (run by the int8 kernel where the layers take it, int8_matmul.py, else by the
+4-bit kernel), no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one
 sequence; any other step runs the Python layers.
 """
 from __future__ import annotations
@@ -45,13 +45,13 @@ def unsupported_reason(model: nn.Module) -> str | None:
     kernels = {_int8_at_one_row(linear) for layer in layers for linear in (
         layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)}
     if len(kernels) > 1:
-        return "some linears run one-row calls on int8 dot products, others on the 4-bit kernel"
+        return "some linears run on int8 dot products, others on the 4-bit kernel"
     return None
 
 
 def _int8_at_one_row(linear) -> bool:
-    """Whether the packed linear runs a one-row call on int8 dot products (else the 4-bit kernel)."""
-    return getattr(linear, "int8", None) is not None and linear.int8_from_rows == 1
+    """Whether the packed linear runs on int8 dot products (else the 4-bit kernel)."""
+    return getattr(linear, "int8", None) is not None
 
 
 class CpuDecodeLayers:

@@ -1,22 +1,22 @@
-"""Many-row steps of a packed 4-bit layer on int8 dot products (csrc/cpu/int8_matmul.cpp: AVX512-VNNI, or AVX2).
+"""A packed 4-bit layer's matmul on int8 dot products (csrc/cpu/int8_matmul.cpp: AVX512-VNNI, or AVX2).
 
-A 16-sequence decode step or a prefill chunk multiplies many rows by the same weights. The bf16 GEMM on a
-dequantized copy reads 2 bytes a weight and multiplies bf16 pairs; this path keeps the layer's 4-bit codes
-(one byte each in the AVX512-VNNI kernel's tile layout, two a byte in the AVX2 kernel's) and rounds each row's
-activations to int8 per 32-value block, as llama.cpp does, so the products are exact integer dot products and
-only the per-block scales are float. Measured on a 2-core AMD EPYC (AVX512-VNNI/BF16), the embedded model's
-projections, weights of 30 layers (from memory, as in a step): at 16 rows 1.14-1.42x the bf16 GEMM, at 256 rows
-1.03-1.23x. On a 2-core AMD EPYC with AVX2 only, where the bf16 GEMM has no bf16 instructions, a 16-sequence
-step of the packed embedded model (benchmarks/cpu_packed_steps.py, medians of 3 interleaved runs,
-results/cpu_packed_steps_epyc_avx2.json): prefill 25.8 -> 2.66 s, decode 300.9 -> 55.8 ms. The
-numerics: WikiText-2 perplexity of the packed embedded model (16 x 256 tokens) 38.84 against 38.59 with
-bf16 activations (+0.64%; the float32 engine's 38.62), inside the packed-weights contract's 1%.
+The layer's 4-bit codes stay packed two a byte (scale and zero in bfloat16: 0.625 bytes a weight) and each row's
+activations are rounded to int8 per 32-value block, as llama.cpp does, so the products are exact integer dot
+products and only the per-block scales are float. Every row count of a layer takes this path where it runs, so a
+row's result never depends on its batch (a decode step of 1 or 16 sequences, a verify step, a prefill chunk).
 
-Layers of one 4-bit term (Q4_0, Q4_1, 4-bit HF checkpoints) take it where the CPU has AVX512-VNNI or, with the
-same bits (VPMADDUBSW + VPMADDWD make VPDPBUSD's exact integer sums), AVX2 + FMA, where the bf16 GEMM has no
-bf16 instructions to run on; a two-term layer (Q8_0, the embedded model's tied LM head) would do twice the
-integer work and keeps the bf16 GEMM. ONECAT_CPU_INT8_MATMUL=0 turns the path off (the bf16 GEMM everywhere,
-for A/B runs).
+Why every row count: measured on a 2-core Intel Xeon with AVX512-VNNI and AMX (the embedded model's four
+projections, weights of 30 layers as in a step), one row ran 2.1x faster than torch's 4-bit kernel (79 against
+168 us a layer) and 16 rows 1.1-1.8x faster than oneDNN's AMX bfloat16 GEMM on a dequantized copy; on a 2-core
+AMD EPYC with AVX2 only, 2.5x torch's 4-bit kernel at 1, 4 and 8 rows, and a 16-sequence step's prefill 25.8 ->
+2.66 s, decode 300.9 -> 55.8 ms (benchmarks/cpu_packed_steps.py, results/cpu_packed_steps_epyc_avx2.json). The
+numerics: WikiText-2 perplexity of the packed embedded model (16 x 256 tokens) 38.84 against 38.59 with bf16
+activations (+0.64%; the float32 engine's 38.62), inside the packed-weights contract's 1%.
+
+Q8_0 (the embedded model's tied LM head) packs as two 4-bit terms (layout.py): with AVX512-VNNI they are one
+8-bit term here, codes q + 128 a byte with w = d * (code - 128) (one product, the same integer sums as the two);
+on AVX2, whose VPMADDUBSW would saturate on 8-bit codes, each term's product, summed in term order.
+ONECAT_CPU_INT8_MATMUL=0 turns the path off (torch's 4-bit kernel and a bf16 GEMM, for A/B runs).
 """
 from __future__ import annotations
 
@@ -26,21 +26,11 @@ import torch.nn.functional as F
 from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
 from onecat.engine.switches import switch
 
-# the CPU packed layers' int8 dot products for many rows (AVX512-VNNI or AVX2, csrc/cpu/int8_matmul.cpp); 0 keeps
-# the bf16 GEMM (A/B)
+# the CPU packed layers' int8 dot products (AVX512-VNNI or AVX2, csrc/cpu/int8_matmul.cpp); 0 keeps torch's 4-bit
+# kernel and the bf16 GEMM (A/B)
 ENV = "ONECAT_CPU_INT8_MATMUL"
 TILE = 16  # output columns per tile: one int32 lane each in a 512-bit register
 ISA_NAMES = {"avx512vnni": "AVX512-VNNI", "avx2": "AVX2"}
-# The fewest rows a call of a layer takes this path with. On AVX2 every call: torch's 4-bit kernel there widens
-# bf16 activations without bf16 instructions, and the int8 kernel ran the embedded model's four projections 2.5x
-# faster at 1, 4 and 8 rows (thread time, one thread, 2-core AMD EPYC without AVX512), so a packed model's rows
-# all take int8 there and a row's result never depends on its batch. With AVX512-VNNI from 16 rows (where it was
-# measured against the bf16 GEMM it replaced); fewer keep the 4-bit kernel.
-FROM_ROWS = {"avx2": 1, "avx512vnni": 16}
-# The most 4-bit terms a layer takes this path with. A two-term layer (Q8_0: the embedded model's tied LM head)
-# runs the kernel once per term, twice the integer work: with AVX512-VNNI its bf16 GEMM stays; on AVX2 that GEMM
-# took 129 ms a 16-row call of the 49152 x 576 LM head (26% of a 16-stream step), so there it takes int8 too.
-MAX_TERMS = {"avx2": 2, "avx512vnni": 1}
 
 
 def unavailable_reason() -> str | None:
@@ -71,49 +61,49 @@ def isa() -> str | None:
     return None if kernel is None else ISA_NAMES[kernel]
 
 
-def from_rows() -> int | None:
-    """FROM_ROWS for this CPU's kernel; None where the path does not run."""
-    kernel = _kernel()
-    return None if kernel is None else FROM_ROWS[kernel]
-
-
-def takes_terms(terms: int) -> bool:
-    """Whether a layer of `terms` 4-bit terms takes the path here (MAX_TERMS)."""
-    kernel = _kernel()
-    return kernel is not None and terms <= MAX_TERMS[kernel]
+def one_eight_bit_term(terms: list[Int4Blocks]) -> bool:
+    """Whether a two-term layer is Q8_0's split (layout.py: w = (16 d) * (hi - 8) + d * lo + 8 d) and this CPU's
+    kernel multiplies 8-bit codes (AVX512-VNNI), so it runs as one 8-bit term."""
+    if _kernel() != "avx512vnni" or len(terms) != 2:
+        return False
+    hi, lo = terms
+    s_hi, s_lo, z_lo = (t.to(torch.bfloat16).float() for t in (hi.scale, lo.scale, lo.zero))
+    return bool(torch.equal(s_hi, 16 * s_lo) and not hi.zero.any() and torch.equal(z_lo, 8 * s_lo))
 
 
 def for_terms(terms: list[Int4Blocks]) -> Int8MatmulWeights | Int8MatmulSum | None:
-    """The layer's int8 path where it takes one (takes_terms), else None."""
-    if not takes_terms(len(terms)):
+    """The layer's int8 path, or None where it does not run here."""
+    if _kernel() is None:
         return None
+    if one_eight_bit_term(terms):
+        return Int8MatmulWeights.eight_bit(*terms)
     return Int8MatmulWeights(terms[0]) if len(terms) == 1 else Int8MatmulSum([Int8MatmulWeights(t) for t in terms])
 
 
 class Int8MatmulWeights:
     """One 4-bit term in a kernel's layout, with w = scale * q + offset and the scale and zero rounded to bf16
-    first, as the layer's other kernels hold them. `layout` "bytes" (the AVX512-VNNI kernel): codes [tiles, K / 4,
-    64] (16 columns x 4 consecutive values per 64 bytes), scale and offset [tiles, K / 32, 16] in float32.
-    "compact" (the AVX2 kernel): two 64-byte words' codes a byte (the even word's in the low nibble), codes
-    [tiles, K / 8, 64], scale and zero in bfloat16 (the offset is formed in the kernel, to the same bits). Default:
-    this CPU's kernel's."""
+    first, as the layer's other kernels hold them. "compact" (the default, both kernels): two 64-byte words' codes
+    a byte (the even word's in the low nibble), codes [tiles, K / 8, 64], scale and zero in bfloat16 (the offset
+    is formed in the kernel). "bytes" (AVX512-VNNI only): a code a byte, codes [tiles, K / 4, 64] (16 columns x 4
+    consecutive values per 64 bytes), scale and offset [tiles, K / 32, 16] in float32: 8-bit codes
+    (eight_bit), or 4-bit ones to check that both layouts give the same bits."""
 
-    LAYOUTS = {"avx512vnni": "bytes", "avx2": "compact"}
-
-    def __init__(self, blocks: Int4Blocks, layout: str | None = None):
+    def __init__(self, blocks: Int4Blocks, layout: str = "compact", codes: torch.Tensor | None = None,
+                 offset: torch.Tensor | None = None):
         from onecat.engine.kernels import cpu_ops
 
         self.ops = cpu_ops.load()  # loaded once here: a step calls the layer ~120 times
-        self.layout = layout or self.LAYOUTS[self.ops.int8_matmul_isa()]
+        self.layout = layout
         n, k = blocks.shape
         pad = -n % TILE
         tiles = (n + pad) // TILE
         scale = F.pad(blocks.scale.to(torch.bfloat16).float(), (0, 0, 0, pad))  # padding columns: w = 0
         zero = F.pad(blocks.zero.to(torch.bfloat16).float(), (0, 0, 0, pad))
-        codes = F.pad(blocks.codes, (0, 0, 0, pad), value=8)
+        codes = F.pad(blocks.codes if codes is None else codes, (0, 0, 0, pad), value=8 if codes is None else 0)
         self.out_features = n
         words = codes.view(tiles, TILE, k // 4, 4).permute(0, 2, 1, 3).reshape(tiles, k // 4, 4 * TILE)
-        by_tile = {"scale": scale, "zero": zero, "offset": zero - 8 * scale}
+        offset = zero - 8 * scale if offset is None else F.pad(offset, (0, 0, 0, pad))
+        by_tile = {"scale": scale, "zero": zero, "offset": offset}
         by_tile = {name: t.view(tiles, TILE, k // GROUP).permute(0, 2, 1).contiguous() for name, t in by_tile.items()}
         if self.layout == "bytes":
             self.codes, self.scales, self.offsets = words.contiguous(), by_tile["scale"], by_tile["offset"]
@@ -122,9 +112,19 @@ class Int8MatmulWeights:
             self.codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
             self.scales, self.offsets = (by_tile[name].to(torch.bfloat16) for name in ("scale", "zero"))
 
-    def __call__(self, x2: torch.Tensor) -> torch.Tensor:
-        """x2 [M, K] float32 or bfloat16 -> float32 [M, N]."""
-        return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features)
+    @classmethod
+    def eight_bit(cls, hi: Int4Blocks, lo: Int4Blocks) -> Int8MatmulWeights:
+        """Q8_0's two terms as one in the byte layout: code 16 * hi + lo = q + 128 in [1, 255], scale d (the low
+        term's, bf16) and offset -128 d, exactly the sum of the two terms' weights."""
+        scale = lo.scale.to(torch.bfloat16).float()
+        codes = 16 * hi.codes.to(torch.int32) + lo.codes.to(torch.int32)
+        return cls(Int4Blocks(lo.codes, scale, torch.zeros_like(scale)), "bytes", codes.to(torch.uint8),
+                   -128 * scale)
+
+    def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
+        """x2 [M, K] float32 or bfloat16 -> float32 [M, N]. `kernel` "avx2": the AVX2 kernel where this CPU has a
+        faster one (the compact layout; to compare their bits)."""
+        return self.ops.int8_matmul(x2.contiguous(), self.codes, self.scales, self.offsets, self.out_features, kernel)
 
 
 class Int8MatmulSum:

@@ -17,10 +17,10 @@ kernel's own weights ((q - 8) * scale + zero with its bf16 scale and zero) round
 bytes per weight next to the packed ~0.6. Where torch has oneDNN, the copy is held in oneDNN's blocked
 layout (packed once at load, as torch.compile's freezing does): F.linear would reorder it on every call,
 which at 16 rows cost ~40% of the GEMM (measured, same CPU; the results are the same to the bit).
-Where the CPU has AVX512-VNNI or AVX2, one-term layers run those rows on int8 dot products over the codes instead
+Where the CPU has AVX512-VNNI or AVX2, every row count runs on int8 dot products over the codes instead
 (int8_matmul.py: no dense copy, activations rounded to int8 per 32-value block, row-independent by
-construction); on AVX2 every row count does (int8_matmul.FROM_ROWS), so there a packed model's rows are
-batch-invariant too.
+construction), so a packed model's rows are batch-invariant there; the 4-bit kernel and the GEMM above serve
+the other CPUs (and ONECAT_CPU_INT8_MATMUL=0).
 """
 from __future__ import annotations
 
@@ -83,11 +83,9 @@ class Int4PackedLinear(nn.Module):
             scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
             self.register_buffer(f"packed{i}", packed)
             self.register_buffer(f"scale_zero{i}", scale_zero.to(_KERNEL_DTYPE))  # [K/32, N, 2]
-        # DENSE_FROM_ROWS+ rows: int8 dot products on the codes where they run (int8_matmul.py), else a bf16
-        # GEMM on a dequantized copy
+        # every row count on int8 dot products where they run (int8_matmul.py); else the 4-bit kernel for fewer
+        # than DENSE_FROM_ROWS rows and a bf16 GEMM on a dequantized copy from there
         self.int8 = int8_matmul.for_terms(terms)
-        # the fewest rows a call takes int8 with (every call on AVX2: int8_matmul.FROM_ROWS)
-        self.int8_from_rows = int8_matmul.from_rows() if self.int8 is not None else None
         # what the layer's inputs should come as: the int8 path rounds float32 rows to int8 more closely than
         # bf16 ones (WikiText-2, the embedded model: +0.36-0.49% perplexity against +0.40-0.84%); the 4-bit
         # kernel casts them to bf16 itself
@@ -119,10 +117,9 @@ class Int4PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        rows = x2.shape[0]  # a step's sequences are never more than its rows: ask only when the rows are many
-        if self.int8 is not None and rows >= self.int8_from_rows and \
-                (decode_step_sequences() or rows) >= self.int8_from_rows:
+        if self.int8 is not None:
             return self._finish(self.int8(x2), lead)
+        rows = x2.shape[0]  # a step's sequences are never more than its rows: ask only when the rows are many
         dense = rows >= DENSE_FROM_ROWS and (decode_step_sequences() or rows) >= DENSE_FROM_ROWS
         x2 = x2.to(_KERNEL_DTYPE)
         if dense and self.dense_blocked is not None:
@@ -173,16 +170,14 @@ class Int4PackedLinear(nn.Module):
 
     @staticmethod
     def large_batch_path() -> str:
-        """What DENSE_FROM_ROWS+ rows run on here (engine info)."""
-        bf16 = f"bf16 GEMM on a dequantized copy from {DENSE_FROM_ROWS} rows on"
+        """What a packed layer's rows run on here (engine info)."""
         why_not = int8_matmul.unavailable_reason()
         if why_not is not None:
-            return f"{bf16} (int8 dot products off: {why_not})"
-        first = int8_matmul.from_rows()
-        rows = "every row count" if first == 1 else f"from {first} rows on"
-        two_terms = "the same, one product a term" if int8_matmul.takes_terms(2) else bf16
+            return (f"the 4-bit kernel below {DENSE_FROM_ROWS} rows, a bf16 GEMM on a dequantized copy from there "
+                    f"(int8 dot products off: {why_not})")
+        q8 = "one 8-bit term" if int8_matmul.isa() == "AVX512-VNNI" else "one product a term"
         return (f"int8 dot products on the 4-bit codes ({int8_matmul.isa()}, activations rounded to int8 per "
-                f"{GROUP}-value block) {rows}; two-term (Q8_0) layers: {two_terms}")
+                f"{GROUP}-value block) at every row count; two-term (Q8_0) layers: {q8}")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
