@@ -427,12 +427,13 @@ std::string int8_matmul_isa() {
 // x [M, K] float32 or bfloat16; n: the output columns (<= tiles * 16). Two layouts (int8_matmul.py packs them):
 // bytes (the AVX512-VNNI kernel): codes uint8 [tiles, K / 4, 64], scales and offsets float32 [tiles, K / 32, 16];
 // compact (both kernels): codes uint8 [tiles, K / 8, 64] (two words' codes a byte, low nibble first), scales
-// and zeros bfloat16 [tiles, K / 32, 16]. `kernel`: "" this CPU's, "avx2" the AVX2 one (compact layout only).
+// and zeros bfloat16 [tiles, K / 32, 16]. `kernel`: "" this CPU's, "avx2" the AVX2 one (compact layout only; the
+// same bits).
 // Returns float32 [M, n].
 at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const at::Tensor& offsets, int64_t n, const std::string& kernel) {
   TORCH_CHECK(kernel.empty() || kernel == "avx2", "kernel must be \"\" (this CPU's) or \"avx2\"");
-  const std::string have = kernel.empty() ? int8_matmul_isa() : (int8_matmul_isa().empty() ? "" : kernel);
+  const std::string have = kernel.empty() || int8_matmul_isa().empty() ? int8_matmul_isa() : kernel;
   const bool compact = scales.scalar_type() == at::kBFloat16;
   TORCH_CHECK(compact ? !have.empty() : have == "avx512vnni",
               compact ? "int8_matmul's compact layout needs an x86-64 CPU with AVX2+FMA"
