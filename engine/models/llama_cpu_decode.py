@@ -33,7 +33,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
             return "q/k norm layers run in Python"
         for name, linear in (("qkv_proj", attn.qkv_proj), ("o_proj", attn.o_proj),
                              ("gate_up_proj", mlp.gate_up_proj), ("down_proj", mlp.down_proj)):
-            if not hasattr(linear, "packed0") or getattr(linear, "num_terms", 0) != 1:
+            if getattr(linear, "num_terms", 0) != 1 or not hasattr(linear, "int8"):  # a 4-bit packed linear
                 return f"layer {i} {name} is not a single-term 4-bit packed linear"
             if linear.bias is not None or linear.out_features % 16:  # the packing pads rows to 16
                 return f"layer {i} {name} has a bias or padding rows"

@@ -75,17 +75,17 @@ class Int4PackedLinear(nn.Module):
         self.keep_kernel_output = False  # unless the consumer reads the kernel's bf16 output as it is
         self.out_features, self.in_features = terms[0].shape
         self.num_terms = len(terms)
+        # every row count on int8 dot products where they run (int8_matmul.py); else the 4-bit kernel for fewer
+        # than DENSE_FROM_ROWS rows and a bf16 GEMM on a dequantized copy from there
+        self.int8 = int8_matmul.for_terms(terms)
         pad = -self.out_features % _ROW_MULTIPLE  # the packing wants N % 16 == 0: pad with zero rows
-        for i, blocks in enumerate(terms):
+        for i, blocks in enumerate(terms if self.int8 is None else []):  # the 4-bit kernel's packing, where it runs
             codes = F.pad(blocks.codes.to(torch.int32), (0, 0, 0, pad), value=8)
             scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (blocks.scale, blocks.zero))
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             scale_zero = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
             self.register_buffer(f"packed{i}", packed)
             self.register_buffer(f"scale_zero{i}", scale_zero.to(_KERNEL_DTYPE))  # [K/32, N, 2]
-        # every row count on int8 dot products where they run (int8_matmul.py); else the 4-bit kernel for fewer
-        # than DENSE_FROM_ROWS rows and a bf16 GEMM on a dequantized copy from there
-        self.int8 = int8_matmul.for_terms(terms)
         # what the layer's inputs should come as: the int8 path rounds float32 rows to int8 more closely than
         # bf16 ones (WikiText-2, the embedded model: +0.36-0.49% perplexity against +0.40-0.84%); the 4-bit
         # kernel casts them to bf16 itself
