@@ -226,3 +226,24 @@ def test_cpu_threads_is_refused_where_it_would_do_nothing():
 
     with pytest.raises(ConfigError, match="cpu_threads"):
         LLM(EMBEDDED, device="cpu", tensor_parallel_size=2, cpu_threads=1, max_model_len=128)
+
+
+def test_argmax_rows_is_torch_argmax_ties_nans_and_tails_included():
+    """Greedy sampling's argmax: the first index of the maximum on ties, the first NaN where a row has one (torch
+    counts NaN as the largest), -inf rows, and row lengths that are not a multiple of the vector width."""
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 7, 8, 49152, 49157):
+        x = torch.randn(19, n, generator=g)
+        x[1] = 0.0  # all equal: index 0
+        x[2, n // 2:] = 5.0  # ties at the top: the first
+        x[3] = float("-inf")
+        if n > 3:
+            x[4, 3] = float("nan")
+            x[4, n - 1] = float("nan")
+            x[5, n - 1] = 1e9  # the maximum in the tail past the last whole vector
+        x[6, -1] = float("inf")
+        got = cpu_ops.load().argmax_rows(x)
+        assert got.dtype == torch.int64 and torch.equal(got, x.argmax(dim=-1)), n
+    from onecat.engine.core.sampler import greedy_on_device
+
+    assert torch.equal(greedy_on_device(x), x.argmax(dim=-1))

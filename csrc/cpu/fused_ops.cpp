@@ -1,7 +1,7 @@
 // Row-wise fused CPU ops for the float32 decoder layer: residual add + RMSNorm, RoPE + K/V cache write,
 // SiLU(gate) * up, q/k norm + RoPE (a DFlash drafter's block). In eager torch each of these is 3-10 small ops
 // whose per-call cost (~1-3 us each on a small CPU) outweighs their arithmetic at decode batch sizes; here each
-// is one call.
+// is one call. And each row's argmax (greedy sampling's), which torch's generic reduction walks a value at a time.
 //
 // Every output row is computed by the same scalar loop whatever the number of rows, so results do not
 // depend on the batch (the engine's CPU batch-invariance holds). Products and sums are written out in
@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "fused_ops.h"
 
@@ -264,6 +265,50 @@ at::Tensor silu_mul(const at::Tensor& gate_up, bool bf16_out) {
   return out;
 }
 
+// The first index of a float32 row's largest value, as torch.argmax gives it: the first NaN where the row has
+// one (NaN counts as the largest), else the first index holding the maximum. A vector pass finds the maximum
+// (and whether a NaN is there), a second the first index holding it.
+int64_t argmax_row(const float* x, int64_t n) {
+  constexpr int64_t L = Vec::size();
+  Vec top(-std::numeric_limits<float>::infinity());
+  bool nan = false;
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    const Vec v = Vec::loadu(x + i);
+    nan = nan || v.isnan().zero_mask() != (1 << L) - 1;  // zero_mask: the lanes that are not NaN
+    top = at::vec::maximum(top, v);
+  }
+  float lanes[L];
+  top.store(lanes);
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < L; ++j) m = std::max(m, lanes[j]);
+  for (; i < n; ++i) nan = nan || std::isnan(x[i]), m = std::max(m, x[i]);
+  if (nan) {
+    for (int64_t j = 0; j < n; ++j)
+      if (std::isnan(x[j])) return j;
+  }
+  const Vec want(m);
+  for (i = 0; i + L <= n; i += L) {
+    const int mask = (Vec::loadu(x + i) == want).zero_mask() ^ ((1 << L) - 1);  // lanes equal to the maximum
+    if (mask != 0) return i + __builtin_ctz(mask);
+  }
+  for (; i < n; ++i)
+    if (x[i] == m) return i;
+  return 0;  // an empty row
+}
+
+// Each row's argmax [rows] int64 of float32 rows [rows, n], rows in parallel.
+at::Tensor argmax_rows(const at::Tensor& x) {
+  check_rows(x, "x");
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) o[r] = argmax_row(x.data_ptr<float>() + r * x.stride(0), n);
+  });
+  return out;
+}
+
 }  // namespace onecat_cpu
 
 TORCH_LIBRARY(onecat_cpu, m) {
@@ -271,6 +316,7 @@ TORCH_LIBRARY(onecat_cpu, m) {
   m.def("rope_write_kv(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int q_heads, int kv_heads, "
         "Tensor(b!) k_cache, Tensor(c!) v_cache, Tensor slots) -> ()");
   m.def("silu_mul(Tensor gate_up, bool bf16_out) -> Tensor");
+  m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("qk_norm_rope(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor sin, int q_heads, int kv_heads, "
         "Tensor q_weight, Tensor k_weight, float eps) -> ()");
 }
@@ -279,5 +325,6 @@ TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) {
   m.impl("add_rms_norm", &onecat_cpu::add_rms_norm);
   m.impl("rope_write_kv", &onecat_cpu::rope_write_kv);
   m.impl("silu_mul", &onecat_cpu::silu_mul);
+  m.impl("argmax_rows", &onecat_cpu::argmax_rows);
   m.impl("qk_norm_rope", &onecat_cpu::qk_norm_rope);
 }
