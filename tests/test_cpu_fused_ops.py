@@ -156,9 +156,9 @@ def test_bfloat16_model_keeps_the_torch_ops_and_says_why():
 
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])
 def test_one_call_decode_step_equals_the_python_layers_bit_for_bit(kv_cache_dtype):
-    """The packed model's batch-1 decode steps in one C++ call give the Python layers' tokens and logprobs
-    exactly (same kernels, same inputs, same order), with a float32 or a bfloat16 KV cache; batched steps keep
-    the Python layers."""
+    """The packed model's decode steps in one C++ call give the Python layers' tokens and logprobs exactly (same
+    kernels, same inputs, same order), with a float32 or a bfloat16 KV cache: batch-1 steps, and steps of several
+    sequences where the layers run on int8 (elsewhere those keep the Python layers)."""
     from onecat.engine import LLM, SamplingParams
 
     # 16 tokens after prompts of 70 and 150: each decode crosses a 16-token KV block boundary
@@ -175,10 +175,15 @@ def test_one_call_decode_step_equals_the_python_layers_bit_for_bit(kv_cache_dtyp
         assert one_call.steps >= 2 * 15
         llm.model.cpu_decode = None
         slow = [llm.generate([p], params)[0] for p in prompts]
+        slow_batched = llm.generate(prompts, params)  # several sequences per step
         llm.model.cpu_decode = one_call
-        batched = llm.generate(prompts, params)  # several sequences per step: the Python layers
-    for a, b, c in zip(fast, slow, batched):
+        before = one_call.steps
+        batched = llm.generate(prompts, params)
+        int8 = llm.model.layers[0].mlp.down_proj.int8 is not None
+        assert (one_call.steps - before >= 14) == int8  # the steps that decode both prompts, where int8 runs
+    for a, b, c, d in zip(fast, slow, batched, slow_batched):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert c.token_ids == d.token_ids and c.logprobs == d.logprobs
         assert c.token_ids == a.token_ids
 
 

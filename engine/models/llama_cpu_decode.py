@@ -1,4 +1,4 @@
-"""A batch-1 decode step of a packed-4-bit Llama-family model through all its layers in one C++ call.
+"""A decode step of a packed-4-bit Llama-family model through all its layers in one C++ call.
 
 On a small CPU a one-token step of the Python layers spends more time in ~40 calls per layer (module
 calls, views, casts, the attention plan's index ops) than in the 4-bit matmuls and the attention kernel.
@@ -6,8 +6,9 @@ csrc/cpu/decode_layers.cpp makes the same ATen calls on the same inputs in the s
 result is the Python path's to the bit (tested), in one call. It applies where the Python layers would do
 exactly what it does: float32 activations, every linear a single-term 4-bit packing (GGUF Q4_0/Q4_1)
 without bias or padding rows (run by the int8 kernel where the layers take it, int8_matmul.py, else by the
-4-bit kernel), no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one
-sequence; any other step runs the Python layers.
+4-bit kernel), no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one new token a
+sequence, and one sequence unless the linears run on int8 (row by row like every other op of the step: a
+16-sequence step then skips ~40 Python-level calls a layer too); any other step runs the Python layers.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def _int8_at_one_row(linear) -> bool:
 
 
 class CpuDecodeLayers:
-    """Runs a step's decoder layers in one call when the step is a one-token decode of one sequence."""
+    """Runs a step's decoder layers in one call when each of its sequences decodes one token (one sequence where
+    the linears take torch's 4-bit kernel, whose many-row calls the Python layers send elsewhere)."""
 
     def __init__(self, model: nn.Module, ops):
         self.ops = ops
@@ -84,7 +86,8 @@ class CpuDecodeLayers:
         this call runs (the caller then runs the Python layers)."""
         ctx = get_forward_context()
         meta, caches = ctx.meta, ctx.kv_caches
-        if h.shape[0] != 1 or meta.num_seqs != 1 or not ctx.attention.runs_cpu_paged():
+        if h.shape[0] != meta.num_seqs or (meta.num_seqs != 1 and not self.int8) or \
+                not ctx.attention.runs_cpu_paged():
             return None
         if caches[0].fp8_dtype is not None or caches[0].k.dtype not in (torch.float32, torch.bfloat16):
             return None

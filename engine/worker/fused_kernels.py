@@ -40,5 +40,6 @@ def enable_fused_kernels(model: torch.nn.Module, device: torch.device, dtype: to
 
         why_not = llama_cpu_decode.unsupported_reason(model)
         model.cpu_decode = llama_cpu_decode.CpuDecodeLayers(model, ops) if why_not is None else None
-        report["one_call_decode"] = why_not or "batch-1 decode steps run all layers in one C++ call"
+        steps = "decode steps" if why_not is None and model.cpu_decode.int8 else "batch-1 decode steps"
+        report["one_call_decode"] = why_not or f"{steps} run all layers in one C++ call"
     return report
