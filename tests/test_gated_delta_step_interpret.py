@@ -146,13 +146,16 @@ def check(dtype, tol, exact, trail_width=WIDTH, **shape):
     if not exact:
         return
     # the same own tokens through fused decode steps, one after another from the same start (caches[2], not yet
-    # stepped in float16): the same bits
+    # stepped in float16): the same bits, where the CPU's float16 GEMM gives a row the same bits alone as among
+    # others (the layer's projections run on it before any kernel under test: on CPUs with AVX512-FP16 it picks
+    # its kernel by the row count, and there the steps are held to the tolerance instead)
+    rows_exact = all(torch.equal(layer.in_proj(x[r:r + 1]), layer.in_proj(x)[r:r + 1]) for r in range(len(x)))
     for i, (slot, m) in enumerate(zip(slots, own)):
         for j in range(m):
             step = fused(layer, x[i * WIDTH + WIDTH - m + j][None], caches[2].decode_plan(torch.tensor([slot])))
-            assert torch.equal(step[0], got[i * WIDTH + WIDTH - m + j]), (dtype, shape, slot, j)
-        assert torch.equal(caches[2].ssm[1, slot], caches[1].ssm[1, slot]), (dtype, shape, slot)
-        assert torch.equal(caches[2].conv[1, slot], caches[1].conv[1, slot]), (dtype, shape, slot)
+            agree(step[0], got[i * WIDTH + WIDTH - m + j], tol, rows_exact, (dtype, shape, slot, j))
+        agree(caches[2].ssm[1, slot], caches[1].ssm[1, slot], tol, rows_exact, (dtype, shape, slot, "state"))
+        agree(caches[2].conv[1, slot], caches[1].conv[1, slot], tol, rows_exact, (dtype, shape, slot, "inputs"))
 
 check(torch.float32, 1e-5, False, linear_num_value_heads=6, linear_value_head_dim=12, linear_conv_kernel_dim=3)
 check(torch.float16, 1e-5, True, trail_width=WIDTH + 3, linear_num_key_heads=4, linear_key_head_dim=8)

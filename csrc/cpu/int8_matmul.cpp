@@ -183,31 +183,40 @@ void row_chunks(const at::Tensor& x, QuantizeFloat quantize_float, QuantizeBf16 
   }
 }
 
-void matmul_vnni(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets,
-                 int64_t tiles, float* out, int64_t n) {
-  const int64_t k = x.size(1), blocks = k / kGroup;
+// The chunks' outputs on VNNI kernels: tiles two at a time (an odd last one alone) over the threads, rows 4 at a
+// time for a pair and kRowGroup for a lone tile; group(tile, two, g, count, r0, words, d, total) runs one group.
+template <typename Group>
+void pairs_of_tiles(const at::Tensor& x, int64_t tiles, Group group) {
+  const int64_t k = x.size(1);
   row_chunks(x, quantize_row<float>, quantize_row<uint16_t>,
              [&](int64_t r0, int64_t rows, const int32_t* words, const float* d, const float* total) {
     const int64_t tile_work = rows * k * kTile;  // multiply-adds of one tile
-    const int64_t pairs = (tiles + 1) / 2;  // tiles two at a time; an odd last one alone
+    const int64_t pairs = (tiles + 1) / 2;
     at::parallel_for(0, pairs, std::max<int64_t>(1, (1 << 17) / tile_work), [&](int64_t begin, int64_t end) {
       for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t tile = 2 * pair, columns = std::min(2 * kTile, n - tile * kTile);
-        for (int64_t g = 0; g < rows; g += (tile + 1 < tiles ? 4 : kRowGroup)) {
-          if (tile + 1 < tiles) {
-            kTilePairRows[std::min<int64_t>(4, rows - g)](
-                blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
-                words + g * (k / 4), d + g * blocks, total + g * blocks,
-                out + (r0 + g) * n + tile * kTile, n, columns, (k / 4) * 64, blocks * kTile);
-          } else {
-            kTileRows[std::min(kRowGroup, rows - g)](
-                blocks, codes + tile * (k / 4) * 64, scales + tile * blocks * kTile, offsets + tile * blocks * kTile,
-                words + g * (k / 4), d + g * blocks, total + g * blocks,
-                out + (r0 + g) * n + tile * kTile, n, std::min(kTile, columns));
-          }
-        }
+        const int64_t tile = 2 * pair, step = tile + 1 < tiles ? 4 : kRowGroup;
+        for (int64_t g = 0; g < rows; g += step)
+          group(tile, tile + 1 < tiles, g, std::min(step, rows - g), r0, words, d, total);
       }
     });
+  });
+}
+
+void matmul_vnni(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets,
+                 int64_t tiles, float* out, int64_t n) {
+  const int64_t k = x.size(1), blocks = k / kGroup;
+  pairs_of_tiles(x, tiles, [&](int64_t tile, bool two, int64_t g, int64_t count, int64_t r0, const int32_t* words,
+                               const float* d, const float* total) {
+    const int64_t columns = std::min(2 * kTile, n - tile * kTile);
+    const uint8_t* c = codes + tile * (k / 4) * 64;
+    const float *s = scales + tile * blocks * kTile, *o = offsets + tile * blocks * kTile;
+    float* y = out + (r0 + g) * n + tile * kTile;
+    if (two)
+      kTilePairRows[count](blocks, c, s, o, words + g * (k / 4), d + g * blocks, total + g * blocks, y, n, columns,
+                           (k / 4) * 64, blocks * kTile);
+    else
+      kTileRows[count](blocks, c, s, o, words + g * (k / 4), d + g * blocks, total + g * blocks, y, n,
+                       std::min(kTile, columns));
   });
 }
 
@@ -276,23 +285,12 @@ constexpr CompactTilesRows kCompactTileRows[kRowGroup + 1] = {
 void matmul_vnni_compact(const at::Tensor& x, const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros,
                          int64_t tiles, float* out, int64_t n) {
   const int64_t k = x.size(1), blocks = k / kGroup;
-  row_chunks(x, quantize_row<float>, quantize_row<uint16_t>,
-             [&](int64_t r0, int64_t rows, const int32_t* words, const float* d, const float* total) {
-    const int64_t tile_work = rows * k * kTile;  // multiply-adds of one tile
-    const int64_t pairs = (tiles + 1) / 2;  // tiles two at a time; an odd last one alone
-    at::parallel_for(0, pairs, std::max<int64_t>(1, (1 << 17) / tile_work), [&](int64_t begin, int64_t end) {
-      for (int64_t pair = begin; pair < end; ++pair) {
-        const int64_t tile = 2 * pair, columns = std::min(2 * kTile, n - tile * kTile);
-        const bool two = tile + 1 < tiles;
-        for (int64_t g = 0; g < rows; g += (two ? 4 : kRowGroup)) {
-          const CompactTilesRows fn = two ? kCompactPairRows[std::min<int64_t>(4, rows - g)]
-                                          : kCompactTileRows[std::min(kRowGroup, rows - g)];
-          fn(blocks, codes + tile * (k / 8) * 64, scales + tile * blocks * kTile, zeros + tile * blocks * kTile,
-             words + g * (k / 4), d + g * blocks, total + g * blocks, out + (r0 + g) * n + tile * kTile, n, columns,
-             (k / 8) * 64, blocks * kTile);
-        }
-      }
-    });
+  pairs_of_tiles(x, tiles, [&](int64_t tile, bool two, int64_t g, int64_t count, int64_t r0, const int32_t* words,
+                               const float* d, const float* total) {
+    const CompactTilesRows fn = two ? kCompactPairRows[count] : kCompactTileRows[count];
+    fn(blocks, codes + tile * (k / 8) * 64, scales + tile * blocks * kTile, zeros + tile * blocks * kTile,
+       words + g * (k / 4), d + g * blocks, total + g * blocks, out + (r0 + g) * n + tile * kTile, n,
+       std::min(2 * kTile, n - tile * kTile), (k / 8) * 64, blocks * kTile);
   });
 }
 
