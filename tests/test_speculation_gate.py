@@ -53,6 +53,25 @@ def test_each_batch_size_is_judged_on_its_own():
     assert gate.pays(1) is True and gate.pays(32) is False
 
 
+def test_a_new_batch_size_starts_from_a_smaller_ones_losing_verdict_and_probes_it():
+    gate = SpeculationGate(probe_every=16)
+    _feed(gate, 1, 100, plain_s=1.0, round_s=8.0, tokens=2.0)  # loses badly
+    assert gate.pays(1) is False
+    decisions = _feed(gate, 8, 15, plain_s=1.1, round_s=8.5, tokens=2.0)
+    assert gate.pays(8) is False and not any(decisions)  # no rounds to learn what batch 1 already said
+    decisions = _feed(gate, 8, 20, plain_s=1.1, round_s=2.0, tokens=3.0)  # drafting now pays at batch 8
+    assert decisions.count(True) >= 1  # probed within probe_every steps ...
+    _feed(gate, 8, 300, plain_s=1.1, round_s=2.0, tokens=3.0)
+    assert gate.pays(8) is True  # ... and the probes move its own verdict (spaced as any losing bucket's)
+
+
+def test_a_winning_verdict_is_not_carried_to_a_larger_batch_size():
+    gate = SpeculationGate(probe_every=16)
+    _feed(gate, 1, 60, plain_s=1.0, round_s=1.2, tokens=2.0)
+    assert gate.pays(1) is True
+    assert gate.pays(8) is None and gate.wants_drafts(8)  # measured afresh, rounds first
+
+
 def test_first_samples_are_not_averaged_and_nothing_is_judged_before_both_modes_ran():
     gate = SpeculationGate()
     assert gate.pays(1) is None

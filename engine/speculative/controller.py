@@ -15,6 +15,12 @@ probing starts again at the base rate, and a losing verdict is probed twice with
 unlucky estimate cannot lock drafting out for long. Either way the request gets the target's exact distribution:
 the verifier is exact, plain steps sample from the target.
 
+A batch size measured for the first time starts from the verdict of the largest smaller batch size measured so
+far when that verdict is a loss (its averages, probed at the base rate): a verify step of more sequences is more
+compute-bound, so drafting that loses at batch 1 loses at 8 too, and without this each new bucket paid WARMUP + 1
+rounds before it could judge (on the embedded target on an H100 a round costs ~8 plain steps). A winning verdict is
+not carried over: each larger batch size measures its own.
+
 Separately, a proposer that keeps finding nothing to draft (prompt lookup over text that never repeats) is
 asked less often: after each empty proposal the next `skip` steps do not call it (doubling, up to
 `probe_every`), so its cost fades where it has nothing to offer.
@@ -78,8 +84,21 @@ class SpeculationGate:
         key = batch_bucket(batch)
         b = self._buckets.get(key)  # (asked a few times every decode step: no bucket is built to be dropped)
         if b is None:
-            b = self._buckets[key] = _Bucket(probe_every=self.probe_every)
+            b = self._buckets[key] = self._losing_below(key) or _Bucket(probe_every=self.probe_every)
         return b
+
+    def _losing_below(self, key: int) -> _Bucket | None:
+        """A new bucket seeded with the averages of the largest smaller bucket measured so far, where that one's
+        verdict is a loss; None otherwise."""
+        smaller = [k for k, b in self._buckets.items() if k < key and self._verdict(b) is not None]
+        if not smaller:
+            return None
+        below = self._buckets[max(smaller)]
+        if self._verdict(below) is not False:
+            return None
+        seen = WARMUP + 1  # counted as measured: the verdict holds until this bucket's own probes move it
+        return _Bucket(*(_Mean(seen, m.value) for m in (below.plain_s, below.round_s, below.tokens)),
+                       probe_every=self.probe_every)
 
     def pays(self, batch: int) -> bool | None:
         """True / False once both modes are measured at this batch size; None before."""
