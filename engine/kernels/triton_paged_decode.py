@@ -2,7 +2,7 @@
 place (no per-step context copy).
 
 Each program takes one query token, one KV head with all its GQA query heads, and walks fixed 128-token partitions of
-that token's context through the block table (with ONECAT_PAGED_LONG_PARTITION=1, 512-token ones past 8K tokens of
+that token's context through the block table (512-token ones past 8K tokens of
 context); a second kernel merges the partitions by their log-sum-exp. A partition boundary depends only on the
 sequence's own length, never on the batch or the launch grid, so results are batch-invariant and identical inside and
 outside CUDA graphs.
@@ -34,7 +34,7 @@ PARTITION = 128  # context tokens per split; fixed so numerics never depend on t
 # 128-token partitions cost as much in their partials and the merge's second pass as in reading K/V (H100, 64-token
 # tiles in two stages: 47 us a layer at 16K with 128-token partitions against 33 us with 512-token ones, every length
 # in one size; benchmarks/results/gpu_paged_decode_h100.json). In this form (the wide tile walking a 512-token
-# partition) on an H100: 51.3 -> 33.5 us a layer at 16K, batch 1 decode at 16K 147.5 -> 166.8 tok/s
+# partition) on an H100: 51.7 -> 32.7 us a layer at 16K, batch 1 decode at 16K 147.5 -> 166.8 tok/s
 # (results/gpu_paged_decode_long_h100.json). ONECAT_PAGED_LONG_PARTITION=0: 128 tokens at every length (A/B)
 LONG_PARTITION = 512 if switch("ONECAT_PAGED_LONG_PARTITION", True) else PARTITION
 LONG_FROM = 8192
