@@ -59,6 +59,6 @@ class WeightPacker:
             packed[weight.qtype] = packed.get(weight.qtype, 0) + 1
         self.blocks.clear()
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        return {"method": "gguf", "kernel": Int4PackedLinear.kernel, "packed_linears": packed,
+        return {"method": "gguf", "kernel": Int4PackedLinear.kernel(), "packed_linears": packed,
                 "large_batch_path": Int4PackedLinear.large_batch_path(),
                 "dense_linears": dense}

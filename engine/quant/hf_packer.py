@@ -220,7 +220,7 @@ class W4A16Packer:
             from onecat.engine.quant.int4.linear import Int4PackedLinear
 
             return {"method": "w4a16", "source": source, "packed_linears": replaced, "kernel":
-                    Int4PackedLinear.kernel + "; scales rounded to bfloat16", "large_batch_path":
+                    Int4PackedLinear.kernel() + "; scales rounded to bfloat16", "large_batch_path":
                     Int4PackedLinear.large_batch_path(), "kept_dense": kept_dense,
                     "dense_linears": dense}
         return {"method": "w4a16", "source": source, "packed_linears": replaced,

@@ -66,7 +66,6 @@ def _onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 class Int4PackedLinear(nn.Module):
-    kernel = "aten._weight_int4pack_mm_for_cpu (4-bit, group 32, bf16 activations)"
     input_dtype = _KERNEL_DTYPE  # what the kernels read best: a producer that can write it directly saves a cast
 
     def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None, dtype: torch.dtype = torch.float32):
@@ -167,6 +166,14 @@ class Int4PackedLinear(nn.Module):
 
     def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
         return _int4_mm(x2, self._buffers[f"packed{i}"], GROUP, self._buffers[f"scale_zero{i}"])
+
+    @staticmethod
+    def kernel() -> str:
+        """The kernel a packed layer's matmuls run on here (engine info)."""
+        isa = int8_matmul.isa()
+        if isa is not None:
+            return f"int8 dot products over the 4-bit codes ({isa}, group {GROUP}, activations rounded to int8)"
+        return f"aten._weight_int4pack_mm_for_cpu (4-bit, group {GROUP}, bf16 activations)"
 
     @staticmethod
     def large_batch_path() -> str:
