@@ -86,10 +86,10 @@ class Int8MatmulWeights:
     a byte (the even word's in the low nibble), codes [tiles, K / 8, 64], scale and zero in bfloat16 (the offset
     is formed in the kernel). "bytes" (AVX512-VNNI only): a code a byte, codes [tiles, K / 4, 64] (16 columns x 4
     consecutive values per 64 bytes), scale and offset [tiles, K / 32, 16] in float32: 8-bit codes
-    (eight_bit), or 4-bit ones to check that both layouts give the same bits."""
+    (eight_bit, with their own `offset`), or 4-bit ones to check that both layouts give the same bits. Padding
+    columns have scale and offset 0, so whatever their code, their weight is 0."""
 
-    def __init__(self, blocks: Int4Blocks, layout: str = "compact", codes: torch.Tensor | None = None,
-                 offset: torch.Tensor | None = None):
+    def __init__(self, blocks: Int4Blocks, layout: str = "compact", offset: torch.Tensor | None = None):
         from onecat.engine.kernels import cpu_ops
 
         self.ops = cpu_ops.load()  # loaded once here: a step calls the layer ~120 times
@@ -99,7 +99,7 @@ class Int8MatmulWeights:
         tiles = (n + pad) // TILE
         scale = F.pad(blocks.scale.to(torch.bfloat16).float(), (0, 0, 0, pad))  # padding columns: w = 0
         zero = F.pad(blocks.zero.to(torch.bfloat16).float(), (0, 0, 0, pad))
-        codes = F.pad(blocks.codes if codes is None else codes, (0, 0, 0, pad), value=8 if codes is None else 0)
+        codes = F.pad(blocks.codes, (0, 0, 0, pad), value=8)
         self.out_features = n
         words = codes.view(tiles, TILE, k // 4, 4).permute(0, 2, 1, 3).reshape(tiles, k // 4, 4 * TILE)
         offset = zero - 8 * scale if offset is None else F.pad(offset, (0, 0, 0, pad))
@@ -117,9 +117,8 @@ class Int8MatmulWeights:
         """Q8_0's two terms as one in the byte layout: code 16 * hi + lo = q + 128 in [1, 255], scale d (the low
         term's, bf16) and offset -128 d, exactly the sum of the two terms' weights."""
         scale = lo.scale.to(torch.bfloat16).float()
-        codes = 16 * hi.codes.to(torch.int32) + lo.codes.to(torch.int32)
-        return cls(Int4Blocks(lo.codes, scale, torch.zeros_like(scale)), "bytes", codes.to(torch.uint8),
-                   -128 * scale)
+        codes = (16 * hi.codes.to(torch.int32) + lo.codes.to(torch.int32)).to(torch.uint8)
+        return cls(Int4Blocks(codes, scale, torch.zeros_like(scale)), "bytes", offset=-128 * scale)
 
     def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
         """x2 [M, K] float32 or bfloat16 -> float32 [M, N]. `kernel` "avx2": the AVX2 kernel where this CPU has a
