@@ -67,20 +67,26 @@ def profiled(llm, batch_prompts, max_tokens: int, out: Path | None, label: str) 
 def best_of(llm, batch_prompts, max_tokens: int, repeats: int, warmups: int = 1) -> tuple[float, list, dict]:
     """Best tok/s of `repeats` timed batches after `warmups` untimed ones (graphs, kernel builds, warm caches), and
     the CUDA graphs captured inside the timed batches ({"captures", "capture_s"}: each one's capture, and the kernel
-    builds of its warm-up step, fell in a timed step). A synthetic proposer learns the prompts' continuations in
+    builds of its warm-up step, fell in a timed step) and the Triton kernel variants built there (each one's build
+    fell in a timed step). A synthetic proposer learns the prompts' continuations in
     the first untimed batch, where it drafts at acceptance ~1 and so asks only the narrowest verify widths: the
     speculative engine takes two, the second drafting at the set acceptance as the timed ones do."""
     for _ in range(warmups):
         decode(llm, batch_prompts, max_tokens)
+    from onecat.engine.kernels import triton_builds
+
     before, drafter_before = llm.worker.cuda_graph_report(), drafter_captures(llm)
+    built = triton_builds.mark()
     runs = [decode(llm, batch_prompts, max_tokens) for _ in range(repeats)]
     after = llm.worker.cuda_graph_report()
     inside = {"captures": after["captures"] - before["captures"],
               "capture_s": round(after["capture_s"] - before["capture_s"], 3),
-              "drafter_captures": drafter_captures(llm) - drafter_before}
-    if inside["captures"] or inside["drafter_captures"]:
-        log(f"  CUDA graphs captured inside the timed batches: {inside['captures']} of the target "
-            f"({inside['capture_s']} s), {inside['drafter_captures']} of the drafter")
+              "drafter_captures": drafter_captures(llm) - drafter_before,
+              "triton_variants_built": triton_builds.describe(built)}
+    if inside["captures"] or inside["drafter_captures"] or inside["triton_variants_built"]["count"]:
+        log(f"  inside the timed batches: CUDA graphs captured {inside['captures']} of the target "
+            f"({inside['capture_s']} s), {inside['drafter_captures']} of the drafter; Triton kernel variants built "
+            f"{inside['triton_variants_built']['count']}")
     return max(r[0] for r in runs), runs[-1][1], inside
 
 

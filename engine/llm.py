@@ -18,6 +18,7 @@ import torch
 from onecat.engine.args import EngineArgs
 from onecat.engine.core.engine_core import EngineCore
 from onecat.engine.errors import ConfigError
+from onecat.engine.kernels import triton_builds
 from onecat.engine.outputs import RequestOutput, ScoreOutput
 from onecat.engine.sampling_params import InvalidRequestError, SamplingParams
 from onecat.engine.speculative import build_proposer
@@ -43,8 +44,14 @@ class LLM:
         self.engine = EngineCore(self.cfg, w, self._build_proposer())
         self._ids = itertools.count()
         self.warmup = None  # on CUDA: kernels compiled and graphs captured now, not on a request
+        self._builds_from = None  # Triton kernel variants counted from here: those built on a request's step
         if self.device.type == "cuda":
+            counting = triton_builds.install()
+            start = triton_builds.mark()
             self.warmup = w.warm_up(self.engine_generate, self.engine.reset_counters)
+            if counting:
+                self.warmup["kernel_variants_built"] = triton_builds.mark() - start
+                self._builds_from = triton_builds.mark()
         self.load_time_s = time.perf_counter() - t0
 
     def _build_proposer(self) -> SpeculativeDecoder | None:
@@ -153,6 +160,8 @@ class LLM:
                                                      if self.engine.pipeline else None)},
             "attention_backend": self.worker.attention.report(),
             "cuda_graph": self.worker.cuda_graph_report()["used"], "warmup": self.warmup,
+            "kernel_variants_built_after_warmup": (triton_builds.describe(self._builds_from)
+                                                   if self._builds_from is not None else None),
             "speculative": self.engine.proposer.describe() if self.engine.proposer else None,
             "tensor_parallel": self.tp.describe(self.model_config) if self.tp else None,
             "torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),

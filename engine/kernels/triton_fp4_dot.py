@@ -23,7 +23,7 @@ from onecat.engine.kernels.triton_fp4 import code_bits, code_places
 MIN_CAPABILITY = 80
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one build for every row count (triton_builds.py says why)
 def fp4_dot_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, K: tl.constexpr, FMT: tl.constexpr,
                    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     B: tl.constexpr = 16 if FMT == 0 else 32

@@ -64,16 +64,30 @@ def rows_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     float32 (contiguous; may be the same tensor), row r reading states_in[in_index[r]] and writing its state
     after its own tokens to states_out[out_index[r]]; begin, end [R]. Returns the outputs [R, W, Hv, Dv] float32
     (None when not `with_outputs`; written into `out` where given). `keep_pre` [S, Hv, Dk, Dv]: row r's state
-    before its tokens is also written to keep_pre[in_index[r]]."""
+    before its tokens is also written to keep_pre[in_index[r]]. Without `out`, rows are padded to a power-of-two
+    width (end[r] <= W always: the padding never changes a state): an eager verify chunk's width is its own draft
+    count + 1, and each width of the unrolled kernel is a build of its own (0.5-1 s on a step, triton_builds.py)."""
     rows, width, hk, dk = k.shape
     hv, dv = v.shape[-2:]
-    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    padded = width if out is not None else triton.next_power_of_2(width)
+    if padded > width:  # W is the kernel's unrolled length: a few builds, not one per draft count
+        q, k, v, g, beta = (_pad_tokens(t, padded) for t in (q, k, v, g, beta))
+    else:
+        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
     if with_outputs and out is None:
-        out = torch.empty(rows, width, hv, dv, dtype=torch.float32, device=v.device)
+        out = torch.empty(rows, padded, hv, dv, dtype=torch.float32, device=v.device)
     bv = min(8, triton.next_power_of_2(dv))
     grid = (rows * hv * triton.cdiv(dv, bv),)
     rows_recurrence_kernel[grid](q, k, v, g.float(), beta.float(), states_in, in_index, states_out, out_index,
                                  begin, end, out if with_outputs else v, states_in if keep_pre is None else keep_pre,
-                                 dk ** -0.5, W=width, HK=hk, HV=hv, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv,
+                                 dk ** -0.5, W=padded, HK=hk, HV=hv, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv,
                                  WRITE_O=with_outputs, KEEP_PRE=keep_pre is not None, num_warps=1)
+    return out[:, :width] if out is not None and padded > width else out
+
+
+def _pad_tokens(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t [R, W, ...] as [R, width, ...] (width > W), zeros after the row's tokens: past every row's end, they leave
+    its state as it was."""
+    out = t.new_zeros(t.shape[0], width, *t.shape[2:])
+    out[:, :t.shape[1]] = t
     return out

@@ -67,7 +67,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return sorted_pairs, block_experts
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_pairs"])  # one build for every pair count (triton_builds.py says why)
 def gate_up_kernel(x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, n_pairs, top_k, num_experts, N,
                    stride_x, stride_we, stride_wn, stride_o,
                    K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,
@@ -120,7 +120,7 @@ def gate_up_kernel(x_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, n_pairs, top_k
     h = act * acc_u.to(dt)
     tl.store(out_ptr + pair[:, None] * stride_o + cols[None, :], h, mask=row_ok[:, None] & col_ok[None, :])
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_pairs"])  # one build for every pair count (triton_builds.py says why)
 def down_kernel(h_ptr, w_ptr, out_ptr, pairs_ptr, experts_ptr, route_ptr, n_pairs, num_experts, N, stride_h,
                 stride_we, stride_wn, stride_o,
                 K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, USE_DOT: tl.constexpr,

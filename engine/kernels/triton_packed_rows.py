@@ -36,7 +36,7 @@ RUN = 128  # input columns a step: one run of the words' tiles (16 words of 8 co
 NVFP4, MXFP4, W4A16, FP8 = 0, 1, 2, 3  # FMT (triton_fp4.NVFP4 / MXFP4); the kernel compares the numbers (no globals)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one build for every row count of a tile size (triton_builds.py says why)
 def packed_rows_kernel(x_ptr, q_ptr, s_ptr, g_ptr, y_ptr, N, M, order_ptr, sched_ptr, K: tl.constexpr,
                        FMT: tl.constexpr, G: tl.constexpr, TILED: tl.constexpr, SLOTS: tl.constexpr, M0: tl.constexpr,
                        M1: tl.constexpr, M2: tl.constexpr, M3: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr,

@@ -31,7 +31,7 @@ MAX_ROWS = 32  # rows of one call: more is a prefill's shape, which the library 
 MAX_K = 65536
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one build for every row count (triton_builds.py says why)
 def rows_gemm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, n_out, K: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWAP: tl.constexpr,
                      GLU: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):

@@ -194,7 +194,7 @@ def w4a16_gemv_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, magic, K: tl.constexpr,
     if M > 7:
         tl.store(y_ptr + 7 * N + rows, tl.sum(acc7, axis=1).to(out_ty), mask=row_ok)
 
-@triton.jit
+@triton.jit(do_not_specialize=["MN"])  # one build for every row count (triton_builds.py says why)
 def split_sum_kernel(part_ptr, y_ptr, MN, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """y = the SPLIT fp32 partials [SPLIT, M*N] summed in split order (the same order on every call)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

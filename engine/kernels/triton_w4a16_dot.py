@@ -20,7 +20,7 @@ ROWS_PAD = 16  # tl.dot's smallest N: activations are padded to 16 rows (masked 
 MAGIC = 0x4B000000  # the bits of 2^23 as a float
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one build for every row count (triton_builds.py says why)
 def w4a16_dot_kernel(x_ptr, q_ptr, sz_ptr, y_ptr, N, M, magic, K: tl.constexpr,
                      G: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
     GW: tl.constexpr = G // 8

@@ -1,0 +1,53 @@
+"""Triton kernels specialized in this process: each launch whose argument types, constexprs or specialization
+(an integer equal to 1 or a multiple of 16, a pointer aligned to 16 bytes) the kernel has not met before builds a
+new variant (compiled, or loaded from Triton's disk cache): 0.1-1.5 s of host time on the step that meets it. The
+CUDA engine's warm-up builds the variants its requests select; one built later fell on a request. Counted through
+Triton's cache-miss hook (chained to any hook set before), so a caller can see which kernels a run built and when:
+`mark()` then `since(mark)`. Without Triton (CPU builds) nothing is counted."""
+from __future__ import annotations
+
+import threading
+
+_lock = threading.Lock()
+_built: list[str] = []  # "kernel(arg types and specializations)" of every variant built since install()
+_installed = False
+
+
+def install() -> bool:
+    """Start counting (once per process); False where Triton or its hook is missing."""
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        try:
+            from triton import knobs
+        except ImportError:
+            return False
+        runtime = getattr(knobs, "runtime", None)
+        if runtime is None or not hasattr(runtime, "jit_cache_hook"):
+            return False
+        before = runtime.jit_cache_hook
+
+        def hook(*args, repr: str = "", **kwargs):
+            _built.append(repr)
+            return before(*args, repr=repr, **kwargs) if before is not None else None
+
+        runtime.jit_cache_hook = hook
+        _installed = True
+        return True
+
+
+def mark() -> int:
+    """A point to count from."""
+    return len(_built)
+
+
+def since(point: int) -> list[str]:
+    """The variants built after `point` (a `mark()`), oldest first."""
+    return list(_built[point:])
+
+
+def describe(point: int, limit: int = 8) -> dict:
+    """For records: how many variants were built after `point`, and the first `limit` of them by kernel."""
+    built = since(point)
+    return {"count": len(built), "first": [b[:240] for b in built[:limit]]}
