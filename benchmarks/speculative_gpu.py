@@ -101,7 +101,10 @@ def main() -> None:
               "prompts": prompts["datasets"], "greedy": args.sampling == "greedy",
               "sampling": {"name": args.sampling, **SAMPLING[args.sampling]}, "max_tokens": args.max_tokens,
               "warmup": "each prompt set once per batch size, un-timed, for both engines",
-              "repeats_asked": args.repeats, "budget_s": args.budget_s, "rows": rows, "wall_s": time.time() - t0}
+              "repeats_asked": args.repeats, "budget_s": args.budget_s, "rows": rows, "wall_s": time.time() - t0,
+              # Triton kernel variants built after each engine's warm-up (each fell on a step of a run above)
+              "kernel_variants_built_after_warmup": {"target_only": base.info()["kernel_variants_built_after_warmup"],
+                                                     "dflash": spec.info()["kernel_variants_built_after_warmup"]}}
     write_record(record, args.out)  # compare() printed one summary line per figure as it measured it
     log(f"done in {time.time() - t0:.0f}s")
 
