@@ -94,7 +94,8 @@ def _graph_runs(model_dir, runs, **settings) -> dict:
             facts = {"info_graph": llm.info()["cuda_graph"], "pipeline_launches": llm.engine.pipeline.launches
                      if llm.engine.pipeline is not None else 0, "states": llm.model.states,
                      "preemptions": llm.engine.scheduler.num_preemptions,
-                     "paths": {m.path for m in llm.model.modules() if hasattr(m, "use_fla")}}
+                     "paths": {m.path for m in llm.model.modules() if hasattr(m, "use_fla")},
+                     "warmup": llm.info()["warmup"], "built": llm.info()["kernel_variants_built_after_warmup"]}
             out[mode] = (results, report, facts)
     print({mode: out[mode][1] for mode in out})
     return out
@@ -175,6 +176,10 @@ def test_hybrid_verify_steps_replay_narrower_widths(tmp_path, monkeypatch):
     assert len(report["captured_verify_widths"]) > 1 and report["verify_disabled_reason"] is None, report
     for g, e in zip(graphs, eager):
         _agree(g, e, SCHEDULE_TOL)
+    # the eager engine verified rows of every draft length, at widths padded to 2, 4, 8: built at start-up
+    eager_facts = got["off"][2]
+    assert eager_facts["warmup"]["verify_row_widths_built"] == 3, eager_facts["warmup"]
+    assert "rows_recurrence_kernel" not in eager_facts["built"]["by_kernel"], eager_facts["built"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

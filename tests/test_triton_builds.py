@@ -23,7 +23,8 @@ def test_builds_are_counted_in_order_and_the_earlier_hook_still_answers(monkeypa
     assert triton_builds.since(start) == ["step_kernel[num_warps=4](x: *bf16, n: i32)",
                                           "split_kernel[num_warps=8](y: *fp32, n: constexpr)"]
     assert earlier == triton_builds.since(start)
-    assert triton_builds.describe(start + 1) == {"count": 1, "first": ["split_kernel[num_warps=8](y: *fp32, n: "
-                                                                       "constexpr)"]}
+    hook(key=None, repr="step_kernel[num_warps=4](x: *fp16, n: i32)", fn=None)
+    assert triton_builds.describe(start) == {"count": 3, "by_kernel": {"step_kernel": 2, "split_kernel": 1}}
+    assert triton_builds.describe(start + 1) == {"count": 2, "by_kernel": {"split_kernel": 1, "step_kernel": 1}}
     assert triton_builds.install()  # once per process: not wrapped twice
     assert knobs.runtime.jit_cache_hook is hook

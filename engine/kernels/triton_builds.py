@@ -47,7 +47,11 @@ def since(point: int) -> list[str]:
     return list(_built[point:])
 
 
-def describe(point: int, limit: int = 8) -> dict:
-    """For records: how many variants were built after `point`, and the first `limit` of them by kernel."""
+def describe(point: int) -> dict:
+    """For records: how many variants were built after `point`, and how many of each kernel."""
     built = since(point)
-    return {"count": len(built), "first": [b[:240] for b in built[:limit]]}
+    by_kernel: dict[str, int] = {}
+    for b in built:
+        name = b.split("[", 1)[0]
+        by_kernel[name] = by_kernel.get(name, 0) + 1
+    return {"count": len(built), "by_kernel": by_kernel}

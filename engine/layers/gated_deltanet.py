@@ -183,6 +183,24 @@ class GatedDeltaNet(nn.Module):
                           torch.full_like(rows.lead, width), reference=self.use_fla is False)
         return core.reshape(count * width, self.v_heads, self.v_dim)
 
+    def build_verify_row_kernels(self, widths: list[int], dtype: torch.dtype, device: torch.device) -> int:
+        """Build, on a row of zeros (no cache touched), the rows kernel's variants an eager verify chunk of each
+        of `widths` tokens will launch (its width padded to a power of two: triton_gated_delta_rows.py), so the
+        start-up warm-up pays for them and not a request's step (0.5-1 s each). Returns how many it launched."""
+        if device.type != "cuda" or self.use_fla is False or triton_unavailable_reason() is not None:
+            return 0
+        launched = 0
+        for width in sorted({1 << (w - 1).bit_length() for w in widths if w > 1}):
+            def zeros(*shape, kind=dtype):
+                return torch.zeros(1, width, *shape, dtype=kind, device=device)
+            state = torch.zeros(1, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32, device=device)
+            slot, lead = torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device)
+            delta_rows(zeros(self.k_heads, self.k_dim), zeros(self.k_heads, self.k_dim), zeros(self.v_heads, self.v_dim),
+                       zeros(self.v_heads, kind=torch.float32), zeros(self.v_heads, kind=torch.float32), state, slot,
+                       state, slot, lead, torch.full_like(lead, width))
+            launched += 1
+        return launched
+
     def _finish(self, core: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The gated RMSNorm of the rule's outputs [T, Hv, Dv] and out_proj."""
         T = x.shape[0]

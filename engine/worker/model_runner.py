@@ -202,6 +202,7 @@ class ModelRunner:
 
     # ---- speculative verify steps ------------------------------------------------------------------
     verify_gemv_rows = 1  # rows of a decode/verify step that may take the batch-1 GEMV
+    verify_query_len = 1  # tokens a sequence brings to a verify step (1 + k; 1: no speculation)
 
     def setup_verify(self, query_len: int, gemv: bool, narrow: bool = False) -> None:
         """Verify steps run 1 + k tokens per sequence: they replay CUDA graphs too, and with `gemv` (the
@@ -210,6 +211,7 @@ class ModelRunner:
         target-only's tokens exactly at batch 1 (the library GEMM sums 1 + k rows in another order than 1, and
         near-ties flip), at the price of reading the weights once per row (triton_gemv.ROW_LOOP: from cache)."""
         self.verify_gemv_rows = query_len if gemv else 1
+        self.verify_query_len = query_len
         states = getattr(self.model, "states", None)
         if states is not None:  # a hybrid model keeps each verify row's inputs: its trail buffers are made now,
             before = states.verify_trails  # for the widest row, before any verify graph is captured

@@ -228,7 +228,7 @@ class Worker:
         from onecat.engine.worker.warmup import warm_up
 
         return warm_up(self.runner, self.model_config.vocab_size, self.max_model_len,
-                       self.cfg.max_num_batched_tokens, generate, reset_counters)
+                       self.cfg.max_num_batched_tokens, generate, reset_counters, dtype=self.dtype)
 
     # ---- steps --------------------------------------------------------------------------------
     def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
