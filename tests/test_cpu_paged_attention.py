@@ -99,6 +99,20 @@ def test_token_results_do_not_depend_on_the_step(kind):
     assert torch.equal(CpuPagedBackend().forward(strided, cache, meta, 0.125), full)
 
 
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_a_bfloat16_cache_gives_the_bits_of_its_float32_copy(q_dtype):
+    """bfloat16 rows are widened where they are used (AVX2 builds) or into float32 copies (elsewhere); either way
+    each value is widened exactly and used in the same order, so the same values in a float32 cache give the
+    same bits, prefill runs and decode rows alike."""
+    gen = torch.Generator().manual_seed(2)
+    cache, k, v = _cache("bf16", gen)
+    as_float = LayerKVCache(k.contiguous(), v.contiguous(), None, None, None)
+    meta = _meta(**STEP)
+    q = torch.randn(sum(STEP["q_lens"]), HQ, D, generator=gen).to(q_dtype)
+    assert torch.equal(CpuPagedBackend().forward(q, cache, meta, 0.125),
+                       CpuPagedBackend().forward(q, as_float, meta, 0.125))
+
+
 def test_refusals_and_auto_choice():
     cache, _, _ = _cache("fp32", torch.Generator().manual_seed(2))
     meta = _meta([1], [5], [[1]])

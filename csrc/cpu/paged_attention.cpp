@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -81,7 +82,25 @@ struct CacheView {
     for (int64_t d = 0; d < dim; ++d) scratch[d] = fp8_values[src[d]] * s;
     return scratch;
   }
+
+  // The row at `offset` of cache block `block` as stored (a bfloat16 cache: read and widened where it is used).
+  const at::BFloat16* row(int64_t block, int64_t offset, at::BFloat16*) const {
+    return static_cast<const at::BFloat16*>(data) + ((block * block_size + offset) * kv_heads + head) * dim;
+  }
 };
+
+// Eight values of a row as float32: loaded, or bfloat16 widened exactly (the same values either way).
+#if defined(CPU_CAPABILITY_AVX2)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+#endif
+inline Vec load_vec(const float* p) { return Vec::loadu(p); }
+#if defined(CPU_CAPABILITY_AVX2)
+inline Vec load_vec(const at::BFloat16* p) { return Vec(load8(p)); }  // Vec::size() is 8 in an AVX2 build
+#endif
 
 // Dot product of two dim-long float rows (dim a multiple of Vec::size()): four independent lane-wise
 // fused multiply-add chains (values d, d + 4 * lanes, ... in chain d / lanes % 4), the chains added in a
@@ -103,7 +122,8 @@ inline float dot(const float* a, const float* b, int64_t dim) {
 // scores[j] = scale * dot(q, rows[j]) for the chunk's kChunk rows (rows past the chunk's keys point at
 // zeros). With AVX2, eight keys at a time: one fused multiply-add chain per key over the head dim, then
 // the eight lane sums reduced together by horizontal adds (a fixed tree); elsewhere one dot per key.
-inline void chunk_scores(const float* q, const float* const* rows, int64_t dim, float scale, float* scores) {
+template <typename R>
+inline void chunk_scores(const float* q, const R* const* rows, int64_t dim, float scale, float* scores) {
 #if defined(CPU_CAPABILITY_AVX2)
   if (dim % 8 == 0) {
     for (int64_t j0 = 0; j0 < kChunk; j0 += 8) {
@@ -111,7 +131,7 @@ inline void chunk_scores(const float* q, const float* const* rows, int64_t dim, 
       for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
       for (int64_t d = 0; d < dim; d += 8) {
         const __m256 x = _mm256_loadu_ps(q + d);
-        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows[j0 + j] + d), acc[j]);
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(x, load8(rows[j0 + j] + d), acc[j]);
       }
       const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
       const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
@@ -122,19 +142,27 @@ inline void chunk_scores(const float* q, const float* const* rows, int64_t dim, 
     return;
   }
 #endif
-  for (int64_t j = 0; j < kChunk; ++j) scores[j] = dot(q, rows[j], dim) * scale;
+  if constexpr (std::is_same_v<R, float>) {
+    for (int64_t j = 0; j < kChunk; ++j) scores[j] = dot(q, rows[j], dim) * scale;
+  } else {
+    TORCH_CHECK(false, "bfloat16 rows are read as stored only in the AVX2 build, head dim a multiple of 8");
+  }
 }
 
 // Attention of a run of `count` consecutive query tokens of one sequence (positions p0, p0 + 1, ...) for KV
 // heads [h0, h1). Every (token, head) keeps its own running softmax (queries in float32, the weighted sum of
 // values, each query head's running maximum and total) and walks the keys chunk by chunk exactly as it would
 // alone: a chunk's keys past the token's position are zeros, scored and masked. So a token's bits do not
-// depend on the run or the heads that share its job. What the run shares is each chunk's rows: a bfloat16 or
-// fp8 cache's rows are converted to float32 once per chunk for all the run's tokens (a prefill's tokens
-// would otherwise convert every key again), read key by key over the job's heads, which for all heads is one
-// front-to-back pass over the cache block: a decode step's reads stream from memory (measured on a 2-core
-// AMD EPYC, 16 sequences x 176 keys, caches of 30 layers: 247-263 against 367-407 us a call in bfloat16).
-template <typename T>
+// depend on the run or the heads that share its job. What the run shares is each chunk's rows: an fp8 cache's
+// rows are converted to float32 once per chunk for all the run's tokens (a prefill's tokens would otherwise
+// convert every key again), read key by key over the job's heads, which for all heads is one front-to-back pass
+// over the cache block: a decode step's reads stream from memory (measured on a 2-core AMD EPYC, 16 sequences x
+// 176 keys, caches of 30 layers: 247-263 against 367-407 us a call in bfloat16). R = at::BFloat16 (AVX2 builds):
+// a bfloat16 cache's rows are read as stored and widened in registers where they are used, exactly, so the bits
+// are those of the converted copies (checked against them: decode and prefill runs, head dims 32-128), without
+// writing and reading the copies (2-core Xeon, 16 sequences x 160 keys: 122-134 against 145-153 us a call,
+// alternated; no change a whole 16-sequence decode step could show, 18.7-18.9 ms either way).
+template <typename T, typename R>
 void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* out, int64_t out_token_stride,
                 int64_t out_head_stride, CacheView k, CacheView v, const int32_t* table, int64_t p0, int64_t count,
                 int64_t group, int64_t h0, int64_t h1, float scale) {
@@ -145,13 +173,14 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
   float* const acc = qf + count * lanes * dim;
   float* const m = acc + count * lanes * dim;  // [token][head][g]
   float* const l = m + count * lanes;
-  const bool convert = k.dtype != at::kFloat;  // rows read through float32 copies, once per chunk
+  // rows read through float32 copies, once per chunk, unless they are float32 or read as stored (R bfloat16)
+  const bool convert = std::is_same_v<R, float> && k.dtype != at::kFloat;
   std::vector<float> converted(convert ? 2 * kChunk * heads * dim : 0);
-  const float* krows[kChunk][16];  // [key][head - h0]: a row in the cache or in `converted`
-  const float* vrows[kChunk][16];
+  const R* krows[kChunk][16];  // [key][head - h0]: a row in the cache or in `converted`
+  const R* vrows[kChunk][16];
   float scores[16][kChunk], factor[16];  // factor: the chunk's rescaling of acc
-  const float* rows[kChunk];
-  static const float zeros[256] = {};
+  const R* rows[kChunk];
+  static const R zeros[256] = {};
   for (int64_t t = 0; t < count; ++t)
     for (int64_t h = h0; h < h1; ++h)
       for (int64_t g = 0; g < group; ++g) {
@@ -167,9 +196,11 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
     for (int64_t j = 0, b = c0 / k.block_size, o = c0 % k.block_size; j < n_all; ++j) {  // key by key, its heads
       for (int64_t h = h0; h < h1; ++h) {
         k.head = v.head = h;
-        float* kbuf = convert ? converted.data() + (j * heads + h - h0) * dim : nullptr;
+        R* kbuf = nullptr;
+        if constexpr (std::is_same_v<R, float>)
+          if (convert) kbuf = converted.data() + (j * heads + h - h0) * dim;
         krows[j][h - h0] = k.row(table[b], o, kbuf);
-        vrows[j][h - h0] = v.row(table[b], o, convert ? kbuf + kChunk * heads * dim : nullptr);
+        vrows[j][h - h0] = v.row(table[b], o, kbuf != nullptr ? kbuf + kChunk * heads * dim : nullptr);
       }
       if (++o == k.block_size) o = 0, ++b;
     }
@@ -198,7 +229,7 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
           float* a = acc + (base + g) * dim;
           for (int64_t d = 0; d < dim; d += Vec::size()) {
             Vec x = Vec::loadu(a + d) * Vec(factor[g]);
-            for (int64_t j = 0; j < n; ++j) x = at::vec::fmadd(Vec(scores[g][j]), Vec::loadu(rows[j] + d), x);
+            for (int64_t j = 0; j < n; ++j) x = at::vec::fmadd(Vec(scores[g][j]), load_vec(rows[j] + d), x);
             x.store(a + d);
           }
         }
@@ -293,9 +324,19 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       for (int64_t job = begin; job < end; ++job) {
         const Run& r = runs[job / splits];
         const int64_t h0 = job % splits * heads_per_job;
-        attend_run<scalar_t>(qp + r.first * q.stride(0), q.stride(0), q.stride(1), op + r.first * q_heads * dim,
-                             q_heads * dim, dim, kv[0], kv[1], table0 + r.seq * tables.size(1), r.position, r.count,
-                             group, h0, h0 + heads_per_job, static_cast<float>(scale));
+        const auto attend = [&](auto row_type) {
+          attend_run<scalar_t, decltype(row_type)>(
+              qp + r.first * q.stride(0), q.stride(0), q.stride(1), op + r.first * q_heads * dim, q_heads * dim, dim,
+              kv[0], kv[1], table0 + r.seq * tables.size(1), r.position, r.count, group, h0, h0 + heads_per_job,
+              static_cast<float>(scale));
+        };
+#if defined(CPU_CAPABILITY_AVX2)
+        if (k_cache.scalar_type() == at::kBFloat16 && dim % 8 == 0) {
+          attend(at::BFloat16());
+          continue;
+        }
+#endif
+        attend(0.0f);
       }
     });
   });
