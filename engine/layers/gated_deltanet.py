@@ -189,17 +189,15 @@ class GatedDeltaNet(nn.Module):
         start-up warm-up pays for them and not a request's step (0.5-1 s each). Returns how many it launched."""
         if device.type != "cuda" or self.use_fla is False or triton_unavailable_reason() is not None:
             return 0
-        launched = 0
-        for width in sorted({1 << (w - 1).bit_length() for w in widths if w > 1}):
-            def zeros(*shape, kind=dtype):
-                return torch.zeros(1, width, *shape, dtype=kind, device=device)
-            state = torch.zeros(1, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32, device=device)
-            slot, lead = torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device)
-            delta_rows(zeros(self.k_heads, self.k_dim), zeros(self.k_heads, self.k_dim), zeros(self.v_heads, self.v_dim),
-                       zeros(self.v_heads, kind=torch.float32), zeros(self.v_heads, kind=torch.float32), state, slot,
-                       state, slot, lead, torch.full_like(lead, width))
-            launched += 1
-        return launched
+        padded = sorted({1 << (w - 1).bit_length() for w in widths if w > 1})
+        state = torch.zeros(1, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32, device=device)
+        slot = torch.zeros(1, dtype=torch.int64, device=device)  # also each row's lead (no padding before it)
+        for width in padded:
+            qk = torch.zeros(1, width, self.k_heads, self.k_dim, dtype=dtype, device=device)
+            v = torch.zeros(1, width, self.v_heads, self.v_dim, dtype=dtype, device=device)
+            gates = torch.zeros(1, width, self.v_heads, dtype=torch.float32, device=device)
+            delta_rows(qk, qk, v, gates, gates, state, slot, state, slot, slot, torch.full_like(slot, width))
+        return len(padded)
 
     def _finish(self, core: torch.Tensor, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The gated RMSNorm of the rule's outputs [T, Hv, Dv] and out_proj."""
