@@ -228,6 +228,38 @@ def test_rows_queued_step_by_step_are_stored_with_one_write_per_request(monkeypa
     assert_cache_matches(cache, store, ["x", "y", "z"], [40, 34, 30])
 
 
+def test_a_flush_that_projects_a_prompt_is_counted_as_one_off_work():
+    """The rows of a prompt are projected once in a request's life: the flush that carries any of them is counted
+    (the decoder leaves that step untimed for its gate); flushes of decode rows alone are not."""
+    drafter = tiny_drafter()
+    cache = DrafterKVCache(drafter)
+    g = torch.Generator().manual_seed(6)
+    cache.add("a", 0, torch.randn(9, FEATURE_LAYERS * HIDDEN, generator=g), prompt=True)
+    cache.add("b", 20, torch.randn(1, FEATURE_LAYERS * HIDDEN, generator=g))
+    cache.flush()
+    assert cache.prompt_flushes == 1
+    cache.add("a", 9, torch.randn(1, FEATURE_LAYERS * HIDDEN, generator=g))
+    cache.flush()
+    cache.flush()  # nothing queued: no flush
+    assert cache.prompt_flushes == 1
+
+
+@needs_embedded_model
+def test_the_engine_leaves_a_request_s_prompt_flush_untimed(tmp_path):
+    """Each request's first decode step projects its whole prompt for the drafter: that step is no sample of a
+    plain step's or a round's cost, so the gate leaves it untimed (one per request here: no graphs on a CPU).
+    Every round drafts (a gate that turned a random drafter off would project nothing: its rows wait queued)."""
+    drafter = write_random_dflash(tmp_path / "dflash", 576, 0, [1, 14, 28], block_size=5)
+    with LLM(EMBEDDED, max_model_len=96, enable_prefix_caching=False,
+             speculative_config={"method": "dflash", "num_speculative_tokens": 4, "model": str(drafter),
+                                 "disable_when_slower": False}) as llm:
+        for prompt in CHAT_PROMPTS[:3]:  # one at a time: each its own first decode step
+            llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        decoder = llm.engine.proposer
+        assert decoder.proposer.cache.prompt_flushes == 3
+        assert decoder.gate.report()["steps"]["untimed"] == 3
+
+
 # ---- drafting in the engine: cached and batched equals recomputing each request alone ----------------
 CHAT_PROMPTS = ["Once upon a time", "def add(a, b):\n    return", "The capital of France is",
                 "red green blue red green blue red"]

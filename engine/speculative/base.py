@@ -98,9 +98,15 @@ class Proposer(ABC):
 
     @property
     def graph_captures(self) -> int:
-        """CUDA graphs the drafter has captured so far (a step in which this grows timed a capture, not a round)."""
+        """CUDA graphs the drafter has captured so far."""
         graphs = getattr(self, "graphs", None)
         return graphs.captures if graphs is not None else 0
+
+    @property
+    def one_off_work(self) -> int:
+        """One-time pieces of work done so far (graph captures; a block drafter's projections of prompts): a step
+        in which this grows timed that work, not what a round or a plain step costs."""
+        return self.graph_captures
 
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k}
@@ -119,7 +125,7 @@ class SpeculativeDecoder:
         self.gate = gate if gate is not None else SpeculationGate(enabled=False)
         trim = proposer.trims_drafts and switch(DRAFT_LENGTHS_FLAG, True)
         self.lengths = DraftLengths(proposer.k) if trim else None
-        self._captures = proposer.graph_captures
+        self._one_off = proposer.one_off_work
         self._widest = 0  # the most drafts a sequence of the last lookahead verifies
         self.pipelined_lookups = 0  # empty proposals made while a pipelined step was in flight (pipeline_paused)
 
@@ -184,9 +190,11 @@ class SpeculativeDecoder:
 
     def step_done(self, batch: int, drafted: bool, seconds: float, tokens_per_seq: float) -> None:
         """A pure decode step of `batch` sequences took `seconds` of wall time (for the gate); a step in which the
-        drafter captured a CUDA graph counts as a step but is no sample of what a round costs."""
-        captures = self.proposer.graph_captures
-        timed, self._captures = captures == self._captures, captures
+        proposer did one-off work (captured a CUDA graph; projected a new request's prompt for its drafter, which
+        a request's first decode step does, drafting or not) counts as a step but is no sample of what a round or
+        a plain step costs."""
+        one_off = self.proposer.one_off_work
+        timed, self._one_off = one_off == self._one_off, one_off
         self.gate.record(batch, drafted, seconds if timed else None, tokens_per_seq)
         if timed and self.lengths is not None and self.lengths.costed:  # what a round of each length costs
             self.lengths.costs.record(batch, self._widest if drafted else 0, seconds)

@@ -111,7 +111,7 @@ class DFlashProposer(Proposer):
         a round drafted ahead already projected are stored as they are."""
         start = seq.num_computed_tokens - rows.count
         if not kept_from_ahead(self, seq, start, rows.count):
-            self.cache.add(seq.request_id, start, rows)
+            self.cache.add(seq.request_id, start, rows, prompt=start < seq.num_prompt_tokens)
 
     @torch.inference_mode()
     def draft_logits(self, seqs, budgets) -> tuple[torch.Tensor | None, list[int]]:
@@ -181,6 +181,11 @@ class DFlashProposer(Proposer):
         self.ahead.pop(seq.request_id, None)
         if self.vocab is not None:
             self.vocab.forget(seq.request_id)
+
+    @property
+    def one_off_work(self) -> int:
+        """Graphs captured and prompts' rows projected (a request's first flush holds its whole prompt)."""
+        return self.graph_captures + self.cache.prompt_flushes
 
     def describe(self) -> dict:
         return {"method": self.name, "num_speculative_tokens": self.k, "model": self.model_name,

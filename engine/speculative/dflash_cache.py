@@ -55,21 +55,24 @@ class DrafterKVCache:
         self.entries: dict[str, _Entry] = {}
         self.pending: list[tuple[str, int, FeatureRows]] = []  # (request id, first position, feature rows)
         self.pending_rows = 0
+        self._pending_prompt = False  # some queued rows are a prompt's (projected once in a request's life)
+        self.prompt_flushes = 0  # flushes that projected a prompt's rows (one-time work, not a round's)
         self._batch: torch.Tensor | None = None  # reused padding buffer of batched drafting
         # features [n, L*H] and positions [n] -> rows [layers, 2, n, nkv, hd] by CUDA graph replay, or None to
         # project eagerly (set by the drafter's graphs, dflash_graphs.py)
         self.projector = None
 
     # ---- recording ------------------------------------------------------------------------------
-    def add(self, request_id: str, start: int, features: torch.Tensor | FeatureRows) -> None:
+    def add(self, request_id: str, start: int, features: torch.Tensor | FeatureRows, prompt: bool = False) -> None:
         """Queue the target's features of positions start .. start + count - 1 (a tensor of those rows, or a
-        span of a step's rows: nothing is copied until the flush)."""
+        span of a step's rows: nothing is copied until the flush); `prompt`: they include the prompt's."""
         rows = features if isinstance(features, FeatureRows) else FeatureRows(features, 0, features.shape[0])
         if self.window is not None and rows.count > self.window:  # rows the window drops at once
             drop = rows.count - self.window
             start, rows = start + drop, FeatureRows(rows.source, rows.first + drop, self.window)
         self.pending.append((request_id, start, rows))
         self.pending_rows += rows.count
+        self._pending_prompt |= prompt
         if self.pending_rows >= FLUSH_ROWS:
             self.flush()
 
@@ -81,6 +84,8 @@ class DrafterKVCache:
         if not self.pending:
             return
         pending, self.pending, self.pending_rows = self.pending, [], 0
+        self.prompt_flushes += self._pending_prompt
+        self._pending_prompt = False
         feats, pos, runs = self._gathered(pending)
         rows = self.projector(feats, pos) if self.projector is not None else None
         if rows is None:

@@ -87,6 +87,10 @@ class SyntheticProposer(Proposer):
         return self.compute.graph_captures
 
     @property
+    def one_off_work(self) -> int:
+        return self.compute.one_off_work
+
+    @property
     def drafts_ahead(self) -> bool:
         return self.compute.drafts_ahead
 
