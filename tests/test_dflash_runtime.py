@@ -9,6 +9,7 @@ from onecat.engine import LLM, SamplingParams
 from onecat.engine.core.keyed_draws import row_keys
 from onecat.engine.core.sampler import sample
 from onecat.engine.speculative.base import DRAFT_LENGTHS_FLAG
+from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.speculative import dflash_cache
 from onecat.engine.speculative.dflash_model import DFlashDrafter
 from onecat.engine.speculative.dflash_cache import DrafterKVCache
@@ -242,6 +243,35 @@ def test_a_flush_that_projects_a_prompt_is_counted_as_one_off_work():
     cache.flush()
     cache.flush()  # nothing queued: no flush
     assert cache.prompt_flushes == 1
+
+
+def test_rows_queued_while_drafting_is_off_wait_compacted_then_store_as_always(monkeypatch):
+    """With `defer` (the gate has drafting off) rows past FLUSH_ROWS are not projected: the queue is compacted
+    into one tensor (no step's tensor kept), less often as it grows, and projected at the next flush, storing
+    what a plain store keeps; past DEFER_LIMIT_ROWS they are projected anyway."""
+    monkeypatch.setattr(dflash_cache, "FLUSH_ROWS", 8)
+    monkeypatch.setattr(dflash_cache, "DEFER_LIMIT_ROWS", 64)
+    drafter = tiny_drafter()
+    cache, store = DrafterKVCache(drafter), PositionStore()
+    cache.defer = True
+    g = torch.Generator().manual_seed(7)
+    step_tensors = []
+    for step in range(12):  # a step's tapped rows: 2 of request "p", 1 of "q"
+        feats = torch.randn(3, FEATURE_LAYERS * HIDDEN, generator=g)
+        step_tensors.append(feats)
+        for rid, first, rows in (("p", 2 * step, slice(0, 2)), ("q", 100 + step, slice(2, 3))):
+            cache.add(rid, first, FeatureRows(feats, rows.start, rows.stop - rows.start), prompt=step == 0)
+            store.add(rid, first, feats[rows])
+    assert cache.entries == {} and cache.pending_rows == 36 and cache.prompt_flushes == 0
+    assert cache.compactions == 3  # at 9, 18 and 36 rows queued: each time twice the last (O(1) copies a row)
+    held = {id(r.source) for _, _, r in cache.pending}
+    assert held.isdisjoint(id(t) for t in step_tensors[:10])  # the early steps' tensors are no longer held
+    cache.flush()
+    assert cache.prompt_flushes == 1 and cache.pending == []
+    assert_cache_matches(cache, store, ["p", "q"], [24, 112])
+    for step in range(70):  # past the limit the rows are projected even while deferred
+        cache.add("q", 112 + step, torch.randn(1, FEATURE_LAYERS * HIDDEN, generator=g))
+    assert cache.pending_rows < 64 and cache.context_end("q") >= 112 + 64
 
 
 @needs_embedded_model

@@ -334,3 +334,19 @@ def test_a_host_lookup_in_flight_keeps_the_pipeline_running_until_a_draft_is_fou
 
     other = _decoder(OnDevice(3, prompt_lookup_min=2))
     assert not other.pipeline_paused(fresh, in_flight=True) and other.pipelined_lookups == 0
+
+
+def test_a_step_where_some_still_prefill_follows_the_whole_batch_verdict():
+    """Two of eight sequences decode while six still prefill: such mixed steps are never timed, so the verdict is
+    the whole batch's (losing here: no drafts), not that of a bucket of two that would never be measured."""
+    from onecat.engine.speculative.ngram import NgramProposer
+
+    decoder = _decoder(NgramProposer(3, prompt_lookup_min=2))
+    _feed(decoder.gate, 8, 64, plain_s=1.0, round_s=4.0, tokens=2.0)
+    assert decoder.gate.pays(8) is False and decoder.gate.pays(2) is None
+    seqs = _seqs([[5, 6, 7, 8] * 6] * 8)  # repeats: n-gram lookup always finds a draft
+    for i, seq in enumerate(seqs):
+        seq.num_computed_tokens = seq.num_tokens - (1 if i < 2 else 10)  # six with prompt left to compute
+    assert decoder.lookahead(seqs) == {}
+    decoder.gate = SpeculationGate(probe_every=8)  # a batch whose verdict is not known yet measures rounds first
+    assert decoder.lookahead(seqs) != {}

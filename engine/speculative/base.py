@@ -102,6 +102,10 @@ class Proposer(ABC):
         graphs = getattr(self, "graphs", None)
         return graphs.captures if graphs is not None else 0
 
+    def defer_context(self, paused: bool) -> None:
+        """Drafting is off for now (`paused`: the gate found it slower at this batch size), or back on: a proposer
+        that builds a per-request context from every step may put that work off until it drafts again."""
+
     @property
     def one_off_work(self) -> int:
         """One-time pieces of work done so far (graph captures; a block drafter's projections of prompts): a step
@@ -139,8 +143,11 @@ class SpeculativeDecoder:
         """Draft for every running sequence that is decoding; returns the KV slots each needs."""
         for seq in running:
             seq.draft_tokens = []
+        self.proposer.defer_context(self.gate.enabled and self.gate.pays(len(running)) is False)
         decoding = [s for s in running if s.num_tokens - s.num_computed_tokens == 1]
-        if decoding and not self.gate.wants_drafts(len(decoding)):
+        # by the whole batch's verdict: a step where some still prefill is never timed, so the bucket of its
+        # decoding sequences alone would never learn, and the batch decodes at its full size once they are in
+        if decoding and not self.gate.wants_drafts(len(running)):
             return {}
         seqs, budgets = [], []
         for seq in decoding:

@@ -182,6 +182,9 @@ class DFlashProposer(Proposer):
         if self.vocab is not None:
             self.vocab.forget(seq.request_id)
 
+    def defer_context(self, paused: bool) -> None:
+        self.cache.defer = paused
+
     @property
     def one_off_work(self) -> int:
         """Graphs captured and prompts' rows projected (a request's first flush holds its whole prompt)."""
@@ -195,5 +198,7 @@ class DFlashProposer(Proposer):
                 "fused_kernels": self.drafter.norm.use_fused or self.drafter.norm.cpu_ops is not None,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "drafts_ahead": self._ahead_on, "rounds_drafted_ahead": self.ahead_served,
+                "context": {"prompt_flushes": self.cache.prompt_flushes,
+                            "queue_compactions_while_paused": self.cache.compactions},
                 "draft_vocab": self.vocab.describe() if self.vocab is not None else None,
                 "quantization": self.quantization}

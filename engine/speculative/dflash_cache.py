@@ -8,7 +8,9 @@ in the keys), so only the count of kept rows matters when attending.
 
 Feature rows arrive after every engine step (`add`, as spans of the step's tapped rows), are queued, and are
 projected for all requests at once (`flush`) just before drafting, or earlier once many rows wait (a long
-prefill, or a batch decoding for a while without drafts). Rows recorded
+prefill, or a batch decoding for a while without drafts) unless drafting is off for now (`defer`: the gate found
+drafting slower at this batch size), when they wait compacted, up to DEFER_LIMIT_ROWS, for the next round: a
+request that never drafts never pays for its drafter's context. Rows recorded
 from a position the request already holds (a preempted request recomputing its tokens) replace the
 held rows from that position on; a later run of positions (the target skipped prefix-cached ones)
 starts the request's context afresh there. `sliding_window` keeps only the newest rows.
@@ -21,6 +23,10 @@ from onecat.engine.core.sequence import FeatureRows
 from onecat.engine.transfers import to_device
 
 FLUSH_ROWS = 1024  # project queued rows once this many wait, so a long prefill holds no big feature tensors
+# while drafting is off (`defer`), queued rows are kept unprojected (compacted, so no step's tensor is held) up to
+# this many; past it they are projected as usual: what a paused drafter may hold (float32 features of 5 taps of a
+# 576-wide model: 11.5 KB a row, 750 MB at the limit; bf16 taps of a 5,120-wide one: 51 KB, 3.4 GB)
+DEFER_LIMIT_ROWS = 65536
 
 
 def project_rows(drafter, feats: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -57,6 +63,9 @@ class DrafterKVCache:
         self.pending_rows = 0
         self._pending_prompt = False  # some queued rows are a prompt's (projected once in a request's life)
         self.prompt_flushes = 0  # flushes that projected a prompt's rows (one-time work, not a round's)
+        self.defer = False  # drafting is off for now (the gate): queued rows wait for the next round's flush
+        self._compact_at = FLUSH_ROWS  # deferred: compact the queue once this many rows wait (doubling)
+        self.compactions = 0
         self._batch: torch.Tensor | None = None  # reused padding buffer of batched drafting
         # features [n, L*H] and positions [n] -> rows [layers, 2, n, nkv, hd] by CUDA graph replay, or None to
         # project eagerly (set by the drafter's graphs, dflash_graphs.py)
@@ -73,8 +82,21 @@ class DrafterKVCache:
         self.pending.append((request_id, start, rows))
         self.pending_rows += rows.count
         self._pending_prompt |= prompt
-        if self.pending_rows >= FLUSH_ROWS:
+        if self.pending_rows < FLUSH_ROWS:
+            return
+        if not self.defer or self.pending_rows >= DEFER_LIMIT_ROWS:
             self.flush()
+        elif self.pending_rows >= self._compact_at:
+            self._compact()
+
+    def _compact(self) -> None:
+        """The queued rows copied into one tensor (a request's run of positions one span of it), so the queue holds
+        no step's whole tapped tensor; the next compaction waits for twice as many rows (each row copied O(1)
+        times on average)."""
+        feats, _, runs = self._gathered(self.pending)
+        self.pending = [(request_id, start, FeatureRows(feats, at, n)) for request_id, start, at, n in runs]
+        self._compact_at = 2 * self.pending_rows
+        self.compactions += 1
 
     @torch.inference_mode()  # its buffers are inference tensors: every write to them happens in this mode
     def flush(self) -> None:
@@ -85,7 +107,7 @@ class DrafterKVCache:
             return
         pending, self.pending, self.pending_rows = self.pending, [], 0
         self.prompt_flushes += self._pending_prompt
-        self._pending_prompt = False
+        self._pending_prompt, self._compact_at = False, FLUSH_ROWS
         feats, pos, runs = self._gathered(pending)
         rows = self.projector(feats, pos) if self.projector is not None else None
         if rows is None:

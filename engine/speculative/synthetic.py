@@ -90,6 +90,9 @@ class SyntheticProposer(Proposer):
     def one_off_work(self) -> int:
         return self.compute.one_off_work
 
+    def defer_context(self, paused: bool) -> None:
+        self.compute.defer_context(paused)
+
     @property
     def drafts_ahead(self) -> bool:
         return self.compute.drafts_ahead
