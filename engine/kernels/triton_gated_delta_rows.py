@@ -69,7 +69,7 @@ def rows_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     count + 1, and each width of the unrolled kernel is a build of its own (0.5-1 s on a step, triton_builds.py)."""
     rows, width, hk, dk = k.shape
     hv, dv = v.shape[-2:]
-    padded = width if out is not None else triton.next_power_of_2(width)
+    padded = width if out is not None else padded_width(width)
     if padded > width:  # W is the kernel's unrolled length: a few builds, not one per draft count
         q, k, v, g, beta = (_pad_tokens(t, padded) for t in (q, k, v, g, beta))
     else:
@@ -83,6 +83,12 @@ def rows_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                                  dk ** -0.5, W=padded, HK=hk, HV=hv, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv,
                                  WRITE_O=with_outputs, KEEP_PRE=keep_pre is not None, num_warps=1)
     return out[:, :width] if out is not None and padded > width else out
+
+
+def padded_width(width: int) -> int:
+    """The width a row of `width` tokens runs at without a caller's buffer: W is the kernel's unrolled length, so
+    a power of two keeps the builds to a few (the warm-up builds each one an eager verify chunk can take)."""
+    return triton.next_power_of_2(width)
 
 
 def _pad_tokens(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -189,7 +189,9 @@ class GatedDeltaNet(nn.Module):
         start-up warm-up pays for them and not a request's step (0.5-1 s each). Returns how many it launched."""
         if device.type != "cuda" or self.use_fla is False or triton_unavailable_reason() is not None:
             return 0
-        padded = sorted({1 << (w - 1).bit_length() for w in widths if w > 1})
+        from onecat.engine.kernels.triton_gated_delta_rows import padded_width
+
+        padded = sorted({padded_width(w) for w in widths if w > 1})
         state = torch.zeros(1, self.v_heads, self.k_dim, self.v_dim, dtype=torch.float32, device=device)
         slot = torch.zeros(1, dtype=torch.int64, device=device)  # also each row's lead (no padding before it)
         for width in padded:
