@@ -24,13 +24,14 @@
 #include <immintrin.h>
 #endif
 
+#include "attention_heads.h"
 #include "fused_ops.h"
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 using BVec = at::vec::Vectorized<at::BFloat16>;  // 2 * Vec::size() lanes
-constexpr int64_t kChunk = 16;  // keys per softmax step; a multiple of Vec::size()
+constexpr int64_t kChunk = attention_heads::kChunk;  // keys per softmax step; a multiple of Vec::size()
 constexpr int kFp8None = 0, kFp8E4M3 = 1, kFp8E5M2 = 2;  // engine/attention/cpu_paged.py FP8_KINDS
 
 // The float value of every byte of an fp8 format (exact: the same as converting each one), looked up per
@@ -149,64 +150,6 @@ inline void chunk_scores(const float* q, const R* const* rows, int64_t dim, floa
   }
 }
 
-#if defined(CPU_CAPABILITY_AVX2)
-// chunk_scores for the G query heads that share a KV head, each the same arithmetic as its own call (one fused
-// multiply-add chain per key over the head dim, the same horizontal-add tree): what they share is the key rows,
-// read and widened once for all G instead of once per head.
-template <int G, typename R>
-inline void chunk_scores_heads(const float* q, const R* const* rows, int64_t dim, float scale,
-                               float (*scores)[kChunk]) {
-  alignas(32) float chains[G][kChunk][8];  // [head][key]: the chain's eight lanes before the tree
-  for (int64_t j = 0; j < kChunk; ++j) {
-    __m256 acc[G];
-    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < dim; d += 8) {
-      const __m256 key = load8(rows[j] + d);
-      for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * dim + d), key, acc[g]);
-    }
-    for (int g = 0; g < G; ++g) _mm256_store_ps(chains[g][j], acc[g]);
-  }
-  for (int g = 0; g < G; ++g)
-    for (int64_t j0 = 0; j0 < kChunk; j0 += 8) {
-      const auto c = [&](int j) { return _mm256_load_ps(chains[g][j0 + j]); };
-      const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(c(0), c(1)), _mm256_hadd_ps(c(2), c(3)));
-      const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(c(4), c(5)), _mm256_hadd_ps(c(6), c(7)));
-      const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-      _mm256_storeu_ps(scores[g] + j0, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
-    }
-}
-
-// The value pass for the G heads: acc[g] = acc[g] * factor[g] + sum_j scores[g][j] * rows[j], key by key, each
-// head's chain as attend_run's own loop makes it, each value row widened once for all G.
-template <int G, typename R>
-inline void accumulate_values_heads(float* acc, const R* const* rows, int64_t n, int64_t dim,
-                                    const float (*scores)[kChunk], const float* factor) {
-  for (int64_t d = 0; d < dim; d += 8) {
-    __m256 x[G];
-    for (int g = 0; g < G; ++g) x[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * dim + d), _mm256_set1_ps(factor[g]));
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 value = load8(rows[j] + d);
-      for (int g = 0; g < G; ++g) x[g] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g][j]), value, x[g]);
-    }
-    for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * dim + d, x[g]);
-  }
-}
-
-template <typename R>
-struct HeadsKernels {
-  using Scores = void (*)(const float*, const R* const*, int64_t, float, float (*)[kChunk]);
-  using Values = void (*)(float*, const R* const*, int64_t, int64_t, const float (*)[kChunk], const float*);
-  static constexpr int kMaxGroup = 8;
-  static constexpr Scores scores[kMaxGroup + 1] = {
-      nullptr, chunk_scores_heads<1, R>, chunk_scores_heads<2, R>, chunk_scores_heads<3, R>, chunk_scores_heads<4, R>,
-      chunk_scores_heads<5, R>, chunk_scores_heads<6, R>, chunk_scores_heads<7, R>, chunk_scores_heads<8, R>};
-  static constexpr Values values[kMaxGroup + 1] = {
-      nullptr, accumulate_values_heads<1, R>, accumulate_values_heads<2, R>, accumulate_values_heads<3, R>,
-      accumulate_values_heads<4, R>, accumulate_values_heads<5, R>, accumulate_values_heads<6, R>,
-      accumulate_values_heads<7, R>, accumulate_values_heads<8, R>};
-};
-#endif
-
 // Attention of a run of `count` consecutive query tokens of one sequence (positions p0, p0 + 1, ...) for KV
 // heads [h0, h1). Every (token, head) keeps its own running softmax (queries in float32, the weighted sum of
 // values, each query head's running maximum and total) and walks the keys chunk by chunk exactly as it would
@@ -220,9 +163,9 @@ struct HeadsKernels {
 // are those of the converted copies (checked against them: decode and prefill runs, head dims 32-128), without
 // writing and reading the copies (2-core Xeon, 16 sequences x 160 keys: 122-134 against 145-153 us a call,
 // alternated; no change a whole 16-sequence decode step could show, 18.7-18.9 ms either way). The G query heads of
-// a KV head are scored and summed together where the build has AVX2 (chunk_scores_heads, accumulate_values_heads:
-// each row widened once for all G, each head's chains unchanged, so the same bits; 2-core Xeon, the same call:
-// 110-115 against 129 us).
+// a KV head are scored and summed together where the build has AVX2 (attention_heads.h: each row widened once for
+// all G, each head's chains unchanged, in 512-bit registers on AVX512 CPUs; the same bits. 2-core Xeon, the same
+// call: 129 us head by head, 110-115 with the rows shared, 95-102 in 512-bit registers).
 template <typename T, typename R>
 void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* out, int64_t out_token_stride,
                 int64_t out_head_stride, CacheView k, CacheView v, const int32_t* table, int64_t p0, int64_t count,
@@ -272,8 +215,9 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
         for (int64_t j = 0; j < n; ++j) rows[j] = krows[j][h - h0];
         for (int64_t j = n; j < kChunk; ++j) rows[j] = zeros;  // scored, then masked to -inf
 #if defined(CPU_CAPABILITY_AVX2)
-        const bool shared = dim % 8 == 0 && group <= HeadsKernels<R>::kMaxGroup;
-        if (shared) HeadsKernels<R>::scores[group](qf + base * dim, rows, dim, scale, scores);
+        const auto* heads_kernels = attention_heads::for_group<R>(group, dim);
+        const bool shared = heads_kernels != nullptr;
+        if (shared) heads_kernels->scores(qf + base * dim, rows, dim, scale, scores);
 #else
         constexpr bool shared = false;
 #endif
@@ -294,7 +238,7 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
         for (int64_t j = 0; j < n; ++j) rows[j] = vrows[j][h - h0];
 #if defined(CPU_CAPABILITY_AVX2)
         if (shared) {
-          HeadsKernels<R>::values[group](acc + base * dim, rows, n, dim, scores, factor);
+          heads_kernels->values(acc + base * dim, rows, n, dim, scores, factor);
           continue;
         }
 #endif

@@ -1,0 +1,175 @@
+// The paged attention's inner loops (paged_attention.cpp) for the G query heads that share a KV head: one chunk of
+// kChunk keys scored for all G, and the chunk's values summed into all G. Each head's arithmetic is exactly what it
+// would be alone (one fused multiply-add chain per key over the head dim, eight lanes, then a fixed horizontal-add
+// tree; one chain per value lane, key by key): the heads share the rows, read and widened once for all G instead
+// of once per head, so a head's bits never depend on its neighbours.
+//
+// Two builds of each, the same bits: 256-bit registers (AVX2), and 512-bit ones where the CPU has AVX512 (F, BW,
+// DQ, VL), which carry two keys' eight-lane chains side by side for the scores and sixteen value lanes for the
+// values: the same operations on every lane, twice as many a register.
+#pragma once
+
+#include <cstdint>
+
+namespace attention_heads {
+constexpr int64_t kChunk = 16;  // keys per softmax step
+}  // namespace attention_heads
+
+#if defined(CPU_CAPABILITY_AVX2)
+#include <ATen/ATen.h>
+#include <immintrin.h>
+
+#include <array>
+#include <utility>
+
+namespace attention_heads {
+
+constexpr int kMaxGroup = 8;    // query heads per KV head these loops take; more go head by head
+
+#define ONECAT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {  // widened exactly
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+ONECAT_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+ONECAT_AVX512 inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+// eight values of row a (low half) and of row b (high half)
+ONECAT_AVX512 inline __m512 load8x2(const float* a, const float* b) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+ONECAT_AVX512 inline __m512 load8x2(const at::BFloat16* a, const at::BFloat16* b) {
+  const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
+                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// scores[g][j] = scale * (the tree of chains[g][j]) for the chunk's keys, eight at a time.
+template <int G>
+inline void reduce_chains(const float (*chains)[kChunk][8], float scale, float (*scores)[kChunk]) {
+  for (int g = 0; g < G; ++g)
+    for (int64_t j0 = 0; j0 < kChunk; j0 += 8) {
+      const auto c = [&](int j) { return _mm256_load_ps(chains[g][j0 + j]); };
+      const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(c(0), c(1)), _mm256_hadd_ps(c(2), c(3)));
+      const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(c(4), c(5)), _mm256_hadd_ps(c(6), c(7)));
+      // a = [k0 k1 k2 k3 | k0 k1 k2 k3] partial sums of the low and high 128-bit halves; likewise b for k4..k7
+      const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+      _mm256_storeu_ps(scores[g] + j0, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+    }
+}
+
+// The chunk's scores for G heads (q: their G float32 rows, dim apart), key by key.
+template <int G, typename R>
+void scores_avx2(const float* q, const R* const* rows, int64_t dim, float scale, float (*scores)[kChunk]) {
+  alignas(32) float chains[G][kChunk][8];
+  for (int64_t j = 0; j < kChunk; ++j) {
+    __m256 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m256 key = load8(rows[j] + d);
+      for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * dim + d), key, acc[g]);
+    }
+    for (int g = 0; g < G; ++g) _mm256_store_ps(chains[g][j], acc[g]);
+  }
+  reduce_chains<G>(chains, scale, scores);
+}
+
+// The same, two keys a register: keys j and j + 1's chains in its halves, each query segment in both.
+template <int G, typename R>
+ONECAT_AVX512 void scores_avx512(const float* q, const R* const* rows, int64_t dim, float scale,
+                                 float (*scores)[kChunk]) {
+  alignas(64) float chains[G][kChunk][8];
+  for (int64_t j = 0; j < kChunk; j += 2) {
+    __m512 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m512 keys = load8x2(rows[j] + d, rows[j + 1] + d);
+      for (int g = 0; g < G; ++g)
+        acc[g] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(q + g * dim + d)), keys, acc[g]);
+    }
+    for (int g = 0; g < G; ++g) _mm512_store_ps(chains[g][j], acc[g]);
+  }
+  reduce_chains<G>(chains, scale, scores);
+}
+
+// acc[g] = acc[g] * factor[g] + sum_j scores[g][j] * rows[j] over the chunk's n keys, lane by lane, key by key.
+template <int G, typename R>
+void values_avx2(float* acc, const R* const* rows, int64_t n, int64_t dim, const float (*scores)[kChunk],
+                 const float* factor) {
+  for (int64_t d = 0; d < dim; d += 8) {
+    __m256 x[G];
+    for (int g = 0; g < G; ++g) x[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * dim + d), _mm256_set1_ps(factor[g]));
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 value = load8(rows[j] + d);
+      for (int g = 0; g < G; ++g) x[g] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g][j]), value, x[g]);
+    }
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * dim + d, x[g]);
+  }
+}
+
+// The same, sixteen lanes a register (a head dim that is an odd multiple of 8 ends on eight).
+template <int G, typename R>
+ONECAT_AVX512 void values_avx512(float* acc, const R* const* rows, int64_t n, int64_t dim,
+                                 const float (*scores)[kChunk], const float* factor) {
+  int64_t d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    __m512 x[G];
+    for (int g = 0; g < G; ++g) x[g] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * dim + d), _mm512_set1_ps(factor[g]));
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 value = load16(rows[j] + d);
+      for (int g = 0; g < G; ++g) x[g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][j]), value, x[g]);
+    }
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(acc + g * dim + d, x[g]);
+  }
+  if (d < dim) {
+    __m256 x[G];
+    for (int g = 0; g < G; ++g) x[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * dim + d), _mm256_set1_ps(factor[g]));
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 value = load8(rows[j] + d);
+      for (int g = 0; g < G; ++g) x[g] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g][j]), value, x[g]);
+    }
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * dim + d, x[g]);
+  }
+}
+
+template <typename R>
+struct Kernels {
+  void (*scores)(const float*, const R* const*, int64_t, float, float (*)[kChunk]);
+  void (*values)(float*, const R* const*, int64_t, int64_t, const float (*)[kChunk], const float*);
+};
+
+template <typename R, int... G>
+constexpr auto table(std::integer_sequence<int, G...>, bool wide) {
+  using K = Kernels<R>;
+  return wide ? std::array<K, sizeof...(G)>{K{scores_avx512<G + 1, R>, values_avx512<G + 1, R>}...}
+              : std::array<K, sizeof...(G)>{K{scores_avx2<G + 1, R>, values_avx2<G + 1, R>}...};
+}
+
+inline bool cpu_has_avx512() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }();
+  return ok;
+}
+
+// This CPU's loops for G query heads a KV head and head dim `dim`; nullptr where they do not apply (G > 8, or a
+// head dim that is not a multiple of 8): the caller then takes one head at a time.
+template <typename R>
+const Kernels<R>* for_group(int64_t group, int64_t dim) {
+  static const auto narrow = table<R>(std::make_integer_sequence<int, kMaxGroup>(), false);
+  static const auto wide = table<R>(std::make_integer_sequence<int, kMaxGroup>(), true);
+  if (group < 1 || group > kMaxGroup || dim % 8 != 0) return nullptr;
+  return &(cpu_has_avx512() ? wide : narrow)[group - 1];
+}
+
+#undef ONECAT_AVX512
+
+}  // namespace attention_heads
+
+#endif  // CPU_CAPABILITY_AVX2
