@@ -48,6 +48,15 @@ ONECAT_AVX512 inline __m512 load8x2(const at::BFloat16* a, const at::BFloat16* b
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+// Asks for every row of the chunk at once (a decode step's rows come from memory: one row at a time would wait
+// for each in turn).
+template <typename R>
+inline void prefetch_rows(const R* const* rows, int64_t n, int64_t dim) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t byte = 0; byte < dim * static_cast<int64_t>(sizeof(R)); byte += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[j]) + byte, _MM_HINT_T0);
+}
+
 // scores[g][j] = scale * (the tree of chains[g][j]) for the chunk's keys, eight at a time.
 template <int G>
 inline void reduce_chains(const float (*chains)[kChunk][8], float scale, float (*scores)[kChunk]) {
@@ -65,6 +74,7 @@ inline void reduce_chains(const float (*chains)[kChunk][8], float scale, float (
 // The chunk's scores for G heads (q: their G float32 rows, dim apart), key by key.
 template <int G, typename R>
 void scores_avx2(const float* q, const R* const* rows, int64_t dim, float scale, float (*scores)[kChunk]) {
+  prefetch_rows(rows, kChunk, dim);
   alignas(32) float chains[G][kChunk][8];
   for (int64_t j = 0; j < kChunk; ++j) {
     __m256 acc[G];
@@ -82,6 +92,7 @@ void scores_avx2(const float* q, const R* const* rows, int64_t dim, float scale,
 template <int G, typename R>
 ONECAT_AVX512 void scores_avx512(const float* q, const R* const* rows, int64_t dim, float scale,
                                  float (*scores)[kChunk]) {
+  prefetch_rows(rows, kChunk, dim);
   alignas(64) float chains[G][kChunk][8];
   for (int64_t j = 0; j < kChunk; j += 2) {
     __m512 acc[G];
@@ -100,6 +111,7 @@ ONECAT_AVX512 void scores_avx512(const float* q, const R* const* rows, int64_t d
 template <int G, typename R>
 void values_avx2(float* acc, const R* const* rows, int64_t n, int64_t dim, const float (*scores)[kChunk],
                  const float* factor) {
+  prefetch_rows(rows, n, dim);
   for (int64_t d = 0; d < dim; d += 8) {
     __m256 x[G];
     for (int g = 0; g < G; ++g) x[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * dim + d), _mm256_set1_ps(factor[g]));
@@ -115,6 +127,7 @@ void values_avx2(float* acc, const R* const* rows, int64_t n, int64_t dim, const
 template <int G, typename R>
 ONECAT_AVX512 void values_avx512(float* acc, const R* const* rows, int64_t n, int64_t dim,
                                  const float (*scores)[kChunk], const float* factor) {
+  prefetch_rows(rows, n, dim);
   int64_t d = 0;
   for (; d + 16 <= dim; d += 16) {
     __m512 x[G];
