@@ -1,5 +1,6 @@
 // The paged attention's inner loops (paged_attention.cpp) for the G query heads that share a KV head: one chunk of
-// kChunk keys scored for all G, and the chunk's values summed into all G. Each head's arithmetic is exactly what it
+// kChunk keys scored for all G, their online-softmax step (the G heads' dependent chains interleaved), and the
+// chunk's values summed into all G. Each head's arithmetic is exactly what it
 // would be alone (one fused multiply-add chain per key over the head dim, eight lanes, then a fixed horizontal-add
 // tree; one chain per value lane, key by key): the heads share the rows, read and widened once for all G instead
 // of once per head, so a head's bits never depend on its neighbours.
@@ -19,7 +20,12 @@ constexpr int64_t kChunk = 16;  // keys per softmax step
 #include <ATen/ATen.h>
 #include <immintrin.h>
 
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <utility>
 
 namespace attention_heads {
@@ -149,17 +155,46 @@ ONECAT_AVX512 void values_avx512(float* acc, const R* const* rows, int64_t n, in
   }
 }
 
+// The chunk's online-softmax step for the G heads (m, l: their running maxima and sums; factor: what their value
+// sums are rescaled by), each head's operations exactly as attend_run makes them for one head (its maximum over
+// the chunk's n keys, the same exponentials, its sum in key order), the G heads' dependent chains interleaved.
+template <int G>
+void softmax_heads(float (*scores)[kChunk], int64_t n, float* m, float* l, float* factor) {
+  using Vec = at::vec::Vectorized<float>;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float top[G], total[G];
+  for (int g = 0; g < G; ++g) {
+    for (int64_t j = n; j < kChunk; ++j) scores[g][j] = kNegInf;
+    top[g] = m[g];
+  }
+  for (int64_t j = 0; j < n; ++j)
+    for (int g = 0; g < G; ++g) top[g] = std::max(top[g], scores[g][j]);
+  for (int g = 0; g < G; ++g) {
+    factor[g] = m[g] == kNegInf ? 0.0f : std::exp(m[g] - top[g]);
+    for (int64_t j = 0; j < kChunk; j += Vec::size())
+      (Vec::loadu(scores[g] + j) - Vec(top[g])).exp().store(scores[g] + j);
+    total[g] = 0.0f;
+  }
+  for (int64_t j = 0; j < n; ++j)
+    for (int g = 0; g < G; ++g) total[g] += scores[g][j];
+  for (int g = 0; g < G; ++g) {
+    l[g] = l[g] * factor[g] + total[g];
+    m[g] = top[g];
+  }
+}
+
 template <typename R>
 struct Kernels {
   void (*scores)(const float*, const R* const*, int64_t, float, float (*)[kChunk]);
+  void (*softmax)(float (*)[kChunk], int64_t, float*, float*, float*);
   void (*values)(float*, const R* const*, int64_t, int64_t, const float (*)[kChunk], const float*);
 };
 
 template <typename R, int... G>
 constexpr auto table(std::integer_sequence<int, G...>, bool wide) {
   using K = Kernels<R>;
-  return wide ? std::array<K, sizeof...(G)>{K{scores_avx512<G + 1, R>, values_avx512<G + 1, R>}...}
-              : std::array<K, sizeof...(G)>{K{scores_avx2<G + 1, R>, values_avx2<G + 1, R>}...};
+  return wide ? std::array<K, sizeof...(G)>{K{scores_avx512<G + 1, R>, softmax_heads<G + 1>, values_avx512<G + 1, R>}...}
+              : std::array<K, sizeof...(G)>{K{scores_avx2<G + 1, R>, softmax_heads<G + 1>, values_avx2<G + 1, R>}...};
 }
 
 inline bool cpu_has_avx512() {

@@ -217,13 +217,16 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
 #if defined(CPU_CAPABILITY_AVX2)
         const auto* heads_kernels = attention_heads::for_group<R>(group, dim);
         const bool shared = heads_kernels != nullptr;
-        if (shared) heads_kernels->scores(qf + base * dim, rows, dim, scale, scores);
+        if (shared) {
+          heads_kernels->scores(qf + base * dim, rows, dim, scale, scores);
+          heads_kernels->softmax(scores, n, m + base, l + base, factor);
+        }
 #else
         constexpr bool shared = false;
 #endif
-        for (int64_t g = 0; g < group; ++g) {
+        for (int64_t g = 0; g < (shared ? 0 : group); ++g) {
           const int64_t i = base + g;
-          if (!shared) chunk_scores(qf + i * dim, rows, dim, scale, scores[g]);
+          chunk_scores(qf + i * dim, rows, dim, scale, scores[g]);
           for (int64_t j = n; j < kChunk; ++j) scores[g][j] = kNegInf;
           float top = m[i];
           for (int64_t j = 0; j < n; ++j) top = std::max(top, scores[g][j]);
