@@ -113,20 +113,26 @@ ONECAT_AVX512 void scores_avx512(const float* q, const R* const* rows, int64_t d
   reduce_chains<G>(chains, scale, scores);
 }
 
-// acc[g] = acc[g] * factor[g] + sum_j scores[g][j] * rows[j] over the chunk's n keys, lane by lane, key by key.
+// acc[g][d, d + 8) = acc[g] * factor[g] + sum_j scores[g][j] * rows[j] over the chunk's n keys, lane by lane, key
+// by key.
+template <int G, typename R>
+inline void values_eight(float* acc, const R* const* rows, int64_t n, int64_t dim, const float (*scores)[kChunk],
+                         const float* factor, int64_t d) {
+  __m256 x[G];
+  for (int g = 0; g < G; ++g) x[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * dim + d), _mm256_set1_ps(factor[g]));
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 value = load8(rows[j] + d);
+    for (int g = 0; g < G; ++g) x[g] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g][j]), value, x[g]);
+  }
+  for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * dim + d, x[g]);
+}
+
+// The chunk's value pass for the G heads over the whole head dim, eight lanes at a time.
 template <int G, typename R>
 void values_avx2(float* acc, const R* const* rows, int64_t n, int64_t dim, const float (*scores)[kChunk],
                  const float* factor) {
   prefetch_rows(rows, n, dim);
-  for (int64_t d = 0; d < dim; d += 8) {
-    __m256 x[G];
-    for (int g = 0; g < G; ++g) x[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * dim + d), _mm256_set1_ps(factor[g]));
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 value = load8(rows[j] + d);
-      for (int g = 0; g < G; ++g) x[g] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g][j]), value, x[g]);
-    }
-    for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * dim + d, x[g]);
-  }
+  for (int64_t d = 0; d < dim; d += 8) values_eight<G>(acc, rows, n, dim, scores, factor, d);
 }
 
 // The same, sixteen lanes a register (a head dim that is an odd multiple of 8 ends on eight).
@@ -144,15 +150,7 @@ ONECAT_AVX512 void values_avx512(float* acc, const R* const* rows, int64_t n, in
     }
     for (int g = 0; g < G; ++g) _mm512_storeu_ps(acc + g * dim + d, x[g]);
   }
-  if (d < dim) {
-    __m256 x[G];
-    for (int g = 0; g < G; ++g) x[g] = _mm256_mul_ps(_mm256_loadu_ps(acc + g * dim + d), _mm256_set1_ps(factor[g]));
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 value = load8(rows[j] + d);
-      for (int g = 0; g < G; ++g) x[g] = _mm256_fmadd_ps(_mm256_set1_ps(scores[g][j]), value, x[g]);
-    }
-    for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * dim + d, x[g]);
-  }
+  if (d < dim) values_eight<G>(acc, rows, n, dim, scores, factor, d);
 }
 
 // The chunk's online-softmax step for the G heads (m, l: their running maxima and sums; factor: what their value
