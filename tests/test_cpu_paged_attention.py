@@ -115,18 +115,19 @@ def test_a_bfloat16_cache_gives_the_bits_of_its_float32_copy(q_dtype):
 
 @pytest.mark.parametrize("kind", ["fp32", "bf16"])
 @pytest.mark.parametrize("group", [3, 12])
-def test_a_query_heads_bits_do_not_depend_on_the_heads_sharing_its_kv_head(kind, group):
+@pytest.mark.parametrize("dim", [D, 40])  # 40: the 512-bit value loop ends on eight lanes
+def test_a_query_heads_bits_do_not_depend_on_the_heads_sharing_its_kv_head(kind, group, dim):
     """The G query heads of a KV head are scored and summed together (each key row widened once for all G, up to
     8 heads, in 512-bit registers where the CPU has AVX512; more heads take one head at a time on the 256-bit
     loop): each head's arithmetic is its own, so a cache with one KV head per query head (G = 1) gives the same
     bits, and the 12-head case ties the grouped loops to the one-head loop."""
     gen = torch.Generator().manual_seed(3)
     kv_heads = HQ // 3 if group == 3 else 1
-    k, v = (torch.randn(BLOCKS, BS, kv_heads, D, generator=gen) for _ in range(2))
+    k, v = (torch.randn(BLOCKS, BS, kv_heads, dim, generator=gen) for _ in range(2))
     if kind == "bf16":
         k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
     meta = _meta(**STEP)
-    q = torch.randn(sum(STEP["q_lens"]), kv_heads * group, D, generator=gen)
+    q = torch.randn(sum(STEP["q_lens"]), kv_heads * group, dim, generator=gen)
     ops = cpu_ops.load()
     args = (meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.125)
     shared = ops.paged_attention(q, k, v, None, None, 0, *args)
