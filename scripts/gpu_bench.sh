@@ -63,7 +63,10 @@
 # 1's, Qwen3.5-27B in bf16): its
 # block forward, LM head and context projection timed in CUDA graphs (the block attention kernel, SDPA, the tensor-core
 # rows GEMV) against its matmuls alone and its weight bytes, with a kernel profile of an 8B round
-# (benchmarks/gpu_drafter_block.py); `hybrid_rollback` the hybrid verify graphs' rollback test.
+# (benchmarks/gpu_drafter_block.py); `hybrid_rollback` the hybrid verify graphs' rollback test. `route_trace` the
+# hybrid verify tests (the warm-up's padded row widths among them), then route 1 at batch 8 step by step with the
+# gate off and on (benchmarks/route_step_trace.py: Triton variants built inside the timed batch), then route 1 at
+# batch 1 and 8.
 # `paged_sweep` the paged decode attention alone at 1K-32K contexts, batch 1 and 8, in its tile and partition
 # variants, against the copy rate (benchmarks/gpu_paged_decode.py); `paged_long` the sweep at 4K-32K, target-only
 # decode at 16K context, batch 1, with the long sequences' 512-token partitions off and on
@@ -82,7 +85,7 @@
 #                                dense_rows_route|drafter_quant_route|drafter_quant_rounds|mtp_vocab_route|
 #                                moe_routed|moe_routed_route|moe_grouped|gdn_split|
 #                                gdn_split_route|draft_pool_route|rope_split|paged_sweep|admission_waves|regen|
-#                                drafter_block|hybrid_rollback|paged_long]...
+#                                drafter_block|hybrid_rollback|paged_long|route_trace]...
 #   (default: the first four; BENCH_TAR=1 also packs OUTDIR into OUTDIR.tgz, one file for transfers that
 #   return only a few)
 set -uo pipefail
@@ -243,6 +246,15 @@ for step in $steps; do
            echo "drafter block qwen3.5-27b rc=$?"; grep -E "\] (default|_sdpa|_dense|alone)" \
              "$out/drafter_block_qwen3.5-27b.log" | cut -c1-400 ;;
     hybrid_rollback) gpu_tests hybrid_rollback tests/test_hybrid_gpu.py -k "rollback" ;;
+    route_trace) gpu_tests hybrid_verify tests/test_hybrid_gpu.py -k "narrower or verify"
+       for gate in off on; do
+         timeout 200 python3 benchmarks/route_step_trace.py --gate $gate --batch 8 --max-tokens 128 \
+           --out "$out/route_trace_gate_$gate.json" >"$out/route_trace_gate_$gate.log" 2>&1
+         echo "route 1 trace gate $gate rc=$?"; tail -6 "$out/route_trace_gate_$gate.log"
+       done
+       timeout 220 python3 benchmarks/seed_routes_gpu.py --routes seed_route_h200 --batch-sizes 1,8 --repeats 1 \
+         --out "$out/seed_route_b1_b8.json" >"$out/seed_route_b1_b8.log" 2>&1
+       echo "route 1 batch 1, 8 rc=$?"; grep -iE "tok/s|built" "$out/seed_route_b1_b8.log" | tail -8 ;;
     dense_rows_ab) for flag in 0 1; do
              ONECAT_DENSE_ROWS_GEMV=$flag timeout 150 python3 benchmarks/speculative_gpu_rounds.py --batch-sizes 1,8 \
                --arms ngram_shaped,dflash_shaped,no_draft --out "$out/dense_rows_ab_$flag.json" \
