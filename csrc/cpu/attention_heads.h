@@ -1,9 +1,9 @@
 // The paged attention's inner loops (paged_attention.cpp) for the G query heads that share a KV head: one chunk of
 // kChunk keys scored for all G, their online-softmax step (the G heads' dependent chains interleaved), and the
-// chunk's values summed into all G. Each head's arithmetic is exactly what it
-// would be alone (one fused multiply-add chain per key over the head dim, eight lanes, then a fixed horizontal-add
-// tree; one chain per value lane, key by key): the heads share the rows, read and widened once for all G instead
-// of once per head, so a head's bits never depend on its neighbours.
+// chunk's values summed into all G. Each head's arithmetic is exactly what it would be alone (one fused
+// multiply-add chain per key over the head dim, eight lanes, then a fixed horizontal-add tree; one chain per value
+// lane, key by key): the heads share the rows, read and widened once for all G instead of once per head, so a
+// head's bits never depend on its neighbours.
 //
 // Two builds of each, the same bits: 256-bit registers (AVX2), and 512-bit ones where the CPU has AVX512 (F, BW,
 // DQ, VL), which carry two keys' eight-lane chains side by side for the scores and sixteen value lanes for the
@@ -30,7 +30,7 @@ constexpr int64_t kChunk = 16;  // keys per softmax step
 
 namespace attention_heads {
 
-constexpr int kMaxGroup = 8;    // query heads per KV head these loops take; more go head by head
+constexpr int kMaxGroup = 8;  // query heads per KV head these loops take; more go head by head
 
 #define ONECAT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
 
@@ -49,8 +49,9 @@ ONECAT_AVX512 inline __m512 load8x2(const float* a, const float* b) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 ONECAT_AVX512 inline __m512 load8x2(const at::BFloat16* a, const at::BFloat16* b) {
-  const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a))),
-                                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b)), 1);
+  const __m128i low = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i high = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
@@ -191,8 +192,9 @@ struct Kernels {
 template <typename R, int... G>
 constexpr auto table(std::integer_sequence<int, G...>, bool wide) {
   using K = Kernels<R>;
-  return wide ? std::array<K, sizeof...(G)>{K{scores_avx512<G + 1, R>, softmax_heads<G + 1>, values_avx512<G + 1, R>}...}
-              : std::array<K, sizeof...(G)>{K{scores_avx2<G + 1, R>, softmax_heads<G + 1>, values_avx2<G + 1, R>}...};
+  using Table = std::array<K, sizeof...(G)>;
+  if (wide) return Table{K{scores_avx512<G + 1, R>, softmax_heads<G + 1>, values_avx512<G + 1, R>}...};
+  return Table{K{scores_avx2<G + 1, R>, softmax_heads<G + 1>, values_avx2<G + 1, R>}...};
 }
 
 inline bool cpu_has_avx512() {
