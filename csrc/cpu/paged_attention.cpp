@@ -172,6 +172,12 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
                 int64_t group, int64_t h0, int64_t h1, float scale) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t dim = k.dim, heads = h1 - h0, lanes = heads * group;  // lanes: one token's query heads here
+#if defined(CPU_CAPABILITY_AVX2)
+  const auto* heads_kernels = attention_heads::for_group<R>(group, dim);  // the G heads' shared loops, or none
+  const bool shared = heads_kernels != nullptr;
+#else
+  constexpr bool shared = false;
+#endif
   std::vector<float> state(count * lanes * (2 * dim + 2));
   float* const qf = state.data();  // [token][head][g][dim]
   float* const acc = qf + count * lanes * dim;
@@ -215,14 +221,10 @@ void attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T* ou
         for (int64_t j = 0; j < n; ++j) rows[j] = krows[j][h - h0];
         for (int64_t j = n; j < kChunk; ++j) rows[j] = zeros;  // scored, then masked to -inf
 #if defined(CPU_CAPABILITY_AVX2)
-        const auto* heads_kernels = attention_heads::for_group<R>(group, dim);
-        const bool shared = heads_kernels != nullptr;
         if (shared) {
           heads_kernels->scores(qf + base * dim, rows, dim, scale, scores);
           heads_kernels->softmax(scores, n, m + base, l + base, factor);
         }
-#else
-        constexpr bool shared = false;
 #endif
         for (int64_t g = 0; g < (shared ? 0 : group); ++g) {
           const int64_t i = base + g;

@@ -7,6 +7,7 @@ Triton's cache-miss hook (chained to any hook set before), so a caller can see w
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
 _lock = threading.Lock()
 _built: list[str] = []  # "kernel(arg types and specializations)" of every variant built since install()
@@ -50,8 +51,4 @@ def since(point: int) -> list[str]:
 def describe(point: int) -> dict:
     """For records: how many variants were built after `point`, and how many of each kernel."""
     built = since(point)
-    by_kernel: dict[str, int] = {}
-    for b in built:
-        name = b.split("[", 1)[0]
-        by_kernel[name] = by_kernel.get(name, 0) + 1
-    return {"count": len(built), "by_kernel": by_kernel}
+    return {"count": len(built), "by_kernel": dict(Counter(b.split("[", 1)[0] for b in built))}
