@@ -24,17 +24,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
-ARMS = {"bf16-gemm": ({"ONECAT_CPU_INT8_MATMUL": "0"}, "auto"),
-        "int8": ({"ONECAT_CPU_INT8_MATMUL": "1"}, "auto"),
-        "int8-kvbf16": ({"ONECAT_CPU_INT8_MATMUL": "1"}, "bfloat16")}
+# arm: (environment, kv_cache_dtype, cpu_prompt_matmul)
+ARMS = {"bf16-gemm": ({"ONECAT_CPU_INT8_MATMUL": "0"}, "auto", "int8"),
+        "int8": ({"ONECAT_CPU_INT8_MATMUL": "1"}, "auto", "int8"),
+        "int8-kvbf16": ({"ONECAT_CPU_INT8_MATMUL": "1"}, "bfloat16", "int8"),
+        "amx-prompts": ({"ONECAT_CPU_INT8_MATMUL": "1"}, "bfloat16", "bf16")}
 
 
-def run_arm(kv_cache_dtype: str, sequences: int, prompt_len: int, output_len: int) -> dict:
+def run_arm(kv_cache_dtype: str, prompt_matmul: str, sequences: int, prompt_len: int, output_len: int) -> dict:
     """One arm in this process: (first step s, median decode step s, what the layers ran)."""
     from onecat.engine import LLM, SamplingParams
 
     with LLM(EMBEDDED, device="cpu", quantization="gguf", kv_cache_dtype=kv_cache_dtype, max_model_len=2048,
-             max_num_seqs=sequences, enable_prefix_caching=False) as llm:
+             max_num_seqs=sequences, enable_prefix_caching=False, cpu_prompt_matmul=prompt_matmul) as llm:
         params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
         prompts = [[1000 + (i * 131 + j * 7) % 40000 for j in range(prompt_len)] for i in range(sequences)]
         llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
@@ -59,17 +61,19 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu_packed_steps.json"))
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="the arms to run, in this order")
     ap.add_argument("--arm", help=argparse.SUPPRESS)  # internal: run one arm, print its JSON
     args = ap.parse_args()
     if args.arm:
-        print(json.dumps(run_arm(ARMS[args.arm][1], args.sequences, args.prompt_len, args.output_len)))
+        print(json.dumps(run_arm(*ARMS[args.arm][1:], args.sequences, args.prompt_len, args.output_len)))
         return
     from onecat.results.environment import load_1min, machine_record
     from onecat.results.revision import git_revision
 
-    runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    arms = {arm: ARMS[arm] for arm in args.arms}
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     for _ in range(args.repeats):
-        for arm, (env, _) in ARMS.items():
+        for arm, (env, *_) in arms.items():
             load = load_1min()
             out = subprocess.run([sys.executable, __file__, "--arm", arm, "--sequences", str(args.sequences),
                                   "--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len)],
@@ -86,7 +90,8 @@ def main() -> None:
     record = {"benchmark": "cpu_packed_steps", "kind": "measured", "date": datetime.now(timezone.utc).isoformat(),
               "revision": git_revision(), "machine": machine_record(), "model": f"{EMBEDDED}, quantization gguf",
               "workload": {"sequences": args.sequences, "prompt_len": args.prompt_len, "output_len": args.output_len},
-              "arms": {arm: {"env": env, "kv_cache_dtype": kv} for arm, (env, kv) in ARMS.items()},
+              "arms": {arm: {"env": env, "kv_cache_dtype": kv, "cpu_prompt_matmul": pm}
+                       for arm, (env, kv, pm) in arms.items()},
               "summary": summary, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")

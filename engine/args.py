@@ -201,6 +201,14 @@ class EngineArgs(BaseModel):
                                     "projections writing the residual stream scaled down, the LM head the "
                                     "embedding), so no summation order flips a token: speculation's speed "
                                     "against target-only")
+    cpu_prompt_matmul: Literal["int8", "bf16"] = Field(
+        default="int8", description="the packed GGUF layers' prompt rows on the CPU (quantization gguf) | int8: int8 "
+                                    "dot products like every other row, so a token's result never depends on its "
+                                    "batch or on whether it was a prompt token | bf16: AMX bfloat16 tiles on a bf16 "
+                                    "copy of the dequantized weights (CPUs with AMX-BF16; 2 more bytes a weight; "
+                                    "prefill ~2x faster), each row summed alone so its bits still do not depend on "
+                                    "its batch, but decoded and verified rows stay int8: a text's tokens computed "
+                                    "as a prompt and as decoded output carry other bits (docs/architecture.md)")
     kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="auto: the model dtype; bfloat16: half the bytes of a float32 model's "
                                     "(CPU); fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")

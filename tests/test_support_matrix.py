@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 PROMPTS = [[5, 17, 99, 3, 5, 17, 99, 3, 5], list(range(10, 40)), [200, 201]]
 SETTINGS = ("quantization", "dtype", "load_format", "kv_cache_dtype", "attention_backend", "cuda_graph",
-            "enable_prefix_caching", "mamba_cache_mode", "tensor_parallel_size", "pipeline_parallel_size")
+            "enable_prefix_caching", "mamba_cache_mode", "tensor_parallel_size", "pipeline_parallel_size",
+            "cpu_prompt_matmul")
 NEAR_TIE = 0.02  # nats between a run's two candidates where greedy runs may part (rounding, summation order)
 PACKED_NEAR_TIE = 0.03  # the CPU int4 layer rounds activations and scales to bfloat16
 

@@ -13,6 +13,31 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
+class PromptRows:
+    """Which rows of a step's batch sit at prompt positions (a sequence's first num_prompt_tokens positions,
+    whichever chunk or step computes them) and which do not (decoded tokens, drafts, a preempted sequence's
+    recomputed output): layers whose prompt rows take another kernel (EngineArgs.cpu_prompt_matmul) split by it."""
+
+    step_rows: int  # the batch's rows: an input of another row count (the LM head's) is not split
+    prompt: "torch.Tensor"  # int64 row indices
+    others: "torch.Tensor | None"  # the rest; None when every row is a prompt row
+
+    @classmethod
+    def of(cls, rows: list[int] | None, step_rows: int) -> "PromptRows | None":
+        """None for a step without prompt rows."""
+        if not rows:
+            return None
+        import torch
+
+        prompt = torch.tensor(rows, dtype=torch.int64)
+        if len(rows) == step_rows:
+            return cls(step_rows, prompt, None)
+        keep = torch.ones(step_rows, dtype=torch.bool)
+        keep[prompt] = False
+        return cls(step_rows, prompt, keep.nonzero().flatten())
+
+
+@dataclass(slots=True)
 class ForwardContext:
     meta: "AttentionMetadata"
     kv_caches: list["LayerKVCache"]
@@ -23,6 +48,7 @@ class ForwardContext:
     lookaheads: list[int] | None = None  # each sequence's draft tokens under verification (speculative decoding)
     # hybrid models, a CUDA graph's verify step: each row's padding tokens before its own (int64 device tensor)
     state_leads: "torch.Tensor | None" = None
+    prompt_rows: PromptRows | None = None  # the step's rows at prompt positions (CPU steps)
 
 
 _current: ForwardContext | None = None
@@ -51,6 +77,14 @@ def decode_step_sequences() -> int | None:
     if len(qlens) != len(c.lookaheads) or any(q != 1 + d for q, d in zip(qlens, c.lookaheads)):
         return None
     return len(qlens)
+
+
+def step_prompt_rows(rows: int) -> PromptRows | None:
+    """The current step's prompt rows where an input of `rows` rows is its whole batch; None where the step has
+    none, for any other input (the LM head's rows), and outside a step."""
+    c = _current
+    p = None if c is None else c.prompt_rows
+    return p if p is not None and p.step_rows == rows else None
 
 
 def get_forward_context() -> ForwardContext:

@@ -19,8 +19,11 @@ from onecat.engine.quant.int4.layout import QuantizedWeight
 from onecat.engine.quant.int4.linear import Int4PackedLinear
 
 class WeightPacker:
-    def __init__(self) -> None:
+    def __init__(self, prompt_matmul: str = "int8") -> None:
+        """`prompt_matmul`: EngineArgs.cpu_prompt_matmul, for every packed layer but the LM head (it scores one row
+        a prompt, the last, whose logits then come as a decoded row's do)."""
         self.blocks: dict[str, QuantizedWeight] = {}
+        self.prompt_matmul = prompt_matmul
 
     def intercept(self, weights: Iterable[tuple[str, object]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
@@ -54,11 +57,13 @@ class WeightPacker:
             if weight is None:
                 continue
             parent, _, leaf = target.rpartition(".")
-            packed_linear = Int4PackedLinear(weight.terms, module.bias, module.weight.dtype)
+            prompt_matmul = "int8" if target == "lm_head" else self.prompt_matmul
+            packed_linear = Int4PackedLinear(weight.terms, module.bias, module.weight.dtype, prompt_matmul)
             setattr(model.get_submodule(parent) if parent else model, leaf, packed_linear)
             packed[weight.qtype] = packed.get(weight.qtype, 0) + 1
         self.blocks.clear()
         dense = sorted({n.rpartition(".")[2] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
         return {"method": "gguf", "kernel": Int4PackedLinear.kernel(), "packed_linears": packed,
-                "large_batch_path": Int4PackedLinear.large_batch_path(),
+                "large_batch_path": Int4PackedLinear.large_batch_path(), "prompt_rows": Int4PackedLinear.prompt_path(
+                    self.prompt_matmul),
                 "dense_linears": dense}

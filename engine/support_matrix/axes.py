@@ -69,6 +69,7 @@ class Combination:
     tensor_parallel_size: int = UNKNOWN
     pipeline_parallel_size: int = UNKNOWN
     cpu_threads: bool = UNKNOWN  # set at all
+    cpu_prompt_matmul: str = UNKNOWN
     # device
     device: str = UNKNOWN  # cpu | cuda
     # weights
@@ -88,7 +89,7 @@ class Combination:
                    attention_backend=args.attention_backend, cuda_graph=args.cuda_graph,
                    enable_prefix_caching=args.enable_prefix_caching, mamba_cache_mode=args.mamba_cache_mode,
                    tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size,
-                   cpu_threads=args.cpu_threads is not None, **known)
+                   cpu_threads=args.cpu_threads is not None, cpu_prompt_matmul=args.cpu_prompt_matmul, **known)
 
     def known(self, name: str) -> bool:
         return getattr(self, name) is not UNKNOWN
@@ -123,6 +124,7 @@ class Combination:
 DEFAULTS = dict(quantization=None, dtype="auto", load_format="auto", speculative=None, speculative_dtype="auto",
                 kv_cache_dtype="auto", attention_backend="auto", cuda_graph="off", enable_prefix_caching=True,
                 mamba_cache_mode="none", tensor_parallel_size=1, pipeline_parallel_size=1, cpu_threads=False,
+                cpu_prompt_matmul="int8",
                 checkpoint="hf", packed_cpu_kernel=None)  # EngineArgs' defaults, an HF checkpoint
 
 
@@ -152,4 +154,5 @@ def label(name: str, value: Any) -> str | None:
             "tensor_parallel_size": lambda v: f"tp={v}",
             "pipeline_parallel_size": lambda v: f"pp={v}",
             "cpu_threads": lambda v: "cpu_threads" if v else "cpu_threads unset",
+            "cpu_prompt_matmul": lambda v: f"prompt rows {v}",
             "kv_cache_dtype": lambda v: f"kv {v}"}.get(name, lambda v: f"{name} {v}")(value)

@@ -50,6 +50,7 @@ ROWS: tuple[tuple[str, str, dict], ...] = (
     ("parallel", "pipeline_parallel_size 2", {"pipeline_parallel_size": 2}),
     ("load", "load_format dummy", {"load_format": "dummy"}),
     ("threads", "cpu_threads set", {"cpu_threads": True}),
+    ("prompt", "cpu_prompt_matmul bf16", {"cpu_prompt_matmul": "bf16"}),
 )
 
 STAGE_WHERE = {

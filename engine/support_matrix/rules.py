@@ -162,6 +162,12 @@ RULES: tuple[Rule, ...] = (
          "a bfloat16 cache for another model dtype is a CPU path (the CUDA attention kernels read the model "
          "dtype or fp8)", "use kv_cache_dtype auto (a bfloat16 model's cache is bfloat16) or fp8_e4m3",
          example=dict(architecture="llama", device="cuda", kv_cache_dtype="bfloat16")),
+    Rule("prompt-matmul-needs-packed-gguf-cpu", "device", ("cpu_prompt_matmul", "quantization", "device"),
+         lambda c: c.cpu_prompt_matmul != "int8" and (c.quantization != "gguf" or c.device != "cpu"),
+         "cpu_prompt_matmul={cpu_prompt_matmul!r} with quantization {quantization!r} on {device}",
+         "it picks the matmul of the prompt rows of a GGUF model's packed layers on the CPU",
+         "use quantization gguf on cpu, or leave cpu_prompt_matmul int8",
+         example=dict(architecture="llama", device="cpu", cpu_prompt_matmul="bf16", checkpoint="gguf")),
     # ---- weights: check_quantization, before the checkpoint is read
     Rule("gguf-needs-gguf-file", "weights", ("quantization", "checkpoint"),
          lambda c: c.quantization == "gguf" and c.checkpoint != "gguf",

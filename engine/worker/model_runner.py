@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from onecat.engine.attention.forward_context import ForwardContext, set_forward_context
+from onecat.engine.attention.forward_context import ForwardContext, PromptRows, set_forward_context
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.attention.selector import AttentionDispatcher
 from onecat.engine.core.scheduler_output import ScheduledSeq
@@ -48,6 +48,7 @@ class StepInputs:
     gemv_rows: int  # rows that may take the batch-1 GEMV (ForwardContext.gemv_rows)
     state_slots: list[int | None] | None = None  # hybrid models: each sequence's recurrent-state slot
     lookaheads: list[int] | None = None  # each sequence's draft tokens under verification (their last rows)
+    prompt_rows: list[int] | None = None  # rows at prompt positions (ForwardContext.prompt_rows)
 
 
 class ModelRunner:
@@ -66,7 +67,7 @@ class ModelRunner:
         1 + k rows, the last row of each sequence that reached its end, the rows of a prefill chunk
         whose next token is in the prompt (prompt logprobs)."""
         bs = self.block_size
-        ids, pos, slots, qsl, seq_lens, qlens, rows = [], [], [], [0], [], [], []
+        ids, pos, slots, qsl, seq_lens, qlens, rows, prompt_rows = [], [], [], [0], [], [], [], []
         for s in sched:
             seq = s.seq
             start = seq.num_computed_tokens
@@ -78,6 +79,7 @@ class ModelRunner:
             for p in range(start, start + n):
                 pos.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
+            prompt_rows.extend(range(qsl[-1], qsl[-1] + max(0, min(n, seq.num_prompt_tokens - start))))
             prompt, tail = _logit_rows(s)
             rows.extend(range(qsl[-1], qsl[-1] + prompt))
             rows.extend(range(qsl[-1] + n - tail, qsl[-1] + n))  # verify rows, or the last row
@@ -89,7 +91,7 @@ class ModelRunner:
         batch1_verify = len(sched) == 1 and sched[0].num_new_tokens == 1  # one sequence's decode/verify rows
         return StepInputs(ids, pos, slots, qsl, seq_lens, qlens, tables, rows,
                           self.verify_gemv_rows if batch1_verify else 1, [s.seq.state_slot for s in sched],
-                          [s.num_lookahead for s in sched])
+                          [s.num_lookahead for s in sched], prompt_rows)
 
     def _metadata(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
@@ -107,7 +109,7 @@ class ModelRunner:
         runs in step (the other ranks get `x` from the first)."""
         input_ids, positions, meta = self._metadata(x)
         set_forward_context(ForwardContext(meta, self.kv_caches, self.attention, x.gemv_rows, x.state_slots,
-                                           x.lookaheads))
+                                           x.lookaheads, prompt_rows=PromptRows.of(x.prompt_rows, len(x.ids))))
         try:
             hidden = self.model(input_ids, positions)
             if not x.logit_rows:

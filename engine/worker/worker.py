@@ -124,7 +124,7 @@ class Worker:
         if self.model_config.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
         if self.cfg.quantization == "gguf":
-            packer = WeightPacker()
+            packer = WeightPacker(self.cfg.cpu_prompt_matmul)
             model.load_weights(packer.intercept(ckpt.weights))
             self.packing = packer.apply(model)
         elif self.cfg.load_format in RANDOM_LOAD_FORMATS:

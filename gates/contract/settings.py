@@ -37,7 +37,7 @@ ENGINE_ARGS_IN_CONTRACT: dict[str, str] = {
         "max_num_batched_tokens")},
     **{name: f"engine.options.{name}" for name in (
         "block_size", "kv_cache_memory_gb", "num_kv_blocks", "fused_kernels", "async_scheduling", "cpu_threads",
-        "disable_custom_all_reduce", "load_format", "admission_wave")},
+        "disable_custom_all_reduce", "load_format", "admission_wave", "cpu_prompt_matmul")},
 }
 ENGINE_OPTIONS = tuple(name for name, where in ENGINE_ARGS_IN_CONTRACT.items() if where.startswith("engine.options."))
 

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onecat.engine.attention.forward_context import decode_step_sequences
+from onecat.engine.attention.forward_context import decode_step_sequences, step_prompt_rows
 from onecat.engine.kernels import onednn
-from onecat.engine.quant.int4 import int8_matmul
+from onecat.engine.quant.int4 import amx_bf16, int8_matmul
 from onecat.engine.quant.int4.layout import GROUP, Int4Blocks
 
 _KERNEL_DTYPE = torch.bfloat16
@@ -68,7 +68,10 @@ def _onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
 class Int4PackedLinear(nn.Module):
     input_dtype = _KERNEL_DTYPE  # what the kernels read best: a producer that can write it directly saves a cast
 
-    def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None, dtype: torch.dtype = torch.float32):
+    def __init__(self, terms: list[Int4Blocks], bias: torch.Tensor | None, dtype: torch.dtype = torch.float32,
+                 prompt_matmul: str = "int8"):
+        """`prompt_matmul` (EngineArgs.cpu_prompt_matmul): "bf16" keeps a bf16 copy of the dequantized weights in
+        AMX tiles for the rows at prompt positions (a step's PromptRows), "int8" runs them as every other row."""
         super().__init__()
         self.dtype = dtype  # the model's dtype: the outputs are returned in it,
         self.keep_kernel_output = False  # unless the consumer reads the kernel's bf16 output as it is
@@ -97,6 +100,13 @@ class Int4PackedLinear(nn.Module):
             if self.dense_blocked is None:
                 self.register_buffer("dense", dense)
             self.large_block_rows = LARGE_BLOCK_ROWS if self._large_blocks_agree(dense.shape) else None
+        self.prompt_tiles = None
+        if prompt_matmul == "bf16":
+            why_not = amx_bf16.unavailable_reason()
+            if why_not is not None:
+                raise RuntimeError(f"cpu_prompt_matmul 'bf16' runs on AMX bfloat16 tiles, which are not here "
+                                   f"({why_not}): leave cpu_prompt_matmul int8")
+            self.prompt_tiles = amx_bf16.pack(self._dequantized(terms))
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @staticmethod
@@ -116,8 +126,15 @@ class Int4PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        prompt = step_prompt_rows(x2.shape[0]) if self.prompt_tiles is not None else None
+        if prompt is not None:
+            return self._finish(self._prompt_split(x2, prompt), lead)
         if self.int8 is not None:
             return self._finish(self.int8(x2), lead)
+        return self._finish(self._any_rows(x2), lead)
+
+    def _any_rows(self, x2: torch.Tensor) -> torch.Tensor:
+        """Where the int8 path does not run: the 4-bit kernel below DENSE_FROM_ROWS rows, the bf16 GEMM from there."""
         rows = x2.shape[0]  # a step's sequences are never more than its rows: ask only when the rows are many
         dense = rows >= DENSE_FROM_ROWS and (decode_step_sequences() or rows) >= DENSE_FROM_ROWS
         x2 = x2.to(_KERNEL_DTYPE)
@@ -129,9 +146,7 @@ class Int4PackedLinear(nn.Module):
             y = self._term(x2, 0)
             for i in range(1, self.num_terms):
                 y = y.float() + self._term(x2, i)  # sum the terms in fp32
-        if y.shape[1] != self.out_features:  # drop the padding rows
-            y = y[:, : self.out_features]
-        return self._finish(y, lead)
+        return y[:, : self.out_features] if y.shape[1] != self.out_features else y  # without the padding rows
 
     def _finish(self, y: torch.Tensor, lead: torch.Size) -> torch.Tensor:
         if not self.keep_kernel_output:
@@ -164,8 +179,16 @@ class Int4PackedLinear(nn.Module):
         blocks = [onednn.onednn_matmul(x2[r:r + n], self.dense_blocked) for r, n in starts]
         return (blocks[0] if len(blocks) == 1 else torch.cat(blocks))[:rows]
 
-    def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
-        return _int4_mm(x2, self._buffers[f"packed{i}"], GROUP, self._buffers[f"scale_zero{i}"])
+    def _prompt_split(self, x2: torch.Tensor, prompt) -> torch.Tensor:
+        """The prompt rows from the AMX tiles, the others as this layer runs any row (int8 dot products, or the
+        paths below them), in float32."""
+        if prompt.others is None:
+            return amx_bf16.matmul(x2, self.prompt_tiles, self.out_features)
+        y = x2.new_empty(x2.shape[0], self.out_features, dtype=torch.float32)
+        y[prompt.prompt] = amx_bf16.matmul(x2[prompt.prompt], self.prompt_tiles, self.out_features)
+        rest = x2[prompt.others]
+        y[prompt.others] = (self.int8(rest) if self.int8 is not None else self._any_rows(rest)).float()
+        return y
 
     @staticmethod
     def kernel() -> str:
@@ -185,6 +208,14 @@ class Int4PackedLinear(nn.Module):
         q8 = "one 8-bit term" if int8_matmul.isa() == "AVX512-VNNI" else "one product a term"
         return (f"int8 dot products on the 4-bit codes ({int8_matmul.isa()}, activations rounded to int8 per "
                 f"{GROUP}-value block) at every row count; two-term (Q8_0) layers: {q8}")
+
+    @staticmethod
+    def prompt_path(prompt_matmul: str) -> str:
+        """What a packed layer's prompt rows run on (engine info)."""
+        if prompt_matmul == "int8":
+            return "as every other row"
+        return ("AMX bfloat16 tiles on a bf16 copy of the dequantized weights (every layer but the LM head); decoded "
+                "and verified rows as before")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -1,0 +1,206 @@
+// Prompt rows of the packed layers on AMX bfloat16 tiles (EngineArgs.cpu_prompt_matmul "bf16"): a prompt's
+// hundreds of rows are compute-bound, where the int8 dot products (int8_matmul.cpp) reach a fraction of what
+// the tile unit does in the same time.
+//
+// The weights are dequantized once at load (float32 s * q + c rounded to bfloat16) into the tiles' layout,
+// [N / 16][K / 32][16 pairs of K][16 columns][2]: one 1 KiB B tile per 16 columns and 32 values of K. Each
+// call rounds its rows to bfloat16 (ties to even) into a buffer padded to 32 rows, and every 32 x 32 block of
+// the output is four C tiles summed over K in one fixed order (TDPBF16PS, 32 values of K at a time). Nothing
+// in a row's sum reads another row, so a row's result depends only on that row: not on the row count, the
+// other rows, its place in the call or the thread that computes it (batch-invariant by construction, as the
+// tests check).
+//
+// Linux grants a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM), once.
+// The tile configuration is written field by field and passed through a compiler barrier before LDTILECFG:
+// some GCC versions otherwise treat the instruction as reading 8 of its 64 bytes and drop the other stores.
+// Built on x86-64 Linux only; elsewhere, and on CPUs without AMX-BF16, amx_bf16_isa() is "".
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define ONECAT_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace {
+
+constexpr int64_t kTileCols = 16, kTileK = 32, kBlockRows = 32, kBlockCols = 32;
+constexpr int64_t kRowChunk = 256;  // rows whose bf16 copy (K = 1536: 768 KiB) stays in L2 over a thread's columns
+constexpr int64_t kTileBytes = 1024;  // 16 rows x 64 bytes
+
+#ifdef ONECAT_AMX
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+
+constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+
+bool amx_permitted() {
+  static const bool granted = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw")) return false;
+    unsigned eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+    const bool tile = (edx >> 24) & 1, bf16 = (edx >> 22) & 1;  // AMX-TILE, AMX-BF16
+    return tile && bf16 && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-3: the four 16 x 16 float32 C tiles of a 32 x 32 block; 4, 5: A (16 rows x 32 bf16); 6, 7: B.
+AMX_TARGET void configure_tiles() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof(cfg));
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.bytes_per_row[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+// Rows rounded to bfloat16 (to nearest, ties to even), 16 values at a time; k % 32 == 0.
+template <typename T>
+AMX_TARGET void round_rows(const T* x, int64_t rows, int64_t k, uint16_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if constexpr (std::is_same_v<T, float>) {
+      for (int64_t i = 0; i < k; i += 16) {
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * k + i));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * k + i), (__m256i)h);
+      }
+    } else {
+      std::memcpy(out + r * k, x + r * k, k * sizeof(uint16_t));
+    }
+  }
+}
+
+// out[32 rows][16 or 32 columns] from A (32 rows of bf16, stride k) and the column block's B tiles.
+template <bool kPair>
+AMX_TARGET void block(const uint16_t* a, const uint8_t* b0, const uint8_t* b1, int64_t k, float* out,
+                      int64_t out_stride) {
+  const int64_t a_stride = k * 2, blocks = k / kTileK;
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (kPair) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    _tile_loadd(4, a + kb * kTileK, a_stride);
+    _tile_loadd(5, a + 16 * k + kb * kTileK, a_stride);
+    _tile_loadd(6, b0 + kb * kTileBytes, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    if constexpr (kPair) {
+      _tile_loadd(7, b1 + kb * kTileBytes, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  const int64_t stride = out_stride * 4;
+  _tile_stored(0, out, stride);
+  _tile_stored(1, out + 16 * out_stride, stride);
+  if constexpr (kPair) {
+    _tile_stored(2, out + kTileCols, stride);
+    _tile_stored(3, out + 16 * out_stride + kTileCols, stride);
+  }
+}
+
+// The padded output [rows_padded][n]: column blocks of 32 (a last one of 16) over the threads; each thread walks
+// the rows kRowChunk at a time (their bf16 copy stays in L2) and, per chunk, its column blocks (a block's B tiles,
+// k * 64 bytes a tile column, stay in L2 over the chunk's 32-row blocks).
+AMX_TARGET void column_blocks(const uint16_t* a, int64_t rows_padded, int64_t k, const uint8_t* packed, int64_t n,
+                              float* out, int64_t begin, int64_t end) {
+  const int64_t tile_column = (k / kTileK) * kTileBytes;
+  configure_tiles();
+  for (int64_t chunk = 0; chunk < rows_padded; chunk += kRowChunk) {
+    const int64_t chunk_end = std::min(rows_padded, chunk + kRowChunk);
+    for (int64_t cb = begin; cb < end; ++cb) {
+      const int64_t c0 = cb * kBlockCols;
+      const uint8_t* b0 = packed + (c0 / kTileCols) * tile_column;
+      const bool pair = c0 + kTileCols < n;
+      for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
+        if (pair)
+          block<true>(a + r0 * k, b0, b0 + tile_column, k, out + r0 * n + c0, n);
+        else
+          block<false>(a + r0 * k, b0, nullptr, k, out + r0 * n + c0, n);
+      }
+    }
+  }
+  _tile_release();
+}
+
+void matmul_tiles(const uint16_t* a, int64_t rows_padded, int64_t k, const uint8_t* packed, int64_t n, float* out) {
+  at::parallel_for(0, (n + kBlockCols - 1) / kBlockCols, 1, [&](int64_t begin, int64_t end) {
+    column_blocks(a, rows_padded, k, packed, n, out, begin, end);
+  });
+}
+#endif
+
+}  // namespace
+
+namespace onecat_cpu {
+
+std::string amx_bf16_isa() {
+#ifdef ONECAT_AMX
+  return amx_permitted() ? "AMX-BF16" : "";
+#else
+  return "";
+#endif
+}
+
+// x [M, K] float32 or bfloat16 (K % 32 == 0), packed [N / 16, K / 32, 16, 16, 2] bfloat16 (N % 16 == 0):
+// x @ W.T in float32 [M, N].
+at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "amx_bf16_matmul: x must be a contiguous [M, K] matrix");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "amx_bf16_matmul: x must be float32 or bfloat16");
+  TORCH_CHECK(packed.dim() == 5 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
+                  packed.size(2) == 16 && packed.size(3) == 16 && packed.size(4) == 2,
+              "amx_bf16_matmul: packed must be a contiguous [N / 16, K / 32, 16, 16, 2] bfloat16 tensor");
+  const int64_t m = x.size(0), k = x.size(1), n = packed.size(0) * kTileCols;
+  TORCH_CHECK(k == packed.size(1) * kTileK, "amx_bf16_matmul: x has ", k, " columns, the weights ",
+              packed.size(1) * kTileK);
+#ifdef ONECAT_AMX
+  TORCH_CHECK(amx_permitted(), "amx_bf16_matmul: this CPU (or its kernel) grants no AMX-BF16 tiles");
+  const int64_t rows_padded = (m + kBlockRows - 1) / kBlockRows * kBlockRows;
+  auto a = at::zeros({rows_padded, k}, x.options().dtype(at::kBFloat16));
+  auto* a_ptr = reinterpret_cast<uint16_t*>(a.data_ptr());
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    if (x.scalar_type() == at::kFloat)
+      round_rows(x.data_ptr<float>() + begin * k, end - begin, k, a_ptr + begin * k);
+    else
+      round_rows(reinterpret_cast<const uint16_t*>(x.data_ptr()) + begin * k, end - begin, k, a_ptr + begin * k);
+  });
+  auto out = at::empty({rows_padded, n}, x.options().dtype(at::kFloat));
+  matmul_tiles(a_ptr, rows_padded, k, reinterpret_cast<const uint8_t*>(packed.data_ptr()), n,
+               out.data_ptr<float>());
+  return rows_padded == m ? out : out.narrow(0, 0, m);
+#else
+  TORCH_CHECK(false, "amx_bf16_matmul: built without AMX support (x86-64 Linux only)");
+#endif
+}
+
+}  // namespace onecat_cpu
+
+TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
+  m.def("amx_bf16_isa() -> str", &onecat_cpu::amx_bf16_isa);
+  m.def("amx_bf16_matmul(Tensor x, Tensor packed) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("amx_bf16_matmul", &onecat_cpu::amx_bf16_matmul); }

@@ -1,0 +1,111 @@
+"""Prompt rows on AMX bfloat16 tiles (csrc/cpu/amx_bf16_matmul.cpp, EngineArgs.cpu_prompt_matmul "bf16"): the
+kernel against a float64 reference, a row's bits independent of its batch, the packed layer's split of a step's
+rows, the engine's use of it, and a clear refusal where the CPU has no AMX."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from onecat.engine.attention.forward_context import PromptRows
+from onecat.engine.quant import QuantizedWeight
+from onecat.engine.quant.int4 import amx_bf16, int8_matmul
+from onecat.engine.quant.int4.linear import Int4PackedLinear
+
+needs_amx = pytest.mark.skipif(amx_bf16.unavailable_reason() is not None,
+                               reason=f"AMX bf16 unavailable: {amx_bf16.unavailable_reason()}")
+
+
+def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic in float64: rows and weights rounded to bf16 (ties to even), exact products."""
+    return x.to(torch.bfloat16).double() @ w.to(torch.bfloat16).double().T
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (5, 48, 64), (37, 40, 576), (128, 960, 576), (300, 576, 1536)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernel_matches_its_reference(m, n, k, dtype):
+    """Every shape the packing allows: N a multiple of 32, of 16 only (a lone last tile), of neither (padded
+    columns), rows below, at and above a 32-row block; float32 rows rounded in the kernel, bf16 rows as they are."""
+    g = torch.Generator().manual_seed(m + n + k)
+    x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g)
+    y = amx_bf16.matmul(x, amx_bf16.pack(w), n)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    ref = reference(x.float(), w)
+    assert (y.double() - ref).abs().max().item() < 1e-5 * k
+
+
+@needs_amx
+def test_a_rows_result_is_the_same_alone_and_in_any_batch():
+    """No row reads another: alone, permuted among 300, at any place of a 32-row block, the same bits."""
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(300, 576, generator=g), torch.randn(960, 576, generator=g)
+    packed = amx_bf16.pack(w)
+    y = amx_bf16.matmul(x, packed, 960)
+    order = torch.randperm(300, generator=g)
+    assert torch.equal(amx_bf16.matmul(x[order], packed, 960), y[order])
+    for row in (0, 31, 299):
+        assert torch.equal(amx_bf16.matmul(x[row:row + 1], packed, 960)[0], y[row])
+    assert torch.equal(amx_bf16.matmul(x[17:50], packed, 960), y[17:50])
+
+
+def test_packing_refuses_a_k_the_tiles_cannot_hold():
+    with pytest.raises(ValueError, match="K % 32 == 0"):
+        amx_bf16.pack(torch.zeros(16, 40))
+
+
+def _q4_1_terms():
+    w = np.random.default_rng(4).standard_normal((96, 256)).astype(np.float32)
+    return QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1), w.shape).terms
+
+
+@needs_amx
+def test_the_layer_runs_prompt_rows_on_the_tiles_and_the_others_as_before():
+    """A step of 2 prompt rows and 3 others: the prompt rows' results are the tiles' on the dequantized weights,
+    the others' those of the layer without the setting (int8 dot products where they run)."""
+    terms = _q4_1_terms()
+    layer, plain = Int4PackedLinear(terms, None, prompt_matmul="bf16"), Int4PackedLinear(terms, None)
+    x = torch.randn(5, 256)
+    prompt = PromptRows.of([1, 3], 5)
+    y = layer._prompt_split(x, prompt)
+    tiles = amx_bf16.matmul(x[[1, 3]], amx_bf16.pack(Int4PackedLinear._dequantized(terms)), 96)
+    assert torch.equal(y[[1, 3]], tiles)
+    assert torch.equal(y[[0, 2, 4]], plain(x[[0, 2, 4]]).float())
+    assert torch.equal(layer._prompt_split(x, PromptRows.of([0, 1, 2, 3, 4], 5)), amx_bf16.matmul(
+        x, amx_bf16.pack(Int4PackedLinear._dequantized(terms)), 96))
+    assert not torch.equal(y[[1, 3]], plain(x[[1, 3]]).float())  # the setting changes what prompt rows run on
+    assert torch.equal(layer(x), plain(x))  # outside a step with prompt rows, every row as before
+
+
+def test_without_amx_the_setting_is_refused_with_what_to_do(monkeypatch):
+    monkeypatch.setattr(amx_bf16, "unavailable_reason", lambda: "this CPU offers no AMX-BF16 tiles")
+    with pytest.raises(RuntimeError, match="no AMX-BF16 tiles.*leave cpu_prompt_matmul int8"):
+        Int4PackedLinear(_q4_1_terms(), None, prompt_matmul="bf16")
+
+
+@needs_amx
+@pytest.mark.skipif(int8_matmul.unavailable_reason() is not None, reason="the int8 path runs the decoded rows")
+def test_the_engine_runs_prompts_on_the_tiles_and_a_prompts_tokens_ignore_its_neighbours():
+    """info() names the prompt rows' path and the layers hold the tiles (not the LM head, which scores one row a
+    prompt); a prompt's greedy tokens are the same among two different sets of 16 prompts, and the same whether
+    its prompt runs in one step or in chunks beside another sequence's decoding."""
+    from conftest import EMBEDDED
+
+    from onecat.engine import LLM, SamplingParams
+
+    prompts = [[1000 + (i * 131 + j * 7) % 40000 for j in range(24)] for i in range(32)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(EMBEDDED, device="cpu", quantization="gguf", max_model_len=256, max_num_seqs=16,
+             enable_prefix_caching=False, cpu_prompt_matmul="bf16") as llm:
+        assert "AMX bfloat16 tiles" in llm.info()["quantization"]["prompt_rows"]
+        layers = [m for m in llm.model.modules() if isinstance(m, Int4PackedLinear)]
+        assert layers and sum(m.prompt_tiles is None for m in layers) == 1  # the LM head alone keeps int8
+        first = llm.generate(prompts[:16], params)[3].token_ids
+        others = prompts[16:31]
+        second = llm.generate(others[:9] + [prompts[3]] + others[9:], params)[9].token_ids
+    assert len(first) == 6 and first == second
+    with LLM(EMBEDDED, device="cpu", quantization="gguf", max_model_len=256, max_num_seqs=2,
+             enable_prefix_caching=False, cpu_prompt_matmul="bf16", max_num_batched_tokens=16) as llm:
+        chunked = llm.generate([prompts[20], prompts[3]], params)[1].token_ids
+    assert chunked == first
