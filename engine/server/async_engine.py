@@ -88,7 +88,7 @@ class AsyncEngine:
     """Owns `llm` on a dedicated thread; safe to call from any asyncio loop."""
 
     def __init__(self, llm: Any = None, *, build: Callable[[], Any] | None = None, max_queue_len: int = 1024,
-                 metrics: Any = None):
+                 metrics: Any = None, burst_gap_s: float = 0.0):
         """Serve `llm`, or the LLM that `build()` makes on the engine thread itself, so that every torch
         op of the engine, loading included, runs on that one thread: CPU OpenMP keeps a thread pool per
         calling thread, and a second pool (the loading thread's, idle) throttles the first one's
@@ -98,6 +98,7 @@ class AsyncEngine:
         if (llm is None) == (build is None):
             raise ValueError("give AsyncEngine either an llm or a build function")
         self.metrics = metrics
+        self.burst_gap_s = burst_gap_s
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._in_flight = 0  # submitted and not yet finished (guarded by the GIL + _lock)
@@ -232,10 +233,21 @@ class AsyncEngine:
             self.metrics.observe_engine(self.core)
 
     def _drain(self, block: bool) -> None:
-        first = True
+        """Run the queued commands; an idle engine (`block`) first waits for one, then for the requests that
+        follow it within burst_gap_s each, while fewer than max_num_seqs wait: clients of a burst reach the
+        queue a few ms apart, and a step started on the first alone would hold the rest back for a whole
+        prefill (measured, 16 streams of 128-token prompts on a 2-core Xeon: 1-2 prompts in a 0.13 s step, the
+        other 14-15 in the next one)."""
+        first, gap = True, block and self.burst_gap_s > 0
         while True:
+            if first and block:
+                timeout: float | None = 0.5
+            elif gap and len(self._streams) < self.llm.cfg.max_num_seqs:
+                timeout = self.burst_gap_s
+            else:
+                timeout = None
             try:
-                cmd = self._commands.get(block=block and first, timeout=0.5 if block and first else None)
+                cmd = self._commands.get(block=timeout is not None, timeout=timeout)
             except queue.Empty:
                 return
             first = False

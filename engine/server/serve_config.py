@@ -56,6 +56,11 @@ class ServeConfig(BaseModel):
     h11_max_incomplete_event_size: int = Field(default=16 * 1024, gt=0,
                                                description="bytes of request line + headers; more get 431")
     cpu_workers: int = Field(default=2, ge=1, description="threads for tokenizing, templating, grammar compiling")
+    burst_gap_ms: float = Field(default=2.0, ge=0, le=100,
+                                description="an idle engine woken by a request keeps taking the requests that "
+                                            "arrive within this many ms of the one before (until max_num_seqs "
+                                            "wait) before its first step, so a burst prefills in one step, not "
+                                            "its first request alone and the rest behind it; 0: step at once")
 
     @model_validator(mode="before")
     @classmethod

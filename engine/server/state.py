@@ -22,7 +22,8 @@ class ServerState:
         self.config = config
         self.metrics = ServerMetrics((config.served_model_name or [config.model])[0],
                                      lambda: getattr(self.llm, "engine", None))
-        self.engine = AsyncEngine(llm, build=build, max_queue_len=config.max_queue_len, metrics=self.metrics)
+        self.engine = AsyncEngine(llm, build=build, max_queue_len=config.max_queue_len, metrics=self.metrics,
+                                  burst_gap_s=config.burst_gap_ms / 1e3)
         self.llm = llm = self.engine.llm
         self.tokenizer = llm.tokenizer
         self.max_model_len = llm.max_model_len
