@@ -180,8 +180,9 @@ at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
 #ifdef ONECAT_AMX
   TORCH_CHECK(amx_permitted(), "amx_bf16_matmul: this CPU (or its kernel) grants no AMX-BF16 tiles");
   const int64_t rows_padded = (m + kBlockRows - 1) / kBlockRows * kBlockRows;
-  auto a = at::zeros({rows_padded, k}, x.options().dtype(at::kBFloat16));
+  auto a = at::empty({rows_padded, k}, x.options().dtype(at::kBFloat16));
   auto* a_ptr = reinterpret_cast<uint16_t*>(a.data_ptr());
+  std::memset(a_ptr + m * k, 0, (rows_padded - m) * k * sizeof(uint16_t));  // the padding rows only
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     if (x.scalar_type() == at::kFloat)
       round_rows(x.data_ptr<float>() + begin * k, end - begin, k, a_ptr + begin * k);
