@@ -60,21 +60,40 @@ def _q4_1_terms():
     return QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1), w.shape).terms
 
 
+def test_prompt_rows_are_runs_of_consecutive_rows():
+    assert PromptRows.of([], 4) is None
+    assert PromptRows.of([0, 1, 2, 3], 4).runs == ((0, 4, True),) and PromptRows.of([0, 1, 2, 3], 4).all_prompt
+    split = PromptRows.of([1, 2, 5], 7)
+    assert split.runs == ((0, 1, False), (1, 3, True), (3, 5, False), (5, 6, True), (6, 7, False))
+    assert not split.all_prompt
+
+
+@needs_amx
+def test_the_kernel_writes_into_a_row_range_of_a_larger_result():
+    """`out`: a view of rows of a larger matrix (row stride of its parent); the rows around it stay untouched."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(45, 64, generator=g), torch.randn(48, 64, generator=g)
+    packed = amx_bf16.pack(w)
+    big = torch.full((60, 48), 7.0)
+    amx_bf16.matmul(x, packed, 48, out=big[5:50])
+    assert torch.equal(big[5:50], amx_bf16.matmul(x, packed, 48))
+    assert bool((big[:5] == 7).all() and (big[50:] == 7).all())
+
+
 @needs_amx
 def test_the_layer_runs_prompt_rows_on_the_tiles_and_the_others_as_before():
-    """A step of 2 prompt rows and 3 others: the prompt rows' results are the tiles' on the dequantized weights,
-    the others' those of the layer without the setting (int8 dot products where they run)."""
+    """A step whose rows 1-2 and 4 are prompt rows and 0, 3 are not: the prompt rows' results are the tiles' on
+    the dequantized weights, the others' those of the layer without the setting (int8 dot products where they
+    run)."""
     terms = _q4_1_terms()
     layer, plain = Int4PackedLinear(terms, None, prompt_matmul="bf16"), Int4PackedLinear(terms, None)
+    tiles = amx_bf16.pack(Int4PackedLinear._dequantized(terms))
     x = torch.randn(5, 256)
-    prompt = PromptRows.of([1, 3], 5)
-    y = layer._prompt_split(x, prompt)
-    tiles = amx_bf16.matmul(x[[1, 3]], amx_bf16.pack(Int4PackedLinear._dequantized(terms)), 96)
-    assert torch.equal(y[[1, 3]], tiles)
-    assert torch.equal(y[[0, 2, 4]], plain(x[[0, 2, 4]]).float())
-    assert torch.equal(layer._prompt_split(x, PromptRows.of([0, 1, 2, 3, 4], 5)), amx_bf16.matmul(
-        x, amx_bf16.pack(Int4PackedLinear._dequantized(terms)), 96))
-    assert not torch.equal(y[[1, 3]], plain(x[[1, 3]]).float())  # the setting changes what prompt rows run on
+    y = layer._prompt_split(x, PromptRows.of([1, 2, 4], 5))
+    assert torch.equal(y[[1, 2, 4]], amx_bf16.matmul(x[[1, 2, 4]], tiles, 96))
+    assert torch.equal(y[[0, 3]], plain(x[[0, 3]]).float())
+    assert torch.equal(layer._prompt_split(x, PromptRows.of([0, 1, 2, 3, 4], 5)), amx_bf16.matmul(x, tiles, 96))
+    assert not torch.equal(y[[1, 2]], plain(x[[1, 2]]).float())  # the setting changes what prompt rows run on
     assert torch.equal(layer(x), plain(x))  # outside a step with prompt rows, every row as before
 
 

@@ -122,33 +122,50 @@ AMX_TARGET void block(const uint16_t* a, const uint8_t* b0, const uint8_t* b1, i
   }
 }
 
-// The padded output [rows_padded][n]: column blocks of 32 (a last one of 16) over the threads; each thread walks
+// Output rows [r0, r0 + 32) of a column block: stored straight into `out` where all 32 are rows of it, else
+// (the last block) through a scratch block, of which only the rows that exist are copied.
+template <bool kPair>
+AMX_TARGET void output_block(const uint16_t* a, const uint8_t* b0, const uint8_t* b1, int64_t k, int64_t m,
+                             int64_t r0, float* out, int64_t out_stride, int64_t c0) {
+  if (r0 + kBlockRows <= m) {
+    block<kPair>(a + r0 * k, b0, b1, k, out + r0 * out_stride + c0, out_stride);
+    return;
+  }
+  alignas(64) float scratch[kBlockRows * kBlockCols];
+  block<kPair>(a + r0 * k, b0, b1, k, scratch, kBlockCols);
+  const int64_t cols = kPair ? kBlockCols : kTileCols;
+  for (int64_t r = r0; r < m; ++r)
+    std::memcpy(out + r * out_stride + c0, scratch + (r - r0) * kBlockCols, cols * sizeof(float));
+}
+
+// out[m][n] (row stride out_stride): column blocks of 32 (a last one of 16) over the threads; each thread walks
 // the rows kRowChunk at a time (their bf16 copy stays in L2) and, per chunk, its column blocks (a block's B tiles,
-// k * 64 bytes a tile column, stay in L2 over the chunk's 32-row blocks).
-AMX_TARGET void column_blocks(const uint16_t* a, int64_t rows_padded, int64_t k, const uint8_t* packed, int64_t n,
-                              float* out, int64_t begin, int64_t end) {
+// k * 64 bytes a tile column, stay in L2 over the chunk's 32-row blocks). `a` holds the rows padded to 32.
+AMX_TARGET void column_blocks(const uint16_t* a, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
+                              float* out, int64_t out_stride, int64_t begin, int64_t end) {
   const int64_t tile_column = (k / kTileK) * kTileBytes;
   configure_tiles();
-  for (int64_t chunk = 0; chunk < rows_padded; chunk += kRowChunk) {
-    const int64_t chunk_end = std::min(rows_padded, chunk + kRowChunk);
+  for (int64_t chunk = 0; chunk < m; chunk += kRowChunk) {
+    const int64_t chunk_end = std::min(m, chunk + kRowChunk);
     for (int64_t cb = begin; cb < end; ++cb) {
       const int64_t c0 = cb * kBlockCols;
       const uint8_t* b0 = packed + (c0 / kTileCols) * tile_column;
       const bool pair = c0 + kTileCols < n;
       for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
         if (pair)
-          block<true>(a + r0 * k, b0, b0 + tile_column, k, out + r0 * n + c0, n);
+          output_block<true>(a, b0, b0 + tile_column, k, m, r0, out, out_stride, c0);
         else
-          block<false>(a + r0 * k, b0, nullptr, k, out + r0 * n + c0, n);
+          output_block<false>(a, b0, nullptr, k, m, r0, out, out_stride, c0);
       }
     }
   }
   _tile_release();
 }
 
-void matmul_tiles(const uint16_t* a, int64_t rows_padded, int64_t k, const uint8_t* packed, int64_t n, float* out) {
+void matmul_tiles(const uint16_t* a, int64_t m, int64_t k, const uint8_t* packed, int64_t n, float* out,
+                  int64_t out_stride) {
   at::parallel_for(0, (n + kBlockCols - 1) / kBlockCols, 1, [&](int64_t begin, int64_t end) {
-    column_blocks(a, rows_padded, k, packed, n, out, begin, end);
+    column_blocks(a, m, k, packed, n, out, out_stride, begin, end);
   });
 }
 #endif
@@ -166,8 +183,8 @@ std::string amx_bf16_isa() {
 }
 
 // x [M, K] float32 or bfloat16 (K % 32 == 0), packed [N / 16, K / 32, 16, 16, 2] bfloat16 (N % 16 == 0):
-// x @ W.T in float32 [M, N].
-at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
+// x @ W.T in float32 [M, N], written into `out` where given ([M, N] float32, unit column stride, any row stride).
+at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& out) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "amx_bf16_matmul: x must be a contiguous [M, K] matrix");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "amx_bf16_matmul: x must be float32 or bfloat16");
@@ -177,8 +194,13 @@ at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
   const int64_t m = x.size(0), k = x.size(1), n = packed.size(0) * kTileCols;
   TORCH_CHECK(k == packed.size(1) * kTileK, "amx_bf16_matmul: x has ", k, " columns, the weights ",
               packed.size(1) * kTileK);
+  at::Tensor y = out.has_value() ? *out : at::empty({m, n}, x.options().dtype(at::kFloat));
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == m && y.size(1) == n && y.stride(1) == 1 &&
+                  y.scalar_type() == at::kFloat,
+              "amx_bf16_matmul: out must be a float32 [M, N] matrix with unit column stride");
 #ifdef ONECAT_AMX
   TORCH_CHECK(amx_permitted(), "amx_bf16_matmul: this CPU (or its kernel) grants no AMX-BF16 tiles");
+  if (m == 0) return y;
   const int64_t rows_padded = (m + kBlockRows - 1) / kBlockRows * kBlockRows;
   auto a = at::empty({rows_padded, k}, x.options().dtype(at::kBFloat16));
   auto* a_ptr = reinterpret_cast<uint16_t*>(a.data_ptr());
@@ -189,10 +211,9 @@ at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
     else
       round_rows(reinterpret_cast<const uint16_t*>(x.data_ptr()) + begin * k, end - begin, k, a_ptr + begin * k);
   });
-  auto out = at::empty({rows_padded, n}, x.options().dtype(at::kFloat));
-  matmul_tiles(a_ptr, rows_padded, k, reinterpret_cast<const uint8_t*>(packed.data_ptr()), n,
-               out.data_ptr<float>());
-  return rows_padded == m ? out : out.narrow(0, 0, m);
+  matmul_tiles(a_ptr, m, k, reinterpret_cast<const uint8_t*>(packed.data_ptr()), n, y.data_ptr<float>(),
+               y.stride(0));
+  return y;
 #else
   TORCH_CHECK(false, "amx_bf16_matmul: built without AMX support (x86-64 Linux only)");
 #endif
@@ -202,6 +223,6 @@ at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed) {
 
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("amx_bf16_isa() -> str", &onecat_cpu::amx_bf16_isa);
-  m.def("amx_bf16_matmul(Tensor x, Tensor packed) -> Tensor");
+  m.def("amx_bf16_matmul(Tensor x, Tensor packed, Tensor(a!)? out) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("amx_bf16_matmul", &onecat_cpu::amx_bf16_matmul); }

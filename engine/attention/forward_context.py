@@ -16,25 +16,28 @@ if TYPE_CHECKING:
 class PromptRows:
     """Which rows of a step's batch sit at prompt positions (a sequence's first num_prompt_tokens positions,
     whichever chunk or step computes them) and which do not (decoded tokens, drafts, a preempted sequence's
-    recomputed output): layers whose prompt rows take another kernel (EngineArgs.cpu_prompt_matmul) split by it."""
+    recomputed output): layers whose prompt rows take another kernel (EngineArgs.cpu_prompt_matmul) split by it,
+    as runs of consecutive rows (a sequence's rows are consecutive), so that each run is a view, not a gather."""
 
     step_rows: int  # the batch's rows: an input of another row count (the LM head's) is not split
-    prompt: "torch.Tensor"  # int64 row indices
-    others: "torch.Tensor | None"  # the rest; None when every row is a prompt row
+    runs: tuple[tuple[int, int, bool], ...]  # (start, end, prompt?) covering 0..step_rows in order
+
+    @property
+    def all_prompt(self) -> bool:
+        return len(self.runs) == 1 and self.runs[0][2]
 
     @classmethod
     def of(cls, rows: list[int] | None, step_rows: int) -> "PromptRows | None":
-        """None for a step without prompt rows."""
+        """From the prompt rows' indices (ascending); None for a step without prompt rows."""
         if not rows:
             return None
-        import torch
-
-        prompt = torch.tensor(rows, dtype=torch.int64)
-        if len(rows) == step_rows:
-            return cls(step_rows, prompt, None)
-        keep = torch.ones(step_rows, dtype=torch.bool)
-        keep[prompt] = False
-        return cls(step_rows, prompt, keep.nonzero().flatten())
+        prompt = set(rows)
+        runs, start = [], 0
+        for r in range(1, step_rows + 1):
+            if r == step_rows or (r in prompt) != (start in prompt):
+                runs.append((start, r, start in prompt))
+                start = r
+        return cls(step_rows, tuple(runs))
 
 
 @dataclass(slots=True)

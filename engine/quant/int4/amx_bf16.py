@@ -42,9 +42,17 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return w.view(tiles, TILE_COLUMNS, k // TILE_K, TILE_K // 2, 2).permute(0, 2, 3, 1, 4).contiguous()
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """x [M, K] (float32 or bf16) @ W.T in float32 [M, out_features]."""
+def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (float32 or bf16) @ W.T in float32 [M, out_features]; written into `out` (a [M, out_features]
+    float32 view with unit column stride, such as a row range of a larger result) where given."""
     from onecat.engine.kernels import cpu_ops
 
-    y = cpu_ops.load().amx_bf16_matmul(x.contiguous(), packed)
-    return y if y.shape[1] == out_features else y[:, :out_features]
+    ops = cpu_ops.load()
+    if out is not None and out.shape[1] == packed.shape[0] * TILE_COLUMNS:
+        return ops.amx_bf16_matmul(x.contiguous(), packed, out)
+    y = ops.amx_bf16_matmul(x.contiguous(), packed, None)
+    y = y if y.shape[1] == out_features else y[:, :out_features]
+    if out is not None:
+        out.copy_(y)
+        return out
+    return y

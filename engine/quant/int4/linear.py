@@ -181,13 +181,16 @@ class Int4PackedLinear(nn.Module):
 
     def _prompt_split(self, x2: torch.Tensor, prompt) -> torch.Tensor:
         """The prompt rows from the AMX tiles, the others as this layer runs any row (int8 dot products, or the
-        paths below them), in float32."""
-        if prompt.others is None:
+        paths below them), in float32: each run of rows a view of the input, the tiles writing theirs in place."""
+        if prompt.all_prompt:
             return amx_bf16.matmul(x2, self.prompt_tiles, self.out_features)
         y = x2.new_empty(x2.shape[0], self.out_features, dtype=torch.float32)
-        y[prompt.prompt] = amx_bf16.matmul(x2[prompt.prompt], self.prompt_tiles, self.out_features)
-        rest = x2[prompt.others]
-        y[prompt.others] = (self.int8(rest) if self.int8 is not None else self._any_rows(rest)).float()
+        for start, end, is_prompt in prompt.runs:
+            if is_prompt:
+                amx_bf16.matmul(x2[start:end], self.prompt_tiles, self.out_features, out=y[start:end])
+            else:
+                rest = x2[start:end]
+                y[start:end] = (self.int8(rest) if self.int8 is not None else self._any_rows(rest)).float()
         return y
 
     @staticmethod
