@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from onecat.engine.attention.forward_context import PromptRows
+from onecat.engine.attention.forward_context import ForwardContext, PromptRows, set_forward_context
 from onecat.engine.quant import QuantizedWeight
 from onecat.engine.quant.int4 import amx_bf16, int8_matmul
 from onecat.engine.quant.int4.linear import Int4PackedLinear
@@ -95,6 +95,29 @@ def test_the_layer_runs_prompt_rows_on_the_tiles_and_the_others_as_before():
     assert torch.equal(layer._prompt_split(x, PromptRows.of([0, 1, 2, 3, 4], 5)), amx_bf16.matmul(x, tiles, 96))
     assert not torch.equal(y[[1, 2]], plain(x[[1, 2]]).float())  # the setting changes what prompt rows run on
     assert torch.equal(layer(x), plain(x))  # outside a step with prompt rows, every row as before
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4, 5, 6], [1, 2, 5]])
+def test_the_gate_up_epilogue_gives_the_unfused_bits(rows):
+    """A [gate | up] layer in a step with prompt rows: SiLU(gate) * up from the tiles' epilogue (and, for the
+    other rows, silu_mul over the int8 output) is exactly silu_mul over the split matmul; outside such a step
+    the layer leaves the activation to its caller."""
+    from onecat.engine.kernels import cpu_ops
+
+    w = np.random.default_rng(5).standard_normal((96, 256)).astype(np.float32)
+    terms = QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1), w.shape).terms
+    layer = Int4PackedLinear(terms, None, prompt_matmul="bf16")
+    x = torch.randn(7, 256)
+    prompt = PromptRows.of(rows, 7)
+    assert layer.glu_prompt_rows(x) is None
+    set_forward_context(ForwardContext(meta=None, kv_caches=[], attention=None, prompt_rows=prompt))
+    try:
+        act = layer.glu_prompt_rows(x)
+    finally:
+        set_forward_context(None)
+    assert act.shape == (7, 48)
+    assert torch.equal(act, cpu_ops.load().silu_mul(layer._prompt_split(x, prompt), False))
 
 
 def test_without_amx_the_setting_is_refused_with_what_to_do(monkeypatch):

@@ -24,6 +24,8 @@
 #include <string>
 #include <type_traits>
 
+#include "row_vectors.h"
+
 #if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
 #define ONECAT_AMX 1
 #include <immintrin.h>
@@ -162,11 +164,72 @@ AMX_TARGET void column_blocks(const uint16_t* a, int64_t m, int64_t k, const uin
   _tile_release();
 }
 
-void matmul_tiles(const uint16_t* a, int64_t m, int64_t k, const uint8_t* packed, int64_t n, float* out,
-                  int64_t out_stride) {
-  at::parallel_for(0, (n + kBlockCols - 1) / kBlockCols, 1, [&](int64_t begin, int64_t end) {
-    column_blocks(a, m, k, packed, n, out, out_stride, begin, end);
+// SiLU(gate) * up of a block's rows from its scratch ([gate 16 | up 16] a row), as silu_mul computes each
+// value (row_vectors.h, built with the same flags: the same bits as silu_mul over the unfused output).
+void glu_rows(const float* scratch, int64_t rows, float* out, int64_t out_stride) {
+  for (int64_t r = 0; r < rows; ++r) onecat_cpu::silu_mul_row(scratch + r * kBlockCols, out + r * out_stride, kTileCols);
+}
+
+// A gate/up layer's prompt rows with SiLU(gate) * up in the epilogue: output column block cb (16 columns) pairs
+// gate tile cb with up tile cb + width / 16, so the [M, 2 * width] product never leaves the cache.
+AMX_TARGET void glu_column_blocks(const uint16_t* a, int64_t m, int64_t k, const uint8_t* packed, int64_t width,
+                                  float* out, int64_t out_stride, int64_t begin, int64_t end) {
+  const int64_t tile_column = (k / kTileK) * kTileBytes, up = (width / kTileCols) * tile_column;
+  alignas(64) float scratch[kBlockRows * kBlockCols];
+  configure_tiles();
+  for (int64_t chunk = 0; chunk < m; chunk += kRowChunk) {
+    const int64_t chunk_end = std::min(m, chunk + kRowChunk);
+    for (int64_t cb = begin; cb < end; ++cb) {
+      const uint8_t* gate = packed + cb * tile_column;
+      for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
+        block<true>(a + r0 * k, gate, gate + up, k, scratch, kBlockCols);
+        glu_rows(scratch, std::min(kBlockRows, m - r0), out + r0 * out_stride + cb * kTileCols, out_stride);
+      }
+    }
+  }
+  _tile_release();
+}
+
+#endif
+
+void check_operands(const at::Tensor& x, const at::Tensor& packed) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "amx_bf16_matmul: x must be a contiguous [M, K] matrix");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "amx_bf16_matmul: x must be float32 or bfloat16");
+  TORCH_CHECK(packed.dim() == 5 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
+                  packed.size(2) == 16 && packed.size(3) == 16 && packed.size(4) == 2,
+              "amx_bf16_matmul: packed must be a contiguous [N / 16, K / 32, 16, 16, 2] bfloat16 tensor");
+  TORCH_CHECK(x.size(1) == packed.size(1) * kTileK, "amx_bf16_matmul: x has ", x.size(1), " columns, the weights ",
+              packed.size(1) * kTileK);
+#ifdef ONECAT_AMX
+  TORCH_CHECK(amx_permitted(), "amx_bf16_matmul: this CPU (or its kernel) grants no AMX-BF16 tiles");
+#else
+  TORCH_CHECK(false, "amx_bf16_matmul: built without AMX support (x86-64 Linux only)");
+#endif
+}
+
+at::Tensor output(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& out) {
+  at::Tensor y = out.has_value() ? *out : at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == n && y.stride(1) == 1 &&
+                  y.scalar_type() == at::kFloat,
+              "amx_bf16_matmul: out must be a float32 [M, ", n, "] matrix with unit column stride");
+  return y;
+}
+
+#ifdef ONECAT_AMX
+// The rows rounded to bf16 into a buffer padded with zero rows to a multiple of 32 (the tiles read 16 at once).
+at::Tensor rounded_rows(const at::Tensor& x) {
+  const int64_t m = x.size(0), k = x.size(1), rows_padded = (m + kBlockRows - 1) / kBlockRows * kBlockRows;
+  auto a = at::empty({rows_padded, k}, x.options().dtype(at::kBFloat16));
+  auto* a_ptr = reinterpret_cast<uint16_t*>(a.data_ptr());
+  std::memset(a_ptr + m * k, 0, (rows_padded - m) * k * sizeof(uint16_t));  // the padding rows only
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    if (x.scalar_type() == at::kFloat)
+      round_rows(x.data_ptr<float>() + begin * k, end - begin, k, a_ptr + begin * k);
+    else
+      round_rows(reinterpret_cast<const uint16_t*>(x.data_ptr()) + begin * k, end - begin, k, a_ptr + begin * k);
   });
+  return a;
 }
 #endif
 
@@ -185,38 +248,42 @@ std::string amx_bf16_isa() {
 // x [M, K] float32 or bfloat16 (K % 32 == 0), packed [N / 16, K / 32, 16, 16, 2] bfloat16 (N % 16 == 0):
 // x @ W.T in float32 [M, N], written into `out` where given ([M, N] float32, unit column stride, any row stride).
 at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& out) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "amx_bf16_matmul: x must be a contiguous [M, K] matrix");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-              "amx_bf16_matmul: x must be float32 or bfloat16");
-  TORCH_CHECK(packed.dim() == 5 && packed.is_contiguous() && packed.scalar_type() == at::kBFloat16 &&
-                  packed.size(2) == 16 && packed.size(3) == 16 && packed.size(4) == 2,
-              "amx_bf16_matmul: packed must be a contiguous [N / 16, K / 32, 16, 16, 2] bfloat16 tensor");
+  check_operands(x, packed);
   const int64_t m = x.size(0), k = x.size(1), n = packed.size(0) * kTileCols;
-  TORCH_CHECK(k == packed.size(1) * kTileK, "amx_bf16_matmul: x has ", k, " columns, the weights ",
-              packed.size(1) * kTileK);
-  at::Tensor y = out.has_value() ? *out : at::empty({m, n}, x.options().dtype(at::kFloat));
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == m && y.size(1) == n && y.stride(1) == 1 &&
-                  y.scalar_type() == at::kFloat,
-              "amx_bf16_matmul: out must be a float32 [M, N] matrix with unit column stride");
+  at::Tensor y = output(x, n, out);
 #ifdef ONECAT_AMX
-  TORCH_CHECK(amx_permitted(), "amx_bf16_matmul: this CPU (or its kernel) grants no AMX-BF16 tiles");
   if (m == 0) return y;
-  const int64_t rows_padded = (m + kBlockRows - 1) / kBlockRows * kBlockRows;
-  auto a = at::empty({rows_padded, k}, x.options().dtype(at::kBFloat16));
-  auto* a_ptr = reinterpret_cast<uint16_t*>(a.data_ptr());
-  std::memset(a_ptr + m * k, 0, (rows_padded - m) * k * sizeof(uint16_t));  // the padding rows only
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    if (x.scalar_type() == at::kFloat)
-      round_rows(x.data_ptr<float>() + begin * k, end - begin, k, a_ptr + begin * k);
-    else
-      round_rows(reinterpret_cast<const uint16_t*>(x.data_ptr()) + begin * k, end - begin, k, a_ptr + begin * k);
+  const at::Tensor a = rounded_rows(x);
+  const auto* a_ptr = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const auto* w = reinterpret_cast<const uint8_t*>(packed.data_ptr());
+  float* o = y.data_ptr<float>();
+  const int64_t stride = y.stride(0);
+  at::parallel_for(0, (n + kBlockCols - 1) / kBlockCols, 1, [&](int64_t begin, int64_t end) {
+    column_blocks(a_ptr, m, k, w, n, o, stride, begin, end);
   });
-  matmul_tiles(a_ptr, m, k, reinterpret_cast<const uint8_t*>(packed.data_ptr()), n, y.data_ptr<float>(),
-               y.stride(0));
-  return y;
-#else
-  TORCH_CHECK(false, "amx_bf16_matmul: built without AMX support (x86-64 Linux only)");
 #endif
+  return y;
+}
+
+// A [gate | up] layer (packed as above, N = 2 * width, width % 16 == 0): SiLU(x @ gate.T) * (x @ up.T) in
+// float32 [M, width], the same bits as silu_mul(amx_bf16_matmul(x, packed), false).
+at::Tensor amx_bf16_silu_mul(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& out) {
+  check_operands(x, packed);
+  TORCH_CHECK(packed.size(0) % 2 == 0, "amx_bf16_silu_mul: the gate and up halves must be whole 16-column tiles");
+  const int64_t m = x.size(0), k = x.size(1), width = packed.size(0) / 2 * kTileCols;
+  at::Tensor y = output(x, width, out);
+#ifdef ONECAT_AMX
+  if (m == 0) return y;
+  const at::Tensor a = rounded_rows(x);
+  const auto* a_ptr = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const auto* w = reinterpret_cast<const uint8_t*>(packed.data_ptr());
+  float* o = y.data_ptr<float>();
+  const int64_t stride = y.stride(0);
+  at::parallel_for(0, width / kTileCols, 1, [&](int64_t begin, int64_t end) {
+    glu_column_blocks(a_ptr, m, k, w, width, o, stride, begin, end);
+  });
+#endif
+  return y;
 }
 
 }  // namespace onecat_cpu
@@ -224,5 +291,9 @@ at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed, const 
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("amx_bf16_isa() -> str", &onecat_cpu::amx_bf16_isa);
   m.def("amx_bf16_matmul(Tensor x, Tensor packed, Tensor(a!)? out) -> Tensor");
+  m.def("amx_bf16_silu_mul(Tensor x, Tensor packed, Tensor(a!)? out) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("amx_bf16_matmul", &onecat_cpu::amx_bf16_matmul); }
+TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) {
+  m.impl("amx_bf16_matmul", &onecat_cpu::amx_bf16_matmul);
+  m.impl("amx_bf16_silu_mul", &onecat_cpu::amx_bf16_silu_mul);
+}

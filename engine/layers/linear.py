@@ -115,7 +115,13 @@ def norm_then_linear(norm, linear: nn.Module, x: torch.Tensor, residual: torch.T
 def glu_in_gemv(linear: nn.Module, x: torch.Tensor, fused: bool) -> torch.Tensor | None:
     """SiLU(gate) * up of a [gate | up] layer's output, computed in its matmul: a packed layer's GEMV
     (engine/quant/tiled_words.py glu_gemv: one kernel fewer a decode step, the same bits) or a dense layer's
-    rows GEMV or few-row GEMM; None: fused ops off, or a layer or call those kernels do not take."""
+    rows GEMV or few-row GEMM; None: fused ops off, or a layer or call those kernels do not take. A packed CPU
+    layer whose step has prompt rows on AMX tiles computes it in their epilogue whatever `fused` says (the same
+    bits as the unfused activation: engine/quant/int4/linear.py glu_prompt_rows)."""
+    prompt_glu = getattr(linear, "glu_prompt_rows", None)
+    act = prompt_glu(x) if prompt_glu is not None else None
+    if act is not None:
+        return act
     if (isinstance(linear, Linear) and fused and linear.use_fused and linear.bias is None
             and dense_rows.takes(x, linear.weight, glu=True)):
         return dense_rows.dense_rows_gemv(x, linear.weight, glu=True)

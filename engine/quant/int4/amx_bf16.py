@@ -56,3 +56,11 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int, out: torch.
         out.copy_(y)
         return out
     return y
+
+
+def silu_mul(x: torch.Tensor, packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SiLU(x @ gate.T) * (x @ up.T) in float32 [M, width] for a [gate | up] layer's tiles (width % 16 == 0),
+    computed in the kernel's epilogue (the same bits as silu_mul over `matmul`'s output); into `out` where given."""
+    from onecat.engine.kernels import cpu_ops
+
+    return cpu_ops.load().amx_bf16_silu_mul(x.contiguous(), packed, out)

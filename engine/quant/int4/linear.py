@@ -193,6 +193,29 @@ class Int4PackedLinear(nn.Module):
                 y[start:end] = (self.int8(rest) if self.int8 is not None else self._any_rows(rest)).float()
         return y
 
+    def glu_prompt_rows(self, x: torch.Tensor) -> torch.Tensor | None:
+        """SiLU(gate) * up of a [gate | up] layer's output where the current step has prompt rows and this layer
+        holds their tiles: the prompt rows' in the tiles' epilogue (the same bits as silu_mul over their matmul),
+        the others' by silu_mul over this layer's usual output; None otherwise (engine/layers/linear.py
+        glu_in_gemv)."""
+        x2 = x.reshape(-1, self.in_features)
+        prompt = step_prompt_rows(x2.shape[0]) if self.prompt_tiles is not None else None
+        if prompt is None or self.out_features % (2 * amx_bf16.TILE_COLUMNS) or self.bias is not None:
+            return None
+        if prompt.all_prompt:
+            return amx_bf16.silu_mul(x2, self.prompt_tiles).reshape(*x.shape[:-1], -1)
+        from onecat.engine.kernels import cpu_ops
+
+        y = x2.new_empty(x2.shape[0], self.out_features // 2, dtype=torch.float32)
+        for start, end, is_prompt in prompt.runs:
+            if is_prompt:
+                amx_bf16.silu_mul(x2[start:end], self.prompt_tiles, out=y[start:end])
+            else:
+                rest = x2[start:end]
+                gate_up = (self.int8(rest) if self.int8 is not None else self._any_rows(rest)).float()
+                y[start:end] = cpu_ops.load().silu_mul(gate_up, False)
+        return y.reshape(*x.shape[:-1], -1)
+
     @staticmethod
     def kernel() -> str:
         """The kernel a packed layer's matmuls run on here (engine info)."""
