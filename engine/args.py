@@ -208,7 +208,7 @@ class EngineArgs(BaseModel):
                                     "copy of the dequantized weights (CPUs with AMX-BF16; 2 more bytes a weight; "
                                     "prefill ~2x faster), each row summed alone so its bits still do not depend on "
                                     "its batch, but decoded and verified rows stay int8: a text's tokens computed "
-                                    "as a prompt and as decoded output carry other bits (docs/architecture.md)")
+                                    "as a prompt and as decoded output carry other bits (docs/server.md, AMX)")
     kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="auto: the model dtype; bfloat16: half the bytes of a float32 model's "
                                     "(CPU); fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")
