@@ -339,9 +339,11 @@ def test_bench_compare_runs_the_peers_into_the_store(models, launcher, tmp_path,
     md, = out.glob("*.md")
     assert "![" in md.read_text() and list(out.glob("*-plots/*.png"))
     starts = [(r["flavor"], r["settings"]) for r in _records(record) if r["event"] == "start"]
-    assert [flavor for flavor, _ in starts] == ["onecat", "onecat", "vllm", "vllm", "llama_cpp_python", "llama_server"]
-    (_, onecat), (_, packed), (_, vllm), (_, vllm_bf16), (_, llama_cpp), (_, llama_server) = starts
+    assert [flavor for flavor, _ in starts] == ["onecat", "onecat", "onecat", "vllm", "vllm", "llama_cpp_python",
+                                                "llama_server"]
+    (_, onecat), (_, packed), (_, amx_prompts), (_, vllm), (_, vllm_bf16), (_, llama_cpp), (_, llama_server) = starts
     assert "quantization" not in onecat and packed["quantization"] == "gguf"  # the packed row runs packed
+    assert "cpu_prompt_matmul" not in packed and amx_prompts["cpu_prompt_matmul"] == "bf16"  # its serve flag arrives
     assert vllm["dtype"] != "bfloat16" and vllm_bf16["dtype"] == "bfloat16"  # the bf16 row runs bf16
     assert llama_cpp["model_alias"] == models["gguf"] and llama_server["parallel"] == 16
     assert llama_server["ctx_size"] == 16 * 2048
