@@ -167,7 +167,8 @@ AMX_TARGET void column_blocks(const uint16_t* a, int64_t m, int64_t k, const uin
 // SiLU(gate) * up of a block's rows from its scratch ([gate 16 | up 16] a row), as silu_mul computes each
 // value (row_vectors.h, built with the same flags: the same bits as silu_mul over the unfused output).
 void glu_rows(const float* scratch, int64_t rows, float* out, int64_t out_stride) {
-  for (int64_t r = 0; r < rows; ++r) onecat_cpu::silu_mul_row(scratch + r * kBlockCols, out + r * out_stride, kTileCols);
+  for (int64_t r = 0; r < rows; ++r)
+    onecat_cpu::silu_mul_row(scratch + r * kBlockCols, out + r * out_stride, kTileCols);
 }
 
 // A gate/up layer's prompt rows with SiLU(gate) * up in the epilogue: output column block cb (16 columns) pairs
@@ -231,6 +232,19 @@ at::Tensor rounded_rows(const at::Tensor& x) {
   });
   return a;
 }
+
+// The rows rounded once, then `columns(a, weights, out, out_stride, begin, end)` over `blocks` column blocks on
+// the threads.
+template <typename Columns>
+void on_tiles(const at::Tensor& x, const at::Tensor& packed, at::Tensor& y, int64_t blocks, Columns columns) {
+  if (x.size(0) == 0) return;
+  const at::Tensor a = rounded_rows(x);
+  const auto* a_ptr = reinterpret_cast<const uint16_t*>(a.data_ptr());
+  const auto* w = reinterpret_cast<const uint8_t*>(packed.data_ptr());
+  float* o = y.data_ptr<float>();
+  const int64_t stride = y.stride(0);
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) { columns(a_ptr, w, o, stride, begin, end); });
+}
 #endif
 
 }  // namespace
@@ -252,15 +266,10 @@ at::Tensor amx_bf16_matmul(const at::Tensor& x, const at::Tensor& packed, const 
   const int64_t m = x.size(0), k = x.size(1), n = packed.size(0) * kTileCols;
   at::Tensor y = output(x, n, out);
 #ifdef ONECAT_AMX
-  if (m == 0) return y;
-  const at::Tensor a = rounded_rows(x);
-  const auto* a_ptr = reinterpret_cast<const uint16_t*>(a.data_ptr());
-  const auto* w = reinterpret_cast<const uint8_t*>(packed.data_ptr());
-  float* o = y.data_ptr<float>();
-  const int64_t stride = y.stride(0);
-  at::parallel_for(0, (n + kBlockCols - 1) / kBlockCols, 1, [&](int64_t begin, int64_t end) {
-    column_blocks(a_ptr, m, k, w, n, o, stride, begin, end);
-  });
+  on_tiles(x, packed, y, (n + kBlockCols - 1) / kBlockCols,
+           [&](const uint16_t* a, const uint8_t* w, float* o, int64_t stride, int64_t begin, int64_t end) {
+             column_blocks(a, m, k, w, n, o, stride, begin, end);
+           });
 #endif
   return y;
 }
@@ -273,15 +282,10 @@ at::Tensor amx_bf16_silu_mul(const at::Tensor& x, const at::Tensor& packed, cons
   const int64_t m = x.size(0), k = x.size(1), width = packed.size(0) / 2 * kTileCols;
   at::Tensor y = output(x, width, out);
 #ifdef ONECAT_AMX
-  if (m == 0) return y;
-  const at::Tensor a = rounded_rows(x);
-  const auto* a_ptr = reinterpret_cast<const uint16_t*>(a.data_ptr());
-  const auto* w = reinterpret_cast<const uint8_t*>(packed.data_ptr());
-  float* o = y.data_ptr<float>();
-  const int64_t stride = y.stride(0);
-  at::parallel_for(0, width / kTileCols, 1, [&](int64_t begin, int64_t end) {
-    glu_column_blocks(a_ptr, m, k, w, width, o, stride, begin, end);
-  });
+  on_tiles(x, packed, y, width / kTileCols,
+           [&](const uint16_t* a, const uint8_t* w, float* o, int64_t stride, int64_t begin, int64_t end) {
+             glu_column_blocks(a, m, k, w, width, o, stride, begin, end);
+           });
 #endif
   return y;
 }
