@@ -147,3 +147,27 @@ def test_refusals_and_auto_choice():
     with pytest.raises(RuntimeError, match="query_start_loc"):
         cpu_ops.load().paged_attention(torch.zeros(2, HQ, D), cache.k, cache.v, None, None, 0,
                                        meta.block_tables, meta.query_start_loc, meta.seq_lens, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16"])
+@pytest.mark.parametrize("group,dim", [(3, D), (4, 40), (1, D), (5, D)])
+def test_a_prefills_tokens_have_the_bits_each_has_alone(kind, group, dim):
+    """A 70-token prefill (runs of 16 tokens, in which tokens that see a whole chunk of keys go four at a time
+    where the CPU has AVX512 and G <= 4) against each token computed alone as a one-token query over the same
+    keys: the same bits for every token, whatever the group (5: no four-token path) or head dim."""
+    gen = torch.Generator().manual_seed(4)
+    k, v = (torch.randn(BLOCKS, BS, 2, dim, generator=gen) for _ in range(2))
+    if kind == "bf16":
+        k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    table = [9, 3, 17, 1, 25]
+    q = torch.randn(70, 2 * group, dim, generator=gen)
+    ops = cpu_ops.load()
+
+    def attend(rows: torch.Tensor, q_len: int, seq_len: int) -> torch.Tensor:
+        meta = _meta([q_len], [seq_len], [table])
+        return ops.paged_attention(rows, k, v, None, None, 0, meta.block_tables, meta.query_start_loc,
+                                   meta.seq_lens, 0.125)
+
+    prefill = attend(q, 70, 70)
+    for i in range(70):
+        assert torch.equal(attend(q[i:i + 1].contiguous(), 1, i + 1)[0], prefill[i]), f"token {i}"

@@ -154,6 +154,57 @@ ONECAT_AVX512 void values_avx512(float* acc, const R* const* rows, int64_t n, in
   if (d < dim) values_eight<G>(acc, rows, n, dim, scores, factor, d);
 }
 
+// Prefill runs: kTile query tokens whose keys fill a whole chunk share its rows, read and widened once for all of
+// them (and their G heads); each token's and head's operations are exactly the one-token kernels' above, so the
+// bits are the same. AVX512 CPUs and G <= kTileMaxGroup (the accumulators must fit the registers).
+constexpr int kTile = 4, kTileMaxGroup = 4;
+
+// scores[t][g][j] for the tile's tokens (q[t]: token t's G rows, dim apart): scores_avx512's chains.
+template <int G, typename R>
+ONECAT_AVX512 void scores_tile_avx512(const float* const* q, const R* const* rows, int64_t dim, float scale,
+                                      float (*scores)[kMaxGroup][kChunk]) {
+  prefetch_rows(rows, kChunk, dim);
+  alignas(64) float chains[kTile][G][kChunk][8];
+  for (int64_t j = 0; j < kChunk; j += 2) {
+    __m512 acc[kTile][G];
+    for (int t = 0; t < kTile; ++t)
+      for (int g = 0; g < G; ++g) acc[t][g] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dim; d += 8) {
+      const __m512 keys = load8x2(rows[j] + d, rows[j + 1] + d);
+      for (int t = 0; t < kTile; ++t)
+        for (int g = 0; g < G; ++g)
+          acc[t][g] = _mm512_fmadd_ps(_mm512_broadcast_f32x8(_mm256_loadu_ps(q[t] + g * dim + d)), keys, acc[t][g]);
+    }
+    for (int t = 0; t < kTile; ++t)
+      for (int g = 0; g < G; ++g) _mm512_store_ps(chains[t][g][j], acc[t][g]);
+  }
+  for (int t = 0; t < kTile; ++t) reduce_chains<G>(chains[t], scale, scores[t]);
+}
+
+// acc[t] (token t's G rows) rescaled by factor[t] plus the chunk's kChunk values weighted by scores[t]:
+// values_avx512's operations per token and head.
+template <int G, typename R>
+ONECAT_AVX512 void values_tile_avx512(float* const* acc, const R* const* rows, int64_t dim,
+                                      const float (*scores)[kMaxGroup][kChunk], const float (*factor)[kMaxGroup]) {
+  prefetch_rows(rows, kChunk, dim);
+  int64_t d = 0;
+  for (; d + 16 <= dim; d += 16) {
+    __m512 x[kTile][G];
+    for (int t = 0; t < kTile; ++t)
+      for (int g = 0; g < G; ++g)
+        x[t][g] = _mm512_mul_ps(_mm512_loadu_ps(acc[t] + g * dim + d), _mm512_set1_ps(factor[t][g]));
+    for (int64_t j = 0; j < kChunk; ++j) {
+      const __m512 value = load16(rows[j] + d);
+      for (int t = 0; t < kTile; ++t)
+        for (int g = 0; g < G; ++g) x[t][g] = _mm512_fmadd_ps(_mm512_set1_ps(scores[t][g][j]), value, x[t][g]);
+    }
+    for (int t = 0; t < kTile; ++t)
+      for (int g = 0; g < G; ++g) _mm512_storeu_ps(acc[t] + g * dim + d, x[t][g]);
+  }
+  if (d < dim)
+    for (int t = 0; t < kTile; ++t) values_eight<G>(acc[t], rows, kChunk, dim, scores[t], factor[t], d);
+}
+
 // The chunk's online-softmax step for the G heads (m, l: their running maxima and sums; factor: what their value
 // sums are rescaled by), each head's operations exactly as attend_run makes them for one head (its maximum over
 // the chunk's n keys, the same exponentials, its sum in key order), the G heads' dependent chains interleaved.
@@ -187,14 +238,27 @@ struct Kernels {
   void (*scores)(const float*, const R* const*, int64_t, float, float (*)[kChunk]);
   void (*softmax)(float (*)[kChunk], int64_t, float*, float*, float*);
   void (*values)(float*, const R* const*, int64_t, int64_t, const float (*)[kChunk], const float*);
+  // kTile tokens at once over a whole chunk; nullptr where not built (AVX2, G > kTileMaxGroup)
+  void (*scores_tile)(const float* const*, const R* const*, int64_t, float, float (*)[kMaxGroup][kChunk]);
+  void (*values_tile)(float* const*, const R* const*, int64_t, const float (*)[kMaxGroup][kChunk],
+                      const float (*)[kMaxGroup]);
 };
+
+template <int G, typename R>
+constexpr Kernels<R> wide_kernels() {
+  if constexpr (G <= kTileMaxGroup)
+    return {scores_avx512<G, R>, softmax_heads<G>, values_avx512<G, R>, scores_tile_avx512<G, R>,
+            values_tile_avx512<G, R>};
+  else
+    return {scores_avx512<G, R>, softmax_heads<G>, values_avx512<G, R>, nullptr, nullptr};
+}
 
 template <typename R, int... G>
 constexpr auto table(std::integer_sequence<int, G...>, bool wide) {
   using K = Kernels<R>;
   using Table = std::array<K, sizeof...(G)>;
-  if (wide) return Table{K{scores_avx512<G + 1, R>, softmax_heads<G + 1>, values_avx512<G + 1, R>}...};
-  return Table{K{scores_avx2<G + 1, R>, softmax_heads<G + 1>, values_avx2<G + 1, R>}...};
+  if (wide) return Table{wide_kernels<G + 1, R>()...};
+  return Table{K{scores_avx2<G + 1, R>, softmax_heads<G + 1>, values_avx2<G + 1, R>, nullptr, nullptr}...};
 }
 
 inline bool cpu_has_avx512() {
