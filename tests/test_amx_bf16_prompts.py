@@ -118,6 +118,13 @@ def test_the_gate_up_epilogue_gives_the_unfused_bits(rows):
         set_forward_context(None)
     assert act.shape == (7, 48)
     assert torch.equal(act, cpu_ops.load().silu_mul(layer._prompt_split(x, prompt), False))
+    # a bfloat16 model's layer rounds its output before the activation: the epilogue leaves it to the caller
+    bf16_layer = Int4PackedLinear(terms, None, torch.bfloat16, prompt_matmul="bf16")
+    set_forward_context(ForwardContext(meta=None, kv_caches=[], attention=None, prompt_rows=prompt))
+    try:
+        assert bf16_layer.glu_prompt_rows(x) is None
+    finally:
+        set_forward_context(None)
 
 
 def test_without_amx_the_setting_is_refused_with_what_to_do(monkeypatch):

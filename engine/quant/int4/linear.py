@@ -200,7 +200,10 @@ class Int4PackedLinear(nn.Module):
         glu_in_gemv)."""
         x2 = x.reshape(-1, self.in_features)
         prompt = step_prompt_rows(x2.shape[0]) if self.prompt_tiles is not None else None
-        if prompt is None or self.out_features % (2 * amx_bf16.TILE_COLUMNS) or self.bias is not None:
+        # only where the unfused activation reads this layer's float32 output as it is (a float32 model, the int8
+        # path for the other rows): else their rows would get other bits here than in a step without prompt rows
+        exact = self.dtype == torch.float32 and self.int8 is not None and not self.keep_kernel_output
+        if prompt is None or not exact or self.out_features % (2 * amx_bf16.TILE_COLUMNS) or self.bias is not None:
             return None
         if prompt.all_prompt:
             return amx_bf16.silu_mul(x2, self.prompt_tiles).reshape(*x.shape[:-1], -1)
