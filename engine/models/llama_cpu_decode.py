@@ -66,6 +66,9 @@ class CpuDecodeLayers:
         self.scale, self.eps = first.scale, model.layers[0].input_layernorm.eps
         self.rotary = first.rotary
         self.int8 = _int8_at_one_row(first.qkv_proj)
+        # prompt rows on AMX tiles (EngineArgs.cpu_prompt_matmul): a step with a prompt row (a one-token prompt, a
+        # chunk's last token beside decoding sequences) runs the Python layers, which send that row to the tiles
+        self.prompt_tiles = getattr(first.qkv_proj, "prompt_tiles", None) is not None
         self.weights = []  # per layer, in decode_layers.cpp's order (the caches go in per step)
         for layer in model.layers:
             a, m = layer.self_attn, layer.mlp
@@ -87,7 +90,7 @@ class CpuDecodeLayers:
         ctx = get_forward_context()
         meta, caches = ctx.meta, ctx.kv_caches
         if h.shape[0] != meta.num_seqs or (meta.num_seqs != 1 and not self.int8) or \
-                not ctx.attention.runs_cpu_paged():
+                not ctx.attention.runs_cpu_paged() or (self.prompt_tiles and ctx.prompt_rows is not None):
             return None
         if caches[0].fp8_dtype is not None or caches[0].k.dtype not in (torch.float32, torch.bfloat16):
             return None
