@@ -17,7 +17,7 @@
 // Linux grants a process the tile registers' state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM), once.
 // The tile configuration is written field by field and passed through a compiler barrier before LDTILECFG:
 // some GCC versions otherwise treat the instruction as reading 8 of its 64 bytes and drop the other stores.
-// Built on x86-64 Linux only; elsewhere, and on CPUs without AMX-BF16, amx_bf16_isa() is "".
+// Built on x86-64 Linux only (GCC 11+, clang 12+); elsewhere, and on CPUs without AMX-BF16, amx_bf16_isa() is "".
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -30,7 +30,9 @@
 
 #include "row_vectors.h"
 
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+// AMX intrinsics need GCC 11 or clang 12; older compilers build the rest of the ops without this kernel
+#if defined(__x86_64__) && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
 #define ONECAT_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>
