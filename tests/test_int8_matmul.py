@@ -95,10 +95,13 @@ def test_extreme_activations_stay_exact():
     assert ((y.double() - reference(x, blocks)).abs().max()).item() < 1e-4
 
 
-def _q4_1_layer() -> Int4PackedLinear:
+def _q4_1_terms() -> list[Int4Blocks]:
     w = np.random.default_rng(4).standard_normal((96, 256)).astype(np.float32)
-    return Int4PackedLinear(QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1),
-                                                      w.shape).terms, None)
+    return QuantizedWeight.from_gguf("Q4_1", quants.quantize(w, GGMLQuantizationType.Q4_1), w.shape).terms
+
+
+def _q4_1_layer() -> Int4PackedLinear:
+    return Int4PackedLinear(_q4_1_terms(), None)
 
 
 @needs_int8
@@ -176,6 +179,11 @@ def test_the_switch_turns_the_int8_path_off(monkeypatch):
     layer = _q4_1_layer()
     assert layer.int8 is None
     assert "int8 dot products off" in Int4PackedLinear.large_batch_path()
+    if Int4PackedLinear.supported(torch.device("cpu")):  # the 4-bit kernel and the bf16 GEMM then take the rows
+        x = torch.randn(DENSE_FROM_ROWS + 2, 256)
+        for rows in (1, DENSE_FROM_ROWS + 2):
+            ref = x[:rows].to(torch.bfloat16).float() @ layer._dequantized(_q4_1_terms()).to(torch.bfloat16).float().T
+            torch.testing.assert_close(layer(x[:rows]), ref, rtol=1e-2, atol=0.1)  # bf16 outputs of ~16
 
 
 @needs_int8

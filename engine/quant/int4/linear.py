@@ -179,6 +179,9 @@ class Int4PackedLinear(nn.Module):
         blocks = [onednn.onednn_matmul(x2[r:r + n], self.dense_blocked) for r, n in starts]
         return (blocks[0] if len(blocks) == 1 else torch.cat(blocks))[:rows]
 
+    def _term(self, x2: torch.Tensor, i: int) -> torch.Tensor:
+        return _int4_mm(x2, self._buffers[f"packed{i}"], GROUP, self._buffers[f"scale_zero{i}"])
+
     def _prompt_split(self, x2: torch.Tensor, prompt) -> torch.Tensor:
         """The prompt rows from the AMX tiles, the others as this layer runs any row (int8 dot products, or the
         paths below them), in float32: each run of rows a view of the input, the tiles writing theirs in place."""
