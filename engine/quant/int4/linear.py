@@ -184,23 +184,29 @@ class Int4PackedLinear(nn.Module):
 
     def _prompt_split(self, x2: torch.Tensor, prompt) -> torch.Tensor:
         """The prompt rows from the AMX tiles, the others as this layer runs any row (int8 dot products, or the
-        paths below them), in float32: each run of rows a view of the input, the tiles writing theirs in place."""
+        paths below them), in float32."""
         if prompt.all_prompt:
             return amx_bf16.matmul(x2, self.prompt_tiles, self.out_features)
-        y = x2.new_empty(x2.shape[0], self.out_features, dtype=torch.float32)
+        return self._by_runs(x2, prompt, self.out_features,
+                             lambda rows, out: amx_bf16.matmul(rows, self.prompt_tiles, self.out_features, out=out),
+                             lambda rows: (self.int8(rows) if self.int8 is not None else self._any_rows(rows)).float())
+
+    @staticmethod
+    def _by_runs(x2: torch.Tensor, prompt, width: int, tiles, others) -> torch.Tensor:
+        """[rows, width] float32: each run of prompt rows (a view of the input) by `tiles(rows, out)`, writing its
+        rows of the result in place, each other run by `others(rows)`."""
+        y = x2.new_empty(x2.shape[0], width, dtype=torch.float32)
         for start, end, is_prompt in prompt.runs:
             if is_prompt:
-                amx_bf16.matmul(x2[start:end], self.prompt_tiles, self.out_features, out=y[start:end])
+                tiles(x2[start:end], y[start:end])
             else:
-                rest = x2[start:end]
-                y[start:end] = (self.int8(rest) if self.int8 is not None else self._any_rows(rest)).float()
+                y[start:end] = others(x2[start:end])
         return y
 
     def glu_prompt_rows(self, x: torch.Tensor) -> torch.Tensor | None:
         """SiLU(gate) * up of a [gate | up] layer's output where the current step has prompt rows and this layer
         holds their tiles: the prompt rows' in the tiles' epilogue (the same bits as silu_mul over their matmul),
-        the others' by silu_mul over this layer's usual output; None otherwise (engine/layers/linear.py
-        glu_in_gemv)."""
+        the others' by silu_mul over their int8 output; None otherwise (engine/layers/linear.py glu_in_gemv)."""
         x2 = x.reshape(-1, self.in_features)
         prompt = step_prompt_rows(x2.shape[0]) if self.prompt_tiles is not None else None
         # only where the unfused activation reads this layer's float32 output as it is (a float32 model, the int8
@@ -209,17 +215,14 @@ class Int4PackedLinear(nn.Module):
         if prompt is None or not exact or self.out_features % (2 * amx_bf16.TILE_COLUMNS) or self.bias is not None:
             return None
         if prompt.all_prompt:
-            return amx_bf16.silu_mul(x2, self.prompt_tiles).reshape(*x.shape[:-1], -1)
-        from onecat.engine.kernels import cpu_ops
+            y = amx_bf16.silu_mul(x2, self.prompt_tiles)
+        else:
+            from onecat.engine.kernels import cpu_ops
 
-        y = x2.new_empty(x2.shape[0], self.out_features // 2, dtype=torch.float32)
-        for start, end, is_prompt in prompt.runs:
-            if is_prompt:
-                amx_bf16.silu_mul(x2[start:end], self.prompt_tiles, out=y[start:end])
-            else:
-                rest = x2[start:end]
-                gate_up = (self.int8(rest) if self.int8 is not None else self._any_rows(rest)).float()
-                y[start:end] = cpu_ops.load().silu_mul(gate_up, False)
+            silu_mul = cpu_ops.load().silu_mul
+            y = self._by_runs(x2, prompt, self.out_features // 2,
+                              lambda rows, out: amx_bf16.silu_mul(rows, self.prompt_tiles, out=out),
+                              lambda rows: silu_mul(self.int8(rows).float(), False))
         return y.reshape(*x.shape[:-1], -1)
 
     @staticmethod
