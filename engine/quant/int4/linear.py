@@ -209,9 +209,10 @@ class Int4PackedLinear(nn.Module):
         the others' by silu_mul over their int8 output; None otherwise (engine/layers/linear.py glu_in_gemv)."""
         x2 = x.reshape(-1, self.in_features)
         prompt = step_prompt_rows(x2.shape[0]) if self.prompt_tiles is not None else None
-        # only where the unfused activation reads this layer's float32 output as it is (a float32 model, the int8
-        # path for the other rows): else their rows would get other bits here than in a step without prompt rows
-        exact = self.dtype == torch.float32 and self.int8 is not None and not self.keep_kernel_output
+        # only where the unfused activation reads this layer's int8 output as float32, as it comes (kept as the
+        # kernel's, or a float32 model's): else the other rows would get other bits here than in a step without
+        # prompt rows (a bfloat16 model rounds them first)
+        exact = self.int8 is not None and (self.keep_kernel_output or self.dtype == torch.float32)
         if prompt is None or not exact or self.out_features % (2 * amx_bf16.TILE_COLUMNS) or self.bias is not None:
             return None
         if prompt.all_prompt:
