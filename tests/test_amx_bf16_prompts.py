@@ -118,6 +118,12 @@ def test_the_gate_up_epilogue_gives_the_unfused_bits(rows):
         set_forward_context(None)
     assert act.shape == (7, 48)
     assert torch.equal(act, cpu_ops.load().silu_mul(layer._prompt_split(x, prompt), False))
+    layer.keep_kernel_output = True  # as the engine sets it where fused kernels run: the int8 output is float32
+    set_forward_context(ForwardContext(meta=None, kv_caches=[], attention=None, prompt_rows=prompt))
+    try:
+        assert torch.equal(layer.glu_prompt_rows(x), act)
+    finally:
+        set_forward_context(None)
     # a bfloat16 model's layer rounds its output before the activation: the epilogue leaves it to the caller
     bf16_layer = Int4PackedLinear(terms, None, torch.bfloat16, prompt_matmul="bf16")
     set_forward_context(ForwardContext(meta=None, kv_caches=[], attention=None, prompt_rows=prompt))
