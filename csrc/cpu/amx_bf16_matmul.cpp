@@ -172,28 +172,76 @@ AMX_TARGET void column_blocks(const uint16_t* a, int64_t m, int64_t k, const uin
 
 // SiLU(gate) * up of a block's rows from its scratch ([gate 16 | up 16] a row), as silu_mul computes each
 // value (row_vectors.h, built with the same flags: the same bits as silu_mul over the unfused output).
-void glu_rows(const float* scratch, int64_t rows, float* out, int64_t out_stride) {
-  for (int64_t r = 0; r < rows; ++r)
+void glu_rows(const float* scratch, int64_t begin, int64_t end, float* out, int64_t out_stride) {
+  for (int64_t r = begin; r < end; ++r)
     onecat_cpu::silu_mul_row(scratch + r * kBlockCols, out + r * out_stride, kTileCols);
 }
 
+// A block whose C tiles are stored and whose SiLU(gate) * up is still to be written: `done` of its `rows`.
+struct PendingGlu {
+  const float* scratch = nullptr;
+  int64_t rows = 0, done = 0;
+  float* out = nullptr;
+
+  void advance(int64_t count, int64_t out_stride) {
+    const int64_t end = std::min(rows, done + count);
+    glu_rows(scratch, done, end, out, out_stride);
+    done = end;
+  }
+};
+
+// The 32 x 32 gate/up block of `block<true>`, with the previous block's epilogue spread over its K loop: the
+// vector units compute SiLU(gate) * up of the block before while the tile unit sums this one (in the program's
+// order the two are independent, so the core runs them at once). Each value is computed as in glu_rows.
+AMX_TARGET void glu_block(const uint16_t* a, const uint8_t* b0, const uint8_t* b1, int64_t k, float* scratch,
+                          PendingGlu& pending, int64_t out_stride) {
+  const int64_t a_stride = k * 2, blocks = k / kTileK;
+  const int64_t per_step = (pending.rows - pending.done + blocks - 1) / blocks;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    _tile_loadd(4, a + kb * kTileK, a_stride);
+    _tile_loadd(5, a + 16 * k + kb * kTileK, a_stride);
+    _tile_loadd(6, b0 + kb * kTileBytes, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    _tile_loadd(7, b1 + kb * kTileBytes, 64);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+    pending.advance(per_step, out_stride);
+  }
+  pending.advance(pending.rows, out_stride);
+  const int64_t stride = kBlockCols * 4;
+  _tile_stored(0, scratch, stride);
+  _tile_stored(1, scratch + 16 * kBlockCols, stride);
+  _tile_stored(2, scratch + kTileCols, stride);
+  _tile_stored(3, scratch + 16 * kBlockCols + kTileCols, stride);
+}
+
 // A gate/up layer's prompt rows with SiLU(gate) * up in the epilogue: output column block cb (16 columns) pairs
-// gate tile cb with up tile cb + width / 16, so the [M, 2 * width] product never leaves the cache.
+// gate tile cb with up tile cb + width / 16, so the [M, 2 * width] product never leaves the cache. Two scratch
+// blocks alternate: one's epilogue runs inside the next one's K loop (glu_block).
 AMX_TARGET void glu_column_blocks(const uint16_t* a, int64_t m, int64_t k, const uint8_t* packed, int64_t width,
                                   float* out, int64_t out_stride, int64_t begin, int64_t end) {
   const int64_t tile_column = (k / kTileK) * kTileBytes, up = (width / kTileCols) * tile_column;
-  alignas(64) float scratch[kBlockRows * kBlockCols];
+  alignas(64) float scratch[2][kBlockRows * kBlockCols];
+  PendingGlu pending;
+  int next = 0;
   configure_tiles();
   for (int64_t chunk = 0; chunk < m; chunk += kRowChunk) {
     const int64_t chunk_end = std::min(m, chunk + kRowChunk);
     for (int64_t cb = begin; cb < end; ++cb) {
       const uint8_t* gate = packed + cb * tile_column;
       for (int64_t r0 = chunk; r0 < chunk_end; r0 += kBlockRows) {
-        block<true>(a + r0 * k, gate, gate + up, k, scratch, kBlockCols);
-        glu_rows(scratch, std::min(kBlockRows, m - r0), out + r0 * out_stride + cb * kTileCols, out_stride);
+        glu_block(a + r0 * k, gate, gate + up, k, scratch[next], pending, out_stride);
+        pending = PendingGlu{scratch[next], std::min(kBlockRows, m - r0), 0, out + r0 * out_stride + cb * kTileCols};
+        next ^= 1;
       }
     }
   }
+  pending.advance(pending.rows, out_stride);
   _tile_release();
 }
 
