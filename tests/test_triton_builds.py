@@ -28,3 +28,16 @@ def test_builds_are_counted_in_order_and_the_earlier_hook_still_answers(monkeypa
     assert triton_builds.describe(start + 1) == {"count": 2, "by_kernel": {"split_kernel": 1, "step_kernel": 1}}
     assert triton_builds.install()  # once per process: not wrapped twice
     assert knobs.runtime.jit_cache_hook is hook
+
+
+def test_aligned_copies_only_views_off_a_16_byte_boundary():
+    import torch
+
+    base = torch.arange(40, dtype=torch.float32)
+    assert triton_builds.aligned(base) is base
+    assert triton_builds.aligned(base[4:]).data_ptr() == base[4:].data_ptr()  # 16 bytes in: kept
+    off = base[1:9]  # 4 bytes past the start
+    copy = triton_builds.aligned(off)
+    assert copy.data_ptr() % 16 == 0 and copy.data_ptr() != off.data_ptr() and torch.equal(copy, off)
+    rows = base.view(8, 5)[1:3, :4]  # a strided view off the boundary: a contiguous copy
+    assert triton_builds.aligned(rows).is_contiguous() and torch.equal(triton_builds.aligned(rows), rows)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import torch
+
 _lock = threading.Lock()
 _built: list[str] = []  # "kernel(arg types and specializations)" of every variant built since install()
 _installed = False
@@ -52,3 +54,10 @@ def describe(point: int) -> dict:
     """For records: how many variants were built after `point`, and how many of each kernel."""
     built = since(point)
     return {"count": len(built), "by_kernel": dict(Counter(b.split("[", 1)[0] for b in built))}
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself where its data lies on a 16-byte boundary, else a contiguous copy (which does): Triton builds one
+    variant of a kernel for aligned pointers and another for the rest, so a view that starts mid-tensor (a verify
+    chunk's gates, a slice of logits rows) would build a variant the warm-up never met, on a request's step."""
+    return t if t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)

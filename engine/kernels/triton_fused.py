@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from onecat.engine.kernels import pdl
+from onecat.engine.kernels.triton_builds import aligned
 
 
 @triton.jit
@@ -207,8 +208,7 @@ def qk_rope_cache(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """torch.argmax(logits, -1) for [rows, V] logits (first index on ties; NaN ranks as +inf)."""
     rows, n = logits.shape
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
+    logits = aligned(logits if logits.stride(-1) == 1 else logits.contiguous())
     block = 4096
     parts = -(-n // block)
     vals = torch.empty(rows, parts, dtype=torch.float32, device=logits.device)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from onecat.engine.kernels.triton_builds import aligned
+
 
 @triton.jit
 def rows_recurrence_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_in_ptr, in_idx_ptr, s_out_ptr, out_idx_ptr,
@@ -73,12 +75,14 @@ def rows_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     if padded > width:  # W is the kernel's unrolled length: a few builds, not one per draft count
         q, k, v, g, beta = (_pad_tokens(t, padded) for t in (q, k, v, g, beta))
     else:
-        q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+        q, k, v, g, beta = (aligned(t.contiguous()) for t in (q, k, v, g, beta))
+    g, beta = aligned(g.float()), aligned(beta.float())
+    in_index, out_index, begin, end = (aligned(t) for t in (in_index, out_index, begin, end))
     if with_outputs and out is None:
         out = torch.empty(rows, padded, hv, dv, dtype=torch.float32, device=v.device)
     bv = min(8, triton.next_power_of_2(dv))
     grid = (rows * hv * triton.cdiv(dv, bv),)
-    rows_recurrence_kernel[grid](q, k, v, g.float(), beta.float(), states_in, in_index, states_out, out_index,
+    rows_recurrence_kernel[grid](q, k, v, g, beta, states_in, in_index, states_out, out_index,
                                  begin, end, out if with_outputs else v, states_in if keep_pre is None else keep_pre,
                                  dk ** -0.5, W=padded, HK=hk, HV=hv, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=bv,
                                  WRITE_O=with_outputs, KEEP_PRE=keep_pre is not None, num_warps=1)
