@@ -141,7 +141,8 @@ def test_without_amx_the_setting_is_refused_with_what_to_do(monkeypatch):
 
 @needs_amx
 @pytest.mark.skipif(int8_matmul.unavailable_reason() is not None, reason="the int8 path runs the decoded rows")
-def test_the_engine_runs_prompts_on_the_tiles_and_a_prompts_tokens_ignore_its_neighbours():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])  # bfloat16: the prompt rows' attention on tiles too
+def test_the_engine_runs_prompts_on_the_tiles_and_a_prompts_tokens_ignore_its_neighbours(kv_cache_dtype):
     """info() names the prompt rows' path and the layers hold the tiles (not the LM head, which scores one row a
     prompt); a prompt's greedy tokens are the same among two different sets of 16 prompts, and the same whether
     its prompt runs in one step or in chunks beside another sequence's decoding, whose tokens stay the same too."""
@@ -152,17 +153,27 @@ def test_the_engine_runs_prompts_on_the_tiles_and_a_prompts_tokens_ignore_its_ne
     prompts = [[1000 + (i * 131 + j * 7) % 40000 for j in range(24)] for i in range(32)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)  # the chosen tokens' logprobs
     with LLM(EMBEDDED, device="cpu", quantization="gguf", max_model_len=256, max_num_seqs=16,
-             enable_prefix_caching=False, cpu_prompt_matmul="bf16") as llm:
+             enable_prefix_caching=False, cpu_prompt_matmul="bf16", kv_cache_dtype=kv_cache_dtype) as llm:
         assert "AMX bfloat16 tiles" in llm.info()["quantization"]["prompt_rows"]
+        assert llm.info()["attention_backend"]["prompt_rows_on_tiles"]
+        attention = llm.worker.attention.primary
+        calls = []
+        original = attention.ops.paged_attention
+        attention.ops = type("Spy", (), {"paged_attention": lambda self, *a: calls.append(a[-1]) or original(*a)})()
         layers = [m for m in llm.model.modules() if isinstance(m, Int4PackedLinear)]
         assert layers and sum(m.prompt_tiles is None for m in layers) == 1  # the LM head alone keeps int8
         first = llm.generate(prompts[:16], params)[3]
         others = prompts[16:31]
         second = llm.generate(others[:9] + [prompts[3]] + others[9:], params)
+    tiled = [c for c in calls if c is not None]  # the steps' prompt rows counted per sequence, only on a bf16 cache
+    assert (len(tiled) > 0) == (kv_cache_dtype == "bfloat16") and all(int(c.sum()) > 0 for c in tiled)
+    if tiled:
+        assert tiled[0].tolist() == [24] * 16  # the first step: 16 whole prompts
     assert len(first.token_ids) == 6 and first.token_ids == second[9].token_ids
     assert first.logprobs == second[9].logprobs  # the same bits, not only the same argmax
     with LLM(EMBEDDED, device="cpu", quantization="gguf", max_model_len=256, max_num_seqs=2,
-             enable_prefix_caching=False, cpu_prompt_matmul="bf16", max_num_batched_tokens=16) as llm:
+             enable_prefix_caching=False, cpu_prompt_matmul="bf16", max_num_batched_tokens=16,
+             kv_cache_dtype=kv_cache_dtype) as llm:
         chunked = llm.generate([prompts[20], prompts[3]], params)
     assert chunked[1].logprobs == first.logprobs  # its prompt in chunks beside the other's decoding
     assert chunked[0].logprobs == second[4].logprobs  # decoded beside the other's prompt

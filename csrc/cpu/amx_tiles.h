@@ -60,6 +60,9 @@ AMX_TARGET inline void configure() {
   _tile_loadconfig(&cfg);
 }
 
+// The tiles handed back (their state is large: the kernel saves it on a context switch while it is in use).
+AMX_TARGET inline void release() { _tile_release(); }
+
 }  // namespace amx_tiles
 
 #endif

@@ -326,7 +326,7 @@ namespace onecat_cpu {
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                            int64_t fp8_kind, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                           const at::Tensor& seq_lens, double scale) {
+                           const at::Tensor& seq_lens, double scale, const c10::optional<at::Tensor>& tile_rows) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [tokens, q_heads, dim] with unit inner stride");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "q must be float32 or bfloat16");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -352,16 +352,27 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   TORCH_CHECK(static_cast<int64_t>(s.size()) == seqs + 1 && s[seqs] == tokens, "query_start_loc must end at the token count");
   // Jobs: runs of up to kRun consecutive query tokens of one sequence (a decode token is a run of one) times
   // KV heads, all of a token's heads (up to 16: attend_run's row tables) a job when there are enough runs to
-  // keep every thread busy.
+  // keep every thread busy. A sequence's first tile_rows[b] query rows (its prompt rows, where the caller asks)
+  // run on AMX tiles (amx_attention.cpp), in runs of their own.
   constexpr int64_t kRun = 16;
-  struct Run { int64_t first, count, seq, position; };
+  struct Run { int64_t first, count, seq, position; bool tiles; };
+  const std::vector<int64_t> tiled = tile_rows.has_value() ? int_values(*tile_rows) : std::vector<int64_t>(seqs, 0);
+  TORCH_CHECK(static_cast<int64_t>(tiled.size()) == seqs, "tile_rows must hold one count per sequence");
+  if (tile_rows.has_value())
+    TORCH_CHECK(amx_attention_available() && k_cache.scalar_type() == at::kBFloat16 && dim % 32 == 0,
+                "tile_rows (prompt rows on AMX tiles) need AMX-BF16, a bfloat16 cache and a head dim a multiple of 32");
   std::vector<Run> runs;
   for (int64_t b = 0; b < seqs; ++b) {
     const int64_t q_len = s[b + 1] - s[b];
     TORCH_CHECK(q_len <= len[b] && (len[b] + block_size - 1) / block_size <= tables.size(1), "sequence ", b,
                 " has more tokens than its block table holds");
-    for (int64_t i = 0; i < q_len; i += kRun)
-      runs.push_back({s[b] + i, std::min(kRun, q_len - i), b, len[b] - q_len + i});
+    TORCH_CHECK(tiled[b] >= 0 && tiled[b] <= q_len, "tile_rows[", b, "] must be within the sequence's query rows");
+    for (int64_t i = 0; i < q_len;) {
+      const bool tiles = i < tiled[b];
+      const int64_t n = std::min(kRun, (tiles ? tiled[b] : q_len) - i);
+      runs.push_back({s[b] + i, n, b, len[b] - q_len + i, tiles});
+      i += n;
+    }
   }
   const float* ks = fp8_kind != kFp8None ? k_scale->data_ptr<float>() : nullptr;
   const float* vs = fp8_kind != kFp8None ? v_scale->data_ptr<float>() : nullptr;
@@ -384,6 +395,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       for (int64_t job = begin; job < end; ++job) {
         const Run& r = runs[job / splits];
         const int64_t h0 = job % splits * heads_per_job;
+        if constexpr (!std::is_same_v<scalar_t, double>) if (r.tiles) {  // (q is never double: checked above)
+          amx_attend_run<scalar_t>(qp + r.first * q.stride(0), q.stride(0), q.stride(1), op + r.first * q_heads * dim,
+                                   q_heads * dim, dim, k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>(),
+                                   block_size, kv_heads, dim, table0 + r.seq * tables.size(1), r.position, r.count,
+                                   group, h0, h0 + heads_per_job, static_cast<float>(scale));
+          continue;
+        }
         const auto attend = [&](auto row_type) {
           attend_run<scalar_t, decltype(row_type)>(
               qp + r.first * q.stride(0), q.stride(0), q.stride(1), op + r.first * q_heads * dim, q_heads * dim, dim,
@@ -407,7 +425,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_scale, Tensor? v_scale, int fp8_kind, "
-        "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, float scale) -> Tensor");
+        "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, float scale, Tensor? tile_rows=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("paged_attention", &onecat_cpu::paged_attention); }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from onecat.engine.attention.backend import AttentionBackend
+from onecat.engine.attention.forward_context import step_prompt_rows
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.cache.kv import LayerKVCache
 
@@ -22,10 +23,15 @@ MAX_HEAD_DIM, MAX_GROUP = 256, 16
 class CpuPagedBackend(AttentionBackend):
     name = "CPU_PAGED"
 
-    def __init__(self):
+    def __init__(self, prompt_tiles: bool = False):
+        """`prompt_tiles` (EngineArgs.cpu_prompt_matmul "bf16"): a step's prompt rows attend on AMX bfloat16 tiles
+        (csrc/cpu/amx_attention.cpp) where the cache is bfloat16 and the head dim a multiple of 32; their bits
+        then differ from the float32 kernel's, which every other row keeps."""
         from onecat.engine.kernels import cpu_ops
 
         self.ops = cpu_ops.load()  # RuntimeError saying why when the ops cannot be built
+        self.prompt_tiles = prompt_tiles and bool(self.ops.amx_bf16_isa())
+        self._tile_rows: tuple[object, torch.Tensor | None] = (None, None)  # (the step's PromptRows, its counts)
 
     def unsupported_reason(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> str | None:
         if q.device.type != "cpu":
@@ -40,5 +46,23 @@ class CpuPagedBackend(AttentionBackend):
         return None
 
     def forward(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        tiles = self.tile_rows(q, cache, meta) if self.prompt_tiles else None
         return self.ops.paged_attention(q, cache.k, cache.v, cache.k_scale, cache.v_scale, FP8_KINDS[cache.fp8_dtype],
-                                        meta.block_tables, meta.query_start_loc, meta.seq_lens, scale)
+                                        meta.block_tables, meta.query_start_loc, meta.seq_lens, scale, tiles)
+
+    def tile_rows(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Each sequence's prompt rows in this step (its leading query rows), for the AMX tiles; None where the
+        step has none or the tiles cannot read this cache. Counted once a step, kept for its other layers."""
+        if cache.k.dtype != torch.bfloat16 or q.shape[-1] % 32 or meta.query_lens_cpu is None:
+            return None
+        prompt = step_prompt_rows(q.shape[0])
+        if prompt is None:
+            return None
+        if self._tile_rows[0] is not prompt:
+            counts, start = [], 0
+            for n in meta.query_lens_cpu:
+                counts.append(sum(max(0, min(end, start + n) - max(a, start)) for a, end, is_prompt in prompt.runs
+                                  if is_prompt))
+                start += n
+            self._tile_rows = (prompt, torch.tensor(counts, dtype=torch.int64) if any(counts) else None)
+        return self._tile_rows[1]

@@ -14,13 +14,13 @@ from onecat.engine.errors import ConfigError
 BACKEND_NAMES = ("auto", "TORCH_SDPA_REF", "CPU_PAGED", "FLASH_ATTN_V100", "TRITON_PAGED")
 
 
-def _make(name: str) -> AttentionBackend:
+def _make(name: str, prompt_tiles: bool) -> AttentionBackend:
     if name == "TORCH_SDPA_REF":
         return TorchReferenceBackend()
     if name == "CPU_PAGED":
         from onecat.engine.attention.cpu_paged import CpuPagedBackend
 
-        return CpuPagedBackend()
+        return CpuPagedBackend(prompt_tiles)
     if name == "FLASH_ATTN_V100":
         from onecat.engine.attention.flash_attn_v100 import FlashAttnV100Backend
 
@@ -49,12 +49,13 @@ def choose_backend_name(requested: str, device: torch.device) -> str:
 class AttentionDispatcher:
     """Callable used by every attention layer; counts which backend actually served each call."""
 
-    def __init__(self, requested: str, device: torch.device):
+    def __init__(self, requested: str, device: torch.device, prompt_tiles: bool = False):
+        """`prompt_tiles`: EngineArgs.cpu_prompt_matmul "bf16" (prompt rows on AMX tiles, CPU_PAGED)."""
         self.requested = requested
         self.primary_name = choose_backend_name(requested, device)
         self.reference = TorchReferenceBackend()
         try:
-            self.primary = _make(self.primary_name)
+            self.primary = _make(self.primary_name, prompt_tiles)
             self.load_error = None
         except Exception as e:  # a backend that cannot even be constructed (no extension) falls back
             self.primary, self.load_error = self.reference, f"{self.primary_name} unavailable: {e}"
@@ -99,4 +100,4 @@ class AttentionDispatcher:
         effective = self.calls.most_common(1)[0][0] if self.calls else self.primary.name
         return {"requested": self.requested, "selected": self.primary_name, "effective": effective,
                 "calls": dict(self.calls), "fallback_reasons": dict(self.fallback_reasons),
-                "load_error": self.load_error}
+                "load_error": self.load_error, "prompt_rows_on_tiles": getattr(self.primary, "prompt_tiles", False)}

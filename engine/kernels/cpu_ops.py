@@ -25,7 +25,8 @@ from onecat.engine.kernels.cache import cache_root
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "csrc" / "cpu"
 SOURCES = (SOURCE_DIR / "fused_ops.cpp", SOURCE_DIR / "paged_attention.cpp", SOURCE_DIR / "decode_layers.cpp",
-           SOURCE_DIR / "int8_matmul.cpp", SOURCE_DIR / "f32_rows.cpp", SOURCE_DIR / "amx_bf16_matmul.cpp")
+           SOURCE_DIR / "int8_matmul.cpp", SOURCE_DIR / "f32_rows.cpp", SOURCE_DIR / "amx_bf16_matmul.cpp",
+           SOURCE_DIR / "amx_attention.cpp")
 _FLAGS = ["-O3", "-ffp-contract=off"]  # no fused multiply-adds: products and sums round as in the torch ops
 _lock = threading.Lock()
 _state: dict = {}  # "ops": torch.ops.onecat_cpu once loaded, or "failure": why it cannot be

@@ -159,7 +159,8 @@ class Worker:
         kv_config = self.tp.kv_config(self.model_config) if self.tp else self.model_config
         self.num_kv_blocks = self._num_kv_blocks(fp8 is not None, kv_config)
         torch.manual_seed(self.cfg.seed)
-        self.attention = AttentionDispatcher(self.cfg.attention_backend, self.device)
+        self.attention = AttentionDispatcher(self.cfg.attention_backend, self.device,
+                                             prompt_tiles=self.cfg.cpu_prompt_matmul == "bf16")
         self.kv_caches = allocate_kv_caches(len(kv_config.kv_layer_ids), self.num_kv_blocks, self.cfg.block_size,
                                             kv_config.num_key_value_heads, kv_config.head_dim,
                                             kv_cache_storage_dtype(self.cfg.kv_cache_dtype, self.dtype), fp8,
