@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from onecat.engine.attention.backend import AttentionBackend
-from onecat.engine.attention.forward_context import step_prompt_rows
 from onecat.engine.attention.metadata import AttentionMetadata
 from onecat.engine.cache.kv import LayerKVCache
 
@@ -31,7 +30,6 @@ class CpuPagedBackend(AttentionBackend):
 
         self.ops = cpu_ops.load()  # RuntimeError saying why when the ops cannot be built
         self.prompt_tiles = prompt_tiles and bool(self.ops.amx_bf16_isa())
-        self._tile_rows: tuple[object, torch.Tensor | None] = (None, None)  # (the step's PromptRows, its counts)
 
     def unsupported_reason(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> str | None:
         if q.device.type != "cpu":
@@ -52,17 +50,9 @@ class CpuPagedBackend(AttentionBackend):
 
     def tile_rows(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor | None:
         """Each sequence's prompt rows in this step (its leading query rows), for the AMX tiles; None where the
-        step has none or the tiles cannot read this cache. Counted once a step, kept for its other layers."""
-        if cache.k.dtype != torch.bfloat16 or q.shape[-1] % 32 or meta.query_lens_cpu is None:
+        step has none or the tiles cannot read this cache. Made once a step, kept in the metadata's extras."""
+        if cache.k.dtype != torch.bfloat16 or q.shape[-1] % 32 or not any(meta.prompt_lens_cpu or ()):
             return None
-        prompt = step_prompt_rows(q.shape[0])
-        if prompt is None:
-            return None
-        if self._tile_rows[0] is not prompt:
-            counts, start = [], 0
-            for n in meta.query_lens_cpu:
-                counts.append(sum(max(0, min(end, start + n) - max(a, start)) for a, end, is_prompt in prompt.runs
-                                  if is_prompt))
-                start += n
-            self._tile_rows = (prompt, torch.tensor(counts, dtype=torch.int64) if any(counts) else None)
-        return self._tile_rows[1]
+        if "tile_rows" not in meta.extras:
+            meta.extras["tile_rows"] = torch.tensor(meta.prompt_lens_cpu, dtype=torch.int64)
+        return meta.extras["tile_rows"]

@@ -27,6 +27,8 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     # Cached helpers for the reference path (built lazily by whichever backend needs them).
     extras: dict
+    # each sequence's leading query rows at prompt positions (CPU steps; the AMX prompt attention's tile rows)
+    prompt_lens_cpu: list[int] | None = None
 
     @property
     def num_seqs(self) -> int:

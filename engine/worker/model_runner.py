@@ -49,6 +49,7 @@ class StepInputs:
     state_slots: list[int | None] | None = None  # hybrid models: each sequence's recurrent-state slot
     lookaheads: list[int] | None = None  # each sequence's draft tokens under verification (their last rows)
     prompt_rows: list[int] | None = None  # rows at prompt positions (ForwardContext.prompt_rows)
+    prompt_lens: list[int] | None = None  # each sequence's rows at prompt positions (AttentionMetadata)
 
 
 class ModelRunner:
@@ -67,7 +68,7 @@ class ModelRunner:
         1 + k rows, the last row of each sequence that reached its end, the rows of a prefill chunk
         whose next token is in the prompt (prompt logprobs)."""
         bs = self.block_size
-        ids, pos, slots, qsl, seq_lens, qlens, rows, prompt_rows = [], [], [], [0], [], [], [], []
+        ids, pos, slots, qsl, seq_lens, qlens, rows, prompt_rows, prompt_lens = [], [], [], [0], [], [], [], [], []
         for s in sched:
             seq = s.seq
             start = seq.num_computed_tokens
@@ -79,7 +80,8 @@ class ModelRunner:
             for p in range(start, start + n):
                 pos.append(p)
                 slots.append(table[p // bs] * bs + p % bs)
-            prompt_rows.extend(range(qsl[-1], qsl[-1] + max(0, min(n, seq.num_prompt_tokens - start))))
+            prompt_lens.append(max(0, min(n, seq.num_prompt_tokens - start)))
+            prompt_rows.extend(range(qsl[-1], qsl[-1] + prompt_lens[-1]))
             prompt, tail = _logit_rows(s)
             rows.extend(range(qsl[-1], qsl[-1] + prompt))
             rows.extend(range(qsl[-1] + n - tail, qsl[-1] + n))  # verify rows, or the last row
@@ -91,7 +93,7 @@ class ModelRunner:
         batch1_verify = len(sched) == 1 and sched[0].num_new_tokens == 1  # one sequence's decode/verify rows
         return StepInputs(ids, pos, slots, qsl, seq_lens, qlens, tables, rows,
                           self.verify_gemv_rows if batch1_verify else 1, [s.seq.state_slot for s in sched],
-                          [s.num_lookahead for s in sched], prompt_rows)
+                          [s.num_lookahead for s in sched], prompt_rows, prompt_lens)
 
     def _metadata(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         dev = self.device
@@ -101,7 +103,7 @@ class ModelRunner:
             block_tables=to_device(x.tables, dev, torch.int32),
             slot_mapping=to_device(x.slots, dev, torch.int64),
             max_query_len=max(x.qlens), max_seq_len=max(x.seq_lens), block_size=self.block_size,
-            query_lens_cpu=x.qlens, seq_lens_cpu=x.seq_lens, extras={})
+            query_lens_cpu=x.qlens, seq_lens_cpu=x.seq_lens, extras={}, prompt_lens_cpu=x.prompt_lens)
         return (to_device(x.ids, dev, torch.int64), to_device(x.pos, dev, torch.int64), meta)
 
     def run_inputs(self, x: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
