@@ -205,10 +205,11 @@ class EngineArgs(BaseModel):
         default="int8", description="the packed GGUF layers' prompt rows on the CPU (quantization gguf) | int8: int8 "
                                     "dot products like every other row, so a token's result never depends on its "
                                     "batch or on whether it was a prompt token | bf16: AMX bfloat16 tiles on a bf16 "
-                                    "copy of the dequantized weights (CPUs with AMX-BF16; 2 more bytes a weight; "
-                                    "prefill ~2x faster), each row summed alone so its bits still do not depend on "
-                                    "its batch, but decoded and verified rows stay int8: a text's tokens computed "
-                                    "as a prompt and as decoded output carry other bits (docs/server.md, AMX)")
+                                    "copy of the dequantized weights, and their attention on tiles too where the KV "
+                                    "cache is bfloat16 (CPUs with AMX-BF16; 2 more bytes a weight; prefill ~2x "
+                                    "faster), each row computed alone so its bits still do not depend on its batch, "
+                                    "but decoded and verified rows stay as they were: a text's tokens computed as a "
+                                    "prompt and as decoded output carry other bits (docs/server.md, AMX)")
     kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="auto: the model dtype; bfloat16: half the bytes of a float32 model's "
                                     "(CPU); fp8_e4m3 | fp8_e5m2: 8-bit KV with scales")
