@@ -51,10 +51,16 @@ AMX_TARGET void round_rows(const T* x, int64_t rows, int64_t k, uint16_t* out) {
   }
 }
 
-// out[32 rows][16 or 32 columns] from A (32 rows of bf16, stride k) and the column block's B tiles.
-template <bool kPair>
+// No work between a block's K steps.
+struct Idle {
+  void operator()() const {}
+};
+
+// out[32 rows][16 or 32 columns] from A (32 rows of bf16, stride k) and the column block's B tiles; `between()`
+// runs after each K step (vector work the core can do while the tile unit sums: glu_block).
+template <bool kPair, typename Between = Idle>
 AMX_TARGET void block(const uint16_t* a, const uint8_t* b0, const uint8_t* b1, int64_t k, float* out,
-                      int64_t out_stride) {
+                      int64_t out_stride, Between between = {}) {
   const int64_t a_stride = k * 2, blocks = k / kTileK;
   _tile_zero(0);
   _tile_zero(1);
@@ -73,6 +79,7 @@ AMX_TARGET void block(const uint16_t* a, const uint8_t* b0, const uint8_t* b1, i
       _tile_dpbf16ps(2, 4, 7);
       _tile_dpbf16ps(3, 5, 7);
     }
+    between();
   }
   const int64_t stride = out_stride * 4;
   _tile_stored(0, out, stride);
@@ -148,29 +155,9 @@ struct PendingGlu {
 // order the two are independent, so the core runs them at once). Each value is computed as in glu_rows.
 AMX_TARGET void glu_block(const uint16_t* a, const uint8_t* b0, const uint8_t* b1, int64_t k, float* scratch,
                           PendingGlu& pending, int64_t out_stride) {
-  const int64_t a_stride = k * 2, blocks = k / kTileK;
-  const int64_t per_step = (pending.rows - pending.done + blocks - 1) / blocks;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    _tile_loadd(4, a + kb * kTileK, a_stride);
-    _tile_loadd(5, a + 16 * k + kb * kTileK, a_stride);
-    _tile_loadd(6, b0 + kb * kTileBytes, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 5, 6);
-    _tile_loadd(7, b1 + kb * kTileBytes, 64);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_dpbf16ps(3, 5, 7);
-    pending.advance(per_step, out_stride);
-  }
+  const int64_t per_step = (pending.rows - pending.done + k / kTileK - 1) / (k / kTileK);
+  block<true>(a, b0, b1, k, scratch, kBlockCols, [&] { pending.advance(per_step, out_stride); });
   pending.advance(pending.rows, out_stride);
-  const int64_t stride = kBlockCols * 4;
-  _tile_stored(0, scratch, stride);
-  _tile_stored(1, scratch + 16 * kBlockCols, stride);
-  _tile_stored(2, scratch + kTileCols, stride);
-  _tile_stored(3, scratch + 16 * kBlockCols + kTileCols, stride);
 }
 
 // A gate/up layer's prompt rows with SiLU(gate) * up in the epilogue: output column block cb (16 columns) pairs
