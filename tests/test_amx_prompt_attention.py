@@ -61,7 +61,8 @@ def test_a_tokens_bits_do_not_depend_on_its_step():
     table = [9, 3, 17, 1, 25, 30, 11]
     q = torch.randn(100, 6, 64, generator=gen)
     whole = _attend(q, k, v, [100], [100], [table], [100])
-    parts = [_attend(q[a:b].contiguous(), k, v, [b - a], [b], [table], [b - a]) for a, b in ((0, 7), (7, 40), (40, 100))]
+    chunks = ((0, 7), (7, 40), (40, 100))
+    parts = [_attend(q[a:b].contiguous(), k, v, [b - a], [b], [table], [b - a]) for a, b in chunks]
     assert torch.equal(torch.cat(parts), whole)
     other = torch.randn(20, 6, 64, generator=gen)
     batch = _attend(torch.cat([other, q[40:]]), k, v, [20, 60], [20, 100], [[44, 45], table], [20, 60])

@@ -399,12 +399,15 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       for (int64_t job = begin; job < end; ++job) {
         const Run& r = runs[job / splits];
         const int64_t h0 = job % splits * heads_per_job;
-        if constexpr (!std::is_same_v<scalar_t, double>) if (r.tiles) {  // (q is never double: checked above)
-          amx_attend_run<scalar_t>(qp + r.first * q.stride(0), q.stride(0), q.stride(1), op + r.first * q_heads * dim,
-                                   q_heads * dim, dim, k_cache.data_ptr<at::BFloat16>(), v_cache.data_ptr<at::BFloat16>(),
-                                   block_size, kv_heads, dim, table0 + r.seq * tables.size(1), r.position, r.count,
-                                   group, h0, h0 + heads_per_job, static_cast<float>(scale));
-          continue;
+        if constexpr (!std::is_same_v<scalar_t, double>) {  // (q is never double: checked above)
+          if (r.tiles) {
+            amx_attend_run<scalar_t>(qp + r.first * q.stride(0), q.stride(0), q.stride(1),
+                                     op + r.first * q_heads * dim, q_heads * dim, dim, k_cache.data_ptr<at::BFloat16>(),
+                                     v_cache.data_ptr<at::BFloat16>(), block_size, kv_heads, dim,
+                                     table0 + r.seq * tables.size(1), r.position, r.count, group, h0,
+                                     h0 + heads_per_job, static_cast<float>(scale));
+            continue;
+          }
         }
         const auto attend = [&](auto row_type) {
           attend_run<scalar_t, decltype(row_type)>(
