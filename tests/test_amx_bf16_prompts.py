@@ -165,8 +165,10 @@ def test_the_engine_runs_prompts_on_the_tiles_and_a_prompts_tokens_ignore_its_ne
         first = llm.generate(prompts[:16], params)[3]
         others = prompts[16:31]
         second = llm.generate(others[:9] + [prompts[3]] + others[9:], params)
+        reported = llm.info()["attention_backend"]["calls_with_prompt_rows_on_tiles"]
     tiled = [c for c in calls if c is not None]  # the steps' prompt rows counted per sequence, only on a bf16 cache
     assert (len(tiled) > 0) == (kv_cache_dtype == "bfloat16") and all(int(c.sum()) > 0 for c in tiled)
+    assert reported == len(tiled)
     if tiled:
         assert tiled[0].tolist() == [24] * 16  # the first step: 16 whole prompts
     assert len(first.token_ids) == 6 and first.token_ids == second[9].token_ids

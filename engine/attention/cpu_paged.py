@@ -30,6 +30,7 @@ class CpuPagedBackend(AttentionBackend):
 
         self.ops = cpu_ops.load()  # RuntimeError saying why when the ops cannot be built
         self.prompt_tiles = prompt_tiles and bool(self.ops.amx_bf16_isa())
+        self.tile_calls = 0  # calls whose prompt rows ran on the tiles (info: a float32 cache never does)
 
     def unsupported_reason(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata) -> str | None:
         if q.device.type != "cpu":
@@ -45,6 +46,7 @@ class CpuPagedBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, cache: LayerKVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         tiles = self.tile_rows(q, cache, meta) if self.prompt_tiles else None
+        self.tile_calls += tiles is not None
         return self.ops.paged_attention(q, cache.k, cache.v, cache.k_scale, cache.v_scale, FP8_KINDS[cache.fp8_dtype],
                                         meta.block_tables, meta.query_start_loc, meta.seq_lens, scale, tiles)
 

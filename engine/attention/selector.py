@@ -100,4 +100,5 @@ class AttentionDispatcher:
         effective = self.calls.most_common(1)[0][0] if self.calls else self.primary.name
         return {"requested": self.requested, "selected": self.primary_name, "effective": effective,
                 "calls": dict(self.calls), "fallback_reasons": dict(self.fallback_reasons),
-                "load_error": self.load_error, "prompt_rows_on_tiles": getattr(self.primary, "prompt_tiles", False)}
+                "load_error": self.load_error, "prompt_rows_on_tiles": getattr(self.primary, "prompt_tiles", False),
+                "calls_with_prompt_rows_on_tiles": getattr(self.primary, "tile_calls", 0)}
