@@ -89,14 +89,6 @@ AMX_TARGET void load_chunk(const uint16_t* const* k_rows, const uint16_t* const*
     }
 }
 
-// Values rounded to bfloat16, to nearest with ties to even (n % 16 == 0).
-AMX_TARGET void round_values(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)h);
-  }
-}
-
 // scores[16][32] = q (16 rows of `dim` bf16) x the chunk's keys, on C tiles 0 and 1.
 AMX_TARGET void chunk_scores(const uint16_t* q, int64_t dim, const ChunkTiles& t, float* scores) {
   _tile_zero(0);
@@ -208,7 +200,7 @@ void amx_attend_run(const T* q, int64_t q_token_stride, int64_t q_head_stride, T
       for (int64_t t = 0; t < count; ++t) {
         const T* src = q + t * q_token_stride + (h * group + g) * q_head_stride;
         for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<float>(src[d]);
-        round_values(row, dim, qb.data() + (g * kRows + t) * dim);
+        amx_tiles::round_to_bf16(row, dim, qb.data() + (g * kRows + t) * dim);
       }
     for (int64_t c0 = 0; c0 <= last; c0 += kKeys) {
       for (int64_t j = 0; j < kKeys; ++j) {

@@ -36,15 +36,12 @@ constexpr int64_t kRowChunk = 256;  // rows whose bf16 copy (K = 1536: 768 KiB) 
 #ifdef ONECAT_AMX
 using amx_tiles::kTileBytes;
 
-// Rows rounded to bfloat16 (to nearest, ties to even), 16 values at a time; k % 32 == 0.
+// Rows rounded to bfloat16 (amx_tiles.h), or copied where they are bfloat16 already; k % 32 == 0.
 template <typename T>
 AMX_TARGET void round_rows(const T* x, int64_t rows, int64_t k, uint16_t* out) {
   for (int64_t r = 0; r < rows; ++r) {
     if constexpr (std::is_same_v<T, float>) {
-      for (int64_t i = 0; i < k; i += 16) {
-        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * k + i));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * k + i), (__m256i)h);
-      }
+      amx_tiles::round_to_bf16(x + r * k, k, out + r * k);
     } else {
       std::memcpy(out + r * k, x + r * k, k * sizeof(uint16_t));
     }

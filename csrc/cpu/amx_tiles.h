@@ -60,6 +60,14 @@ AMX_TARGET inline void configure() {
   _tile_loadconfig(&cfg);
 }
 
+// n float32 values rounded to bfloat16 (to nearest, ties to even) for a tile's rows, 16 at a time (n % 16 == 0).
+AMX_TARGET inline void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)h);
+  }
+}
+
 // The tiles handed back (their state is large: the kernel saves it on a context switch while it is in use).
 AMX_TARGET inline void release() { _tile_release(); }
 
