@@ -350,3 +350,19 @@ def test_a_step_where_some_still_prefill_follows_the_whole_batch_verdict():
     assert decoder.lookahead(seqs) == {}
     decoder.gate = SpeculationGate(probe_every=8)  # a batch whose verdict is not known yet measures rounds first
     assert decoder.lookahead(seqs) != {}
+
+
+def test_a_loss_confirmed_twice_is_spaced_out_at_once_not_by_doubling():
+    """Rounds that cost ~14 plain steps and move 2.5 tokens (the embedded target on an H100 at batch 8): after the
+    learning rounds and two confirming probes (32 and 64 steps apart) the next probe waits the budget's spacing;
+    doubling there (128, 256, 512 ...) spent several percent of the decode time on probes."""
+    gate = SpeculationGate(probe_every=32)
+    decisions = _feed(gate, 8, 2000, plain_s=1.0, round_s=14.0, tokens=2.5)
+    assert gate.pays(8) is False
+    drafted = [i for i, d in enumerate(decisions) if d]
+    learning = drafted[:WARMUP + 1]
+    probes = drafted[WARMUP + 1:]
+    assert learning == list(range(WARMUP + 1))
+    assert [b - a for a, b in zip(probes, probes[1:])][:1] == [65]  # 32 then 64 plain steps, then the budget's
+    assert len(probes) == 3 and probes[2] - probes[1] > MAX_LOSING_PROBE_EVERY
+    assert gate.report()["per_batch_size_up_to"][8]["probe_every"] == MAX_LOSING_PROBE_EVERY
