@@ -129,7 +129,7 @@ def test_a_q8_0_layer_is_one_eight_bit_term_with_avx512_vnni():
     sums against an integer reference over the file's int8 values, the same at every row count."""
     layer, w = _q8_0_layer()
     assert layer.num_terms == 2 and isinstance(layer.int8, int8_matmul.Int8MatmulWeights)
-    assert layer.int8.layout == "bytes"
+    assert layer.int8.layout == "q8" and layer.int8.offsets.numel() == 0  # 1.06 bytes a weight, no offsets
     hi, lo = layer_terms = _q8_terms(w)
     assert int8_matmul.one_eight_bit_term(layer_terms)
     q = 16 * (hi.codes.int() - 8) + lo.codes.int()  # the file's int8 values
@@ -140,6 +140,24 @@ def test_a_q8_0_layer_is_one_eight_bit_term_with_avx512_vnni():
     assert ((layer(x).double() - ref).abs().max() / ref.abs().max()).item() < 2e-6
     assert torch.equal(layer(x[3:4])[0], layer(x)[3])  # row-independent
     assert not int8_matmul.one_eight_bit_term([hi, random_blocks(96, 256)])  # not Q8_0's split: two products
+
+
+@needs_vnni
+@pytest.mark.parametrize("n", [96, 80])  # tiles in pairs; an odd last tile alone
+def test_the_q8_layout_gives_the_bits_of_stored_offsets(n):
+    """The q8 layout forms each block's offset (-128 x scale) instead of reading it: the same bits as the byte
+    layout holding those offsets in float32, at every row count."""
+    w = np.random.default_rng(7).standard_normal((n, 256)).astype(np.float32)
+    q8 = int8_matmul.Int8MatmulWeights.eight_bit(*_q8_terms(w))
+    stored = int8_matmul.Int8MatmulWeights(Int4Blocks(torch.zeros(n, 256, dtype=torch.uint8), torch.ones(n, 8),
+                                                      torch.zeros(n, 8)), "bytes")
+    stored.codes, stored.scales = q8.codes, q8.scales.float()
+    stored.offsets = -128 * stored.scales
+    assert q8.scales.dtype == torch.bfloat16 and stored.offsets.abs().max() > 0
+    x = torch.randn(11, 256)
+    for rows in (1, 2, 5, 11):
+        assert torch.equal(q8(x[:rows]), stored(x[:rows]))
+    assert torch.equal(q8(x.to(torch.bfloat16)), stored(x.to(torch.bfloat16)))
 
 
 def _q8_terms(w: np.ndarray) -> list[Int4Blocks]:

@@ -86,10 +86,19 @@ VNNI_TARGET void quantize_row(const T* a, int64_t k, int32_t* words, float* scal
   }
 }
 
+// A block's 16 offsets: the byte layout's own (float32 scales), or those of Q8_0's codes q + 128 (bfloat16 scales,
+// no offsets stored: c = -128 s, exact), whose 2 bytes of scale a block column against 8 are 15% fewer bytes for
+// the LM head that a one-row step streams.
+template <typename S>
+VNNI_TARGET inline __m512 block_offsets(__m512 s, const float* offsets, int64_t at) {
+  if constexpr (std::is_same_v<S, float>) return _mm512_loadu_ps(offsets + at);
+  return _mm512_mul_ps(s, _mm512_set1_ps(-128.0f));
+}
+
 // out[r][one tile's 16 columns] for R rows: per block, R x 8 VPDPBUSD into int32 lanes, then each lane's
 // float sum += int * (s * d) + c * (d * sum qa).
-template <int R>
-VNNI_TARGET void tile_rows(int64_t blocks, const uint8_t* codes, const float* scales, const float* offsets,
+template <int R, typename S>
+VNNI_TARGET void tile_rows(int64_t blocks, const uint8_t* codes, const S* scales, const float* offsets,
                            const int32_t* words, const float* d, const float* total, float* out, int64_t out_stride,
                            int64_t columns) {
   const int64_t row_words = blocks * 8;
@@ -103,7 +112,7 @@ VNNI_TARGET void tile_rows(int64_t blocks, const uint8_t* codes, const float* sc
       for (int r = 0; r < R; ++r)
         dots[r] = _mm512_dpbusd_epi32(dots[r], w, _mm512_set1_epi32(words[r * row_words + b * 8 + quad]));
     }
-    const __m512 s = _mm512_loadu_ps(scales + b * kTile), c = _mm512_loadu_ps(offsets + b * kTile);
+    const __m512 s = load16(scales + b * kTile), c = block_offsets<S>(s, offsets, b * kTile);
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(s, _mm512_set1_ps(d[r * blocks + b])), acc[r]);
       acc[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(total[r * blocks + b]), acc[r]);
@@ -114,8 +123,8 @@ VNNI_TARGET void tile_rows(int64_t blocks, const uint8_t* codes, const float* sc
 }
 
 // Two adjacent tiles (32 columns) for R <= 4 rows: each broadcast activation word feeds two VPDPBUSD.
-template <int R>
-VNNI_TARGET void tile_pair_rows(int64_t blocks, const uint8_t* codes, const float* scales, const float* offsets,
+template <int R, typename S>
+VNNI_TARGET void tile_pair_rows(int64_t blocks, const uint8_t* codes, const S* scales, const float* offsets,
                                 const int32_t* words, const float* d, const float* total, float* out,
                                 int64_t out_stride, int64_t columns, int64_t tile_codes, int64_t tile_scales) {
   const int64_t row_words = blocks * 8;
@@ -134,8 +143,8 @@ VNNI_TARGET void tile_pair_rows(int64_t blocks, const uint8_t* codes, const floa
       }
     }
     for (int t = 0; t < 2; ++t) {
-      const __m512 s = _mm512_loadu_ps(scales + t * tile_scales + b * kTile);
-      const __m512 c = _mm512_loadu_ps(offsets + t * tile_scales + b * kTile);
+      const __m512 s = load16(scales + t * tile_scales + b * kTile);
+      const __m512 c = block_offsets<S>(s, offsets, t * tile_scales + b * kTile);
       for (int r = 0; r < R; ++r) {
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r][t]), _mm512_mul_ps(s, _mm512_set1_ps(d[r * blocks + b])), acc[r][t]);
         acc[r][t] = _mm512_fmadd_ps(c, _mm512_set1_ps(total[r * blocks + b]), acc[r][t]);
@@ -149,15 +158,20 @@ VNNI_TARGET void tile_pair_rows(int64_t blocks, const uint8_t* codes, const floa
   }
 }
 
-using TilePairRows = void (*)(int64_t, const uint8_t*, const float*, const float*, const int32_t*, const float*,
+template <typename S>
+using TilePairRows = void (*)(int64_t, const uint8_t*, const S*, const float*, const int32_t*, const float*,
                               const float*, float*, int64_t, int64_t, int64_t, int64_t);
-constexpr TilePairRows kTilePairRows[5] = {nullptr, tile_pair_rows<1>, tile_pair_rows<2>, tile_pair_rows<3>,
-                                           tile_pair_rows<4>};
+template <typename S>
+constexpr TilePairRows<S> kTilePairRows[5] = {nullptr, tile_pair_rows<1, S>, tile_pair_rows<2, S>,
+                                              tile_pair_rows<3, S>, tile_pair_rows<4, S>};
 
-using TileRows = void (*)(int64_t, const uint8_t*, const float*, const float*, const int32_t*, const float*,
+template <typename S>
+using TileRows = void (*)(int64_t, const uint8_t*, const S*, const float*, const int32_t*, const float*,
                           const float*, float*, int64_t, int64_t);
-constexpr TileRows kTileRows[kRowGroup + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
-                                               tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+template <typename S>
+constexpr TileRows<S> kTileRows[kRowGroup + 1] = {nullptr, tile_rows<1, S>, tile_rows<2, S>, tile_rows<3, S>,
+                                                  tile_rows<4, S>, tile_rows<5, S>, tile_rows<6, S>,
+                                                  tile_rows<7, S>, tile_rows<8, S>};
 
 // The rows a chunk at a time (its int8 rows stay in cache): each row rounded to int8 by `quantize_row` (for the
 // input's dtype), then `tiles_fn(r0, rows, words, d, total)` computes the chunk's outputs.
@@ -202,21 +216,24 @@ void pairs_of_tiles(const at::Tensor& x, int64_t tiles, Group group) {
   });
 }
 
-void matmul_vnni(const at::Tensor& x, const uint8_t* codes, const float* scales, const float* offsets,
+// The byte layout: S float (scales and offsets float32) or uint16_t (Q8_0's: bfloat16 scales, offsets formed).
+template <typename S>
+void matmul_vnni(const at::Tensor& x, const uint8_t* codes, const S* scales, const float* offsets,
                  int64_t tiles, float* out, int64_t n) {
   const int64_t k = x.size(1), blocks = k / kGroup;
   pairs_of_tiles(x, tiles, [&](int64_t tile, bool two, int64_t g, int64_t count, int64_t r0, const int32_t* words,
                                const float* d, const float* total) {
     const int64_t columns = std::min(2 * kTile, n - tile * kTile);
     const uint8_t* c = codes + tile * (k / 4) * 64;
-    const float *s = scales + tile * blocks * kTile, *o = offsets + tile * blocks * kTile;
+    const S* s = scales + tile * blocks * kTile;
+    const float* o = offsets == nullptr ? nullptr : offsets + tile * blocks * kTile;  // none: Q8_0's
     float* y = out + (r0 + g) * n + tile * kTile;
     if (two)
-      kTilePairRows[count](blocks, c, s, o, words + g * (k / 4), d + g * blocks, total + g * blocks, y, n, columns,
-                           (k / 4) * 64, blocks * kTile);
+      kTilePairRows<S>[count](blocks, c, s, o, words + g * (k / 4), d + g * blocks, total + g * blocks, y, n, columns,
+                              (k / 4) * 64, blocks * kTile);
     else
-      kTileRows[count](blocks, c, s, o, words + g * (k / 4), d + g * blocks, total + g * blocks, y, n,
-                       std::min(kTile, columns));
+      kTileRows<S>[count](blocks, c, s, o, words + g * (k / 4), d + g * blocks, total + g * blocks, y, n,
+                          std::min(kTile, columns));
   });
 }
 
@@ -422,8 +439,9 @@ std::string int8_matmul_isa() {
 #endif
 }
 
-// x [M, K] float32 or bfloat16; n: the output columns (<= tiles * 16). Two layouts (int8_matmul.py packs them):
+// x [M, K] float32 or bfloat16; n: the output columns (<= tiles * 16). Three layouts (int8_matmul.py packs them):
 // bytes (the AVX512-VNNI kernel): codes uint8 [tiles, K / 4, 64], scales and offsets float32 [tiles, K / 32, 16];
+// q8 (the AVX512-VNNI kernel, Q8_0's codes q + 128): codes as bytes, scales bfloat16, offsets empty (-128 s);
 // compact (both kernels): codes uint8 [tiles, K / 8, 64] (two words' codes a byte, low nibble first), scales
 // and zeros bfloat16 [tiles, K / 32, 16]. `kernel`: "" this CPU's, "avx2" the AVX2 one (compact layout only; the
 // same bits).
@@ -432,10 +450,11 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
                        const at::Tensor& offsets, int64_t n, const std::string& kernel) {
   TORCH_CHECK(kernel.empty() || kernel == "avx2", "kernel must be \"\" (this CPU's) or \"avx2\"");
   const std::string have = kernel.empty() || int8_matmul_isa().empty() ? int8_matmul_isa() : kernel;
-  const bool compact = scales.scalar_type() == at::kBFloat16;
+  const bool q8 = scales.scalar_type() == at::kBFloat16 && offsets.numel() == 0;
+  const bool compact = scales.scalar_type() == at::kBFloat16 && !q8;
   TORCH_CHECK(compact ? !have.empty() : have == "avx512vnni",
               compact ? "int8_matmul's compact layout needs an x86-64 CPU with AVX2+FMA"
-                      : "int8_matmul's byte layout needs an x86-64 CPU with AVX512-VNNI");
+                      : "int8_matmul's byte and q8 layouts need an x86-64 CPU with AVX512-VNNI");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "x must be a contiguous float32 or bfloat16 CPU matrix");
@@ -443,13 +462,16 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(k % kGroup == 0, "K must be a multiple of ", kGroup);
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 3 &&
                   codes.size(1) == k / (compact ? 8 : 4) && codes.size(2) == 64,
-              "codes must be uint8 [tiles, K / 4, 64] (bytes) or [tiles, K / 8, 64] (compact)");
+              "codes must be uint8 [tiles, K / 4, 64] (bytes, q8) or [tiles, K / 8, 64] (compact)");
   const int64_t tiles = codes.size(0);
-  for (const at::Tensor* t : {&scales, &offsets})
+  for (const at::Tensor* t : {&scales, &offsets}) {
+    if (q8 && t == &offsets) continue;
     TORCH_CHECK(t->scalar_type() == scales.scalar_type() && t->is_contiguous() && t->dim() == 3 &&
                     t->size(0) == tiles && t->size(1) == k / kGroup && t->size(2) == kTile,
-                "scales and offsets (zeros) must be [tiles, K / 32, 16], float32 (bytes) or bfloat16 (compact)");
-  TORCH_CHECK(compact || scales.scalar_type() == at::kFloat, "the byte layout's scales are float32");
+                "scales and offsets (zeros) must be [tiles, K / 32, 16], float32 (bytes) or bfloat16 (compact); "
+                "q8: bfloat16 scales and an empty offsets tensor");
+  }
+  TORCH_CHECK(compact || q8 || scales.scalar_type() == at::kFloat, "the byte layout's scales are float32");
   TORCH_CHECK(n > 0 && n <= tiles * kTile, "n must be within the packed columns");
   at::Tensor out = at::empty({x.size(0), n}, x.options().dtype(at::kFloat));
 #ifdef ONECAT_VNNI
@@ -461,9 +483,13 @@ at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& codes, const at::T
   else if (x.size(0) > 0 && compact)
     matmul_avx2(x, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()),
                 reinterpret_cast<const uint16_t*>(offsets.data_ptr<at::BFloat16>()), tiles, out.data_ptr<float>(), n);
+  else if (x.size(0) > 0 && q8)
+    matmul_vnni<uint16_t>(x, codes.data_ptr<uint8_t>(),
+                          reinterpret_cast<const uint16_t*>(scales.data_ptr<at::BFloat16>()), nullptr, tiles,
+                          out.data_ptr<float>(), n);
   else if (x.size(0) > 0)
-    matmul_vnni(x, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), tiles,
-                out.data_ptr<float>(), n);
+    matmul_vnni<float>(x, codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offsets.data_ptr<float>(), tiles,
+                       out.data_ptr<float>(), n);
 #endif
   return out;
 }

@@ -14,8 +14,9 @@ numerics: WikiText-2 perplexity of the packed embedded model (16 x 256 tokens) 3
 activations (+0.64%; the float32 engine's 38.62), inside the packed-weights contract's 1%.
 
 Q8_0 (the embedded model's tied LM head) packs as two 4-bit terms (layout.py): with AVX512-VNNI they are one
-8-bit term here, codes q + 128 a byte with w = d * (code - 128) (one product, the same integer sums as the two);
-on AVX2, whose VPMADDUBSW would saturate on 8-bit codes, each term's product, summed in term order.
+8-bit term here, codes q + 128 a byte with w = d * (code - 128) (one product, the same integer sums as the two),
+d in bfloat16 and no offset stored (1.06 bytes a weight: in a one-row step after the decoder's layers the 49,152 x
+576 head took 0.98-1.23 ms against 1.25-1.41 ms with float32 scales and offsets, same bits, 2-core Xeon); on AVX2, whose VPMADDUBSW would saturate on 8-bit codes, each term's product, summed in term order.
 ONECAT_CPU_INT8_MATMUL=0 turns the path off (torch's 4-bit kernel and a bf16 GEMM, for A/B runs).
 """
 from __future__ import annotations
@@ -85,11 +86,13 @@ class Int8MatmulWeights:
     first, as the layer's other kernels hold them. "compact" (the default, both kernels): two 64-byte words' codes
     a byte (the even word's in the low nibble), codes [tiles, K / 8, 64], scale and zero in bfloat16 (the offset
     is formed in the kernel). "bytes" (AVX512-VNNI only): a code a byte, codes [tiles, K / 4, 64] (16 columns x 4
-    consecutive values per 64 bytes), scale and offset [tiles, K / 32, 16] in float32: 8-bit codes
-    (eight_bit, with their own `offset`), or 4-bit ones to check that both layouts give the same bits. Padding
-    columns have scale and offset 0, so whatever their code, their weight is 0."""
+    consecutive values per 64 bytes), scale and offset [tiles, K / 32, 16] in float32: 4-bit codes, to check that
+    both layouts give the same bits. "q8" (AVX512-VNNI only, eight_bit): Q8_0's codes q + 128 as "bytes", the scale
+    in bfloat16 and no offset stored (the kernel forms -128 x scale, exactly): 1.06 bytes a weight against 1.25,
+    since the LM head a one-row step streams is the largest layer. Padding columns have scale and offset 0, so
+    whatever their code, their weight is 0."""
 
-    def __init__(self, blocks: Int4Blocks, layout: str = "compact", offset: torch.Tensor | None = None):
+    def __init__(self, blocks: Int4Blocks, layout: str = "compact"):
         from onecat.engine.kernels import cpu_ops
 
         self.ops = cpu_ops.load()  # loaded once here: a step calls the layer ~120 times
@@ -102,11 +105,13 @@ class Int8MatmulWeights:
         codes = F.pad(blocks.codes, (0, 0, 0, pad), value=8)
         self.out_features = n
         words = codes.view(tiles, TILE, k // 4, 4).permute(0, 2, 1, 3).reshape(tiles, k // 4, 4 * TILE)
-        offset = zero - 8 * scale if offset is None else F.pad(offset, (0, 0, 0, pad))
-        by_tile = {"scale": scale, "zero": zero, "offset": offset}
+        by_tile = {"scale": scale, "zero": zero, "offset": zero - 8 * scale}
         by_tile = {name: t.view(tiles, TILE, k // GROUP).permute(0, 2, 1).contiguous() for name, t in by_tile.items()}
         if self.layout == "bytes":
             self.codes, self.scales, self.offsets = words.contiguous(), by_tile["scale"], by_tile["offset"]
+        elif self.layout == "q8":
+            self.codes, self.scales = words.contiguous(), by_tile["scale"].to(torch.bfloat16)
+            self.offsets = torch.empty(0, dtype=torch.bfloat16)  # -128 x scale, formed in the kernel
         else:
             pairs = words.view(tiles, k // 8, 2, 4 * TILE)
             self.codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).contiguous()
@@ -114,11 +119,11 @@ class Int8MatmulWeights:
 
     @classmethod
     def eight_bit(cls, hi: Int4Blocks, lo: Int4Blocks) -> Int8MatmulWeights:
-        """Q8_0's two terms as one in the byte layout: code 16 * hi + lo = q + 128 in [1, 255], scale d (the low
+        """Q8_0's two terms as one in the q8 layout: code 16 * hi + lo = q + 128 in [1, 255], scale d (the low
         term's, bf16) and offset -128 d, exactly the sum of the two terms' weights."""
         scale = lo.scale.to(torch.bfloat16).float()
         codes = (16 * hi.codes.to(torch.int32) + lo.codes.to(torch.int32)).to(torch.uint8)
-        return cls(Int4Blocks(codes, scale, torch.zeros_like(scale)), "bytes", offset=-128 * scale)
+        return cls(Int4Blocks(codes, scale, torch.zeros_like(scale)), "q8")
 
     def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
         """x2 [M, K] float32 or bfloat16 -> float32 [M, N]. `kernel` "avx2": the AVX2 kernel where this CPU has a
