@@ -187,6 +187,58 @@ def test_one_call_decode_step_equals_the_python_layers_bit_for_bit(kv_cache_dtyp
         assert c.token_ids == a.token_ids
 
 
+def test_one_call_decode_step_gives_a_drafters_tapped_layers_bit_for_bit():
+    """A DFlash drafter's tapped layer outputs (the last layer's among them) come from the one-call step as the
+    Python layers form them, so a speculative engine's decode steps keep the one call."""
+    from onecat.engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)  # the last forward: a decode step
+    prompt = [1000 + (j * 13) % 30000 for j in range(40)]
+    with LLM(EMBEDDED, dtype="float32", quantization="gguf", max_model_len=256, enable_prefix_caching=False) as llm:
+        one_call, model = llm.model.cpu_decode, llm.model
+        assert one_call is not None, llm.info()["fused_kernels_detail"]
+        last = len(model.layers) - 1
+        model.aux_layer_ids = [1, 8, last]
+        try:
+            before = one_call.steps
+            llm.generate([prompt], params)
+            assert one_call.steps == before + 1
+            fast = model.aux_hidden.clone()
+            model.cpu_decode = None
+            llm.generate([prompt], params)
+            slow = model.aux_hidden.clone()
+        finally:
+            model.cpu_decode, model.aux_layer_ids = one_call, []
+    assert fast.shape == (1, 3 * model.cfg.hidden_size)
+    assert torch.equal(fast, slow)
+
+
+def test_one_call_runs_speculative_verify_steps_bit_for_bit():
+    """Verify steps (1 + drafts rows a sequence) of a packed model run in the one call where its linears take the
+    int8 kernel, with the Python layers' tokens and logprobs (prompt lookup over a repeating prompt drafts every
+    round)."""
+    from onecat.engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    prompts = [[1000 + (j % 9) * 7 for j in range(60)], [2000 + (j % 5) * 3 for j in range(45)]]
+    with LLM(EMBEDDED, dtype="float32", quantization="gguf", max_model_len=256, enable_prefix_caching=False,
+             speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                 "disable_when_slower": False}) as llm:
+        one_call, model = llm.model.cpu_decode, llm.model
+        assert one_call is not None, llm.info()["fused_kernels_detail"]
+        if model.layers[0].mlp.down_proj.int8 is None:
+            pytest.skip("verify steps take the one call where the linears run on int8 (AVX512-VNNI or AVX2)")
+        fast = llm.generate(prompts, params)
+        assert one_call.verify_steps >= 4 and sum(o.spec.num_drafts for o in fast) >= 4
+        model.cpu_decode = None
+        try:
+            slow = llm.generate(prompts, params)
+        finally:
+            model.cpu_decode = one_call
+    for a, b in zip(fast, slow):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+
+
 def test_cpu_threads_take_the_free_cores(monkeypatch):
     from onecat.engine import cpu_threads
 

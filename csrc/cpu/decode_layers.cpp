@@ -10,6 +10,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "fused_ops.h"
 
 namespace {
@@ -40,11 +43,14 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor* t, bool int8, bo
 }
 
 // layers: per layer [input_norm, qkv (3), o (3), post_norm, gate_up (3), down (3), k cache, v cache].
-// Returns (h, residual): the last layer's MLP output and the residual stream before it.
-std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
+// Returns (h, residual, taps): the last layer's MLP output, the residual stream before it, and the outputs of the
+// layers in `taps` (a feature-conditioned drafter's: llama.py tapped_layers), each the sum the next layer's input
+// norm forms, in layer order; the last layer's output, formed by the final norm, is the caller's to add.
+std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> decode_layers_int4(
     at::Tensor h, const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& cos, const at::Tensor& sin,
     at::TensorList layers, const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-    const at::Tensor& seq_lens, int64_t q_heads, int64_t kv_heads, double eps, double scale, bool int8) {
+    const at::Tensor& seq_lens, int64_t q_heads, int64_t kv_heads, double eps, double scale, bool int8,
+    at::IntArrayRef taps) {
   TORCH_CHECK(h.dim() == 2 && (h.size(0) == 1 || int8) && h.scalar_type() == at::kFloat,
               "h must be float32 rows, one unless the linears run on int8");
   const int64_t rows = h.size(0);
@@ -53,6 +59,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
   const int64_t dim = cos.size(1), q_size = q_heads * dim;
   const bool bf16_inputs = !int8;  // the 4-bit kernel reads bf16 rows; the int8 one rounds float32 rows itself
   c10::optional<at::Tensor> residual;
+  std::vector<at::Tensor> tapped;
   for (size_t l = 0; l < layers.size(); l += kPerLayer) {
     const at::Tensor* w = &layers[l];
     at::Tensor x;
@@ -62,7 +69,9 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
     } else {
       auto normed = add_rms_norm(h, residual, w[0], eps, bf16_inputs);
       x = std::get<0>(normed);
-      residual = std::get<1>(normed);
+      residual = std::get<1>(normed);  // the previous layer's output (a new tensor: kept as it is)
+      const int64_t previous = static_cast<int64_t>(l / kPerLayer) - 1;
+      if (std::find(taps.begin(), taps.end(), previous) != taps.end()) tapped.push_back(*residual);
     }
     at::Tensor qkv = packed_linear(x, &w[1], int8, true);
     rope_write_kv(qkv, positions, cos, sin, q_heads, kv_heads, w[14], w[15], slots);
@@ -75,7 +84,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
     at::Tensor act = silu_mul(packed_linear(std::get<0>(normed), &w[8], int8, false), bf16_inputs);
     h = packed_linear(act, &w[11], int8, false);
   }
-  return {h, *residual};
+  return {h, *residual, tapped};
 }
 
 }  // namespace
@@ -83,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers_int4(
 TORCH_LIBRARY_FRAGMENT(onecat_cpu, m) {
   m.def("decode_layers_int4(Tensor h, Tensor positions, Tensor slots, Tensor cos, Tensor sin, Tensor[] layers, "
         "Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, int q_heads, int kv_heads, float eps, "
-        "float scale, bool int8=False) -> (Tensor, Tensor)");
+        "float scale, bool int8=False, int[] taps=[]) -> (Tensor, Tensor, Tensor[])");
 }
 
 TORCH_LIBRARY_IMPL(onecat_cpu, CPU, m) { m.impl("decode_layers_int4", &decode_layers_int4); }

@@ -73,17 +73,17 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
-        one_call = self.cpu_decode(h, positions) if self.cpu_decode is not None and not self.aux_layer_ids else None
-        if one_call is not None:
-            self.aux_hidden = None
-            return self.norm(*one_call)[0]
-        residual = None
-        taps = []  # the tapped layers' outputs, as the next norm forms them (tapped_layers)
         tapped = self.aux_layer_ids
-        for i, layer in enumerate(self.layers):
-            h, residual = layer(positions, h, residual, taps if (i - 1) in tapped else None)
+        one_call = self.cpu_decode(h, positions, tapped) if self.cpu_decode is not None else None
+        if one_call is not None:
+            h, residual, taps = one_call
+        else:
+            residual = None
+            taps = []  # the tapped layers' outputs, as the next norm forms them (tapped_layers)
+            for i, layer in enumerate(self.layers):
+                h, residual = layer(positions, h, residual, taps if (i - 1) in tapped else None)
         normed, total = self.norm(h, residual)
-        self.aux_hidden = tapped_layers(taps, total, (len(self.layers) - 1) in tapped)
+        self.aux_hidden = tapped_layers(list(taps), total, (len(self.layers) - 1) in tapped)
         return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,10 @@ exactly what it does: float32 activations, every linear a single-term 4-bit pack
 without bias or padding rows (run by the int8 kernel where the layers take it, int8_matmul.py, else by the
 4-bit kernel), no q/k norm, a float32 or bfloat16 KV cache, the CPU paged attention (CPU_PAGED), one new token a
 sequence, and one sequence unless the linears run on int8 (row by row like every other op of the step: a
-16-sequence step then skips ~40 Python-level calls a layer too); any other step runs the Python layers.
+16-sequence step then skips ~40 Python-level calls a layer too; so does a speculative verify step, 1 + drafts rows
+a sequence and no prompt row); any other step runs the Python layers.
+A feature-conditioned drafter's tapped layer outputs (DFlash) come back from the same call, so a speculative
+engine's plain decode steps stay on it too (they ran the Python layers, ~2x a step on a 2-vCPU Xeon).
 """
 from __future__ import annotations
 
@@ -76,6 +79,7 @@ class CpuDecodeLayers:
                                  layer.post_attention_layernorm.weight, *self._packed(m.gate_up_proj),
                                  *self._packed(m.down_proj)])
         self.steps = 0  # steps run in one call (reported)
+        self.verify_steps = 0  # ... of them, steps of several rows a sequence (speculative verify steps)
 
     def _packed(self, linear) -> list[torch.Tensor]:
         """The three tensors decode_layers.cpp reads a linear from: the int8 layout's codes, scales and offsets,
@@ -84,20 +88,24 @@ class CpuDecodeLayers:
             return [linear.int8.codes, linear.int8.scales, linear.int8.offsets]
         return [linear._buffers["packed0"], linear._buffers["scale_zero0"], torch.empty(0)]
 
-    def __call__(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(h, residual) after the last layer, as the Python layers give them; None when the step is not one
+    def __call__(self, h: torch.Tensor, positions: torch.Tensor, taps: list[int]
+                 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
+        """(h, residual, tapped) after the last layer, as the Python layers give them (`tapped`: the outputs of the
+        layers in `taps` but the last, as llama.py's tapped_layers collects them); None when the step is not one
         this call runs (the caller then runs the Python layers)."""
         ctx = get_forward_context()
         meta, caches = ctx.meta, ctx.kv_caches
-        if h.shape[0] != meta.num_seqs or (meta.num_seqs != 1 and not self.int8) or \
-                not ctx.attention.runs_cpu_paged() or (self.prompt_tiles and ctx.prompt_rows is not None):
+        several = h.shape[0] != meta.num_seqs  # a verify step: 1 + drafts rows a sequence
+        if (several and (not self.int8 or ctx.prompt_rows is not None)) or (meta.num_seqs != 1 and not self.int8) \
+                or not ctx.attention.runs_cpu_paged() or (self.prompt_tiles and ctx.prompt_rows is not None):
             return None
         if caches[0].fp8_dtype is not None or caches[0].k.dtype not in (torch.float32, torch.bfloat16):
             return None
         flat = [t for w, cache in zip(self.weights, caches) for t in (*w, cache.k, cache.v)]
         out = self.ops.decode_layers_int4(h, positions, meta.slot_mapping, self.rotary.cos, self.rotary.sin, flat,
                                           meta.block_tables, meta.query_start_loc, meta.seq_lens, self.q_heads,
-                                          self.kv_heads, self.eps, self.scale, self.int8)
+                                          self.kv_heads, self.eps, self.scale, self.int8, taps)
         ctx.attention.count_calls(len(self.weights))
         self.steps += 1
+        self.verify_steps += several
         return out
