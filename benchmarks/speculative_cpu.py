@@ -123,11 +123,14 @@ def dflash_arm(args) -> dict:
     check_drafter(args.drafter)
     prompts = load_prompts(args.prompts, args.max_prompts) if args.prompts else select_prompts(args.max_prompts)
     settings = dict(device="cpu", dtype="float32", max_model_len=1024, enable_prefix_caching=False)
+    if args.packed:  # the served CPU setting (contracts/peers_cpu.yaml's onecat-packed)
+        settings.update(quantization="gguf", kv_cache_dtype="bfloat16")
     sizes = args.draft_vocab_sizes or [0]
     max_tokens = args.max_tokens or 128
     rows, drafters, base = [], {}, None
     for size in sizes:  # each size against the same target-only engine, interleaved with it
-        pair = open_pair(args.target, args.drafter, args.num_speculative_tokens, not args.no_gate, size, **settings)
+        pair = open_pair(args.target, args.drafter, args.num_speculative_tokens, not args.no_gate, size,
+                         args.drafter_quantization, **settings)
         if base is None:
             base = pair[0]
         else:
@@ -138,7 +141,8 @@ def dflash_arm(args) -> dict:
         drafters[size or "whole vocabulary"] = drafter_info(spec, label)
         engine = {k: spec.info()[k] for k in ("device", "dtype", "attention_backend", "cuda_graph")}
         spec.close()
-    return {"benchmark": "speculative_cpu_dflash", "target": args.target,
+    return {"benchmark": "speculative_cpu_dflash", "target": args.target, "target_settings": settings,
+            "drafter_quantization": args.drafter_quantization,
             "drafter": drafters[sizes[0] or "whole vocabulary"] if len(sizes) == 1 else drafters, "engine": engine,
             "prompts": prompts["datasets"], "greedy": args.sampling == "greedy",
             "sampling": {"name": args.sampling, **SAMPLING[args.sampling]}, "batch_size": 1, "max_tokens": max_tokens,
@@ -181,6 +185,11 @@ def main() -> None:
                          "top-k 20, a seed per prompt (keyed draws: tokens checked against target-only too)")
     ap.add_argument("--no-gate", action="store_true",
                     help="dflash arm: draft every round (disable_when_slower false), as the drafter contracts do")
+    ap.add_argument("--packed", action="store_true",
+                    help="dflash arm: the target's 4-bit tensors kept packed (quantization gguf) with a bfloat16 KV "
+                         "cache, as the CPU server runs it")
+    ap.add_argument("--drafter-quantization", choices=("fp8", "nvfp4", "mxfp4", "w4a16"), default=None,
+                    help="dflash arm: the drafter's linears quantized at load (w4a16 runs on the CPU's int4 layer)")
     ap.add_argument("--allow-loaded", action="store_true", help=f"measure even at load >= {LOAD_LIMIT} (marked)")
     args = ap.parse_args()
     load = load_gate(args.allow_loaded)

@@ -209,11 +209,12 @@ def random_dflash(dirpath: Path, llm: LLM, block_size: int = 5, target_layer_ids
 
 
 def open_pair(target: str, drafter: str, k: int, gate: bool = True, draft_vocab_size: int | None = None,
-              **settings) -> tuple[LLM, LLM, str]:
+              drafter_quantization: str | None = None, **settings) -> tuple[LLM, LLM, str]:
     """(target-only LLM, DFlash LLM, drafter label) with the same target settings. drafter "random": a
     random-weight drafter of block k + 1 written to a temporary folder (plumbing only, labelled so).
     `gate` False: the DFlash engine drafts every round (speculative_config.disable_when_slower false).
-    `draft_vocab_size`: drafts over the drafter's ranked ids (its draft_vocab.json)."""
+    `draft_vocab_size`: drafts over the drafter's ranked ids (its draft_vocab.json). `drafter_quantization`:
+    the drafter's linears quantized at load (speculative_config.quantization)."""
     import tempfile
 
     base = LLM(target, **settings)
@@ -223,7 +224,8 @@ def open_pair(target: str, drafter: str, k: int, gate: bool = True, draft_vocab_
         label = f"random weights, block {k + 1} (plumbing only: near-zero acceptance)"
     spec = LLM(target, speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": k,
                                            "disable_when_slower": gate,
-                                           **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size else {})},
+                                           **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size else {}),
+                                           **({"quantization": drafter_quantization} if drafter_quantization else {})},
                **settings)
     return base, spec, label
 
