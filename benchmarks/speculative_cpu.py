@@ -20,6 +20,8 @@ measure (timings on a busy 2-core CPU mean little) unless --allow-loaded, which 
     python benchmarks/speculative_cpu.py [--repeats 3] [--threads 2]
     python benchmarks/speculative_cpu.py --arm dflash [--drafter DIR] [--max-prompts 8] [--threads 2]
         [--draft-vocab-sizes 0,4096]  (drafter arms over draft vocabularies, each against target-only)
+    --packed (either arm): the target as the CPU server runs it (4-bit tensors packed, bfloat16 KV cache);
+    --drafter-quantization w4a16 (dflash arm): the drafter's linears on the CPU's int4 layer
 """
 from __future__ import annotations
 
@@ -74,8 +76,17 @@ def run(llm: LLM, prompts, params) -> dict:
             "acceptance_length": 1 + acc / drafts if drafts else None, "drafts": drafts, "accepted": acc}
 
 
+def target_settings(args) -> dict:
+    """The target's engine settings, the same for both engines of a pair."""
+    settings = dict(device="cpu", dtype="float32", max_model_len=1024, enable_prefix_caching=False)
+    if args.packed:  # the served CPU setting (contracts/peers_cpu.yaml's onecat-packed)
+        settings.update(quantization="gguf", kv_cache_dtype="bfloat16")
+    return settings
+
+
 def proposers_arm(args) -> dict:
-    base = LLM(EMBEDDED, max_model_len=1024, enable_prefix_caching=False)
+    settings = target_settings(args)
+    base = LLM(EMBEDDED, **settings)
     tmp = Path(tempfile.mkdtemp())
     proposers = {
         "ngram_k4": {"method": "ngram", "num_speculative_tokens": 4},
@@ -94,7 +105,7 @@ def proposers_arm(args) -> dict:
     loads = workloads(base)
     rows = []
     for name, cfg in proposers.items():
-        spec = LLM(EMBEDDED, max_model_len=1024, enable_prefix_caching=False, speculative_config=cfg)
+        spec = LLM(EMBEDDED, **settings, speculative_config=cfg)
         for wl, prompts in loads.items():
             for p in prompts[:1]:  # warm-up
                 run(base, [p], params), run(spec, [p], params)
@@ -114,7 +125,8 @@ def proposers_arm(args) -> dict:
             print(f"{name:<48}{wl:<18} target-only {b:7.1f} tok/s  speculative {s:7.1f} tok/s  x{s / b:.2f}  "
                   f"acceptance {acc_len if acc_len is None else round(acc_len, 2)}  identical={identical}", flush=True)
         spec.close()
-    return {"benchmark": "speculative_cpu", "model": EMBEDDED, "dtype": "float32", "greedy": True, "batch_size": 1,
+    return {"benchmark": "speculative_cpu", "model": EMBEDDED, "target_settings": settings, "greedy": True,
+            "batch_size": 1,
             "max_tokens": max_tokens, "repeats": args.repeats, "rows": rows}
 
 
@@ -122,9 +134,7 @@ def dflash_arm(args) -> dict:
     """Trained DFlash drafter vs target-only on held-out chat prompts, batch 1 (speculative_dflash.compare)."""
     check_drafter(args.drafter)
     prompts = load_prompts(args.prompts, args.max_prompts) if args.prompts else select_prompts(args.max_prompts)
-    settings = dict(device="cpu", dtype="float32", max_model_len=1024, enable_prefix_caching=False)
-    if args.packed:  # the served CPU setting (contracts/peers_cpu.yaml's onecat-packed)
-        settings.update(quantization="gguf", kv_cache_dtype="bfloat16")
+    settings = target_settings(args)
     sizes = args.draft_vocab_sizes or [0]
     max_tokens = args.max_tokens or 128
     rows, drafters, base = [], {}, None
@@ -186,7 +196,7 @@ def main() -> None:
     ap.add_argument("--no-gate", action="store_true",
                     help="dflash arm: draft every round (disable_when_slower false), as the drafter contracts do")
     ap.add_argument("--packed", action="store_true",
-                    help="dflash arm: the target's 4-bit tensors kept packed (quantization gguf) with a bfloat16 KV "
+                    help="both arms: the target's 4-bit tensors kept packed (quantization gguf) with a bfloat16 KV "
                          "cache, as the CPU server runs it")
     ap.add_argument("--drafter-quantization", choices=("fp8", "nvfp4", "mxfp4", "w4a16"), default=None,
                     help="dflash arm: the drafter's linears quantized at load (w4a16 runs on the CPU's int4 layer)")
