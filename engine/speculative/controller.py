@@ -13,8 +13,9 @@ lock drafting out for long), then spaced at once as far as its probes cost at mo
 and at most MAX_LOSING_PROBE_EVERY steps (a probe round loses `round - tokens x plain step` against plain steps: a
 round near break-even is probed often, one that loses badly rarely). Doubling the whole way there cost more:
 on the embedded target on an H100 at batch 8 a probe round costs ~14 plain steps, and the probes at 128, 256 and
-512 steps apart took ~6% of the decode time. Once the verdict changes, probing starts again at the base rate. Either way the request gets the target's exact distribution:
-the verifier is exact, plain steps sample from the target.
+512 steps apart took ~6% of the decode time. Once the verdict changes, probing starts again at the base rate.
+Either way the request gets the target's exact distribution: the verifier is exact, plain steps sample from the
+target.
 
 A batch size measured for the first time starts from the verdict of the largest smaller batch size measured so
 far when that verdict is a loss (its averages, probed at the base rate): a verify step of more sequences is more

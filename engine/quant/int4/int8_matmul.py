@@ -16,7 +16,8 @@ activations (+0.64%; the float32 engine's 38.62), inside the packed-weights cont
 Q8_0 (the embedded model's tied LM head) packs as two 4-bit terms (layout.py): with AVX512-VNNI they are one
 8-bit term here, codes q + 128 a byte with w = d * (code - 128) (one product, the same integer sums as the two),
 d in bfloat16 and no offset stored (1.06 bytes a weight: in a one-row step after the decoder's layers the 49,152 x
-576 head took 0.98-1.23 ms against 1.25-1.41 ms with float32 scales and offsets, same bits, 2-core Xeon); on AVX2, whose VPMADDUBSW would saturate on 8-bit codes, each term's product, summed in term order.
+576 head took 0.98-1.23 ms against 1.25-1.41 ms with float32 scales and offsets, same bits, 2-core Xeon); on AVX2,
+whose VPMADDUBSW would saturate on 8-bit codes, each term's product, summed in term order.
 ONECAT_CPU_INT8_MATMUL=0 turns the path off (torch's 4-bit kernel and a bf16 GEMM, for A/B runs).
 """
 from __future__ import annotations
