@@ -86,6 +86,34 @@ def test_drafts_come_from_the_draft_vocabulary_and_output_stays_the_targets(tmp_
 
 
 @needs_embedded_model
+def test_a_packed_cpu_lm_head_takes_a_draft_vocabulary(tmp_path):
+    """The packed target the CPU server runs keeps its LM head only in the int8 kernel's layout: the draft
+    vocabulary's rows are unpacked from it, drafts stay inside the round's vocabulary and greedy output is
+    target-only's."""
+    from onecat.engine.layers.batch_invariant_linear import dense_weight
+    from onecat.engine.quant.int4 import int8_matmul
+
+    if int8_matmul.isa() != "AVX512-VNNI":
+        pytest.skip("the tied Q8_0 head is one packed 8-bit term with AVX512-VNNI")
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))[:3000].tolist()
+    drafter = _drafter(tmp_path, ids)
+    spec = {"method": "dflash", "num_speculative_tokens": 4, "model": str(drafter), "disable_when_slower": False,
+            "draft_vocab_size": 2000}
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    packed = dict(dtype="float32", quantization="gguf", max_model_len=128, enable_prefix_caching=False)
+    with LLM(EMBEDDED, **packed) as base:
+        want = [o.token_ids for o in base.generate(PROMPTS, params)]
+    with LLM(EMBEDDED, **packed, speculative_config=spec) as llm:
+        vocab = llm.engine.proposer.proposer.vocab
+        weight = dense_weight(vocab.head)  # (kept in oneDNN's blocked layout)
+        assert vocab is not None and weight.shape[0] == 2000
+        assert torch.equal(weight[:5], llm.model.lm_head.dense_rows(torch.tensor(ids[:5])))  # the head's values
+        got = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == want
+    assert sum(o.spec.num_drafts for o in got) > 0
+
+
+@needs_embedded_model
 def test_a_missing_or_short_draft_vocabulary_is_refused_with_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="onecat drafter vocab"):
         _llm(_drafter(tmp_path / "a", None), 100)

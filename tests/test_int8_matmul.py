@@ -160,6 +160,26 @@ def test_the_q8_layout_gives_the_bits_of_stored_offsets(n):
     assert torch.equal(q8(x.to(torch.bfloat16)), stored(x.to(torch.bfloat16)))
 
 
+@pytest.mark.parametrize("layout", ["compact", "q8"])
+def test_dense_rows_are_the_weights_the_kernel_computes_with(layout):
+    """A few rows of a packed layer unpacked from its layout (a drafter's draft vocabulary over a packed LM head)
+    are exactly its dequantized weights (bf16-rounded scales and zeros), with no dense copy of the whole layer."""
+    if int8_matmul.isa() is None:
+        pytest.skip("the int8 layouts are packed where the int8 kernel runs")
+    ids = torch.tensor([0, 5, 17, 40, 95])
+    if layout == "q8":
+        if int8_matmul.isa() != "AVX512-VNNI":
+            pytest.skip("Q8_0 runs as one 8-bit term with AVX512-VNNI")
+        hi, lo = _q8_terms(np.random.default_rng(8).standard_normal((96, 256)).astype(np.float32))
+        weights = int8_matmul.Int8MatmulWeights.eight_bit(hi, lo)
+        want = Int4PackedLinear._dequantized([hi, lo])[ids]
+    else:
+        blocks = random_blocks(96, 256, seed=9)
+        weights = int8_matmul.Int8MatmulWeights(blocks)
+        want = Int4PackedLinear._dequantized([blocks])[ids]
+    assert torch.equal(weights.dense_rows(ids), want)
+
+
 def _q8_terms(w: np.ndarray) -> list[Int4Blocks]:
     return QuantizedWeight.from_gguf("Q8_0", quants.quantize(w, GGMLQuantizationType.Q8_0), w.shape).terms
 

@@ -57,18 +57,23 @@ class DraftVocab(nn.Module):
         weight = getattr(lm_head, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.is_meta and isinstance(lm_head, nn.Linear):
             weight = dense_weight(lm_head)  # a CPU float32 head kept in oneDNN's blocked layout only
-        if not isinstance(weight, torch.Tensor) or weight.is_meta:
-            raise ConfigError("draft_vocab_size needs the target's LM head as a dense matrix; this target keeps it "
-                              "packed only: leave draft_vocab_size unset")
+        if isinstance(weight, torch.Tensor) and not weight.is_meta:
+            self._rows = weight.__getitem__
+        elif getattr(lm_head, "dense_rows", None) is not None and \
+                lm_head.dense_rows(torch.zeros(1, dtype=torch.int64)) is not None:
+            self._rows = lm_head.dense_rows  # a CPU head packed for the int8 kernel: its rows unpacked as needed
+            weight = self._rows(torch.zeros(1, dtype=torch.int64))
+        else:
+            raise ConfigError("draft_vocab_size needs the target's LM head as a dense matrix or one the CPU's int8 "
+                              "kernel runs; this target keeps it packed otherwise: leave draft_vocab_size unset")
         self.vocab_size, self.source = vocab_size, source
         self.register_buffer("ids", torch.tensor(ids, dtype=torch.int64, device=weight.device), persistent=False)
         self.head = Linear(weight.shape[1], len(ids), bias=False, device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
-            self.head.weight.copy_(weight[self.ids])
+            self.head.weight.copy_(self._rows(self.ids))
         self.head.requires_grad_(False)
         self.head.use_fused = getattr(lm_head, "use_fused", False)
         pack_weights(self)  # float32 on CPU: the batch-invariant packed matmul, as the target's head
-        self.full = weight  # the target's head, for a round's own tokens
         self.ranked = frozenset(ids)  # on the host: a round's own tokens are picked there, with no device sync
         self.round_ids, self.own_rows = self.ids, None  # this round's ids and the head rows of its own tokens
         self.own_tokens = 0  # own tokens scored over every round (for describe)
@@ -101,7 +106,7 @@ class DraftVocab(nn.Module):
             self.round_own = own
             if own:
                 rows = to_device(sorted(own), self.ids.device, torch.int64)
-                self.round_ids, self.own_rows = torch.cat([self.ids, rows]), self.full[rows]
+                self.round_ids, self.own_rows = torch.cat([self.ids, rows]), self._rows(rows)
             else:
                 self.round_ids, self.own_rows = self.ids, None
         self.own_tokens += len(own)

@@ -126,6 +126,27 @@ class Int8MatmulWeights:
         codes = (16 * hi.codes.to(torch.int32) + lo.codes.to(torch.int32)).to(torch.uint8)
         return cls(Int4Blocks(codes, scale, torch.zeros_like(scale)), "q8")
 
+    def dense_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [len(ids), K]: the weights of output rows `ids` as the kernel computes with them (scale x code +
+        offset, the scale and zero bf16-rounded), unpacked from the layout alone: a few rows of a packed LM head
+        without a dense copy of the whole head (a drafter's draft vocabulary)."""
+        tiles, words = self.codes.shape[0], self.codes.shape[1] * (2 if self.layout == "compact" else 1)
+        tile, col = ids // TILE, ids % TILE
+        if self.layout == "compact":  # two words' codes a byte, the even word's in the low nibble
+            codes = torch.stack([self.codes & 15, self.codes >> 4], dim=2).view(tiles, words, 4 * TILE)
+        else:
+            codes = self.codes
+        k = words * 4
+        code = codes.view(tiles, words, TILE, 4)[tile, :, col].reshape(len(ids), k).float()
+        scale = self.scales.float()[tile, :, col].repeat_interleave(GROUP, dim=1)
+        if self.layout == "q8":
+            offset = -128 * scale
+        elif self.layout == "compact":
+            offset = self.offsets.float()[tile, :, col].repeat_interleave(GROUP, dim=1) - 8 * scale
+        else:
+            offset = self.offsets.float()[tile, :, col].repeat_interleave(GROUP, dim=1)
+        return code * scale + offset
+
     def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
         """x2 [M, K] float32 or bfloat16 -> float32 [M, N]. `kernel` "avx2": the AVX2 kernel where this CPU has a
         faster one (the compact layout; to compare their bits)."""

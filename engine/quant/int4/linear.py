@@ -123,6 +123,11 @@ class Int4PackedLinear(nn.Module):
             w += (b.codes.float() - 8.0) * scale + zero
         return w
 
+    def dense_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """float32 rows `ids` of the weight as the int8 kernel computes with them; None where it does not run (or
+        runs the layer as several terms)."""
+        return self.int8.dense_rows(ids) if isinstance(self.int8, int8_matmul.Int8MatmulWeights) else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
