@@ -57,12 +57,11 @@ class DraftVocab(nn.Module):
         weight = getattr(lm_head, "weight", None)
         if isinstance(weight, torch.Tensor) and weight.is_meta and isinstance(lm_head, nn.Linear):
             weight = dense_weight(lm_head)  # a CPU float32 head kept in oneDNN's blocked layout only
+        first = getattr(lm_head, "dense_rows", lambda ids: None)(torch.zeros(1, dtype=torch.int64))
         if isinstance(weight, torch.Tensor) and not weight.is_meta:
             self._rows = weight.__getitem__
-        elif getattr(lm_head, "dense_rows", None) is not None and \
-                lm_head.dense_rows(torch.zeros(1, dtype=torch.int64)) is not None:
-            self._rows = lm_head.dense_rows  # a CPU head packed for the int8 kernel: its rows unpacked as needed
-            weight = self._rows(torch.zeros(1, dtype=torch.int64))
+        elif first is not None:
+            self._rows, weight = lm_head.dense_rows, first  # a CPU head packed for the int8 kernel: rows as needed
         else:
             raise ConfigError("draft_vocab_size needs the target's LM head as a dense matrix or one the CPU's int8 "
                               "kernel runs; this target keeps it packed otherwise: leave draft_vocab_size unset")

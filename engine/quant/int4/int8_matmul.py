@@ -136,15 +136,14 @@ class Int8MatmulWeights:
             codes = torch.stack([self.codes & 15, self.codes >> 4], dim=2).view(tiles, words, 4 * TILE)
         else:
             codes = self.codes
-        k = words * 4
-        code = codes.view(tiles, words, TILE, 4)[tile, :, col].reshape(len(ids), k).float()
-        scale = self.scales.float()[tile, :, col].repeat_interleave(GROUP, dim=1)
-        if self.layout == "q8":
-            offset = -128 * scale
-        elif self.layout == "compact":
-            offset = self.offsets.float()[tile, :, col].repeat_interleave(GROUP, dim=1) - 8 * scale
-        else:
-            offset = self.offsets.float()[tile, :, col].repeat_interleave(GROUP, dim=1)
+        code = codes.view(tiles, words, TILE, 4)[tile, :, col].reshape(len(ids), words * 4).float()
+
+        def per_value(by_block: torch.Tensor) -> torch.Tensor:  # [tiles, K / 32, 16] -> the rows' [n, K]
+            return by_block.float()[tile, :, col].repeat_interleave(GROUP, dim=1)
+
+        scale = per_value(self.scales)
+        offset = {"q8": lambda: -128 * scale, "compact": lambda: per_value(self.offsets) - 8 * scale,
+                  "bytes": lambda: per_value(self.offsets)}[self.layout]()
         return code * scale + offset
 
     def __call__(self, x2: torch.Tensor, kernel: str = "") -> torch.Tensor:
